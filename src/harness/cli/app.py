@@ -1,0 +1,66 @@
+"""The `harness` command line: the typer application and its shared options."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Annotated, TypeVar
+
+import platformdirs
+import typer
+
+from harness.context import Context
+from harness.errors import HarnessError
+from harness.session import Store, connect
+
+T = TypeVar("T")
+
+app = typer.Typer(
+    name="harness",
+    help="Harness: a durable agent runtime. Every turn is journaled before anyone is told.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+)
+
+StoreOption = Annotated[
+    str | None,
+    typer.Option("--store", help="Store URL (sqlite:///PATH or postgresql://...); default: SQLite under "
+                 "$HARNESS_HOME.", envvar="HARNESS_STORE"),
+]
+
+
+def harness_home() -> Path:
+    """`$HARNESS_HOME`, or the user's data directory for harness."""
+    configured = os.environ.get("HARNESS_HOME")
+    return Path(configured) if configured else Path(platformdirs.user_data_dir("harness"))
+
+
+def default_store_url() -> str:
+    return f"sqlite:///{(harness_home() / 'harness.db').resolve()}"
+
+
+def run_with_store(store_url: str | None, body: Callable[[Store, Context], Awaitable[T]]) -> T:
+    """Open the store, run `body`, close the store; a `HarnessError` becomes a one-line message
+    with its code and exit status 1."""
+
+    async def go() -> T:
+        context = Context({"cli": True})
+        store = await connect(store_url or default_store_url(), context)
+        try:
+            return await body(store, context)
+        finally:
+            await store.close()
+
+    try:
+        return asyncio.run(go())
+    except HarnessError as error:
+        typer.echo(f"error [{error.code}]: {error.message}", err=True)
+        raise typer.Exit(1) from error
+
+
+def main() -> None:
+    from harness.cli import commands  # noqa: F401  (registers the commands)
+
+    app()

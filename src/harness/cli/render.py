@@ -1,0 +1,117 @@
+"""Readable terminal rendering of journal entries."""
+
+from __future__ import annotations
+
+import json
+
+from rich.console import Console
+from rich.markup import escape
+
+from harness.context import Context
+from harness.messages import (
+    AssistantMessage,
+    CustomMessage,
+    ImageContent,
+    TextContent,
+    ThinkingContent,
+    ToolCall,
+    ToolResultMessage,
+    UserContent,
+    UserMessage,
+)
+from harness.session import Entry, Session, UnknownEntry, addresses
+
+_PAGE = 500
+
+
+def _clip(text: str, limit: int | None) -> str:
+    if limit is None or len(text) <= limit:
+        return text
+    return f"{text[:limit]}… [{len(text) - limit} more characters]"
+
+
+def _user_content(content: str | list[UserContent], limit: int | None) -> str:
+    if isinstance(content, str):
+        return _clip(content, limit)
+    parts = [
+        _clip(block.text, limit) if isinstance(block, TextContent) else f"[image {block.mime_type}]"
+        for block in content
+        if isinstance(block, TextContent | ImageContent)
+    ]
+    return "\n".join(parts)
+
+
+def entry_lines(entry: Entry, limit: int | None) -> list[str]:
+    """Rich-markup lines for one entry; text longer than `limit` characters is clipped."""
+    payload = entry.payload
+    match payload.type:
+        case "message":
+            message = payload.message
+            if isinstance(message, UserMessage):
+                return [f"[bold cyan]user[/]: {escape(_user_content(message.content, limit))}"]
+            if isinstance(message, ToolResultMessage):
+                status = "[red]error[/]" if message.is_error else "ok"
+                text = escape(_user_content(message.content, limit))
+                return [f"  [magenta]← {escape(message.tool_name)}[/] {status}: {text}"]
+            return _assistant_lines(message, limit)
+        case "custom_message":
+            custom: CustomMessage = payload.message
+            text = escape(_user_content(custom.content, limit))
+            return [f"[yellow]\\[{escape(custom.custom_type)}][/] {text}"]
+        case "custom":
+            return [f"[dim]({escape(payload.custom_type)})[/]"]
+        case "compaction":
+            return [
+                f"[bold yellow]── compaction ({payload.tokens_before} tokens before, "
+                f"{len(payload.retained_tail)} messages kept) ──[/]",
+                f"[dim]{escape(_clip(payload.summary, limit))}[/]",
+            ]
+        case "branch_summary":
+            return [f"[bold yellow]── branch summary ──[/] [dim]{escape(_clip(payload.summary, limit))}[/]"]
+
+
+def _assistant_lines(message: AssistantMessage, limit: int | None) -> list[str]:
+    head = f"[bold green]assistant[/] [dim]({escape(message.provider)}/{escape(message.model)}"
+    head += f", {message.stop_reason})[/]"
+    lines = [head]
+    for block in message.content:
+        if isinstance(block, TextContent):
+            lines.append(escape(_clip(block.text, limit)))
+        elif isinstance(block, ThinkingContent):
+            text = "[redacted thinking]" if block.redacted else _clip(block.thinking, limit)
+            lines.append(f"[dim italic]{escape(text)}[/]")
+        elif isinstance(block, ToolCall):
+            args = _clip(json.dumps(block.arguments, ensure_ascii=False), limit)
+            lines.append(f"  [magenta]→ {escape(block.name)}[/] {escape(args)}")
+    if message.error_message:
+        lines.append(f"[red]{escape(message.error_message)}[/]")
+    return lines
+
+
+async def branch_oldest_first(session: Session, tip: str, context: Context) -> list[Entry]:
+    """Every entry of the branch ending at `tip`, root first, read page by page."""
+    newest_first: list[Entry] = []
+    before: str | None = tip
+    while before is not None:
+        page = await session.read_branch(tip, context, before=before, limit=_PAGE)
+        newest_first.extend(page.entries)
+        before = page.next_before
+    return newest_first[::-1]
+
+
+async def print_branch(
+    session: Session, lane: str, context: Context, *, limit: int | None = 400, console: Console | None = None
+) -> None:
+    """Print the lane's branch, root first; raises `UnknownEntry` if the lane does not exist."""
+    console = console or Console(highlight=False, soft_wrap=True)
+    record = await session.get_record(addresses.branch_tip(lane), context)
+    if record is None:
+        raise UnknownEntry(f"session {session.id} has no lane {lane}", lane=lane)
+    name = await session.get(addresses.session_name(), context)
+    console.print(f"[bold]{escape(name or session.id)}[/] [dim]lane {escape(lane)}[/]")
+    if record.value is None:
+        console.print("[dim](empty branch)[/]")
+        return
+    for entry in await branch_oldest_first(session, record.value, context):
+        for line in entry_lines(entry, limit):
+            console.print(line)

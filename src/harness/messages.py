@@ -1,0 +1,186 @@
+"""Messages and content blocks, usage, stop reasons and ModelIdentity: the shared vocabulary.
+
+Every type is a frozen pydantic model that round-trips through JSON exactly. Text entering the
+system is cleaned at the boundary: a lone UTF-16 surrogate, which UTF-8 cannot carry, becomes
+U+FFFD; a NUL character is data and is kept.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from typing import Annotated, Any, Literal, TypeAlias
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, JsonValue, TypeAdapter
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def clean_text(text: str) -> str:
+    """`text` with each lone surrogate replaced by U+FFFD; a valid surrogate pair becomes its character."""
+    if _SURROGATE.search(text) is None:
+        return text
+    return text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
+
+
+def clean_json(value: JsonValue) -> JsonValue:
+    """`value` with `clean_text` applied to every string in it, keys included."""
+    if isinstance(value, str):
+        return clean_text(value)
+    if isinstance(value, list):
+        return [clean_json(item) for item in value]
+    if isinstance(value, dict):
+        return {clean_text(key): clean_json(item) for key, item in value.items()}
+    return value
+
+
+def parse_json_text(text: str | bytes) -> Any:
+    """Parse JSON from outside; unlike pydantic's parser this accepts lone surrogate escapes,
+    which the models then clean."""
+    return json.loads(text)
+
+
+def now_ms() -> int:
+    """Wall-clock time in Unix milliseconds, the unit of every timestamp here."""
+    return time.time_ns() // 1_000_000
+
+
+CleanStr = Annotated[str, AfterValidator(clean_text)]
+CleanJson = Annotated[JsonValue, AfterValidator(clean_json)]
+CleanJsonObject = Annotated[dict[str, JsonValue], AfterValidator(clean_json)]
+
+
+class _Record(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
+
+
+class ModelIdentity(_Record):
+    """A durable `{provider, model_id}` pair; nothing here resolves it (HA-6, HA-23)."""
+
+    provider: CleanStr
+    model_id: CleanStr
+
+
+class TextContent(_Record):
+    type: Literal["text"] = "text"
+    text: CleanStr
+
+
+class ThinkingContent(_Record):
+    """Model reasoning. `signature` is replayed byte-exact to the provider that made it;
+    `redacted` marks opaque reasoning whose text is not readable."""
+
+    type: Literal["thinking"] = "thinking"
+    thinking: CleanStr
+    signature: str | None = None
+    redacted: bool = False
+
+
+class ImageContent(_Record):
+    """An image as base64 `data` with its `mime_type`."""
+
+    type: Literal["image"] = "image"
+    data: str
+    mime_type: CleanStr
+
+
+class ToolCall(_Record):
+    """A model's request to run tool `name` with JSON `arguments`; `id` pairs it with its result."""
+
+    type: Literal["tool_call"] = "tool_call"
+    id: CleanStr
+    name: CleanStr
+    arguments: CleanJsonObject
+
+
+UserContent: TypeAlias = Annotated[TextContent | ImageContent, Field(discriminator="type")]
+AssistantContent: TypeAlias = Annotated[
+    TextContent | ThinkingContent | ToolCall, Field(discriminator="type")
+]
+
+StopReason: TypeAlias = Literal["stop", "length", "tool_use", "error", "aborted"]
+
+
+class Cost(_Record):
+    """Cost in US dollars, per token kind and in total."""
+
+    input: float = 0.0
+    output: float = 0.0
+    cache_read: float = 0.0
+    cache_write: float = 0.0
+    total: float = 0.0
+
+
+class Usage(_Record):
+    """Token counts of one provider reply; `total_tokens` is what the provider reported or the sum."""
+
+    input: int = 0
+    output: int = 0
+    cache_read: int = 0
+    cache_write: int = 0
+    total_tokens: int = 0
+    cost: Cost = Cost()
+
+
+class UserMessage(_Record):
+    role: Literal["user"] = "user"
+    content: CleanStr | list[UserContent]
+    timestamp: int = Field(default_factory=now_ms)
+
+
+class AssistantMessage(_Record):
+    """One model reply. `api` is the wire format (e.g. `openai-chat`), `provider` and `model` name
+    who answered; `error_message` is set when `stop_reason` is `error` or `aborted`."""
+
+    role: Literal["assistant"] = "assistant"
+    content: list[AssistantContent]
+    api: CleanStr
+    provider: CleanStr
+    model: CleanStr
+    usage: Usage = Usage()
+    stop_reason: StopReason
+    error_message: CleanStr | None = None
+    response_id: CleanStr | None = None
+    timestamp: int = Field(default_factory=now_ms)
+
+    @property
+    def tool_calls(self) -> list[ToolCall]:
+        return [block for block in self.content if isinstance(block, ToolCall)]
+
+
+class ToolResultMessage(_Record):
+    """The answer to tool call `tool_call_id`. `details` is the tool's own structured data, never
+    sent to a provider; synthetic results carry none (HA-25)."""
+
+    role: Literal["tool_result"] = "tool_result"
+    tool_call_id: CleanStr
+    tool_name: CleanStr
+    content: list[UserContent]
+    details: CleanJson | None = None
+    is_error: bool = False
+    timestamp: int = Field(default_factory=now_ms)
+
+
+class CustomMessage(_Record):
+    """An application message the model reads as user-role text (e.g. a chat event, CE-1);
+    `display` says whether surfaces show it."""
+
+    role: Literal["custom"] = "custom"
+    custom_type: CleanStr
+    content: CleanStr | list[UserContent]
+    display: bool = True
+    details: CleanJson | None = None
+    timestamp: int = Field(default_factory=now_ms)
+
+
+Message: TypeAlias = Annotated[
+    UserMessage | AssistantMessage | ToolResultMessage | CustomMessage, Field(discriminator="role")
+]
+
+MESSAGE_ADAPTER: TypeAdapter[Message] = TypeAdapter(Message)
+
+
+def message_from_json(text: str | bytes) -> Message:
+    """Decode one message from JSON text, cleaning lone surrogates (see `parse_json_text`)."""
+    return MESSAGE_ADAPTER.validate_python(parse_json_text(text), strict=False)

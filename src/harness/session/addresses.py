@@ -1,0 +1,138 @@
+"""Typed addresses of the records kept beside the entries, and the built-in ones the harness uses.
+
+A `ValueAddress[T]` names one replaceable value, a `ListAddress[T]` one append-only list; both
+carry the pydantic adapter that encodes and decodes `T`. Applications make their own with
+`value_address` and `list_address` outside the reserved `harness.` namespaces.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
+
+from pydantic import JsonValue, TypeAdapter
+
+from harness.messages import AssistantMessage, CleanJson, CleanJsonObject, CleanStr
+from harness.session.records import (
+    LaneConfig,
+    LaneLastResult,
+    LaneState,
+    OperationMeta,
+    OperationState,
+    PendingEntry,
+)
+
+T = TypeVar("T")
+
+RESERVED_PREFIX = "harness."
+
+_ADAPTERS: dict[Any, TypeAdapter[Any]] = {}
+
+
+def _adapter(tp: Any) -> TypeAdapter[Any]:
+    if tp not in _ADAPTERS:
+        _ADAPTERS[tp] = TypeAdapter(tp)
+    return _ADAPTERS[tp]
+
+
+@dataclass(frozen=True)
+class ValueAddress(Generic[T]):
+    """One replaceable value: `(namespace, key)` and the adapter of its type."""
+
+    namespace: str
+    key: str
+    adapter: TypeAdapter[T] = field(compare=False, repr=False)
+
+    @property
+    def reserved(self) -> bool:
+        return self.namespace.startswith(RESERVED_PREFIX)
+
+
+@dataclass(frozen=True)
+class ListAddress(Generic[T]):
+    """One append-only list, ordered by commit seq: `(namespace, key)` and the item adapter."""
+
+    namespace: str
+    key: str
+    adapter: TypeAdapter[T] = field(compare=False, repr=False)
+
+
+def _check_part(name: str, part: str) -> None:
+    if "\x00" in part:
+        raise ValueError(f"address {name} must not contain NUL")
+
+
+def value_address(namespace: str, key: str = "", tp: Any = JsonValue) -> ValueAddress[Any]:
+    """An application value address; `tp` is any pydantic-compatible type (default: JSON)."""
+    _check_part("namespace", namespace)
+    _check_part("key", key)
+    if not namespace:
+        raise ValueError("address namespace must not be empty")
+    return ValueAddress(namespace, key, _adapter(tp))
+
+
+def list_address(namespace: str, key: str = "", tp: Any = JsonValue) -> ListAddress[Any]:
+    """An application list address; `tp` is the type of one item."""
+    _check_part("namespace", namespace)
+    _check_part("key", key)
+    if not namespace:
+        raise ValueError("address namespace must not be empty")
+    return ListAddress(namespace, key, _adapter(tp))
+
+
+def branch_tip(lane: str) -> ValueAddress[str | None]:
+    """The entry a lane continues from; None for a lane on an empty branch."""
+    return ValueAddress("harness.branch.tip", lane, _adapter(str | None))
+
+
+BRANCH_TIP_NAMESPACE = "harness.branch.tip"
+
+
+def lane_config(lane: str) -> ValueAddress[LaneConfig]:
+    return ValueAddress("harness.lane.config", lane, _adapter(LaneConfig))
+
+
+def lane_state(lane: str) -> ValueAddress[LaneState]:
+    return ValueAddress("harness.lane.state", lane, _adapter(LaneState))
+
+
+def lane_last_result(lane: str) -> ValueAddress[LaneLastResult]:
+    return ValueAddress("harness.lane.last_result", lane, _adapter(LaneLastResult))
+
+
+def operation_meta(operation_id: str) -> ValueAddress[OperationMeta]:
+    return ValueAddress("harness.op.meta", operation_id, _adapter(OperationMeta))
+
+
+def operation_state(operation_id: str) -> ValueAddress[OperationState]:
+    return ValueAddress("harness.op.state", operation_id, _adapter(OperationState))
+
+
+def pending_entry(entry_id: str) -> ValueAddress[PendingEntry]:
+    """A queued message or custom entry, stored by its pre-minted entry id until placed."""
+    return ValueAddress("harness.pending.entry", entry_id, _adapter(PendingEntry))
+
+
+def tool_args(operation_id: str, turn_id: str, source_index: int) -> ValueAddress[dict[str, JsonValue]]:
+    """The effective arguments of one tool call, written at its intent (HA-8, HA-11)."""
+    return ValueAddress("harness.op.tool_args", f"{operation_id}:{turn_id}:{source_index}",
+                        _adapter(CleanJsonObject))
+
+
+def tool_checkpoint(operation_id: str, invocation_id: str) -> ValueAddress[JsonValue]:
+    """A running tool's persisted partial result."""
+    return ValueAddress("harness.pending.tool_output", f"{operation_id}:{invocation_id}", _adapter(CleanJson))
+
+
+def assistant_frames(operation_id: str, response_entry_id: str) -> ListAddress[AssistantMessage]:
+    """Persisted pages of a streaming assistant reply, so a restart shows what was seen."""
+    return ListAddress("harness.pending.assistant_frame", f"{operation_id}:{response_entry_id}",
+                       _adapter(AssistantMessage))
+
+
+def session_name() -> ValueAddress[str]:
+    return ValueAddress("harness.session.name", "", _adapter(CleanStr))
+
+
+def entry_label(entry_id: str) -> ValueAddress[str]:
+    return ValueAddress("harness.entry.label", entry_id, _adapter(CleanStr))

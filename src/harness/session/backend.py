@@ -1,0 +1,177 @@
+"""What a storage backend offers the session layer: raw rows of JSON text, one commit per call.
+
+Backends store payloads as JSON text (never as a JSON column type: PostgreSQL's jsonb rejects the
+NUL character, which is data here). Decoding and typing happen above, in `harness.session.session`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+from harness.context import Context
+from harness.session.migrations import DataMigration
+
+
+@dataclass(frozen=True)
+class SessionInfo:
+    """A session's identity and provenance: where it was forked from, if anywhere."""
+
+    id: str
+    created_at: int
+    parent_session_id: str | None = None
+    forked_from_entry_id: str | None = None
+
+
+@dataclass(frozen=True)
+class EntryRow:
+    id: str
+    parent_id: str | None
+    seq: int
+    timestamp: int
+    type: str
+    payload: str
+
+
+@dataclass(frozen=True)
+class ValueRow:
+    namespace: str
+    key: str
+    seq: int
+    value: str
+
+
+@dataclass(frozen=True)
+class UsageRowRaw:
+    id: str
+    seq: int
+    entry_id: str | None
+    adjustment: bool
+    usage: str
+    details: str | None
+
+
+@dataclass(frozen=True)
+class InsertEntry:
+    id: str
+    parent_id: str | None
+    type: str
+    custom_type: str | None
+    payload: str
+
+
+@dataclass(frozen=True)
+class InsertUsage:
+    id: str
+    entry_id: str | None
+    adjustment: bool
+    usage: str
+    details: str | None
+
+
+@dataclass(frozen=True)
+class SetValue:
+    namespace: str
+    key: str
+    value: str
+
+
+@dataclass(frozen=True)
+class DeleteValue:
+    namespace: str
+    key: str
+
+
+@dataclass(frozen=True)
+class AppendList:
+    namespace: str
+    key: str
+    value: str
+
+
+@dataclass(frozen=True)
+class DeleteList:
+    namespace: str
+    key: str
+
+
+Write = InsertEntry | InsertUsage | SetValue | DeleteValue | AppendList | DeleteList
+
+
+@dataclass(frozen=True)
+class CommitResult:
+    """`seqs[i]` is the seq of write i (strictly increasing, session-wide); `timestamp` in Unix ms."""
+
+    seqs: tuple[int, ...]
+    timestamp: int
+
+
+class Claim(Protocol):
+    """A live ownership claim: the process lock plus the epoch it bumped."""
+
+    session_id: str
+    epoch: int
+
+
+class Backend(Protocol):
+    """One database holding many sessions. Every method is one round trip (SQLite: one hop to
+    its thread); `commit` is one transaction, all or nothing."""
+
+    kind: Literal["memory", "sqlite", "postgres"]
+
+    async def create_session(self, info: SessionInfo, context: Context) -> None: ...
+
+    async def get_session(self, session_id: str, context: Context) -> SessionInfo | None: ...
+
+    async def list_sessions(self, context: Context) -> list[SessionInfo]: ...
+
+    async def get_entries(self, session_id: str, ids: Sequence[str], context: Context) -> dict[str, EntryRow]:
+        ...
+
+    async def walk_branch(
+        self, session_id: str, start: str, limit: int, stop_at_compaction: bool, context: Context
+    ) -> list[EntryRow]:
+        """Entries from `start` towards the root, newest first, at most `limit`; with
+        `stop_at_compaction` the walk ends after the first compaction entry it includes."""
+        ...
+
+    async def get_value(self, session_id: str, namespace: str, key: str, context: Context) -> ValueRow | None:
+        ...
+
+    async def scan_values(
+        self, session_id: str, namespace: str, key_prefix: str, context: Context
+    ) -> list[ValueRow]:
+        """Values in `namespace` whose key starts with `key_prefix`, keys ascending."""
+        ...
+
+    async def read_list(
+        self, session_id: str, namespace: str, key: str, after_seq: int | None, limit: int, context: Context
+    ) -> list[ValueRow]:
+        """List items in seq order after `after_seq` (exclusive), at most `limit`."""
+        ...
+
+    async def read_usage(
+        self, session_id: str, after_seq: int | None, limit: int, context: Context
+    ) -> list[UsageRowRaw]: ...
+
+    async def commit(
+        self, session_id: str, writes: Sequence[Write], claim: Claim | None, context: Context
+    ) -> CommitResult:
+        """Apply `writes` in order as one transaction. With `claim`, the claim's epoch must still
+        be current (else `OwnershipLost`); without, no live owner may hold the session (else
+        `SessionOwned`). Checks id uniqueness and parent existence (`InvalidWrite`)."""
+        ...
+
+    async def claim(self, session_id: str, context: Context) -> Claim:
+        """Take the session's process lock and bump its epoch; `SessionOwned` if held."""
+        ...
+
+    async def release(self, claim: Claim, context: Context) -> None: ...
+
+    async def run_data_migration(self, migration: DataMigration, context: Context) -> bool:
+        """In one transaction: unless `migration.name` is recorded, rewrite every entry payload it
+        changes and record it. True when it ran now."""
+        ...
+
+    async def close(self) -> None: ...

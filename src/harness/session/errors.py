@@ -1,0 +1,53 @@
+"""Errors of the durable journal, each with a stable code."""
+
+from __future__ import annotations
+
+from harness.errors import HarnessError
+
+
+class StorageCorruption(HarnessError):
+    """A stored row no longer decodes, or a required reference is missing; names what is broken.
+
+    Never swallowed: a read that meets it raises rather than return a shorter branch."""
+
+    code = "storage_corruption"
+
+
+class SessionNotFound(HarnessError):
+    code = "session_not_found"
+
+
+class SessionOwned(HarnessError):
+    """Another owner (in this process or another) holds the session; nothing was written (HA-4)."""
+
+    code = "session_owned"
+
+
+class OwnershipLost(HarnessError):
+    """This owner's claim on the session was lost (its lock died or another claimant bumped the
+    epoch); the commit was refused and nothing was written."""
+
+    code = "ownership_lost"
+
+
+class InvalidWrite(HarnessError):
+    """A staged write breaks a journal rule (duplicate id, unknown parent, second commit, write
+    after commit); nothing of the job was written."""
+
+    code = "invalid_write"
+
+
+class LaneExists(HarnessError):
+    code = "lane_exists"
+
+
+class UnknownEntry(HarnessError):
+    code = "unknown_entry"
+
+
+class UnsupportedStoreUrl(HarnessError):
+    code = "unsupported_store_url"
+
+
+class StoreClosed(HarnessError):
+    code = "store_closed"

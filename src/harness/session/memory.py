@@ -1,0 +1,196 @@
+"""The in-memory backend: for tests and ephemeral sessions; ownership is process-local."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from typing import Literal
+
+from harness.context import Context
+from harness.messages import now_ms
+from harness.session.backend import (
+    AppendList,
+    Claim,
+    CommitResult,
+    DeleteList,
+    DeleteValue,
+    EntryRow,
+    InsertEntry,
+    InsertUsage,
+    SessionInfo,
+    SetValue,
+    UsageRowRaw,
+    ValueRow,
+    Write,
+)
+from harness.session.migrations import DataMigration
+from harness.session.errors import InvalidWrite, OwnershipLost, SessionNotFound, SessionOwned
+
+
+@dataclass
+class _MemorySession:
+    info: SessionInfo
+    next_seq: int = 1
+    epoch: int = 0
+    claimed: bool = False
+    entries: dict[str, EntryRow] = field(default_factory=dict)
+    usage: dict[str, UsageRowRaw] = field(default_factory=dict)
+    values: dict[tuple[str, str], ValueRow] = field(default_factory=dict)
+    lists: dict[tuple[str, str], list[ValueRow]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class MemoryClaim:
+    session_id: str
+    epoch: int
+
+
+class MemoryBackend:
+    """Sessions held in dicts. Commits are validated whole before anything changes."""
+
+    kind: Literal["memory"] = "memory"
+
+    def __init__(self) -> None:
+        self._sessions: dict[str, _MemorySession] = {}
+        self._applied_migrations: set[str] = set()
+
+    def _session(self, session_id: str) -> _MemorySession:
+        try:
+            return self._sessions[session_id]
+        except KeyError:
+            raise SessionNotFound(f"no session {session_id}", session_id=session_id) from None
+
+    async def create_session(self, info: SessionInfo, context: Context) -> None:
+        if info.id in self._sessions:
+            raise InvalidWrite(f"session {info.id} already exists", session_id=info.id)
+        self._sessions[info.id] = _MemorySession(info)
+
+    async def get_session(self, session_id: str, context: Context) -> SessionInfo | None:
+        found = self._sessions.get(session_id)
+        return found.info if found else None
+
+    async def list_sessions(self, context: Context) -> list[SessionInfo]:
+        return sorted((s.info for s in self._sessions.values()), key=lambda i: (i.created_at, i.id))
+
+    async def get_entries(self, session_id: str, ids: Sequence[str], context: Context) -> dict[str, EntryRow]:
+        entries = self._session(session_id).entries
+        return {i: entries[i] for i in ids if i in entries}
+
+    async def walk_branch(
+        self, session_id: str, start: str, limit: int, stop_at_compaction: bool, context: Context
+    ) -> list[EntryRow]:
+        entries = self._session(session_id).entries
+        path: list[EntryRow] = []
+        current: str | None = start
+        while current is not None and len(path) < limit:
+            row = entries.get(current)
+            if row is None:
+                break
+            path.append(row)
+            if stop_at_compaction and row.type == "compaction":
+                break
+            current = row.parent_id
+        return path
+
+    async def get_value(self, session_id: str, namespace: str, key: str, context: Context) -> ValueRow | None:
+        return self._session(session_id).values.get((namespace, key))
+
+    async def scan_values(
+        self, session_id: str, namespace: str, key_prefix: str, context: Context
+    ) -> list[ValueRow]:
+        values = self._session(session_id).values
+        found = [v for (ns, key), v in values.items() if ns == namespace and key.startswith(key_prefix)]
+        return sorted(found, key=lambda v: v.key)
+
+    async def read_list(
+        self, session_id: str, namespace: str, key: str, after_seq: int | None, limit: int, context: Context
+    ) -> list[ValueRow]:
+        items = self._session(session_id).lists.get((namespace, key), [])
+        return [i for i in items if after_seq is None or i.seq > after_seq][:limit]
+
+    async def read_usage(
+        self, session_id: str, after_seq: int | None, limit: int, context: Context
+    ) -> list[UsageRowRaw]:
+        rows = sorted(self._session(session_id).usage.values(), key=lambda r: r.seq)
+        return [r for r in rows if after_seq is None or r.seq > after_seq][:limit]
+
+    async def commit(
+        self, session_id: str, writes: Sequence[Write], claim: Claim | None, context: Context
+    ) -> CommitResult:
+        session = self._session(session_id)
+        if claim is not None and (not session.claimed or session.epoch != claim.epoch):
+            raise OwnershipLost(f"session {session_id} is no longer owned by this claim", session_id=session_id)
+        if claim is None and session.claimed:
+            raise SessionOwned(f"session {session_id} is owned", session_id=session_id)
+        _validate(session, writes)
+        timestamp = now_ms()
+        first = session.next_seq
+        for seq, write in enumerate(writes, start=first):
+            _apply(session, write, seq, timestamp)
+        session.next_seq = first + len(writes)
+        return CommitResult(tuple(range(first, first + len(writes))), timestamp)
+
+    async def claim(self, session_id: str, context: Context) -> Claim:
+        session = self._session(session_id)
+        if session.claimed:
+            raise SessionOwned(f"session {session_id} is owned", session_id=session_id)
+        session.claimed = True
+        session.epoch += 1
+        return MemoryClaim(session_id, session.epoch)
+
+    async def release(self, claim: Claim, context: Context) -> None:
+        session = self._sessions.get(claim.session_id)
+        if session is not None and session.epoch == claim.epoch:
+            session.claimed = False
+
+    async def run_data_migration(self, migration: DataMigration, context: Context) -> bool:
+        if migration.name in self._applied_migrations:
+            return False
+        changed: list[tuple[_MemorySession, EntryRow, str]] = []
+        for session in self._sessions.values():
+            for row in session.entries.values():
+                payload = migration.apply(row.payload)
+                if payload is not None:
+                    changed.append((session, row, payload))
+        for session, row, payload in changed:
+            session.entries[row.id] = replace(row, payload=payload)
+        self._applied_migrations.add(migration.name)
+        return True
+
+    async def close(self) -> None:
+        return None
+
+
+def _validate(session: _MemorySession, writes: Sequence[Write]) -> None:
+    staged: set[str] = set()
+    for write in writes:
+        if isinstance(write, InsertEntry | InsertUsage):
+            if write.id in session.entries or write.id in session.usage or write.id in staged:
+                raise InvalidWrite(f"id {write.id} is already used in this session", id=write.id)
+            staged.add(write.id)
+        if (
+            isinstance(write, InsertEntry)
+            and write.parent_id is not None
+            and write.parent_id not in session.entries
+            and write.parent_id not in staged
+        ):
+            raise InvalidWrite(f"parent {write.parent_id} of entry {write.id} does not exist",
+                               id=write.id, parent_id=write.parent_id)
+
+
+def _apply(session: _MemorySession, write: Write, seq: int, timestamp: int) -> None:
+    match write:
+        case InsertEntry():
+            session.entries[write.id] = EntryRow(write.id, write.parent_id, seq, timestamp, write.type, write.payload)
+        case InsertUsage():
+            session.usage[write.id] = UsageRowRaw(write.id, seq, write.entry_id, write.adjustment, write.usage,
+                                                  write.details)
+        case SetValue():
+            session.values[(write.namespace, write.key)] = ValueRow(write.namespace, write.key, seq, write.value)
+        case DeleteValue():
+            session.values.pop((write.namespace, write.key), None)
+        case AppendList():
+            row = ValueRow(write.namespace, write.key, seq, write.value)
+            session.lists.setdefault((write.namespace, write.key), []).append(row)
+        case DeleteList():
+            session.lists.pop((write.namespace, write.key), None)

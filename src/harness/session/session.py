@@ -1,0 +1,433 @@
+"""Session, its reader and its mutator: the typed face of one journal over a backend.
+
+Every mutation runs as a job on the session line (one FIFO per session per process); a job's
+staged writes commit as one transaction. Reads bypass the line and see the latest commit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+from pydantic import JsonValue, TypeAdapter, ValidationError
+from pydantic_core import PydanticSerializationError
+
+from harness.context import Context
+from harness.errors import ContextNotStorable, InvalidInput
+from harness.messages import Usage
+from harness.session import addresses
+from harness.session.addresses import ListAddress, ValueAddress
+from harness.session.backend import (
+    AppendList,
+    Backend,
+    Claim,
+    CommitResult,
+    DeleteList,
+    DeleteValue,
+    EntryRow,
+    InsertEntry,
+    InsertUsage,
+    SessionInfo,
+    SetValue,
+    Write,
+)
+from harness.session.entries import ENTRY_PAYLOAD_ADAPTER, BranchPage, Entry, EntryPayload
+from harness.session.errors import InvalidWrite, LaneExists, SessionOwned, StorageCorruption, UnknownEntry
+from harness.session.ids import new_id
+from harness.session.records import LaneConfig, LaneState, UsageRow
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+_SCAN_PAGE = 256
+_USAGE_ADAPTER: TypeAdapter[Usage] = TypeAdapter(Usage)
+_JSON_ADAPTER: TypeAdapter[JsonValue] = TypeAdapter(JsonValue)
+
+
+@dataclass(frozen=True)
+class StoredValue(Generic[T]):
+    """A value with the seq of the commit that set it (a stored `None` is not an absent value)."""
+
+    value: T
+    seq: int
+
+
+@dataclass(frozen=True)
+class ListItem(Generic[T]):
+    item: T
+    seq: int
+
+
+def encode(adapter: TypeAdapter[T], value: T) -> str:
+    """Validate (cleaning text) and encode `value` as JSON text; a Context inside fails loudly."""
+    if _contains_context(value):
+        raise ContextNotStorable("a Context is per-invocation and is never written to the journal (HA-22)")
+    try:
+        return adapter.dump_json(adapter.validate_python(value)).decode()
+    except (ValidationError, PydanticSerializationError) as error:
+        raise InvalidInput(f"value does not fit its record type: {error}") from error
+
+
+def _contains_context(value: object) -> bool:
+    if isinstance(value, Context):
+        return True
+    if isinstance(value, dict):
+        return any(_contains_context(v) for v in value.values())
+    if isinstance(value, list | tuple):
+        return any(_contains_context(v) for v in value)
+    return False
+
+
+def decode_entry(row: EntryRow) -> Entry:
+    """Decode a stored entry row; `StorageCorruption` naming the entry if it no longer decodes."""
+    try:
+        payload = ENTRY_PAYLOAD_ADAPTER.validate_json(row.payload)
+    except ValueError as error:
+        raise StorageCorruption(f"entry {row.id} does not decode: {error}", entry_id=row.id) from error
+    if payload.type != row.type:
+        raise StorageCorruption(f"entry {row.id} is stored as {row.type} but holds {payload.type}",
+                                entry_id=row.id)
+    return Entry(id=row.id, parent_id=row.parent_id, seq=row.seq, timestamp=row.timestamp, payload=payload)
+
+
+def _decode_value(adapter: TypeAdapter[T], text: str, where: str) -> T:
+    try:
+        return adapter.validate_json(text)
+    except ValueError as error:
+        raise StorageCorruption(f"{where} does not decode: {error}", address=where) from error
+
+
+class SessionReader:
+    """Reads of one session's journal. Every read sees the latest fully applied commit; several
+    reads are not a snapshot (decide and write inside `Session.mutate` instead)."""
+
+    def __init__(self, backend: Backend, info: SessionInfo) -> None:
+        self._backend = backend
+        self.info = info
+
+    @property
+    def id(self) -> str:
+        return self.info.id
+
+    async def entry(self, entry_id: str, context: Context) -> Entry | None:
+        rows = await self._backend.get_entries(self.id, [entry_id], context)
+        row = rows.get(entry_id)
+        return decode_entry(row) if row else None
+
+    async def entries(self, entry_ids: Sequence[str], context: Context) -> dict[str, Entry]:
+        """The entries with these ids that exist, keyed by id."""
+        rows = await self._backend.get_entries(self.id, entry_ids, context)
+        return {i: decode_entry(r) for i, r in rows.items()}
+
+    async def get(self, address: ValueAddress[T], context: Context) -> T | None:
+        """The value at `address`, or None when absent (use `get_record` to tell a stored None)."""
+        record = await self.get_record(address, context)
+        return record.value if record else None
+
+    async def get_record(self, address: ValueAddress[T], context: Context) -> StoredValue[T] | None:
+        row = await self._backend.get_value(self.id, address.namespace, address.key, context)
+        if row is None:
+            return None
+        where = f"{address.namespace}/{address.key}"
+        return StoredValue(_decode_value(address.adapter, row.value, where), row.seq)
+
+    async def scan_values(self, address: ValueAddress[T], context: Context) -> list[tuple[str, T]]:
+        """Every `(key, value)` in `address.namespace` whose key starts with `address.key`."""
+        rows = await self._backend.scan_values(self.id, address.namespace, address.key, context)
+        return [(r.key, _decode_value(address.adapter, r.value, f"{r.namespace}/{r.key}")) for r in rows]
+
+    async def lanes(self, context: Context) -> list[str]:
+        """Names of the lanes that have a branch tip, ascending."""
+        rows = await self._backend.scan_values(self.id, addresses.BRANCH_TIP_NAMESPACE, "", context)
+        return [r.key for r in rows]
+
+    async def read_list(
+        self, address: ListAddress[T], context: Context, *, after_seq: int | None = None, limit: int = 1000
+    ) -> list[ListItem[T]]:
+        """One page of list items in commit order after `after_seq`; `limit` is clamped to 10,000."""
+        rows = await self._backend.read_list(
+            self.id, address.namespace, address.key, after_seq, max(1, min(limit, 10_000)), context
+        )
+        where = f"{address.namespace}/{address.key}"
+        return [ListItem(_decode_value(address.adapter, r.value, where), r.seq) for r in rows]
+
+    async def usage_ledger(
+        self, context: Context, *, after_seq: int | None = None, limit: int = 1000
+    ) -> list[UsageRow]:
+        """Usage rows in commit order after `after_seq`."""
+        rows = await self._backend.read_usage(self.id, after_seq, max(1, min(limit, 10_000)), context)
+        return [
+            UsageRow(
+                id=r.id,
+                seq=r.seq,
+                usage=_decode_value(_USAGE_ADAPTER, r.usage, f"usage/{r.id}"),
+                entry_id=r.entry_id,
+                adjustment=r.adjustment,
+                details=_decode_value(_JSON_ADAPTER, r.details, f"usage/{r.id}") if r.details else None,
+            )
+            for r in rows
+        ]
+
+    async def scan_branch(
+        self, tip: str, visit: Callable[[Entry], bool | None], context: Context
+    ) -> None:
+        """Visit the entries from `tip` towards the root, newest first, stopping after the newest
+        compaction entry (HA-29), or early when `visit` returns False.
+
+        Reads nothing older than that compaction, so the cost is O(entries since it), not
+        O(history). Raises `StorageCorruption` if an entry on the path is missing or cannot be
+        decoded; never stops early silently."""
+        async for entry in self._walk(tip, stop_at_compaction=True, limit=None, context=context):
+            if visit(entry) is False:
+                return
+
+    async def read_branch(
+        self, tip: str, context: Context, *, before: str | None = None, limit: int = 200
+    ) -> BranchPage:
+        """One page of the whole branch ending at `tip`, newest first, past compactions too; for
+        displays and exports. Pass the page's `next_before` as `before` for the older page."""
+        start = before if before is not None else tip
+        page: list[Entry] = []
+        async for entry in self._walk(start, stop_at_compaction=False, limit=max(1, limit), context=context):
+            page.append(entry)
+        next_before = page[-1].parent_id if page else None
+        return BranchPage(entries=page, next_before=next_before)
+
+    async def _walk(self, start: str, *, stop_at_compaction: bool, limit: int | None, context: Context) -> Any:
+        current: str | None = start
+        remaining = limit
+        while current is not None and (remaining is None or remaining > 0):
+            context.raise_if_cancelled()
+            page_size = _SCAN_PAGE if remaining is None else min(_SCAN_PAGE, remaining)
+            rows = await self._backend.walk_branch(self.id, current, page_size, stop_at_compaction, context)
+            if not rows:
+                raise StorageCorruption(f"entry {current} on the branch is missing", entry_id=current)
+            for row in rows:
+                yield decode_entry(row)
+            last = rows[-1]
+            if stop_at_compaction and last.type == "compaction":
+                return
+            if len(rows) < page_size and last.parent_id is not None:
+                raise StorageCorruption(
+                    f"entry {last.id} names parent {last.parent_id}, which is missing",
+                    entry_id=last.id, parent_id=last.parent_id,
+                )
+            current = last.parent_id
+            if remaining is not None:
+                remaining -= len(rows)
+
+
+class SessionMutator(SessionReader):
+    """Stages writes for one job; they commit together, once, in the order staged."""
+
+    def __init__(self, backend: Backend, info: SessionInfo, claim: Claim | None, context: Context) -> None:
+        super().__init__(backend, info)
+        self._claim = claim
+        self._context = context
+        self._writes: list[Write] = []
+        self._committed: CommitResult | None = None
+        self._closed = False
+
+    @property
+    def staged(self) -> int:
+        return len(self._writes)
+
+    def _stage(self, write: Write) -> None:
+        if self._closed or self._committed is not None:
+            raise InvalidWrite("this job has already committed or ended; stage writes before commit")
+        self._writes.append(write)
+
+    def insert_entry(self, payload: EntryPayload, *, parent_id: str | None, entry_id: str | None = None) -> str:
+        """Stage a new entry under `parent_id` (None for a root); returns its id (minted if not given)."""
+        entry_id = entry_id or new_id()
+        text = encode(ENTRY_PAYLOAD_ADAPTER, payload)
+        custom_type = getattr(payload, "custom_type", None)
+        if custom_type is None and payload.type == "custom_message":
+            custom_type = payload.message.custom_type  # type: ignore[union-attr]
+        self._stage(InsertEntry(entry_id, parent_id, payload.type, custom_type, text))
+        return entry_id
+
+    def set(self, address: ValueAddress[T], value: T) -> None:
+        self._stage(SetValue(address.namespace, address.key, encode(address.adapter, value)))
+
+    def delete(self, address: ValueAddress[Any]) -> None:
+        """Delete a value; deleting an absent value is a no-op."""
+        self._stage(DeleteValue(address.namespace, address.key))
+
+    def append(self, address: ListAddress[T], item: T) -> None:
+        self._stage(AppendList(address.namespace, address.key, encode(address.adapter, item)))
+
+    def delete_list(self, address: ListAddress[Any]) -> None:
+        self._stage(DeleteList(address.namespace, address.key))
+
+    def insert_usage(
+        self,
+        usage: Usage,
+        *,
+        usage_id: str | None = None,
+        entry_id: str | None = None,
+        adjustment: bool = False,
+        details: JsonValue | None = None,
+    ) -> str:
+        """Stage a usage ledger row; its id shares the entry id namespace of the session."""
+        usage_id = usage_id or new_id()
+        details_text = encode(_JSON_ADAPTER, details) if details is not None else None
+        self._stage(InsertUsage(usage_id, entry_id, adjustment, encode(_USAGE_ADAPTER, usage), details_text))
+        return usage_id
+
+    async def commit(self) -> CommitResult:
+        """Commit the staged writes as one transaction; at most once per job. Code after the
+        await is the commit continuation and still runs on the session line."""
+        if self._committed is not None or self._closed:
+            raise InvalidWrite("a job commits at most once")
+        writes, self._writes = self._writes, []
+        self._committed = await self._backend.commit(self.id, writes, self._claim, self._context)
+        return self._committed
+
+    def _end(self) -> None:
+        self._closed = True
+        self._writes = []
+
+
+Job = Callable[[SessionMutator], Awaitable[R]]
+OnCommitted = Callable[[CommitResult], Awaitable[None] | None]
+
+
+class Session(SessionReader):
+    """One durable journal. Mutations run one at a time, in FIFO order, on the session line.
+
+    While attached (`attach`), only the owner's `SessionOwnership` may mutate (HA-4); between
+    processes the claim is a lock that dies with its holder plus an epoch every commit checks."""
+
+    def __init__(self, backend: Backend, info: SessionInfo) -> None:
+        super().__init__(backend, info)
+        self._line = asyncio.Lock()
+        self._owner: object | None = None
+        self._claim: Claim | None = None
+
+    @property
+    def owner(self) -> object | None:
+        return self._owner
+
+    async def mutate(self, job: Job[R], context: Context) -> R:
+        """Run `job` on the session line and commit what it staged (unless it committed itself).
+
+        An exception in the job commits nothing. Raises `SessionOwned` while a harness (or any
+        owner) is attached here or in another process."""
+        self._refuse_if_owned()
+        return await self._run(job, None, context)
+
+    async def create_lane(
+        self,
+        name: str,
+        config: LaneConfig,
+        context: Context,
+        *,
+        at: str | None = None,
+        on_committed: OnCommitted | None = None,
+    ) -> None:
+        """Create lane `name` with its tip at entry `at` (None: an empty branch) and an idle state.
+
+        `on_committed` runs right after the commit, on the line and without yielding (HA-15); if
+        it returns an awaitable, that is awaited after the line is released."""
+        self._refuse_if_owned()
+        await self._create_lane(name, config, at, on_committed, None, context)
+
+    async def attach(self, owner: object, context: Context) -> SessionOwnership:
+        """Claim the session for `owner` until `detach`; `SessionOwned` if anyone holds it."""
+        async with self._line:
+            self._refuse_if_owned()
+            self._claim = await self._backend.claim(self.id, context)
+            self._owner = owner
+        return SessionOwnership(self, owner)
+
+    async def _detach(self, owner: object, context: Context) -> None:
+        async with self._line:
+            if self._owner is not owner or self._claim is None:
+                return
+            claim, self._claim, self._owner = self._claim, None, None
+            await self._backend.release(claim, context)
+
+    def _refuse_if_owned(self) -> None:
+        if self._owner is not None:
+            raise SessionOwned(f"session {self.id} is owned by {self._owner!r}", session_id=self.id)
+
+    async def _run(self, job: Job[R], claim: Claim | None, context: Context) -> R:
+        context.raise_if_cancelled()
+        async with self._line:
+            mutator = SessionMutator(self._backend, self.info, claim, context)
+            try:
+                result = await job(mutator)
+                if mutator.staged and mutator._committed is None:
+                    await mutator.commit()
+            finally:
+                mutator._end()
+            return result
+
+    async def _create_lane(
+        self,
+        name: str,
+        config: LaneConfig,
+        at: str | None,
+        on_committed: OnCommitted | None,
+        claim: Claim | None,
+        context: Context,
+    ) -> None:
+        if not name or "\x00" in name:
+            raise InvalidInput("a lane name must be non-empty and free of NUL", lane=name)
+        pending: list[Awaitable[None]] = []
+
+        async def job(m: SessionMutator) -> None:
+            if await m.get_record(addresses.branch_tip(name), context) is not None:
+                raise LaneExists(f"lane {name} already exists", lane=name)
+            if at is not None and await m.entry(at, context) is None:
+                raise UnknownEntry(f"entry {at} does not exist", entry_id=at)
+            m.set(addresses.branch_tip(name), at)
+            m.set(addresses.lane_config(name), config)
+            m.set(addresses.lane_state(name), LaneState())
+            result = await m.commit()
+            if on_committed is not None:
+                delivery = on_committed(result)
+                if inspect.isawaitable(delivery):
+                    pending.append(delivery)
+
+        await self._run(job, claim, context)
+        for delivery in pending:
+            await delivery
+
+
+class SessionOwnership:
+    """The owner's handle on an attached session: the only way to mutate it until `detach`."""
+
+    def __init__(self, session: Session, owner: object) -> None:
+        self.session = session
+        self.owner = owner
+
+    def _claim(self) -> Claim:
+        claim = self.session._claim
+        if self.session._owner is not self.owner or claim is None:
+            raise SessionOwned(f"session {self.session.id} is not attached to {self.owner!r}",
+                               session_id=self.session.id)
+        return claim
+
+    async def mutate(self, job: Job[R], context: Context) -> R:
+        """`Session.mutate` for the owner; `OwnershipLost` if its claim died meanwhile."""
+        return await self.session._run(job, self._claim(), context)
+
+    async def create_lane(
+        self,
+        name: str,
+        config: LaneConfig,
+        context: Context,
+        *,
+        at: str | None = None,
+        on_committed: OnCommitted | None = None,
+    ) -> None:
+        await self.session._create_lane(name, config, at, on_committed, self._claim(), context)
+
+    async def detach(self, context: Context) -> None:
+        """Release the claim; idempotent."""
+        await self.session._detach(self.owner, context)

@@ -1,0 +1,152 @@
+"""Store: one database of sessions, opened by URL (`memory://`, `sqlite:///PATH`, `postgresql://...`)."""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Sequence
+from pathlib import Path
+from urllib.parse import parse_qs, urlsplit
+
+from harness.context import Context
+from harness.messages import now_ms
+from harness.session import addresses
+from harness.session.backend import Backend, InsertEntry, SessionInfo, SetValue
+from harness.session.errors import SessionNotFound, StoreClosed, UnknownEntry, UnsupportedStoreUrl
+from harness.session.ids import new_id
+from harness.session.memory import MemoryBackend
+from harness.session.migrations import DATA_MIGRATIONS, DataMigration
+from harness.session.records import LaneState
+from harness.session.session import Session, encode
+
+_FORK_PAGE = 1000
+
+
+class Store:
+    """Sessions in one database. `open_session` returns the same `Session` object for the same id
+    while it is in use, so each session has one line per process."""
+
+    def __init__(self, backend: Backend, url: str) -> None:
+        self.backend = backend
+        self.url = url
+        self._open: weakref.WeakValueDictionary[str, Session] = weakref.WeakValueDictionary()
+        self._closed = False
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StoreClosed(f"store {self.url} is closed")
+
+    async def create_session(self, context: Context, *, session_id: str | None = None) -> Session:
+        """Create an empty session (no lanes yet) and return it."""
+        self._check_open()
+        info = SessionInfo(id=session_id or new_id(), created_at=now_ms())
+        await self.backend.create_session(info, context)
+        return self._session(info)
+
+    async def open_session(self, session_id: str, context: Context) -> Session:
+        """The session with this id; `SessionNotFound` if there is none."""
+        self._check_open()
+        if (found := self._open.get(session_id)) is not None:
+            return found
+        info = await self.backend.get_session(session_id, context)
+        if info is None:
+            raise SessionNotFound(f"no session {session_id}", session_id=session_id)
+        return self._session(info)
+
+    async def list_sessions(self, context: Context) -> list[SessionInfo]:
+        """Every session, oldest first."""
+        self._check_open()
+        return await self.backend.list_sessions(context)
+
+    async def fork_session(
+        self, session_id: str, entry_id: str, context: Context, *, lane: str = "main"
+    ) -> Session:
+        """A new session holding the branch from the root to `entry_id`, with lane `lane` at that
+        entry (its configuration copied when the source has that lane) and idle: no operation
+        state, no pending entries. The new session records its source and fork point."""
+        source = await self.open_session(session_id, context)
+        if await source.entry(entry_id, context) is None:
+            raise UnknownEntry(f"entry {entry_id} is not in session {session_id}", entry_id=entry_id)
+        path = []
+        before: str | None = entry_id
+        while before is not None:
+            page = await source.read_branch(entry_id, context, before=before, limit=_FORK_PAGE)
+            path.extend(page.entries)
+            before = page.next_before
+        labels = dict(await source.scan_values(addresses.entry_label(""), context))
+        config = await source.get(addresses.lane_config(lane), context)
+
+        info = SessionInfo(
+            id=new_id(), created_at=now_ms(), parent_session_id=session_id, forked_from_entry_id=entry_id
+        )
+        await self.backend.create_session(info, context)
+        writes: list[InsertEntry | SetValue] = []
+        for entry in reversed(path):
+            payload = entry.payload
+            custom_type = getattr(payload, "custom_type", None)
+            if payload.type == "custom_message":
+                custom_type = payload.message.custom_type  # type: ignore[union-attr]
+            writes.append(InsertEntry(entry.id, entry.parent_id, entry.type, custom_type,
+                                      payload.model_dump_json()))
+            if entry.id in labels:
+                label = addresses.entry_label(entry.id)
+                writes.append(SetValue(label.namespace, label.key, encode(label.adapter, labels[entry.id])))
+        tip = addresses.branch_tip(lane)
+        writes.append(SetValue(tip.namespace, tip.key, encode(tip.adapter, entry_id)))
+        if config is not None:
+            for address, value in (
+                (addresses.lane_config(lane), config),
+                (addresses.lane_state(lane), LaneState()),
+            ):
+                writes.append(SetValue(address.namespace, address.key, encode(address.adapter, value)))  # type: ignore[arg-type]
+        await self.backend.commit(info.id, writes, None, context)
+        return self._session(info)
+
+    def _session(self, info: SessionInfo) -> Session:
+        session = self._open.get(info.id)
+        if session is None:
+            session = Session(self.backend, info)
+            self._open[info.id] = session
+        return session
+
+    async def close(self) -> None:
+        """Close the database connections; idempotent."""
+        if not self._closed:
+            self._closed = True
+            await self.backend.close()
+
+
+async def connect(
+    url: str, context: Context, *, data_migrations: Sequence[DataMigration] = DATA_MIGRATIONS
+) -> Store:
+    """Open the store at `url`, apply pending schema migrations and journal data migrations.
+
+    URLs: `memory://`; `sqlite:///relative/path.db` or `sqlite:////absolute/path.db` (optional
+    `?synchronous=NORMAL`, default FULL); `postgresql://user@host:port/db?...` (libpq conninfo).
+    Raises `UnsupportedStoreUrl` for anything else."""
+    parts = urlsplit(url)
+    backend: Backend
+    if parts.scheme == "memory":
+        backend = MemoryBackend()
+    elif parts.scheme == "sqlite":
+        from harness.session.sqlite import SqliteBackend
+
+        raw_path = url.split("://", 1)[1].split("?", 1)[0]
+        if not raw_path.startswith("/") or raw_path == "/":
+            raise UnsupportedStoreUrl(f"a SQLite URL is sqlite:///PATH, not {url}", url=url)
+        query = parse_qs(parts.query)
+        synchronous = query.get("synchronous", ["FULL"])[0].upper()
+        backend = await SqliteBackend.open(Path(raw_path[1:]), synchronous, context)
+    elif parts.scheme in ("postgresql", "postgres"):
+        from harness.session.postgres import PostgresBackend
+
+        backend = await PostgresBackend.open(url, context)
+    else:
+        raise UnsupportedStoreUrl(f"unsupported store URL {url!r}: use memory://, sqlite:///PATH or "
+                                  "postgresql://...", url=url)
+    try:
+        for migration in data_migrations:
+            await backend.run_data_migration(migration, context)
+    except BaseException:
+        await backend.close()
+        raise
+    return Store(backend, url)
