@@ -3,7 +3,14 @@
 from __future__ import annotations
 
 from harness.context import Context
-from harness.messages import AssistantMessage, ModelIdentity, TextContent, ToolCall, ToolResultMessage, UserMessage
+from harness.messages import (
+    AssistantMessage,
+    ModelIdentity,
+    TextContent,
+    ToolCall,
+    ToolResultMessage,
+    UserMessage,
+)
 from harness.session import LaneConfig, MessagePayload, Session, SessionMutator, Store, addresses
 
 DEMO_MODEL = ModelIdentity(provider="demo", model_id="scripted")

@@ -34,7 +34,9 @@ from harness.session.records import (
     OperationErrorRecord,
     OperationMeta,
     OperationState,
+    PendingCustom,
     PendingEntry,
+    PendingMessage,
     UsageRow,
 )
 from harness.session.session import (
@@ -71,7 +73,9 @@ __all__ = [
     "OperationMeta",
     "OperationState",
     "OwnershipLost",
+    "PendingCustom",
     "PendingEntry",
+    "PendingMessage",
     "Session",
     "SessionInfo",
     "SessionMutator",

@@ -62,7 +62,7 @@ def _check_part(name: str, part: str) -> None:
         raise ValueError(f"address {name} must not contain NUL")
 
 
-def value_address(namespace: str, key: str = "", tp: Any = JsonValue) -> ValueAddress[Any]:
+def value_address(namespace: str, key: str = "", tp: Any = CleanJson) -> ValueAddress[Any]:
     """An application value address; `tp` is any pydantic-compatible type (default: JSON)."""
     _check_part("namespace", namespace)
     _check_part("key", key)
@@ -71,7 +71,7 @@ def value_address(namespace: str, key: str = "", tp: Any = JsonValue) -> ValueAd
     return ValueAddress(namespace, key, _adapter(tp))
 
 
-def list_address(namespace: str, key: str = "", tp: Any = JsonValue) -> ListAddress[Any]:
+def list_address(namespace: str, key: str = "", tp: Any = CleanJson) -> ListAddress[Any]:
     """An application list address; `tp` is the type of one item."""
     _check_part("namespace", namespace)
     _check_part("key", key)

@@ -110,15 +110,19 @@ class CommitResult:
 class Claim(Protocol):
     """A live ownership claim: the process lock plus the epoch it bumped."""
 
-    session_id: str
-    epoch: int
+    @property
+    def session_id(self) -> str: ...
+
+    @property
+    def epoch(self) -> int: ...
 
 
 class Backend(Protocol):
     """One database holding many sessions. Every method is one round trip (SQLite: one hop to
     its thread); `commit` is one transaction, all or nothing."""
 
-    kind: Literal["memory", "sqlite", "postgres"]
+    @property
+    def kind(self) -> Literal["memory", "sqlite", "postgres"]: ...
 
     async def create_session(self, info: SessionInfo, context: Context) -> None: ...
 

@@ -74,6 +74,15 @@ EntryPayload: TypeAlias = Annotated[
     MessagePayload | CustomMessagePayload | CustomPayload | CompactionPayload | BranchSummaryPayload,
     Field(discriminator="type"),
 ]
+def custom_type_of(payload: EntryPayload) -> str | None:
+    """The custom type a `custom` or `custom_message` payload carries (stored as a column for queries)."""
+    if isinstance(payload, CustomPayload):
+        return payload.custom_type
+    if isinstance(payload, CustomMessagePayload):
+        return payload.message.custom_type
+    return None
+
+
 EntryType: TypeAlias = Literal["message", "custom_message", "custom", "compaction", "branch_summary"]
 
 ENTRY_PAYLOAD_ADAPTER: TypeAdapter[EntryPayload] = TypeAdapter(EntryPayload)

@@ -23,8 +23,8 @@ from harness.session.backend import (
     ValueRow,
     Write,
 )
-from harness.session.migrations import DataMigration
 from harness.session.errors import InvalidWrite, OwnershipLost, SessionNotFound, SessionOwned
+from harness.session.migrations import DataMigration
 
 
 @dataclass

@@ -17,7 +17,7 @@ from pydantic_core import PydanticSerializationError
 
 from harness.context import Context
 from harness.errors import ContextNotStorable, InvalidInput
-from harness.messages import Usage
+from harness.messages import Usage, clean_json
 from harness.session import addresses
 from harness.session.addresses import ListAddress, ValueAddress
 from harness.session.backend import (
@@ -34,7 +34,7 @@ from harness.session.backend import (
     SetValue,
     Write,
 )
-from harness.session.entries import ENTRY_PAYLOAD_ADAPTER, BranchPage, Entry, EntryPayload
+from harness.session.entries import ENTRY_PAYLOAD_ADAPTER, BranchPage, Entry, EntryPayload, custom_type_of
 from harness.session.errors import InvalidWrite, LaneExists, SessionOwned, StorageCorruption, UnknownEntry
 from harness.session.ids import new_id
 from harness.session.records import LaneConfig, LaneState, UsageRow
@@ -66,7 +66,13 @@ def encode(adapter: TypeAdapter[T], value: T) -> str:
     if _contains_context(value):
         raise ContextNotStorable("a Context is per-invocation and is never written to the journal (HA-22)")
     try:
-        return adapter.dump_json(adapter.validate_python(value)).decode()
+        validated = adapter.validate_python(value)
+        try:
+            return adapter.dump_json(validated).decode()
+        except PydanticSerializationError:
+            # A type of the application's that does not clean its text: clean the JSON form.
+            cleaned = clean_json(adapter.dump_python(validated, mode="json"))
+            return adapter.dump_json(adapter.validate_python(cleaned)).decode()
     except (ValidationError, PydanticSerializationError) as error:
         raise InvalidInput(f"value does not fit its record type: {error}") from error
 
@@ -244,10 +250,7 @@ class SessionMutator(SessionReader):
         """Stage a new entry under `parent_id` (None for a root); returns its id (minted if not given)."""
         entry_id = entry_id or new_id()
         text = encode(ENTRY_PAYLOAD_ADAPTER, payload)
-        custom_type = getattr(payload, "custom_type", None)
-        if custom_type is None and payload.type == "custom_message":
-            custom_type = payload.message.custom_type  # type: ignore[union-attr]
-        self._stage(InsertEntry(entry_id, parent_id, payload.type, custom_type, text))
+        self._stage(InsertEntry(entry_id, parent_id, payload.type, custom_type_of(payload), text))
         return entry_id
 
     def set(self, address: ValueAddress[T], value: T) -> None:

@@ -5,12 +5,15 @@ from __future__ import annotations
 import weakref
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TypeVar
 from urllib.parse import parse_qs, urlsplit
 
 from harness.context import Context
 from harness.messages import now_ms
 from harness.session import addresses
-from harness.session.backend import Backend, InsertEntry, SessionInfo, SetValue
+from harness.session.addresses import ValueAddress
+from harness.session.backend import Backend, InsertEntry, SessionInfo, SetValue, Write
+from harness.session.entries import custom_type_of
 from harness.session.errors import SessionNotFound, StoreClosed, UnknownEntry, UnsupportedStoreUrl
 from harness.session.ids import new_id
 from harness.session.memory import MemoryBackend
@@ -19,6 +22,7 @@ from harness.session.records import LaneState
 from harness.session.session import Session, encode
 
 _FORK_PAGE = 1000
+T = TypeVar("T")
 
 
 class Store:
@@ -79,25 +83,17 @@ class Store:
             id=new_id(), created_at=now_ms(), parent_session_id=session_id, forked_from_entry_id=entry_id
         )
         await self.backend.create_session(info, context)
-        writes: list[InsertEntry | SetValue] = []
+        writes: list[Write] = []
         for entry in reversed(path):
-            payload = entry.payload
-            custom_type = getattr(payload, "custom_type", None)
-            if payload.type == "custom_message":
-                custom_type = payload.message.custom_type  # type: ignore[union-attr]
-            writes.append(InsertEntry(entry.id, entry.parent_id, entry.type, custom_type,
-                                      payload.model_dump_json()))
+            custom_type = custom_type_of(entry.payload)
+            payload_text = entry.payload.model_dump_json()
+            writes.append(InsertEntry(entry.id, entry.parent_id, entry.type, custom_type, payload_text))
             if entry.id in labels:
-                label = addresses.entry_label(entry.id)
-                writes.append(SetValue(label.namespace, label.key, encode(label.adapter, labels[entry.id])))
-        tip = addresses.branch_tip(lane)
-        writes.append(SetValue(tip.namespace, tip.key, encode(tip.adapter, entry_id)))
+                writes.append(_set(addresses.entry_label(entry.id), labels[entry.id]))
+        writes.append(_set(addresses.branch_tip(lane), entry_id))
         if config is not None:
-            for address, value in (
-                (addresses.lane_config(lane), config),
-                (addresses.lane_state(lane), LaneState()),
-            ):
-                writes.append(SetValue(address.namespace, address.key, encode(address.adapter, value)))  # type: ignore[arg-type]
+            writes.append(_set(addresses.lane_config(lane), config))
+            writes.append(_set(addresses.lane_state(lane), LaneState()))
         await self.backend.commit(info.id, writes, None, context)
         return self._session(info)
 
@@ -113,6 +109,10 @@ class Store:
         if not self._closed:
             self._closed = True
             await self.backend.close()
+
+
+def _set(address: ValueAddress[T], value: T) -> SetValue:
+    return SetValue(address.namespace, address.key, encode(address.adapter, value))
 
 
 async def connect(

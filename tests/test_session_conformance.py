@@ -1,0 +1,687 @@
+"""One conformance suite for the journal, run on memory, SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import pickle
+import random
+import signal
+import sqlite3
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conftest import backend_url
+from harness.context import Context
+from harness.errors import ContextNotStorable
+from harness.messages import ModelIdentity, Usage
+from harness.session import (
+    CustomPayload,
+    DataMigration,
+    Entry,
+    InvalidWrite,
+    LaneConfig,
+    LaneExists,
+    LaneState,
+    PendingCustom,
+    SessionMutator,
+    SessionOwned,
+    StorageCorruption,
+    Store,
+    addresses,
+    connect,
+    list_address,
+    value_address,
+)
+from harness.session.memory import MemoryBackend
+from journal_helpers import append_chain, text_of, user
+
+TESTS = Path(__file__).resolve().parent
+CONFIG = LaneConfig(model=ModelIdentity(provider="p", model_id="m"))
+
+
+async def new_session_with_lane(store: Store, ctx: Context) -> Any:
+    session = await store.create_session(ctx)
+    await session.create_lane("main", CONFIG, ctx)
+    return session
+
+
+async def branch_texts(session: Any, tip: str, ctx: Context) -> list[str]:
+    page = await session.read_branch(tip, ctx, limit=10_000)
+    return [text_of(e.payload) for e in reversed(page.entries)]
+
+
+# -- atomicity ---------------------------------------------------------------------------------
+
+
+async def test_exception_inside_job_commits_nothing(store: Store, ctx: Context) -> None:
+    session = await new_session_with_lane(store, ctx)
+
+    async def job(m: SessionMutator) -> None:
+        tip = m.insert_entry(user("never"), parent_id=None)
+        m.set(addresses.branch_tip("main"), tip)
+        m.set(addresses.session_name(), "never")
+        raise RuntimeError("boom")
+
+    with pytest.raises(RuntimeError):
+        await session.mutate(job, ctx)
+
+    assert await session.get(addresses.branch_tip("main"), ctx) is None
+    assert await session.get(addresses.session_name(), ctx) is None
+    ids = await append_chain(session, ["after"], ctx)
+    assert (await session.entry(ids[0], ctx)) is not None
+
+
+async def test_rejected_write_rolls_back_the_whole_commit(store: Store, ctx: Context) -> None:
+    session = await new_session_with_lane(store, ctx)
+
+    async def job(m: SessionMutator) -> None:
+        first = m.insert_entry(user("kept?"), parent_id=None)
+        m.set(addresses.branch_tip("main"), first)
+        m.insert_entry(user("orphan"), parent_id="no-such-entry")
+
+    with pytest.raises(InvalidWrite):
+        await session.mutate(job, ctx)
+    assert await session.get(addresses.branch_tip("main"), ctx) is None
+    assert await session.usage_ledger(ctx) == []
+
+
+async def test_ids_are_unique_across_entries_and_usage(store: Store, ctx: Context) -> None:
+    session = await new_session_with_lane(store, ctx)
+    [entry_id] = await append_chain(session, ["one"], ctx)
+
+    async def job(m: SessionMutator) -> None:
+        m.insert_usage(Usage(input=1), usage_id=entry_id)
+
+    with pytest.raises(InvalidWrite):
+        await session.mutate(job, ctx)
+    assert await session.usage_ledger(ctx) == []
+
+
+async def test_a_job_commits_at_most_once(store: Store, ctx: Context) -> None:
+    session = await new_session_with_lane(store, ctx)
+
+    async def job(m: SessionMutator) -> None:
+        m.set(addresses.session_name(), "a")
+        await m.commit()
+        with pytest.raises(InvalidWrite):
+            m.set(addresses.session_name(), "b")
+        with pytest.raises(InvalidWrite):
+            await m.commit()
+
+    await session.mutate(job, ctx)
+    assert await session.get(addresses.session_name(), ctx) == "a"
+
+
+# -- the session line --------------------------------------------------------------------------
+
+
+async def test_fifo_order_under_fifty_concurrent_jobs(store: Store, ctx: Context) -> None:
+    session = await new_session_with_lane(store, ctx)
+    ran: list[int] = []
+    rng = random.Random(7)
+    delays = [rng.randint(0, 3) for _ in range(50)]
+
+    def job_for(i: int) -> Any:
+        async def job(m: SessionMutator) -> int:
+            ran.append(i)
+            for _ in range(delays[i]):
+                await asyncio.sleep(0)
+            m.set(value_address("test.order", str(i)), i)
+            result = await m.commit()
+            return result.seqs[0]
+
+        return job
+
+    seqs = await asyncio.gather(*(session.mutate(job_for(i), ctx) for i in range(50)))
+
+    assert ran == list(range(50))
+    assert seqs == sorted(seqs)
+    assert len(set(seqs)) == 50
+
+
+async def test_create_lane_callback_runs_on_the_line_right_after_commit(store: Store, ctx: Context) -> None:
+    """HA-15: on_committed runs in the commit continuation, before any later job on the line;
+    the awaitable it returns is awaited only after the line is released."""
+    session = await store.create_session(ctx)
+    order: list[str] = []
+    gate, later_ran = asyncio.Event(), asyncio.Event()
+
+    async def blocker(m: SessionMutator) -> None:
+        await gate.wait()
+
+    async def delivery() -> None:
+        await later_ran.wait()  # would deadlock if awaited while holding the line
+        order.append("delivered")
+
+    def on_committed(_: object) -> Any:
+        order.append("callback")
+        return delivery()
+
+    async def later(m: SessionMutator) -> None:
+        order.append("later job")
+        later_ran.set()
+
+    blocking = asyncio.create_task(session.mutate(blocker, ctx))
+    await asyncio.sleep(0)
+    creating = asyncio.create_task(session.create_lane("main", CONFIG, ctx, on_committed=on_committed))
+    await asyncio.sleep(0)
+    queued = asyncio.create_task(session.mutate(later, ctx))
+    await asyncio.sleep(0)
+    gate.set()
+    await asyncio.wait_for(asyncio.gather(blocking, creating, queued), timeout=10)
+
+    assert order == ["callback", "later job", "delivered"]
+    assert await session.get(addresses.lane_state("main"), ctx) == LaneState()
+    with pytest.raises(LaneExists):
+        await session.create_lane("main", CONFIG, ctx)
+
+
+# -- scans -------------------------------------------------------------------------------------
+
+
+async def test_scan_branch_stops_at_the_newest_compaction(store: Store, ctx: Context) -> None:
+    """HA-29: the scan visits tip back to the newest compaction, inclusive, and nothing older."""
+    session = await new_session_with_lane(store, ctx)
+    texts = [f"m{i}" for i in range(30)]
+    await append_chain(session, texts, ctx, compaction_at={5, 12, 20})
+    tip = await session.get(addresses.branch_tip("main"), ctx)
+    assert tip is not None
+
+    seen: list[Entry] = []
+    await session.scan_branch(tip, seen.append, ctx)
+
+    assert [text_of(e.payload) for e in seen] == [f"m{i}" for i in range(29, 19, -1)]
+    assert seen[-1].type == "compaction"
+
+
+async def test_scan_branch_reads_nothing_behind_the_compaction(store: Store, ctx: Context) -> None:
+    """HA-29: a corrupt entry older than the compaction is never read by the scan, while the
+    whole-branch read meets it and raises."""
+    session = await new_session_with_lane(store, ctx)
+    ids = await append_chain(session, [f"m{i}" for i in range(10)], ctx, compaction_at={6})
+    await corrupt_entry(store, session.id, ids[2], ctx)
+
+    seen: list[Entry] = []
+    await session.scan_branch(ids[-1], seen.append, ctx)
+    assert len(seen) == 4
+    with pytest.raises(StorageCorruption):
+        await session.read_branch(ids[-1], ctx, limit=100)
+
+
+async def test_scan_branch_can_stop_early(store: Store, ctx: Context) -> None:
+    session = await new_session_with_lane(store, ctx)
+    ids = await append_chain(session, [f"m{i}" for i in range(600)], ctx)
+    seen: list[str] = []
+
+    def visit(entry: Entry) -> bool:
+        seen.append(entry.id)
+        return len(seen) < 3
+
+    await session.scan_branch(ids[-1], visit, ctx)
+    assert seen == ids[-1:-4:-1]
+
+
+async def test_read_branch_pages_through_the_whole_history(store: Store, ctx: Context) -> None:
+    session = await new_session_with_lane(store, ctx)
+    texts = [f"m{i}" for i in range(25)]
+    ids = await append_chain(session, texts, ctx, compaction_at={10})
+
+    collected: list[str] = []
+    before: str | None = ids[-1]
+    while before is not None:
+        page = await session.read_branch(ids[-1], ctx, before=before, limit=7)
+        assert len(page.entries) <= 7
+        collected.extend(text_of(e.payload) for e in page.entries)
+        before = page.next_before
+
+    assert collected == texts[::-1]
+
+
+# -- payloads ----------------------------------------------------------------------------------
+
+
+async def test_one_megabyte_payloads_round_trip(store: Store, ctx: Context) -> None:
+    session = await new_session_with_lane(store, ctx)
+    big = "".join(random.Random(1).choice("abcdefghij\n\"\\é😀") for _ in range(1_000_000))
+    app_value = value_address("test.big")
+
+    async def job(m: SessionMutator) -> str:
+        m.set(app_value, {"blob": big})
+        return m.insert_entry(user(big), parent_id=None)
+
+    entry_id = await session.mutate(job, ctx)
+    entry = await session.entry(entry_id, ctx)
+    assert entry is not None
+    assert text_of(entry.payload) == big
+    assert await session.get(app_value, ctx) == {"blob": big}
+
+
+TEXTS = {
+    "lone high surrogate": ("a\ud800b", "a\ufffdb"),
+    "lone low surrogate": ("\udc00z", "\ufffdz"),
+    "NUL": ("before\x00after", "before\x00after"),
+    "emoji": ("👩‍💻 ok 🎉", "👩‍💻 ok 🎉"),
+    "right to left": ("שלום עולם مرحبا", "שלום עולם مرحبا"),
+    "control and quotes": ("tab\tnew\nline \"q\" \\ \x1b[31m", "tab\tnew\nline \"q\" \\ \x1b[31m"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(TEXTS))
+async def test_text_round_trips_cleaned_and_identical(store: Store, ctx: Context, case: str) -> None:
+    raw, expected = TEXTS[case]
+    session = await new_session_with_lane(store, ctx)
+    custom = value_address("test.text")
+    frames = list_address("test.frames")
+
+    async def job(m: SessionMutator) -> str:
+        m.set(custom, {raw: [raw]})
+        m.append(frames, raw)
+        m.set(addresses.session_name(), raw)
+        return m.insert_entry(CustomPayload(custom_type=raw, data={"k": raw}), parent_id=None)
+
+    entry_id = await session.mutate(job, ctx)
+
+    entry = await session.entry(entry_id, ctx)
+    assert entry is not None
+    assert isinstance(entry.payload, CustomPayload)
+    assert entry.payload.custom_type == expected
+    assert entry.payload.data == {"k": expected}
+    assert await session.get(custom, ctx) == {expected: [expected]}
+    assert [i.item for i in await session.read_list(frames, ctx)] == [expected]
+    assert await session.get(addresses.session_name(), ctx) == expected
+
+
+# -- records -----------------------------------------------------------------------------------
+
+
+async def test_values_distinguish_null_from_absent_and_lists_keep_order(store: Store, ctx: Context) -> None:
+    session = await new_session_with_lane(store, ctx)
+    frames = list_address("test.frames", "r1", int)
+
+    async def job(m: SessionMutator) -> None:
+        m.set(addresses.branch_tip("empty"), None)
+        for i in range(5):
+            m.append(frames, i)
+        m.set(value_address("test.gone"), 1)
+        m.delete(value_address("test.gone"))
+        m.delete(value_address("test.never"))
+
+    await session.mutate(job, ctx)
+
+    record = await session.get_record(addresses.branch_tip("empty"), ctx)
+    assert record is not None
+    assert record.value is None
+    assert await session.get_record(addresses.branch_tip("absent"), ctx) is None
+    assert await session.get_record(value_address("test.gone"), ctx) is None
+    items = await session.read_list(frames, ctx)
+    assert [i.item for i in items] == [0, 1, 2, 3, 4]
+    later = await session.read_list(frames, ctx, after_seq=items[1].seq, limit=2)
+    assert [i.item for i in later] == [2, 3]
+    assert await session.lanes(ctx) == ["empty", "main"]
+
+    async def fresh(m: SessionMutator) -> None:
+        m.delete_list(frames)
+        m.append(frames, 9)
+
+    await session.mutate(fresh, ctx)
+    assert [i.item for i in await session.read_list(frames, ctx)] == [9]
+
+
+async def test_scan_values_matches_key_prefix_literally(store: Store, ctx: Context) -> None:
+    session = await new_session_with_lane(store, ctx)
+
+    async def job(m: SessionMutator) -> None:
+        for key in ("op1:a", "op1:b", "op1%x", "op10:a", "op2:a"):
+            m.set(value_address("test.args", key), key)
+
+    await session.mutate(job, ctx)
+    found = await session.scan_values(value_address("test.args", "op1:"), ctx)
+    assert found == [("op1:a", "op1:a"), ("op1:b", "op1:b")]
+
+
+async def test_usage_ledger_keeps_rows_in_commit_order(store: Store, ctx: Context) -> None:
+    session = await new_session_with_lane(store, ctx)
+    [entry_id] = await append_chain(session, ["reply"], ctx)
+
+    async def job(m: SessionMutator) -> None:
+        m.insert_usage(Usage(input=10, output=5, total_tokens=15), entry_id=entry_id)
+        m.insert_usage(Usage(output=1), adjustment=True, details={"why": "tool"})
+
+    await session.mutate(job, ctx)
+    rows = await session.usage_ledger(ctx)
+    assert [(r.usage.total_tokens, r.entry_id, r.adjustment) for r in rows] == [
+        (15, entry_id, False), (0, None, True)
+    ]
+    assert rows[1].details == {"why": "tool"}
+    assert rows[0].seq < rows[1].seq
+
+
+async def test_a_context_is_never_stored(store: Store, ctx: Context) -> None:
+    """HA-22: trying to write a Context into the journal fails loudly and writes nothing."""
+    session = await new_session_with_lane(store, ctx)
+
+    async def job(m: SessionMutator) -> None:
+        m.set(value_address("test.ctx"), {"context": ctx})
+
+    with pytest.raises(ContextNotStorable):
+        await session.mutate(job, ctx)
+    with pytest.raises(ContextNotStorable):
+        pickle.dumps(ctx)
+    assert await session.get(value_address("test.ctx"), ctx) is None
+
+
+# -- corruption --------------------------------------------------------------------------------
+
+
+async def test_undecodable_entry_raises_storage_corruption_naming_it(store: Store, ctx: Context) -> None:
+    session = await new_session_with_lane(store, ctx)
+    ids = await append_chain(session, ["a", "b", "c"], ctx)
+    await corrupt_entry(store, session.id, ids[1], ctx)
+
+    with pytest.raises(StorageCorruption) as raised:
+        await session.entry(ids[1], ctx)
+    assert raised.value.details["entry_id"] == ids[1]
+
+    seen: list[Entry] = []
+    with pytest.raises(StorageCorruption):
+        await session.scan_branch(ids[2], seen.append, ctx)
+    assert [e.id for e in seen] == [ids[2]]
+
+
+async def test_a_missing_parent_is_corruption_not_a_shorter_branch(store: Store, ctx: Context) -> None:
+    session = await new_session_with_lane(store, ctx)
+    ids = await append_chain(session, ["a", "b", "c", "d"], ctx)
+    await delete_entry(store, session.id, ids[1], ctx)
+
+    with pytest.raises(StorageCorruption) as raised:
+        await session.scan_branch(ids[3], lambda e: None, ctx)
+    assert raised.value.details["parent_id"] == ids[1]
+    with pytest.raises(StorageCorruption):
+        await session.read_branch(ids[3], ctx)
+
+
+# -- ownership ---------------------------------------------------------------------------------
+
+
+async def test_attached_session_refuses_everyone_but_its_owner(store: Store, ctx: Context) -> None:
+    """HA-4: while attached, direct mutate, create_lane and a second attach are refused."""
+    session = await new_session_with_lane(store, ctx)
+    ownership = await session.attach("harness-1", ctx)
+
+    with pytest.raises(SessionOwned):
+        await append_chain(session, ["direct"], ctx)
+    with pytest.raises(SessionOwned):
+        await session.create_lane("other", CONFIG, ctx)
+    with pytest.raises(SessionOwned):
+        await session.attach("harness-2", ctx)
+
+    async def owned(m: SessionMutator) -> None:
+        m.set(addresses.session_name(), "by owner")
+
+    await ownership.mutate(owned, ctx)
+    await ownership.create_lane("side", CONFIG, ctx)
+    await ownership.detach(ctx)
+
+    with pytest.raises(SessionOwned):
+        await ownership.mutate(owned, ctx)
+    await append_chain(session, ["after detach"], ctx)
+    assert await session.get(addresses.session_name(), ctx) == "by owner"
+    assert await session.lanes(ctx) == ["main", "side"]
+
+
+async def test_a_second_store_cannot_claim_or_write_an_owned_session(
+    store_url: str, store: Store, ctx: Context
+) -> None:
+    if store_url == "memory://":
+        pytest.skip("a memory store is private to its connection")
+    session = await new_session_with_lane(store, ctx)
+    ownership = await session.attach("first", ctx)
+    other = await connect(store_url, ctx)
+    try:
+        seen_by_other = await other.open_session(session.id, ctx)
+        with pytest.raises(SessionOwned):
+            await seen_by_other.attach("second", ctx)
+        with pytest.raises(SessionOwned):
+            await append_chain(seen_by_other, ["intruder"], ctx)
+        await ownership.detach(ctx)
+        second = await seen_by_other.attach("second", ctx)
+        await second.detach(ctx)
+    finally:
+        await other.close()
+
+
+# -- fork --------------------------------------------------------------------------------------
+
+
+async def test_fork_holds_the_branch_to_the_entry_and_nothing_operational(store: Store, ctx: Context) -> None:
+    session = await new_session_with_lane(store, ctx)
+    ids = await append_chain(session, ["a", "b", "c", "d"], ctx)
+
+    async def operational(m: SessionMutator) -> None:
+        m.set(addresses.pending_entry("p1"), PendingCustom(custom_type="x"))
+        m.set(addresses.lane_state("main"), LaneState(current_operation_id="op1", pending_next_run=["p1"]))
+        m.set(addresses.entry_label(ids[1]), "checkpoint")
+        m.set(addresses.entry_label(ids[3]), "not copied")
+
+    await session.mutate(operational, ctx)
+
+    fork = await store.fork_session(session.id, ids[2], ctx)
+
+    assert fork.info.parent_session_id == session.id
+    assert fork.info.forked_from_entry_id == ids[2]
+    assert await fork.get(addresses.branch_tip("main"), ctx) == ids[2]
+    assert await branch_texts(fork, ids[2], ctx) == ["a", "b", "c"]
+    assert await fork.get(addresses.lane_config("main"), ctx) == CONFIG
+    assert await fork.get(addresses.lane_state("main"), ctx) == LaneState()
+    assert await fork.get(addresses.pending_entry("p1"), ctx) is None
+    assert await fork.entry(ids[3], ctx) is None
+    assert await fork.scan_values(addresses.entry_label(""), ctx) == [(ids[1], "checkpoint")]
+    assert {s.id for s in await store.list_sessions(ctx)} == {session.id, fork.id}
+
+
+# -- data migrations ---------------------------------------------------------------------------
+
+
+def _rename_custom(payload: dict[str, Any]) -> dict[str, Any] | None:
+    if payload.get("type") == "custom" and payload.get("custom_type") == "old":
+        return {**payload, "custom_type": "new"}
+    return None
+
+
+async def test_data_migrations_run_once_and_are_recorded(
+    store_url: str, store: Store, ctx: Context
+) -> None:
+    if store_url == "memory://":
+        pytest.skip("a memory store does not outlive its connection")
+    session = await new_session_with_lane(store, ctx)
+
+    async def job(m: SessionMutator) -> list[str]:
+        return [
+            m.insert_entry(CustomPayload(custom_type="old", data=1), parent_id=None),
+            m.insert_entry(CustomPayload(custom_type="keep", data=2), parent_id=None),
+        ]
+
+    old_id, keep_id = await session.mutate(job, ctx)
+    await store.close()
+
+    calls: list[str] = []
+
+    def counting(payload: dict[str, Any]) -> dict[str, Any] | None:
+        calls.append(payload["type"])
+        return _rename_custom(payload)
+
+    migration = DataMigration("rename-old-custom", counting)
+    for _ in range(2):
+        reopened = await connect(store_url, ctx, data_migrations=[migration])
+        await reopened.close()
+    assert len(calls) == 2  # two entries, visited by the first connect only
+
+    reopened = await connect(store_url, ctx)
+    try:
+        migrated = await (await reopened.open_session(session.id, ctx)).entries([old_id, keep_id], ctx)
+    finally:
+        await reopened.close()
+    assert migrated[old_id].payload == CustomPayload(custom_type="new", data=1)
+    assert migrated[keep_id].payload == CustomPayload(custom_type="keep", data=2)
+
+
+async def test_a_data_migration_with_invalid_output_changes_nothing(
+    store_url: str, store: Store, ctx: Context
+) -> None:
+    if store_url == "memory://":
+        pytest.skip("a memory store does not outlive its connection")
+    session = await new_session_with_lane(store, ctx)
+    ids = await append_chain(session, ["kept"], ctx)
+    await store.close()
+
+    broken = DataMigration("broken", lambda payload: {"type": "message", "message": "not a message"})
+    with pytest.raises(ValueError, match="broken"):
+        await connect(store_url, ctx, data_migrations=[broken])
+
+    reopened = await connect(store_url, ctx)
+    try:
+        entry = await (await reopened.open_session(session.id, ctx)).entry(ids[0], ctx)
+    finally:
+        await reopened.close()
+    assert entry is not None
+    assert text_of(entry.payload) == "kept"
+
+
+# -- processes ---------------------------------------------------------------------------------
+
+
+@contextmanager
+def child(url: str, session_id: str, *action: str) -> Iterator[subprocess.Popen[str]]:
+    env = {**os.environ, "PYTHONPATH": str(TESTS)}
+    process = subprocess.Popen(
+        [sys.executable, str(TESTS / "journal_child.py"), url, session_id, *action],
+        stdout=subprocess.PIPE, text=True, env=env,
+    )
+    try:
+        yield process
+    finally:
+        if process.poll() is None:
+            process.kill()
+        process.wait(timeout=30)
+        assert process.stdout is not None
+        process.stdout.close()
+
+
+def read_word(process: subprocess.Popen[str]) -> str:
+    assert process.stdout is not None
+    return process.stdout.readline().strip()
+
+
+DURABLE_BACKENDS = ["sqlite", "postgres"]
+
+
+@pytest.fixture(params=DURABLE_BACKENDS)
+def durable_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    return backend_url(request.param, tmp_path, request, durable=True)
+
+
+async def test_sigkill_in_the_middle_of_a_commit_leaves_nothing(durable_url: str, ctx: Context) -> None:
+    store = await connect(durable_url, ctx)
+    try:
+        session = await new_session_with_lane(store, ctx)
+        before = await append_chain(session, ["before"], ctx)
+        with child(durable_url, session.id, "commit-and-hang") as process:
+            assert await asyncio.to_thread(read_word, process) == "in-commit"
+            process.send_signal(signal.SIGKILL)
+            process.wait(timeout=30)
+
+        assert await session.get(addresses.branch_tip("main"), ctx) == before[0]
+        assert await session.get(addresses.session_name(), ctx) is None
+        assert await branch_texts(session, before[0], ctx) == ["before"]
+        after = await append_chain(session, ["after"], ctx)
+        assert await branch_texts(session, after[0], ctx) == ["before", "after"]
+    finally:
+        await store.close()
+
+
+async def test_two_processes_see_each_others_commits(durable_url: str, ctx: Context) -> None:
+    store = await connect(durable_url, ctx)
+    try:
+        session = await new_session_with_lane(store, ctx)
+        await append_chain(session, ["from parent"], ctx)
+        with child(durable_url, session.id, "append", "from child") as process:
+            assert await asyncio.to_thread(read_word, process) == "appended"
+        tip = await session.get(addresses.branch_tip("main"), ctx)
+        assert tip is not None
+        assert await branch_texts(session, tip, ctx) == ["from parent", "from child"]
+    finally:
+        await store.close()
+
+
+async def test_two_processes_cannot_both_own_and_a_killed_owner_releases(
+    durable_url: str, ctx: Context
+) -> None:
+    store = await connect(durable_url, ctx)
+    try:
+        session = await new_session_with_lane(store, ctx)
+        with child(durable_url, session.id, "attach-and-hang") as owner:
+            assert await asyncio.to_thread(read_word, owner) == "attached"
+            with pytest.raises(SessionOwned):
+                await session.attach("parent", ctx)
+            with pytest.raises(SessionOwned):
+                await append_chain(session, ["intruder"], ctx)
+            owner.send_signal(signal.SIGKILL)
+            owner.wait(timeout=30)
+
+        ownership = await attach_when_released(session, ctx)
+        with child(durable_url, session.id, "try-attach") as rival:
+            assert await asyncio.to_thread(read_word, rival) == "owned"
+        await ownership.detach(ctx)
+    finally:
+        await store.close()
+
+
+async def attach_when_released(session: Any, ctx: Context) -> Any:
+    """PostgreSQL notices a killed client's connection a moment later; retry briefly."""
+    for _ in range(100):
+        try:
+            return await session.attach("parent", ctx)
+        except SessionOwned:
+            await asyncio.sleep(0.05)
+    return await session.attach("parent", ctx)
+
+
+# -- corruption helpers (they write around the journal on purpose) -------------------------------
+
+
+async def corrupt_entry(store: Store, session_id: str, entry_id: str, ctx: Context) -> None:
+    await _raw_write(store, "UPDATE entries SET payload = '{\"type\": \"message\", \"oops\"' "
+                            "WHERE session_id = {s} AND id = {e}", session_id, entry_id)
+
+
+async def delete_entry(store: Store, session_id: str, entry_id: str, ctx: Context) -> None:
+    await _raw_write(store, "DELETE FROM entries WHERE session_id = {s} AND id = {e}", session_id, entry_id)
+
+
+async def _raw_write(store: Store, template: str, session_id: str, entry_id: str) -> None:
+    backend = store.backend
+    if isinstance(backend, MemoryBackend):
+        entries = backend._sessions[session_id].entries
+        if template.startswith("DELETE"):
+            del entries[entry_id]
+        else:
+            entries[entry_id] = replace(entries[entry_id], payload='{"type": "message", "oops"')
+        return
+    if backend.kind == "sqlite":
+        sql = template.replace("{s}", "?").replace("{e}", "?")
+        with sqlite3.connect(backend.path) as db:  # type: ignore[attr-defined]
+            db.execute(sql, (session_id, entry_id))
+        return
+    import psycopg
+
+    sql = template.replace("{s}", "%s").replace("{e}", "%s")
+    async with await psycopg.AsyncConnection.connect(store.url, autocommit=True) as conn:
+        await conn.execute(sql, (session_id, entry_id))
