@@ -685,3 +685,19 @@ async def _raw_write(store: Store, template: str, session_id: str, entry_id: str
     sql = template.replace("{s}", "%s").replace("{e}", "%s")
     async with await psycopg.AsyncConnection.connect(store.url, autocommit=True) as conn:
         await conn.execute(sql, (session_id, entry_id))
+
+
+async def test_closing_a_store_releases_its_claims(store_url: str, ctx: Context) -> None:
+    if store_url == "memory://":
+        pytest.skip("a memory store is private to its connection")
+    first = await connect(store_url, ctx)
+    session = await new_session_with_lane(first, ctx)
+    await session.attach("first", ctx)
+    await first.close()
+
+    second = await connect(store_url, ctx)
+    try:
+        ownership = await (await second.open_session(session.id, ctx)).attach("second", ctx)
+        await ownership.detach(ctx)
+    finally:
+        await second.close()

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
@@ -202,7 +202,9 @@ class SessionReader:
         next_before = page[-1].parent_id if page else None
         return BranchPage(entries=page, next_before=next_before)
 
-    async def _walk(self, start: str, *, stop_at_compaction: bool, limit: int | None, context: Context) -> Any:
+    async def _walk(
+        self, start: str, *, stop_at_compaction: bool, limit: int | None, context: Context
+    ) -> AsyncIterator[Entry]:
         current: str | None = start
         remaining = limit
         while current is not None and (remaining is None or remaining > 0):
@@ -347,9 +349,10 @@ class Session(SessionReader):
             self._owner = owner
         return SessionOwnership(self, owner)
 
-    async def _detach(self, owner: object, context: Context) -> None:
+    async def _detach(self, owner: object | None, context: Context) -> None:
+        """Release the claim of `owner` (None: of whoever holds it)."""
         async with self._line:
-            if self._owner is not owner or self._claim is None:
+            if self._claim is None or (owner is not None and self._owner is not owner):
                 return
             claim, self._claim, self._owner = self._claim, None, None
             await self._backend.release(claim, context)

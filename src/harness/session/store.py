@@ -104,10 +104,15 @@ class Store:
             self._open[info.id] = session
         return session
 
-    async def close(self) -> None:
-        """Close the database connections; idempotent."""
-        if not self._closed:
-            self._closed = True
+    async def close(self, context: Context | None = None) -> None:
+        """Release every claim still held through this store and close its connections; idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            for session in list(self._open.values()):
+                await session._detach(None, context or Context())
+        finally:
             await self.backend.close()
 
 
