@@ -25,7 +25,8 @@ class SessionOwned(HarnessError):
 
 class OwnershipLost(HarnessError):
     """This owner's claim on the session was lost (its lock died or another claimant bumped the
-    epoch); the commit was refused and nothing was written."""
+    epoch). The commit was refused, except when the connection died during COMMIT itself: then
+    its outcome is unknown, and the next owner reads the journal to learn it."""
 
     code = "ownership_lost"
 

@@ -162,20 +162,23 @@ class MemoryBackend:
 
 
 def _validate(session: _MemorySession, writes: Sequence[Write]) -> None:
-    staged: set[str] = set()
+    staged_ids: set[str] = set()
+    staged_entries: set[str] = set()
     for write in writes:
         if isinstance(write, InsertEntry | InsertUsage):
-            if write.id in session.entries or write.id in session.usage or write.id in staged:
+            if write.id in session.entries or write.id in session.usage or write.id in staged_ids:
                 raise InvalidWrite(f"id {write.id} is already used in this session", id=write.id)
-            staged.add(write.id)
+            staged_ids.add(write.id)
         if (
             isinstance(write, InsertEntry)
             and write.parent_id is not None
             and write.parent_id not in session.entries
-            and write.parent_id not in staged
+            and write.parent_id not in staged_entries
         ):
             raise InvalidWrite(f"parent {write.parent_id} of entry {write.id} does not exist",
                                id=write.id, parent_id=write.parent_id)
+        if isinstance(write, InsertEntry):
+            staged_entries.add(write.id)
 
 
 def _apply(session: _MemorySession, write: Write, seq: int, timestamp: int) -> None:

@@ -17,7 +17,7 @@ from pydantic_core import PydanticSerializationError
 
 from harness.context import Context
 from harness.errors import ContextNotStorable, InvalidInput
-from harness.messages import Usage, clean_json
+from harness.messages import Usage, clean_json, clean_text
 from harness.session import addresses
 from harness.session.addresses import ListAddress, ValueAddress
 from harness.session.backend import (
@@ -104,6 +104,15 @@ def _decode_value(adapter: TypeAdapter[T], text: str, where: str) -> T:
         return adapter.validate_json(text)
     except ValueError as error:
         raise StorageCorruption(f"{where} does not decode: {error}", address=where) from error
+
+
+def _check_identifier(name: str, value: str | None) -> None:
+    # Identifiers are stored as text columns on every backend; PostgreSQL cannot hold NUL or a
+    # lone surrogate in one, so no backend accepts them.
+    empty = not value and name != "key"  # the key of a namespace's single value is ""
+    if value is not None and (empty or "\x00" in value or clean_text(value) != value):
+        raise InvalidWrite(f"{name} {value!r} must be non-empty text without NUL or lone surrogates",
+                           field=name)
 
 
 class SessionReader:
@@ -246,6 +255,8 @@ class SessionMutator(SessionReader):
     def _stage(self, write: Write) -> None:
         if self._closed or self._committed is not None:
             raise InvalidWrite("this job has already committed or ended; stage writes before commit")
+        for name in ("id", "parent_id", "namespace", "key", "entry_id"):
+            _check_identifier(name, getattr(write, name, None))
         self._writes.append(write)
 
     def insert_entry(self, payload: EntryPayload, *, parent_id: str | None, entry_id: str | None = None) -> str:

@@ -1,0 +1,478 @@
+"""The PostgreSQL backend: several processes and machines on one database, same schema as SQLite.
+
+Reads and unowned commits borrow a pooled connection. Each ownership claim holds a dedicated
+connection with a session-level advisory lock, which the server drops when that connection dies
+(the owner's process was killed, or its network went away); the owner's commits run on that
+connection, so an owner whose lock died cannot commit. The session's epoch, bumped by every
+claimant and checked inside every owner commit, covers the rest.
+
+Statements name tables unqualified: the URL's `search_path` (libpq `options`) picks the schema.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import psycopg
+from psycopg.rows import TupleRow
+from psycopg_pool import AsyncConnectionPool
+
+from harness.context import Context
+from harness.messages import now_ms
+from harness.session.backend import (
+    AppendList,
+    Claim,
+    CommitResult,
+    DeleteList,
+    DeleteValue,
+    EntryRow,
+    InsertEntry,
+    InsertUsage,
+    SessionInfo,
+    SetValue,
+    UsageRowRaw,
+    ValueRow,
+    Write,
+)
+from harness.session.errors import InvalidWrite, OwnershipLost, SessionNotFound, SessionOwned
+from harness.session.migrations import DataMigration
+
+Connection = psycopg.AsyncConnection[TupleRow]
+
+_POOL_MAX_SIZE = 4
+# Serialises schema steps and data migrations between processes opening the same database.
+_MIGRATION_LOCK_KEY = int.from_bytes(b"harness", "big")
+
+# Ordered schema steps; a database records the highest version it has applied. Never edit a
+# released step: add a new one. Identifiers are COLLATE "C" so that keys sort by code point, as
+# on SQLite and in memory, whatever the database's default collation.
+SCHEMA: tuple[tuple[int, tuple[str, ...]], ...] = (
+    (1, (
+        """CREATE TABLE sessions (
+            id TEXT COLLATE "C" PRIMARY KEY,
+            created_at BIGINT NOT NULL,
+            parent_session_id TEXT COLLATE "C",
+            forked_from_entry_id TEXT COLLATE "C",
+            next_seq BIGINT NOT NULL DEFAULT 1,
+            owner_epoch BIGINT NOT NULL DEFAULT 0
+        )""",
+        """CREATE TABLE entries (
+            session_id TEXT COLLATE "C" NOT NULL,
+            id TEXT COLLATE "C" NOT NULL,
+            parent_id TEXT COLLATE "C",
+            seq BIGINT NOT NULL,
+            timestamp BIGINT NOT NULL,
+            type TEXT NOT NULL,
+            custom_type TEXT,
+            payload TEXT NOT NULL,
+            PRIMARY KEY (session_id, id)
+        )""",
+        "CREATE UNIQUE INDEX entries_by_seq ON entries (session_id, seq)",
+        """CREATE TABLE record_values (
+            session_id TEXT COLLATE "C" NOT NULL,
+            namespace TEXT COLLATE "C" NOT NULL,
+            key TEXT COLLATE "C" NOT NULL,
+            seq BIGINT NOT NULL,
+            value TEXT NOT NULL,
+            PRIMARY KEY (session_id, namespace, key)
+        )""",
+        """CREATE TABLE list_items (
+            session_id TEXT COLLATE "C" NOT NULL,
+            namespace TEXT COLLATE "C" NOT NULL,
+            key TEXT COLLATE "C" NOT NULL,
+            seq BIGINT NOT NULL,
+            value TEXT NOT NULL,
+            PRIMARY KEY (session_id, namespace, key, seq)
+        )""",
+        """CREATE TABLE usage_ledger (
+            session_id TEXT COLLATE "C" NOT NULL,
+            id TEXT COLLATE "C" NOT NULL,
+            seq BIGINT NOT NULL,
+            entry_id TEXT COLLATE "C",
+            adjustment BOOLEAN NOT NULL,
+            usage TEXT NOT NULL,
+            details TEXT,
+            PRIMARY KEY (session_id, id)
+        )""",
+        "CREATE UNIQUE INDEX usage_by_seq ON usage_ledger (session_id, seq)",
+        'CREATE TABLE data_migrations (name TEXT COLLATE "C" PRIMARY KEY, applied_at BIGINT NOT NULL)',
+    )),
+)
+
+_WALK = """
+WITH RECURSIVE path(depth, id, parent_id, seq, timestamp, type, payload) AS (
+    SELECT 0, id, parent_id, seq, timestamp, type, payload
+    FROM entries WHERE session_id = %(s)s AND id = %(start)s
+    UNION ALL
+    SELECT path.depth + 1, e.id, e.parent_id, e.seq, e.timestamp, e.type, e.payload
+    FROM path JOIN entries e ON e.session_id = %(s)s AND e.id = path.parent_id
+    WHERE path.depth + 1 < %(limit)s AND NOT (%(stop)s AND path.type = 'compaction')
+)
+SELECT id, parent_id, seq, timestamp, type, payload FROM path ORDER BY depth
+"""
+
+_TAKEN_IDS = """
+SELECT id, true FROM entries WHERE session_id = %(s)s AND id = ANY(%(ids)s)
+UNION ALL
+SELECT id, false FROM usage_ledger WHERE session_id = %(s)s AND id = ANY(%(ids)s)
+"""
+
+
+@dataclass(eq=False)
+class PostgresClaim:
+    """A claim: `connection` is dedicated to it and holds the advisory lock on `lock_key`."""
+
+    session_id: str
+    epoch: int
+    connection: Connection
+    lock_key: int
+
+
+class PostgresBackend:
+    """Sessions in one PostgreSQL schema, through a small connection pool plus one connection
+    per live claim."""
+
+    kind: Literal["postgres"] = "postgres"
+
+    def __init__(self, url: str, pool: AsyncConnectionPool[Connection], schema: str) -> None:
+        self.url = url
+        self._pool = pool
+        self._schema = schema
+        self._claims: set[PostgresClaim] = set()
+        # Test seam for crash tests: awaited inside the commit transaction, before COMMIT.
+        self._commit_barrier: Callable[[], Awaitable[None]] | None = None
+
+    @classmethod
+    async def open(cls, url: str, context: Context) -> PostgresBackend:
+        """Connect to `url` (a libpq URL; its search_path's first schema must exist), apply pending
+        schema steps and open a pool of 1 to 4 connections.
+
+        Raises `psycopg.OperationalError` when the database cannot be reached."""
+        # A direct connection first: it reports a bad URL or an unreachable server at once, where
+        # a pool would retry in the background until its timeout.
+        async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+            await _migrate_schema(conn)
+            row = await (await conn.execute("SELECT current_schema()")).fetchone()
+        assert row is not None
+        pool = AsyncConnectionPool(
+            url, min_size=1, max_size=_POOL_MAX_SIZE, open=False, kwargs={"autocommit": True}
+        )
+        await pool.open()
+        return cls(url, pool, row[0])
+
+    def _lock_key(self, session_id: str) -> int:
+        # Advisory locks are database-wide; the schema is part of the key so that stores in
+        # different schemas of one database never contend for the same session id.
+        digest = hashlib.blake2b(f"{self._schema}\x00{session_id}".encode(), digest_size=8).digest()
+        return int.from_bytes(digest, "big", signed=True)
+
+    async def create_session(self, info: SessionInfo, context: Context) -> None:
+        """Insert the session row; `InvalidWrite` if the id is taken."""
+        async with self._pool.connection() as conn:
+            cur = await conn.execute(
+                "INSERT INTO sessions (id, created_at, parent_session_id, forked_from_entry_id) "
+                "VALUES (%s, %s, %s, %s) ON CONFLICT (id) DO NOTHING",
+                (info.id, info.created_at, info.parent_session_id, info.forked_from_entry_id),
+            )
+            if cur.rowcount == 0:
+                raise InvalidWrite(f"session {info.id} already exists", session_id=info.id)
+
+    async def get_session(self, session_id: str, context: Context) -> SessionInfo | None:
+        async with self._pool.connection() as conn:
+            cur = await conn.execute(
+                "SELECT id, created_at, parent_session_id, forked_from_entry_id FROM sessions WHERE id = %s",
+                (session_id,),
+            )
+            row = await cur.fetchone()
+        return SessionInfo(*row) if row else None
+
+    async def list_sessions(self, context: Context) -> list[SessionInfo]:
+        async with self._pool.connection() as conn:
+            cur = await conn.execute(
+                "SELECT id, created_at, parent_session_id, forked_from_entry_id FROM sessions "
+                "ORDER BY created_at, id"
+            )
+            return [SessionInfo(*r) for r in await cur.fetchall()]
+
+    async def get_entries(self, session_id: str, ids: Sequence[str], context: Context) -> dict[str, EntryRow]:
+        if not ids:
+            return {}
+        async with self._pool.connection() as conn:
+            cur = await conn.execute(
+                "SELECT id, parent_id, seq, timestamp, type, payload FROM entries "
+                "WHERE session_id = %s AND id = ANY(%s)",
+                (session_id, list(dict.fromkeys(ids))),
+            )
+            return {r[0]: EntryRow(*r) for r in await cur.fetchall()}
+
+    async def walk_branch(
+        self, session_id: str, start: str, limit: int, stop_at_compaction: bool, context: Context
+    ) -> list[EntryRow]:
+        params = {"s": session_id, "start": start, "limit": limit, "stop": stop_at_compaction}
+        async with self._pool.connection() as conn:
+            cur = await conn.execute(_WALK, params)
+            return [EntryRow(*r) for r in await cur.fetchall()]
+
+    async def get_value(self, session_id: str, namespace: str, key: str, context: Context) -> ValueRow | None:
+        async with self._pool.connection() as conn:
+            cur = await conn.execute(
+                "SELECT namespace, key, seq, value FROM record_values "
+                "WHERE session_id = %s AND namespace = %s AND key = %s",
+                (session_id, namespace, key),
+            )
+            row = await cur.fetchone()
+        return ValueRow(*row) if row else None
+
+    async def scan_values(
+        self, session_id: str, namespace: str, key_prefix: str, context: Context
+    ) -> list[ValueRow]:
+        # starts_with, not LIKE: `%` and `_` in a prefix are literal characters.
+        async with self._pool.connection() as conn:
+            cur = await conn.execute(
+                "SELECT namespace, key, seq, value FROM record_values "
+                "WHERE session_id = %s AND namespace = %s AND starts_with(key, %s) ORDER BY key",
+                (session_id, namespace, key_prefix),
+            )
+            return [ValueRow(*r) for r in await cur.fetchall()]
+
+    async def read_list(
+        self, session_id: str, namespace: str, key: str, after_seq: int | None, limit: int, context: Context
+    ) -> list[ValueRow]:
+        async with self._pool.connection() as conn:
+            cur = await conn.execute(
+                "SELECT namespace, key, seq, value FROM list_items "
+                "WHERE session_id = %s AND namespace = %s AND key = %s AND seq > %s ORDER BY seq LIMIT %s",
+                (session_id, namespace, key, after_seq if after_seq is not None else -1, limit),
+            )
+            return [ValueRow(*r) for r in await cur.fetchall()]
+
+    async def read_usage(
+        self, session_id: str, after_seq: int | None, limit: int, context: Context
+    ) -> list[UsageRowRaw]:
+        async with self._pool.connection() as conn:
+            cur = await conn.execute(
+                "SELECT id, seq, entry_id, adjustment, usage, details FROM usage_ledger "
+                "WHERE session_id = %s AND seq > %s ORDER BY seq LIMIT %s",
+                (session_id, after_seq if after_seq is not None else -1, limit),
+            )
+            return [UsageRowRaw(*r) for r in await cur.fetchall()]
+
+    async def commit(
+        self, session_id: str, writes: Sequence[Write], claim: Claim | None, context: Context
+    ) -> CommitResult:
+        """Apply `writes` in order as one transaction of three round trips, whatever their number.
+
+        With `claim`, runs on the claim's own connection: `OwnershipLost` if that connection is
+        gone (its lock died with it; if it died during COMMIT itself the outcome is unknown to
+        this process) or the epoch moved on. Without, `SessionOwned` while anyone holds a claim.
+        `SessionNotFound` for an unknown session; `InvalidWrite` for a duplicate id, a missing
+        parent, or text PostgreSQL cannot hold (NUL, lone surrogates) in an id or key."""
+        if claim is None:
+            async with self._pool.connection() as conn:
+                return await self._commit(conn, session_id, writes, None)
+        owned = _postgres_claim(claim)
+        try:
+            return await self._commit(owned.connection, session_id, writes, owned)
+        except psycopg.Error as error:
+            if not owned.connection.closed:
+                raise
+            raise OwnershipLost(f"session {session_id}: this owner's lock connection is gone",
+                                session_id=session_id) from error
+
+    async def _commit(
+        self, conn: Connection, session_id: str, writes: Sequence[Write], claim: PostgresClaim | None
+    ) -> CommitResult:
+        new_ids = {w.id for w in writes if isinstance(w, InsertEntry | InsertUsage)}
+        parents = {w.parent_id for w in writes if isinstance(w, InsertEntry) and w.parent_id is not None}
+        try:
+            # Pipelined: the lock, the row and the id checks travel in one round trip, then all the
+            # writes in a second, then COMMIT.
+            async with conn.pipeline() as pipeline, conn.transaction():
+                probe = None
+                if claim is None:
+                    # Shared, so unowned commits from several processes do not refuse each other;
+                    # it still conflicts with an owner's exclusive lock.
+                    probe = await conn.execute("SELECT pg_try_advisory_xact_lock_shared(%s)",
+                                               (self._lock_key(session_id),))
+                session = await conn.execute(
+                    "SELECT next_seq, owner_epoch FROM sessions WHERE id = %s FOR UPDATE", (session_id,)
+                )
+                taken = await conn.execute(_TAKEN_IDS, {"s": session_id, "ids": list(new_ids | parents)})
+                if probe is not None and not _scalar(await probe.fetchone()):
+                    raise SessionOwned(f"session {session_id} is owned by another process or harness",
+                                       session_id=session_id)
+                row = await session.fetchone()
+                if row is None:
+                    raise SessionNotFound(f"no session {session_id}", session_id=session_id)
+                first, epoch = row
+                if claim is not None and claim.epoch != epoch:
+                    raise OwnershipLost(f"session {session_id} was claimed by another owner",
+                                        session_id=session_id)
+                _check(writes, await taken.fetchall())
+                timestamp = now_ms()
+                for seq, write in enumerate(writes, start=first):
+                    await _apply(conn, session_id, write, seq, timestamp)
+                await conn.execute("UPDATE sessions SET next_seq = %s WHERE id = %s",
+                                   (first + len(writes), session_id))
+                await pipeline.sync()
+                if self._commit_barrier is not None:
+                    await self._commit_barrier()
+        except (psycopg.DataError, UnicodeEncodeError) as error:
+            raise InvalidWrite(f"a write holds text PostgreSQL cannot store: {error}",
+                               session_id=session_id) from error
+        return CommitResult(tuple(range(first, first + len(writes))), timestamp)
+
+    async def claim(self, session_id: str, context: Context) -> Claim:
+        """Take the session's advisory lock on a new dedicated connection and bump its epoch.
+
+        `SessionOwned` if another claim (here or in another process) holds it, or an unowned
+        commit is in flight; `SessionNotFound` for an unknown session."""
+        key = self._lock_key(session_id)
+        conn = await psycopg.AsyncConnection.connect(self.url, autocommit=True)
+        try:
+            if not _scalar(await (await conn.execute("SELECT pg_try_advisory_lock(%s)", (key,))).fetchone()):
+                raise SessionOwned(f"session {session_id} is owned by another process or harness",
+                                   session_id=session_id)
+            cur = await conn.execute(
+                "UPDATE sessions SET owner_epoch = owner_epoch + 1 WHERE id = %s RETURNING owner_epoch",
+                (session_id,),
+            )
+            row = await cur.fetchone()
+            if row is None:
+                raise SessionNotFound(f"no session {session_id}", session_id=session_id)
+        except BaseException:
+            await conn.close()
+            raise
+        claim = PostgresClaim(session_id, row[0], conn, key)
+        self._claims.add(claim)
+        return claim
+
+    async def release(self, claim: Claim, context: Context) -> None:
+        """Unlock and close the claim's connection; idempotent, and quiet if it already died."""
+        owned = _postgres_claim(claim)
+        self._claims.discard(owned)
+        # Unlock before closing: the server frees a closed connection's locks only once its
+        # backend has exited, and a claimant right after this call must find the session free.
+        # A connection that already died took its lock with it, so its error is of no interest.
+        with contextlib.suppress(psycopg.Error):
+            if not owned.connection.closed:
+                await owned.connection.execute("SELECT pg_advisory_unlock(%s)", (owned.lock_key,))
+        await owned.connection.close()
+
+    async def run_data_migration(self, migration: DataMigration, context: Context) -> bool:
+        """Unless recorded, rewrite every entry payload `migration` changes and record it, in one
+        transaction that holds off entry writers meanwhile. True when it ran now; a migration
+        that raises rolls everything back."""
+        async with self._pool.connection() as conn, conn.transaction():
+            await conn.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATION_LOCK_KEY,))
+            cur = await conn.execute("SELECT 1 FROM data_migrations WHERE name = %s", (migration.name,))
+            if await cur.fetchone():
+                return False
+            # SHARE: commits inserting entries wait, so none slips past the scan unmigrated.
+            await conn.execute("LOCK TABLE entries IN SHARE MODE")
+            changed: list[tuple[str, str, str]] = []
+            async with conn.cursor(name="harness_data_migration") as rows:
+                await rows.execute("SELECT session_id, id, payload FROM entries")
+                async for session_id, entry_id, payload in rows:
+                    new_payload = migration.apply(payload)
+                    if new_payload is not None:
+                        changed.append((new_payload, session_id, entry_id))
+            async with conn.cursor() as update:
+                await update.executemany(
+                    "UPDATE entries SET payload = %s WHERE session_id = %s AND id = %s", changed
+                )
+            await conn.execute("INSERT INTO data_migrations (name, applied_at) VALUES (%s, %s)",
+                               (migration.name, now_ms()))
+        return True
+
+    async def close(self) -> None:
+        """Close the pool and every claim connection still open (their locks go with them);
+        idempotent."""
+        claims, self._claims = self._claims, set()
+        for claim in claims:
+            await claim.connection.close()
+        await self._pool.close()
+
+
+async def _migrate_schema(conn: Connection) -> None:
+    async with conn.transaction():
+        # Two processes opening a fresh database at once: the second waits, then sees the steps.
+        await conn.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATION_LOCK_KEY,))
+        await conn.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER PRIMARY KEY, "
+                           "applied_at BIGINT NOT NULL)")
+        cur = await conn.execute("SELECT coalesce(max(version), 0) FROM schema_version")
+        current = _scalar(await cur.fetchone())
+        for version, statements in SCHEMA:
+            if version > current:
+                for statement in statements:
+                    await conn.execute(statement)
+                await conn.execute("INSERT INTO schema_version (version, applied_at) VALUES (%s, %s)",
+                                   (version, now_ms()))
+
+
+def _postgres_claim(claim: Claim) -> PostgresClaim:
+    if not isinstance(claim, PostgresClaim):
+        raise TypeError(f"a PostgreSQL store cannot use a {type(claim).__name__}")
+    return claim
+
+
+def _scalar(row: TupleRow | None) -> Any:
+    assert row is not None, "a one-row query returned no row"
+    return row[0]
+
+
+def _check(writes: Sequence[Write], taken: list[TupleRow]) -> None:
+    """The SQLite backend's checks, in write order, against `taken`: (id, is_entry) rows of the
+    session's existing entries and usage rows among the ids the writes name."""
+    used = {row[0] for row in taken}
+    entries = {row[0] for row in taken if row[1]}
+    for write in writes:
+        if isinstance(write, InsertEntry | InsertUsage):
+            if write.id in used:
+                raise InvalidWrite(f"id {write.id} is already used in this session", id=write.id)
+            used.add(write.id)
+        if isinstance(write, InsertEntry):
+            if write.parent_id is not None and write.parent_id not in entries:
+                raise InvalidWrite(f"parent {write.parent_id} of entry {write.id} does not exist",
+                                   id=write.id, parent_id=write.parent_id)
+            entries.add(write.id)
+
+
+async def _apply(conn: Connection, session_id: str, write: Write, seq: int, timestamp: int) -> None:
+    match write:
+        case InsertEntry():
+            # custom_type is a lookup copy of what the payload holds and is never read back; text
+            # cannot hold NUL, so the copy gets U+FFFD there while the payload keeps the original.
+            custom_type = write.custom_type.replace("\x00", "\ufffd") if write.custom_type is not None else None
+            await conn.execute(
+                "INSERT INTO entries (session_id, id, parent_id, seq, timestamp, type, custom_type, payload) "
+                "VALUES (%s, %s, %s, %s, %s, %s, %s, %s)",
+                (session_id, write.id, write.parent_id, seq, timestamp, write.type, custom_type, write.payload),
+            )
+        case InsertUsage():
+            await conn.execute(
+                "INSERT INTO usage_ledger (session_id, id, seq, entry_id, adjustment, usage, details) "
+                "VALUES (%s, %s, %s, %s, %s, %s, %s)",
+                (session_id, write.id, seq, write.entry_id, write.adjustment, write.usage, write.details),
+            )
+        case SetValue():
+            await conn.execute(
+                "INSERT INTO record_values (session_id, namespace, key, seq, value) VALUES (%s, %s, %s, %s, %s) "
+                "ON CONFLICT (session_id, namespace, key) DO UPDATE SET seq = excluded.seq, value = excluded.value",
+                (session_id, write.namespace, write.key, seq, write.value),
+            )
+        case DeleteValue():
+            await conn.execute("DELETE FROM record_values WHERE session_id = %s AND namespace = %s AND key = %s",
+                               (session_id, write.namespace, write.key))
+        case AppendList():
+            await conn.execute(
+                "INSERT INTO list_items (session_id, namespace, key, seq, value) VALUES (%s, %s, %s, %s, %s)",
+                (session_id, write.namespace, write.key, seq, write.value),
+            )
+        case DeleteList():
+            await conn.execute("DELETE FROM list_items WHERE session_id = %s AND namespace = %s AND key = %s",
+                               (session_id, write.namespace, write.key))
