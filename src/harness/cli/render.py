@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+from pydantic import JsonValue
 from rich.console import Console
 from rich.markup import escape
 
@@ -22,6 +23,7 @@ from harness.messages import (
 from harness.session import Entry, Session, UnknownEntry, addresses
 
 _PAGE = 500
+_CUSTOM_LIMIT = 200
 
 
 def _clip(text: str, limit: int | None) -> str:
@@ -59,7 +61,7 @@ def entry_lines(entry: Entry, limit: int | None) -> list[str]:
             text = escape(_user_content(custom.content, limit))
             return [f"[yellow]\\[{escape(custom.custom_type)}][/] {text}"]
         case "custom":
-            return [f"[dim]({escape(payload.custom_type)})[/]"]
+            return [f"[dim]({escape(payload.custom_type)}){_custom_data(payload.data)}[/]"]
         case "compaction":
             return [
                 f"[bold yellow]── compaction ({payload.tokens_before} tokens before, "
@@ -68,6 +70,16 @@ def entry_lines(entry: Entry, limit: int | None) -> list[str]:
             ]
         case "branch_summary":
             return [f"[bold yellow]── branch summary ──[/] [dim]{escape(_clip(payload.summary, limit))}[/]"]
+
+
+def _custom_data(data: JsonValue) -> str:
+    """A short readable form of a custom entry's data: its `text` when it has one (e.g. an imported
+    command's output, which a person saw), else compact JSON; clipped, since the model never reads it."""
+    if data is None:
+        return ""
+    text = data.get("text") if isinstance(data, dict) else None
+    shown = text if isinstance(text, str) else json.dumps(data, ensure_ascii=False)
+    return " " + escape(_clip(shown, _CUSTOM_LIMIT))
 
 
 def _assistant_lines(message: AssistantMessage, limit: int | None) -> list[str]:
