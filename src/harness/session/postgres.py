@@ -301,7 +301,11 @@ class PostgresBackend:
                 session = await conn.execute(
                     "SELECT next_seq, owner_epoch FROM sessions WHERE id = %s FOR UPDATE", (session_id,)
                 )
-                taken = await conn.execute(_TAKEN_IDS, {"s": session_id, "ids": list(new_ids | parents)})
+                # Never prepared: a reused generic plan for `= ANY` scans the whole session instead
+                # of probing the primary key (measured in bench/journal.py on fresh tables).
+                taken = await conn.execute(
+                    _TAKEN_IDS, {"s": session_id, "ids": list(new_ids | parents)}, prepare=False
+                )
                 if probe is not None and not _scalar(await probe.fetchone()):
                     raise SessionOwned(f"session {session_id} is owned by another process or harness",
                                        session_id=session_id)
