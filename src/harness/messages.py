@@ -8,6 +8,7 @@ U+FFFD; a NUL character is data and is kept.
 from __future__ import annotations
 
 import json
+import math
 import re
 import time
 from typing import Annotated, Any, Literal, TypeAlias
@@ -24,14 +25,24 @@ def clean_text(text: str) -> str:
     return text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
 
 
-def clean_json(value: JsonValue) -> JsonValue:
-    """`value` with `clean_text` applied to every string in it, keys included."""
+MAX_JSON_DEPTH = 128
+
+
+def clean_json(value: JsonValue, _depth: int = 0) -> JsonValue:
+    """`value` with `clean_text` applied to every string in it, keys included.
+
+    Raises `ValueError` for NaN or an infinity (JSON has neither; they would come back as null)
+    and for nesting deeper than `MAX_JSON_DEPTH`, which JSON readers refuse to read back."""
+    if _depth > MAX_JSON_DEPTH:
+        raise ValueError(f"JSON nested deeper than {MAX_JSON_DEPTH} levels")
     if isinstance(value, str):
         return clean_text(value)
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"{value} is not a JSON number")
     if isinstance(value, list):
-        return [clean_json(item) for item in value]
+        return [clean_json(item, _depth + 1) for item in value]
     if isinstance(value, dict):
-        return {clean_text(key): clean_json(item) for key, item in value.items()}
+        return {clean_text(key): clean_json(item, _depth + 1) for key, item in value.items()}
     return value
 
 

@@ -50,5 +50,18 @@ class UnsupportedStoreUrl(HarnessError):
     code = "unsupported_store_url"
 
 
+class StoreUnavailable(HarnessError):
+    """The database could not be opened (missing directory, refused connection, bad permissions)."""
+
+    code = "store_unavailable"
+
+
 class StoreClosed(HarnessError):
     code = "store_closed"
+
+
+class ReentrantMutation(HarnessError):
+    """A job on the session line started another mutation of the same session, which would wait
+    on itself forever; refused before it queued."""
+
+    code = "reentrant_mutation"

@@ -23,7 +23,7 @@ from harness.session.backend import (
     ValueRow,
     Write,
 )
-from harness.session.errors import InvalidWrite, OwnershipLost, SessionNotFound, SessionOwned
+from harness.session.errors import InvalidWrite, OwnershipLost, SessionNotFound, SessionOwned, StoreClosed
 from harness.session.migrations import DataMigration
 
 
@@ -53,17 +53,27 @@ class MemoryBackend:
     def __init__(self) -> None:
         self._sessions: dict[str, _MemorySession] = {}
         self._applied_migrations: set[str] = set()
+        self._closed = False
 
     def _session(self, session_id: str) -> _MemorySession:
+        if self._closed:
+            raise StoreClosed("the memory store is closed")
         try:
             return self._sessions[session_id]
         except KeyError:
             raise SessionNotFound(f"no session {session_id}", session_id=session_id) from None
 
-    async def create_session(self, info: SessionInfo, context: Context) -> None:
+    async def create_session(self, info: SessionInfo, context: Context, writes: Sequence[Write] = ()) -> None:
+        if self._closed:
+            raise StoreClosed("the memory store is closed")
         if info.id in self._sessions:
             raise InvalidWrite(f"session {info.id} already exists", session_id=info.id)
-        self._sessions[info.id] = _MemorySession(info)
+        session = _MemorySession(info)
+        _validate(session, writes)
+        for seq, write in enumerate(writes, start=1):
+            _apply(session, write, seq, now_ms())
+        session.next_seq = len(writes) + 1
+        self._sessions[info.id] = session
 
     async def get_session(self, session_id: str, context: Context) -> SessionInfo | None:
         found = self._sessions.get(session_id)
@@ -149,7 +159,7 @@ class MemoryBackend:
         changed: list[tuple[_MemorySession, EntryRow, str]] = []
         for session in self._sessions.values():
             for row in session.entries.values():
-                payload = migration.apply(row.payload)
+                payload = migration.apply(row.id, row.payload)
                 if payload is not None:
                     changed.append((session, row, payload))
         for session, row, payload in changed:
@@ -158,7 +168,7 @@ class MemoryBackend:
         return True
 
     async def close(self) -> None:
-        return None
+        self._closed = True
 
 
 def _validate(session: _MemorySession, writes: Sequence[Write]) -> None:

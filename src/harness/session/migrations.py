@@ -13,6 +13,7 @@ from typing import Any
 from harness.errors import InvalidInput
 from harness.messages import parse_json_text
 from harness.session.entries import ENTRY_PAYLOAD_ADAPTER
+from harness.session.errors import StorageCorruption
 
 PayloadMigration = Callable[[dict[str, Any]], dict[str, Any] | None]
 
@@ -25,10 +26,15 @@ class DataMigration:
     name: str
     migrate: PayloadMigration
 
-    def apply(self, payload_text: str) -> str | None:
-        """The migrated payload as JSON text, or None if unchanged; an invalid result raises, so
-        the migration's transaction rolls back and nothing is lost."""
-        changed = self.migrate(parse_json_text(payload_text))
+    def apply(self, entry_id: str, payload_text: str) -> str | None:
+        """The migrated payload of entry `entry_id` as JSON text, or None if unchanged. A stored
+        payload that does not parse raises `StorageCorruption` naming the entry, and an invalid
+        result raises `InvalidInput`: either way the migration's transaction rolls back."""
+        try:
+            stored = parse_json_text(payload_text)
+        except ValueError as error:
+            raise StorageCorruption(f"entry {entry_id} does not decode: {error}", entry_id=entry_id) from error
+        changed = self.migrate(stored)
         if changed is None:
             return None
         try:

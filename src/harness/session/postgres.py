@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 from collections.abc import Awaitable, Callable, Sequence
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -38,7 +39,7 @@ from harness.session.backend import (
     ValueRow,
     Write,
 )
-from harness.session.errors import InvalidWrite, OwnershipLost, SessionNotFound, SessionOwned
+from harness.session.errors import InvalidWrite, OwnershipLost, SessionNotFound, SessionOwned, StoreClosed
 from harness.session.migrations import DataMigration
 
 Connection = psycopg.AsyncConnection[TupleRow]
@@ -143,6 +144,7 @@ class PostgresBackend:
         self._pool = pool
         self._schema = schema
         self._claims: set[PostgresClaim] = set()
+        self._closed = False
         # Test seam for crash tests: awaited inside the commit transaction, before COMMIT.
         self._commit_barrier: Callable[[], Awaitable[None]] | None = None
 
@@ -170,19 +172,24 @@ class PostgresBackend:
         digest = hashlib.blake2b(f"{self._schema}\x00{session_id}".encode(), digest_size=8).digest()
         return int.from_bytes(digest, "big", signed=True)
 
-    async def create_session(self, info: SessionInfo, context: Context) -> None:
-        """Insert the session row; `InvalidWrite` if the id is taken."""
-        async with self._pool.connection() as conn:
+    async def create_session(self, info: SessionInfo, context: Context, writes: Sequence[Write] = ()) -> None:
+        """Insert the session row and apply `writes` in one transaction; `InvalidWrite` if the id
+        is taken."""
+        async with self._connection() as conn, conn.transaction():
             cur = await conn.execute(
-                "INSERT INTO sessions (id, created_at, parent_session_id, forked_from_entry_id) "
-                "VALUES (%s, %s, %s, %s) ON CONFLICT (id) DO NOTHING",
-                (info.id, info.created_at, info.parent_session_id, info.forked_from_entry_id),
+                "INSERT INTO sessions (id, created_at, parent_session_id, forked_from_entry_id, next_seq) "
+                "VALUES (%s, %s, %s, %s, %s) ON CONFLICT (id) DO NOTHING",
+                (info.id, info.created_at, info.parent_session_id, info.forked_from_entry_id, len(writes) + 1),
             )
             if cur.rowcount == 0:
                 raise InvalidWrite(f"session {info.id} already exists", session_id=info.id)
+            _check(writes, [])
+            timestamp = now_ms()
+            for seq, write in enumerate(writes, start=1):
+                await _apply(conn, info.id, write, seq, timestamp)
 
     async def get_session(self, session_id: str, context: Context) -> SessionInfo | None:
-        async with self._pool.connection() as conn:
+        async with self._connection() as conn:
             cur = await conn.execute(
                 "SELECT id, created_at, parent_session_id, forked_from_entry_id FROM sessions WHERE id = %s",
                 (session_id,),
@@ -191,7 +198,7 @@ class PostgresBackend:
         return SessionInfo(*row) if row else None
 
     async def list_sessions(self, context: Context) -> list[SessionInfo]:
-        async with self._pool.connection() as conn:
+        async with self._connection() as conn:
             cur = await conn.execute(
                 "SELECT id, created_at, parent_session_id, forked_from_entry_id FROM sessions "
                 "ORDER BY created_at, id"
@@ -201,7 +208,7 @@ class PostgresBackend:
     async def get_entries(self, session_id: str, ids: Sequence[str], context: Context) -> dict[str, EntryRow]:
         if not ids:
             return {}
-        async with self._pool.connection() as conn:
+        async with self._connection() as conn:
             cur = await conn.execute(
                 "SELECT id, parent_id, seq, timestamp, type, payload FROM entries "
                 "WHERE session_id = %s AND id = ANY(%s)",
@@ -213,12 +220,12 @@ class PostgresBackend:
         self, session_id: str, start: str, limit: int, stop_at_compaction: bool, context: Context
     ) -> list[EntryRow]:
         params = {"s": session_id, "start": start, "limit": limit, "stop": stop_at_compaction}
-        async with self._pool.connection() as conn:
+        async with self._connection() as conn:
             cur = await conn.execute(_WALK, params)
             return [EntryRow(*r) for r in await cur.fetchall()]
 
     async def get_value(self, session_id: str, namespace: str, key: str, context: Context) -> ValueRow | None:
-        async with self._pool.connection() as conn:
+        async with self._connection() as conn:
             cur = await conn.execute(
                 "SELECT namespace, key, seq, value FROM record_values "
                 "WHERE session_id = %s AND namespace = %s AND key = %s",
@@ -231,7 +238,7 @@ class PostgresBackend:
         self, session_id: str, namespace: str, key_prefix: str, context: Context
     ) -> list[ValueRow]:
         # starts_with, not LIKE: `%` and `_` in a prefix are literal characters.
-        async with self._pool.connection() as conn:
+        async with self._connection() as conn:
             cur = await conn.execute(
                 "SELECT namespace, key, seq, value FROM record_values "
                 "WHERE session_id = %s AND namespace = %s AND starts_with(key, %s) ORDER BY key",
@@ -242,7 +249,7 @@ class PostgresBackend:
     async def read_list(
         self, session_id: str, namespace: str, key: str, after_seq: int | None, limit: int, context: Context
     ) -> list[ValueRow]:
-        async with self._pool.connection() as conn:
+        async with self._connection() as conn:
             cur = await conn.execute(
                 "SELECT namespace, key, seq, value FROM list_items "
                 "WHERE session_id = %s AND namespace = %s AND key = %s AND seq > %s ORDER BY seq LIMIT %s",
@@ -253,7 +260,7 @@ class PostgresBackend:
     async def read_usage(
         self, session_id: str, after_seq: int | None, limit: int, context: Context
     ) -> list[UsageRowRaw]:
-        async with self._pool.connection() as conn:
+        async with self._connection() as conn:
             cur = await conn.execute(
                 "SELECT id, seq, entry_id, adjustment, usage, details FROM usage_ledger "
                 "WHERE session_id = %s AND seq > %s ORDER BY seq LIMIT %s",
@@ -272,7 +279,7 @@ class PostgresBackend:
         `SessionNotFound` for an unknown session; `InvalidWrite` for a duplicate id, a missing
         parent, or text PostgreSQL cannot hold (NUL, lone surrogates) in an id or key."""
         if claim is None:
-            async with self._pool.connection() as conn:
+            async with self._connection() as conn:
                 return await self._commit(conn, session_id, writes, None)
         owned = _postgres_claim(claim)
         try:
@@ -371,7 +378,7 @@ class PostgresBackend:
         """Unless recorded, rewrite every entry payload `migration` changes and record it, in one
         transaction that holds off entry writers meanwhile. True when it ran now; a migration
         that raises rolls everything back."""
-        async with self._pool.connection() as conn, conn.transaction():
+        async with self._connection() as conn, conn.transaction():
             await conn.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATION_LOCK_KEY,))
             cur = await conn.execute("SELECT 1 FROM data_migrations WHERE name = %s", (migration.name,))
             if await cur.fetchone():
@@ -382,7 +389,7 @@ class PostgresBackend:
             async with conn.cursor(name="harness_data_migration") as rows:
                 await rows.execute("SELECT session_id, id, payload FROM entries")
                 async for session_id, entry_id, payload in rows:
-                    new_payload = migration.apply(payload)
+                    new_payload = migration.apply(entry_id, payload)
                     if new_payload is not None:
                         changed.append((new_payload, session_id, entry_id))
             async with conn.cursor() as update:
@@ -393,9 +400,15 @@ class PostgresBackend:
                                (migration.name, now_ms()))
         return True
 
+    def _connection(self) -> AbstractAsyncContextManager[Connection]:
+        if self._closed:
+            raise StoreClosed("the PostgreSQL store is closed")
+        return self._pool.connection()
+
     async def close(self) -> None:
         """Close the pool and every claim connection still open (their locks go with them);
         idempotent."""
+        self._closed = True
         claims, self._claims = self._claims, set()
         for claim in claims:
             await claim.connection.close()

@@ -35,7 +35,14 @@ from harness.session.backend import (
     Write,
 )
 from harness.session.entries import ENTRY_PAYLOAD_ADAPTER, BranchPage, Entry, EntryPayload, custom_type_of
-from harness.session.errors import InvalidWrite, LaneExists, SessionOwned, StorageCorruption, UnknownEntry
+from harness.session.errors import (
+    InvalidWrite,
+    LaneExists,
+    ReentrantMutation,
+    SessionOwned,
+    StorageCorruption,
+    UnknownEntry,
+)
 from harness.session.ids import new_id
 from harness.session.records import LaneConfig, LaneState, UsageRow
 
@@ -73,17 +80,20 @@ def encode(adapter: TypeAdapter[T], value: T) -> str:
             # A type of the application's that does not clean its text: clean the JSON form.
             cleaned = clean_json(adapter.dump_python(validated, mode="json"))
             return adapter.dump_json(adapter.validate_python(cleaned)).decode()
-    except (ValidationError, PydanticSerializationError) as error:
+    except (ValidationError, PydanticSerializationError, RecursionError) as error:
         raise InvalidInput(f"value does not fit its record type: {error}") from error
 
 
 def _contains_context(value: object) -> bool:
-    if isinstance(value, Context):
-        return True
-    if isinstance(value, dict):
-        return any(_contains_context(v) for v in value.values())
-    if isinstance(value, list | tuple):
-        return any(_contains_context(v) for v in value)
+    pending = [value]  # iterative: a hostile depth must not exhaust the interpreter stack
+    while pending:
+        item = pending.pop()
+        if isinstance(item, Context):
+            return True
+        if isinstance(item, dict):
+            pending.extend(item.values())
+        elif isinstance(item, list | tuple):
+            pending.extend(item)
     return False
 
 
@@ -106,11 +116,21 @@ def _decode_value(adapter: TypeAdapter[T], text: str, where: str) -> T:
         raise StorageCorruption(f"{where} does not decode: {error}", address=where) from error
 
 
+def check_lane_name(name: str) -> None:
+    """`InvalidInput` unless `name` is non-empty text a backend can store."""
+    if not name or not _storable(name):
+        raise InvalidInput("a lane name must be non-empty text without NUL or lone surrogates", lane=name)
+
+
+def _storable(identifier: str) -> bool:
+    # Identifiers are text columns on every backend; PostgreSQL cannot hold NUL or a lone
+    # surrogate in one, so no backend stores them (and reads of them find nothing).
+    return "\x00" not in identifier and clean_text(identifier) == identifier
+
+
 def _check_identifier(name: str, value: str | None) -> None:
-    # Identifiers are stored as text columns on every backend; PostgreSQL cannot hold NUL or a
-    # lone surrogate in one, so no backend accepts them.
     empty = not value and name != "key"  # the key of a namespace's single value is ""
-    if value is not None and (empty or "\x00" in value or clean_text(value) != value):
+    if value is not None and (empty or not _storable(value)):
         raise InvalidWrite(f"{name} {value!r} must be non-empty text without NUL or lone surrogates",
                            field=name)
 
@@ -128,13 +148,15 @@ class SessionReader:
         return self.info.id
 
     async def entry(self, entry_id: str, context: Context) -> Entry | None:
+        if not _storable(entry_id):
+            return None
         rows = await self._backend.get_entries(self.id, [entry_id], context)
         row = rows.get(entry_id)
         return decode_entry(row) if row else None
 
     async def entries(self, entry_ids: Sequence[str], context: Context) -> dict[str, Entry]:
         """The entries with these ids that exist, keyed by id."""
-        rows = await self._backend.get_entries(self.id, entry_ids, context)
+        rows = await self._backend.get_entries(self.id, [i for i in entry_ids if _storable(i)], context)
         return {i: decode_entry(r) for i, r in rows.items()}
 
     async def get(self, address: ValueAddress[T], context: Context) -> T | None:
@@ -143,6 +165,8 @@ class SessionReader:
         return record.value if record else None
 
     async def get_record(self, address: ValueAddress[T], context: Context) -> StoredValue[T] | None:
+        if not (_storable(address.namespace) and _storable(address.key)):
+            return None
         row = await self._backend.get_value(self.id, address.namespace, address.key, context)
         if row is None:
             return None
@@ -151,6 +175,8 @@ class SessionReader:
 
     async def scan_values(self, address: ValueAddress[T], context: Context) -> list[tuple[str, T]]:
         """Every `(key, value)` in `address.namespace` whose key starts with `address.key`."""
+        if not (_storable(address.namespace) and _storable(address.key)):
+            return []
         rows = await self._backend.scan_values(self.id, address.namespace, address.key, context)
         return [(r.key, _decode_value(address.adapter, r.value, f"{r.namespace}/{r.key}")) for r in rows]
 
@@ -163,6 +189,8 @@ class SessionReader:
         self, address: ListAddress[T], context: Context, *, after_seq: int | None = None, limit: int = 1000
     ) -> list[ListItem[T]]:
         """One page of list items in commit order after `after_seq`; `limit` is clamped to 10,000."""
+        if not (_storable(address.namespace) and _storable(address.key)):
+            return []
         rows = await self._backend.read_list(
             self.id, address.namespace, address.key, after_seq, max(1, min(limit, 10_000)), context
         )
@@ -220,6 +248,8 @@ class SessionReader:
             context.raise_if_cancelled()
             page_size = _SCAN_PAGE if remaining is None else min(_SCAN_PAGE, remaining)
             rows = await self._backend.walk_branch(self.id, current, page_size, stop_at_compaction, context)
+            if not rows and current == start:
+                raise UnknownEntry(f"entry {start} does not exist in session {self.id}", entry_id=start)
             if not rows:
                 raise StorageCorruption(f"entry {current} on the branch is missing", entry_id=current)
             for row in rows:
@@ -246,7 +276,9 @@ class SessionMutator(SessionReader):
         self._context = context
         self._writes: list[Write] = []
         self._committed: CommitResult | None = None
+        self._committing = False
         self._closed = False
+        self.cancel_deferred = False
 
     @property
     def staged(self) -> int:
@@ -255,13 +287,15 @@ class SessionMutator(SessionReader):
     def _stage(self, write: Write) -> None:
         if self._closed or self._committed is not None:
             raise InvalidWrite("this job has already committed or ended; stage writes before commit")
+        if self._committing:
+            raise InvalidWrite("this job is committing; stage writes before commit")
         for name in ("id", "parent_id", "namespace", "key", "entry_id"):
             _check_identifier(name, getattr(write, name, None))
         self._writes.append(write)
 
     def insert_entry(self, payload: EntryPayload, *, parent_id: str | None, entry_id: str | None = None) -> str:
         """Stage a new entry under `parent_id` (None for a root); returns its id (minted if not given)."""
-        entry_id = entry_id or new_id()
+        entry_id = new_id() if entry_id is None else entry_id
         text = encode(ENTRY_PAYLOAD_ADAPTER, payload)
         self._stage(InsertEntry(entry_id, parent_id, payload.type, custom_type_of(payload), text))
         return entry_id
@@ -289,7 +323,7 @@ class SessionMutator(SessionReader):
         details: JsonValue | None = None,
     ) -> str:
         """Stage a usage ledger row; its id shares the entry id namespace of the session."""
-        usage_id = usage_id or new_id()
+        usage_id = new_id() if usage_id is None else usage_id
         details_text = encode(_JSON_ADAPTER, details) if details is not None else None
         self._stage(InsertUsage(usage_id, entry_id, adjustment, encode(_USAGE_ADAPTER, usage), details_text))
         return usage_id
@@ -297,10 +331,24 @@ class SessionMutator(SessionReader):
     async def commit(self) -> CommitResult:
         """Commit the staged writes as one transaction; at most once per job. Code after the
         await is the commit continuation and still runs on the session line."""
-        if self._committed is not None or self._closed:
+        if self._committing or self._closed:
             raise InvalidWrite("a job commits at most once")
+        self._committing = True
         writes, self._writes = self._writes, []
-        self._committed = await self._backend.commit(self.id, writes, self._claim, self._context)
+        in_flight = asyncio.ensure_future(self._backend.commit(self.id, writes, self._claim, self._context))
+        while True:
+            try:
+                self._committed = await asyncio.shield(in_flight)
+                break
+            except asyncio.CancelledError:
+                if in_flight.done():
+                    raise
+                # The commit may land: wait for its outcome so the continuation (projection,
+                # events) matches the journal, and deliver the cancellation after the job.
+                self.cancel_deferred = True
+                task = asyncio.current_task()
+                if task is not None:
+                    task.uncancel()
         return self._committed
 
     def _end(self) -> None:
@@ -309,6 +357,7 @@ class SessionMutator(SessionReader):
 
 
 Job = Callable[[SessionMutator], Awaitable[R]]
+
 OnCommitted = Callable[[CommitResult], Awaitable[None] | None]
 
 
@@ -321,6 +370,7 @@ class Session(SessionReader):
     def __init__(self, backend: Backend, info: SessionInfo) -> None:
         super().__init__(backend, info)
         self._line = asyncio.Lock()
+        self._line_task: asyncio.Task[Any] | None = None  # the task running the current job
         self._owner: object | None = None
         self._claim: Claim | None = None
 
@@ -373,16 +423,26 @@ class Session(SessionReader):
             raise SessionOwned(f"session {self.id} is owned by {self._owner!r}", session_id=self.id)
 
     async def _run(self, job: Job[R], claim: Claim | None, context: Context) -> R:
+        if self._line_task is not None and asyncio.current_task() is self._line_task:
+            raise ReentrantMutation(
+                f"a job on session {self.id} started another mutation of it; that would wait on "
+                "itself forever. Stage the writes in the running job instead.", session_id=self.id
+            )
         context.raise_if_cancelled()
         async with self._line:
+            context.raise_if_cancelled()  # cancelled while it waited: run nothing
             mutator = SessionMutator(self._backend, self.info, claim, context)
+            self._line_task = asyncio.current_task()
             try:
                 result = await job(mutator)
-                if mutator.staged and mutator._committed is None:
+                if mutator.staged and not mutator._committing:
                     await mutator.commit()
             finally:
+                self._line_task = None
                 mutator._end()
-            return result
+        if mutator.cancel_deferred:
+            raise asyncio.CancelledError
+        return result
 
     async def _create_lane(
         self,
@@ -393,8 +453,7 @@ class Session(SessionReader):
         claim: Claim | None,
         context: Context,
     ) -> None:
-        if not name or "\x00" in name:
-            raise InvalidInput("a lane name must be non-empty and free of NUL", lane=name)
+        check_lane_name(name)
         pending: list[Awaitable[None]] = []
 
         async def job(m: SessionMutator) -> None:

@@ -35,7 +35,7 @@ from harness.session.backend import (
     ValueRow,
     Write,
 )
-from harness.session.errors import InvalidWrite, OwnershipLost, SessionNotFound, SessionOwned
+from harness.session.errors import InvalidWrite, OwnershipLost, SessionNotFound, SessionOwned, StoreClosed
 from harness.session.migrations import DataMigration
 
 T = TypeVar("T")
@@ -107,7 +107,7 @@ SELECT id, parent_id, seq, timestamp, type, payload FROM path ORDER BY depth
 """
 
 
-@dataclass
+@dataclass(eq=False)
 class SqliteClaim:
     session_id: str
     epoch: int
@@ -124,14 +124,14 @@ class SqliteBackend:
         self._executor = executor
         self._db = connection
         self._lock_dir = path.with_name(path.name + ".locks")
+        self._closed = False
+        self._claims: set[SqliteClaim] = set()  # released by close(), whoever forgot to detach
         # Test seam for crash tests: called inside the commit transaction, before COMMIT.
         self._commit_barrier: Callable[[], None] | None = None
 
     @classmethod
     async def open(cls, path: Path, synchronous: str, context: Context) -> SqliteBackend:
         """Open (creating if needed) the database at `path` and apply pending schema steps."""
-        if synchronous not in ("FULL", "NORMAL", "EXTRA"):
-            raise ValueError(f"synchronous must be FULL, NORMAL or EXTRA, not {synchronous}")
         path.parent.mkdir(parents=True, exist_ok=True)
         executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"harness-sqlite:{path.name}")
 
@@ -154,18 +154,38 @@ class SqliteBackend:
         return backend
 
     async def _call(self, fn: Callable[[sqlite3.Connection], T]) -> T:
-        return await asyncio.get_running_loop().run_in_executor(self._executor, fn, self._db)
+        def guarded(db: sqlite3.Connection) -> T:
+            # Checked on the thread too: a call queued behind close() must not meet a closed db.
+            if self._closed:
+                raise StoreClosed(f"the SQLite store {self.path} is closed")
+            return fn(db)
 
-    async def create_session(self, info: SessionInfo, context: Context) -> None:
+        if self._closed:
+            raise StoreClosed(f"the SQLite store {self.path} is closed")
+        return await asyncio.get_running_loop().run_in_executor(self._executor, guarded, self._db)
+
+    async def create_session(self, info: SessionInfo, context: Context, writes: Sequence[Write] = ()) -> None:
         def run(db: sqlite3.Connection) -> None:
+            db.execute("BEGIN IMMEDIATE")
             try:
-                db.execute(
-                    "INSERT INTO sessions (id, created_at, parent_session_id, forked_from_entry_id) "
-                    "VALUES (?, ?, ?, ?)",
-                    (info.id, info.created_at, info.parent_session_id, info.forked_from_entry_id),
-                )
-            except sqlite3.IntegrityError:
-                raise InvalidWrite(f"session {info.id} already exists", session_id=info.id) from None
+                try:
+                    db.execute(
+                        "INSERT INTO sessions (id, created_at, parent_session_id, forked_from_entry_id, next_seq) "
+                        "VALUES (?, ?, ?, ?, ?)",
+                        (info.id, info.created_at, info.parent_session_id, info.forked_from_entry_id,
+                         len(writes) + 1),
+                    )
+                except sqlite3.IntegrityError:
+                    raise InvalidWrite(f"session {info.id} already exists", session_id=info.id) from None
+                timestamp = now_ms()
+                for seq, write in enumerate(writes, start=1):
+                    _apply(db, info.id, write, seq, timestamp)
+                if self._commit_barrier is not None:
+                    self._commit_barrier()
+                db.execute("COMMIT")
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
 
         await self._call(run)
 
@@ -267,7 +287,7 @@ class SqliteBackend:
         self, session_id: str, writes: Sequence[Write], claim: Claim | None, context: Context
     ) -> CommitResult:
         def run(db: sqlite3.Connection) -> CommitResult:
-            probe = None if claim is not None else self._probe_unowned(session_id)
+            probe = None if claim is not None else self._lock(session_id, fcntl.LOCK_SH)
             try:
                 return self._commit(db, session_id, writes, claim)
             finally:
@@ -302,17 +322,19 @@ class SqliteBackend:
     def _lock_path(self, session_id: str) -> Path:
         return self._lock_dir / (hashlib.sha256(session_id.encode()).hexdigest()[:32] + ".lock")
 
-    def _try_lock(self, session_id: str) -> int | None:
+    def _try_lock(self, session_id: str, mode: int) -> int | None:
         fd = os.open(self._lock_path(session_id), os.O_RDWR | os.O_CREAT, 0o600)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(fd, mode | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(fd)
             return None
         return fd
 
-    def _probe_unowned(self, session_id: str) -> int:
-        fd = self._try_lock(session_id)
+    def _lock(self, session_id: str, mode: int) -> int:
+        # An owner holds the lock exclusively; unowned writers share it for one commit, so they
+        # exclude an owner without excluding each other.
+        fd = self._try_lock(session_id, mode)
         if fd is None:
             raise SessionOwned(f"session {session_id} is owned by another process or harness",
                                session_id=session_id)
@@ -320,7 +342,7 @@ class SqliteBackend:
 
     async def claim(self, session_id: str, context: Context) -> Claim:
         def run(db: sqlite3.Connection) -> SqliteClaim:
-            fd = self._probe_unowned(session_id)
+            fd = self._lock(session_id, fcntl.LOCK_EX)
             try:
                 db.execute("BEGIN IMMEDIATE")
                 try:
@@ -337,13 +359,21 @@ class SqliteBackend:
             except BaseException:
                 os.close(fd)
                 raise
-            return SqliteClaim(session_id, row[0], fd)
+            claim = SqliteClaim(session_id, row[0], fd)
+            self._claims.add(claim)
+            return claim
 
         return await self._call(run)
 
     async def release(self, claim: Claim, context: Context) -> None:
         assert isinstance(claim, SqliteClaim)
-        await self._call(lambda db: os.close(claim.lock_fd))
+
+        def run(db: sqlite3.Connection) -> None:
+            if claim in self._claims:
+                self._claims.remove(claim)
+                os.close(claim.lock_fd)
+
+        await self._call(run)
 
     async def run_data_migration(self, migration: DataMigration, context: Context) -> bool:
         def run(db: sqlite3.Connection) -> bool:
@@ -354,7 +384,7 @@ class SqliteBackend:
                     return False
                 changed = []
                 for session_id, entry_id, payload in db.execute("SELECT session_id, id, payload FROM entries"):
-                    new_payload = migration.apply(payload)
+                    new_payload = migration.apply(entry_id, payload)
                     if new_payload is not None:
                         changed.append((new_payload, session_id, entry_id))
                 db.executemany("UPDATE entries SET payload = ? WHERE session_id = ? AND id = ?", changed)
@@ -369,12 +399,21 @@ class SqliteBackend:
         return await self._call(run)
 
     async def close(self) -> None:
-        def run(db: sqlite3.Connection) -> None:
-            db.close()
+        """Release every claim still held, close the connection and stop the thread; idempotent."""
 
+        def run(db: sqlite3.Connection) -> None:
+            for claim in self._claims:
+                os.close(claim.lock_fd)
+            self._claims.clear()
+            db.close()
+            self._closed = True
+
+        if self._closed:
+            return
         try:
             await self._call(run)
         finally:
+            self._closed = True
             self._executor.shutdown(wait=True)
 
 

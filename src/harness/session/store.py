@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sqlite3
 import weakref
 from collections.abc import Sequence
 from pathlib import Path
@@ -14,12 +15,18 @@ from harness.session import addresses
 from harness.session.addresses import ValueAddress
 from harness.session.backend import Backend, InsertEntry, SessionInfo, SetValue, Write
 from harness.session.entries import custom_type_of
-from harness.session.errors import SessionNotFound, StoreClosed, UnknownEntry, UnsupportedStoreUrl
+from harness.session.errors import (
+    SessionNotFound,
+    StoreClosed,
+    StoreUnavailable,
+    UnknownEntry,
+    UnsupportedStoreUrl,
+)
 from harness.session.ids import new_id
 from harness.session.memory import MemoryBackend
 from harness.session.migrations import DATA_MIGRATIONS, DataMigration
 from harness.session.records import LaneState
-from harness.session.session import Session, encode
+from harness.session.session import Session, check_lane_name, encode
 
 _FORK_PAGE = 1000
 T = TypeVar("T")
@@ -67,6 +74,7 @@ class Store:
         """A new session holding the branch from the root to `entry_id`, with lane `lane` at that
         entry (its configuration copied when the source has that lane) and idle: no operation
         state, no pending entries. The new session records its source and fork point."""
+        check_lane_name(lane)
         source = await self.open_session(session_id, context)
         if await source.entry(entry_id, context) is None:
             raise UnknownEntry(f"entry {entry_id} is not in session {session_id}", entry_id=entry_id)
@@ -82,7 +90,6 @@ class Store:
         info = SessionInfo(
             id=new_id(), created_at=now_ms(), parent_session_id=session_id, forked_from_entry_id=entry_id
         )
-        await self.backend.create_session(info, context)
         writes: list[Write] = []
         for entry in reversed(path):
             custom_type = custom_type_of(entry.payload)
@@ -94,7 +101,7 @@ class Store:
         if config is not None:
             writes.append(_set(addresses.lane_config(lane), config))
             writes.append(_set(addresses.lane_state(lane), LaneState()))
-        await self.backend.commit(info.id, writes, None, context)
+        await self.backend.create_session(info, context, writes)
         return self._session(info)
 
     def _session(self, info: SessionInfo) -> Session:
@@ -126,28 +133,10 @@ async def connect(
     """Open the store at `url`, apply pending schema migrations and journal data migrations.
 
     URLs: `memory://`; `sqlite:///relative/path.db` or `sqlite:////absolute/path.db` (optional
-    `?synchronous=NORMAL`, default FULL); `postgresql://user@host:port/db?...` (libpq conninfo).
-    Raises `UnsupportedStoreUrl` for anything else."""
-    parts = urlsplit(url)
-    backend: Backend
-    if parts.scheme == "memory":
-        backend = MemoryBackend()
-    elif parts.scheme == "sqlite":
-        from harness.session.sqlite import SqliteBackend
-
-        raw_path = url.split("://", 1)[1].split("?", 1)[0]
-        if not raw_path.startswith("/") or raw_path == "/":
-            raise UnsupportedStoreUrl(f"a SQLite URL is sqlite:///PATH, not {url}", url=url)
-        query = parse_qs(parts.query)
-        synchronous = query.get("synchronous", ["FULL"])[0].upper()
-        backend = await SqliteBackend.open(Path(raw_path[1:]), synchronous, context)
-    elif parts.scheme in ("postgresql", "postgres"):
-        from harness.session.postgres import PostgresBackend
-
-        backend = await PostgresBackend.open(url, context)
-    else:
-        raise UnsupportedStoreUrl(f"unsupported store URL {url!r}: use memory://, sqlite:///PATH or "
-                                  "postgresql://...", url=url)
+    `?synchronous=NORMAL|FULL|EXTRA`, default FULL); `postgresql://user@host:port/db?...` (libpq
+    conninfo). Raises `UnsupportedStoreUrl` for anything else and `StoreUnavailable` when the
+    database cannot be opened."""
+    backend = await _open_backend(url, context)
     try:
         for migration in data_migrations:
             await backend.run_data_migration(migration, context)
@@ -155,3 +144,45 @@ async def connect(
         await backend.close()
         raise
     return Store(backend, url)
+
+
+async def _open_backend(url: str, context: Context) -> Backend:
+    parts = urlsplit(url)
+    if parts.fragment:
+        raise UnsupportedStoreUrl(f"a store URL has no #fragment: {url!r}", url=url)
+    if parts.scheme == "memory":
+        if url != "memory://":
+            raise UnsupportedStoreUrl(f"the memory store URL is exactly memory://, not {url!r}", url=url)
+        return MemoryBackend()
+    if parts.scheme == "sqlite":
+        from harness.session.sqlite import SqliteBackend
+
+        raw_path = url.split("?", 1)[0].removeprefix("sqlite://")
+        if not url.startswith("sqlite:///") or raw_path in ("/", "//"):
+            raise UnsupportedStoreUrl(f"a SQLite URL is sqlite:///PATH, not {url!r}", url=url)
+        query = parse_qs(parts.query)
+        unknown = set(query) - {"synchronous"}
+        synchronous = query.get("synchronous", ["FULL"])[-1].upper()
+        if unknown or synchronous not in ("FULL", "NORMAL", "EXTRA"):
+            raise UnsupportedStoreUrl(
+                f"a SQLite URL takes only ?synchronous=FULL|NORMAL|EXTRA, not {parts.query!r}", url=url
+            )
+        path = Path(raw_path[1:])
+        try:
+            return await SqliteBackend.open(path, synchronous, context)
+        except (sqlite3.Error, OSError) as error:
+            raise StoreUnavailable(f"cannot open SQLite store {path}: {error}", url=url) from error
+    if parts.scheme in ("postgresql", "postgres"):
+        import psycopg
+
+        from harness.session.postgres import PostgresBackend
+
+        try:
+            return await PostgresBackend.open(url, context)
+        except psycopg.ProgrammingError as error:
+            raise UnsupportedStoreUrl(f"not a PostgreSQL URL libpq accepts: {url!r} ({error})", url=url) from error
+        except psycopg.Error as error:
+            raise StoreUnavailable(f"cannot open PostgreSQL store: {error}", url=url) from error
+    raise UnsupportedStoreUrl(
+        f"unsupported store URL {url!r}: use memory://, sqlite:///PATH or postgresql://...", url=url
+    )
