@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+from typing import Any
+
 from harness.context import Context
 from harness.messages import UserMessage
-from harness.session import CompactionPayload, MessagePayload, Session, SessionMutator, addresses
+from harness.session import CompactionPayload, Entry, MessagePayload, Session, SessionMutator, Store, addresses
 
 
 def user(text: str) -> MessagePayload:
@@ -39,3 +43,18 @@ def text_of(payload: object) -> str:
     assert isinstance(payload.message, UserMessage)
     assert isinstance(payload.message.content, str)
     return payload.message.content
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """The JSON objects of a JSONL file's non-blank lines, read independently of the importers."""
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+async def lane_branch(store: Store, session_id: str, context: Context, lane: str = "main") -> list[Entry]:
+    """A lane's whole branch, root first, asserting it fits one page."""
+    session = await store.open_session(session_id, context)
+    tip = await session.get(addresses.branch_tip(lane), context)
+    assert tip is not None
+    page = await session.read_branch(tip, context, limit=10_000)
+    assert page.next_before is None
+    return page.entries[::-1]

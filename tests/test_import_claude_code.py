@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +14,7 @@ from harness.cli import app
 from harness.cli import commands as _commands  # noqa: F401  (registers the commands on `app`)
 from harness.context import Context
 from harness.errors import UnsupportedFormat
-from harness.imports import ImportReport, import_claude_code_session
+from harness.imports import import_claude_code_session
 from harness.messages import (
     AssistantMessage,
     TextContent,
@@ -33,8 +32,8 @@ from harness.session import (
     MessagePayload,
     Store,
     addresses,
-    connect,
 )
+from journal_helpers import lane_branch, read_jsonl
 
 # The repository's parent folder holds `shared/` (here and in CI); the files are read, never copied.
 TRANSCRIPTS = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "transcripts"
@@ -46,25 +45,9 @@ REAL_FILES = [REJECTED, INTERRUPTS, EXCERPT]
 
 # `ctx` comes from conftest.py. These tests use one backend; the conformance suite covers the rest.
 @pytest.fixture
-async def store(ctx: Context) -> AsyncIterator[Store]:
-    """A memory store (this module's own, in place of conftest's store on every backend)."""
-    store = await connect("memory://", ctx)
-    yield store
-    await store.close()
-
-
-def raw_records(path: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-
-
-async def branch(store: Store, report: ImportReport, ctx: Context) -> list[Entry]:
-    """Lane main's whole branch, root first."""
-    session = await store.open_session(report.session_id, ctx)
-    tip = await session.get(addresses.branch_tip("main"), ctx)
-    assert tip is not None
-    page = await session.read_branch(tip, ctx, limit=10_000)
-    assert page.next_before is None
-    return page.entries[::-1]
+def store_url() -> str:
+    """These tests run on memory only (conftest's `store` otherwise runs on every backend)."""
+    return "memory://"
 
 
 def joined_text(content: str | list[UserContent]) -> str:
@@ -125,11 +108,11 @@ def imported_story(entries: list[Entry]) -> list[tuple[str, ...]]:
 async def test_every_conversation_record_is_imported_in_file_order(
     store: Store, ctx: Context, path: Path
 ) -> None:
-    records = raw_records(path)
+    records = read_jsonl(path)
 
     report = await import_claude_code_session(store, path, ctx)
 
-    entries = await branch(store, report, ctx)
+    entries = await lane_branch(store, report.session_id, ctx)
     assert imported_story(entries) == expected_story(records)
     assert entries[0].payload == CustomPayload(custom_type="import.source", data={
         "format": "claude-code", "file": path.name, "session_id": records[1]["sessionId"],
@@ -140,7 +123,7 @@ async def test_every_conversation_record_is_imported_in_file_order(
 async def test_tool_results_follow_their_calls_with_no_other_message_between(
     store: Store, ctx: Context, path: Path
 ) -> None:
-    records = raw_records(path)
+    records = read_jsonl(path)
     calls = {b["id"]: b["name"] for r in records if r["type"] == "assistant"
              for b in r["message"]["content"] if b["type"] == "tool_use"}
     results = {b["tool_use_id"]: bool(b.get("is_error", False)) for r in records if r["type"] == "user"
@@ -149,7 +132,8 @@ async def test_tool_results_follow_their_calls_with_no_other_message_between(
 
     report = await import_claude_code_session(store, path, ctx)
 
-    imported = [e.payload.message for e in await branch(store, report, ctx) if isinstance(e.payload, MessagePayload)]
+    entries = await lane_branch(store, report.session_id, ctx)
+    imported = [e.payload.message for e in entries if isinstance(e.payload, MessagePayload)]
     for at, message in enumerate(imported):
         if isinstance(message, AssistantMessage) and message.tool_calls:
             following = imported[at + 1: at + 1 + len(message.tool_calls)]
@@ -165,13 +149,13 @@ async def test_tool_results_follow_their_calls_with_no_other_message_between(
 async def test_one_reply_split_over_five_records_is_joined_with_its_five_parts(
     store: Store, ctx: Context
 ) -> None:
-    records = [r for r in raw_records(REJECTED) if r["type"] == "assistant"]
+    records = [r for r in read_jsonl(REJECTED) if r["type"] == "assistant"]
     assert len({r["message"]["id"] for r in records}) == 1
     parts = [r["message"]["content"][0] for r in records]
 
     report = await import_claude_code_session(store, REJECTED, ctx)
 
-    [reply] = [m for m in (e.payload.message for e in await branch(store, report, ctx)
+    [reply] = [m for m in (e.payload.message for e in await lane_branch(store, report.session_id, ctx)
                            if isinstance(e.payload, MessagePayload)) if isinstance(m, AssistantMessage)]
     assert reply.content == [
         TextContent(text=parts[0]["text"]),
@@ -194,7 +178,8 @@ async def test_rejected_calls_keep_their_error_results_and_the_interruption_stay
 ) -> None:
     report = await import_claude_code_session(store, REJECTED, ctx)
 
-    imported = [e.payload.message for e in await branch(store, report, ctx) if isinstance(e.payload, MessagePayload)]
+    entries = await lane_branch(store, report.session_id, ctx)
+    imported = [e.payload.message for e in entries if isinstance(e.payload, MessagePayload)]
     results = [m for m in imported if isinstance(m, ToolResultMessage)]
     assert [(m.tool_name, m.is_error, m.details) for m in results] == [
         ("Bash", True, "User rejected tool use"), ("Glob", True, "User rejected tool use")]
@@ -205,26 +190,26 @@ async def test_rejected_calls_keep_their_error_results_and_the_interruption_stay
 
 
 async def test_local_command_output_is_kept_with_its_ansi_escapes(store: Store, ctx: Context) -> None:
-    raw = [r["content"] for r in raw_records(REJECTED) if r["type"] == "system"]
+    raw = [r["content"] for r in read_jsonl(REJECTED) if r["type"] == "system"]
     assert any("\x1b[1m" in text for text in raw)
 
     report = await import_claude_code_session(store, REJECTED, ctx)
 
-    rows = [e.payload for e in await branch(store, report, ctx)
+    rows = [e.payload for e in await lane_branch(store, report.session_id, ctx)
             if isinstance(e.payload, CustomPayload) and e.payload.custom_type == "import.claude_code.system"]
     assert [row.data for row in rows] == [{"subtype": "local_command", "level": "info", "text": text}
                                           for text in raw]
 
 
 async def test_interruptions_meta_rows_and_skipped_records(store: Store, ctx: Context) -> None:
-    records = raw_records(INTERRUPTS)
+    records = read_jsonl(INTERRUPTS)
     not_messages = Counter(r["type"] for r in records
                            if r["type"] in ("progress", "file-history-snapshot", "queue-operation"))
     [meta_record] = [r for r in records if r.get("isMeta") and r["type"] == "user"]
 
     report = await import_claude_code_session(store, INTERRUPTS, ctx)
 
-    entries = await branch(store, report, ctx)
+    entries = await lane_branch(store, report.session_id, ctx)
     texts = [joined_text(e.payload.message.content) for e in entries
              if isinstance(e.payload, MessagePayload) and isinstance(e.payload.message, UserMessage)]
     assert texts.count("[Request interrupted by user]") == 2
@@ -240,13 +225,13 @@ async def test_interruptions_meta_rows_and_skipped_records(store: Store, ctx: Co
 async def test_compact_boundary_and_summary_become_one_compaction_and_the_dangling_parent_is_reported(
     store: Store, ctx: Context
 ) -> None:
-    records = raw_records(EXCERPT)
+    records = read_jsonl(EXCERPT)
     boundary, summary = records[0], records[1]
     assert (boundary["subtype"], summary["isCompactSummary"]) == ("compact_boundary", True)
 
     report = await import_claude_code_session(store, EXCERPT, ctx)
 
-    entries = await branch(store, report, ctx)
+    entries = await lane_branch(store, report.session_id, ctx)
     compaction = entries[1].payload
     assert isinstance(compaction, CompactionPayload)
     assert compaction.summary == summary["message"]["content"]
@@ -287,7 +272,8 @@ async def test_synthetic_rewind_keeps_the_last_path_and_reports_a_dangling_paren
 
     report = await import_claude_code_session(store, path, ctx)
 
-    imported = [e.payload.message for e in await branch(store, report, ctx) if isinstance(e.payload, MessagePayload)]
+    entries = await lane_branch(store, report.session_id, ctx)
+    imported = [e.payload.message for e in entries if isinstance(e.payload, MessagePayload)]
     assert [joined_text(m.content) if isinstance(m, UserMessage) else m.role for m in imported] == [
         "first", "assistant", "rewritten", "assistant"]
     last = imported[-1]

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +12,7 @@ import pytest
 
 from harness.context import Context
 from harness.errors import UnsupportedFormat
-from harness.imports import ImportReport, import_pi_session
+from harness.imports import import_pi_session
 from harness.messages import AssistantMessage, CustomMessage, Message, ToolResultMessage, UserMessage
 from harness.session import (
     BranchSummaryPayload,
@@ -26,6 +25,7 @@ from harness.session import (
     addresses,
     connect,
 )
+from journal_helpers import lane_branch, read_jsonl
 
 # The repository's parent folder holds `shared/` (here and in CI); the files are read, never copied.
 FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures"
@@ -39,25 +39,9 @@ ROLES = {"user": "user", "assistant": "assistant", "toolResult": "tool_result"}
 
 # `ctx` comes from conftest.py. These tests use one backend; the conformance suite covers the rest.
 @pytest.fixture
-async def store(ctx: Context) -> AsyncIterator[Store]:
-    """A memory store (this module's own, in place of conftest's store on every backend)."""
-    store = await connect("memory://", ctx)
-    yield store
-    await store.close()
-
-
-def raw_lines(path: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-
-
-async def branch(store: Store, report: ImportReport, ctx: Context) -> list[Entry]:
-    """Lane main's whole branch, root first."""
-    session = await store.open_session(report.session_id, ctx)
-    tip = await session.get(addresses.branch_tip("main"), ctx)
-    assert tip is not None
-    page = await session.read_branch(tip, ctx, limit=10_000)
-    assert page.next_before is None
-    return page.entries[::-1]
+def store_url() -> str:
+    """These tests run on memory only (conftest's `store` otherwise runs on every backend)."""
+    return "memory://"
 
 
 def messages(entries: list[Entry]) -> list[Message]:
@@ -77,12 +61,12 @@ def our_signature(message: Message) -> tuple[str, int, str | None]:
 async def test_real_v1_file_keeps_every_message_in_file_order(
     store: Store, ctx: Context, path: Path
 ) -> None:
-    raw = raw_lines(path)
+    raw = read_jsonl(path)
     expected = [signature(line["message"]) for line in raw if line["type"] == "message"]
 
     report = await import_pi_session(store, path, ctx)
 
-    entries = await branch(store, report, ctx)
+    entries = await lane_branch(store, report.session_id, ctx)
     assert [our_signature(m) for m in messages(entries)] == expected
     assert report.messages == len(expected)
     # One entry per record after the header, plus the root entry that keeps the header.
@@ -97,13 +81,13 @@ async def test_real_v1_file_keeps_every_message_in_file_order(
 async def test_tool_calls_are_followed_by_their_results_and_unanswered_ones_stay_so(
     store: Store, ctx: Context, path: Path
 ) -> None:
-    raw = [line["message"] for line in raw_lines(path) if line["type"] == "message"]
+    raw = [line["message"] for line in read_jsonl(path) if line["type"] == "message"]
     calls = [b["id"] for m in raw if m["role"] == "assistant" for b in m["content"] if b["type"] == "toolCall"]
     answered = {m["toolCallId"] for m in raw if m["role"] == "toolResult"}
 
     report = await import_pi_session(store, path, ctx)
 
-    imported = messages(await branch(store, report, ctx))
+    imported = messages(await lane_branch(store, report.session_id, ctx))
     call_at = {c.id: i for i, m in enumerate(imported) if isinstance(m, AssistantMessage) for c in m.tool_calls}
     result_at = {m.tool_call_id: i for i, m in enumerate(imported) if isinstance(m, ToolResultMessage)}
     assert list(call_at) == calls
@@ -116,11 +100,11 @@ async def test_tool_calls_are_followed_by_their_results_and_unanswered_ones_stay
 async def test_error_terminated_reply_keeps_its_16_unanswered_calls_and_nothing_is_invented(
     store: Store, ctx: Context
 ) -> None:
-    raw_last = raw_lines(ERROR_TERMINATED)[-1]["message"]
+    raw_last = read_jsonl(ERROR_TERMINATED)[-1]["message"]
 
     report = await import_pi_session(store, ERROR_TERMINATED, ctx)
 
-    imported = messages(await branch(store, report, ctx))
+    imported = messages(await lane_branch(store, report.session_id, ctx))
     last = imported[-1]
     assert isinstance(last, AssistantMessage)
     assert (last.stop_reason, last.error_message) == ("error", "terminated")
@@ -132,13 +116,13 @@ async def test_error_terminated_reply_keeps_its_16_unanswered_calls_and_nothing_
 
 
 async def test_aborted_reply_is_kept_as_it_was_with_usage_total_computed(store: Store, ctx: Context) -> None:
-    raw = [line["message"] for line in raw_lines(ERROR_TERMINATED) if line["type"] == "message"]
+    raw = [line["message"] for line in read_jsonl(ERROR_TERMINATED) if line["type"] == "message"]
     raw_reply = raw[3]  # the first answered reply; its usage has no totalTokens (old shape)
     assert "totalTokens" not in raw_reply["usage"]
 
     report = await import_pi_session(store, ERROR_TERMINATED, ctx)
 
-    imported = messages(await branch(store, report, ctx))
+    imported = messages(await lane_branch(store, report.session_id, ctx))
     aborted = imported[1]
     assert isinstance(aborted, AssistantMessage)
     assert (aborted.content, aborted.stop_reason, aborted.error_message) == ([], "aborted", "Request was aborted")
@@ -155,11 +139,11 @@ async def test_aborted_reply_is_kept_as_it_was_with_usage_total_computed(store: 
 async def test_model_change_is_recorded_on_the_branch_and_configures_the_lane(
     store: Store, ctx: Context
 ) -> None:
-    change = next(line for line in raw_lines(ERROR_TERMINATED) if line["type"] == "model_change")
+    change = next(line for line in read_jsonl(ERROR_TERMINATED) if line["type"] == "model_change")
 
     report = await import_pi_session(store, ERROR_TERMINATED, ctx)
 
-    entries = await branch(store, report, ctx)
+    entries = await lane_branch(store, report.session_id, ctx)
     assert [e.payload for e in entries if isinstance(e.payload, CustomPayload)][1:] == [
         CustomPayload(custom_type="import.model_change",
                       data={"provider": change["provider"], "model_id": change["modelId"]})
@@ -174,12 +158,12 @@ async def test_model_change_is_recorded_on_the_branch_and_configures_the_lane(
 async def test_thinking_level_changes_are_entries_and_the_last_one_configures_the_lane(
     store: Store, ctx: Context
 ) -> None:
-    levels = [line["thinkingLevel"] for line in raw_lines(COMPACTION) if line["type"] == "thinking_level_change"]
+    levels = [line["thinkingLevel"] for line in read_jsonl(COMPACTION) if line["type"] == "thinking_level_change"]
     assert len(levels) == 4
 
     report = await import_pi_session(store, COMPACTION, ctx)
 
-    entries = await branch(store, report, ctx)
+    entries = await lane_branch(store, report.session_id, ctx)
     recorded = [e.payload.data for e in entries
                 if isinstance(e.payload, CustomPayload) and e.payload.custom_type == "import.thinking_level_change"]
     assert recorded == [{"thinking_level": level} for level in levels]
@@ -192,7 +176,7 @@ async def test_thinking_level_changes_are_entries_and_the_last_one_configures_th
 async def test_v1_compaction_keeps_from_first_kept_index_counting_the_header(
     store: Store, ctx: Context
 ) -> None:
-    raw = raw_lines(COMPACTION)
+    raw = read_jsonl(COMPACTION)
     at = next(i for i, line in enumerate(raw) if line["type"] == "compaction")
     compaction = raw[at]
     first = compaction["firstKeptEntryIndex"]
@@ -202,7 +186,7 @@ async def test_v1_compaction_keeps_from_first_kept_index_counting_the_header(
 
     report = await import_pi_session(store, COMPACTION, ctx)
 
-    entries = await branch(store, report, ctx)
+    entries = await lane_branch(store, report.session_id, ctx)
     [(position, payload)] = [(i, e.payload) for i, e in enumerate(entries) if isinstance(e.payload, CompactionPayload)]
     assert position == at  # the header's entry stands where the header stood
     assert payload.summary == compaction["summary"]
@@ -224,11 +208,11 @@ async def test_import_through_sqlite_reads_back_after_reopening(tmp_path: Path, 
 
     reader = await connect(url, ctx)
     try:
-        imported = messages(await branch(reader, report, ctx))
+        imported = messages(await lane_branch(reader, report.session_id, ctx))
         assert [info.id for info in await reader.list_sessions(ctx)] == [report.session_id]
     finally:
         await reader.close()
-    raw = [line["message"] for line in raw_lines(HEAD25) if line["type"] == "message"]
+    raw = [line["message"] for line in read_jsonl(HEAD25) if line["type"] == "message"]
     assert [our_signature(m) for m in imported] == [signature(m) for m in raw]
 
 
@@ -317,7 +301,7 @@ async def test_synthetic_v3_follows_the_leaf_path_with_tree_entries(
 
     report = await import_pi_session(store, path, ctx)
 
-    entries = await branch(store, report, ctx)
+    entries = await lane_branch(store, report.session_id, ctx)
     kinds = [e.type for e in entries]
     assert kinds == ["custom", "message", "message", "branch_summary", "custom_message", "custom", "message",
                      "compaction", "message"]
@@ -356,7 +340,7 @@ async def test_synthetic_v2_reads_hook_messages_and_reports_a_dangling_parent(
 
     report = await import_pi_session(store, path, ctx)
 
-    entries = await branch(store, report, ctx)
+    entries = await lane_branch(store, report.session_id, ctx)
     assert [e.type for e in entries] == ["custom", "message", "custom_message", "custom"]
     hook = entries[2].payload
     assert isinstance(hook, CustomMessagePayload)
