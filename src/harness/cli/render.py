@@ -20,7 +20,7 @@ from harness.messages import (
     UserContent,
     UserMessage,
 )
-from harness.session import Entry, Session, UnknownEntry, addresses
+from harness.session import Entry, Session, UnknownLane, addresses
 
 _PAGE = 500
 _CUSTOM_LIMIT = 200
@@ -114,11 +114,11 @@ async def branch_oldest_first(session: Session, tip: str, context: Context) -> l
 async def print_branch(
     session: Session, lane: str, context: Context, *, limit: int | None = 400, console: Console | None = None
 ) -> None:
-    """Print the lane's branch, root first; raises `UnknownEntry` if the lane does not exist."""
+    """Print the lane's branch, root first; raises `UnknownLane` if the lane does not exist."""
     console = console or Console(highlight=False, soft_wrap=True)
     record = await session.get_record(addresses.branch_tip(lane), context)
     if record is None:
-        raise UnknownEntry(f"session {session.id} has no lane {lane}", lane=lane)
+        raise UnknownLane(f"session {session.id} has no lane {lane}", lane=lane)
     name = await session.get(addresses.session_name(), context)
     console.print(f"[bold]{escape(name or session.id)}[/] [dim]lane {escape(lane)}[/]")
     if record.value is None:

@@ -25,6 +25,7 @@ from harness.session.errors import (
     StoreClosed,
     StoreUnavailable,
     UnknownEntry,
+    UnknownLane,
     UnsupportedStoreUrl,
 )
 from harness.session.ids import new_id
@@ -92,6 +93,7 @@ __all__ = [
     "StoreUnavailable",
     "StoredValue",
     "UnknownEntry",
+    "UnknownLane",
     "UnsupportedStoreUrl",
     "UsageRow",
     "ValueAddress",

@@ -46,6 +46,10 @@ class UnknownEntry(HarnessError):
     code = "unknown_entry"
 
 
+class UnknownLane(HarnessError):
+    code = "unknown_lane"
+
+
 class UnsupportedStoreUrl(HarnessError):
     code = "unsupported_store_url"
 
