@@ -7,8 +7,26 @@ from pathlib import Path
 from typing import Any
 
 from harness.context import Context
-from harness.messages import UserMessage
-from harness.session import CompactionPayload, Entry, MessagePayload, Session, SessionMutator, Store, addresses
+from harness.messages import ModelIdentity, UserMessage
+from harness.session import (
+    CompactionPayload,
+    Entry,
+    LaneConfig,
+    MessagePayload,
+    Session,
+    SessionMutator,
+    Store,
+    addresses,
+)
+
+CONFIG = LaneConfig(model=ModelIdentity(provider="p", model_id="m"))
+
+
+async def new_session_with_lane(store: Store, context: Context) -> Session:
+    """A new session with lane `main` on an empty branch, configured with `CONFIG`."""
+    session = await store.create_session(context)
+    await session.create_lane("main", CONFIG, context)
+    return session
 
 
 def user(text: str) -> MessagePayload:

@@ -22,12 +22,11 @@ from pydantic import ValidationError
 
 from harness.context import Context
 from harness.errors import HarnessError
-from harness.messages import ModelIdentity, Usage
+from harness.messages import Usage
 from harness.session import (
     CustomPayload,
     DataMigration,
     InvalidWrite,
-    LaneConfig,
     SessionMutator,
     SessionOwned,
     StorageCorruption,
@@ -37,10 +36,9 @@ from harness.session import (
     list_address,
     value_address,
 )
-from journal_helpers import append_chain, user
+from journal_helpers import CONFIG, append_chain, new_session_with_lane, user
 
 TESTS = Path(__file__).resolve().parent
-CONFIG = LaneConfig(model=ModelIdentity(provider="p", model_id="m"))
 
 
 def nested_list(depth: int) -> list[Any]:
@@ -51,12 +49,6 @@ def nested_list(depth: int) -> list[Any]:
         current.append(inner)
         current = inner
     return root
-
-
-async def new_session(store: Store, ctx: Context) -> Any:
-    session = await store.create_session(ctx)
-    await session.create_lane("main", CONFIG, ctx)
-    return session
 
 
 def sqlite_url(tmp_path: Path) -> str:
@@ -82,7 +74,7 @@ async def test_deeply_nested_json_is_refused_or_readable(
     the entry raises StorageCorruption forever and every scan_branch/read_branch through it fails, i.e. one tool
     result or custom entry with deep `details` poisons the whole branch (same for values: the lane/app record
     becomes unreadable). The write must be refused (InvalidInput, nothing written) or stay readable."""
-    session = await new_session(store, ctx)
+    session = await new_session_with_lane(store, ctx)
     address = value_address("test.deep")
 
     async def job(m: SessionMutator) -> str:
@@ -108,7 +100,7 @@ async def test_deeply_nested_json_is_refused_or_readable(
 async def test_deeper_json_fails_with_a_typed_error(store: Store, ctx: Context) -> None:
     """Regression: it used to be that a value nested ~400+ levels makes `encode` raise a bare RecursionError (not a
     HarnessError with a stable code) from the cleaning/context walk."""
-    session = await new_session(store, ctx)
+    session = await new_session_with_lane(store, ctx)
     with pytest.raises(HarnessError):
         await session.mutate(lambda m: _set_value(m, nested_list(2000)), ctx)
 
@@ -127,7 +119,7 @@ async def test_unowned_writers_on_two_sqlite_stores_do_not_refuse_each_other(tmp
     first = await connect(url, ctx)
     second = await connect(url, ctx)
     try:
-        session = await new_session(first, ctx)
+        session = await new_session_with_lane(first, ctx)
         other = await second.open_session(session.id, ctx)
         entered = threading.Event()
 
@@ -152,7 +144,7 @@ async def test_unowned_writers_on_two_sqlite_stores_do_not_refuse_each_other(tmp
 async def test_mutate_inside_a_job_is_reported_not_a_deadlock(store: Store, ctx: Context) -> None:
     """Regression: it used to be that calling `session.mutate` from inside a job on the same session waits forever
     on the non-reentrant session line (every backend). It should raise a clear typed error."""
-    session = await new_session(store, ctx)
+    session = await new_session_with_lane(store, ctx)
 
     async def outer(m: SessionMutator) -> None:
         await session.mutate(lambda inner: set_name(inner, "inner"), ctx)
@@ -169,7 +161,7 @@ async def test_a_job_whose_context_was_cancelled_while_queued_does_not_run(store
     """Regression: it used to be that Context cancellation is only checked before joining the line. A job whose
     invocation was cancelled while it waited behind another job still runs and commits, and the caller gets a
     normal return, so "stop" does not stop a queued write."""
-    session = await new_session(store, ctx)
+    session = await new_session_with_lane(store, ctx)
     gate = asyncio.Event()
 
     async def blocker(m: SessionMutator) -> None:
@@ -221,7 +213,7 @@ async def test_a_session_used_after_its_store_closed_raises_store_closed(store: 
     """Regression: it used to be that after `Store.close()`, a `Session` from it raises a bare RuntimeError
     ("cannot schedule new futures after shutdown") on SQLite, a psycopg_pool PoolClosed on PostgreSQL, and keeps
     working on memory. It should raise StoreClosed (a HarnessError) everywhere."""
-    session = await new_session(store, ctx)
+    session = await new_session_with_lane(store, ctx)
     await store.close()
     with pytest.raises(HarnessError) as raised:
         await session.mutate(lambda m: set_name(m, "late"), ctx)
@@ -234,7 +226,7 @@ async def test_a_job_queued_while_the_store_closes_gets_store_closed(tmp_path: P
     """Regression (SQLite): it used to be that a job that joins the line after `Store.close()` started fails with
     sqlite3.ProgrammingError "Cannot operate on a closed database" instead of StoreClosed."""
     store = await connect(sqlite_url(tmp_path), ctx)
-    session = await new_session(store, ctx)
+    session = await new_session_with_lane(store, ctx)
     gate = asyncio.Event()
 
     async def blocker(m: SessionMutator) -> None:
@@ -261,7 +253,7 @@ async def test_store_close_releases_a_claim_whose_session_was_dropped(tmp_path: 
 
     url = sqlite_url(tmp_path)
     store = await connect(url, ctx)
-    session = await new_session(store, ctx)
+    session = await new_session_with_lane(store, ctx)
     session_id = session.id
     ownership = await session.attach("forgetful owner", ctx)
     del ownership, session
@@ -301,7 +293,7 @@ async def test_a_fork_killed_mid_way_leaves_no_session(tmp_path: Path, ctx: Cont
     url = sqlite_url(tmp_path)
     store = await connect(url, ctx)
     try:
-        session = await new_session(store, ctx)
+        session = await new_session_with_lane(store, ctx)
         ids = await append_chain(session, ["a", "b"], ctx)
         script = tmp_path / "fork_child.py"
         script.write_text(FORK_CHILD)
@@ -333,7 +325,7 @@ async def test_fork_refuses_a_lane_name_create_lane_refuses(store: Store, ctx: C
     but `fork_session(..., lane=...)` bypasses the mutator's identifier checks: memory and SQLite write such a
     lane tip unchecked ("" on PostgreSQL too), and PostgreSQL answers a NUL lane with a bare psycopg.DataError
     instead of a HarnessError."""
-    session = await new_session(store, ctx)
+    session = await new_session_with_lane(store, ctx)
     ids = await append_chain(session, ["a"], ctx)
     before = len(await store.list_sessions(ctx))
     with pytest.raises(HarnessError):
@@ -366,7 +358,7 @@ async def test_a_data_migration_over_a_corrupt_row_names_it(tmp_path: Path, ctx:
     StorageCorruption naming the entry (or skip it), never an anonymous error."""
     url = sqlite_url(tmp_path)
     store = await connect(url, ctx)
-    session = await new_session(store, ctx)
+    session = await new_session_with_lane(store, ctx)
     ids = await append_chain(session, ["a", "b"], ctx)
     await store.close()
     with sqlite3.connect(tmp_path / "journal.db") as db:
@@ -382,7 +374,7 @@ async def test_one_job_never_produces_two_transactions(store: Store, ctx: Contex
     backend returns, so a job that stages while its commit is in flight (e.g. from a task it spawned) gets a
     second transaction: "a job's staged writes commit as one transaction, at most once" breaks. A second commit
     should raise InvalidWrite (as it does on memory)."""
-    session = await new_session(store, ctx)
+    session = await new_session_with_lane(store, ctx)
 
     async def job(m: SessionMutator) -> None:
         m.set(value_address("test.a"), 1)
@@ -403,7 +395,7 @@ async def test_one_job_never_produces_two_transactions(store: Store, ctx: Contex
 async def test_non_finite_floats_are_refused_not_silently_nulled(store: Store, ctx: Context, value: float) -> None:
     """Regression: it used to be that NaN and ±Infinity are accepted by JSON values and stored as `null`, so the
     value read back differs from the one written with no error. Bad input should get InvalidInput."""
-    session = await new_session(store, ctx)
+    session = await new_session_with_lane(store, ctx)
     address = value_address("test.float")
     try:
         await session.mutate(lambda m: _set_at(m, address, {"x": value}), ctx)
@@ -423,7 +415,7 @@ async def test_reading_an_unknown_tip_is_not_storage_corruption(store: Store, ct
     """Regression: it used to be that `read_branch`/`scan_branch` of a tip id that is simply not in the session
     raise StorageCorruption ("entry ... on the branch is missing"), telling the caller the database is damaged
     when the input was wrong. It should be UnknownEntry."""
-    session = await new_session(store, ctx)
+    session = await new_session_with_lane(store, ctx)
     with pytest.raises(HarnessError) as raised:
         await session.read_branch("no-such-entry", ctx)
     assert raised.value.code == "unknown_entry"
@@ -433,7 +425,7 @@ async def test_reading_a_key_with_a_lone_surrogate_is_a_typed_error(store: Store
     """Regression (SQLite, PostgreSQL): it used to be that writes with a lone surrogate in a key are refused with
     InvalidWrite, but a read (`get`) with such a key raises a bare UnicodeEncodeError on SQLite and PostgreSQL
     while memory returns None. Reads should agree across backends (None or a typed error)."""
-    session = await new_session(store, ctx)
+    session = await new_session_with_lane(store, ctx)
     with contextlib.suppress(HarnessError):
         assert await session.get(value_address("test.ns", "k\ud800"), ctx) is None
 
@@ -444,7 +436,7 @@ async def test_reading_a_key_with_a_lone_surrogate_is_a_typed_error(store: Store
 
 
 async def test_cancelling_queued_tasks_keeps_fifo_and_the_line_usable(store: Store, ctx: Context) -> None:
-    session = await new_session(store, ctx)
+    session = await new_session_with_lane(store, ctx)
     gate = asyncio.Event()
     ran: list[object] = []
 
@@ -486,7 +478,7 @@ async def test_on_committed_raising_keeps_the_commit_and_frees_the_line(store: S
 
 async def test_context_cancelled_mid_commit_leaves_the_commit_whole(store: Store, ctx: Context) -> None:
     """A Context cancelled after the job staged its writes does not split the commit."""
-    session = await new_session(store, ctx)
+    session = await new_session_with_lane(store, ctx)
     job_ctx = Context()
 
     async def job(m: SessionMutator) -> list[str]:
@@ -508,7 +500,7 @@ async def test_context_cancelled_mid_commit_leaves_the_commit_whole(store: Store
 
 @pytest.mark.parametrize("bad", ["dup", "self", "later", "usage-dup", "surrogate", "nul", "empty-key"])
 async def test_bad_writes_inside_one_commit_are_refused_whole(store: Store, ctx: Context, bad: str) -> None:
-    session = await new_session(store, ctx)
+    session = await new_session_with_lane(store, ctx)
 
     async def job(m: SessionMutator) -> None:
         m.set(addresses.session_name(), "should not land")
@@ -538,8 +530,8 @@ async def test_bad_writes_inside_one_commit_are_refused_whole(store: Store, ctx:
 
 
 async def test_a_parent_in_another_session_is_refused(store: Store, ctx: Context) -> None:
-    first = await new_session(store, ctx)
-    second = await new_session(store, ctx)
+    first = await new_session_with_lane(store, ctx)
+    second = await new_session_with_lane(store, ctx)
     [foreign] = await append_chain(first, ["a"], ctx)
 
     async def job(m: SessionMutator) -> None:
@@ -550,7 +542,7 @@ async def test_a_parent_in_another_session_is_refused(store: Store, ctx: Context
 
 
 async def test_prefix_scan_is_literal_for_underscore_and_unicode(store: Store, ctx: Context) -> None:
-    session = await new_session(store, ctx)
+    session = await new_session_with_lane(store, ctx)
     keys = ["a_b", "axb", "a_", "é:1", "é:2", "e:1", "😀:1", "😀x"]
 
     async def job(m: SessionMutator) -> None:
@@ -564,7 +556,7 @@ async def test_prefix_scan_is_literal_for_underscore_and_unicode(store: Store, c
 
 
 async def test_huge_integers_round_trip(store: Store, ctx: Context) -> None:
-    session = await new_session(store, ctx)
+    session = await new_session_with_lane(store, ctx)
     values = [2**70, -(2**64), 12345678901234567890123, 1e308]
     await session.mutate(lambda m: _set_at(m, value_address("test.big"), values), ctx)
     assert await session.get(value_address("test.big"), ctx) == values
@@ -574,7 +566,7 @@ async def test_two_sqlite_stores_racing_attach_have_one_winner(tmp_path: Path, c
     url = sqlite_url(tmp_path)
     stores = [await connect(url, ctx) for _ in range(5)]
     try:
-        session = await new_session(stores[0], ctx)
+        session = await new_session_with_lane(stores[0], ctx)
         views = [await s.open_session(session.id, ctx) for s in stores]
         results = await asyncio.gather(*(v.attach(f"o{i}", ctx) for i, v in enumerate(views)),
                                        return_exceptions=True)
@@ -625,7 +617,7 @@ async def test_concurrent_processes_keep_each_commit_contiguous(tmp_path: Path, 
     url = sqlite_url(tmp_path)
     store = await connect(url, ctx)
     try:
-        session = await new_session(store, ctx)
+        session = await new_session_with_lane(store, ctx)
         script = tmp_path / "appender.py"
         script.write_text(APPENDER)
         env = {**os.environ, "PYTHONPATH": str(TESTS)}

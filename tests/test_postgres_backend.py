@@ -7,16 +7,13 @@ Runs only with HARNESS_TEST_POSTGRES_URL set; each test gets a private schema (`
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 
 import psycopg
 import pytest
 
 from conftest import POSTGRES_URL
 from harness.context import Context
-from harness.messages import ModelIdentity
 from harness.session import (
-    LaneConfig,
     Session,
     SessionMutator,
     SessionOwned,
@@ -28,29 +25,20 @@ from harness.session import (
 from harness.session.backend import InsertEntry, SetValue
 from harness.session.errors import InvalidWrite, OwnershipLost
 from harness.session.postgres import PostgresBackend, PostgresClaim
-from journal_helpers import append_chain, text_of, user
+from journal_helpers import append_chain, new_session_with_lane, text_of, user
 
 pytestmark = pytest.mark.postgres
 
 
 @pytest.fixture
-async def store(postgres_schema_url: str, ctx: Context) -> AsyncIterator[Store]:
-    opened = await connect(postgres_schema_url, ctx)
-    try:
-        yield opened
-    finally:
-        await opened.close()
+def store_url(postgres_schema_url: str) -> str:
+    """These tests run on PostgreSQL only (conftest's `store` otherwise runs on every backend)."""
+    return postgres_schema_url
 
 
 def backend_of(store: Store) -> PostgresBackend:
     assert isinstance(store.backend, PostgresBackend)
     return store.backend
-
-
-async def new_session_with_lane(store: Store, ctx: Context) -> Session:
-    session = await store.create_session(ctx)
-    await session.create_lane("main", LaneConfig(model=ModelIdentity(provider="p", model_id="m")), ctx)
-    return session
 
 
 async def branch_texts(session: Session, ctx: Context) -> list[str]:

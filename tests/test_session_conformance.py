@@ -21,13 +21,12 @@ import pytest
 from conftest import backend_url
 from harness.context import Context
 from harness.errors import ContextNotStorable
-from harness.messages import ModelIdentity, Usage
+from harness.messages import Usage
 from harness.session import (
     CustomPayload,
     DataMigration,
     Entry,
     InvalidWrite,
-    LaneConfig,
     LaneExists,
     LaneState,
     PendingCustom,
@@ -41,16 +40,9 @@ from harness.session import (
     value_address,
 )
 from harness.session.memory import MemoryBackend
-from journal_helpers import append_chain, text_of, user
+from journal_helpers import CONFIG, append_chain, new_session_with_lane, text_of, user
 
 TESTS = Path(__file__).resolve().parent
-CONFIG = LaneConfig(model=ModelIdentity(provider="p", model_id="m"))
-
-
-async def new_session_with_lane(store: Store, ctx: Context) -> Any:
-    session = await store.create_session(ctx)
-    await session.create_lane("main", CONFIG, ctx)
-    return session
 
 
 async def branch_texts(session: Any, tip: str, ctx: Context) -> list[str]:
