@@ -12,8 +12,9 @@ import fcntl
 import hashlib
 import os
 import sqlite3
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, TypeVar
@@ -166,8 +167,7 @@ class SqliteBackend:
 
     async def create_session(self, info: SessionInfo, context: Context, writes: Sequence[Write] = ()) -> None:
         def run(db: sqlite3.Connection) -> None:
-            db.execute("BEGIN IMMEDIATE")
-            try:
+            with _transaction(db):
                 try:
                     db.execute(
                         "INSERT INTO sessions (id, created_at, parent_session_id, forked_from_entry_id, next_seq) "
@@ -182,10 +182,6 @@ class SqliteBackend:
                     _apply(db, info.id, write, seq, timestamp)
                 if self._commit_barrier is not None:
                     self._commit_barrier()
-                db.execute("COMMIT")
-            except BaseException:
-                db.execute("ROLLBACK")
-                raise
 
         await self._call(run)
 
@@ -299,8 +295,7 @@ class SqliteBackend:
     def _commit(
         self, db: sqlite3.Connection, session_id: str, writes: Sequence[Write], claim: Claim | None
     ) -> CommitResult:
-        db.execute("BEGIN IMMEDIATE")
-        try:
+        with _transaction(db):
             row = db.execute("SELECT next_seq, owner_epoch FROM sessions WHERE id = ?", (session_id,)).fetchone()
             if row is None:
                 raise SessionNotFound(f"no session {session_id}", session_id=session_id)
@@ -313,10 +308,6 @@ class SqliteBackend:
             db.execute("UPDATE sessions SET next_seq = ? WHERE id = ?", (first + len(writes), session_id))
             if self._commit_barrier is not None:
                 self._commit_barrier()
-            db.execute("COMMIT")
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
         return CommitResult(tuple(range(first, first + len(writes))), timestamp)
 
     def _lock_path(self, session_id: str) -> Path:
@@ -344,18 +335,13 @@ class SqliteBackend:
         def run(db: sqlite3.Connection) -> SqliteClaim:
             fd = self._lock(session_id, fcntl.LOCK_EX)
             try:
-                db.execute("BEGIN IMMEDIATE")
-                try:
+                with _transaction(db):
                     row = db.execute(
                         "UPDATE sessions SET owner_epoch = owner_epoch + 1 WHERE id = ? RETURNING owner_epoch",
                         (session_id,),
                     ).fetchone()
                     if row is None:
                         raise SessionNotFound(f"no session {session_id}", session_id=session_id)
-                    db.execute("COMMIT")
-                except BaseException:
-                    db.execute("ROLLBACK")
-                    raise
             except BaseException:
                 os.close(fd)
                 raise
@@ -377,10 +363,8 @@ class SqliteBackend:
 
     async def run_data_migration(self, migration: DataMigration, context: Context) -> bool:
         def run(db: sqlite3.Connection) -> bool:
-            db.execute("BEGIN IMMEDIATE")
-            try:
+            with _transaction(db):
                 if db.execute("SELECT 1 FROM data_migrations WHERE name = ?", (migration.name,)).fetchone():
-                    db.execute("ROLLBACK")
                     return False
                 changed = []
                 for session_id, entry_id, payload in db.execute("SELECT session_id, id, payload FROM entries"):
@@ -390,10 +374,6 @@ class SqliteBackend:
                 db.executemany("UPDATE entries SET payload = ? WHERE session_id = ? AND id = ?", changed)
                 db.execute("INSERT INTO data_migrations (name, applied_at) VALUES (?, ?)",
                            (migration.name, now_ms()))
-                db.execute("COMMIT")
-            except BaseException:
-                db.execute("ROLLBACK")
-                raise
             return True
 
         return await self._call(run)
@@ -418,8 +398,7 @@ class SqliteBackend:
 
 
 def _migrate_schema(db: sqlite3.Connection) -> None:
-    db.execute("BEGIN IMMEDIATE")
-    try:
+    with _transaction(db):
         db.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER PRIMARY KEY, applied_at INTEGER)")
         current = db.execute("SELECT coalesce(max(version), 0) FROM schema_version").fetchone()[0]
         for version, statements in SCHEMA:
@@ -427,10 +406,19 @@ def _migrate_schema(db: sqlite3.Connection) -> None:
                 for statement in statements:
                     db.execute(statement)
                 db.execute("INSERT INTO schema_version VALUES (?, ?)", (version, now_ms()))
-        db.execute("COMMIT")
+
+
+@contextmanager
+def _transaction(db: sqlite3.Connection) -> Iterator[None]:
+    """One write transaction: BEGIN IMMEDIATE (so the seq read and the writes cannot interleave
+    with another writer's), COMMIT on leaving, ROLLBACK on any exception."""
+    db.execute("BEGIN IMMEDIATE")
+    try:
+        yield
     except BaseException:
         db.execute("ROLLBACK")
         raise
+    db.execute("COMMIT")
 
 
 def _check_new_id(db: sqlite3.Connection, session_id: str, new_id: str) -> None:
