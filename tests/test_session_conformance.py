@@ -26,6 +26,7 @@ from harness.session import (
     CustomPayload,
     DataMigration,
     Entry,
+    InboxItem,
     InvalidWrite,
     LaneExists,
     LaneState,
@@ -459,7 +460,7 @@ async def test_fork_holds_the_branch_to_the_entry_and_nothing_operational(store:
 
     async def operational(m: SessionMutator) -> None:
         m.set(addresses.pending_entry("p1"), PendingCustom(custom_type="x"))
-        m.set(addresses.lane_state("main"), LaneState(current_operation_id="op1", pending_next_run=["p1"]))
+        m.set(addresses.lane_state("main"), LaneState(current_operation_id="op1", inbox=[InboxItem(entry_id="p1", kind="next_run")]))
         m.set(addresses.entry_label(ids[1]), "checkpoint")
         m.set(addresses.entry_label(ids[3]), "not copied")
 

@@ -97,12 +97,18 @@ class ImageContent(_Record):
 
 
 class ToolCall(_Record):
-    """A model's request to run tool `name` with JSON `arguments`; `id` pairs it with its result."""
+    """A model's request to run tool `name` with JSON `arguments`; `id` pairs it with its result.
+
+    `raw_arguments` is set only when the model's argument text was not a JSON object: it keeps that
+    text verbatim, `arguments` is then `{}`, and the call is answered with a tool error, never run
+    and never sent back to a provider malformed.
+    """
 
     type: Literal["tool_call"] = "tool_call"
     id: CleanStr
     name: CleanStr
     arguments: CleanJsonObject
+    raw_arguments: CleanStr | None = None
 
 
 UserContent: TypeAlias = Annotated[TextContent | ImageContent, Field(discriminator="type")]
@@ -110,7 +116,8 @@ AssistantContent: TypeAlias = Annotated[
     TextContent | ThinkingContent | ToolCall, Field(discriminator="type")
 ]
 
-StopReason: TypeAlias = Literal["stop", "length", "tool_use", "error", "aborted"]
+# `deferred`: the provider accepted the request and will answer later under `deferred_id` (HA-27).
+StopReason: TypeAlias = Literal["stop", "length", "tool_use", "error", "aborted", "deferred"]
 
 
 class Cost(_Record):
@@ -153,6 +160,7 @@ class AssistantMessage(_Record):
     stop_reason: StopReason
     error_message: CleanStr | None = None
     response_id: CleanStr | None = None
+    deferred_id: CleanStr | None = None
     timestamp: int = Field(default_factory=now_ms)
 
     @property

@@ -12,7 +12,7 @@ from typing import Any, Generic, TypeVar
 
 from pydantic import JsonValue, TypeAdapter
 
-from harness.messages import AssistantMessage, CleanJson, CleanJsonObject, CleanStr
+from harness.messages import CleanJson, CleanJsonObject, CleanStr
 from harness.session.records import (
     LaneConfig,
     LaneLastResult,
@@ -124,10 +124,12 @@ def tool_checkpoint(operation_id: str, invocation_id: str) -> ValueAddress[JsonV
     return ValueAddress("harness.pending.tool_output", f"{operation_id}:{invocation_id}", _adapter(CleanJson))
 
 
-def assistant_frames(operation_id: str, response_entry_id: str) -> ListAddress[AssistantMessage]:
-    """Persisted pages of a streaming assistant reply, so a restart shows what was seen."""
+def assistant_frames(operation_id: str, response_entry_id: str) -> ListAddress[dict[str, JsonValue]]:
+    """Persisted pages of a streaming assistant reply, so a restart shows what was seen. Each page
+    is `{"frames": [...]}`, stream frames in the JSON of `harness.providers.StreamFrame`; the
+    runtime owns their meaning (this layer does not import providers)."""
     return ListAddress("harness.pending.assistant_frame", f"{operation_id}:{response_entry_id}",
-                       _adapter(AssistantMessage))
+                       _adapter(CleanJsonObject))
 
 
 def session_name() -> ValueAddress[str]:

@@ -25,11 +25,27 @@ class LaneConfig(_Record):
     active_tools: list[CleanStr] = []
 
 
+InboxKind: TypeAlias = Literal["steer", "follow_up", "next_run", "write"]
+AbortCause: TypeAlias = Literal["user", "user_during_tool", "step_ceiling", "parent", "deleted", "probe"]
+
+
+class InboxItem(_Record):
+    """One pending entry waiting on a lane: `steer` (next boundary of the run), `follow_up` (when
+    the run would otherwise end), `next_run` (the next accepted run) or `write` (an append made while
+    an operation was open, placed at the next safe point). Its payload is at `pending_entry(entry_id)`."""
+
+    entry_id: str
+    kind: InboxKind
+
+
 class LaneState(_Record):
-    """A lane's current operation (None when idle) and the ids of its pending next-run entries."""
+    """A lane's current operation (None when idle) and its inbox, in arrival order."""
 
     current_operation_id: str | None = None
-    pending_next_run: list[str] = []
+    inbox: list[InboxItem] = []
+
+    def ids_of(self, kind: InboxKind) -> list[str]:
+        return [item.entry_id for item in self.inbox if item.kind == kind]
 
 
 class OperationErrorRecord(_Record):
@@ -86,15 +102,226 @@ class OperationMeta(_Record):
     intent: OperationIntent
 
 
-class RunStarting(_Record):
-    """Accepted and nothing done yet; payload-free (HA-19)."""
+class Running(_Record):
+    """No abort has been requested."""
 
-    kind: Literal["run"] = "run"
+    status: Literal["running"] = "running"
+
+
+class CancelRequested(_Record):
+    """A durable abort request (HA-5) with its cause (CE-7). The steer and follow-up entries it
+    drained from the lane stay stored under these ids until the operation settles."""
+
+    status: Literal["cancel_requested"] = "cancel_requested"
+    cause: AbortCause
+    requested_at: int
+    drained_steer: list[str] = []
+    drained_follow_up: list[str] = []
+
+
+Control: TypeAlias = Annotated[Running | CancelRequested, Field(discriminator="status")]
+
+
+class _Phase(_Record):
+    """Every phase carries the operation's control; a transition replaces the whole state."""
+
+    control: Control = Running()
+
+
+class GenerationContext(_Record):
+    """What a step captured when it was planned: the lane configuration (model and tools are
+    resolved only when the step executes, HA-23) and the retry policy."""
+
+    step_id: str
+    trigger_entry_id: str | None
+    config: LaneConfig
+    max_attempts: int = 1
+    base_delay_ms: int = 0
+    overflow_recovery_used: bool = False
+
+
+class NeedAssistant(_Record):
+    kind: Literal["need_assistant"] = "need_assistant"
+    overflow_recovery_used: bool = False
+
+
+class MayFinish(_Record):
+    kind: Literal["may_finish"] = "may_finish"
+    include_final_assistant: bool = False
+
+
+Continuation: TypeAlias = Annotated[NeedAssistant | MayFinish, Field(discriminator="kind")]
+
+
+class RunStarting(_Phase):
+    """Accepted and nothing done yet; payload-free apart from control (HA-19)."""
+
     phase: Literal["starting"] = "starting"
 
 
-# The drive issue adds the later phases of a run and the compaction and navigation states.
-OperationState: TypeAlias = Annotated[RunStarting, Field(discriminator="phase")]
+class RunCheckpoint(_Phase):
+    """Between steps: place queued input, then ask the model again or finish."""
+
+    phase: Literal["checkpoint"] = "checkpoint"
+    continuation: Continuation
+    trigger_entry_id: str | None
+
+
+class AssistantReady(_Phase):
+    phase: Literal["assistant_ready"] = "assistant_ready"
+    generation: GenerationContext
+    next_attempt: int = 1
+
+
+class AssistantEffectPending(_Phase):
+    """A provider request is about to be or has been sent; the reply and its usage row will be
+    written under these reserved ids, and its frames are kept under the response id."""
+
+    phase: Literal["assistant_effect_pending"] = "assistant_effect_pending"
+    generation: GenerationContext
+    attempt: int
+    response_entry_id: str
+    usage_id: str
+
+
+class AssistantRetryWait(_Phase):
+    """A transient provider failure; `not_before` is epoch milliseconds."""
+
+    phase: Literal["assistant_retry_wait"] = "assistant_retry_wait"
+    generation: GenerationContext
+    next_attempt: int
+    not_before: int
+    error_message: CleanStr
+
+
+ToolCallStatus: TypeAlias = Literal["planned", "effect_pending", "outcome_ready", "completed"]
+
+
+class ToolCallState(_Record):
+    """One call of a batch. `source_index` is its index in the assistant message's full content
+    list (HA-11); its result is written under `result_entry_id` (staged at `pending_entry` when
+    `outcome_ready`)."""
+
+    source_index: int
+    result_entry_id: str
+    status: ToolCallStatus = "planned"
+    replay: Literal["never", "safe"] | None = None
+    terminate: bool = False
+
+
+class ToolBatch(_Record):
+    """The calls of one assistant reply; args are at `tool_args(op, turn_id, source_index)`."""
+
+    assistant_entry_id: str
+    turn_id: str
+    config: LaneConfig
+    calls: list[ToolCallState]
+
+
+class RunTools(_Phase):
+    phase: Literal["tools"] = "tools"
+    batch: ToolBatch
+
+
+class DeferredSuspended(_Phase):
+    """The provider will answer later; the handle is in the assistant entry `source_entry_id`."""
+
+    phase: Literal["deferred_suspended"] = "deferred_suspended"
+    generation: GenerationContext
+    source_entry_id: str
+    poll: int = 0
+
+
+class DeferredEffectPending(_Phase):
+    phase: Literal["deferred_effect_pending"] = "deferred_effect_pending"
+    generation: GenerationContext
+    source_entry_id: str
+    poll: int
+    response_entry_id: str
+    usage_id: str
+
+
+class SummaryTask(_Record):
+    """A compaction or branch summary to produce; `resume_after` is where a run continues (None:
+    the operation ends with it)."""
+
+    task_id: str
+    reason: Literal["manual", "threshold", "overflow", "navigation"]
+    custom_instructions: CleanStr | None = None
+    resume_after: RunCheckpoint | None = None
+
+
+class SummaryPending(_Phase):
+    """A summary request is planned (`attempt` 0) or in flight under the reserved `usage_id`."""
+
+    phase: Literal["summary_pending"] = "summary_pending"
+    task: SummaryTask
+    config: LaneConfig
+    result_entry_id: str
+    attempt: int = 0
+    max_attempts: int = 1
+    usage_id: str | None = None
+
+
+class SummaryRetryWait(_Phase):
+    phase: Literal["summary_retry_wait"] = "summary_retry_wait"
+    task: SummaryTask
+    config: LaneConfig
+    result_entry_id: str
+    next_attempt: int
+    max_attempts: int
+    not_before: int
+    error_message: CleanStr
+
+
+class NavigationReady(_Phase):
+    """Move the tip to `target_id` (with the summary entry, if any, already written)."""
+
+    phase: Literal["navigation_ready"] = "navigation_ready"
+    target_id: str | None
+    label: CleanStr | None = None
+
+
+class FailureProvenance(_Record):
+    """Where a run-level failure came from (HA-26)."""
+
+    kind: Literal["provider", "tool", "configuration", "storage"]
+
+
+class FailureDrain(_Phase):
+    """The operation failed; queues are drained before it settles as failed."""
+
+    phase: Literal["failure_drain"] = "failure_drain"
+    error: OperationErrorRecord
+    provenance: FailureProvenance
+
+
+OperationState: TypeAlias = Annotated[
+    RunStarting
+    | RunCheckpoint
+    | AssistantReady
+    | AssistantEffectPending
+    | AssistantRetryWait
+    | RunTools
+    | DeferredSuspended
+    | DeferredEffectPending
+    | SummaryPending
+    | SummaryRetryWait
+    | NavigationReady
+    | FailureDrain,
+    Field(discriminator="phase"),
+]
+
+# Which phases each operation kind may be in (HA-2: intent and state kinds must agree).
+PHASES_OF_KIND: dict[str, frozenset[str]] = {
+    "run": frozenset({
+        "starting", "checkpoint", "assistant_ready", "assistant_effect_pending", "assistant_retry_wait",
+        "tools", "deferred_suspended", "deferred_effect_pending", "summary_pending", "summary_retry_wait",
+        "failure_drain",
+    }),
+    "compaction": frozenset({"summary_pending", "summary_retry_wait", "failure_drain"}),
+    "navigation": frozenset({"summary_pending", "summary_retry_wait", "navigation_ready", "failure_drain"}),
+}
 
 
 class PendingMessage(_Record):

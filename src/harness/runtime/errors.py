@@ -1,0 +1,63 @@
+"""Errors of the harness layer, each with a stable code; nothing was written when one is raised
+before a commit."""
+
+from __future__ import annotations
+
+from harness.errors import HarnessError
+
+
+class LaneBusy(HarnessError):
+    """The lane already has a current operation; nothing was written (HA-18)."""
+
+    code = "lane_busy"
+
+
+class InvalidMessage(HarnessError, ValueError):
+    """The request's messages cannot start a run (empty, or an assistant message); nothing was
+    written (HA-17)."""
+
+    code = "invalid_message"
+
+
+class UnknownSkill(HarnessError):
+    code = "unknown_skill"
+
+
+class UnknownTemplate(HarnessError):
+    code = "unknown_template"
+
+
+class UnknownLaneName(HarnessError):
+    """No lane of that name exists in this session."""
+
+    code = "unknown_lane"
+
+
+class NoActiveOperation(HarnessError):
+    """The call needs an open operation on the lane and there is none; nothing was written."""
+
+    code = "no_active_operation"
+
+
+class OperationIdTaken(HarnessError):
+    """A supplied operation or entry id is already used in this session; nothing was written."""
+
+    code = "id_taken"
+
+
+class HarnessClosed(HarnessError):
+    """The harness was closed; the call was refused before it changed anything."""
+
+    code = "harness_closed"
+
+
+class HarnessFault(HarnessError):
+    """The harness stopped after finding state it cannot trust; close it and attach again."""
+
+    code = "harness_fault"
+
+
+class RebaseRequired(HarnessError):
+    """The lane moved to another branch (navigation): fold no further, take a new watch snapshot."""
+
+    code = "rebase_required"

@@ -1,0 +1,481 @@
+"""A lane of an attached session: acceptance, queues, appends, abort requests, configuration,
+inspection and watch. Every method is one job on the session line; a committing job publishes the
+projection and emits its events in the commit continuation (HA-12)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Generic, TypeVar
+
+from pydantic import JsonValue
+
+from harness.context import Context
+from harness.messages import CustomMessage, Message, ModelIdentity, now_ms
+from harness.runtime.bus import Watcher
+from harness.runtime.errors import InvalidMessage, LaneBusy, NoActiveOperation, OperationIdTaken
+from harness.runtime.events import (
+    ConfigUpdate,
+    EntryAdded,
+    EventDelivery,
+    HarnessEvent,
+    MessageEnd,
+    MessageStart,
+    OperationAbort,
+    QueueUpdate,
+    RunStart,
+)
+from harness.runtime.requests import RunRequest, check_input_message, normalize_request
+from harness.runtime.snapshot import LanePresentation, LaneView, capture_snapshot, queued_item, queues_of
+from harness.runtime.types import CurrentOperationInfo, LaneExecutionInfo, LaneInfo, LaneSnapshot, OperationStatus
+from harness.session import (
+    AbortCause,
+    CancelRequested,
+    CommitResult,
+    CustomMessagePayload,
+    CustomPayload,
+    Entry,
+    EntryPayload,
+    InboxItem,
+    InboxKind,
+    LaneConfig,
+    LaneLastResult,
+    LaneState,
+    MessagePayload,
+    OperationMeta,
+    OperationState,
+    PendingCustom,
+    PendingEntry,
+    PendingMessage,
+    RunStarting,
+    SessionMutator,
+    StorageCorruption,
+    addresses,
+    new_id,
+)
+from harness.session.records import RunIntent, ThinkingLevel
+
+if TYPE_CHECKING:
+    from harness.runtime.harness import AgentHarness
+
+R = TypeVar("R")
+
+AfterCommit = Callable[[CommitResult | None], Sequence[HarnessEvent]]
+"""Runs in the commit continuation, without yielding: publish the projection, return the events."""
+
+
+@dataclass(frozen=True)
+class AcceptedRun:
+    """An accepted run: durable, in phase `starting`, not yet executing (HA-19)."""
+
+    operation_id: str
+    started_at: int
+    entry_ids: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class AbortRequest:
+    """The outcome of `request_abort`: `newly_requested` is False when an abort was already
+    recorded; `steer` and `follow_up` are the items this request drained from the lane."""
+
+    operation_id: str
+    newly_requested: bool
+    steer: tuple[str, ...]
+    follow_up: tuple[str, ...]
+
+
+class LaneWatch:
+    """A watch of one lane: `snapshot`, then every event committed after it, each with the Context
+    of the call that emitted it (HA-7, HA-13). Iterate with `async for`; `close()` stops it. Harness
+    close ends iteration; a harness fault raises `HarnessFault` after the buffered events."""
+
+    def __init__(self, snapshot: LaneSnapshot, watcher: Watcher, close: Callable[[Watcher], None]) -> None:
+        self.snapshot = snapshot
+        self._watcher = watcher
+        self._close = close
+
+    def __aiter__(self) -> AsyncIterator[EventDelivery]:
+        return self._watcher.deliveries()
+
+    def buffered(self) -> list[EventDelivery]:
+        """Take the deliveries already buffered, without waiting for more."""
+        return self._watcher.take_buffered()
+
+    def close(self) -> None:
+        """Stop watching; buffered deliveries are dropped and iteration ends."""
+        self._close(self._watcher)
+
+
+@dataclass
+class Decision(Generic[R]):
+    """What a lane job decided: the call's return value and its commit continuation."""
+
+    value: R
+    after: AfterCommit
+
+
+class Lane:
+    """One lane's projection (tip, configuration, state, current operation) and its operations.
+
+    Obtain it from `AgentHarness.lane(name)`; it is valid while the harness is open."""
+
+    def __init__(
+        self,
+        harness: AgentHarness,
+        name: str,
+        *,
+        tip_id: str | None,
+        config: LaneConfig,
+        state: LaneState,
+        last_result: LaneLastResult | None,
+        meta: OperationMeta | None,
+        operation_state: OperationState | None,
+    ) -> None:
+        self._harness = harness
+        self.name = name
+        self._tip_id = tip_id
+        self._config = config
+        self._state = state
+        self._last_result = last_result
+        self._meta = meta
+        self._operation_state = operation_state
+        self._presentation = LanePresentation()
+        # Payloads of queued entries this process has read or written; the harness owns the
+        # session, so nothing else can change them (HA-4). Never filled at attachment (HA-3).
+        self._pending: dict[str, PendingEntry] = {}
+
+    # -- projection ---------------------------------------------------------------------------
+
+    @property
+    def tip_id(self) -> str | None:
+        return self._tip_id
+
+    @property
+    def config(self) -> LaneConfig:
+        """The lane's configured model, thinking level and active tools."""
+        return self._config
+
+    def _status(self) -> OperationStatus | None:
+        if self._operation_state is None:
+            return None
+        return "aborting" if isinstance(self._operation_state.control, CancelRequested) else "open"
+
+    def _current(self) -> CurrentOperationInfo | None:
+        meta, state, status = self._meta, self._operation_state, self._status()
+        if meta is None or state is None or status is None:
+            return None
+        return CurrentOperationInfo(id=meta.operation_id, kind=meta.intent.kind, started_at=meta.started_at,
+                                    status=status, captured_model=captured_model(state))
+
+    def info(self) -> LaneInfo:
+        return LaneInfo(name=self.name, tip_id=self._tip_id, operation=self._current())
+
+    def _view(self) -> LaneView:
+        return LaneView(self.name, self._tip_id, self._state, self._last_result, self._meta,
+                        self._operation_state, self._status())
+
+    # -- the command path ---------------------------------------------------------------------
+
+    async def _command(self, plan: Callable[[SessionMutator], Awaitable[Decision[R]]], context: Context) -> R:
+        return await self._harness._command(plan, context)
+
+    async def _load_pending(self, m: SessionMutator, ids: Sequence[str], context: Context) -> None:
+        for entry_id in ids:
+            if entry_id not in self._pending:
+                value = await m.get(addresses.pending_entry(entry_id), context)
+                if value is None:
+                    raise StorageCorruption(f"queued entry {entry_id} has no stored payload", entry_id=entry_id)
+                self._pending[entry_id] = value
+
+    def _queue_update(self) -> QueueUpdate:
+        queues, writes = queues_of(self._state.inbox, self._pending)
+        return QueueUpdate(lane=self.name, queues=queues, pending_writes=writes)
+
+    def _placed(self, ids: Sequence[str], payloads: Sequence[EntryPayload], parent: str | None,
+                result: CommitResult | None) -> list[HarnessEvent]:
+        """`message_start`, `message_end`, `entry_added` per placed entry; ids are the first writes."""
+        assert result is not None
+        events: list[HarnessEvent] = []
+        for i, (entry_id, payload) in enumerate(zip(ids, payloads, strict=True)):
+            entry = Entry(id=entry_id, parent_id=parent, seq=result.seqs[i], timestamp=result.timestamp,
+                          payload=payload)
+            if isinstance(payload, MessagePayload | CustomMessagePayload):
+                events += [MessageStart(lane=self.name, message=payload.message),
+                           MessageEnd(lane=self.name, message=payload.message, entry_id=entry_id)]
+            events.append(EntryAdded(lane=self.name, entry=entry))
+            parent = entry_id
+        return events
+
+    # -- acceptance (HA-16 to HA-21) ------------------------------------------------------------
+
+    async def accept(self, request: RunRequest, context: Context) -> AcceptedRun:
+        """Accept a run atomically into phase `starting`; starts nothing (HA-16 to HA-21).
+
+        Captured next-run entries are placed first, then the request's messages. Raises `LaneBusy`
+        if an operation is open, `InvalidMessage` if nothing would be placed or the input is not
+        user/custom messages, `UnknownSkill`/`UnknownTemplate`, `OperationIdTaken` for a supplied id
+        already in use; on any error nothing was written."""
+        normalized = normalize_request(request, self._harness._skills, self._harness._templates)
+
+        async def plan(m: SessionMutator) -> Decision[AcceptedRun]:
+            if self._state.current_operation_id is not None:
+                raise LaneBusy(f"lane {self.name} is running operation {self._state.current_operation_id}",
+                               lane=self.name, operation_id=self._state.current_operation_id)
+            captured = self._state.ids_of("next_run")
+            await self._load_pending(m, captured, context)
+            queued = [queued_item(i, self._pending[i]).message for i in captured]
+            messages = [*queued, *normalized.messages]
+            if not messages:
+                raise InvalidMessage("nothing to run: the prompt is empty and no next-run input is queued")
+            operation_id = normalized.operation_id or new_id()
+            request_ids = list(normalized.entry_ids or [new_id() for _ in normalized.messages])
+            await self._check_unused(m, operation_id, request_ids, context)
+            ids = [*captured, *request_ids]
+            payloads = [payload_of(message) for message in messages]
+            parent = self._tip_id
+            for entry_id, payload in zip(ids, payloads, strict=True):
+                parent = m.insert_entry(payload, parent_id=parent, entry_id=entry_id)
+            for entry_id in captured:
+                m.delete(addresses.pending_entry(entry_id))
+            started_at = now_ms()
+            meta = OperationMeta(operation_id=operation_id, lane=self.name, source_tip_id=self._tip_id,
+                                 started_at=started_at, intent=RunIntent(prompt_entry_ids=request_ids))
+            state = LaneState(current_operation_id=operation_id,
+                              inbox=[item for item in self._state.inbox if item.kind != "next_run"])
+            m.set(addresses.branch_tip(self.name), parent)
+            m.set(addresses.operation_meta(operation_id), meta)
+            m.set(addresses.operation_state(operation_id), RunStarting())
+            m.set(addresses.lane_state(self.name), state)
+            source_tip = self._tip_id
+
+            def after(result: CommitResult | None) -> list[HarnessEvent]:
+                self._tip_id, self._state, self._meta = parent, state, meta
+                self._operation_state = RunStarting()
+                events: list[HarnessEvent] = [RunStart(lane=self.name, operation_id=operation_id, kind="run",
+                                                       started_at=started_at)]
+                events += self._placed(ids, payloads, source_tip, result)
+                for entry_id in captured:
+                    del self._pending[entry_id]
+                if captured:
+                    events.append(self._queue_update())
+                return events
+
+            return Decision(AcceptedRun(operation_id, started_at, tuple(request_ids)), after)
+
+        return await self._command(plan, context)
+
+    async def _check_unused(self, m: SessionMutator, operation_id: str, entry_ids: Sequence[str],
+                            context: Context) -> None:
+        if (await m.get_record(addresses.operation_meta(operation_id), context) is not None
+                or (self._last_result is not None and self._last_result.operation_id == operation_id)):
+            raise OperationIdTaken(f"operation id {operation_id} is already used", operation_id=operation_id)
+        taken = await m.entries(entry_ids, context)
+        if taken:
+            used: list[JsonValue] = sorted(taken)
+            raise OperationIdTaken(f"entry ids already used: {', '.join(sorted(taken))}", entry_ids=used)
+
+    # -- appends and queues ---------------------------------------------------------------------
+
+    async def append_message(self, message: Message, context: Context) -> str:
+        """Append `message` to the lane and return its entry id. Idle, it is placed at once;
+        while an operation is open it becomes a pending write, placed at the next safe point and
+        shown in the snapshot's pending writes (CE-4)."""
+        return await self._append(PendingMessage(message=message), context)
+
+    async def append_custom(self, custom_type: str, data: JsonValue, context: Context) -> str:
+        """Append application state the model never reads; same placement rules as `append_message`."""
+        return await self._append(PendingCustom(custom_type=custom_type, data=data), context)
+
+    async def _append(self, pending: PendingEntry, context: Context) -> str:
+        entry_id = new_id()
+
+        async def plan(m: SessionMutator) -> Decision[str]:
+            if self._state.current_operation_id is not None:
+                return self._enqueue(m, entry_id, "write", pending)
+            payload = payload_of(pending.message) if isinstance(pending, PendingMessage) else entry_payload(pending)
+            parent = self._tip_id
+            m.insert_entry(payload, parent_id=parent, entry_id=entry_id)
+            m.set(addresses.branch_tip(self.name), entry_id)
+
+            def after(result: CommitResult | None) -> list[HarnessEvent]:
+                self._tip_id = entry_id
+                return self._placed([entry_id], [payload], parent, result)
+
+            return Decision(entry_id, after)
+
+        return await self._command(plan, context)
+
+    def _enqueue(self, m: SessionMutator, entry_id: str, kind: InboxKind, pending: PendingEntry) -> Decision[str]:
+        """Store `pending` by its pre-minted id and add it to the inbox; emits `queue_update`."""
+        state = self._state.model_copy(update={"inbox": [*self._state.inbox, InboxItem(entry_id=entry_id, kind=kind)]})
+        m.set(addresses.pending_entry(entry_id), pending)
+        m.set(addresses.lane_state(self.name), state)
+
+        def after(result: CommitResult | None) -> list[HarnessEvent]:
+            self._state = state
+            self._pending[entry_id] = pending
+            return [self._queue_update()]
+
+        return Decision(entry_id, after)
+
+    async def _queue(self, kind: InboxKind, message: Message, context: Context, *, needs_operation: bool) -> str:
+        check_input_message(message)
+        entry_id = new_id()
+
+        async def plan(m: SessionMutator) -> Decision[str]:
+            if needs_operation and self._state.current_operation_id is None:
+                raise NoActiveOperation(f"lane {self.name} has no open operation to {kind.replace('_', '-')}",
+                                        lane=self.name)
+            await self._load_pending(m, [item.entry_id for item in self._state.inbox], context)
+            return self._enqueue(m, entry_id, kind, PendingMessage(message=message))
+
+        return await self._command(plan, context)
+
+    async def steer(self, message: Message, context: Context) -> str:
+        """Queue `message` for the open run's next boundary (after the current tool batch, before
+        the next request); returns its pre-minted entry id. `NoActiveOperation` when idle."""
+        return await self._queue("steer", message, context, needs_operation=True)
+
+    async def follow_up(self, message: Message, context: Context) -> str:
+        """Queue `message` for when the open run would otherwise finish; `NoActiveOperation` when idle."""
+        return await self._queue("follow_up", message, context, needs_operation=True)
+
+    async def queue_next_run(self, message: Message, context: Context) -> str:
+        """Queue `message` for the next accepted run, which places it before its own prompt (HA-18)."""
+        return await self._queue("next_run", message, context, needs_operation=False)
+
+    # -- abort ----------------------------------------------------------------------------------
+
+    async def request_abort(self, cause: AbortCause, context: Context) -> AbortRequest:
+        """Record a durable abort request for the open operation, with its cause (HA-5, CE-7).
+
+        The lane's steer and follow-up items are drained into the request and kept stored until
+        the operation settles. A repeated request changes nothing and says so. Raises
+        `NoActiveOperation` when the lane is idle. Cancelling `context` is not an abort (HA-22)."""
+
+        async def plan(m: SessionMutator) -> Decision[AbortRequest]:
+            meta, state = self._meta, self._operation_state
+            if meta is None or state is None:
+                raise NoActiveOperation(f"lane {self.name} has no open operation to abort", lane=self.name)
+            if isinstance(state.control, CancelRequested):
+                return Decision(AbortRequest(meta.operation_id, False, (), ()), lambda _: [])
+            steer, follow_up = self._state.ids_of("steer"), self._state.ids_of("follow_up")
+            await self._load_pending(m, [*steer, *follow_up], context)
+            control = CancelRequested(cause=cause, requested_at=now_ms(), drained_steer=steer,
+                                      drained_follow_up=follow_up)
+            new_state = state.model_copy(update={"control": control})
+            lane_state = self._state.model_copy(
+                update={"inbox": [i for i in self._state.inbox if i.kind not in ("steer", "follow_up")]})
+            m.set(addresses.operation_state(meta.operation_id), new_state)
+            m.set(addresses.lane_state(self.name), lane_state)
+
+            def after(result: CommitResult | None) -> list[HarnessEvent]:
+                self._operation_state, self._state = new_state, lane_state
+                abort = OperationAbort(
+                    lane=self.name, operation_id=meta.operation_id, cause=cause,
+                    steer=tuple(queued_item(i, self._pending[i]) for i in steer),
+                    follow_up=tuple(queued_item(i, self._pending[i]) for i in follow_up),
+                )
+                return [abort, self._queue_update()]
+
+            return Decision(AbortRequest(meta.operation_id, True, tuple(steer), tuple(follow_up)), after)
+
+        return await self._command(plan, context)
+
+    # -- configuration --------------------------------------------------------------------------
+
+    async def set_model(self, model: ModelIdentity, context: Context) -> None:
+        """Configure the model for the lane's next steps; it is resolved only when one executes (HA-23)."""
+        await self._configure(self._config.model_copy(update={"model": model}), "model", context)
+
+    async def set_thinking_level(self, level: ThinkingLevel, context: Context) -> None:
+        await self._configure(self._config.model_copy(update={"thinking_level": level}), "thinking_level", context)
+
+    async def set_active_tools(self, tools: Sequence[str], context: Context) -> None:
+        """Set the names of the tools the model may call; unknown names fail the next step in-band (HA-23)."""
+        config = LaneConfig(model=self._config.model, thinking_level=self._config.thinking_level,
+                            active_tools=list(tools))
+        await self._configure(config, "active_tools", context)
+
+    async def _configure(self, config: LaneConfig, field: str, context: Context) -> None:
+        LaneConfig.model_validate(config.model_dump())  # refuse bad input before the line
+
+        async def plan(m: SessionMutator) -> Decision[None]:
+            previous = self._config
+            m.set(addresses.lane_config(self.name), config)
+
+            def after(result: CommitResult | None) -> list[HarnessEvent]:
+                self._config = config
+                return [ConfigUpdate.model_validate({
+                    "lane": self.name, "field": field,
+                    "previous": _config_value(previous, field), "value": _config_value(config, field),
+                })]
+
+            return Decision(None, after)
+
+        await self._command(plan, context)
+
+    # -- observation ----------------------------------------------------------------------------
+
+    async def inspect_execution(self, context: Context) -> LaneExecutionInfo:
+        """Observe the lane on the session line without writing or reading payloads (HA-6)."""
+
+        async def plan(m: SessionMutator) -> Decision[LaneExecutionInfo]:
+            info = LaneExecutionInfo(lane=self.name, tip_id=self._tip_id, configured_model=self._config.model,
+                                     current=self._current(), last_result=self._last_result)
+            return Decision(info, lambda _: [])
+
+        return await self._command(plan, context)
+
+    async def watch(self, context: Context) -> LaneWatch:
+        """Register a watcher and capture the lane's snapshot in one no-write job (HA-7).
+
+        Events committed after the capture reach the watch; none before it does (HA-13). Raises
+        `StorageCorruption` (and registers nothing) when a required payload is missing (HA-10)."""
+        bus = self._harness._bus
+
+        async def plan(m: SessionMutator) -> Decision[LaneWatch]:
+            # Register and clone without yielding: a batch emitted before this point is in the
+            # snapshot, one emitted after it is in the buffer (HA-13).
+            watcher = bus.add_watcher(self.name)
+            live = self._presentation.clone()
+            try:
+                snapshot = await capture_snapshot(m, self._view(), live, context)
+            except BaseException:
+                bus.remove_watcher(watcher)
+                raise
+            return Decision(LaneWatch(snapshot, watcher, bus.remove_watcher), lambda _: [])
+
+        return await self._command(plan, context)
+
+
+def captured_model(state: OperationState) -> ModelIdentity | None:
+    """The model identity the current phase captured, if it holds one (HA-6)."""
+    generation = getattr(state, "generation", None)
+    if generation is not None:
+        model: ModelIdentity = generation.config.model
+        return model
+    batch = getattr(state, "batch", None)
+    if batch is not None:
+        model = batch.config.model
+        return model
+    config = getattr(state, "config", None)
+    return config.model if isinstance(config, LaneConfig) else None
+
+
+def payload_of(message: Message) -> EntryPayload:
+    if isinstance(message, CustomMessage):
+        return CustomMessagePayload(message=message)
+    return MessagePayload(message=message)
+
+
+def entry_payload(pending: PendingCustom) -> EntryPayload:
+    return CustomPayload(custom_type=pending.custom_type, data=pending.data)
+
+
+def _config_value(config: LaneConfig, field: str) -> JsonValue:
+    if field == "model":
+        return config.model.model_dump()
+    if field == "thinking_level":
+        return config.thinking_level
+    return list(config.active_tools)

@@ -1,0 +1,151 @@
+"""Run requests and their state-independent normalization into messages (HA-17).
+
+Normalization happens before the lane job: it needs no lane state, so a bad request is refused
+without touching the session.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from harness.messages import CustomMessage, ImageContent, Message, TextContent, UserContent, UserMessage
+from harness.runtime.errors import InvalidMessage, UnknownSkill, UnknownTemplate
+
+
+@dataclass(frozen=True)
+class Skill:
+    """Instructions the person can invoke by name; `content` is given to the model verbatim."""
+
+    name: str
+    description: str
+    content: str
+
+
+@dataclass(frozen=True)
+class PromptTemplate:
+    """A reusable prompt: `$1`..`$9` are replaced by positional args, `$@` and `$ARGUMENTS` by all
+    of them joined with spaces."""
+
+    name: str
+    description: str
+    content: str
+
+
+@dataclass(frozen=True)
+class PromptRequest:
+    """Start a run from `text` and `images`, or from `messages` (one message or a list).
+
+    `operation_id` and `entry_ids` (one per resulting message) may be supplied so a caller can
+    retry an acceptance idempotently; otherwise they are minted."""
+
+    text: str = ""
+    images: Sequence[ImageContent] = ()
+    messages: Message | Sequence[Message] | None = None
+    operation_id: str | None = None
+    entry_ids: Sequence[str] | None = None
+
+
+@dataclass(frozen=True)
+class SkillRequest:
+    """Run skill `name`, with optional extra instructions after it."""
+
+    name: str
+    additional_instructions: str | None = None
+    operation_id: str | None = None
+
+
+@dataclass(frozen=True)
+class TemplateRequest:
+    """Run prompt template `name` with positional `args`."""
+
+    name: str
+    args: Sequence[str] = field(default_factory=tuple)
+    operation_id: str | None = None
+
+
+RunRequest = PromptRequest | SkillRequest | TemplateRequest
+
+
+@dataclass(frozen=True)
+class NormalizedRequest:
+    messages: tuple[Message, ...]
+    operation_id: str | None
+    entry_ids: tuple[str, ...] | None
+
+
+_PLACEHOLDER = re.compile(r"\$(ARGUMENTS|@|[1-9])")
+
+
+def expand_template(content: str, args: Sequence[str]) -> str:
+    """Replace `$1`..`$9`, `$@` and `$ARGUMENTS` in one pass (a replaced value is never re-read)."""
+
+    def replace(match: re.Match[str]) -> str:
+        key = match.group(1)
+        if key in ("@", "ARGUMENTS"):
+            return " ".join(args)
+        index = int(key) - 1
+        return args[index] if index < len(args) else ""
+
+    return _PLACEHOLDER.sub(replace, content)
+
+
+def format_skill(skill: Skill, additional_instructions: str | None) -> str:
+    text = f'<skill name="{skill.name}">\n{skill.content}\n</skill>'
+    if additional_instructions:
+        text += f"\n\n{additional_instructions}"
+    return text
+
+
+def normalize_request(
+    request: RunRequest, skills: Mapping[str, Skill], templates: Mapping[str, PromptTemplate]
+) -> NormalizedRequest:
+    """Turn a request into the messages it places (HA-17). Raises `InvalidMessage` for an assistant
+    or tool result in a prompt, mismatched `entry_ids`, or both text and messages; `UnknownSkill`
+    and `UnknownTemplate` for names not configured. An empty prompt gives no messages: acceptance
+    allows that only when queued next-run input supplies some (HA-18)."""
+    match request:
+        case SkillRequest():
+            skill = skills.get(request.name)
+            if skill is None:
+                raise UnknownSkill(f"no skill named {request.name!r}", name=request.name)
+            text = format_skill(skill, request.additional_instructions)
+            return NormalizedRequest((UserMessage(content=text),), request.operation_id, None)
+        case TemplateRequest():
+            template = templates.get(request.name)
+            if template is None:
+                raise UnknownTemplate(f"no prompt template named {request.name!r}", name=request.name)
+            text = expand_template(template.content, request.args)
+            return NormalizedRequest((UserMessage(content=text),), request.operation_id, None)
+    messages = _prompt_messages(request)
+    entry_ids = tuple(request.entry_ids) if request.entry_ids is not None else None
+    if entry_ids is not None and (len(entry_ids) != len(messages) or len(set(entry_ids)) != len(entry_ids)):
+        raise InvalidMessage(f"entry_ids must name each of the {len(messages)} messages once",
+                             entry_ids=list(entry_ids))
+    return NormalizedRequest(messages, request.operation_id, entry_ids)
+
+
+def _prompt_messages(request: PromptRequest) -> tuple[Message, ...]:
+    if request.messages is not None:
+        if request.text or request.images:
+            raise InvalidMessage("a prompt is either text and images or messages, not both")
+        supplied = (request.messages,) if not isinstance(request.messages, Sequence) else tuple(request.messages)
+        for message in supplied:
+            check_input_message(message)
+        return supplied
+    if not request.text and not request.images:
+        return ()
+    if not request.images:
+        return (UserMessage(content=request.text),)
+    content: list[UserContent] = [TextContent(text=request.text)] if request.text else []
+    content.extend(request.images)
+    return (UserMessage(content=content),)
+
+
+def check_input_message(message: Message) -> None:
+    """Input a person or program queues must be a user or custom message (HA-17): an assistant
+    reply or a tool result cannot start or steer a run."""
+    if not isinstance(message, UserMessage | CustomMessage):
+        raise InvalidMessage(f"a {message.role} message cannot be queued as input; send user or custom messages",
+                             role=message.role)

@@ -1,0 +1,46 @@
+"""Tools the model may call, as the harness holds them in its registry."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, JsonValue
+
+from harness.context import Context
+from harness.messages import UserContent
+from harness.providers import ToolSpec
+
+
+class ToolOutput(BaseModel):
+    """What a tool returns: `content` for the model, `details` for the application (never sent to a
+    provider), `is_error`, and `terminate` to end the run after this batch."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    content: list[UserContent]
+    details: JsonValue = None
+    is_error: bool = False
+    terminate: bool = False
+
+
+ProgressCallback = Callable[[JsonValue, bool], Awaitable[None]]
+"""`on_update(partial, checkpoint)`: report progress; `checkpoint=True` also persists it."""
+
+
+@dataclass(frozen=True)
+class AgentTool:
+    """A tool: its model-facing spec, how to run it, and whether running it again after a crash is
+    safe (`replay="safe"`) or must be answered with an interruption instead (`"never"`, HA-25).
+
+    `execute(tool_call_id, args, on_update, context)` runs it; the harness validates `args`
+    against `spec.parameters` first."""
+
+    spec: ToolSpec
+    execute: Callable[[str, dict[str, JsonValue], ProgressCallback, Context], Awaitable[ToolOutput]]
+    replay: Literal["never", "safe"] = "never"
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
