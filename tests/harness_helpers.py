@@ -71,7 +71,7 @@ class RecordingBackend:
 def recording(store: Store) -> tuple[Store, RecordingBackend]:
     """A second Store over the same database whose backend records reads and commits."""
     backend = RecordingBackend(store.backend)
-    return Store(backend, store.url), backend  # type: ignore[arg-type]
+    return Store(backend, store.url), backend
 
 
 async def attach(session: Session, context: Context, **options: Any) -> tuple[AgentHarness, list[OpenOperation]]:

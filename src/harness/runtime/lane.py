@@ -4,6 +4,7 @@ projection and emits its events in the commit continuation (HA-12)."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Generic, TypeVar
@@ -179,6 +180,13 @@ class Lane:
     async def _command(self, plan: Callable[[SessionMutator], Awaitable[Decision[R]]], context: Context) -> R:
         return await self._harness._command(plan, context)
 
+    def _present(self, update: Callable[[LanePresentation], None], events: Sequence[HarnessEvent],
+                 context: Context) -> asyncio.Future[None]:
+        """Publish a live presentation change and emit its events without yielding (HA-14): a
+        watch capture either cloned the presentation before (and buffers these events) or after."""
+        update(self._presentation)
+        return self._harness._bus.emit_batch(events, context)
+
     async def _load_pending(self, m: SessionMutator, ids: Sequence[str], context: Context) -> None:
         for entry_id in ids:
             if entry_id not in self._pending:
@@ -271,7 +279,7 @@ class Lane:
             raise OperationIdTaken(f"operation id {operation_id} is already used", operation_id=operation_id)
         taken = await m.entries(entry_ids, context)
         if taken:
-            used: list[JsonValue] = sorted(taken)
+            used: list[JsonValue] = [*sorted(taken)]
             raise OperationIdTaken(f"entry ids already used: {', '.join(sorted(taken))}", entry_ids=used)
 
     # -- appends and queues ---------------------------------------------------------------------
