@@ -31,5 +31,7 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 
+# Modules, not scripts: a script's folder would shadow the `harness` package.
 bench: $(STAMP)
-	$(BIN)/python bench/journal.py
+	$(BIN)/python -m bench.journal
+	$(BIN)/python -m bench.providers

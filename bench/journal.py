@@ -22,7 +22,7 @@ developer would get by writing the same rows with the bare driver at the same du
    median times should be ~1. The same holds for a five-write commit appended to each session
    (its id and parent checks must be index lookups), so that is timed too.
 
-Run: `.venv/bin/python bench/journal.py [--commits N] [--postgres URL]`. PostgreSQL defaults to
+Run: `.venv/bin/python -m bench.journal [--commits N] [--postgres URL]`. PostgreSQL defaults to
 `$HARNESS_TEST_POSTGRES_URL` or `postgresql://postgres@127.0.0.1:5432/test`; the run creates private
 schemas `harness_bench_<hex>` (harness) and `harness_bench_<hex>_bare` (baseline) and drops them.
 If the server is unreachable, or the harness has no PostgreSQL backend yet, only SQLite runs.
@@ -47,6 +47,7 @@ from typing import Any
 from urllib.parse import quote
 
 import psycopg
+from pydantic import JsonValue
 
 from harness.context import Context
 from harness.messages import AssistantMessage, Cost, TextContent, Usage, UserMessage
@@ -88,8 +89,11 @@ REPLY = AssistantMessage(
     stop_reason="stop",
     response_id="chatcmpl-9xYzAbCdEfGh",
 )
-FRAME = REPLY.model_copy(update={"content": [TextContent(text="Done: the retry loop now backs off")],
-                                 "stop_reason": "length"})
+# One persisted page of a streaming reply: stream frames as the runtime writes them.
+FRAME: dict[str, JsonValue] = {"frames": [
+    {"type": "text_start", "content_index": 0},
+    {"type": "text_delta", "content_index": 0, "delta": "Done: the retry loop now backs off"},
+]}
 QUESTION = UserMessage(content="Please make the retry loop back off exponentially and cap the wait at thirty "
                                "seconds; add a test for the cap and keep the public names as they are.")
 CONFIG = LaneConfig.model_validate({"model": {"provider": "openai", "model_id": "gpt-4o-mini"}})
@@ -108,7 +112,7 @@ class BareTexts:
         return BareTexts(
             entry=json.loads(MessagePayload(message=REPLY).model_dump_json()),
             usage=json.loads(REPLY.usage.model_dump_json()),
-            frame=json.loads(FRAME.model_dump_json()),
+            frame=dict(FRAME),
         )
 
 

@@ -460,7 +460,8 @@ async def test_fork_holds_the_branch_to_the_entry_and_nothing_operational(store:
 
     async def operational(m: SessionMutator) -> None:
         m.set(addresses.pending_entry("p1"), PendingCustom(custom_type="x"))
-        m.set(addresses.lane_state("main"), LaneState(current_operation_id="op1", inbox=[InboxItem(entry_id="p1", kind="next_run")]))
+        inbox = [InboxItem(entry_id="p1", kind="next_run")]
+        m.set(addresses.lane_state("main"), LaneState(current_operation_id="op1", inbox=inbox))
         m.set(addresses.entry_label(ids[1]), "checkpoint")
         m.set(addresses.entry_label(ids[3]), "not copied")
 

@@ -53,7 +53,8 @@ class Model(_Frozen):
     `context_window` and `max_tokens` are in tokens; `api_key_env` names the environment variable
     holding its key (None: no key needed); `path` is a local weights file for the embedded api;
     `max_tool_steps` caps the steps with tool calls in one run for a model too weak to be trusted with
-    more (None: no cap).
+    more (None: no cap); `adaptive_thinking` marks a reasoning model that takes an effort level
+    instead of a thinking budget in tokens (Anthropic's Opus 4.7 refuses a budget; 4.6 deprecates it).
     """
 
     id: str
@@ -70,6 +71,7 @@ class Model(_Frozen):
     headers: dict[str, str] = Field(default_factory=dict)
     path: str | None = None
     max_tool_steps: int | None = None
+    adaptive_thinking: bool = False
 
 
 def usage_with_cost(model: Model, usage: Usage) -> Usage:
@@ -111,7 +113,8 @@ class ProviderRequest(_Frozen):
 class StreamOptions(_Frozen):
     """Per-request settings. `max_tokens` None means the model's own limit; `session_id` is a
     stable cache/affinity key (the runtime passes `{session_id}:{lane}`); `api_key` overrides the
-    key from the environment."""
+    key from the environment; `tool_choice` names a tool of the request the model must call (None:
+    the model decides)."""
 
     temperature: float | None = None
     max_tokens: int | None = None
@@ -120,6 +123,7 @@ class StreamOptions(_Frozen):
     api_key: str | None = None
     headers: dict[str, str] = Field(default_factory=dict)
     seed: int | None = None
+    tool_choice: str | None = None
 
 
 ErrorKind: TypeAlias = Literal[

@@ -1,0 +1,369 @@
+"""The model registry: which models exist, who serves them, and which provider speaks their api.
+
+A `ModelRegistry` holds built-in models (the common OpenAI and Anthropic models and the embedded
+demo model), the models of `$HARNESS_HOME/models.toml`, and any registered in code. It resolves a
+durable `ModelIdentity` to a `Model` and its `Provider` at the execution boundary only (HA-23).
+
+`models.toml` format: one table per provider under `providers`, each with an array of models.
+
+```toml
+[providers.groq]                    # a preset: base_url, api and api_key_env come from it
+[[providers.groq.models]]
+id = "llama-3.3-70b-versatile"      # the id sent to the server (required)
+name = "Llama 3.3 70B on Groq"      # for people; default ""
+context_window = 131072             # tokens; default 128000
+max_tokens = 32768                  # output tokens per reply; default 16384
+input = ["text"]                    # "text" and/or "image"; default ["text"]
+reasoning = false                   # emits thinking; default false
+cost = { input = 0.59, output = 0.79, cache_read = 0.0, cache_write = 0.0 }  # US dollars per million tokens
+
+[providers.gpu-box]
+preset = "vllm"                     # start from a preset under another name
+base_url = "http://gpu-box:8000/v1"
+api_key_env = "GPU_BOX_KEY"         # the environment variable holding the key; omit when none is needed
+headers = { "X-Team" = "research" } # sent with every request
+[[providers.gpu-box.models]]
+id = "Qwen/Qwen3-32B"
+
+[providers.embedded]                # a larger local GGUF on the embedded runtime
+[[providers.embedded.models]]
+id = "qwen2.5-7b"
+path = "/models/qwen2.5-7b-instruct-q4_k_m.gguf"
+context_window = 8192
+max_tool_steps = 8                  # cap on steps with tool calls per run; default none
+```
+
+A provider table needs `api` (`openai-chat`, `openai-responses`, `anthropic-messages`, `embedded`)
+unless its name or its `preset` names one of `PROVIDER_PRESETS`: `openai`, `anthropic`, `embedded`,
+`ollama` (http://localhost:11434/v1), `vllm` (http://localhost:8000/v1), `llama-cpp` (llama.cpp's
+server, http://localhost:8080/v1), `openrouter` (OPENROUTER_API_KEY) and `groq` (GROQ_API_KEY).
+Settings given on a provider table also apply to that provider's built-in models (for example a
+`base_url` for `openai`), and a model whose id is built in overrides only the fields it names. The
+built-in OpenAI and Anthropic models leave `base_url` unset, so the SDKs' `OPENAI_BASE_URL` and
+`ANTHROPIC_BASE_URL` apply.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import platformdirs
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from harness.errors import HarnessError, ModelUnavailable
+from harness.messages import ModelIdentity
+from harness.providers.anthropic_messages import AnthropicMessagesProvider
+from harness.providers.embedded import EmbeddedProvider
+from harness.providers.faux import FauxProvider
+from harness.providers.openai_chat import OpenAIChatProvider
+from harness.providers.openai_responses import OpenAIResponsesProvider
+from harness.providers.protocol import ApiName, InputModality, Model, ModelCost, Provider
+
+
+class ModelsFileInvalid(HarnessError):
+    """`models.toml` could not be read as the documented format; details `{path, problem}`."""
+
+    code = "models_file_invalid"
+
+
+@dataclass(frozen=True)
+class ProviderPreset:
+    """Defaults for a provider table in `models.toml`: wire format, server and key variable."""
+
+    api: ApiName
+    base_url: str | None = None
+    api_key_env: str | None = None
+
+
+PROVIDER_PRESETS: dict[str, ProviderPreset] = {
+    "openai": ProviderPreset("openai-responses", api_key_env="OPENAI_API_KEY"),
+    "anthropic": ProviderPreset("anthropic-messages", api_key_env="ANTHROPIC_API_KEY"),
+    "embedded": ProviderPreset("embedded"),
+    "ollama": ProviderPreset("openai-chat", "http://localhost:11434/v1"),
+    "vllm": ProviderPreset("openai-chat", "http://localhost:8000/v1"),
+    "llama-cpp": ProviderPreset("openai-chat", "http://localhost:8080/v1"),
+    "openrouter": ProviderPreset("openai-chat", "https://openrouter.ai/api/v1", "OPENROUTER_API_KEY"),
+    "groq": ProviderPreset("openai-chat", "https://api.groq.com/openai/v1", "GROQ_API_KEY"),
+}
+"""Provider defaults by name, for the built-ins and for OpenAI-compatible servers."""
+
+EMBEDDED_IDENTITY = ModelIdentity(provider="embedded", model_id="smollm2-135m")
+"""The model every registry has: a tiny local model that needs no account and no network."""
+
+EMBEDDED_MODEL = Model(
+    id=EMBEDDED_IDENTITY.model_id,
+    provider=EMBEDDED_IDENTITY.provider,
+    api="embedded",
+    name="SmolLM2 135M Instruct: a tiny offline demo model, weak at tools and facts",
+    context_window=4096,
+    max_tokens=1024,
+    max_tool_steps=1,
+)
+
+
+def _openai(
+    model_id: str, api: ApiName, *, context_window: int, max_tokens: int, price: tuple[float, float, float],
+    images: bool = True, reasoning: bool = False,
+) -> Model:
+    input_price, output_price, cache_read_price = price
+    return Model(
+        id=model_id, provider="openai", api=api, name=model_id, api_key_env="OPENAI_API_KEY",
+        context_window=context_window, max_tokens=max_tokens,
+        input=("text", "image") if images else ("text",), reasoning=reasoning,
+        cost=ModelCost(input=input_price, output=output_price, cache_read=cache_read_price),
+    )
+
+
+def _anthropic(model_id: str, name: str, *, max_tokens: int, price: tuple[float, float]) -> Model:
+    input_price, output_price = price
+    # Anthropic bills a cache read at 0.1x the input price and a 5-minute cache write at 1.25x.
+    return Model(
+        id=model_id, provider="anthropic", api="anthropic-messages", name=name, api_key_env="ANTHROPIC_API_KEY",
+        context_window=200_000, max_tokens=max_tokens, input=("text", "image"), reasoning=True,
+        cost=ModelCost(
+            input=input_price, output=output_price, cache_read=input_price / 10, cache_write=input_price * 1.25
+        ),
+    )
+
+
+# Reasoning models use the Responses API, the only OpenAI API that can replay their reasoning;
+# the others use Chat Completions, which every OpenAI-compatible server also speaks.
+BUILTIN_MODELS: tuple[Model, ...] = (
+    _openai("gpt-5", "openai-responses", context_window=400_000, max_tokens=128_000,
+            price=(1.25, 10.0, 0.125), reasoning=True),
+    _openai("gpt-5-mini", "openai-responses", context_window=400_000, max_tokens=128_000,
+            price=(0.25, 2.0, 0.025), reasoning=True),
+    _openai("gpt-5-nano", "openai-responses", context_window=400_000, max_tokens=128_000,
+            price=(0.05, 0.40, 0.005), reasoning=True),
+    _openai("gpt-5.1", "openai-responses", context_window=400_000, max_tokens=128_000,
+            price=(1.25, 10.0, 0.125), reasoning=True),
+    _openai("gpt-4.1", "openai-chat", context_window=1_047_576, max_tokens=32_768, price=(2.0, 8.0, 0.50)),
+    _openai("gpt-4.1-mini", "openai-chat", context_window=1_047_576, max_tokens=32_768, price=(0.40, 1.60, 0.10)),
+    _openai("gpt-4.1-nano", "openai-chat", context_window=1_047_576, max_tokens=32_768, price=(0.10, 0.40, 0.025)),
+    _openai("gpt-4o", "openai-chat", context_window=128_000, max_tokens=16_384, price=(2.50, 10.0, 1.25)),
+    _openai("gpt-4o-mini", "openai-chat", context_window=128_000, max_tokens=16_384, price=(0.15, 0.60, 0.075)),
+    _openai("o3", "openai-responses", context_window=200_000, max_tokens=100_000,
+            price=(2.0, 8.0, 0.50), reasoning=True),
+    _openai("o4-mini", "openai-responses", context_window=200_000, max_tokens=100_000,
+            price=(1.10, 4.40, 0.275), reasoning=True),
+    _openai("o3-mini", "openai-responses", context_window=200_000, max_tokens=100_000,
+            price=(1.10, 4.40, 0.55), reasoning=True, images=False),
+    _openai("o1", "openai-responses", context_window=200_000, max_tokens=100_000,
+            price=(15.0, 60.0, 7.50), reasoning=True),
+    _anthropic("claude-sonnet-4-5", "Claude Sonnet 4.5", max_tokens=64_000, price=(3.0, 15.0)),
+    _anthropic("claude-opus-4-5", "Claude Opus 4.5", max_tokens=64_000, price=(5.0, 25.0)),
+    _anthropic("claude-haiku-4-5", "Claude Haiku 4.5", max_tokens=64_000, price=(1.0, 5.0)),
+    _anthropic("claude-opus-4-1", "Claude Opus 4.1", max_tokens=32_000, price=(15.0, 75.0)),
+    _anthropic("claude-sonnet-4-0", "Claude Sonnet 4", max_tokens=64_000, price=(3.0, 15.0)),
+    _anthropic("claude-opus-4-0", "Claude Opus 4", max_tokens=32_000, price=(15.0, 75.0)),
+    EMBEDDED_MODEL,
+)
+"""Every built-in model, in the order `default_identity` prefers them."""
+
+
+_DEFAULT_PROVIDERS: dict[ApiName, Callable[[], Provider]] = {
+    "openai-chat": OpenAIChatProvider,
+    "openai-responses": OpenAIResponsesProvider,
+    "anthropic-messages": AnthropicMessagesProvider,
+    "faux": FauxProvider,
+    "embedded": EmbeddedProvider,
+}
+"""The adapter class serving each api when none was registered."""
+
+
+@dataclass(frozen=True)
+class ConfiguredModel:
+    """One row of `ModelRegistry.configured()`: a model and whether its key is in the environment."""
+
+    model: Model
+    key_present: bool
+
+    @property
+    def identity(self) -> ModelIdentity:
+        return ModelIdentity(provider=self.model.provider, model_id=self.model.id)
+
+    @property
+    def missing_key(self) -> str | None:
+        """The environment variable to set before this model can be called, or None."""
+        return None if self.key_present else self.model.api_key_env
+
+
+class ModelRegistry:
+    """Models by identity and providers by api.
+
+    `models` are registered in order, a later model with the same identity replacing an earlier one
+    in place; the embedded model follows them unless they include it. `providers` maps an api to
+    the provider serving it; apis not given get their default adapter on first use. `environ` is
+    where API keys are read (default `os.environ`).
+    """
+
+    def __init__(
+        self,
+        models: Iterable[Model] = (),
+        *,
+        providers: Mapping[ApiName, Provider] | None = None,
+        environ: Mapping[str, str] | None = None,
+    ) -> None:
+        self._environ: Mapping[str, str] = os.environ if environ is None else environ
+        self._models: dict[tuple[str, str], Model] = {}
+        self._providers: dict[ApiName, Provider] = dict(providers or {})
+        for model in models:
+            self.register_model(model)
+        self._models.setdefault((EMBEDDED_MODEL.provider, EMBEDDED_MODEL.id), EMBEDDED_MODEL)
+
+    @classmethod
+    def load(cls, *, home: Path | None = None, environ: Mapping[str, str] | None = None) -> ModelRegistry:
+        """The built-in models overlaid with `home/models.toml` (the module docstring gives its format).
+
+        `home` defaults to `$HARNESS_HOME`, else the user's data directory for harness; a missing
+        file means built-ins only. Raises `ModelsFileInvalid` for a file that is not valid TOML or
+        not the documented format; nothing is half-loaded.
+        """
+        env = os.environ if environ is None else environ
+        if home is None:
+            home = Path(env["HARNESS_HOME"]) if env.get("HARNESS_HOME") else Path(platformdirs.user_data_dir("harness"))
+        path = home / "models.toml"
+        configured = _read_models_file(path) if path.exists() else []
+        return cls(_with_file(BUILTIN_MODELS, configured), environ=env)
+
+    def register_model(self, model: Model) -> None:
+        """Add `model`, or replace the model with the same `{provider, id}` in place."""
+        self._models[(model.provider, model.id)] = model
+
+    def register_provider(self, api: ApiName, provider: Provider) -> None:
+        """Serve every model whose api is `api` with `provider` from now on."""
+        self._providers[api] = provider
+
+    def model(self, identity: ModelIdentity) -> Model:
+        """The model `identity` names. Raises `ModelUnavailable` (HA-23) if none is configured."""
+        model = self._models.get((identity.provider, identity.model_id))
+        if model is None:
+            raise ModelUnavailable(identity.provider, identity.model_id)
+        return model
+
+    def provider(self, model: Model) -> Provider:
+        """The provider serving `model.api`: a registered one, else the default adapter (created once)."""
+        provider = self._providers.get(model.api)
+        if provider is None:
+            provider = self._providers[model.api] = _DEFAULT_PROVIDERS[model.api]()
+        return provider
+
+    def resolve(self, identity: ModelIdentity) -> tuple[Model, Provider]:
+        """`(model, provider)` for `identity`, at the execution boundary (HA-23). Raises `ModelUnavailable`."""
+        model = self.model(identity)
+        return model, self.provider(model)
+
+    def api_key(self, model: Model) -> str | None:
+        """The key for `model` from the environment, or None when it needs none or it is not set."""
+        if model.api_key_env is None:
+            return None
+        return self._environ.get(model.api_key_env) or None
+
+    def configured(self) -> list[ConfiguredModel]:
+        """Every model, in preference order, with whether its key is present (for `harness models`)."""
+        return [
+            ConfiguredModel(model, model.api_key_env is None or self.api_key(model) is not None)
+            for model in self._models.values()
+        ]
+
+    def default_identity(self) -> ModelIdentity:
+        """The first configured model whose key is present; the embedded model when none is."""
+        for row in self.configured():
+            if row.key_present and row.identity != EMBEDDED_IDENTITY:
+                return row.identity
+        return EMBEDDED_IDENTITY
+
+
+class _FileModel(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    id: str
+    name: str | None = None
+    context_window: int | None = None
+    max_tokens: int | None = None
+    input: tuple[InputModality, ...] | None = None
+    reasoning: bool | None = None
+    cost: ModelCost | None = None
+    headers: dict[str, str] | None = None
+    path: str | None = None
+    max_tool_steps: int | None = None
+    adaptive_thinking: bool | None = None
+
+
+class _FileProvider(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    preset: str | None = None
+    api: ApiName | None = None
+    base_url: str | None = None
+    api_key_env: str | None = None
+    headers: dict[str, str] | None = None
+    models: tuple[_FileModel, ...] = ()
+
+
+class _ModelsFile(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    providers: dict[str, _FileProvider] = {}
+
+
+@dataclass(frozen=True)
+class _ConfiguredProvider:
+    name: str
+    defaults: dict[str, Any]
+    """The preset's fields, for models that are not built in."""
+    explicit: dict[str, Any]
+    """The provider-level fields the file sets, for every model of the provider."""
+    models: tuple[_FileModel, ...]
+
+
+def _read_models_file(path: Path) -> list[_ConfiguredProvider]:
+    try:
+        parsed = _ModelsFile.model_validate(tomllib.loads(path.read_text(encoding="utf-8")))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError, ValidationError) as error:
+        raise ModelsFileInvalid(f"cannot read {path}: {error}", path=str(path), problem=str(error)) from error
+    providers = []
+    for name, entry in parsed.providers.items():
+        preset = PROVIDER_PRESETS.get(entry.preset or name)
+        explicit = entry.model_dump(include={"api", "base_url", "api_key_env", "headers"}, exclude_unset=True)
+        if preset is None and (entry.preset is not None or "api" not in explicit):
+            problem = (
+                f"provider {name!r} needs an api ({', '.join(_DEFAULT_PROVIDERS)}) or a known preset "
+                f"({', '.join(PROVIDER_PRESETS)})"
+            )
+            raise ModelsFileInvalid(f"cannot read {path}: {problem}", path=str(path), problem=problem)
+        defaults = {} if preset is None else {
+            "api": preset.api, "base_url": preset.base_url, "api_key_env": preset.api_key_env
+        }
+        providers.append(_ConfiguredProvider(name, defaults, explicit, entry.models))
+    return providers
+
+
+def _with_file(builtins: Iterable[Model], configured: list[_ConfiguredProvider]) -> list[Model]:
+    """The models the file names, in file order, then every built-in model, each built-in model of a
+    provider the file configures carrying that provider's settings."""
+    builtin = {(model.provider, model.id): model for model in builtins}
+    models: dict[tuple[str, str], Model] = {}
+    for provider in configured:
+        for entry in provider.models:
+            base = builtin.get((provider.name, entry.id))
+            start = base.model_dump() if base is not None else {"id": entry.id, "provider": provider.name,
+                                                                **provider.defaults}
+            fields = entry.model_dump(exclude={"id"}, exclude_none=True)
+            models[(provider.name, entry.id)] = _build(start, provider.explicit, fields)
+        for (owner, model_id), model in builtin.items():
+            if owner == provider.name:
+                models.setdefault((owner, model_id), _build(model.model_dump(), provider.explicit, {}))
+    for key, model in builtin.items():
+        models.setdefault(key, model)
+    return list(models.values())
+
+
+def _build(start: dict[str, Any], provider_fields: dict[str, Any], model_fields: dict[str, Any]) -> Model:
+    headers = {**start.get("headers", {}), **provider_fields.get("headers", {}), **model_fields.get("headers", {})}
+    return Model.model_validate({**start, **provider_fields, **model_fields, "headers": headers})

@@ -1,0 +1,130 @@
+"""The embedded provider: SmolLM2-135M run offline by llama-cpp-python through the provider protocol."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import AsyncIterator
+
+import pytest
+
+from harness.context import Context
+from harness.messages import AssistantMessage, TextContent, ToolCall, ToolResultMessage, UserMessage
+from harness.providers import DoneEvent, ErrorEvent, Model, Provider, ProviderRequest, StreamOptions, ToolSpec
+from harness.providers.embedded import EmbeddedRuntimeMissing, EmbeddedWeightsMissing
+from harness.providers.models import EMBEDDED_IDENTITY, ModelRegistry
+from harness.providers.protocol import StreamEvent
+
+# Deterministic: greedy decoding with a fixed seed gives the same reply every run.
+GREEDY = StreamOptions(temperature=0.0, seed=42)
+WEATHER = ToolSpec(
+    name="get_weather",
+    description="The current weather in a city.",
+    parameters={"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+)
+
+
+@pytest.fixture(scope="module")
+def embedded() -> tuple[Model, Provider]:
+    return ModelRegistry().resolve(EMBEDDED_IDENTITY)
+
+
+def ask(text: str, *tools: ToolSpec) -> ProviderRequest:
+    return ProviderRequest(messages=(UserMessage(content=text),), tools=tools)
+
+
+async def collect(stream: AsyncIterator[StreamEvent]) -> list[StreamEvent]:
+    return [event async for event in stream]
+
+
+async def test_answers_a_deterministic_prompt_offline_token_by_token(embedded: tuple[Model, Provider]) -> None:
+    model, provider = embedded
+
+    events = await collect(
+        provider.stream(model, ask("What is the capital of France? Answer in one sentence."), GREEDY, Context())
+    )
+
+    done = events[-1]
+    assert isinstance(done, DoneEvent)
+    assert (done.message.api, done.message.provider, done.message.model) == ("embedded", "embedded", "smollm2-135m")
+    assert done.message.stop_reason == "stop"
+    assert "Paris" in "".join(block.text for block in done.message.content if isinstance(block, TextContent))
+    assert sum(event.type == "text_delta" for event in events) > 1
+    assert done.message.usage.input > 0
+    assert done.message.usage.output > 0
+
+
+async def test_a_forced_tool_call_has_schema_valid_arguments(embedded: tuple[Model, Provider]) -> None:
+    model, provider = embedded
+    options = GREEDY.model_copy(update={"tool_choice": "get_weather"})
+
+    events = await collect(provider.stream(model, ask("What is the weather in Paris?", WEATHER), options, Context()))
+
+    done = events[-1]
+    assert isinstance(done, DoneEvent)
+    assert done.message.stop_reason == "tool_use"
+    [call] = done.message.tool_calls
+    assert call.name == "get_weather"
+    assert call.raw_arguments is None
+    assert set(call.arguments) == {"city"}
+    assert isinstance(call.arguments["city"], str)
+
+
+async def test_the_model_reads_tool_results(embedded: tuple[Model, Provider]) -> None:
+    """A result reaches the model although llama's template renders no tool turns."""
+    model, provider = embedded
+    call = ToolCall(id="call_1", name="get_weather", arguments={"city": "Paris"})
+    history = (
+        UserMessage(content="What is the weather in Paris?"),
+        AssistantMessage(content=[call], api="embedded", provider="embedded", model=model.id, stop_reason="tool_use"),
+        ToolResultMessage(tool_call_id="call_1", tool_name="get_weather", content=[TextContent(text="Sunny, 21 C")]),
+    )
+
+    events = await collect(provider.stream(model, ProviderRequest(messages=history), GREEDY, Context()))
+
+    done = events[-1]
+    assert isinstance(done, DoneEvent)
+    assert "21" in "".join(block.text for block in done.message.content if isinstance(block, TextContent))
+
+
+async def test_cancelling_the_context_stops_generation_with_the_partial_text(
+    embedded: tuple[Model, Provider],
+) -> None:
+    model, provider = embedded
+    context = Context()
+    seen: list[StreamEvent] = []
+
+    async for event in provider.stream(model, ask("Write a long story about a dragon."), GREEDY, context):
+        seen.append(event)
+        if event.type == "text_delta":
+            context.cancel("user pressed stop")
+
+    last = seen[-1]
+    assert isinstance(last, ErrorEvent)
+    assert last.error.kind == "aborted"
+    assert last.message.stop_reason == "aborted"
+    first_delta = next(event.delta for event in seen if event.type == "text_delta")
+    assert last.message.content == [TextContent(text=first_delta)]
+
+
+def test_missing_weights_are_named_before_the_stream_starts(embedded: tuple[Model, Provider]) -> None:
+    model, provider = embedded
+    elsewhere = model.model_copy(update={"path": "/nonexistent/model.gguf"})
+
+    with pytest.raises(EmbeddedWeightsMissing) as raised:
+        provider.stream(elsewhere, ask("hi"), GREEDY, Context())
+
+    assert raised.value.code == "embedded_weights_missing"
+    assert raised.value.details["path"] == "/nonexistent/model.gguf"
+
+
+def test_a_missing_runtime_names_its_install_command(
+    embedded: tuple[Model, Provider], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model, provider = embedded
+    monkeypatch.setitem(sys.modules, "llama_cpp", None)  # what an environment without it looks like
+
+    with pytest.raises(EmbeddedRuntimeMissing) as raised:
+        provider.stream(model, ask("hi"), GREEDY, Context())
+
+    assert raised.value.code == "embedded_runtime_missing"
+    assert "pip install 'llama-cpp-python==0.3.36'" in raised.value.message

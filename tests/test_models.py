@@ -1,0 +1,223 @@
+"""The model registry: built-ins, models.toml, keys from the environment, resolution (HA-23)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from harness.errors import ModelUnavailable
+from harness.messages import ModelIdentity
+from harness.providers import Model, models
+from harness.providers.anthropic_messages import AnthropicMessagesProvider
+from harness.providers.embedded import EmbeddedProvider
+from harness.providers.faux import FAUX_MODEL, FauxProvider
+from harness.providers.models import EMBEDDED_IDENTITY, ModelRegistry, ModelsFileInvalid
+from harness.providers.openai_chat import OpenAIChatProvider
+from harness.providers.openai_responses import OpenAIResponsesProvider
+from harness.providers.protocol import ApiName
+
+
+def identity(provider: str, model_id: str) -> ModelIdentity:
+    return ModelIdentity(provider=provider, model_id=model_id)
+
+
+def load(tmp_path: Path, toml: str | None = None, **environ: str) -> ModelRegistry:
+    if toml is not None:
+        (tmp_path / "models.toml").write_text(toml)
+    return ModelRegistry.load(home=tmp_path, environ=environ)
+
+
+def test_an_unknown_identity_is_model_unavailable() -> None:
+    """HA-23: resolution fails with the shared error carrying {provider, model_id}."""
+    with pytest.raises(ModelUnavailable) as raised:
+        ModelRegistry().resolve(identity("openai", "gpt-9000"))
+
+    assert raised.value.code == "model_unavailable"
+    assert raised.value.details == {"provider": "openai", "model_id": "gpt-9000"}
+
+
+def test_builtins_leave_the_base_url_to_the_sdk_and_pick_the_api_by_model(tmp_path: Path) -> None:
+    registry = load(tmp_path)
+
+    gpt_4o = registry.model(identity("openai", "gpt-4o"))
+    gpt_5 = registry.model(identity("openai", "gpt-5"))
+    sonnet = registry.model(identity("anthropic", "claude-sonnet-4-5"))
+
+    assert (gpt_4o.api, gpt_4o.base_url, gpt_4o.context_window, gpt_4o.input) == (
+        "openai-chat", None, 128_000, ("text", "image"),
+    )
+    assert (gpt_5.api, gpt_5.reasoning, gpt_5.cost.input, gpt_5.cost.output) == ("openai-responses", True, 1.25, 10.0)
+    assert (sonnet.api, sonnet.base_url, sonnet.context_window, sonnet.api_key_env) == (
+        "anthropic-messages", None, 200_000, "ANTHROPIC_API_KEY",
+    )
+
+
+def test_the_embedded_demo_model_is_always_present_and_capped() -> None:
+    model = ModelRegistry().model(EMBEDDED_IDENTITY)
+
+    assert (model.provider, model.id, model.api) == ("embedded", "smollm2-135m", "embedded")
+    assert "demo" in model.name
+    assert model.max_tool_steps == 1
+
+
+def test_the_default_is_the_first_model_with_a_key_else_the_embedded_one(tmp_path: Path) -> None:
+    assert load(tmp_path).default_identity() == EMBEDDED_IDENTITY
+    assert load(tmp_path, ANTHROPIC_API_KEY="sk-ant").default_identity() == identity("anthropic", "claude-sonnet-4-5")
+    assert load(tmp_path, ANTHROPIC_API_KEY="sk-ant", OPENAI_API_KEY="sk").default_identity() == identity(
+        "openai", "gpt-5"
+    )
+
+
+def test_the_listing_names_each_missing_key(tmp_path: Path) -> None:
+    rows = {row.identity: row for row in load(tmp_path, OPENAI_API_KEY="sk").configured()}
+
+    assert rows[identity("openai", "gpt-4o")].missing_key is None
+    assert rows[identity("anthropic", "claude-haiku-4-5")].missing_key == "ANTHROPIC_API_KEY"
+    assert rows[EMBEDDED_IDENTITY].key_present
+
+
+def test_models_toml_adds_models_on_presets_and_comes_first(tmp_path: Path) -> None:
+    registry = load(
+        tmp_path,
+        """
+        [providers.ollama]
+        [[providers.ollama.models]]
+        id = "llama3.2"
+        context_window = 131072
+
+        [providers.groq]
+        [[providers.groq.models]]
+        id = "llama-3.3-70b-versatile"
+        cost = { input = 0.59, output = 0.79 }
+
+        [providers.gpu-box]
+        preset = "vllm"
+        base_url = "http://gpu-box:8000/v1"
+        api_key_env = "GPU_BOX_KEY"
+        headers = { "X-Team" = "research" }
+        [[providers.gpu-box.models]]
+        id = "Qwen/Qwen3-32B"
+        headers = { "X-Model" = "qwen" }
+        """,
+    )
+
+    ollama = registry.model(identity("ollama", "llama3.2"))
+    groq = registry.model(identity("groq", "llama-3.3-70b-versatile"))
+    box = registry.model(identity("gpu-box", "Qwen/Qwen3-32B"))
+    assert (ollama.api, ollama.base_url, ollama.api_key_env, ollama.context_window) == (
+        "openai-chat", "http://localhost:11434/v1", None, 131_072,
+    )
+    assert (groq.base_url, groq.api_key_env, groq.cost.output) == (
+        "https://api.groq.com/openai/v1", "GROQ_API_KEY", 0.79,
+    )
+    assert (box.api, box.base_url, box.api_key_env, box.headers) == (
+        "openai-chat", "http://gpu-box:8000/v1", "GPU_BOX_KEY", {"X-Team": "research", "X-Model": "qwen"},
+    )
+    # A local server needs no key, so the file's first model is the default.
+    assert registry.default_identity() == identity("ollama", "llama3.2")
+
+
+def test_models_toml_settings_apply_to_built_in_models_of_that_provider(tmp_path: Path) -> None:
+    registry = load(
+        tmp_path,
+        """
+        [providers.openai]
+        base_url = "https://proxy.example/v1"
+        [[providers.openai.models]]
+        id = "gpt-4o"
+        max_tokens = 4096
+
+        [providers.embedded]
+        [[providers.embedded.models]]
+        id = "qwen2.5-7b"
+        path = "/models/qwen.gguf"
+        max_tool_steps = 8
+        """,
+    )
+
+    gpt_4o = registry.model(identity("openai", "gpt-4o"))
+    gpt_5 = registry.model(identity("openai", "gpt-5"))
+    qwen = registry.model(identity("embedded", "qwen2.5-7b"))
+    assert (gpt_4o.api, gpt_4o.base_url, gpt_4o.max_tokens, gpt_4o.context_window) == (
+        "openai-chat", "https://proxy.example/v1", 4096, 128_000,
+    )
+    assert (gpt_5.api, gpt_5.base_url) == ("openai-responses", "https://proxy.example/v1")
+    assert (qwen.api, qwen.path, qwen.max_tool_steps) == ("embedded", "/models/qwen.gguf", 8)
+    assert registry.model(EMBEDDED_IDENTITY).path is None
+
+
+def test_models_toml_is_read_from_harness_home(tmp_path: Path) -> None:
+    (tmp_path / "models.toml").write_text('[providers.ollama]\n[[providers.ollama.models]]\nid = "phi4"\n')
+
+    registry = ModelRegistry.load(environ={"HARNESS_HOME": str(tmp_path)})
+
+    assert registry.model(identity("ollama", "phi4")).base_url == "http://localhost:11434/v1"
+
+
+@pytest.mark.parametrize(
+    ("toml", "problem"),
+    [
+        ("[providers.ollama\n", "Expected ']'"),
+        ('[providers.ollama]\nbase = "x"\n', "Extra inputs are not permitted"),
+        ('[providers.mine]\nbase_url = "http://x/v1"\n', "provider 'mine' needs an api"),
+        ('[providers.mine]\npreset = "nope"\n', "provider 'mine' needs an api"),
+        ('[providers.mine]\napi = "telepathy"\n', "api"),
+    ],
+    ids=["bad-toml", "unknown-field", "no-api", "unknown-preset", "unknown-api"],
+)
+def test_an_invalid_models_toml_is_refused_with_its_path(tmp_path: Path, toml: str, problem: str) -> None:
+    with pytest.raises(ModelsFileInvalid) as raised:
+        load(tmp_path, toml)
+
+    assert raised.value.code == "models_file_invalid"
+    assert raised.value.details["path"] == str(tmp_path / "models.toml")
+    assert problem in str(raised.value.details["problem"])
+
+
+async def test_a_registered_provider_serves_its_api() -> None:
+    faux = FauxProvider(["hi"])
+    registry = ModelRegistry([FAUX_MODEL], providers={"faux": faux})
+
+    model, provider = registry.resolve(identity("faux", "faux"))
+
+    assert (model, provider) == (FAUX_MODEL, faux)
+
+
+@pytest.mark.parametrize(
+    ("api", "adapter"),
+    [
+        ("openai-chat", OpenAIChatProvider),
+        ("openai-responses", OpenAIResponsesProvider),
+        ("anthropic-messages", AnthropicMessagesProvider),
+        ("faux", FauxProvider),
+        ("embedded", EmbeddedProvider),
+    ],
+)
+def test_each_api_gets_its_default_adapter_once(api: ApiName, adapter: type) -> None:
+    registry = ModelRegistry()
+    model = Model(id="m", provider="p", api=api)
+
+    provider = registry.provider(model)
+
+    assert type(provider) is adapter
+    assert registry.provider(model) is provider
+
+
+def test_the_key_comes_from_the_environment_given(tmp_path: Path) -> None:
+    registry = load(tmp_path, OPENAI_API_KEY="sk-test")
+
+    assert registry.api_key(registry.model(identity("openai", "gpt-4o"))) == "sk-test"
+    assert registry.api_key(registry.model(identity("anthropic", "claude-opus-4-5"))) is None
+
+
+def test_the_documented_models_toml_example_loads(tmp_path: Path) -> None:
+    """The format in the module docstring is the format the loader reads."""
+    assert models.__doc__ is not None
+    example = models.__doc__.split("```toml\n", 1)[1].split("```", 1)[0]
+
+    registry = load(tmp_path, example, GROQ_API_KEY="gsk")
+
+    assert registry.model(identity("gpu-box", "Qwen/Qwen3-32B")).headers == {"X-Team": "research"}
+    assert registry.model(identity("embedded", "qwen2.5-7b")).max_tool_steps == 8
+    assert registry.default_identity() == identity("groq", "llama-3.3-70b-versatile")
