@@ -35,3 +35,4 @@ lint: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python -m bench.journal
 	$(BIN)/python -m bench.providers
+	$(BIN)/python -m bench.runtime

@@ -1,2 +1,1 @@
-"""Benchmarks: plain scripts, not tests (see README.md). A package only so the type checker can
-tell `bench/harness.py` from the `harness` package."""
+"""Benchmarks: run each as a module (`python -m bench.journal`), not a test; see README.md."""

@@ -142,11 +142,15 @@ class ProviderErrorInfo(_Frozen):
 
 
 class StartEvent(_Frozen):
+    """The reply began. `timestamp` (Unix ms) is set by whoever persists the stream, so a reply
+    rebuilt from stored frames is the same every time it is rebuilt."""
+
     type: Literal["start"] = "start"
     api: str
     provider: str
     model: str
     response_id: str | None = None
+    timestamp: int | None = None
 
 
 class TextStartEvent(_Frozen):
@@ -329,6 +333,7 @@ class AssistantStreamAccumulator:
             case StartEvent():
                 self.api, self.provider, self.model = event.api, event.provider, event.model
                 self.response_id = event.response_id or self.response_id
+                self.timestamp = event.timestamp if event.timestamp is not None else self.timestamp
             case TextStartEvent():
                 self._blocks[event.content_index] = _OpenBlock("text")
             case ThinkingStartEvent():

@@ -55,7 +55,7 @@ class Watcher:
             self._wakeup.set()
 
     def take_buffered(self) -> list[EventDelivery]:
-        taken = list(self._buffer)
+        taken = [_private(delivery) for delivery in self._buffer]
         self._buffer.clear()
         return taken
 
@@ -66,13 +66,17 @@ class Watcher:
     async def deliveries(self) -> AsyncIterator[EventDelivery]:
         while True:
             while self._buffer:
-                yield self._buffer.popleft()
+                yield _private(self._buffer.popleft())
             if self._ended:
                 if self._fault is not None:
                     raise self._fault
                 return
             self._wakeup.clear()
             await self._wakeup.wait()
+
+
+def _private(delivery: EventDelivery) -> EventDelivery:
+    return EventDelivery(isolated(delivery.event), delivery.context)
 
 
 @dataclass(slots=True)
@@ -117,10 +121,14 @@ class EventBus:
 
         Returns a future resolved when every listener bound here has handled every event."""
         delivered: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        for watcher in self._watchers:
-            for event in events:
-                if watcher.wants(event):
-                    watcher.push(EventDelivery(isolated(event), context))
+        if self._watchers:
+            # One copy here cuts the batch loose from the projection; each watcher copies again
+            # when it reads, off the session line.
+            shared = [EventDelivery(isolated(event), context) for event in events]
+            for watcher in self._watchers:
+                for delivery in shared:
+                    if watcher.wants(delivery.event):
+                        watcher.push(delivery)
         if not self._listeners or not events:
             delivered.set_result(None)
             return delivered
@@ -129,21 +137,33 @@ class EventBus:
             self._drainer = asyncio.get_running_loop().create_task(self._drain())
         return delivered
 
+    @property
+    def delivering(self) -> bool:
+        """True inside a listener: the bus's own task is running it."""
+        return self._drainer is not None and asyncio.current_task() is self._drainer
+
     async def _drain(self) -> None:
         while self._queue:
             batch = self._queue.popleft()
-            for event in batch.events:
-                for listener in batch.listeners:
-                    await self._deliver(listener, event, batch.context)
-            if not batch.delivered.done():
-                batch.delivered.set_result(None)
+            try:
+                for event in batch.events:
+                    for listener in batch.listeners:
+                        await self._deliver(listener, event, batch.context)
+            finally:
+                if not batch.delivered.done():
+                    batch.delivered.set_result(None)
 
     async def _deliver(self, listener: Listener, event: HarnessEvent, context: Context) -> None:
         try:
             outcome = listener(isolated(event), context)
             if inspect.isawaitable(outcome):
                 await outcome
-        except Exception as error:  # a listener's failure must not reach the committing caller
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException as error:  # a listener's failure must not reach the committing caller
+            task = asyncio.current_task()
+            if isinstance(error, asyncio.CancelledError) and task is not None and task.cancelling():
+                raise  # the bus itself is being cancelled
             if event.type != "handler_error":
                 self.emit_batch([HandlerError(event_type=event.type, error=f"{type(error).__name__}: {error}")],
                                 context)

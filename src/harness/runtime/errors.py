@@ -61,3 +61,29 @@ class RebaseRequired(HarnessError):
     """The lane moved to another branch (navigation): fold no further, take a new watch snapshot."""
 
     code = "rebase_required"
+
+
+class ListenerReentry(HarnessError):
+    """A listener called a harness operation; listeners are passive observers (that call would
+    wait for its own delivery, which waits for the listener)."""
+
+    code = "listener_reentry"
+
+
+class OperationMismatch(HarnessError):
+    """`drive` was fenced: the lane's current operation is another one (details: lane,
+    expected_operation_id, current_operation_id, last_operation_id)."""
+
+    code = "operation_mismatch"
+
+
+class NothingToResume(HarnessError):
+    """`resume` found no open operation on the lane."""
+
+    code = "nothing_to_resume"
+
+
+class NothingToCompact(HarnessError):
+    """The branch has nothing before its newest messages to summarize; nothing was written."""
+
+    code = "nothing_to_compact"

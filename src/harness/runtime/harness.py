@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, TypeVar
 
 from harness.context import Context
 from harness.runtime.bus import EventBus, Listener
-from harness.runtime.errors import HarnessClosed, HarnessFault
+from harness.runtime.drive_types import DriveSettings, RunHooks
+from harness.runtime.errors import HarnessClosed, HarnessFault, ListenerReentry
 from harness.runtime.events import Fault, HarnessEvent, LaneCreated, ValueUpdate
 from harness.runtime.lane import Decision, Lane
 from harness.runtime.requests import PromptTemplate, Skill
@@ -50,6 +51,8 @@ class AgentHarnessOptions:
     prompt_templates: Sequence[PromptTemplate] = ()
     listeners: Sequence[Listener] = ()
     system_prompt: str | None = None
+    drive: DriveSettings = field(default_factory=DriveSettings)
+    hooks: RunHooks = field(default_factory=RunHooks)
 
 
 class AgentHarness:
@@ -60,6 +63,7 @@ class AgentHarness:
         self.session = options.session
         self._skills = {skill.name: skill for skill in options.skills}
         self._templates = {template.name: template for template in options.prompt_templates}
+        self._tools = {tool.name: tool for tool in options.tools}
         self._bus = EventBus()
         self._lanes: dict[str, Lane] = {}
         self._ownership: SessionOwnership | None = None
@@ -138,6 +142,7 @@ class AgentHarness:
         """Create lane `name` starting at entry `at` (None: an empty branch); emits `lane_created`
         in the commit continuation (HA-15). `LaneExists`, `UnknownEntry` on bad input."""
         self._check_usable()
+        config = config.model_copy(deep=True)
         lane = Lane(self, name, tip_id=at, config=config, state=LaneState(), last_result=None, meta=None,
                     operation_state=None)
 
@@ -145,7 +150,11 @@ class AgentHarness:
             self._lanes[name] = lane
             return self._bus.emit_batch([LaneCreated(lane=name, config=config, at=at)], context)
 
-        await self._owner().create_lane(name, config, context, at=at, on_committed=on_committed)
+        try:
+            await self._owner().create_lane(name, config, context, at=at, on_committed=on_committed)
+        except OwnershipLost as error:
+            self._fault(error.code, error.message, context)
+            raise HarnessFault(f"the harness lost its session: {error.message}") from error
         return lane
 
     # -- session-wide values --------------------------------------------------------------------
@@ -202,6 +211,8 @@ class AgentHarness:
     async def close(self, context: Context) -> None:
         """Let earlier jobs finish, refuse later ones (`HarnessClosed`), end every watch, deliver
         what was emitted and release the session. Idempotent."""
+        if self._bus.delivering:
+            raise ListenerReentry("a listener must not close the harness; it would wait on itself")
         if self._closed:
             return
 
@@ -222,6 +233,8 @@ class AgentHarness:
         return self._ownership
 
     def _check_usable(self) -> None:
+        if self._bus.delivering:
+            raise ListenerReentry("a listener must not call harness operations; it would wait on itself")
         if self._faulted:
             raise HarnessFault("the harness faulted; close it and attach again")
         if self._closed:

@@ -5,29 +5,44 @@ projection and emits its events in the commit continuation (HA-12)."""
 from __future__ import annotations
 
 import asyncio
+import copy
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar, overload
 
-from pydantic import JsonValue
+from pydantic import JsonValue, ValidationError
 
 from harness.context import Context
-from harness.messages import CustomMessage, Message, ModelIdentity, now_ms
+from harness.errors import InvalidInput
+from harness.messages import CustomMessage, ImageContent, Message, ModelIdentity, now_ms
+from harness.runtime.branch_context import branch_entries
 from harness.runtime.bus import Watcher
-from harness.runtime.errors import InvalidMessage, LaneBusy, NoActiveOperation, OperationIdTaken
+from harness.runtime.drive_types import ResumeOutcome, Settled
+from harness.runtime.errors import (
+    InvalidMessage,
+    LaneBusy,
+    NoActiveOperation,
+    NothingToCompact,
+    NothingToResume,
+    OperationIdTaken,
+    OperationMismatch,
+)
 from harness.runtime.events import (
+    CompactionStart,
     ConfigUpdate,
     EntryAdded,
     EventDelivery,
     HarnessEvent,
     MessageEnd,
     MessageStart,
+    NavigationStart,
     OperationAbort,
     QueueUpdate,
     RunStart,
 )
-from harness.runtime.requests import RunRequest, check_input_message, normalize_request
+from harness.runtime.requests import PromptRequest, RunRequest, check_input_message, normalize_request
 from harness.runtime.snapshot import LanePresentation, LaneView, capture_snapshot, queued_item, queues_of
+from harness.runtime.summary import plan_compaction
 from harness.runtime.types import CurrentOperationInfo, LaneExecutionInfo, LaneInfo, LaneSnapshot, OperationStatus
 from harness.session import (
     AbortCause,
@@ -43,6 +58,7 @@ from harness.session import (
     LaneLastResult,
     LaneState,
     MessagePayload,
+    NavigationReady,
     OperationMeta,
     OperationState,
     PendingCustom,
@@ -51,12 +67,16 @@ from harness.session import (
     RunStarting,
     SessionMutator,
     StorageCorruption,
+    SummaryPending,
+    SummaryTask,
+    UnknownEntry,
     addresses,
     new_id,
 )
-from harness.session.records import RunIntent, ThinkingLevel
+from harness.session.records import CompactionIntent, NavigationIntent, RunIntent, ThinkingLevel
 
 if TYPE_CHECKING:
+    from harness.runtime.drive import RunDriver
     from harness.runtime.harness import AgentHarness
 
 R = TypeVar("R")
@@ -141,6 +161,7 @@ class Lane:
         self._meta = meta
         self._operation_state = operation_state
         self._presentation = LanePresentation()
+        self._drive: RunDriver | None = None
         # Payloads of queued entries this process has read or written; the harness owns the
         # session, so nothing else can change them (HA-4). Never filled at attachment (HA-3).
         self._pending: dict[str, PendingEntry] = {}
@@ -153,13 +174,15 @@ class Lane:
 
     @property
     def config(self) -> LaneConfig:
-        """The lane's configured model, thinking level and active tools."""
-        return self._config
+        """A copy of the lane's configured model, thinking level and active tools."""
+        return self._config.model_copy(deep=True)
 
     def _status(self) -> OperationStatus | None:
         if self._operation_state is None:
             return None
-        return "aborting" if isinstance(self._operation_state.control, CancelRequested) else "open"
+        if isinstance(self._operation_state.control, CancelRequested):
+            return "aborting"
+        return "running" if self._drive is not None else "open"
 
     def _current(self) -> CurrentOperationInfo | None:
         meta, state, status = self._meta, self._operation_state, self._status()
@@ -195,6 +218,10 @@ class Lane:
                     raise StorageCorruption(f"queued entry {entry_id} has no stored payload", entry_id=entry_id)
                 self._pending[entry_id] = value
 
+    async def _load_inbox(self, m: SessionMutator, context: Context, extra: Sequence[str] = ()) -> None:
+        """Load the payloads of every queued entry (and `extra` ids): `queue_update` carries them all."""
+        await self._load_pending(m, [*(item.entry_id for item in self._state.inbox), *extra], context)
+
     def _queue_update(self) -> QueueUpdate:
         queues, writes = queues_of(self._state.inbox, self._pending)
         return QueueUpdate(lane=self.name, queues=queues, pending_writes=writes)
@@ -226,11 +253,9 @@ class Lane:
         normalized = normalize_request(request, self._harness._skills, self._harness._templates)
 
         async def plan(m: SessionMutator) -> Decision[AcceptedRun]:
-            if self._state.current_operation_id is not None:
-                raise LaneBusy(f"lane {self.name} is running operation {self._state.current_operation_id}",
-                               lane=self.name, operation_id=self._state.current_operation_id)
+            self._refuse_if_busy()
             captured = self._state.ids_of("next_run")
-            await self._load_pending(m, captured, context)
+            await self._load_inbox(m, context)
             queued = [queued_item(i, self._pending[i]).message for i in captured]
             messages = [*queued, *normalized.messages]
             if not messages:
@@ -277,7 +302,10 @@ class Lane:
         if (await m.get_record(addresses.operation_meta(operation_id), context) is not None
                 or (self._last_result is not None and self._last_result.operation_id == operation_id)):
             raise OperationIdTaken(f"operation id {operation_id} is already used", operation_id=operation_id)
-        taken = await m.entries(entry_ids, context)
+        taken = set(await m.entries(entry_ids, context))
+        for entry_id in entry_ids:  # a queued entry's pre-minted id is taken too
+            if entry_id in self._pending or await m.get_record(addresses.pending_entry(entry_id), context):
+                taken.add(entry_id)
         if taken:
             used: list[JsonValue] = [*sorted(taken)]
             raise OperationIdTaken(f"entry ids already used: {', '.join(sorted(taken))}", entry_ids=used)
@@ -288,17 +316,23 @@ class Lane:
         """Append `message` to the lane and return its entry id. Idle, it is placed at once;
         while an operation is open it becomes a pending write, placed at the next safe point and
         shown in the snapshot's pending writes (CE-4)."""
-        return await self._append(PendingMessage(message=message), context)
+        return await self._append(PendingMessage(message=owned(message)), context)
 
     async def append_custom(self, custom_type: str, data: JsonValue, context: Context) -> str:
-        """Append application state the model never reads; same placement rules as `append_message`."""
-        return await self._append(PendingCustom(custom_type=custom_type, data=data), context)
+        """Append application state the model never reads; same placement rules as `append_message`.
+        Raises `InvalidInput` for data that is not clean JSON (NaN, infinities, lone surrogates)."""
+        try:
+            pending = PendingCustom(custom_type=custom_type, data=copy.deepcopy(data))
+        except ValidationError as error:
+            raise InvalidInput(f"custom entry data is not storable JSON: {error.errors()[0]['msg']}") from error
+        return await self._append(pending, context)
 
     async def _append(self, pending: PendingEntry, context: Context) -> str:
         entry_id = new_id()
 
         async def plan(m: SessionMutator) -> Decision[str]:
             if self._state.current_operation_id is not None:
+                await self._load_inbox(m, context)
                 return self._enqueue(m, entry_id, "write", pending)
             payload = payload_of(pending.message) if isinstance(pending, PendingMessage) else entry_payload(pending)
             parent = self._tip_id
@@ -334,8 +368,8 @@ class Lane:
             if needs_operation and self._state.current_operation_id is None:
                 raise NoActiveOperation(f"lane {self.name} has no open operation to {kind.replace('_', '-')}",
                                         lane=self.name)
-            await self._load_pending(m, [item.entry_id for item in self._state.inbox], context)
-            return self._enqueue(m, entry_id, kind, PendingMessage(message=message))
+            await self._load_inbox(m, context)
+            return self._enqueue(m, entry_id, kind, PendingMessage(message=owned(message)))
 
         return await self._command(plan, context)
 
@@ -368,7 +402,7 @@ class Lane:
             if isinstance(state.control, CancelRequested):
                 return Decision(AbortRequest(meta.operation_id, False, (), ()), lambda _: [])
             steer, follow_up = self._state.ids_of("steer"), self._state.ids_of("follow_up")
-            await self._load_pending(m, [*steer, *follow_up], context)
+            await self._load_inbox(m, context)
             control = CancelRequested(cause=cause, requested_at=now_ms(), drained_steer=steer,
                                       drained_follow_up=follow_up)
             new_state = state.model_copy(update={"control": control})
@@ -379,6 +413,8 @@ class Lane:
 
             def after(result: CommitResult | None) -> list[HarnessEvent]:
                 self._operation_state, self._state = new_state, lane_state
+                if self._drive is not None:
+                    self._drive.on_abort()
                 abort = OperationAbort(
                     lane=self.name, operation_id=meta.operation_id, cause=cause,
                     steer=tuple(queued_item(i, self._pending[i]) for i in steer),
@@ -389,6 +425,151 @@ class Lane:
             return Decision(AbortRequest(meta.operation_id, True, tuple(steer), tuple(follow_up)), after)
 
         return await self._command(plan, context)
+
+    # -- driving (issue: drive) ---------------------------------------------------------------------
+
+    async def drive(self, expected_operation_id: str, context: Context, *, wait_for_retry: bool = True,
+                    poll_deferred: bool = False) -> ResumeOutcome:
+        """Drive operation `expected_operation_id` until it settles or waits, and return how.
+
+        Fenced: another current operation raises `OperationMismatch`; an operation that already
+        settled returns its result. A drive already running here is joined, not repeated.
+        `wait_for_retry=False` returns `WaitingRetry` instead of waiting out a retry; with
+        `poll_deferred` a deferred reply is fetched once. Cancelling `context` stops waiting for
+        the outcome; it does not abort the run (HA-22: use `request_abort`)."""
+        from harness.runtime.drive import RunDriver
+
+        async def plan(m: SessionMutator) -> Decision[RunDriver | Settled]:
+            current = self._state.current_operation_id
+            if self._drive is not None and self._drive.operation_id == expected_operation_id:
+                driver = self._drive
+            elif current == expected_operation_id:
+                driver = RunDriver(self, expected_operation_id, Context(context.attributes))
+            elif self._last_result is not None and self._last_result.operation_id == expected_operation_id:
+                return Decision(Settled(operation_id=expected_operation_id, result=owned(self._last_result)),
+                                lambda _: [])
+            else:
+                raise OperationMismatch(
+                    f"operation {expected_operation_id} is not the current operation of lane {self.name}",
+                    lane=self.name, expected_operation_id=expected_operation_id, current_operation_id=current,
+                    last_operation_id=self._last_result.operation_id if self._last_result else None,
+                )
+            driver.wait_for_retry = driver.wait_for_retry and wait_for_retry
+            driver.poll_permits += int(poll_deferred)
+            if driver.task is None:
+                self._drive = driver
+                driver.task = asyncio.get_running_loop().create_task(driver.run())
+            return Decision(driver, lambda _: [])
+
+        claimed = await self._command(plan, context)
+        if isinstance(claimed, Settled):
+            return claimed
+        assert claimed.task is not None
+        waiter = asyncio.ensure_future(context.wait_cancelled())
+        try:
+            await asyncio.wait({claimed.task, waiter}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            waiter.cancel()
+        if not claimed.task.done():
+            context.raise_if_cancelled()
+        return owned(claimed.task.result())
+
+    async def resume(self, context: Context) -> ResumeOutcome:
+        """Continue the lane's current operation from its durable phase (after a crash, a retry
+        wait or a deferred reply, which it polls once). `NothingToResume` when the lane is idle."""
+        current = self._state.current_operation_id
+        if current is None:
+            raise NothingToResume(f"lane {self.name} has no operation to resume", lane=self.name)
+        return await self.drive(current, context, poll_deferred=True)
+
+    @overload
+    async def prompt(self, text: str, images: Sequence[ImageContent] | None, context: Context) -> ResumeOutcome: ...
+
+    @overload
+    async def prompt(self, messages: Message | Sequence[Message], context: Context) -> ResumeOutcome: ...
+
+    async def prompt(self, *args: Any, **kwargs: Any) -> ResumeOutcome:
+        """Accept a run and drive it: `prompt(text, images, context)` or `prompt(messages, context)`
+        (exactly these two shapes, HA-30)."""
+        named = [kwargs.pop(name) for name in ("text", "messages", "images", "context") if name in kwargs]
+        args = (*args, *named)
+        if kwargs or len(args) not in (2, 3):
+            raise InvalidMessage("prompt takes (text, images, context) or (messages, context)")
+        context = args[-1]
+        if len(args) == 3:
+            request = PromptRequest(text=args[0], images=tuple(args[1] or ()))
+        else:
+            request = PromptRequest(messages=args[0])
+        accepted = await self.accept(request, context)
+        return await self.drive(accepted.operation_id, context)
+
+    async def compact(self, context: Context, *, custom_instructions: str | None = None) -> ResumeOutcome:
+        """Summarize the older part of the lane's branch into a compaction entry, keeping the newest
+        messages verbatim, as an operation of its own; returns how it settled. Raises `LaneBusy`
+        while another operation is open and `NothingToCompact` when the branch is too short."""
+        settings = self._harness.options.drive
+
+        async def plan(m: SessionMutator) -> Decision[str]:
+            self._refuse_if_busy()
+            entries = await branch_entries(m, self._tip_id, context)
+            if plan_compaction(entries, settings.compaction.keep_recent_tokens) is None:
+                raise NothingToCompact(f"lane {self.name} has nothing old enough to compact", lane=self.name)
+            task = SummaryTask(task_id=new_id(), reason="manual", custom_instructions=custom_instructions)
+            state = SummaryPending(task=task, config=self._config, result_entry_id=new_id(),
+                                   max_attempts=settings.retry.max_retries + 1)
+            return self._start_structural(m, CompactionIntent(custom_instructions=custom_instructions), state,
+                                          lambda op: CompactionStart(lane=self.name, operation_id=op, reason="manual"))
+
+        operation_id = await self._command(plan, context)
+        return await self.drive(operation_id, context)
+
+    async def navigate(self, target_entry_id: str | None, context: Context, *, summarize: bool = False,
+                       label: str | None = None, custom_instructions: str | None = None) -> ResumeOutcome:
+        """Move the lane's tip to `target_entry_id` (None: an empty branch), as an operation; with
+        `summarize`, the branch being left is summarized into a branch-summary entry placed at the
+        target first. `label` labels the target. Raises `LaneBusy` and `UnknownEntry`."""
+        settings = self._harness.options.drive
+
+        async def plan(m: SessionMutator) -> Decision[str]:
+            self._refuse_if_busy()
+            if target_entry_id is not None and await m.entry(target_entry_id, context) is None:
+                raise UnknownEntry(f"entry {target_entry_id} does not exist", entry_id=target_entry_id)
+            intent = NavigationIntent(target_id=target_entry_id, summarize=summarize, label=label,
+                                      custom_instructions=custom_instructions)
+            state: OperationState = NavigationReady(target_id=target_entry_id, label=label)
+            if summarize:
+                task = SummaryTask(task_id=new_id(), reason="navigation", custom_instructions=custom_instructions)
+                state = SummaryPending(task=task, config=self._config, result_entry_id=new_id(),
+                                       max_attempts=settings.retry.max_retries + 1)
+            return self._start_structural(
+                m, intent, state,
+                lambda op: NavigationStart(lane=self.name, operation_id=op, target_id=target_entry_id))
+
+        operation_id = await self._command(plan, context)
+        return await self.drive(operation_id, context)
+
+    def _refuse_if_busy(self) -> None:
+        if self._state.current_operation_id is not None:
+            raise LaneBusy(f"lane {self.name} is running operation {self._state.current_operation_id}",
+                           lane=self.name, operation_id=self._state.current_operation_id)
+
+    def _start_structural(self, m: SessionMutator, intent: CompactionIntent | NavigationIntent,
+                          state: OperationState, start: Callable[[str], HarnessEvent]) -> Decision[str]:
+        """Stage an accepted compaction or navigation: meta, first phase, lane state."""
+        operation_id, started_at = new_id(), now_ms()
+        meta = OperationMeta(operation_id=operation_id, lane=self.name, source_tip_id=self._tip_id,
+                             started_at=started_at, intent=intent)
+        lane_state = self._state.model_copy(update={"current_operation_id": operation_id})
+        m.set(addresses.operation_meta(operation_id), meta)
+        m.set(addresses.operation_state(operation_id), state)
+        m.set(addresses.lane_state(self.name), lane_state)
+
+        def after(result: CommitResult | None) -> list[HarnessEvent]:
+            self._meta, self._operation_state, self._state = meta, state, lane_state
+            return [RunStart(lane=self.name, operation_id=operation_id, kind=intent.kind, started_at=started_at),
+                    start(operation_id)]
+
+        return Decision(operation_id, after)
 
     # -- configuration --------------------------------------------------------------------------
 
@@ -430,7 +611,7 @@ class Lane:
 
         async def plan(m: SessionMutator) -> Decision[LaneExecutionInfo]:
             info = LaneExecutionInfo(lane=self.name, tip_id=self._tip_id, configured_model=self._config.model,
-                                     current=self._current(), last_result=self._last_result)
+                                     current=self._current(), last_result=owned(self._last_result))
             return Decision(info, lambda _: [])
 
         return await self._command(plan, context)
@@ -455,6 +636,14 @@ class Lane:
             return Decision(LaneWatch(snapshot, watcher, bus.remove_watcher), lambda _: [])
 
         return await self._command(plan, context)
+
+
+T = TypeVar("T")
+
+
+def owned(value: T) -> T:
+    """A deep copy: what a caller passes in or gets back never aliases the projection (HA-10)."""
+    return copy.deepcopy(value)
 
 
 def captured_model(state: OperationState) -> ModelIdentity | None:

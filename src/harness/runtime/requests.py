@@ -105,6 +105,9 @@ def normalize_request(
     or tool result in a prompt, mismatched `entry_ids`, or both text and messages; `UnknownSkill`
     and `UnknownTemplate` for names not configured. An empty prompt gives no messages: acceptance
     allows that only when queued next-run input supplies some (HA-18)."""
+    for supplied in [request.operation_id, *(getattr(request, "entry_ids", None) or [])]:
+        if supplied is not None:
+            check_supplied_id(supplied)
     match request:
         case SkillRequest():
             skill = skills.get(request.name)
@@ -128,6 +131,8 @@ def normalize_request(
 
 def _prompt_messages(request: PromptRequest) -> tuple[Message, ...]:
     if request.messages is not None:
+        if isinstance(request.messages, str | bytes):
+            raise InvalidMessage("messages must be a message or a list of messages; put text in `text`")
         if request.text or request.images:
             raise InvalidMessage("a prompt is either text and images or messages, not both")
         supplied = (request.messages,) if not isinstance(request.messages, Sequence) else tuple(request.messages)
@@ -141,6 +146,18 @@ def _prompt_messages(request: PromptRequest) -> tuple[Message, ...]:
     content: list[UserContent] = [TextContent(text=request.text)] if request.text else []
     content.extend(request.images)
     return (UserMessage(content=content),)
+
+
+MAX_ID_LENGTH = 200
+
+
+def check_supplied_id(identifier: object) -> None:
+    """A caller-supplied operation or entry id: a non-empty string of at most 200 characters
+    without NUL or lone surrogates (every backend stores it the same way)."""
+    if (not isinstance(identifier, str) or not identifier or len(identifier) > MAX_ID_LENGTH
+            or "\x00" in identifier or any("\ud800" <= c <= "\udfff" for c in identifier)):
+        raise InvalidMessage(f"a supplied id must be 1 to {MAX_ID_LENGTH} characters without NUL or surrogates",
+                             id=repr(identifier)[:80])
 
 
 def check_input_message(message: Message) -> None:

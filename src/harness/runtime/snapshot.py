@@ -12,6 +12,7 @@ from pydantic import JsonValue, TypeAdapter, ValidationError
 from harness.context import Context
 from harness.messages import AssistantMessage, ToolCall
 from harness.providers import AssistantStreamAccumulator, StreamFrame
+from harness.runtime.branch_context import branch_entries
 from harness.runtime.errors import RebaseRequired
 from harness.runtime.events import (
     DeferredHandle,
@@ -53,7 +54,6 @@ from harness.session import (
     CompactionPayload,
     DeferredEffectPending,
     DeferredSuspended,
-    Entry,
     InboxItem,
     LaneLastResult,
     LaneState,
@@ -71,6 +71,7 @@ from harness.session import (
 )
 
 _FRAMES = TypeAdapter(list[StreamFrame])
+_FRAME_PAGES = 1000
 
 
 @dataclass
@@ -105,14 +106,7 @@ async def capture_snapshot(
 
     Raises `StorageCorruption` when a required payload is missing or contradictory (HA-10); absent
     frames and checkpoints just leave the partial out."""
-    transcript: list[Entry] = []
-
-    def visit(entry: Entry) -> None:
-        transcript.append(entry)
-
-    if view.tip_id is not None:
-        await reader.scan_branch(view.tip_id, visit, context)
-    transcript.reverse()
+    transcript = await branch_entries(reader, view.tip_id, context)
 
     control = view.operation_state.control if view.operation_state is not None else None
     drained_ids = (
@@ -127,7 +121,7 @@ async def capture_snapshot(
         lane=view.lane,
         transcript=tuple(transcript),
         tip_id=view.tip_id,
-        last_result=view.last_result,
+        last_result=copy.deepcopy(view.last_result),
         operation=operation,
         queues=queues,
         pending_writes=writes,
@@ -200,9 +194,9 @@ async def _capture_operation(
         case DeferredEffectPending():
             deferred = DeferredInfo(handle=await _deferred_handle(reader, state.source_entry_id, context),
                                     poll=state.poll)
-            streaming = live.streaming_message or await _frames_message(reader, operation_id, state, context)
+            streaming = live.streaming_message or await frames_message(reader, operation_id, state, context)
         case AssistantEffectPending():
-            streaming = live.streaming_message or await _frames_message(reader, operation_id, state, context)
+            streaming = live.streaming_message or await frames_message(reader, operation_id, state, context)
         case RunTools():
             running = await _running_tools(reader, operation_id, state, live, context)
         case _:
@@ -236,17 +230,24 @@ async def _deferred_handle(reader: SessionReader, source_entry_id: str, context:
     return DeferredHandle(id=message.deferred_id, provider=message.provider, model_id=message.model, api=message.api)
 
 
-async def _frames_message(
+async def frames_message(
     reader: SessionReader,
     operation_id: str,
     state: AssistantEffectPending | DeferredEffectPending,
     context: Context,
 ) -> AssistantMessage | None:
-    pages = await reader.read_list(addresses.assistant_frames(operation_id, state.response_entry_id), context)
+    address = addresses.assistant_frames(operation_id, state.response_entry_id)
+    pages = await reader.read_list(address, context, limit=_FRAME_PAGES)
+    while len(pages) % _FRAME_PAGES == 0 and pages:  # a long reply has more than one read's worth
+        more = await reader.read_list(address, context, after_seq=pages[-1].seq, limit=_FRAME_PAGES)
+        if not more:
+            break
+        pages += more
     if not pages:
         return None
     model = state.generation.config.model
     accumulator = AssistantStreamAccumulator(api="", provider=model.provider, model=model.model_id)
+    accumulator.timestamp = 0  # replaced by the persisted start frame's timestamp
     try:
         for page in pages:
             for frame in _FRAMES.validate_python(page.item.get("frames")):

@@ -65,6 +65,7 @@ class LaneLastResult(_Record):
     tip_id: str | None
     final_assistant_entry_id: str | None = None
     error: OperationErrorRecord | None = None
+    abort_cause: AbortCause | None = None
     started_at: int
     ended_at: int
 
@@ -130,11 +131,13 @@ class _Phase(_Record):
 
 class GenerationContext(_Record):
     """What a step captured when it was planned: the lane configuration (model and tools are
-    resolved only when the step executes, HA-23) and the retry policy."""
+    resolved only when the step executes, HA-23), the retry policy, and `step`, this step's number
+    in the run (1-based; the step ceiling counts it)."""
 
     step_id: str
     trigger_entry_id: str | None
     config: LaneConfig
+    step: int = 1
     max_attempts: int = 1
     base_delay_ms: int = 0
     overflow_recovery_used: bool = False
@@ -165,6 +168,8 @@ class RunCheckpoint(_Phase):
     phase: Literal["checkpoint"] = "checkpoint"
     continuation: Continuation
     trigger_entry_id: str | None
+    steps: int = 0
+    compaction_failures: int = 0
 
 
 class AssistantReady(_Phase):
@@ -216,6 +221,7 @@ class ToolBatch(_Record):
     turn_id: str
     config: LaneConfig
     calls: list[ToolCallState]
+    step: int = 1
 
 
 class RunTools(_Phase):

@@ -244,6 +244,7 @@ class SessionReader:
     ) -> AsyncIterator[Entry]:
         current: str | None = start
         remaining = limit
+        seen: set[str] = set()
         while current is not None and (remaining is None or remaining > 0):
             context.raise_if_cancelled()
             page_size = _SCAN_PAGE if remaining is None else min(_SCAN_PAGE, remaining)
@@ -253,6 +254,9 @@ class SessionReader:
             if not rows:
                 raise StorageCorruption(f"entry {current} on the branch is missing", entry_id=current)
             for row in rows:
+                if row.id in seen:  # a parent cycle would otherwise walk forever on the line
+                    raise StorageCorruption(f"entry {row.id} is its own ancestor", entry_id=row.id)
+                seen.add(row.id)
                 yield decode_entry(row)
             last = rows[-1]
             if stop_at_compaction and last.type == "compaction":
@@ -341,7 +345,7 @@ class SessionMutator(SessionReader):
                 self._committed = await asyncio.shield(in_flight)
                 break
             except asyncio.CancelledError:
-                if in_flight.done():
+                if in_flight.cancelled():
                     raise
                 # The commit may land: wait for its outcome so the continuation (projection,
                 # events) matches the journal, and deliver the cancellation after the job.
@@ -406,7 +410,18 @@ class Session(SessionReader):
         """Claim the session for `owner` until `detach`; `SessionOwned` if anyone holds it."""
         async with self._line:
             self._refuse_if_owned()
-            self._claim = await self._backend.claim(self.id, context)
+            claiming = asyncio.ensure_future(self._backend.claim(self.id, context))
+            try:
+                self._claim = await asyncio.shield(claiming)
+            except asyncio.CancelledError:
+                # The claim may still land in its thread: release it rather than leak it.
+                if not claiming.cancelled():
+                    try:
+                        claim = await claiming
+                    except Exception:
+                        raise asyncio.CancelledError from None
+                    await self._backend.release(claim, context)
+                raise
             self._owner = owner
         return SessionOwnership(self, owner)
 

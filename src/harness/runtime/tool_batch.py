@@ -1,0 +1,366 @@
+"""Running one assistant reply's tool calls: intent, effect, staging, placement in source order.
+
+Each call: prepare (unknown tool, malformed or invalid arguments, truncated reply: an error result
+without running, HA-25), `before_tool` (fails closed; may block or replace the arguments), the
+intent commit (arguments stored, status `effect_pending`, `tool_start`), the effect, `after_tool`,
+then staging (`outcome_ready`, `tool_end`). Staged results are placed on the branch in source
+order as soon as every earlier call has one, so a call and its result are never separated.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from jsonschema.validators import validator_for
+from pydantic import JsonValue
+
+from harness.messages import AssistantMessage, TextContent, ToolCall, ToolResultMessage
+from harness.runtime.drive_types import Block, ToolCallRequest
+from harness.runtime.events import (
+    EntryAdded,
+    HarnessEvent,
+    MessageEnd,
+    MessageStart,
+    ToolEnd,
+    ToolStart,
+    ToolUpdate,
+    TurnEnd,
+)
+from harness.runtime.fault_points import FaultPoint, reached
+from harness.runtime.lane import Decision
+from harness.runtime.tools import AgentTool, ToolOutput
+from harness.session import (
+    CancelRequested,
+    CommitResult,
+    Entry,
+    MayFinish,
+    MessagePayload,
+    NeedAssistant,
+    PendingMessage,
+    RunCheckpoint,
+    RunTools,
+    SessionMutator,
+    StorageCorruption,
+    ToolCallState,
+    addresses,
+)
+
+if TYPE_CHECKING:
+    from harness.runtime.drive import RunDriver
+
+INTERRUPTED = ("The tool was interrupted before it reported a result, so whether its side effects "
+               "happened is unknown.")
+NOT_RUN_ABORTED = "The run was aborted before this tool call started; it was not run."
+UNKNOWN_TOOL = "Tool {name!r} is not available; it was not run."
+INVALID_ARGUMENTS = "The arguments are not valid for tool {name!r}, so it was not run: {problem}"
+TRUNCATED = "The reply was cut off at the output limit, so these arguments may be incomplete; it was not run. " \
+            "Re-issue the call with complete arguments."
+BLOCKED = "The call was blocked: {reason}"
+
+
+class ToolBatchRunner:
+    def __init__(self, driver: RunDriver, state: RunTools) -> None:
+        self.driver, self.lane = driver, driver.lane
+        self.batch = state.batch
+        self.tools = {name: driver.harness._tools[name] for name in self.batch.config.active_tools
+                      if name in driver.harness._tools}
+        self.tasks: dict[int, asyncio.Task[None]] = {}
+        self.message: AssistantMessage | None = None
+
+    @property
+    def aborting(self) -> bool:
+        state = self.lane._operation_state
+        return self.driver.abort_requested.is_set() or (
+            state is not None and isinstance(state.control, CancelRequested))
+
+    def _calls(self) -> list[ToolCallState]:
+        state = self.lane._operation_state
+        return state.batch.calls if isinstance(state, RunTools) else []
+
+    async def run(self) -> None:
+        """Run the batch to the end (every call answered and placed), or, under an abort, answer
+        every open call with an interrupted or not-run result within the grace period."""
+        message = self.message = await self._assistant_message()
+        for index, call in enumerate(self.batch.calls):
+            if self.aborting:
+                break
+            current = self._calls()[index]
+            if current.status in ("outcome_ready", "completed"):
+                continue
+            block = message.content[call.source_index]
+            if not isinstance(block, ToolCall):  # HA-11: indexes count every content block
+                raise StorageCorruption(f"content {call.source_index} of the reply is not a tool call",
+                                        entry_id=self.batch.assistant_entry_id)
+            if current.status == "effect_pending":
+                await self._restore(index, block)
+            else:
+                await self._start(index, block, message)
+        await self._finish()
+
+    async def _assistant_message(self) -> AssistantMessage:
+        entry_id = self.batch.assistant_entry_id
+
+        async def plan(m: SessionMutator) -> Decision[AssistantMessage]:
+            entry = await m.entry(entry_id, self.driver.context)
+            message = entry.payload.message if entry and isinstance(entry.payload, MessagePayload) else None
+            if not isinstance(message, AssistantMessage):
+                raise StorageCorruption(f"entry {entry_id} should be the reply whose tools run", entry_id=entry_id)
+            return Decision(message, lambda _: [])
+
+        return await self.lane._command(plan, self.driver.context)
+
+    # -- one call -------------------------------------------------------------------------------
+
+    def _problem(self, block: ToolCall, tool: AgentTool | None, args: dict[str, JsonValue],
+                 message: AssistantMessage) -> str | None:
+        if tool is None:
+            return UNKNOWN_TOOL.format(name=block.name)
+        if message.stop_reason == "length":
+            return TRUNCATED
+        if block.raw_arguments is not None:
+            return INVALID_ARGUMENTS.format(name=block.name, problem="they are not a JSON object")
+        schema = tool.spec.parameters
+        errors = sorted(validator_for(schema)(schema).iter_errors(args), key=lambda e: list(e.path))
+        if errors:
+            return INVALID_ARGUMENTS.format(name=block.name, problem=errors[0].message)
+        return None
+
+    async def _start(self, index: int, block: ToolCall, message: AssistantMessage) -> None:
+        tool = self.tools.get(block.name)
+        args: dict[str, JsonValue] = dict(block.arguments)
+        problem = self._problem(block, tool, args, message)
+        if problem is None and tool is not None and self.driver.hooks.before_tool is not None:
+            request = ToolCallRequest(self.driver.operation_id, block.id, block.name, args)
+            try:
+                decision = await self.driver.hooks.before_tool(request, self.driver.context)
+            except Exception as error:  # approval fails closed
+                decision = Block(reason=f"the approval check failed: {error}")
+            if self.aborting:
+                return
+            if isinstance(decision, Block):
+                problem = BLOCKED.format(reason=decision.reason)
+            elif decision is not None:
+                args = decision
+                problem = self._problem(block, tool, args, message)
+        if problem is not None or tool is None:
+            await self._stage(index, block, _error_result(block, problem or UNKNOWN_TOOL.format(name=block.name)))
+            return
+        if not await self._intent(index, block, tool, args):
+            return
+        reached(FaultPoint.TOOL_INTENT)
+        task = asyncio.get_running_loop().create_task(self._execute(index, block, tool, args))
+        self.tasks[index] = task
+        if self.driver.settings.tool_execution == "sequential":
+            await asyncio.wait({task})
+
+    async def _restore(self, index: int, block: ToolCall) -> None:
+        """An effect that may have happened before a crash: run it again only if it is safe."""
+        tool = self.tools.get(block.name)
+        call = self._calls()[index]
+        address = addresses.tool_args(self.driver.operation_id, self.batch.turn_id, call.source_index)
+
+        async def read(m: SessionMutator) -> Decision[dict[str, JsonValue] | None]:
+            stored: dict[str, JsonValue] | None = await m.get(address, self.driver.context)
+            return Decision(stored, lambda _: [])
+
+        args = await self.lane._command(read, self.driver.context)
+        if tool is None or tool.replay != "safe" or call.replay != "safe" or args is None:
+            await self._stage(index, block, await self._interrupted(block, call))
+            return
+        self.lane._present(lambda p: None, [ToolStart(lane=self.lane.name, operation_id=self.driver.operation_id,
+                                                     turn_id=self.batch.turn_id, tool_call_id=block.id,
+                                                     tool_name=block.name, args=args)], self.driver.context)
+        self.tasks[index] = asyncio.get_running_loop().create_task(self._execute(index, block, tool, args))
+
+    async def _intent(self, index: int, block: ToolCall, tool: AgentTool, args: dict[str, JsonValue]) -> bool:
+        lane, driver = self.lane, self.driver
+        address = addresses.tool_args(driver.operation_id, self.batch.turn_id, self.batch.calls[index].source_index)
+
+        async def plan(m: SessionMutator) -> Decision[bool]:
+            state = lane._operation_state
+            if not isinstance(state, RunTools) or isinstance(state.control, CancelRequested):
+                return Decision(False, lambda _: [])
+            calls = list(state.batch.calls)
+            calls[index] = calls[index].model_copy(update={"status": "effect_pending", "replay": tool.replay})
+            new_state = state.model_copy(update={"batch": state.batch.model_copy(update={"calls": calls})})
+            m.set(address, args)
+            m.set(addresses.operation_state(driver.operation_id), new_state)
+
+            def after(result: CommitResult | None) -> Sequence[HarnessEvent]:
+                lane._operation_state = new_state
+                return [ToolStart(lane=lane.name, operation_id=driver.operation_id, turn_id=self.batch.turn_id,
+                                  tool_call_id=block.id, tool_name=block.name, args=args)]
+
+            return Decision(True, after)
+
+        return await lane._command(plan, driver.context)
+
+    async def _execute(self, index: int, block: ToolCall, tool: AgentTool, args: dict[str, JsonValue]) -> None:
+        driver, lane = self.driver, self.lane
+        effect = driver.effect_context()
+        call = self.batch.calls[index]
+        checkpoint = addresses.tool_checkpoint(driver.operation_id, call.result_entry_id)
+
+        async def on_update(partial: JsonValue, persist: bool) -> None:
+            reached(FaultPoint.TOOL_EFFECT)  # progress means the effect is under way
+            def show(presentation: object) -> None:
+                lane._presentation.tool_progress[block.id] = partial
+
+            lane._present(show, [ToolUpdate(lane=lane.name, operation_id=driver.operation_id,
+                                            turn_id=self.batch.turn_id, tool_call_id=block.id,
+                                            partial_result=partial)], driver.context)
+            if persist:
+                async def plan(m: SessionMutator) -> Decision[None]:
+                    if self._calls()[index].status == "effect_pending":
+                        m.set(checkpoint, partial)
+                    return Decision(None, lambda _: [])
+
+                await lane._command(plan, driver.context)
+
+        try:
+            output = await tool.execute(block.id, args, on_update, effect)
+        except asyncio.CancelledError:
+            raise
+        except Exception as error:  # a tool's failure is its result, not the run's
+            output = ToolOutput(content=[TextContent(text=f"{type(error).__name__}: {error}")], is_error=True)
+        finally:
+            driver.end_effect(effect)
+            lane._presentation.tool_progress.pop(block.id, None)
+        if driver.hooks.after_tool is not None and not self.aborting:
+            request = ToolCallRequest(driver.operation_id, block.id, block.name, args)
+            try:
+                output = await driver.hooks.after_tool(request, output, driver.context) or output
+            except Exception as error:
+                output = ToolOutput(content=[TextContent(text=f"after_tool failed: {error}")], is_error=True)
+        result = ToolResultMessage(tool_call_id=block.id, tool_name=block.name, content=output.content,
+                                   details=output.details, is_error=output.is_error)
+        reached(FaultPoint.BEFORE_TOOL_STAGING)
+        await self._stage(index, block, result, terminate=output.terminate)
+
+    async def _interrupted(self, block: ToolCall, call: ToolCallState) -> ToolResultMessage:
+        """An interruption result: the latest checkpoint, if any, and a note that the outcome is unknown."""
+        address = addresses.tool_checkpoint(self.driver.operation_id, call.result_entry_id)
+
+        async def read(m: SessionMutator) -> Decision[JsonValue]:
+            return Decision(await m.get(address, self.driver.context), lambda _: [])
+
+        partial = await self.lane._command(read, self.driver.context)
+        text = INTERRUPTED if partial is None else f"{INTERRUPTED} Last progress it reported:\n{json.dumps(partial)}"
+        return _error_result(block, text)
+
+    # -- staging and placement ------------------------------------------------------------------
+
+    async def _stage(self, index: int, block: ToolCall, result: ToolResultMessage, *, terminate: bool = False) -> None:
+        """Stage `result` for call `index` and place every result whose earlier calls all have one."""
+        lane, driver = self.lane, self.driver
+
+        async def plan(m: SessionMutator) -> Decision[None]:
+            state = lane._operation_state
+            if not isinstance(state, RunTools) or state.batch.calls[index].status not in ("planned", "effect_pending"):
+                return Decision(None, lambda _: [])  # a late result after an interruption: discarded
+            call = state.batch.calls[index]
+            calls = list(state.batch.calls)
+            final_terminate = terminate and not isinstance(state.control, CancelRequested)
+            calls[index] = call.model_copy(update={"status": "outcome_ready", "terminate": final_terminate})
+            m.set(addresses.pending_entry(call.result_entry_id), PendingMessage(message=result))
+            m.delete(addresses.tool_checkpoint(driver.operation_id, call.result_entry_id))
+            lane._pending[call.result_entry_id] = PendingMessage(message=result)
+            ready = []
+            for position, candidate in enumerate(calls):
+                if candidate.status == "completed":
+                    continue
+                if candidate.status != "outcome_ready":
+                    break
+                ready.append(position)
+            await lane._load_pending(m, [calls[i].result_entry_id for i in ready], driver.context)
+            parent, first_parent = lane._tip_id, lane._tip_id
+            placed_ids, payloads = [], []
+            for position in ready:
+                entry_id = calls[position].result_entry_id
+                pending = lane._pending[entry_id]
+                assert isinstance(pending, PendingMessage)
+                payload = MessagePayload.model_validate({"message": pending.message.model_dump()})
+                parent = m.insert_entry(payload, parent_id=parent, entry_id=entry_id)
+                m.delete(addresses.pending_entry(entry_id))
+                calls[position] = calls[position].model_copy(update={"status": "completed"})
+                placed_ids.append(entry_id)
+                payloads.append(payload)
+            complete = all(c.status == "completed" for c in calls)
+            new_state: RunTools | RunCheckpoint
+            if complete:
+                for c in calls:
+                    m.delete(addresses.tool_args(driver.operation_id, self.batch.turn_id, c.source_index))
+                continuation = MayFinish() if all(c.terminate for c in calls) else NeedAssistant()
+                new_state = RunCheckpoint(continuation=continuation, trigger_entry_id=parent, steps=self.batch.step,
+                                          control=state.control)
+            else:
+                new_state = state.model_copy(update={"batch": state.batch.model_copy(update={"calls": calls})})
+            m.set(addresses.operation_state(driver.operation_id), new_state)
+            if placed_ids:
+                m.set(addresses.branch_tip(lane.name), parent)
+
+            def after(commit: CommitResult | None) -> Sequence[HarnessEvent]:
+                assert commit is not None
+                lane._operation_state = new_state
+                lane._tip_id = parent
+                events: list[HarnessEvent] = [ToolEnd(lane=lane.name, operation_id=driver.operation_id,
+                                                      turn_id=self.batch.turn_id, tool_call_id=block.id,
+                                                      result=result, terminate=final_terminate)]
+                previous = first_parent
+                for i, (entry_id, payload) in enumerate(zip(placed_ids, payloads, strict=True)):
+                    entry = Entry(id=entry_id, parent_id=previous, seq=commit.seqs[i], timestamp=commit.timestamp,
+                                  payload=payload)
+                    events += [MessageStart(lane=lane.name, message=payload.message),
+                               MessageEnd(lane=lane.name, message=payload.message, entry_id=entry_id),
+                               EntryAdded(lane=lane.name, entry=entry)]
+                    previous = entry_id
+                    lane._pending.pop(entry_id, None)
+                if complete and self.message is not None:
+                    events.append(TurnEnd(lane=lane.name, operation_id=driver.operation_id,
+                                          turn_id=self.batch.turn_id, message=self.message,
+                                          tool_results=tuple(p.message for p in payloads
+                                                             if isinstance(p.message, ToolResultMessage))))
+                return events
+
+            return Decision(None, after)
+
+        await lane._command(plan, driver.context)
+
+    async def _finish(self) -> None:
+        """Wait for the running effects; under an abort, give them the grace period, then answer
+        every open call: interrupted if it started, not run if it did not."""
+        pending = {task for task in self.tasks.values() if not task.done()}
+        if pending:
+            abort_wait = asyncio.ensure_future(self.driver.abort_requested.wait())
+            try:
+                while pending and not self.aborting:
+                    done, _ = await asyncio.wait(pending | {abort_wait}, return_when=asyncio.FIRST_COMPLETED)
+                    pending -= done
+            finally:
+                abort_wait.cancel()
+        if self.aborting and pending:
+            _, late = await asyncio.wait(pending, timeout=self.driver.settings.abort_grace_s)
+            for task in late:
+                task.cancel()
+        for task in self.tasks.values():
+            if task.done() and not task.cancelled() and task.exception() is not None:
+                raise task.exception()  # type: ignore[misc]
+        if not self.aborting:
+            return
+        message = await self._assistant_message()
+        for index, call in enumerate(self._calls()):
+            block = message.content[call.source_index]
+            assert isinstance(block, ToolCall)
+            if call.status == "planned":
+                await self._stage(index, block, _error_result(block, NOT_RUN_ABORTED))
+            elif call.status == "effect_pending":
+                await self._stage(index, block, await self._interrupted(block, call))
+
+
+def _error_result(block: ToolCall, text: str) -> ToolResultMessage:
+    """A synthetic error result: no details, the tool's own contract is not invented (HA-25)."""
+    return ToolResultMessage(tool_call_id=block.id, tool_name=block.name, content=[TextContent(text=text)],
+                             is_error=True)
