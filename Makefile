@@ -36,3 +36,4 @@ bench: $(STAMP)
 	$(BIN)/python -m bench.journal
 	$(BIN)/python -m bench.providers
 	$(BIN)/python -m bench.runtime
+	$(BIN)/python -m bench.drive

@@ -276,6 +276,7 @@ async def test_a_failed_commit_leaves_no_state_and_no_event(store: Store, ctx: C
     assert seen == []
     assert lane.info().operation is None
     assert lane.tip_id is None
+    assert isinstance(harness.persistence_failure, StoreUnavailable)  # the latch CE-3 reads
     retry = await lane.accept(PromptRequest(text="again"), ctx)
     assert [m.content for m in await transcript(harness, ctx)] == ["kept", "again"]
     assert retry.operation_id == lane.info().operation.id  # type: ignore[union-attr]

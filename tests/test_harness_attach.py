@@ -226,7 +226,7 @@ async def test_a_harness_in_another_process_is_refused(store: Store, ctx: Contex
 
     def other_process() -> str:
         done = subprocess.run([sys.executable, "-c", CHILD, store.url, session.id],
-                              capture_output=True, text=True, timeout=60, check=True)
+                              capture_output=True, text=True, timeout=180, check=True)
         return done.stdout.strip()
 
     assert await asyncio.to_thread(other_process) == "owned"

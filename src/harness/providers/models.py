@@ -45,9 +45,10 @@ built-in OpenAI and Anthropic models leave `base_url` unset, so the SDKs' `OPENA
 
 from __future__ import annotations
 
+import importlib
 import os
 import tomllib
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -57,11 +58,6 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from harness.errors import HarnessError, ModelUnavailable
 from harness.messages import ModelIdentity
-from harness.providers.anthropic_messages import AnthropicMessagesProvider
-from harness.providers.embedded import EmbeddedProvider
-from harness.providers.faux import FauxProvider
-from harness.providers.openai_chat import OpenAIChatProvider
-from harness.providers.openai_responses import OpenAIResponsesProvider
 from harness.providers.protocol import ApiName, InputModality, Model, ModelCost, Provider
 
 
@@ -166,14 +162,21 @@ BUILTIN_MODELS: tuple[Model, ...] = (
 """Every built-in model, in the order `default_identity` prefers them."""
 
 
-_DEFAULT_PROVIDERS: dict[ApiName, Callable[[], Provider]] = {
-    "openai-chat": OpenAIChatProvider,
-    "openai-responses": OpenAIResponsesProvider,
-    "anthropic-messages": AnthropicMessagesProvider,
-    "faux": FauxProvider,
-    "embedded": EmbeddedProvider,
+_DEFAULT_PROVIDERS: dict[ApiName, tuple[str, str]] = {
+    "openai-chat": ("openai_chat", "OpenAIChatProvider"),
+    "openai-responses": ("openai_responses", "OpenAIResponsesProvider"),
+    "anthropic-messages": ("anthropic_messages", "AnthropicMessagesProvider"),
+    "faux": ("faux", "FauxProvider"),
+    "embedded": ("embedded", "EmbeddedProvider"),
 }
-"""The adapter class serving each api when none was registered."""
+"""The adapter class serving each api when none was registered, imported on first use (the SDKs
+take seconds to import)."""
+
+
+def _default_provider(api: ApiName) -> Provider:
+    module, name = _DEFAULT_PROVIDERS[api]
+    provider: Provider = getattr(importlib.import_module(f"harness.providers.{module}"), name)()
+    return provider
 
 
 @dataclass(frozen=True)
@@ -250,7 +253,7 @@ class ModelRegistry:
         """The provider serving `model.api`: a registered one, else the default adapter (created once)."""
         provider = self._providers.get(model.api)
         if provider is None:
-            provider = self._providers[model.api] = _DEFAULT_PROVIDERS[model.api]()
+            provider = self._providers[model.api] = _default_provider(model.api)
         return provider
 
     def resolve(self, identity: ModelIdentity) -> tuple[Model, Provider]:

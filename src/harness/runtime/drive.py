@@ -74,9 +74,11 @@ from harness.session import (
     CancelRequested,
     CommitResult,
     CompactionPayload,
+    CustomMessagePayload,
     DeferredEffectPending,
     DeferredSuspended,
     Entry,
+    EntryPayload,
     FailureDrain,
     FailureProvenance,
     GenerationContext,
@@ -183,7 +185,7 @@ class RunDriver:
                 self.poll_permits -= 1
                 await self._poll_deferred(state)
             case DeferredEffectPending():
-                await self._settle_reply(state, await self._interrupted_reply(state), _interruption())
+                await self._recover_poll(state)
             case FailureDrain():
                 return await self._settle(state, "failed", error=state.error)
             case SummaryPending():
@@ -222,9 +224,9 @@ class RunDriver:
                 return Decision(False, lambda _: [])
             new_state = make_state(current) if callable(make_state) else make_state
             new_state = new_state.model_copy(update={"control": current.control})
-            m.set(addresses.operation_state(self.operation_id), new_state)
             if stage is not None:
-                stage(m)
+                stage(m)  # first, so an entry it inserts is write 0 of the commit
+            m.set(addresses.operation_state(self.operation_id), new_state)
 
             def after(result: CommitResult | None) -> Sequence[HarnessEvent]:
                 lane._operation_state = new_state
@@ -345,6 +347,8 @@ class RunDriver:
         if self.hooks.transform_context is not None:
             messages = await self.hooks.transform_context(messages, self.context)
         tools = tuple(self.harness._tools[name].spec for name in generation.config.active_tools)
+        if model.max_tool_steps is not None and generation.step > model.max_tool_steps:
+            tools = ()  # a model too small to trust with more tool steps answers in text now
         request = ProviderRequest(system_prompt=self.harness.options.system_prompt, messages=tuple(messages),
                                   tools=tools)
         intent = AssistantEffectPending(generation=generation, attempt=state.next_attempt,
@@ -392,6 +396,26 @@ class RunDriver:
         reached(FaultPoint.BEFORE_REPLY_SETTLEMENT)
         await self._settle_reply(intent, message, error)
 
+    async def _recover_poll(self, state: DeferredEffectPending) -> None:
+        """A poll a crash interrupted: the provider still holds the answer, so the poll is made
+        again under the same number, dropping the reserved ids and partial frames; if the model is
+        gone, redemption is abandoned through a configuration failure, settling nothing (HA-24)."""
+        frames = addresses.assistant_frames(self.operation_id, state.response_entry_id)
+
+        def drop_frames(m: SessionMutator) -> None:
+            m.delete_list(frames)
+
+        try:
+            self._resolve(state.generation.config.model, ())
+        except ModelUnavailable as unavailable:
+            error = OperationErrorRecord(code=unavailable.code, message=unavailable.message,
+                                         details=unavailable.details)
+            await self._transition(FailureDrain(error=error, provenance=FailureProvenance(kind="configuration")),
+                                   drop_frames)
+            return
+        await self._transition(DeferredSuspended(generation=state.generation, source_entry_id=state.source_entry_id,
+                                                 poll=state.poll - 1), drop_frames)
+
     async def _consume(
         self, stream: AsyncIterator[StreamEvent], intent: AssistantEffectPending | DeferredEffectPending, model: Model
     ) -> tuple[AssistantMessage, ProviderErrorInfo | None]:
@@ -402,7 +426,20 @@ class RunDriver:
         frames = FrameWriter(self, intent)
         final: AssistantMessage | None = None
         error: ProviderErrorInfo | None = None
+        loop = asyncio.get_running_loop()
+        published_at = 0.0
         started = False
+        trailing: asyncio.TimerHandle | None = None
+
+        def publish() -> None:
+            nonlocal started, published_at, trailing
+            trailing = None
+            partial = accumulator.message("stop")
+            update: HarnessEvent = (MessageUpdate(lane=lane.name, message=partial) if started
+                                    else MessageStart(lane=lane.name, message=partial))
+            started, published_at = True, loop.time()
+            lane._present(_showing(partial), [update], self.context)
+
         try:
             async for event in stream:
                 if isinstance(event, DoneEvent):
@@ -415,12 +452,18 @@ class RunDriver:
                     event = event.model_copy(update={"timestamp": accumulator.timestamp})
                 accumulator.apply(event)
                 frames.add(event.model_dump(mode="json"))
-                partial = accumulator.message("stop")
-                update: HarnessEvent = (MessageUpdate(lane=lane.name, message=partial) if started
-                                        else MessageStart(lane=lane.name, message=partial))
-                started = True
-                lane._present(_showing(partial), [update], self.context)
+                # Building the partial reply costs O(its length): publish at a bounded rate, and
+                # what a pause in the stream holds back is published when the interval is over.
+                wait = published_at + self.settings.presentation_interval_s - loop.time()
+                if not started or wait <= 0:
+                    if trailing is not None:
+                        trailing.cancel()
+                    publish()
+                elif trailing is None:
+                    trailing = loop.call_later(wait, publish)
         finally:
+            if trailing is not None:
+                trailing.cancel()
             await frames.close()
         if final is None:
             error = ProviderErrorInfo(kind="other", message="the provider stream ended without a final message")
@@ -511,8 +554,10 @@ class RunDriver:
     ) -> OperationState:
         """Classify the reply into the next phase (first match wins)."""
         generation = intent.generation
-        finish = RunCheckpoint(continuation=MayFinish(include_final_assistant=True),
-                               trigger_entry_id=intent.response_entry_id, steps=generation.step)
+        written = not (message.stop_reason == "aborted" and not message.content)  # an empty abort writes none
+        finish = RunCheckpoint(continuation=MayFinish(include_final_assistant=written),
+                               trigger_entry_id=intent.response_entry_id if written else self.lane._tip_id,
+                               steps=generation.step)
         if aborting:
             return finish  # the pass then sees the abort request and settles aborted
         if retrying:
@@ -855,6 +900,21 @@ class RunDriver:
             if stage is not None:
                 stage(m)
             new_tip = lane._tip_id if tip is None else tip
+            # Pending writes are never stranded: whatever arrived after the last boundary is
+            # placed by the terminal commit.
+            writes = [item.entry_id for item in lane._state.inbox if item.kind == "write"]
+            placed_payloads: list[EntryPayload] = []
+            positions: list[int] = []
+            placed_parent = new_tip
+            for entry_id in writes:
+                pending = lane._pending[entry_id]
+                payload = payload_of(pending.message) if pending.type == "message" else entry_payload(pending)
+                positions.append(m.staged)
+                new_tip = m.insert_entry(payload, parent_id=new_tip, entry_id=entry_id)
+                m.delete(addresses.pending_entry(entry_id))
+                placed_payloads.append(payload)
+            if writes:
+                m.set(addresses.branch_tip(lane.name), new_tip)
             ended_at = now_ms()
             result = LaneLastResult.model_validate({
                 "operation_id": self.operation_id, "kind": meta.intent.kind, "outcome": outcome,
@@ -863,9 +923,10 @@ class RunDriver:
                 "started_at": meta.started_at, "ended_at": ended_at,
             })
             drained = set(drained_steer) | set(drained_follow)
+            removed = drained | set(writes)
             lane_state = lane._state.model_copy(update={
                 "current_operation_id": None,
-                "inbox": [i for i in lane._state.inbox if i.entry_id not in drained],
+                "inbox": [i for i in lane._state.inbox if i.entry_id not in removed],
             })
             m.delete(addresses.operation_meta(self.operation_id))
             m.delete(addresses.operation_state(self.operation_id))
@@ -881,8 +942,17 @@ class RunDriver:
                 assert commit is not None
                 lane._meta = lane._operation_state = None
                 lane._state, lane._last_result, lane._tip_id = lane_state, result, new_tip
-                queue_changed = any(lane._pending.pop(i, None) is not None for i in drained)
                 events: list[HarnessEvent] = list(events_before(commit)) if events_before else []
+                previous = placed_parent
+                for entry_id, payload, position in zip(writes, placed_payloads, positions, strict=True):
+                    entry = Entry(id=entry_id, parent_id=previous, seq=commit.seqs[position],
+                                  timestamp=commit.timestamp, payload=payload)
+                    if isinstance(payload, MessagePayload | CustomMessagePayload):
+                        events += [MessageStart(lane=lane.name, message=payload.message),
+                                   MessageEnd(lane=lane.name, message=payload.message, entry_id=entry_id)]
+                    events.append(EntryAdded(lane=lane.name, entry=entry))
+                    previous = entry_id
+                queue_changed = any(lane._pending.pop(i, None) is not None for i in removed)
                 if queue_changed:
                     events.append(lane._queue_update())
                 events.append(RunEnd(lane=lane.name, operation_id=self.operation_id, result=result))

@@ -49,7 +49,8 @@ class CompactionSettings:
 class DriveSettings:
     """How runs are driven. `step_ceiling` ends a run that keeps calling tools (abort cause
     `step_ceiling`); `abort_grace_s` is how long an abort waits for a tool that ignores
-    cancellation; `frame_interval_s` bounds how often a streaming reply is persisted. `clock`
+    cancellation; `frame_interval_s` bounds how often a streaming reply is persisted and
+    `presentation_interval_s` how often it is published live (`message_update`). `clock`
     (Unix ms) and `sleep` (seconds) are injectable for tests."""
 
     retry: RetryPolicy = RetryPolicy()
@@ -57,6 +58,7 @@ class DriveSettings:
     step_ceiling: int = 50
     abort_grace_s: float = 5.0
     frame_interval_s: float = 0.1
+    presentation_interval_s: float = 0.05
     tool_execution: Literal["parallel", "sequential"] = "parallel"
     clock: Callable[[], int] = now_ms
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep

@@ -69,6 +69,7 @@ class AgentHarness:
         self._ownership: SessionOwnership | None = None
         self._closed = False
         self._faulted = False
+        self._persistence_failure: Exception | None = None
         for listener in options.listeners:
             self._bus.add_listener(listener)
 
@@ -199,6 +200,13 @@ class AgentHarness:
 
         return await self._command(plan, context)
 
+    @property
+    def persistence_failure(self) -> Exception | None:
+        """The first commit this harness saw refused, if any; it stays set until the session is
+        attached again. A caller that owns an acknowledgement checks it before and after counting
+        a write as durable (CE-3)."""
+        return self._persistence_failure
+
     # -- events ---------------------------------------------------------------------------------
 
     def add_listener(self, listener: Listener) -> Callable[[], None]:
@@ -250,7 +258,11 @@ class AgentHarness:
         async def job(m: SessionMutator) -> R:
             self._check_usable()
             decision = await plan(m)
-            result = await m.commit() if m.staged else None
+            try:
+                result = await m.commit() if m.staged else None
+            except Exception as error:
+                self._persistence_failure = self._persistence_failure or error
+                raise
             events = decision.after(result)
             if events:
                 delivered.append(self._bus.emit_batch(events, context))

@@ -277,12 +277,13 @@ class ToolBatchRunner:
                 ready.append(position)
             await lane._load_pending(m, [calls[i].result_entry_id for i in ready], driver.context)
             parent, first_parent = lane._tip_id, lane._tip_id
-            placed_ids, payloads = [], []
+            placed_ids, payloads, positions = [], [], []
             for position in ready:
                 entry_id = calls[position].result_entry_id
                 pending = lane._pending[entry_id]
                 assert isinstance(pending, PendingMessage)
                 payload = MessagePayload.model_validate({"message": pending.message.model_dump()})
+                positions.append(m.staged)  # this insert's index among the commit's writes
                 parent = m.insert_entry(payload, parent_id=parent, entry_id=entry_id)
                 m.delete(addresses.pending_entry(entry_id))
                 calls[position] = calls[position].model_copy(update={"status": "completed"})
@@ -310,8 +311,8 @@ class ToolBatchRunner:
                                                       turn_id=self.batch.turn_id, tool_call_id=block.id,
                                                       result=result, terminate=final_terminate)]
                 previous = first_parent
-                for i, (entry_id, payload) in enumerate(zip(placed_ids, payloads, strict=True)):
-                    entry = Entry(id=entry_id, parent_id=previous, seq=commit.seqs[i], timestamp=commit.timestamp,
+                for entry_id, payload, index in zip(placed_ids, payloads, positions, strict=True):
+                    entry = Entry(id=entry_id, parent_id=previous, seq=commit.seqs[index], timestamp=commit.timestamp,
                                   payload=payload)
                     events += [MessageStart(lane=lane.name, message=payload.message),
                                MessageEnd(lane=lane.name, message=payload.message, entry_id=entry_id),
