@@ -781,9 +781,13 @@ class RunDriver:
             model = registry.model(self.lane._config.model)
         except ModelUnavailable:
             return False  # the step itself fails in-band (HA-23)
-        messages = context_messages(await self._read_entries())
-        if estimate_tokens(messages) <= model.context_window - settings.reserve_tokens:
+        entries = await self._read_entries()
+        if entries and isinstance(entries[-1].payload, CompactionPayload):
+            return False  # nothing new since the last compaction: compacting again cannot help
+        if estimate_tokens(context_messages(entries)) <= model.context_window - settings.reserve_tokens:
             return False
+        if plan_compaction(entries, settings.keep_recent_tokens) is None:
+            return False  # only the latest turn is left: nothing a compaction could remove
         task = SummaryTask(task_id=new_id(), reason="threshold", resume_after=state)
         pending = SummaryPending(task=task, config=self.lane._config, result_entry_id=new_id(),
                                  max_attempts=self.settings.retry.max_retries + 1)

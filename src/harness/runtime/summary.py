@@ -39,8 +39,8 @@ class CompactionPlan:
 
 def plan_compaction(entries: Sequence[Entry], keep_recent_tokens: int) -> CompactionPlan | None:
     """Cut the branch's context so that about `keep_recent_tokens` of the newest messages are
-    kept, starting at a user message so no kept tool result loses its call. None when there is
-    nothing before the cut to summarize."""
+    kept (always at least the latest turn), starting at a user message so no kept tool result
+    loses its call. None when there is nothing before the cut to summarize."""
     messages = context_messages(entries)
     kept_tokens, cut = 0, len(messages)
     while cut > 0 and kept_tokens + estimate_tokens(messages[cut - 1:cut]) <= keep_recent_tokens:
@@ -48,6 +48,11 @@ def plan_compaction(entries: Sequence[Entry], keep_recent_tokens: int) -> Compac
         kept_tokens += estimate_tokens(messages[cut:cut + 1])
     while cut < len(messages) and not isinstance(messages[cut], UserMessage):
         cut += 1
+    # The latest turn (from the last user message on) is always kept: the model must see what it
+    # is answering, however long the turn is.
+    users = [i for i, message in enumerate(messages) if isinstance(message, UserMessage)]
+    if users:
+        cut = min(cut, users[-1])
     if cut == 0:
         return None
     return CompactionPlan(tuple(messages[:cut]), tuple(messages[cut:]), estimate_tokens(messages))
