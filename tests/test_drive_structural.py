@@ -14,6 +14,7 @@ from harness.providers.faux import delay, failure, reply
 from harness.runtime import (
     CompactionSettings,
     DriveSettings,
+    HarnessClosed,
     LaneBusy,
     NothingToCompact,
     PromptRequest,
@@ -237,3 +238,25 @@ async def test_a_turn_too_large_to_compact_goes_ahead_without_looping(store: Sto
     assert outcome.result.outcome == "completed"
     assert rig.events.of(CompactionStart) == []
     assert len(rig.faux.requests) == 1
+
+
+async def test_closing_mid_run_stops_the_drive_and_the_next_attachment_finishes_it(
+    store: Store, ctx: Context
+) -> None:
+    """Close is a controlled crash: the reply in flight is cut, nothing is settled, the open
+    operation is in the next attachment's inventory and `resume` finishes it."""
+    held = delay(asyncio.Event())
+    rig = await start_rig(store, ctx, [reply("partial ", held, "never")])
+    driving = asyncio.ensure_future(rig.lane.prompt("go", None, ctx))
+    await within(held.reached.wait())
+
+    await within(rig.harness.close(ctx))
+
+    with pytest.raises(HarnessClosed):
+        await within(driving)
+    again = await start_rig(store, ctx, ["finished after the restart"], session=rig.session)
+    assert [o.lane for o in again.open] == ["main"]
+    outcome = settled(await within(again.lane.resume(ctx)))
+    assert outcome.result.outcome == "completed"
+    assert shape([e.payload.message for e in await branch(again.lane, ctx)])[-1] == (  # type: ignore[union-attr]
+        "assistant:finished after the restart")

@@ -138,6 +138,14 @@ class RunDriver:
     def end_effect(self, effect: Context) -> None:
         self._effects.discard(effect)
 
+    def halt(self) -> None:
+        """Stop this pass now (the harness is closing): cancel its effects and its task. Its
+        durable phase stays as it is, for the next attachment to resume."""
+        for effect in list(self._effects):
+            effect.cancel("the harness is closing")
+        if self.task is not None:
+            self.task.cancel()
+
     def on_abort(self) -> None:
         """Called in the commit continuation of a durable abort request."""
         self.abort_requested.set()

@@ -227,6 +227,12 @@ class AgentHarness:
         async def mark_closed(m: SessionMutator) -> None:
             self._closed = True
 
+        # Drives stop where they are, as a crash would leave them: the durable phase is resumed by
+        # the next attachment. Their effects are cancelled, nothing is settled on the way out.
+        drives = [lane._drive for lane in self._lanes.values() if lane._drive is not None]
+        for drive in drives:
+            drive.halt()
+        await asyncio.gather(*(drive.task for drive in drives if drive.task is not None), return_exceptions=True)
         try:
             if not self._faulted:
                 await self._owner().mutate(mark_closed, context)

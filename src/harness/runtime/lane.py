@@ -19,6 +19,7 @@ from harness.runtime.branch_context import branch_entries
 from harness.runtime.bus import Watcher
 from harness.runtime.drive_types import ResumeOutcome, Settled
 from harness.runtime.errors import (
+    HarnessClosed,
     InvalidMessage,
     LaneBusy,
     NoActiveOperation,
@@ -472,6 +473,9 @@ class Lane:
             waiter.cancel()
         if not claimed.task.done():
             context.raise_if_cancelled()
+        if claimed.task.cancelled():
+            raise HarnessClosed("the harness closed while driving; the operation stays open for the next attachment",
+                                operation_id=expected_operation_id)
         return owned(claimed.task.result())
 
     async def resume(self, context: Context) -> ResumeOutcome:
