@@ -17,7 +17,7 @@ from pydantic import JsonValue
 
 from harness.context import Context
 from harness.errors import HarnessError, ModelUnavailable, ToolsUnavailable
-from harness.messages import AssistantMessage, Message, ModelIdentity, TextContent, now_ms
+from harness.messages import AssistantMessage, Message, ModelIdentity, TextContent, ThinkingContent, now_ms
 from harness.providers import (
     AssistantStreamAccumulator,
     DeferredProvider,
@@ -504,7 +504,7 @@ class RunDriver:
             lane._operation_state.control if lane._operation_state else None, CancelRequested)
         retrying = (not aborting and error is not None and error.kind == "retryable"
                     and isinstance(intent, AssistantEffectPending) and intent.attempt < generation.max_attempts)
-        empty_abort = message.stop_reason == "aborted" and not message.content
+        empty_abort = message.stop_reason == "aborted" and _says_nothing(message)
         # A failed attempt that is retried or compacted away stays a side entry, out of context.
         side = retrying or (not aborting and self._recovers_overflow(intent, error))
         on_branch = not side and not empty_abort
@@ -562,11 +562,12 @@ class RunDriver:
     ) -> OperationState:
         """Classify the reply into the next phase (first match wins)."""
         generation = intent.generation
-        written = not (message.stop_reason == "aborted" and not message.content)  # an empty abort writes none
+        written = not (message.stop_reason == "aborted" and _says_nothing(message))  # an empty abort writes none
         finish = RunCheckpoint(continuation=MayFinish(include_final_assistant=written),
                                trigger_entry_id=intent.response_entry_id if written else self.lane._tip_id,
                                steps=generation.step)
-        if aborting:
+        calls = [i for i, block in enumerate(message.content) if block.type == "tool_call"]
+        if aborting and not (calls and message.stop_reason != "aborted"):
             return finish  # the pass then sees the abort request and settles aborted
         if retrying:
             assert error is not None
@@ -593,8 +594,7 @@ class RunDriver:
                                     provenance=FailureProvenance(kind="provider"))
             poll = intent.poll if isinstance(intent, DeferredEffectPending) else 0
             return DeferredSuspended(generation=generation, source_entry_id=intent.response_entry_id, poll=poll)
-        calls = [i for i, block in enumerate(message.content) if block.type == "tool_call"]
-        if calls:
+        if calls:  # under an abort too: the batch answers each call with "not run"
             batch = ToolBatch(assistant_entry_id=intent.response_entry_id, turn_id=generation.step_id,
                               config=generation.config, step=generation.step,
                               calls=[ToolCallState(source_index=i, result_entry_id=new_id()) for i in calls])
@@ -816,7 +816,7 @@ class RunDriver:
 
     async def _finish_navigation(
         self, intent: NavigationIntent, summary: tuple[SummaryPending, str, AssistantMessage] | None
-    ) -> ResumeOutcome:
+    ) -> ResumeOutcome | None:
         """Move the tip to the target (after a branch summary, when one was made) and settle."""
         lane = self.lane
         from_tip, target = lane._tip_id, intent.target_id
@@ -860,7 +860,7 @@ class RunDriver:
                              provenance=FailureProvenance.model_validate({"kind": provenance}))
         await self._transition(drain)
 
-    async def _settle_aborted(self, state: OperationState, control: CancelRequested) -> ResumeOutcome:
+    async def _settle_aborted(self, state: OperationState, control: CancelRequested) -> ResumeOutcome | None:
         if isinstance(state, RunTools):
             await ToolBatchRunner(self, state).run()
             return await self._advance() or self._settled_elsewhere()
@@ -892,22 +892,32 @@ class RunDriver:
         stage: Callable[[SessionMutator], None] | None = None,
         tip: str | None = None,
         events_before: Callable[[CommitResult], Sequence[HarnessEvent]] | None = None,
-    ) -> Settled:
+    ) -> Settled | None:
         """The terminal commit: `stage`'s final writes (moving the tip to `tip`), clean up the
         operation, drain steer and follow-up items that were not placed, write the lane's last
-        result, go idle; emits `events_before`, then `run_end`."""
+        result, go idle; emits `events_before`, then `run_end`.
+
+        Decided on the line from the current projection: an abort requested meanwhile makes a
+        completion `aborted`; steer or follow-up input that arrived since the last boundary makes
+        it not settle at all (None: the run goes on to place it)."""
         reached(FaultPoint.BEFORE_TERMINAL_SETTLEMENT)
         lane, meta = self.lane, self.lane._meta
         assert meta is not None
-        control = state.control
-        drained_steer = list(control.drained_steer) if isinstance(control, CancelRequested) else []
-        drained_follow = list(control.drained_follow_up) if isinstance(control, CancelRequested) else []
-        if outcome == "failed":
-            drained_steer += lane._state.ids_of("steer")
-            drained_follow += lane._state.ids_of("follow_up")
         final_assistant = self._final_assistant(state)
 
-        async def plan(m: SessionMutator) -> Decision[Settled]:
+        async def plan(m: SessionMutator) -> Decision[Settled | None]:
+            nonlocal outcome, abort_cause
+            current = lane._operation_state
+            control = current.control if current is not None else state.control
+            if isinstance(control, CancelRequested) and outcome == "completed":
+                outcome, abort_cause = "aborted", control.cause
+            queued_steer, queued_follow = lane._state.ids_of("steer"), lane._state.ids_of("follow_up")
+            if outcome == "completed" and meta.intent.kind == "run" and (queued_steer or queued_follow):
+                return Decision(None, lambda _: [])
+            drained_steer = list(control.drained_steer) if isinstance(control, CancelRequested) else []
+            drained_follow = list(control.drained_follow_up) if isinstance(control, CancelRequested) else []
+            drained_steer += queued_steer  # never left behind for a run that did not ask for them
+            drained_follow += queued_follow
             await lane._load_inbox(m, self.context, [*drained_steer, *drained_follow])
             if stage is not None:
                 stage(m)
@@ -1051,3 +1061,16 @@ async def _collect(stream: AsyncIterator[StreamEvent]) -> tuple[AssistantMessage
     error = ProviderErrorInfo(kind="other", message="the provider stream ended without a final message")
     return AssistantMessage(content=[], api="", provider="", model="", stop_reason="error",
                             error_message=error.message), error
+
+
+def _says_nothing(message: AssistantMessage) -> bool:
+    """True when a reply holds nothing worth keeping: no tool call, no signed or non-blank
+    thinking, no non-blank text (an abort right after a block started)."""
+    for block in message.content:
+        if isinstance(block, TextContent) and block.text.strip():
+            return False
+        if not isinstance(block, TextContent) and not isinstance(block, ThinkingContent):
+            return False
+        if isinstance(block, ThinkingContent) and (block.thinking.strip() or block.signature):
+            return False
+    return True

@@ -87,7 +87,10 @@ class ToolBatchRunner:
         for index, call in enumerate(self.batch.calls):
             if self.aborting:
                 break
-            current = self._calls()[index]
+            calls = self._calls()
+            if not calls:
+                break  # calls already running answered the rest and completed the batch
+            current = calls[index]
             if current.status in ("outcome_ready", "completed"):
                 continue
             block = message.content[call.source_index]
@@ -346,9 +349,10 @@ class ToolBatchRunner:
             _, late = await asyncio.wait(pending, timeout=self.driver.settings.abort_grace_s)
             for task in late:
                 task.cancel()
-        for task in self.tasks.values():
-            if task.done() and not task.cancelled() and task.exception() is not None:
-                raise task.exception()  # type: ignore[misc]
+        failures = [task.exception() for task in self.tasks.values() if task.done() and not task.cancelled()]
+        for failure in failures:  # every exception is retrieved; the first is raised
+            if failure is not None:
+                raise failure
         if not self.aborting:
             return
         message = await self._assistant_message()
