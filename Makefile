@@ -19,9 +19,11 @@ $(STAMP): requirements.lock requirements-model.lock pyproject.toml
 	$(BIN)/pip install --quiet --no-deps -e .
 	touch $(STAMP)
 
-# The main job on its embedded default.
+# The main job on its embedded default: a chat in a terminal; without one (CI, a pipe), one
+# turn with the same model, so the command still shows a real reply.
+QUESTION ?= What is the capital of France? Answer in one sentence.
 run: $(STAMP)
-	$(BIN)/harness demo
+	@if [ -t 0 ] && [ -t 1 ]; then $(BIN)/harness chat; else $(BIN)/harness run --no-tools "$(QUESTION)"; fi
 
 # The whole test suite; PostgreSQL tests run when HARNESS_TEST_POSTGRES_URL is set.
 test: $(STAMP)

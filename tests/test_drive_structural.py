@@ -260,3 +260,22 @@ async def test_closing_mid_run_stops_the_drive_and_the_next_attachment_finishes_
     assert outcome.result.outcome == "completed"
     assert shape([e.payload.message for e in await branch(again.lane, ctx)])[-1] == (  # type: ignore[union-attr]
         "assistant:finished after the restart")
+
+
+async def test_default_compaction_fits_a_small_model_instead_of_compacting_every_step(
+    store: Store, ctx: Context
+) -> None:
+    """The default reserve (16,384 tokens) is more than a 4,096-token window: it is capped at a
+    quarter of the window, so a short conversation on a small model never compacts."""
+    small = FAUX_MODEL.model_copy(update={"context_window": 4096})
+    rig = await start_rig(store, ctx, ["one", "two"], drive=DriveSettings())
+    registry = rig.harness.options.models
+    assert registry is not None
+    registry.register_model(small)
+
+    await rig.lane.prompt("first", None, ctx)
+    await rig.lane.prompt("second", None, ctx)
+
+    assert rig.events.of(CompactionStart) == []
+    fitted = CompactionSettings().for_window(4096)
+    assert (fitted.reserve_tokens, fitted.keep_recent_tokens) == (1024, 1024)

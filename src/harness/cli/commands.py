@@ -2,17 +2,28 @@
 
 from __future__ import annotations
 
+import asyncio
+import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from harness.cli.app import StoreOption, app, run_with_store
-from harness.cli.demo import write_demo_conversation
+from harness.cli.app import StoreOption, app, default_store_url, harness_home, run_with_store
+from harness.cli.config import Check, check_embedded, check_models, check_store, model_name, parse_model
 from harness.cli.render import print_branch
+from harness.cli.run import EXIT_INTERRUPTED, RunTurn, run_turn
 from harness.context import Context
-from harness.imports import ImportReport, import_claude_code_session, import_pi_session
+from harness.errors import HarnessError, InvalidInput
+from harness.imports import (
+    ImportReport,
+    export_harness_session,
+    import_claude_code_session,
+    import_harness_session,
+    import_pi_session,
+)
+from harness.providers import ModelRegistry
 from harness.session import Store, addresses
 
 import_app = typer.Typer(
@@ -23,18 +34,6 @@ import_app = typer.Typer(
 app.add_typer(import_app)
 
 ImportFile = Annotated[Path, typer.Argument(help="The session file (JSONL) to import.")]
-
-
-@app.command()
-def demo(store: StoreOption = None) -> None:
-    """Write a small conversation journal into the store and print its branch."""
-
-    async def body(s: Store, context: Context) -> None:
-        session = await write_demo_conversation(s, context)
-        typer.echo(f"session {session.id}")
-        await print_branch(session, "main", context)
-
-    run_with_store(store, body)
 
 
 @app.command()
@@ -59,6 +58,127 @@ def show(session_id: str, lane: str = "main", store: StoreOption = None) -> None
         await print_branch(session, lane, context)
 
     run_with_store(store, body)
+
+
+@app.command()
+def run(
+    prompt: Annotated[str, typer.Argument(help="What to ask; - reads it from stdin.")],
+    session: Annotated[str | None, typer.Option("--session", help="Continue this session (default: a new one).")]
+    = None,
+    model: Annotated[str | None, typer.Option(
+        "--model", help="provider/id, e.g. openai/gpt-4o (default: the lane's model, else the first configured "
+                        "model with a key, else embedded/smollm2-135m).")] = None,
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="Allow write, edit and shell calls; without it they "
+                                                           "are refused, since nobody can be asked.")] = False,
+    json_events: Annotated[bool, typer.Option("--json", help="Print every event as one JSON line on stdout.")]
+    = False,
+    no_tools: Annotated[bool, typer.Option("--no-tools", help="Give a new lane no tools: the model answers in "
+                                                               "text.")] = False,
+    lane: Annotated[str, typer.Option(help="The lane of the session to run on.")] = "main",
+    store: StoreOption = None,
+) -> None:
+    """Run one turn non-interactively: stream the reply (tools work in the current directory).
+
+    Exit status: 0 completed, 1 failed, 2 aborted (Ctrl-C), 3 deferred by the provider; 130 when
+    a second Ctrl-C left without waiting."""
+    text = sys.stdin.read() if prompt == "-" else prompt
+    if not text.strip():
+        raise typer.BadParameter("the prompt is empty", param_hint="PROMPT")
+    try:
+        identity = parse_model(model) if model is not None else None
+    except InvalidInput as error:
+        raise typer.BadParameter(error.message, param_hint="--model") from error
+    turn = RunTurn(prompt=text, cwd=Path.cwd(), home=harness_home(), session_id=session, lane=lane, model=identity,
+                   approve_all=yes, json_events=json_events, tools=not no_tools)
+
+    async def body(s: Store, context: Context) -> int:
+        registry = ModelRegistry.load(home=turn.home)
+        return await run_turn(s, turn, registry, context)
+
+    try:
+        code = run_with_store(store, body)
+    except KeyboardInterrupt:
+        raise typer.Exit(EXIT_INTERRUPTED) from None
+    raise typer.Exit(code)
+
+
+@app.command()
+def models() -> None:
+    """List the configured models (provider/id, api, context window) and the API keys they miss;
+    `*` marks the default."""
+    home = harness_home()
+    try:
+        registry = ModelRegistry.load(home=home)
+    except HarnessError as error:
+        typer.echo(f"error [{error.code}]: {error.message}", err=True)
+        raise typer.Exit(1) from error
+    path = home / "models.toml"
+    typer.echo(f"# {path}" + ("" if path.exists() else " (not found: built-in models only)"))
+    default = registry.default_identity()
+    rows = registry.configured()
+    width = max(len(model_name(row.identity)) for row in rows)
+    for row in rows:
+        mark = "*" if row.identity == default else " "
+        key = "ready" if row.model.api_key_env is None else (
+            f"key {row.model.api_key_env}" if row.key_present else f"missing {row.model.api_key_env}")
+        typer.echo(f"{mark} {model_name(row.identity):<{width}}  {row.model.api:<18} "
+                   f"{row.model.context_window:>9,}  {key}")
+
+
+@app.command()
+def doctor(store: StoreOption = None) -> None:
+    """Check the store (connect, a write in a scratch session), the models configuration and the
+    embedded model; one line per check, exit status 1 if any failed."""
+    home = harness_home()
+
+    async def checks() -> bool:
+        context = Context({"cli": True, "doctor": True})
+        failed = False
+
+        def report(found: list[Check]) -> None:
+            nonlocal failed
+            for check in found:
+                typer.echo(f"{check.status:<4}  {check.name}: {check.detail}")
+                failed = failed or check.status == "fail"
+
+        report(await check_store(store or default_store_url(), context))
+        model_checks, registry = check_models(home)
+        report(model_checks)
+        report(await check_embedded(registry or ModelRegistry(), context))
+        return failed
+
+    raise typer.Exit(1 if asyncio.run(checks()) else 0)
+
+
+@app.command("export")
+def export_session(
+    session_id: str,
+    output: Annotated[Path | None, typer.Option("--output", "-o", help="Write to this file (default: stdout).")]
+    = None,
+    store: StoreOption = None,
+) -> None:
+    """Write a session as harness JSONL (read it back with `harness import harness FILE`)."""
+
+    async def body(s: Store, context: Context) -> None:
+        session = await s.open_session(session_id, context)
+        if output is None:
+            report = await export_harness_session(session, sys.stdout, context)
+            sys.stdout.flush()
+        else:
+            with output.open("w", encoding="utf-8") as file:
+                report = await export_harness_session(session, file, context)
+        typer.echo(f"exported {report.entries} entries, {report.lanes} lanes, {report.labels} labels, "
+                   f"{report.usage_rows} usage rows", err=True)
+        for warning in report.warnings:
+            typer.echo(f"warning: {warning}", err=True)
+
+    run_with_store(store, body)
+
+
+@import_app.command("harness")
+def import_harness(file: ImportFile, store: StoreOption = None) -> None:
+    """Import a session file written by `harness export`."""
+    _import(store, lambda s, context: import_harness_session(s, file, context))
 
 
 @import_app.command("pi")

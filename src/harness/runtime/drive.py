@@ -663,7 +663,8 @@ class RunDriver:
                 return await self._finish_navigation(navigation, None)
             request = summary_request(leaving, BRANCH_SUMMARY_REQUEST, task.custom_instructions)
         else:
-            plan = plan_compaction(entries, self.settings.compaction.keep_recent_tokens)
+            keep = self.settings.compaction.for_window(model.context_window).keep_recent_tokens
+            plan = plan_compaction(entries, keep)
             if plan is None:
                 return await self._summary_declined(state)
             request = summary_request(plan.summarized, SUMMARY_REQUEST, task.custom_instructions)
@@ -789,6 +790,7 @@ class RunDriver:
             model = registry.model(self.lane._config.model)
         except ModelUnavailable:
             return False  # the step itself fails in-band (HA-23)
+        settings = settings.for_window(model.context_window)
         entries = await self._read_entries()
         if entries and isinstance(entries[-1].payload, CompactionPayload):
             return False  # nothing new since the last compaction: compacting again cannot help

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Literal, TypeAlias
 
 from pydantic import BaseModel, ConfigDict, JsonValue
@@ -43,6 +43,14 @@ class CompactionSettings:
     reserve_tokens: int = 16_384
     keep_recent_tokens: int = 20_000
     max_failures: int = 3
+
+    def for_window(self, context_window: int) -> CompactionSettings:
+        """These settings for a model with `context_window` tokens: the reserve and the kept
+        tail are each at most a quarter of the window (at least 256 tokens), so a small model
+        is not over its threshold on every step."""
+        quarter = max(256, context_window // 4)
+        return replace(self, reserve_tokens=min(self.reserve_tokens, quarter),
+                       keep_recent_tokens=min(self.keep_recent_tokens, quarter))
 
 
 @dataclass(frozen=True)

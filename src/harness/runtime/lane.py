@@ -516,7 +516,9 @@ class Lane:
         async def plan(m: SessionMutator) -> Decision[str]:
             self._refuse_if_busy()
             entries = await branch_entries(m, self._tip_id, context)
-            if plan_compaction(entries, settings.compaction.keep_recent_tokens) is None:
+            # No registry at acceptance (HA-16): refuse only a branch that is nothing but its
+            # latest turn; how much is kept depends on the model, decided when it runs.
+            if plan_compaction(entries, keep_recent_tokens=0) is None:
                 raise NothingToCompact(f"lane {self.name} has nothing old enough to compact", lane=self.name)
             task = SummaryTask(task_id=new_id(), reason="manual", custom_instructions=custom_instructions)
             state = SummaryPending(task=task, config=self._config, result_entry_id=new_id(),

@@ -1,0 +1,202 @@
+"""The slash commands of `harness chat`, as a table: a new command is one more `@command` here (or
+one more entry in the table a `ChatClient` is given), not a change to the chat loop."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, get_args
+
+from rich.markup import escape
+
+from harness.cli.chat_view import entry_summary
+from harness.cli.config import model_name, parse_model, usable_model
+from harness.cli.render import branch_oldest_first
+from harness.errors import InvalidInput
+from harness.session import addresses
+from harness.session.records import ThinkingLevel
+
+if TYPE_CHECKING:
+    from harness.cli.chat import ChatClient
+
+CommandRun = Callable[["ChatClient", str], Awaitable[None]]
+"""Runs a command with the text after its name (stripped; empty when none was given)."""
+
+TREE_SHOWN = 40
+"""How many of the branch's newest entries `/tree` lists."""
+
+
+@dataclass(frozen=True)
+class ChatCommand:
+    """A slash command: `/name ARGS`. One that is not `while_busy` waits for the turn to end."""
+
+    name: str
+    usage: str
+    summary: str
+    run: CommandRun
+    while_busy: bool = False
+
+
+COMMANDS: dict[str, ChatCommand] = {}
+"""Every built-in command by name (aliases included), in the order `/help` lists them."""
+
+
+def command(name: str, usage: str, summary: str, *, while_busy: bool = False,
+            aliases: tuple[str, ...] = ()) -> Callable[[CommandRun], CommandRun]:
+    """Register the decorated function as `/name` (and its aliases) in `COMMANDS`."""
+
+    def register(run: CommandRun) -> CommandRun:
+        entry = ChatCommand(name, usage, summary, run, while_busy)
+        for key in (name, *aliases):
+            COMMANDS[key] = entry
+        return run
+
+    return register
+
+
+@command("help", "/help", "this list", while_busy=True)
+async def _help(client: ChatClient, argument: str) -> None:
+    seen: set[str] = set()
+    for entry in client.commands.values():
+        if entry.name not in seen:
+            seen.add(entry.name)
+            client.screen.print(f"  [bold]{escape(entry.usage):<26}[/] {escape(entry.summary)}")
+    client.screen.print("[dim]  Enter sends (during a turn: a steer message, read after the current step); "
+                        "Alt-Enter sends a follow-up during a turn and starts a new line otherwise; Ctrl-C aborts "
+                        "a turn, twice leaves at once; Ctrl-D leaves.[/]")
+
+
+@command("model", "/model [provider/id]", "show the models, or switch this lane's model", while_busy=True)
+async def _model(client: ChatClient, argument: str) -> None:
+    current = client.lane.config.model
+    if argument:
+        identity = parse_model(argument)
+        usable_model(client.registry, identity)
+        await client.lane.set_model(identity, client.context)
+        return
+    client.screen.print(f"model: [bold]{escape(model_name(current))}[/]")
+    for row in client.registry.configured():
+        mark = "●" if row.identity == current else " "
+        missing = f" [dim](set {escape(row.missing_key)})[/]" if row.missing_key else ""
+        client.screen.print(f" {mark} {escape(model_name(row.identity))}{missing}")
+
+
+@command("thinking", "/thinking [level]", "show or set the thinking level", while_busy=True)
+async def _thinking(client: ChatClient, argument: str) -> None:
+    levels: tuple[ThinkingLevel, ...] = get_args(ThinkingLevel)
+    if not argument:
+        client.screen.print(f"thinking: [bold]{client.lane.config.thinking_level}[/] [dim](one of "
+                            f"{', '.join(levels)})[/]")
+        return
+    level = next((known for known in levels if known == argument), None)
+    if level is None:
+        raise InvalidInput(f"a thinking level is one of {', '.join(levels)}, not {argument!r}", level=argument)
+    await client.lane.set_thinking_level(level, client.context)
+
+
+@command("rename", "/rename NAME", "name this session", while_busy=True)
+async def _rename(client: ChatClient, argument: str) -> None:
+    if not argument:
+        raise InvalidInput("/rename needs the new name")
+    await client.attached.harness.set_session_name(argument, client.context)
+
+
+@command("compact", "/compact [instructions]", "summarize the older part of the conversation")
+async def _compact(client: ChatClient, argument: str) -> None:
+    client.start_turn(lambda: client.lane.compact(client.context, custom_instructions=argument or None))
+
+
+@command("sessions", "/sessions", "list the sessions in the store", while_busy=True)
+async def _sessions(client: ChatClient, argument: str) -> None:
+    current = client.attached.harness.session.id
+    for info in await client.store.list_sessions(client.context):
+        session = await client.store.open_session(info.id, client.context)
+        name = await session.get(addresses.session_name(), client.context) or ""
+        created = datetime.fromtimestamp(info.created_at / 1000).strftime("%Y-%m-%d %H:%M")
+        mark = "●" if info.id == current else " "
+        fork = f" [dim](fork of {escape(info.parent_session_id)})[/]" if info.parent_session_id else ""
+        client.screen.print(f" {mark} [cyan]{escape(info.id)}[/] [dim]{created}[/] {escape(name)}{fork}")
+
+
+@command("tree", "/tree [N]", "list this branch's entries and move to one")
+async def _tree(client: ChatClient, argument: str) -> None:
+    tip = client.lane.tip_id
+    if tip is None:
+        client.screen.print("[dim]the branch is empty[/]")
+        return
+    entries = await branch_oldest_first(client.attached.harness.session, tip, client.context)
+    client.listing = [entry.id for entry in entries]
+    if not argument:
+        if len(entries) > TREE_SHOWN:
+            client.screen.print(f"[dim]… {len(entries) - TREE_SHOWN} earlier entries[/]")
+        for number, entry in enumerate(entries, 1):
+            if number > len(entries) - TREE_SHOWN:
+                mark = "●" if entry.id == tip else " "
+                client.screen.print(f" {mark} [bold]{number:>3}[/] {entry_summary(entry)}")
+        argument = (await client.terminal.ask("go to entry (number; Enter stays): ",
+                                               "the next prompt continues after the entry you pick") or "").strip()
+        if not argument:
+            return
+    target = _entry_id(client, argument)
+    if target == tip:
+        client.screen.print("[dim]already there[/]")
+        return
+    client.start_turn(lambda: client.lane.navigate(target, client.context))
+
+
+@command("fork", "/fork [N | ENTRY_ID]", "start a new session from an entry of this one (default: the last)")
+async def _fork(client: ChatClient, argument: str) -> None:
+    source = client.attached.harness
+    target = _entry_id(client, argument) if argument else client.lane.tip_id
+    if target is None:
+        client.screen.print("[dim]nothing to fork: the branch is empty[/]")
+        return
+    name = await source.session_name(client.context)
+    forked = await client.store.fork_session(source.session.id, target, client.context, lane=client.lane.name)
+    await client.switch_session(forked.id)
+    if name:
+        await client.attached.harness.set_session_name(f"{name} (fork)", client.context)
+    client.screen.print(f"forked session [cyan]{escape(forked.id)}[/] at entry {escape(target)}; now chatting in it "
+                        f"[dim](the original, {escape(source.session.id)}, is unchanged)[/]")
+
+
+@command("cd", "/cd [DIR]", "show or change the directory the tools work in")
+async def _cd(client: ChatClient, argument: str) -> None:
+    if argument:
+        target = _directory(client.cwd, argument)
+        os.chdir(target)
+        client.cwd = target
+        await client.switch_session(client.attached.harness.session.id)  # the tools move with it
+    client.screen.print(f"working directory: {escape(str(client.cwd))}")
+
+
+@command("resume", "/resume", "finish the lane's open operation (a stopped turn, a deferred reply)")
+async def _resume(client: ChatClient, argument: str) -> None:
+    client.start_turn(lambda: client.lane.resume(client.context))
+
+
+@command("quit", "/quit", "leave (as Ctrl-D does)", aliases=("exit",))
+async def _quit(client: ChatClient, argument: str) -> None:
+    client.terminal.leave()
+
+
+def _directory(base: Path, argument: str) -> Path:
+    target = (base / Path(argument).expanduser()).resolve()
+    if not target.is_dir():
+        raise InvalidInput(f"{target} is not a directory", path=str(target))
+    return target
+
+
+def _entry_id(client: ChatClient, argument: str) -> str:
+    """An entry id from a `/tree` number or an id as it is."""
+    if argument.isdigit():
+        number = int(argument)
+        if not client.listing:
+            raise InvalidInput("list the entries with /tree first, then pick a number")
+        if not 1 <= number <= len(client.listing):
+            raise InvalidInput(f"pick a number from 1 to {len(client.listing)}", number=number)
+        return client.listing[number - 1]
+    return argument

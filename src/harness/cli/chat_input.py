@@ -1,0 +1,230 @@
+"""The input side of `harness chat`: one prompt that stays on screen for the whole chat, with the
+keys of a chat (Enter, Alt-Enter, Ctrl-C, Ctrl-D) and questions that borrow it (approvals, choices).
+
+A single task keeps prompting, so typing works while a turn runs. Each submitted line goes to the
+oldest open question if there is one, else to the chat's line queue (`read`). The prompt erases
+itself when a line is submitted; the chat prints what it did with the line instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from prompt_toolkit import PromptSession
+from prompt_toolkit.filters import Condition
+from prompt_toolkit.formatted_text import StyleAndTextTuples
+from prompt_toolkit.history import FileHistory, History, InMemoryHistory
+from prompt_toolkit.key_binding import KeyBindings, KeyPressEvent
+from prompt_toolkit.styles import Style
+from rich.markup import escape
+
+from harness.cli.chat_view import Screen
+
+STYLE = Style.from_dict({
+    "prompt": "bold",
+    "busy": "ansiyellow",
+    "question": "bold ansiyellow",
+    "bottom-toolbar": "noreverse ansibrightblack",
+})
+
+
+@dataclass(frozen=True)
+class Line:
+    """A submitted line; `follow_up` when it was sent with Alt-Enter."""
+
+    text: str
+    follow_up: bool = False
+
+
+@dataclass
+class _Question:
+    prompt: str
+    hint: str
+    answer: asyncio.Future[str | None]
+
+
+class Terminal:
+    """The chat's prompt. `busy()` says whether a turn runs (the prompt then steers), `status()`
+    gives the status line shown under it during a turn, and `on_interrupt()` is what Ctrl-C does
+    during a turn.
+
+    Ctrl-C: answers an open question with None; during a turn calls `on_interrupt`; at an idle
+    prompt clears the line, or, on an empty line, warns once and then leaves. Ctrl-D on an empty
+    idle prompt leaves. Alt-Enter sends a follow-up during a turn and inserts a line break
+    otherwise. `read()` returns None once the person leaves."""
+
+    def __init__(self, screen: Screen, *, busy: Callable[[], bool], status: Callable[[], str],
+                 on_interrupt: Callable[[], None], history: Path | None = None) -> None:
+        self._screen = screen
+        self._busy = busy
+        self._status = status
+        self._on_interrupt = on_interrupt
+        self._questions: list[_Question] = []
+        self._lines: asyncio.Queue[Line | None] = asyncio.Queue()
+        self._stashed: str | None = None
+        self._follow_up_next = False
+        self._leave_armed = False
+        self._done = False
+        store: History = InMemoryHistory()
+        if history is not None:
+            with contextlib.suppress(OSError):
+                history.parent.mkdir(parents=True, exist_ok=True)
+                store = FileHistory(str(history))
+        self._session: PromptSession[str] = PromptSession(
+            history=store, key_bindings=self._bindings(), erase_when_done=True, style=STYLE,
+            bottom_toolbar=self._toolbar, enable_suspend=True,
+        )
+        screen.on_live_change = self.invalidate
+
+    # -- what the chat calls ----------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Prompt until `leave()`; every submitted line is routed (see the module docstring)."""
+        while not self._done:
+            try:
+                text = await self._session.prompt_async(
+                    self._message, handle_sigint=False, set_exception_handler=False,
+                    default=self._take_stash())
+            except (EOFError, KeyboardInterrupt):
+                self.leave()
+                break
+            if self._done:
+                break
+            follow_up, self._follow_up_next = self._follow_up_next, False
+            self._route(Line(text, follow_up))
+        self._screen.drain()
+
+    async def read(self) -> Line | None:
+        """The next line for the chat; None when the person leaves."""
+        return await self._lines.get()
+
+    async def ask(self, prompt: str, hint: str = "") -> str | None:
+        """Ask a question on the prompt and return the answer, or None if Ctrl-C cancelled it or
+        the chat is leaving. What the person had typed is kept and given back afterwards."""
+        if self._done:
+            return None
+        answer: asyncio.Future[str | None] = asyncio.get_running_loop().create_future()
+        if not self._questions:
+            buffer = self._session.default_buffer
+            if buffer.text and self._session.app.is_running:
+                self._stashed = buffer.text
+                buffer.reset()
+        self._questions.append(_Question(prompt, hint, answer))
+        self.invalidate()
+        try:
+            return await answer
+        finally:
+            if not self._questions and self._stashed is not None and self._session.app.is_running:
+                self._session.default_buffer.insert_text(self._take_stash())
+
+    def leave(self) -> None:
+        """Stop prompting: open questions get None, `read()` gets None."""
+        if self._done:
+            return
+        self._done = True
+        for question in self._questions:
+            if not question.answer.done():
+                question.answer.set_result(None)
+        self._questions.clear()
+        self._lines.put_nowait(None)
+        app = self._session.app
+        if app.is_running and not app.is_done:
+            app.exit(result="")
+
+    def interrupt(self) -> None:
+        """What Ctrl-C does (also when it arrives as SIGINT, between prompts)."""
+        if self._questions:
+            question = self._questions.pop(0)
+            if not question.answer.done():
+                question.answer.set_result(None)
+            self._screen.print(f"[dim]{escape(question.prompt)}^C[/]")
+            if self._busy():
+                self._on_interrupt()
+            self.invalidate()
+        elif self._busy():
+            self._on_interrupt()
+        elif self._session.default_buffer.text and self._session.app.is_running:
+            self._session.default_buffer.reset()
+        elif self._leave_armed:
+            self.leave()
+        else:
+            self._leave_armed = True
+            self._screen.print("[dim](Ctrl-C again or Ctrl-D to leave)[/]")
+        self.invalidate()
+
+    def invalidate(self) -> None:
+        """Redraw the prompt (its message, live line and status line may have changed)."""
+        self._session.app.invalidate()
+
+    # -- the prompt -------------------------------------------------------------------------------
+
+    def _label(self) -> StyleAndTextTuples:
+        if self._questions:
+            return [("class:question", self._questions[0].prompt)]
+        if self._busy():
+            return [("class:busy", "steer› ")]
+        return [("class:prompt", "› ")]
+
+    def _message(self) -> StyleAndTextTuples:
+        return [*self._screen.live(), *self._label()]
+
+    def _toolbar(self) -> StyleAndTextTuples:
+        if self._questions:
+            hint = self._questions[0].hint
+        elif self._busy():
+            hint = self._status()
+        else:
+            hint = "/help: commands · Alt-Enter: new line · Ctrl-D: leave"
+        return [("class:bottom-toolbar", hint)]
+
+    def _take_stash(self) -> str:
+        text, self._stashed = self._stashed or "", None
+        return text
+
+    def _route(self, line: Line) -> None:
+        """Answer the oldest question with `line`, or queue it for `read()`; echo it either way
+        (the prompt erased itself)."""
+        if self._questions:
+            question = self._questions.pop(0)
+            self._screen.print(f"[yellow]{escape(question.prompt)}[/]{escape(line.text)}")
+            if not question.answer.done():
+                question.answer.set_result(line.text)
+            return
+        self._leave_armed = False
+        if line.text.strip():
+            label = ("follow-up› " if line.follow_up else "steer› ") if self._busy() else "› "
+            self._screen.print(f"[bold]{escape(label)}[/]{escape(line.text)}")
+        self._lines.put_nowait(line)
+
+    def _bindings(self) -> KeyBindings:
+        bindings = KeyBindings()
+        empty = Condition(lambda: not self._session.default_buffer.text)
+        turn = Condition(lambda: self._busy() and not self._questions)
+
+        @bindings.add("c-c", eager=True)
+        def _(event: KeyPressEvent) -> None:
+            self.interrupt()
+
+        @bindings.add("c-d", filter=empty, eager=True)
+        def _(event: KeyPressEvent) -> None:
+            if self._busy() and not self._questions:
+                self._screen.print("[dim]a turn is running: Ctrl-C aborts it, Ctrl-C twice leaves at once[/]")
+            elif self._questions:
+                self.interrupt()
+            else:
+                self.leave()
+
+        @bindings.add("escape", "enter", filter=turn, eager=True)
+        def _(event: KeyPressEvent) -> None:
+            self._follow_up_next = True
+            event.current_buffer.validate_and_handle()
+
+        @bindings.add("escape", "enter", filter=~turn, eager=True)
+        def _(event: KeyPressEvent) -> None:
+            event.current_buffer.insert_text("\n")
+
+        return bindings

@@ -1,0 +1,438 @@
+"""What `harness chat` shows: the screen (rows printed above the prompt, and the reply's unfinished
+line drawn live in the prompt area) and the view that turns harness events into rows.
+
+Rows are chosen by event type from `ChatView.rows`, a table of `RowRenderer`s: a new kind of row
+(the conversation layer's chat events, say) is one more entry in the table, not a change here. An
+event type with no entry renders nothing.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, TextIO
+
+from prompt_toolkit.application import get_app_or_none
+from prompt_toolkit.formatted_text import ANSI, StyleAndTextTuples, to_formatted_text
+from rich.console import Console
+from rich.markup import escape
+
+from harness.context import Context
+from harness.messages import (
+    AssistantMessage,
+    CustomMessage,
+    ImageContent,
+    ModelIdentity,
+    TextContent,
+    ThinkingContent,
+    ToolCall,
+    ToolResultMessage,
+    UserContent,
+    UserMessage,
+)
+from harness.runtime import HarnessEvent, LaneLastResult, Queues
+from harness.runtime.events import (
+    CompactionEnd,
+    CompactionStart,
+    ConfigUpdate,
+    Fault,
+    HandlerError,
+    MessageEnd,
+    MessageStart,
+    MessageUpdate,
+    NavigationEnd,
+    OperationAbort,
+    QueueUpdate,
+    RetryScheduled,
+    RunEnd,
+    RunStart,
+    RunSuspend,
+    ToolEnd,
+    ToolStart,
+    UsageRecorded,
+    ValueUpdate,
+    event_lane,
+)
+from harness.session import Entry
+from harness.tools import describe_call
+
+ROW_LIMIT = 160
+"""Characters of a tool result or queued message shown on its one-line row."""
+
+
+def clip(text: str, limit: int = ROW_LIMIT) -> str:
+    """`text` on one line, whitespace collapsed, at most `limit` characters."""
+    one_line = " ".join(text.split())
+    return one_line if len(one_line) <= limit else one_line[: limit - 1] + "…"
+
+
+def content_text(content: str | list[UserContent]) -> str:
+    if isinstance(content, str):
+        return content
+    return " ".join(b.text if isinstance(b, TextContent) else f"[image {b.mime_type}]"
+                    for b in content if isinstance(b, TextContent | ImageContent))
+
+
+# -- the screen -------------------------------------------------------------------------------------
+
+
+class Screen:
+    """Rows printed above the prompt, in order, and the live line of a streaming reply.
+
+    While a prompt is on screen, it is erased, the row written and the prompt drawn again below
+    it; otherwise rows go straight to `out`.
+    A streaming reply is printed line by line as lines complete; its unfinished last line is
+    drawn as part of the prompt (`live`), because text written after the prompt would be drawn
+    over. `on_live_change` is called when that line changes (the terminal redraws the prompt)."""
+
+    def __init__(self, out: TextIO, *, color: bool) -> None:
+        self._out = out
+        self._console = Console(file=io.StringIO(), force_terminal=color, no_color=not color, highlight=False,
+                                soft_wrap=True, emoji=False)
+        self._live_key: object = None
+        self._live_text = ""
+        self._live_style = ""
+        self.on_live_change: Callable[[], None] = lambda: None
+
+    # -- rows -------------------------------------------------------------------------------------
+
+    def print(self, markup: str = "", *, style: str | None = None) -> None:
+        """Print one row of rich markup (escape user text with `rich.markup.escape`)."""
+        self._commit_live()
+        self._write(self._render(markup, style=style))
+
+    def _render(self, markup: str, *, style: str | None = None, end: str = "\n") -> str:
+        with self._console.capture() as captured:
+            self._console.print(markup, style=style, end=end)
+        return captured.get()
+
+    def _write(self, text: str) -> None:
+        app = get_app_or_none()
+        on_screen = app is not None and app.is_running and not app.is_done
+        if on_screen and app is not None:
+            # Not `run_in_terminal`: it puts the terminal in cooked mode while it writes, and a
+            # Ctrl-D typed in that moment is eaten by the tty driver. Erase the prompt, write,
+            # and let the prompt redraw itself below, keys still read in raw mode throughout.
+            app.renderer.erase()
+        self._out.write(text)
+        self._out.flush()
+        if on_screen and app is not None:
+            app.renderer.request_absolute_cursor_position()
+            app.invalidate()
+
+    def drain(self) -> None:
+        """Print the streaming block's unfinished line, if any."""
+        self._commit_live()
+
+    # -- the streaming line -----------------------------------------------------------------------
+
+    def stream(self, key: object, text: str, *, style: str = "") -> None:
+        """Add `text` to the streaming block `key` (a new key ends the previous block's line):
+        complete lines are printed, the unfinished one is shown live."""
+        if key != self._live_key:
+            self._commit_live()
+            self._live_key, self._live_style = key, style
+        self._live_text += text
+        if "\n" in self._live_text:
+            done, self._live_text = self._live_text.rsplit("\n", 1)
+            for line in done.split("\n"):
+                self._write(self._render(escape(line), style=self._live_style or None))
+        self.on_live_change()
+
+    def end_stream(self) -> None:
+        """Print the streaming block's unfinished line, if any, and forget the block."""
+        self._commit_live()
+        self._live_key = None
+
+    def _commit_live(self) -> None:
+        if self._live_text:
+            text, self._live_text = self._live_text, ""
+            self._write(self._render(escape(text), style=self._live_style or None))
+            self.on_live_change()
+
+    def live(self) -> StyleAndTextTuples:
+        """The unfinished streaming line as prompt_toolkit text, with its line break; empty when none."""
+        if not self._live_text:
+            return []
+        return to_formatted_text(ANSI(self._render(escape(self._live_text), style=self._live_style or None)))
+
+
+# -- the view ---------------------------------------------------------------------------------------
+
+RowRenderer = Callable[["ChatView", Any], None]
+"""Shows one event (of the type it is registered for) on the view's screen."""
+
+DEFAULT_ROWS: dict[str, RowRenderer] = {}
+
+
+def row(*event_types: str) -> Callable[[RowRenderer], RowRenderer]:
+    """Register a row renderer for `event_types` in `DEFAULT_ROWS`."""
+
+    def register(render: RowRenderer) -> RowRenderer:
+        for event_type in event_types:
+            DEFAULT_ROWS[event_type] = render
+        return render
+
+    return register
+
+
+@dataclass
+class ChatView:
+    """A harness listener drawing one lane's events as rows on `screen`.
+
+    `rows` maps an event type to its renderer (a copy of `DEFAULT_ROWS`; add or replace entries
+    to show more). `queued` names the entry ids of queued steer and follow-up messages (from
+    any client), so their placement is shown; the typed prompt is not echoed twice.
+    `running_tools`, `queues` and `aborting` feed the prompt's status line."""
+
+    screen: Screen
+    lane: str
+    rows: dict[str, RowRenderer] = field(default_factory=lambda: dict(DEFAULT_ROWS))
+    queued: dict[str, str] = field(default_factory=dict)
+    running_tools: dict[str, str] = field(default_factory=dict)
+    queues: Queues = field(default_factory=Queues)
+    aborting: bool = False
+    _shown: dict[int, int] = field(default_factory=dict, init=False)  # content index -> characters shown
+    _run_started: float = field(default=0.0, init=False)
+    _run_tokens: int = field(default=0, init=False)
+
+    def __call__(self, event: HarnessEvent, context: Context) -> None:
+        lane = event_lane(event)
+        if lane is not None and lane != self.lane:
+            return
+        render = self.rows.get(event.type)
+        if render is not None:
+            render(self, event)
+
+    def begin_run(self) -> None:
+        """A run starts (or resumes) here: its time and tokens are counted from now."""
+        self._run_started, self._run_tokens, self.aborting = time.monotonic(), 0, False
+
+    # -- the streaming reply ----------------------------------------------------------------------
+
+    def begin_reply(self) -> None:
+        self.screen.end_stream()
+        self._shown = {}
+
+    def stream_reply(self, message: AssistantMessage) -> None:
+        """Show what `message` has beyond what was shown of it: text as it is, thinking dimmed."""
+        for index, block in enumerate(message.content):
+            shown = self._shown.get(index, 0)
+            if isinstance(block, TextContent) and len(block.text) > shown:
+                self.screen.stream(("reply", index), block.text[shown:])
+                self._shown[index] = len(block.text)
+            elif isinstance(block, ThinkingContent):
+                text = "[thinking redacted]\n" if block.redacted else block.thinking
+                if len(text) > shown:
+                    self.screen.stream(("thinking", index), text[shown:], style="dim italic")
+                    self._shown[index] = len(text)
+
+    def end_reply(self, message: AssistantMessage) -> None:
+        self.stream_reply(message)
+        self.screen.end_stream()
+        self._shown = {}
+        if message.stop_reason == "error":
+            self.screen.print(f"[red]✗ {escape(message.error_message or 'the reply failed')}[/]")
+        elif message.stop_reason == "aborted":
+            self.screen.print("[yellow](reply stopped)[/]")
+        elif message.stop_reason == "length":
+            self.screen.print("[yellow](reply cut off at the output limit)[/]")
+
+    def outcome_row(self, result: LaneLastResult) -> None:
+        """The row saying how an operation settled: completed (with time and tokens), aborted, failed."""
+        what = "turn" if result.kind == "run" else result.kind
+        elapsed = time.monotonic() - self._run_started if self._run_started else 0.0
+        tokens = f", {self._run_tokens} tokens" if self._run_tokens else ""
+        if result.outcome == "completed":
+            self.screen.print(f"[dim]✓ {what} completed ({elapsed:.1f} s{tokens})[/]")
+        elif result.outcome == "aborted":
+            self.screen.print(f"[yellow]✗ {what} aborted ({result.abort_cause or 'unknown cause'})[/]")
+        else:
+            error = result.error
+            detail = f" [{error.code}]: {error.message}" if error is not None else ""
+            self.screen.print(f"[red]✗ {what} failed{escape(detail)}[/]")
+
+    # -- the prompt's status line -----------------------------------------------------------------
+
+    def status(self) -> str:
+        """One line on what the lane is doing: running tools, queued messages, an abort."""
+        parts = []
+        if self.aborting:
+            parts.append("aborting…")
+        parts += [f"running {summary}" for summary in self.running_tools.values()]
+        if self.queues.steer:
+            parts.append(f"{len(self.queues.steer)} steer queued")
+        if self.queues.follow_up:
+            parts.append(f"{len(self.queues.follow_up)} follow-up queued")
+        return " · ".join(parts)
+
+
+@row("run_start")
+def _run_start(view: ChatView, event: RunStart) -> None:
+    view.begin_run()
+
+
+@row("message_start", "message_update")
+def _message_progress(view: ChatView, event: MessageStart | MessageUpdate) -> None:
+    message = event.message
+    if isinstance(message, AssistantMessage):
+        if event.type == "message_start":
+            view.begin_reply()
+        view.stream_reply(message)
+
+
+@row("message_end")
+def _message_end(view: ChatView, event: MessageEnd) -> None:
+    message = event.message
+    if isinstance(message, AssistantMessage):
+        view.end_reply(message)
+    elif isinstance(message, UserMessage) and event.entry_id in view.queued:
+        kind = view.queued.pop(event.entry_id)
+        view.screen.print(f"[cyan]› {escape(clip(content_text(message.content)))}[/] [dim]({kind} sent)[/]")
+    elif isinstance(message, CustomMessage) and message.display:
+        text = escape(clip(content_text(message.content)))
+        view.screen.print(f"[yellow]\\[{escape(message.custom_type)}][/] {text}")
+
+
+@row("tool_start")
+def _tool_start(view: ChatView, event: ToolStart) -> None:
+    view.screen.end_stream()
+    args = event.args if isinstance(event.args, dict) else {}
+    summary = describe_call(event.tool_name, args)
+    view.running_tools[event.tool_call_id] = summary
+    view.screen.print(f"[magenta]→ {escape(summary)}[/]")
+
+
+@row("tool_end")
+def _tool_end(view: ChatView, event: ToolEnd) -> None:
+    view.running_tools.pop(event.tool_call_id, None)
+    result: ToolResultMessage = event.result
+    mark = "[red]error[/]" if result.is_error else "[green]ok[/]"
+    first = clip(content_text(result.content))
+    view.screen.print(f"[magenta]← {escape(result.tool_name)}[/] {mark} [dim]{escape(first)}[/]")
+
+
+@row("retry_scheduled")
+def _retry_scheduled(view: ChatView, event: RetryScheduled) -> None:
+    view.screen.end_stream()
+    wait = max(0.0, (event.not_before - time.time() * 1000) / 1000)
+    view.screen.print(f"[yellow]↻ retrying in {wait:.0f} s (attempt {event.attempt} of {event.max_attempts}): "
+                      f"{escape(clip(event.error_message))}[/]")
+
+
+@row("compaction_start")
+def _compaction_start(view: ChatView, event: CompactionStart) -> None:
+    view.screen.end_stream()
+    view.screen.print(f"[dim]compacting the context ({event.reason})…[/]")
+
+
+@row("compaction_end")
+def _compaction_end(view: ChatView, event: CompactionEnd) -> None:
+    detail = f": {event.error.message}" if event.error is not None else ""
+    colour = "dim" if event.status == "completed" else "yellow"
+    view.screen.print(f"[{colour}]compaction {event.status}{escape(detail)}[/]")
+
+
+@row("navigation_end")
+def _navigation_end(view: ChatView, event: NavigationEnd) -> None:
+    if event.status == "completed":
+        view.screen.print(f"[dim]moved to entry {escape(event.tip_id or '(the empty branch)')}[/]")
+    else:
+        view.screen.print(f"[yellow]navigation {event.status}[/]")
+
+
+@row("operation_abort")
+def _operation_abort(view: ChatView, event: OperationAbort) -> None:
+    view.aborting = True
+    view.screen.end_stream()
+    dropped = len(event.steer) + len(event.follow_up)
+    note = f"; {dropped} queued message(s) will not be sent" if dropped else ""
+    view.screen.print(f"[yellow]aborting ({event.cause}); waiting for the run to settle{note}…[/]")
+
+
+@row("run_suspend")
+def _run_suspend(view: ChatView, event: RunSuspend) -> None:
+    view.screen.print("[yellow]the provider will answer later; /resume asks for the reply[/]")
+
+
+@row("usage")
+def _usage(view: ChatView, event: UsageRecorded) -> None:
+    view._run_tokens += event.usage.total_tokens
+
+
+@row("run_end")
+def _run_end(view: ChatView, event: RunEnd) -> None:
+    # The outcome row is the client's to print (`outcome_row`), once the prompt is idle again, so
+    # a person who sees "completed" can type the next prompt at once.
+    view.screen.end_stream()
+    view.running_tools.clear()
+    view.aborting = False
+
+
+@row("queue_update")
+def _queue_update(view: ChatView, event: QueueUpdate) -> None:
+    view.queues = event.queues
+    for kind, items in (("steer", event.queues.steer), ("follow-up", event.queues.follow_up)):
+        for item in items:
+            view.queued[item.entry_id] = kind
+
+
+@row("config_update")
+def _config_update(view: ChatView, event: ConfigUpdate) -> None:
+    value = event.value
+    if isinstance(value, ModelIdentity):
+        shown = f"{value.provider}/{value.model_id}"
+    elif isinstance(value, tuple):
+        shown = ", ".join(value) or "(none)"
+    else:
+        shown = value
+    view.screen.print(f"[dim]{event.field.replace('_', ' ')} → {escape(shown)}[/]")
+
+
+@row("value_update")
+def _value_update(view: ChatView, event: ValueUpdate) -> None:
+    if event.key == "session_name":
+        view.screen.print(f"[dim]session name → {escape(event.value or '(none)')}[/]")
+
+
+@row("fault", "handler_error")
+def _fault(view: ChatView, event: Fault | HandlerError) -> None:
+    if event.type == "fault":
+        view.screen.print(f"[red]harness fault \\[{escape(event.code)}]: {escape(event.message)}[/]")
+    else:
+        view.screen.print(f"[red]a display handler failed on {escape(event.event_type)}: {escape(event.error)}[/]")
+
+
+# -- entries as one line ----------------------------------------------------------------------------
+
+
+def entry_summary(entry: Entry, limit: int = 100) -> str:
+    """One line of rich markup saying what an entry is, for `/tree` and `/fork` listings."""
+    payload = entry.payload
+    match payload.type:
+        case "message":
+            message = payload.message
+            if isinstance(message, UserMessage):
+                return f"[cyan]you[/]: {escape(clip(content_text(message.content), limit))}"
+            if isinstance(message, ToolResultMessage):
+                mark = "[red]error[/]" if message.is_error else "ok"
+                return f"[magenta]← {escape(message.tool_name)}[/] {mark}"
+            text = " ".join(b.text for b in message.content if isinstance(b, TextContent))
+            calls = [b.name for b in message.content if isinstance(b, ToolCall)]
+            shown = clip(text, limit) if text.strip() else ""
+            if calls:
+                shown += (" " if shown else "") + f"→ {', '.join(calls)}"
+            return f"[green]assistant[/]: {escape(shown or '(' + message.stop_reason + ')')}"
+        case "custom_message":
+            text = clip(content_text(payload.message.content), limit)
+            return f"[yellow]\\[{escape(payload.message.custom_type)}][/] {escape(text)}"
+        case "custom":
+            data = clip(json.dumps(payload.data, ensure_ascii=False), limit)
+            return f"[dim]({escape(payload.custom_type)}) {escape(data)}[/]"
+        case "compaction":
+            return f"[yellow]compaction[/] [dim]{escape(clip(payload.summary, limit))}[/]"
+        case "branch_summary":
+            return f"[yellow]branch summary[/] [dim]{escape(clip(payload.summary, limit))}[/]"

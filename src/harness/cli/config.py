@@ -1,0 +1,261 @@
+"""How a terminal client is set up: the models it may use, the workspace of the built-in tools, and a
+harness attached to a session with both; plus the checks `harness doctor` runs.
+
+`harness run` uses these, and `harness chat` is meant to: each piece is a plain function of its
+inputs, with no typer in it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import importlib.util
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from harness.context import Context
+from harness.errors import HarnessError, InvalidInput
+from harness.messages import ModelIdentity, TextContent, UserMessage
+from harness.providers import (
+    DoneEvent,
+    ErrorEvent,
+    Model,
+    ModelRegistry,
+    ProviderRequest,
+    StreamOptions,
+)
+from harness.providers.models import EMBEDDED_IDENTITY
+from harness.runtime import AgentHarness, AgentHarnessOptions, Lane, LaneConfig, Listener, OpenOperation
+from harness.runtime.drive_types import DriveSettings, RunHooks
+from harness.session import Session, SessionMutator, SessionNotFound, Store, addresses, connect, value_address
+from harness.tools import BUILTIN_TOOL_NAMES, ApprovalPolicy, Workspace, builtin_tools, system_prompt
+
+SESSION_NAME_LIMIT = 80
+
+
+class MissingApiKey(HarnessError):
+    """The chosen model needs an API key that is not in the environment; details `{model, env}`."""
+
+    code = "missing_api_key"
+
+
+def parse_model(spec: str) -> ModelIdentity:
+    """`provider/id` as a `ModelIdentity`; the id may itself contain `/` (e.g.
+    `openrouter/moonshotai/kimi-k2`). Raises `InvalidInput` for anything else."""
+    provider, separator, model_id = spec.partition("/")
+    if not separator or not provider or not model_id:
+        raise InvalidInput(f"a model is provider/id (e.g. openai/gpt-4o or embedded/smollm2-135m), not {spec!r}",
+                           model=spec)
+    return ModelIdentity(provider=provider, model_id=model_id)
+
+
+def model_name(identity: ModelIdentity) -> str:
+    return f"{identity.provider}/{identity.model_id}"
+
+
+def usable_model(registry: ModelRegistry, identity: ModelIdentity) -> Model:
+    """The model `identity` names, checked before anything runs: `ModelUnavailable` if the
+    registry has none, `MissingApiKey` if its key variable is not set."""
+    model = registry.model(identity)
+    if model.api_key_env is not None and registry.api_key(model) is None:
+        raise MissingApiKey(f"model {model_name(identity)} needs an API key: set {model.api_key_env}",
+                            model=model_name(identity), env=model.api_key_env)
+    return model
+
+
+def tool_workspace(root: Path, home: Path, model: Model | None = None) -> Workspace:
+    """The built-in tools' workspace at `root`, keeping full outputs in `home/tool-output`.
+
+    A tool output sent to the model is at most 30,000 characters, and at most as many characters
+    as the model has tokens of context (about a quarter of its window), so a small local model is
+    not flooded by one `ls -R`."""
+    max_chars = 30_000 if model is None else max(1_000, min(30_000, model.context_window))
+    return Workspace(root=root, output_dir=home / "tool-output", max_chars=max_chars)
+
+
+def session_name_from(prompt: str) -> str | None:
+    """A session name from a prompt: its first non-blank line, whitespace collapsed, clipped."""
+    for line in prompt.splitlines():
+        if line.strip():
+            line = " ".join(line.split())
+            return line if len(line) <= SESSION_NAME_LIMIT else line[: SESSION_NAME_LIMIT - 1] + "…"
+    return None
+
+
+@dataclass(frozen=True)
+class Attached:
+    """A harness attached to a session for a terminal client, the lane it works on, and the
+    operations a crashed process left open (inventory, not yet resumed)."""
+
+    harness: AgentHarness
+    lane: Lane
+    open_operations: list[OpenOperation]
+    model: Model
+    created_session: bool
+
+
+async def attach_client(
+    store: Store,
+    session_id: str | None,
+    context: Context,
+    *,
+    registry: ModelRegistry,
+    home: Path,
+    cwd: Path,
+    approval: ApprovalPolicy,
+    model: ModelIdentity | None = None,
+    lane: str = "main",
+    listeners: Sequence[Listener] = (),
+    name_from: str | None = None,
+    drive: DriveSettings | None = None,
+    tools: bool = True,
+) -> Attached:
+    """Open session `session_id` (a new one when None) and attach a harness to it with the built-in
+    tools working in `cwd` and `approval` as the `before_tool` hook.
+
+    The model is `model` when given (the lane is switched to it), else the lane's configured
+    model, else the registry's default (the embedded model when no key is configured). It is
+    checked before anything is written: `ModelUnavailable`, `MissingApiKey`. A new lane gets the
+    built-in tools as its active tools (none with `tools=False`). A new session is named from `name_from`. `drive`
+    defaults to `DriveSettings()` (compaction fits itself to the model). Also raises
+    `SessionNotFound` and `SessionOwned` (another process holds the session)."""
+    session: Session | None = None
+    configured: LaneConfig | None = None
+    if session_id is not None:
+        session = await store.open_session(session_id, context)
+        configured = await session.get(addresses.lane_config(lane), context)
+    identity = model or (configured.model if configured else registry.default_identity())
+    resolved = usable_model(registry, identity)
+    workspace = tool_workspace(cwd, home, resolved)
+    created = session is None
+    if session is None:
+        session = await store.create_session(context)
+    options = AgentHarnessOptions(
+        session=session, models=registry, tools=builtin_tools(workspace), system_prompt=system_prompt(workspace),
+        listeners=listeners, hooks=RunHooks(before_tool=approval), drive=drive or DriveSettings(),
+    )
+    harness, open_operations = await AgentHarness.create(options, context)
+    try:
+        if configured is None:
+            config = LaneConfig(model=identity, active_tools=list(BUILTIN_TOOL_NAMES) if tools else [])
+            lane_handle = await harness.create_lane(lane, config, context)
+        else:
+            lane_handle = harness.lane(lane)
+            if lane_handle.config.model != identity:
+                await lane_handle.set_model(identity, context)
+        if created and name_from and (name := session_name_from(name_from)):
+            await harness.set_session_name(name, context)
+    except BaseException:
+        await harness.close(context)
+        raise
+    return Attached(harness, lane_handle, open_operations, resolved, created)
+
+
+# -- doctor ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Check:
+    """One line of `harness doctor`: `ok`, `warn` (works, but worth knowing) or `fail`."""
+
+    name: str
+    status: Literal["ok", "warn", "fail"]
+    detail: str
+
+
+DOCTOR_SESSION_ID = "harness-doctor"
+"""The scratch session `harness doctor` writes to; reused by every run, so it does not pile up."""
+
+_DOCTOR_VALUE = value_address("cli.doctor", "last_check")
+
+
+async def check_store(store_url: str, context: Context) -> list[Check]:
+    """Connect to the store, write a value in the scratch session and read it back."""
+    try:
+        store = await connect(store_url, context)
+    except HarnessError as error:
+        return [Check("store", "fail", f"cannot open {store_url}: {error.message}")]
+    checks = [Check("store", "ok", f"connected to {store_url}")]
+    try:
+        try:
+            session = await store.open_session(DOCTOR_SESSION_ID, context)
+        except SessionNotFound:
+            session = await store.create_session(context, session_id=DOCTOR_SESSION_ID)
+        stamp = time.time_ns()
+
+        async def write(m: SessionMutator) -> None:
+            m.set(_DOCTOR_VALUE, stamp)
+            m.set(addresses.session_name(), "harness doctor scratch session")
+
+        await session.mutate(write, context)
+        read = await session.get(_DOCTOR_VALUE, context)
+        if read != stamp:
+            checks.append(Check("store write", "fail", f"wrote {stamp} and read back {read!r}"))
+        else:
+            checks.append(Check("store write", "ok", f"committed and read back a value in session {session.id}"))
+    except HarnessError as error:
+        checks.append(Check("store write", "fail", f"[{error.code}] {error.message}"))
+    finally:
+        await store.close(context)
+    return checks
+
+
+def check_models(home: Path) -> tuple[list[Check], ModelRegistry | None]:
+    """Parse `home/models.toml` and say which API keys are present."""
+    path = home / "models.toml"
+    try:
+        registry = ModelRegistry.load(home=home)
+    except HarnessError as error:
+        return [Check("models.toml", "fail", error.message)], None
+    rows = registry.configured()
+    detail = f"{path} parsed" if path.exists() else f"no {path}; built-in models only"
+    checks = [Check("models.toml", "ok", f"{detail} ({len(rows)} models)")]
+    keys: dict[str, bool] = {}
+    for row in rows:
+        if row.model.api_key_env is not None:
+            keys[row.model.api_key_env] = keys.get(row.model.api_key_env, False) or row.key_present
+    present = sorted(env for env, ok in keys.items() if ok)
+    missing = sorted(env for env, ok in keys.items() if not ok)
+    status: Literal["ok", "warn"] = "ok" if present else "warn"
+    text = f"present: {', '.join(present) or 'none'}; missing: {', '.join(missing) or 'none'}"
+    checks.append(Check("api keys", status, text))
+    checks.append(Check("default model", "ok", model_name(registry.default_identity())))
+    return checks, registry
+
+
+async def check_embedded(registry: ModelRegistry, context: Context) -> list[Check]:
+    """The embedded model: its runtime imports, its weights are there, and it generates."""
+    if importlib.util.find_spec("llama_cpp") is None:
+        return [Check("embedded runtime", "fail", "llama-cpp-python is not installed")]
+    try:
+        runtime = await asyncio.to_thread(importlib.import_module, "llama_cpp")
+    except Exception as error:  # a broken native build fails here, in many ways
+        return [Check("embedded runtime", "fail", f"llama_cpp does not import: {error}")]
+    checks = [Check("embedded runtime", "ok", f"llama-cpp-python {getattr(runtime, '__version__', '?')}")]
+    model, provider = registry.resolve(EMBEDDED_IDENTITY)
+    request = ProviderRequest(messages=(UserMessage(content="What is the capital of France? One word."),))
+    options = StreamOptions(temperature=0.0, seed=42, max_tokens=16)
+    started = time.monotonic()
+    try:
+        stream = provider.stream(model, request, options, context)
+    except HarnessError as error:  # the weights are looked up before the stream starts
+        return [*checks, Check("embedded weights", "fail", error.message)]
+    checks.append(Check("embedded weights", "ok", f"{model_name(EMBEDDED_IDENTITY)} found"))
+    final = None
+    try:
+        async for event in stream:
+            if isinstance(event, DoneEvent | ErrorEvent):
+                final = event
+    except Exception as error:  # the native runtime can fail in ways no adapter classifies
+        return [*checks, Check("embedded generation", "fail", f"{type(error).__name__}: {error}")]
+    if not isinstance(final, DoneEvent):
+        problem = final.error.message if isinstance(final, ErrorEvent) else "the stream ended without a reply"
+        return [*checks, Check("embedded generation", "fail", problem)]
+    text = "".join(b.text for b in final.message.content if isinstance(b, TextContent)).strip()
+    if not text:
+        return [*checks, Check("embedded generation", "fail", "the reply was empty")]
+    elapsed = time.monotonic() - started
+    return [*checks, Check("embedded generation", "ok", f"{text[:60]!r} in {elapsed:.1f} s")]

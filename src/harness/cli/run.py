@@ -1,0 +1,257 @@
+"""`harness run`: one non-interactive turn on a session lane, printed as it streams or as JSON lines.
+
+Exit codes: `EXIT_COMPLETED` (0), `EXIT_FAILED` (1, also for errors before the run), `EXIT_ABORTED`
+(2: Ctrl-C requested a durable abort, cause `user`, and the run settled), `EXIT_SUSPENDED` (3: the
+provider will answer later; the operation stays open). A second Ctrl-C leaves at once, with exit
+status 130, and the operation stays open in the journal to be resumed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TextIO
+
+from rich.console import Console
+from rich.markup import escape
+
+from harness.cli.config import attach_client
+from harness.context import Context
+from harness.messages import AssistantMessage, ModelIdentity, TextContent, ThinkingContent
+from harness.providers import ModelRegistry
+from harness.runtime import HarnessEvent, Lane, NoActiveOperation, PromptRequest
+from harness.runtime.drive_types import Settled, Suspended
+from harness.runtime.events import (
+    CompactionEnd,
+    CompactionStart,
+    Fault,
+    MessageEnd,
+    MessageStart,
+    MessageUpdate,
+    OperationAbort,
+    RetryScheduled,
+    RunEnd,
+    ToolEnd,
+    ToolStart,
+)
+from harness.session import Store
+from harness.tools import ApprovalPolicy, describe_call
+
+EXIT_COMPLETED = 0
+EXIT_FAILED = 1
+EXIT_ABORTED = 2
+EXIT_SUSPENDED = 3
+EXIT_INTERRUPTED = 130
+
+NO_APPROVER = ("nobody can approve it in a non-interactive `harness run` (run with --yes to allow write, edit "
+               "and shell)")
+
+
+@dataclass(frozen=True)
+class RunTurn:
+    """What one `harness run` asks for."""
+
+    prompt: str
+    cwd: Path
+    home: Path
+    session_id: str | None = None
+    lane: str = "main"
+    model: ModelIdentity | None = None
+    approve_all: bool = False
+    json_events: bool = False
+    tools: bool = True
+
+
+# -- printing -------------------------------------------------------------------------------------
+
+
+def event_json(event: HarnessEvent) -> str:
+    """One event as the JSON line `--json` prints: `event.model_dump(mode="json")`, nothing added."""
+    return json.dumps(event.model_dump(mode="json"), ensure_ascii=False)
+
+
+@dataclass
+class JsonEventPrinter:
+    """A listener printing every event as one JSON line on `out`, flushed, so a reader can follow."""
+
+    out: TextIO
+
+    def __call__(self, event: HarnessEvent, context: Context) -> None:
+        self.out.write(event_json(event) + "\n")
+        self.out.flush()
+
+
+@dataclass
+class TextPrinter:
+    """A listener printing the reply text to `out` as it streams, and thinking, tool calls, retries,
+    compactions and the outcome compactly to `status` (stderr), so `out` holds only the reply."""
+
+    out: TextIO
+    status: Console
+    _text_shown: int = 0
+    _thinking_shown: int = 0
+    _ended_line: bool = True
+    _thinking_open: bool = False
+
+    def __call__(self, event: HarnessEvent, context: Context) -> None:
+        match event:
+            case MessageStart(message=AssistantMessage() as message):
+                self._text_shown = self._thinking_shown = 0
+                self._stream(message)
+            case MessageUpdate(message=message):
+                self._stream(message)
+            case MessageEnd(message=AssistantMessage() as message):
+                self._stream(message)
+                self._end_line()
+                if message.stop_reason == "error" and message.error_message:
+                    self.status.print(f"[red]{escape(message.error_message)}[/]")
+            case ToolStart(tool_name=name, args=args):
+                self._end_line()
+                shown = describe_call(name, args if isinstance(args, dict) else {})
+                self.status.print(f"[magenta]→ {escape(shown)}[/]")
+            case ToolEnd(result=result):
+                text = " ".join(b.text for b in result.content if isinstance(b, TextContent)).strip()
+                first = text.splitlines()[0] if text else ""
+                first = first if len(first) <= 160 else first[:159] + "…"
+                mark = "[red]error[/]" if result.is_error else "[green]ok[/]"
+                self.status.print(f"[magenta]← {escape(result.tool_name)}[/] {mark} [dim]{escape(first)}[/]")
+            case RetryScheduled(attempt=attempt, max_attempts=most, error_message=problem):
+                self._end_line()
+                self.status.print(f"[yellow]retrying (attempt {attempt} of {most}): {escape(problem)}[/]")
+            case CompactionStart(reason=reason):
+                self._end_line()
+                self.status.print(f"[dim]compacting the context ({reason})…[/]")
+            case CompactionEnd(status=outcome, error=error):
+                detail = f": {error.message}" if error is not None else ""
+                self.status.print(f"[dim]compaction {outcome}{escape(detail)}[/]")
+            case OperationAbort(cause=cause):
+                self._end_line()
+                self.status.print(f"[yellow]abort requested ({cause}); waiting for the run to settle…[/]")
+            case RunEnd(result=result):
+                self._end_line()
+                if result.outcome == "failed" and result.error is not None:
+                    error = result.error
+                    self.status.print(f"[red]run failed \\[{escape(error.code)}]: {escape(error.message)}[/]")
+                elif result.outcome == "aborted":
+                    self.status.print(f"[yellow]run aborted ({result.abort_cause or 'unknown cause'})[/]")
+            case Fault(code=code, message=text):
+                self._end_line()
+                self.status.print(f"[red]harness fault \\[{escape(code)}]: {escape(text)}[/]")
+            case _:
+                pass
+
+    def _stream(self, message: AssistantMessage) -> None:
+        thinking = "".join(b.thinking for b in message.content if isinstance(b, ThinkingContent) and not b.redacted)
+        if len(thinking) > self._thinking_shown:
+            if not self._ended_line:
+                self.out.write("\n")
+                self.out.flush()
+                self._ended_line = True
+            self.status.print(escape(thinking[self._thinking_shown:]), style="dim italic", end="")
+            self._thinking_shown = len(thinking)
+            self._thinking_open = True
+        text = "".join(b.text for b in message.content if isinstance(b, TextContent))
+        if len(text) > self._text_shown:
+            self._end_thinking()
+            self.out.write(text[self._text_shown:])
+            self.out.flush()
+            self._text_shown = len(text)
+            self._ended_line = text.endswith("\n")
+
+    def _end_thinking(self) -> None:
+        if self._thinking_open:
+            self.status.print()
+            self._thinking_open = False
+
+    def _end_line(self) -> None:
+        """End the reply's line on stdout (and a thinking line on stderr) before a status line."""
+        self._end_thinking()
+        if not self._ended_line:
+            self.out.write("\n")
+            self.out.flush()
+            self._ended_line = True
+
+
+# -- the turn ---------------------------------------------------------------------------------------
+
+
+async def run_turn(store: Store, turn: RunTurn, registry: ModelRegistry, context: Context, *,
+                   out: TextIO | None = None, status: Console | None = None) -> int:
+    """Run one turn of `turn.prompt` and return the exit code (see the module docstring).
+
+    Without `approve_all`, write, edit and shell calls are blocked with a reason the model reads,
+    since nobody can be asked. Ctrl-C (SIGINT) requests a durable abort with cause `user` and
+    waits for settlement; a second one leaves at once. Errors before the run starts
+    (`SessionNotFound`, `ModelUnavailable`, `MissingApiKey`, `LaneBusy`, ...) are raised."""
+    out = out or sys.stdout
+    status = status or Console(stderr=True, highlight=False, soft_wrap=True)
+    printer = JsonEventPrinter(out) if turn.json_events else TextPrinter(out, status)
+    approval = ApprovalPolicy.allow_all() if turn.approve_all else ApprovalPolicy(None, unavailable_reason=NO_APPROVER)
+    attached = await attach_client(
+        store, turn.session_id, context, registry=registry, home=turn.home, cwd=turn.cwd, approval=approval,
+        model=turn.model, lane=turn.lane, listeners=[printer], name_from=turn.prompt, tools=turn.tools,
+    )
+    status.print(f"[dim]session {attached.harness.session.id}[/]")
+    interrupt = _Interrupts(attached.lane, context, status)
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGINT, interrupt.on_signal)
+    try:
+        accepted = await attached.lane.accept(PromptRequest(text=turn.prompt), context)
+        await interrupt.accepted()
+        outcome = await attached.lane.drive(accepted.operation_id, context)
+    finally:
+        loop.remove_signal_handler(signal.SIGINT)
+        await interrupt.settle()
+        await attached.harness.close(context)
+    if isinstance(outcome, Suspended):
+        status.print(f"[yellow]the provider will answer later (deferred {outcome.deferred.id}); the run stays "
+                     f"open in session {attached.harness.session.id}[/]")
+        return EXIT_SUSPENDED
+    if isinstance(outcome, Settled):
+        return {"completed": EXIT_COMPLETED, "aborted": EXIT_ABORTED}.get(outcome.result.outcome, EXIT_FAILED)
+    return EXIT_FAILED
+
+
+class _Interrupts:
+    """Ctrl-C during a run: the first requests a durable abort (as soon as the run is accepted),
+    the second leaves at once."""
+
+    def __init__(self, lane: Lane, context: Context, status: Console) -> None:
+        self._lane, self._context, self._status = lane, context, status
+        self._count = 0
+        self._is_accepted = False
+        self._abort: asyncio.Task[None] | None = None
+
+    def on_signal(self) -> None:
+        self._count += 1
+        if self._count > 1:
+            self._status.print("[yellow]leaving now; the run stays open in the journal and can be resumed[/]")
+            sys.stdout.flush()
+            os._exit(EXIT_INTERRUPTED)
+        self._status.print("[yellow]interrupted: aborting the run (Ctrl-C again to leave at once)[/]")
+        if self._is_accepted:
+            self._start_abort()
+
+    async def accepted(self) -> None:
+        self._is_accepted = True
+        if self._count:
+            self._start_abort()
+            await self.settle()
+
+    def _start_abort(self) -> None:
+        if self._abort is None:
+            self._abort = asyncio.ensure_future(self._request())
+
+    async def _request(self) -> None:
+        with contextlib.suppress(NoActiveOperation):  # it settled meanwhile
+            await self._lane.request_abort("user", self._context)
+
+    async def settle(self) -> None:
+        if self._abort is not None:
+            await self._abort

@@ -1,0 +1,34 @@
+"""Built-in tools for working in a directory (read, write, edit, list, grep, shell) and the approval
+policy that asks before a call changes anything."""
+
+from harness.tools.approval import (
+    ALLOW_FOR_SESSION,
+    ALLOW_ONCE,
+    DENY,
+    NEEDS_APPROVAL,
+    Approval,
+    ApprovalPolicy,
+    ApprovalRequest,
+    AskApproval,
+    describe_call,
+)
+from harness.tools.builtin import BUILTIN_TOOL_NAMES, builtin_tools, system_prompt
+from harness.tools.workspace import LimitedOutput, PathOutsideWorkspace, Workspace
+
+__all__ = [
+    "ALLOW_FOR_SESSION",
+    "ALLOW_ONCE",
+    "BUILTIN_TOOL_NAMES",
+    "DENY",
+    "NEEDS_APPROVAL",
+    "Approval",
+    "ApprovalPolicy",
+    "ApprovalRequest",
+    "AskApproval",
+    "LimitedOutput",
+    "PathOutsideWorkspace",
+    "Workspace",
+    "builtin_tools",
+    "describe_call",
+    "system_prompt",
+]

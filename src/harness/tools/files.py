@@ -1,0 +1,294 @@
+"""The file tools: read, write, edit, list and grep, each confined to the workspace."""
+
+from __future__ import annotations
+
+import asyncio
+import difflib
+import fnmatch
+import os
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+from pydantic import JsonValue
+
+from harness.context import Context
+from harness.messages import TextContent
+from harness.runtime import ToolOutput
+from harness.tools.workspace import ToolFailure, Workspace, is_binary
+
+SKIPPED_DIRS = frozenset({".git", ".hg", ".svn", "node_modules", "__pycache__", ".venv", "venv", ".mypy_cache",
+                          ".ruff_cache", ".pytest_cache", ".tox"})
+"""Directories `list` (below the first level) and `grep` do not descend into: tool caches and
+dependencies, rarely what a question is about and often huge."""
+
+_SNIFF_BYTES = 8_192
+_GREP_MAX_FILE_BYTES = 10_000_000
+_GREP_MAX_MATCHES = 5_000
+_GREP_LINE_CHARS = 300
+_LIST_MAX_ENTRIES = 10_000
+_DIFF_CHARS = 20_000
+
+
+def text_output(text: str, details: JsonValue = None, *, is_error: bool = False) -> ToolOutput:
+    return ToolOutput(content=[TextContent(text=text)], details=details, is_error=is_error)
+
+
+def _string(args: dict[str, JsonValue], name: str, default: str | None = None) -> str:
+    value = args.get(name, default)
+    if not isinstance(value, str):
+        raise ToolFailure(f"`{name}` must be a string")
+    return value
+
+
+def _integer(args: dict[str, JsonValue], name: str, default: int | None) -> int | None:
+    value = args.get(name, default)
+    if value is None or (isinstance(value, int) and not isinstance(value, bool)):
+        return value
+    raise ToolFailure(f"`{name}` must be an integer")
+
+
+# -- read ---------------------------------------------------------------------------------------
+
+
+async def read_file(workspace: Workspace, args: dict[str, JsonValue], context: Context) -> ToolOutput:
+    """Lines `offset`.. (1-based) of a text file, at most `limit` lines and the workspace's
+    character limit; the note on a partial read says how to continue (the file itself is the full
+    output)."""
+    path = workspace.resolve(_string(args, "path"), reading=True)
+    offset = _integer(args, "offset", 1) or 1
+    limit = min(_integer(args, "limit", workspace.max_lines) or workspace.max_lines, workspace.max_lines)
+    return await asyncio.to_thread(_read, workspace, path, offset, limit, context)
+
+
+def _read(workspace: Workspace, path: Path, offset: int, limit: int, context: Context) -> ToolOutput:
+    shown_path = workspace.show(path)
+    if path.is_dir():
+        raise ToolFailure(f"{shown_path} is a directory; use the list tool")
+    with path.open("rb") as raw:
+        if is_binary(raw.read(_SNIFF_BYTES)):
+            size = path.stat().st_size
+            return text_output(f"{shown_path} is a binary file ({size} bytes); it is not shown",
+                               {"path": shown_path, "binary": True, "bytes": size})
+    kept: list[str] = []
+    chars, total, cut_line = 0, 0, False
+    with path.open(encoding="utf-8", errors="replace", newline="") as file:
+        for number, line in enumerate(file, start=1):
+            total = number
+            if number % 10_000 == 0 and context.cancelled:
+                raise ToolFailure("cancelled")
+            if number < offset or len(kept) >= limit or chars >= workspace.max_chars:
+                continue
+            room = workspace.max_chars - chars
+            if len(line) > room:
+                if kept:  # the next whole line does not fit: stop before it
+                    chars = workspace.max_chars
+                    continue
+                line, cut_line = line[:room] + "\n", True
+            kept.append(line)
+            chars += len(line)
+    if total == 0:
+        return text_output(f"{shown_path} is empty", {"path": shown_path, "total_lines": 0, "truncated": False})
+    if offset > total:
+        raise ToolFailure(f"offset {offset} is past the end of {shown_path} ({total} lines)")
+    last = offset + len(kept) - 1
+    text = "".join(kept)
+    notes = []
+    if cut_line:
+        notes.append(f"line {offset} is longer than {workspace.max_chars} characters and was cut")
+    if last < total:
+        notes.append(f"showing lines {offset}-{last} of {total}; continue with offset={last + 1}")
+    if notes:
+        text = f"{text.rstrip(chr(10))}\n\n[{'; '.join(notes)}]"
+    details: dict[str, JsonValue] = {"path": shown_path, "first_line": offset, "last_line": last,
+                                     "total_lines": total, "truncated": bool(notes)}
+    return text_output(text, details)
+
+
+# -- write and edit -------------------------------------------------------------------------------
+
+
+async def write_file(workspace: Workspace, args: dict[str, JsonValue], context: Context) -> ToolOutput:
+    """Create or overwrite a file with `content`, creating missing parent directories."""
+    path = workspace.resolve(_string(args, "path"))
+    content = _string(args, "content")
+
+    def write() -> ToolOutput:
+        if path.is_dir():
+            raise ToolFailure(f"{workspace.show(path)} is a directory")
+        created = not path.exists()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        data = content.encode("utf-8")
+        path.write_bytes(data)
+        lines = content.count("\n") + (1 if content and not content.endswith("\n") else 0)
+        verb = "Created" if created else "Overwrote"
+        shown = workspace.show(path)
+        return text_output(f"{verb} {shown}: {len(data)} bytes, {lines} lines",
+                           {"path": shown, "bytes": len(data), "created": created})
+
+    return await asyncio.to_thread(write)
+
+
+async def edit_file(workspace: Workspace, args: dict[str, JsonValue], context: Context) -> ToolOutput:
+    """Replace `old_text` with `new_text` in a file: exactly one occurrence, or every one with
+    `replace_all`. The text must match exactly, line endings included."""
+    path = workspace.resolve(_string(args, "path"))
+    old, new = _string(args, "old_text"), _string(args, "new_text")
+    replace_all = args.get("replace_all", False) is True
+    if not old:
+        raise ToolFailure("`old_text` must not be empty; use the write tool to create a file")
+    if old == new:
+        raise ToolFailure("`old_text` and `new_text` are the same; nothing would change")
+
+    def edit() -> ToolOutput:
+        shown = workspace.show(path)
+        if not path.is_file():
+            raise ToolFailure(f"{shown} does not exist or is not a file")
+        with path.open(encoding="utf-8", newline="") as file:
+            before = file.read()
+        count = before.count(old)
+        if count == 0:
+            raise ToolFailure(f"`old_text` was not found in {shown}; read the file and copy the text exactly")
+        if count > 1 and not replace_all:
+            raise ToolFailure(f"`old_text` occurs {count} times in {shown}; include more surrounding text so it "
+                              "is unique, or set replace_all to replace every occurrence")
+        line = before[: before.index(old)].count("\n") + 1
+        after = before.replace(old, new) if replace_all else before.replace(old, new, 1)
+        with path.open("w", encoding="utf-8", newline="") as file:
+            file.write(after)
+        diff = "".join(difflib.unified_diff(before.splitlines(keepends=True), after.splitlines(keepends=True),
+                                            fromfile=shown, tofile=shown))
+        replaced = count if replace_all else 1
+        where = f"first at line {line}" if replaced > 1 else f"at line {line}"
+        plural = "s" if replaced > 1 else ""
+        return text_output(f"Edited {shown}: replaced {replaced} occurrence{plural}, {where}",
+                           {"path": shown, "replacements": replaced, "line": line, "diff": diff[:_DIFF_CHARS]})
+
+    return await asyncio.to_thread(edit)
+
+
+# -- list ---------------------------------------------------------------------------------------
+
+
+async def list_directory(workspace: Workspace, tool_call_id: str, args: dict[str, JsonValue],
+                         context: Context) -> ToolOutput:
+    """The entries of a directory, sorted, directories marked with a trailing `/`; with `depth` > 1
+    their contents too (not descending into `SKIPPED_DIRS`)."""
+    path = workspace.resolve(_string(args, "path", "."), reading=True)
+    depth = max(1, min(_integer(args, "depth", 1) or 1, 10))
+
+    def listing() -> ToolOutput:
+        shown = workspace.show(path)
+        if not path.is_dir():
+            raise ToolFailure(f"{shown} is not a directory")
+        lines: list[str] = []
+        complete = True
+        for entry in _walk_listing(path, depth, context):
+            if len(lines) >= _LIST_MAX_ENTRIES:
+                complete = False
+                break
+            lines.append(entry)
+        if not lines:
+            return text_output(f"{shown} is empty", {"path": shown, "entries": 0})
+        text = "\n".join(lines)
+        if not complete:
+            text += f"\n[stopped after {_LIST_MAX_ENTRIES} entries]"
+        limited = workspace.limit(text, tool_call_id, hint="list a subdirectory or use a smaller depth")
+        return text_output(limited.text, {"path": shown, "entries": len(lines), **limited.details()})
+
+    return await asyncio.to_thread(listing)
+
+
+def _walk_listing(root: Path, depth: int, context: Context) -> Iterator[str]:
+    def walk(directory: Path, prefix: str, level: int) -> Iterator[str]:
+        if context.cancelled:
+            raise ToolFailure("cancelled")
+        try:
+            children = sorted(os.scandir(directory), key=lambda e: e.name)
+        except OSError as error:
+            yield f"{prefix}[cannot list: {error.strerror}]"
+            return
+        for child in children:
+            is_dir = child.is_dir(follow_symlinks=False)
+            yield f"{prefix}{child.name}{'/' if is_dir else ''}"
+            if is_dir and level < depth and child.name not in SKIPPED_DIRS:
+                yield from walk(Path(child.path), f"{prefix}{child.name}/", level + 1)
+
+    yield from walk(root, "", 1)
+
+
+# -- grep ---------------------------------------------------------------------------------------
+
+
+async def grep(workspace: Workspace, tool_call_id: str, args: dict[str, JsonValue], context: Context) -> ToolOutput:
+    """Lines matching a regular expression in the files under `path` (or in one file), as
+    `path:line:text`, files in sorted order; `glob` filters file names; binary files, files over
+    10 MB and `SKIPPED_DIRS` are skipped."""
+    pattern_text = _string(args, "pattern")
+    flags = re.IGNORECASE if args.get("ignore_case") is True else 0
+    try:
+        pattern = re.compile(pattern_text, flags)
+    except re.error as error:
+        raise ToolFailure(f"`pattern` is not a valid regular expression: {error}") from error
+    path = workspace.resolve(_string(args, "path", "."), reading=True)
+    glob = args.get("glob")
+    if glob is not None and not isinstance(glob, str):
+        raise ToolFailure("`glob` must be a string")
+
+    def search() -> ToolOutput:
+        shown = workspace.show(path)
+        if not path.exists():
+            raise ToolFailure(f"{shown} does not exist")
+        matches: list[str] = []
+        files = 0
+        for file in _files(path, glob, context):
+            found = _grep_file(file, pattern, workspace.show(file))
+            if found:
+                files += 1
+                matches.extend(found)
+            if len(matches) >= _GREP_MAX_MATCHES:
+                matches = matches[:_GREP_MAX_MATCHES]
+                matches.append(f"[stopped after {_GREP_MAX_MATCHES} matches]")
+                break
+        if not matches:
+            return text_output(f"No matches for {pattern_text!r} in {shown}", {"path": shown, "matches": 0})
+        limited = workspace.limit("\n".join(matches), tool_call_id,
+                                  hint="narrow the pattern, the path or the glob")
+        details: dict[str, JsonValue] = {"path": shown, "matches": len(matches), "files": files,
+                                         **limited.details()}
+        return text_output(limited.text, details)
+
+    return await asyncio.to_thread(search)
+
+
+def _files(path: Path, glob: str | None, context: Context) -> Iterator[Path]:
+    if path.is_file():
+        yield path
+        return
+    for directory, dirs, names in os.walk(path):
+        if context.cancelled:
+            raise ToolFailure("cancelled")
+        dirs[:] = sorted(d for d in dirs if d not in SKIPPED_DIRS)
+        for name in sorted(names):
+            if glob is None or fnmatch.fnmatch(name, glob):
+                yield Path(directory) / name
+
+
+def _grep_file(file: Path, pattern: re.Pattern[str], shown: str) -> list[str]:
+    try:
+        if file.stat().st_size > _GREP_MAX_FILE_BYTES:
+            return []
+        with file.open("rb") as raw:
+            if is_binary(raw.read(_SNIFF_BYTES)):
+                return []
+        found = []
+        with file.open(encoding="utf-8", errors="replace") as text:
+            for number, line in enumerate(text, start=1):
+                if pattern.search(line):
+                    line = line.rstrip("\r\n")
+                    if len(line) > _GREP_LINE_CHARS:
+                        line = line[:_GREP_LINE_CHARS] + "…"
+                    found.append(f"{shown}:{number}:{line}")
+        return found
+    except OSError:
+        return []  # unreadable files (permissions, vanished) are not matches

@@ -1,0 +1,193 @@
+"""The shell tool: one command in its own process group, with a time limit, progress reports and
+cancellation that kills the whole group."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import time
+from collections import deque
+from pathlib import Path
+
+from pydantic import JsonValue
+
+from harness.context import Context
+from harness.runtime import ToolOutput
+from harness.runtime.tools import ProgressCallback
+from harness.tools.files import text_output
+from harness.tools.workspace import LimitedOutput, ToolFailure, Workspace, env_for_tools
+
+SHELL = "/bin/bash" if Path("/bin/bash").exists() else "/bin/sh"
+PROGRESS_INTERVAL_S = 0.5
+"""How often a running command reports new output (`on_update`, live only)."""
+CHECKPOINT_INTERVAL_S = 5.0
+"""How often that report is also persisted as the call's checkpoint, so a crash keeps it."""
+KILL_GRACE_S = 2.0
+"""How long a process group gets between SIGTERM and SIGKILL."""
+_DRAIN_S = 1.0  # after the shell exits, how long a background child may keep the pipe before we stop reading
+_PROGRESS_TAIL_CHARS = 2_000
+_READ_CHUNK = 65_536
+
+
+async def run_shell(workspace: Workspace, tool_call_id: str, args: dict[str, JsonValue],
+                    on_update: ProgressCallback, context: Context) -> ToolOutput:
+    """Run `command` with `SHELL -c` in `workspace.root`, stdin closed, stdout and stderr merged.
+
+    The output streams to a file in `workspace.output_dir` as it arrives; the model gets its tail
+    (cut to the workspace's limits, with a note naming the file) and the file is removed when
+    nothing was cut. Progress (`{output, bytes, elapsed_s}`) goes to `on_update` every
+    `PROGRESS_INTERVAL_S` while there is new output, persisted every `CHECKPOINT_INTERVAL_S`.
+    On timeout or cancellation of `context` the process group gets SIGTERM, then SIGKILL after
+    `KILL_GRACE_S`; the result is an error either way, as is a non-zero exit status."""
+    command = args.get("command")
+    if not isinstance(command, str) or not command.strip():
+        raise ToolFailure("`command` must be a non-empty string")
+    timeout = args.get("timeout", workspace.shell_timeout_s)
+    if not isinstance(timeout, int | float) or isinstance(timeout, bool) or timeout <= 0:
+        raise ToolFailure("`timeout` must be a positive number of seconds")
+    timeout = min(float(timeout), workspace.max_shell_timeout_s)
+    context.raise_if_cancelled()
+
+    spill = workspace.new_output_file(tool_call_id, ".log")
+    started = time.monotonic()
+    process = await asyncio.create_subprocess_exec(
+        SHELL, "-c", command, cwd=workspace.root, stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, env=env_for_tools(),
+        start_new_session=True,  # its own process group, so a kill reaches every child
+    )
+    capture = _Capture(spill)
+    assert process.stdout is not None
+    reader = asyncio.ensure_future(capture.read(process.stdout))
+    exited = asyncio.ensure_future(process.wait())
+    cancelled = asyncio.ensure_future(context.wait_cancelled())
+    ended_by: str | None = None
+    try:
+        # The first report is persisted at once, later ones every CHECKPOINT_INTERVAL_S.
+        reported, checkpointed = 0, started - CHECKPOINT_INTERVAL_S
+        while not exited.done():
+            remaining = started + timeout - time.monotonic()
+            if remaining <= 0:
+                ended_by = "timeout"
+                break
+            await asyncio.wait({exited, cancelled}, timeout=min(PROGRESS_INTERVAL_S, remaining),
+                               return_when=asyncio.FIRST_COMPLETED)
+            if cancelled.done() and not exited.done():
+                ended_by = "cancelled"
+                break
+            if capture.bytes > reported and not exited.done():
+                reported = capture.bytes
+                persist = time.monotonic() - checkpointed >= CHECKPOINT_INTERVAL_S
+                if persist:
+                    checkpointed = time.monotonic()
+                await on_update(capture.progress(time.monotonic() - started), persist)
+        if ended_by is not None:
+            await _kill_group(process, exited)
+        await _drain(reader)
+    except BaseException:
+        # The task itself was cancelled (an abort past its grace) or something broke: leave nothing running.
+        _signal_group(process, signal.SIGKILL)
+        reader.cancel()
+        raise
+    finally:
+        cancelled.cancel()
+        capture.close()
+
+    elapsed = time.monotonic() - started
+    exit_code = process.returncode
+    output = capture.text()
+    footer = _footer(ended_by, exit_code, timeout)
+    limited = workspace.limit(output, tool_call_id, keep="tail", full_output=spill,
+                              hint="read it with the read tool (offset/limit) or grep it")
+    if not limited.truncated:
+        with contextlib.suppress(OSError):
+            spill.unlink()
+        limited = LimitedOutput(limited.text, truncated=False, full_output=None)
+    text = limited.text if output else "(no output)"
+    if footer:
+        text = f"{text.rstrip(chr(10))}\n\n[{footer}]"
+    details: dict[str, JsonValue] = {
+        "command": command, "exit_code": exit_code, "timed_out": ended_by == "timeout",
+        "cancelled": ended_by == "cancelled", "duration_ms": round(elapsed * 1000), "bytes": capture.bytes,
+        **limited.details(),
+    }
+    return text_output(text, details, is_error=ended_by is not None or exit_code != 0)
+
+
+def _footer(ended_by: str | None, exit_code: int | None, timeout: float) -> str:
+    if ended_by == "timeout":
+        return f"timed out after {timeout:g} s; the command and its children were killed"
+    if ended_by == "cancelled":
+        return "cancelled: the run was aborted; the command and its children were killed"
+    if exit_code:
+        return f"exit code {exit_code}" if exit_code > 0 else f"killed by signal {-exit_code}"
+    return ""
+
+
+class _Capture:
+    """The command's output: every byte to the spill file, a bounded tail in memory."""
+
+    def __init__(self, spill: Path) -> None:
+        self._file = spill.open("wb")
+        self._tail: deque[bytes] = deque()
+        self._tail_bytes = 0
+        self._limit = 4 * 1024 * 1024  # enough for any tail the model is shown
+        self.bytes = 0
+        self.truncated_in_memory = False
+
+    async def read(self, stream: asyncio.StreamReader) -> None:
+        while chunk := await stream.read(_READ_CHUNK):
+            self._file.write(chunk)
+            self._file.flush()
+            self.bytes += len(chunk)
+            self._tail.append(chunk)
+            self._tail_bytes += len(chunk)
+            while self._tail_bytes - len(self._tail[0]) >= self._limit:
+                self._tail_bytes -= len(self._tail.popleft())
+                self.truncated_in_memory = True
+
+    def text(self) -> str:
+        data = b"".join(self._tail).decode("utf-8", errors="replace")
+        if self.truncated_in_memory:
+            # Only the tail is in memory; mark the head as missing so the note's counts are honest.
+            data = f"[… {self.bytes - self._tail_bytes} earlier bytes are only in the file]\n{data}"
+        return data
+
+    def progress(self, elapsed_s: float) -> JsonValue:
+        tail = self._tail[-1] if self._tail else b""
+        if len(tail) < _PROGRESS_TAIL_CHARS and len(self._tail) > 1:
+            tail = b"".join(list(self._tail)[-4:])
+        return {"output": tail[-_PROGRESS_TAIL_CHARS:].decode("utf-8", errors="replace"), "bytes": self.bytes,
+                "elapsed_s": round(elapsed_s, 1)}
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def _signal_group(process: asyncio.subprocess.Process, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(process.pid, sig)
+
+
+async def _kill_group(process: asyncio.subprocess.Process, exited: asyncio.Future[int]) -> None:
+    """SIGTERM the group, SIGKILL it if the shell has not gone after `KILL_GRACE_S`."""
+    _signal_group(process, signal.SIGTERM)
+    try:
+        await asyncio.wait_for(asyncio.shield(exited), KILL_GRACE_S)
+    except TimeoutError:
+        _signal_group(process, signal.SIGKILL)
+        await exited
+    # Children that ignored SIGTERM may outlive the shell; the group is ours to end.
+    _signal_group(process, signal.SIGKILL)
+
+
+async def _drain(reader: asyncio.Future[None]) -> None:
+    """Let the reader reach the end of the output; a background child that keeps the pipe open
+    past `_DRAIN_S` is left running, its later output not captured."""
+    try:
+        await asyncio.wait_for(asyncio.shield(reader), _DRAIN_S)
+    except TimeoutError:
+        reader.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await reader

@@ -1,0 +1,528 @@
+"""The built-in tools (read, write, edit, list, grep, shell) and the approval policy."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from pathlib import Path
+
+import pytest
+from pydantic import JsonValue
+
+from harness.context import Context
+from harness.messages import ModelIdentity, TextContent, ToolResultMessage
+from harness.providers import FAUX_MODEL, FauxProvider, ModelRegistry
+from harness.providers.faux import reply, tool_call
+from harness.runtime import AgentHarness, AgentHarnessOptions, AgentTool, LaneConfig, ToolOutput
+from harness.runtime.drive_types import Block, RunHooks, Settled, ToolCallRequest
+from harness.session import MessagePayload, Store
+from harness.tools import (
+    ALLOW_FOR_SESSION,
+    ALLOW_ONCE,
+    BUILTIN_TOOL_NAMES,
+    DENY,
+    Approval,
+    ApprovalPolicy,
+    ApprovalRequest,
+    Workspace,
+    builtin_tools,
+)
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Path:
+    folder = tmp_path / "work"
+    folder.mkdir()
+    return folder
+
+
+@pytest.fixture
+def workspace(root: Path, tmp_path: Path) -> Workspace:
+    return Workspace(root=root, output_dir=tmp_path / "home" / "tool-output")
+
+
+class Progress:
+    """An `on_update` that records `(partial, checkpoint)` pairs; `reported` is set at the first."""
+
+    def __init__(self) -> None:
+        self.updates: list[tuple[JsonValue, bool]] = []
+        self.reported = asyncio.Event()
+
+    async def __call__(self, partial: JsonValue, checkpoint: bool) -> None:
+        self.updates.append((partial, checkpoint))
+        self.reported.set()
+
+    def output(self) -> str:
+        partial = self.updates[0][0]
+        assert isinstance(partial, dict)
+        return str(partial["output"])
+
+
+async def call(workspace: Workspace, name: str, args: dict[str, JsonValue], context: Context | None = None,
+               progress: Progress | None = None) -> ToolOutput:
+    tool = {tool.name: tool for tool in builtin_tools(workspace)}[name]
+    return await tool.execute("call-1", args, progress or Progress(), context or Context())
+
+
+def content(path: Path) -> str:
+    return path.read_text()
+
+
+def text(output: ToolOutput) -> str:
+    return "".join(block.text for block in output.content if isinstance(block, TextContent))
+
+
+def details(output: ToolOutput) -> dict[str, JsonValue]:
+    assert isinstance(output.details, dict)
+    return output.details
+
+
+# -- the set ---------------------------------------------------------------------------------------
+
+
+def test_reads_are_replay_safe_and_changes_are_not(workspace: Workspace) -> None:
+    """A crash mid-call reruns read, list and grep; write, edit and shell get an interruption (HA-25)."""
+    tools = {tool.name: tool for tool in builtin_tools(workspace)}
+
+    assert tuple(tools) == BUILTIN_TOOL_NAMES
+    assert {name: tool.replay for name, tool in tools.items()} == {
+        "read": "safe", "list": "safe", "grep": "safe", "write": "never", "edit": "never", "shell": "never"}
+    for tool in tools.values():
+        assert tool.spec.parameters["type"] == "object"
+        assert tool.spec.parameters["additionalProperties"] is False
+
+
+# -- read ------------------------------------------------------------------------------------------
+
+
+async def test_read_returns_the_file_text(workspace: Workspace, root: Path) -> None:
+    (root / "notes.txt").write_text("one\ntwo\nthree\n")
+
+    output = await call(workspace, "read", {"path": "notes.txt"})
+
+    assert not output.is_error
+    assert text(output) == "one\ntwo\nthree\n"
+    assert details(output)["total_lines"] == 3
+
+
+async def test_read_pages_with_offset_and_limit_and_says_how_to_continue(workspace: Workspace, root: Path) -> None:
+    (root / "long.txt").write_text("".join(f"line {i}\n" for i in range(1, 11)))
+
+    output = await call(workspace, "read", {"path": "long.txt", "offset": 3, "limit": 2})
+
+    assert text(output).startswith("line 3\nline 4\n")
+    assert "showing lines 3-4 of 10; continue with offset=5" in text(output)
+
+
+async def test_read_past_the_line_limit_is_cut_with_a_note_pointing_at_the_file(root: Path, tmp_path: Path) -> None:
+    workspace = Workspace(root=root, output_dir=tmp_path / "out", max_lines=5)
+    (root / "long.txt").write_text("".join(f"line {i}\n" for i in range(1, 101)))
+
+    output = await call(workspace, "read", {"path": "long.txt"})
+
+    assert text(output).count("\n") < 10
+    assert "showing lines 1-5 of 100; continue with offset=6" in text(output)
+    assert details(output)["truncated"] is True
+
+
+async def test_read_refuses_binary_files_and_directories(workspace: Workspace, root: Path) -> None:
+    (root / "blob.bin").write_bytes(b"\x00\x01\x02binary")
+    (root / "folder").mkdir()
+
+    binary = await call(workspace, "read", {"path": "blob.bin"})
+    folder = await call(workspace, "read", {"path": "folder"})
+
+    assert "binary file" in text(binary)
+    assert folder.is_error
+    assert "is a directory" in text(folder)
+
+
+async def test_read_of_a_missing_file_is_an_error_result(workspace: Workspace) -> None:
+    output = await call(workspace, "read", {"path": "nope.txt"})
+
+    assert output.is_error
+    assert "No such file" in text(output)
+
+
+# -- write and edit ----------------------------------------------------------------------------------
+
+
+async def test_write_creates_the_file_and_its_directories(workspace: Workspace, root: Path) -> None:
+    output = await call(workspace, "write", {"path": "a/b/new.txt", "content": "hello\n"})
+
+    assert not output.is_error
+    assert (root / "a" / "b" / "new.txt").read_text() == "hello\n"
+    assert details(output)["created"] is True
+
+
+async def test_edit_replaces_exactly_one_occurrence(workspace: Workspace, root: Path) -> None:
+    (root / "app.py").write_text("x = 1\ny = 2\n")
+
+    output = await call(workspace, "edit", {"path": "app.py", "old_text": "y = 2", "new_text": "y = 3"})
+
+    assert not output.is_error
+    assert (root / "app.py").read_text() == "x = 1\ny = 3\n"
+    assert "line 2" in text(output)
+    assert "+y = 3" in str(details(output)["diff"])
+
+
+async def test_edit_refuses_missing_and_ambiguous_text_and_changes_nothing(workspace: Workspace, root: Path) -> None:
+    (root / "app.py").write_text("a\na\n")
+
+    missing = await call(workspace, "edit", {"path": "app.py", "old_text": "b", "new_text": "c"})
+    ambiguous = await call(workspace, "edit", {"path": "app.py", "old_text": "a", "new_text": "c"})
+
+    assert missing.is_error
+    assert "not found" in text(missing)
+    assert ambiguous.is_error
+    assert "occurs 2 times" in text(ambiguous)
+    assert (root / "app.py").read_text() == "a\na\n"
+
+
+async def test_edit_with_replace_all_replaces_every_occurrence(workspace: Workspace, root: Path) -> None:
+    (root / "app.py").write_text("a\na\n")
+
+    output = await call(workspace, "edit", {"path": "app.py", "old_text": "a", "new_text": "c", "replace_all": True})
+
+    assert (root / "app.py").read_text() == "c\nc\n"
+    assert details(output)["replacements"] == 2
+
+
+# -- list and grep ---------------------------------------------------------------------------------
+
+
+async def test_list_marks_directories_and_descends_to_the_depth_asked(workspace: Workspace, root: Path) -> None:
+    (root / "src" / "pkg").mkdir(parents=True)
+    (root / "src" / "pkg" / "mod.py").write_text("")
+    (root / "README").write_text("")
+    (root / ".git").mkdir()
+    (root / ".git" / "HEAD").write_text("")
+
+    shallow = await call(workspace, "list", {})
+    deep = await call(workspace, "list", {"depth": 3})
+
+    assert text(shallow).splitlines() == [".git/", "README", "src/"]
+    assert text(deep).splitlines() == [".git/", "README", "src/", "src/pkg/", "src/pkg/mod.py"]
+
+
+async def test_grep_finds_matching_lines_with_glob_and_case_options(workspace: Workspace, root: Path) -> None:
+    (root / "a.py").write_text("import os\nprint('Hello')\n")
+    (root / "b.txt").write_text("hello there\n")
+
+    everywhere = await call(workspace, "grep", {"pattern": "hello", "ignore_case": True})
+    python_only = await call(workspace, "grep", {"pattern": "hello", "ignore_case": True, "glob": "*.py"})
+    none = await call(workspace, "grep", {"pattern": "absent"})
+
+    assert text(everywhere).splitlines() == ["a.py:2:print('Hello')", "b.txt:1:hello there"]
+    assert text(python_only).splitlines() == ["a.py:2:print('Hello')"]
+    assert not none.is_error
+    assert "No matches" in text(none)
+
+
+async def test_grep_with_a_bad_pattern_is_an_error_result(workspace: Workspace) -> None:
+    output = await call(workspace, "grep", {"pattern": "("})
+
+    assert output.is_error
+    assert "not a valid regular expression" in text(output)
+
+
+async def test_a_long_output_is_truncated_and_kept_whole_on_disk(root: Path, tmp_path: Path) -> None:
+    """The model gets the head and a note naming the file; the file holds every line."""
+    workspace = Workspace(root=root, output_dir=tmp_path / "home" / "tool-output", max_lines=10, max_chars=10_000)
+    (root / "big.txt").write_text("".join(f"match {i}\n" for i in range(500)))
+
+    output = await call(workspace, "grep", {"pattern": "match"})
+
+    shown = text(output)
+    full = Path(str(details(output)["full_output"]))
+    assert details(output)["truncated"] is True
+    assert shown.startswith("big.txt:1:match 0\n")
+    assert "big.txt:11:" not in shown
+    assert "showing the first 10 of 500 lines" in shown
+    assert str(full) in shown
+    assert full.parent == tmp_path / "home" / "tool-output"
+    assert content(full).splitlines() == [f"big.txt:{i + 1}:match {i}" for i in range(500)]
+
+
+async def test_the_kept_full_output_can_be_read_back_with_the_read_tool(root: Path, tmp_path: Path) -> None:
+    workspace = Workspace(root=root, output_dir=tmp_path / "out", max_lines=10)
+    (root / "big.txt").write_text("".join(f"match {i}\n" for i in range(50)))
+    full = details(await call(workspace, "grep", {"pattern": "match"}))["full_output"]
+
+    output = await call(workspace, "read", {"path": str(full), "offset": 49})
+
+    assert not output.is_error
+    assert text(output).startswith("big.txt:49:match 48\n")
+
+
+async def test_truncation_by_characters_cuts_a_single_huge_line(root: Path, tmp_path: Path) -> None:
+    workspace = Workspace(root=root, output_dir=tmp_path / "out", max_chars=100)
+    (root / "min.js").write_text("x" * 5_000)
+
+    output = await call(workspace, "read", {"path": "min.js"})
+
+    assert len(text(output)) < 300
+    assert "longer than 100 characters" in text(output)
+
+
+# -- confinement -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("path", ["../secret.txt", "sub/../../secret.txt"])
+async def test_paths_escaping_the_working_directory_are_refused(workspace: Workspace, tmp_path: Path,
+                                                                path: str) -> None:
+    (tmp_path / "secret.txt").write_text("secret")
+
+    output = await call(workspace, "read", {"path": path})
+
+    assert output.is_error
+    assert "outside the working directory" in text(output)
+    assert details(output)["code"] == "path_outside_workspace"
+
+
+async def test_absolute_paths_are_allowed_inside_and_refused_outside(workspace: Workspace, root: Path,
+                                                                    tmp_path: Path) -> None:
+    (root / "in.txt").write_text("in")
+    (tmp_path / "out.txt").write_text("out")
+
+    inside = await call(workspace, "read", {"path": str(root / "in.txt")})
+    outside = await call(workspace, "write", {"path": str(tmp_path / "out.txt"), "content": "changed"})
+
+    assert text(inside) == "in"
+    assert outside.is_error
+    assert (tmp_path / "out.txt").read_text() == "out"
+
+
+async def test_a_symlink_pointing_outside_is_refused(workspace: Workspace, root: Path, tmp_path: Path) -> None:
+    (tmp_path / "secret.txt").write_text("secret")
+    (root / "link.txt").symlink_to(tmp_path / "secret.txt")
+
+    read = await call(workspace, "read", {"path": "link.txt"})
+    edit = await call(workspace, "edit", {"path": "link.txt", "old_text": "secret", "new_text": "x"})
+
+    assert read.is_error
+    assert edit.is_error
+    assert (tmp_path / "secret.txt").read_text() == "secret"
+
+
+async def test_a_workspace_that_allows_outside_paths_reads_them(root: Path, tmp_path: Path) -> None:
+    workspace = Workspace(root=root, output_dir=tmp_path / "out", allow_outside=True)
+    (tmp_path / "other.txt").write_text("elsewhere")
+
+    output = await call(workspace, "read", {"path": "../other.txt"})
+
+    assert text(output) == "elsewhere"
+
+
+# -- shell -----------------------------------------------------------------------------------------
+
+
+async def test_shell_runs_in_the_working_directory_and_reports_the_exit_code(workspace: Workspace,
+                                                                          root: Path) -> None:
+    ok = await call(workspace, "shell", {"command": "pwd; echo out; echo err >&2"})
+    failed = await call(workspace, "shell", {"command": "echo partial; exit 3"})
+
+    assert not ok.is_error
+    assert text(ok) == f"{root}\nout\nerr\n"
+    assert details(ok)["exit_code"] == 0
+    assert details(ok)["full_output"] is None
+    assert failed.is_error
+    assert text(failed) == "partial\n\n[exit code 3]"
+
+
+async def test_a_long_shell_output_keeps_its_tail_and_the_whole_output_on_disk(root: Path, tmp_path: Path) -> None:
+    workspace = Workspace(root=root, output_dir=tmp_path / "out", max_lines=5)
+
+    output = await call(workspace, "shell", {"command": "seq 1 1000"})
+
+    shown = text(output)
+    full = Path(str(details(output)["full_output"]))
+    assert shown.endswith("996\n997\n998\n999\n1000\n")
+    assert "showing the last 5 of 1000 lines" in shown
+    assert str(full) in shown
+    assert content(full) == "".join(f"{i}\n" for i in range(1, 1001))
+
+
+async def test_shell_reports_progress_and_persists_a_checkpoint(workspace: Workspace) -> None:
+    """Live updates while output arrives; the first is also a checkpoint (persisted), so a crash
+    keeps what the command had printed."""
+    progress = Progress()
+
+    output = await call(workspace, "shell", {"command": "echo first; sleep 1.2; echo second"}, progress=progress)
+
+    assert text(output) == "first\nsecond\n"
+    assert progress.updates, "no progress was reported"
+    first, checkpoint = progress.updates[0]
+    assert checkpoint is True
+    assert isinstance(first, dict)
+    assert first["output"] == "first\n"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie is dead but not yet reaped by its parent (here: nobody, it was orphaned to init).
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().split()[2] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+async def _wait_dead(pid: int) -> bool:
+    for _ in range(100):
+        if not _alive(pid):
+            return True
+        await asyncio.sleep(0.05)
+    return False
+
+
+async def test_a_shell_command_past_its_timeout_is_killed_with_its_children(workspace: Workspace,
+                                                                          root: Path) -> None:
+    started = time.monotonic()
+
+    output = await call(workspace, "shell", {"command": "sleep 30 & echo $! > child.pid; wait", "timeout": 0.5})
+
+    assert time.monotonic() - started < 5
+    assert output.is_error
+    assert "timed out after 0.5 s" in text(output)
+    assert details(output)["timed_out"] is True
+    assert await _wait_dead(int((root / "child.pid").read_text()))
+
+
+async def test_cancelling_the_context_kills_the_shell_process_group(workspace: Workspace) -> None:
+    """An abort cancels the call's Context; the command and its children are killed at once."""
+    context, progress = Context(), Progress()
+    task = asyncio.ensure_future(call(workspace, "shell", {"command": "sleep 30 & echo $!; wait"}, context, progress))
+    await asyncio.wait_for(progress.reported.wait(), 10)
+    started = time.monotonic()
+
+    context.cancel("abort requested")
+    output = await asyncio.wait_for(task, 10)
+
+    assert time.monotonic() - started < 5
+    assert output.is_error
+    assert details(output)["cancelled"] is True
+    assert "cancelled" in text(output)
+    assert await _wait_dead(int(progress.output()))
+
+
+async def test_cancelling_the_task_kills_the_shell_process_group(workspace: Workspace) -> None:
+    """Past the abort grace the runtime cancels the tool's task: nothing may keep running."""
+    progress = Progress()
+    task = asyncio.ensure_future(call(workspace, "shell", {"command": "sleep 30 & echo $!; wait"},
+                                      progress=progress))
+    await asyncio.wait_for(progress.reported.wait(), 10)
+
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+    assert await _wait_dead(int(progress.output()))
+
+
+# -- approval --------------------------------------------------------------------------------------
+
+
+def request(tool: str, **args: JsonValue) -> ToolCallRequest:
+    return ToolCallRequest(operation_id="op-1", tool_call_id=f"call-{tool}", tool_name=tool, args=dict(args))
+
+
+class Asker:
+    """An approval callback answering from a list and recording what it was asked."""
+
+    def __init__(self, *answers: Approval) -> None:
+        self.answers = list(answers)
+        self.asked: list[ApprovalRequest] = []
+
+    async def __call__(self, asked: ApprovalRequest, context: Context) -> Approval:
+        self.asked.append(asked)
+        return self.answers.pop(0)
+
+
+async def test_approval_asks_for_changes_and_not_for_reads(ctx: Context) -> None:
+    asker = Asker(ALLOW_ONCE)
+    policy = ApprovalPolicy(asker)
+
+    read = await policy(request("read", path="a"), ctx)
+    shell = await policy(request("shell", command="make test"), ctx)
+
+    assert read is None
+    assert shell is None
+    assert [(a.tool_name, a.summary) for a in asker.asked] == [("shell", "shell: make test")]
+
+
+async def test_allowing_once_asks_again_and_allowing_for_the_session_does_not(ctx: Context) -> None:
+    asker = Asker(ALLOW_ONCE, ALLOW_FOR_SESSION)
+    policy = ApprovalPolicy(asker)
+
+    for _ in range(4):
+        assert await policy(request("write", path="a", content="x"), ctx) is None
+
+    assert len(asker.asked) == 2
+    assert policy.allowed_for_session == {"write"}
+    assert policy.needs_approval("shell")
+
+
+async def test_a_refusal_blocks_the_call_with_the_reason(ctx: Context) -> None:
+    policy = ApprovalPolicy(Asker(DENY, Approval(allow=False, reason="use the test database")))
+
+    plain = await policy(request("edit", path="a"), ctx)
+    explained = await policy(request("edit", path="a"), ctx)
+
+    assert plain == Block(reason="the person declined it")
+    assert explained == Block(reason="the person declined it: use the test database")
+
+
+async def test_approval_fails_closed_when_the_callback_raises(ctx: Context) -> None:
+    async def broken(asked: ApprovalRequest, context: Context) -> Approval:
+        raise RuntimeError("terminal went away")
+
+    blocked = await ApprovalPolicy(broken)(request("shell", command="rm -rf build"), ctx)
+
+    assert isinstance(blocked, Block)
+    assert "terminal went away" in blocked.reason
+
+
+async def test_without_anyone_to_ask_changes_are_blocked(ctx: Context) -> None:
+    policy = ApprovalPolicy(None, unavailable_reason="nobody is here")
+
+    blocked = await policy(request("write", path="a", content=""), ctx)
+
+    assert blocked == Block(reason="`write` needs approval and nobody is here")
+    assert await ApprovalPolicy.allow_all()(request("shell", command="true"), ctx) is None
+
+
+async def test_a_declined_call_does_not_run_and_the_model_reads_why(store: Store, ctx: Context, root: Path,
+                                                                   tmp_path: Path) -> None:
+    """The policy as the harness's `before_tool` hook: the write never happens, its result says why."""
+    workspace = Workspace(root=root, output_dir=tmp_path / "out")
+    tools: list[AgentTool] = builtin_tools(workspace)
+    faux = FauxProvider([reply(tool_call("write", {"path": "x.txt", "content": "x"})), "I could not write it."])
+    session = await store.create_session(ctx)
+    model = ModelIdentity(provider=FAUX_MODEL.provider, model_id=FAUX_MODEL.id)
+    await session.create_lane("main", LaneConfig(model=model, active_tools=list(BUILTIN_TOOL_NAMES)), ctx)
+    asker = Asker(DENY)
+    options = AgentHarnessOptions(session=session, models=ModelRegistry([FAUX_MODEL], providers={"faux": faux}),
+                                  tools=tools, hooks=RunHooks(before_tool=ApprovalPolicy(asker)))
+    harness, _ = await AgentHarness.create(options, ctx)
+    try:
+        outcome = await harness.lane("main").prompt("write x.txt", None, ctx)
+        tip = harness.lane("main").tip_id
+    finally:
+        await harness.close(ctx)
+
+    assert isinstance(outcome, Settled)
+    assert outcome.result.outcome == "completed"
+    assert [a.summary for a in asker.asked] == ["write x.txt (1 bytes)"]
+    assert not (root / "x.txt").exists()
+    assert tip is not None
+    page = await session.read_branch(tip, ctx)
+    results = [e.payload.message for e in page.entries
+               if isinstance(e.payload, MessagePayload) and isinstance(e.payload.message, ToolResultMessage)]
+    assert len(results) == 1
+    assert results[0].is_error
+    assert "declined" in "".join(b.text for b in results[0].content if isinstance(b, TextContent))

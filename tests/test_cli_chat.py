@@ -1,0 +1,476 @@
+"""`harness chat` end to end: the real command in a pseudo-terminal (pexpect), talking to a real
+OpenAI Chat Completions client pointed at a local replay server that serves scripted streams.
+
+Each test starts the replay server in this process (so a stream can hold mid-body until the test
+lets it go, and the requests the chat sent can be read), spawns `.venv/bin/harness chat` with
+`HARNESS_HOME` and `--store` in a temporary directory, types into it and waits for what it prints.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import signal
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pexpect
+import pytest
+
+from harness.context import Context
+from harness.messages import AssistantMessage, TextContent
+from harness.providers.replay import Hold, RecordedRequest, ReplayResponse, ReplayServer
+from harness.session import MessagePayload, addresses, connect
+
+HARNESS = Path(sys.executable).with_name("harness")
+TIMEOUT_S = 15
+SESSION_ID = re.compile(r"session (?:\x1b\[[0-9;]*m)?([0-9a-f-]{36})")
+WAIT_FOR_GO = "i=0; while [ ! -f go ] && [ $i -lt 1500 ]; do sleep 0.02; i=$((i+1)); done"
+"""A shell command that runs until the file `go` appears (at most about 30 s, so a failed test
+leaves nothing running for long; the fixture creates `go` at the end of every test anyway)."""
+
+
+# -- scripted OpenAI Chat Completions streams --------------------------------------------------------
+
+
+def _chunk(delta: dict[str, Any], finish: str | None = None) -> str:
+    body = {"id": "chatcmpl-test", "object": "chat.completion.chunk", "created": 1_782_000_000,
+            "model": "gpt-4o-2024-08-06", "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+    return f"data: {json.dumps(body)}\n\n"
+
+
+def _end(finish: str) -> list[str]:
+    usage = {"id": "chatcmpl-test", "object": "chat.completion.chunk", "created": 1_782_000_000,
+             "model": "gpt-4o-2024-08-06", "choices": [],
+             "usage": {"prompt_tokens": 100, "completion_tokens": 20, "total_tokens": 120}}
+    return [_chunk({}, finish), f"data: {json.dumps(usage)}\n\n", "data: [DONE]\n\n"]
+
+
+def text_reply(*parts: str, thinking: str | None = None, hold: Hold | None = None) -> ReplayResponse:
+    """A streamed text reply in `parts`, after `thinking` (as `reasoning_content`) if given; with
+    `hold`, the stream pauses after the first part."""
+    body: list[str | Hold] = [_chunk({"role": "assistant", "content": ""})]
+    if thinking is not None:
+        body.append(_chunk({"reasoning_content": thinking}))
+    body.append(_chunk({"content": parts[0]}))
+    if hold is not None:
+        body.append(hold)
+    body += [_chunk({"content": part}) for part in parts[1:]]
+    return ReplayResponse.sse(*body, *_end("stop"))
+
+
+def tool_reply(name: str, arguments: dict[str, Any], call_id: str = "call_1") -> ReplayResponse:
+    """A streamed reply that is one tool call."""
+    start = {"index": 0, "id": call_id, "type": "function", "function": {"name": name, "arguments": ""}}
+    args = {"index": 0, "function": {"arguments": json.dumps(arguments)}}
+    body = [_chunk({"role": "assistant", "content": None}), _chunk({"tool_calls": [start]}),
+            _chunk({"tool_calls": [args]})]
+    return ReplayResponse.sse(*body, *_end("tool_calls"))
+
+
+def sent_messages(request: RecordedRequest) -> list[dict[str, Any]]:
+    messages: list[dict[str, Any]] = request.json()["messages"]
+    return messages
+
+
+# -- the chat process -------------------------------------------------------------------------------
+
+
+class Chat:
+    """`harness chat` in a pseudo-terminal, in `work` (the tools' directory), on `store_url`."""
+
+    def __init__(self, home: Path, work: Path, server: ReplayServer, *args: str) -> None:
+        env = {**os.environ, "HARNESS_HOME": str(home), "OPENAI_BASE_URL": f"{server.base_url}/v1",
+               "OPENAI_API_KEY": "test-key", "PROMPT_TOOLKIT_NO_CPR": "1", "TERM": "xterm", "COLUMNS": "200"}
+        for name in ("HARNESS_STORE", "NO_COLOR"):
+            env.pop(name, None)
+        self.store_url = f"sqlite:///{home / 'harness.db'}"
+        self.process = pexpect.spawn(
+            str(HARNESS), ["chat", "--model", "openai/gpt-4o", "--store", self.store_url, *args],
+            cwd=str(work), env=env, encoding="utf-8", dimensions=(50, 200), timeout=TIMEOUT_S,
+        )
+        self.log_path = home / "terminal.log"
+        self.log = self.log_path.open("a", encoding="utf-8")
+        self.process.logfile_read = self.log
+        self.expect("/help: commands")
+
+    def expect(self, text: str) -> None:
+        """Wait until `text` is printed (matched exactly, not as a pattern)."""
+        self.process.expect_exact(text)
+
+    def send_line(self, text: str) -> None:
+        self.process.send(text + "\r")
+
+    def session_id(self) -> str:
+        self.log.flush()
+        found = SESSION_ID.findall(self.log_path.read_text(encoding="utf-8"))
+        assert found, "the chat printed no session id"
+        return str(found[-1])
+
+    def leave(self) -> int:
+        """Ctrl-D at the idle prompt; returns the exit status."""
+        self.process.sendcontrol("d")
+        self.process.expect(pexpect.EOF)
+        self.process.close()
+        status = self.process.exitstatus
+        assert status is not None
+        return status
+
+    def kill(self) -> None:
+        self.process.kill(signal.SIGKILL)
+        self.process.expect(pexpect.EOF)
+        self.process.close()
+
+    def close(self) -> None:
+        if self.process.isalive():
+            self.process.close(force=True)
+        self.log.close()
+
+
+@pytest.fixture
+def server() -> Iterator[ReplayServer]:
+    with ReplayServer() as replay:
+        yield replay
+
+
+@pytest.fixture
+def dirs(tmp_path: Path) -> Iterator[tuple[Path, Path]]:
+    home, work = tmp_path / "home", tmp_path / "work"
+    home.mkdir()
+    work.mkdir()
+    yield home, work
+    (work / "go").touch()  # ends any WAIT_FOR_GO shell a killed chat left behind
+
+
+@pytest.fixture
+def chats(dirs: tuple[Path, Path], server: ReplayServer) -> Iterator[list[Chat]]:
+    started: list[Chat] = []
+    yield started
+    for chat in started:
+        chat.close()
+
+
+def start(chats: list[Chat], dirs: tuple[Path, Path], server: ReplayServer, *args: str) -> Chat:
+    chat = Chat(dirs[0], dirs[1], server, *args)
+    chats.append(chat)
+    return chat
+
+
+def streamed_frames(store_url: str, session_id: str) -> str:
+    """The frames the open run of lane `main` has persisted so far, as JSON text ('' if none)."""
+
+    async def read() -> str:
+        context = Context()
+        store = await connect(store_url, context)
+        try:
+            session = await store.open_session(session_id, context)
+            state = await session.get(addresses.lane_state("main"), context)
+            if state is None or state.current_operation_id is None:
+                return ""
+            operation = await session.get(addresses.operation_state(state.current_operation_id), context)
+            response_id = getattr(operation, "response_entry_id", None)
+            if response_id is None:
+                return ""
+            pages = await session.read_list(
+                addresses.assistant_frames(state.current_operation_id, response_id), context)
+            return json.dumps([page.item for page in pages])
+        finally:
+            await store.close(context)
+
+    return asyncio.run(read())
+
+
+def aborted_reply(store_url: str, session_id: str) -> str:
+    """The text of the aborted replies on lane `main`'s branch, as the journal holds them."""
+
+    async def read() -> str:
+        context = Context()
+        store = await connect(store_url, context)
+        try:
+            session = await store.open_session(session_id, context)
+            tip = await session.get(addresses.branch_tip("main"), context)
+            assert tip is not None
+            page = await session.read_branch(tip, context, limit=100)
+            replies = [e.payload.message for e in page.entries if isinstance(e.payload, MessagePayload)
+                       and isinstance(e.payload.message, AssistantMessage)]
+            aborted = [m for m in replies if m.stop_reason == "aborted"]
+            return "".join(b.text for m in aborted for b in m.content if isinstance(b, TextContent))
+        finally:
+            await store.close(context)
+
+    return asyncio.run(read())
+
+
+def wait_until_persisted(store_url: str, session_id: str, text: str) -> None:
+    """Poll the journal until the streaming reply's frames hold `text` (they are written every
+    100 ms, independently of what the screen shows)."""
+    deadline = time.monotonic() + TIMEOUT_S
+    while text not in streamed_frames(store_url, session_id):
+        assert time.monotonic() < deadline, f"no persisted frame holds {text!r}"
+        time.sleep(0.05)
+
+
+# -- the tests --------------------------------------------------------------------------------------
+
+
+def test_plain_turn_streams_the_reply_and_leaves_with_ctrl_d(chats: list[Chat], dirs: tuple[Path, Path],
+                                                             server: ReplayServer) -> None:
+    """A prompt becomes a run whose reply streams to the screen, thinking dimmed; Ctrl-D at the
+    idle prompt leaves."""
+    server.enqueue(text_reply("Hello ", "from the replay,\nsecond line", " of the reply.",
+                              thinking="Let me think about greetings."))
+    chat = start(chats, dirs, server)
+
+    chat.send_line("say hello")
+    chat.expect("\x1b[2;3mLet me think about greetings.")  # dim italic
+    chat.expect("Hello from the replay,")
+    chat.expect("second line of the reply.")
+    chat.expect("turn completed")
+
+    assert chat.leave() == 0
+    assert sent_messages(server.requests[0])[-1] == {"role": "user", "content": "say hello"}
+
+
+def test_write_tool_call_asks_for_approval_at_the_prompt(chats: list[Chat], dirs: tuple[Path, Path],
+                                                         server: ReplayServer) -> None:
+    """A write call waits in the before_tool hook until the person answers y; then it runs."""
+    server.enqueue(tool_reply("write", {"path": "hello.txt", "content": "hi there\n"}),
+                   text_reply("I wrote hello.txt."))
+    chat = start(chats, dirs, server)
+
+    chat.send_line("write a greeting file")
+    chat.expect("write hello.txt (9 bytes)")
+    chat.expect("needs approval")
+    chat.send_line("y")
+    chat.expect("← write")
+    chat.expect("I wrote hello.txt.")
+    chat.expect("turn completed")
+
+    assert (dirs[1] / "hello.txt").read_text() == "hi there\n"
+    tool_result = sent_messages(server.requests[1])[-1]
+    assert tool_result["role"] == "tool"
+    assert tool_result["tool_call_id"] == "call_1"
+    assert chat.leave() == 0
+
+
+def test_refused_write_does_not_run(chats: list[Chat], dirs: tuple[Path, Path], server: ReplayServer) -> None:
+    """n refuses: the model gets a blocked result and the file is not written."""
+    server.enqueue(tool_reply("write", {"path": "nope.txt", "content": "x"}), text_reply("Understood."))
+    chat = start(chats, dirs, server)
+
+    chat.send_line("write a file")
+    chat.expect("needs approval")
+    chat.send_line("n")
+    chat.expect("Understood.")
+    chat.expect("turn completed")
+
+    assert not (dirs[1] / "nope.txt").exists()
+    assert "declined" in str(sent_messages(server.requests[1])[-1]["content"])
+    assert chat.leave() == 0
+
+
+def test_ctrl_c_mid_stream_aborts_durably_and_the_prompt_returns(chats: list[Chat], dirs: tuple[Path, Path],
+                                                                 server: ReplayServer) -> None:
+    """Ctrl-C while the reply streams requests an abort (cause user); the run settles aborted,
+    the stream is hung up, and the next prompt runs normally."""
+    hold = Hold()
+    server.enqueue(text_reply("Counting: one two three\n", "four five", hold=hold), text_reply("Fresh start."))
+    chat = start(chats, dirs, server)
+
+    chat.send_line("count slowly")
+    chat.expect("Counting: one two three")
+    chat.process.sendcontrol("c")
+    chat.expect("turn aborted (user)")
+
+    assert hold.disconnected.wait(TIMEOUT_S)
+    chat.send_line("again")
+    chat.expect("Fresh start.")
+    chat.expect("turn completed")
+    session_id = chat.session_id()
+    assert chat.leave() == 0
+    assert aborted_reply(chat.store_url, session_id) == "Counting: one two three\n"
+
+
+def test_steer_typed_during_a_tool_call_reaches_the_next_request(chats: list[Chat], dirs: tuple[Path, Path],
+                                                                 server: ReplayServer) -> None:
+    """Enter during a turn queues a steer; it is placed after the tool batch, before the next request."""
+    command = f"{WAIT_FOR_GO}; echo released"
+    server.enqueue(tool_reply("shell", {"command": command}), text_reply("Noted the steer."))
+    chat = start(chats, dirs, server, "--yes")
+
+    chat.send_line("run the waiting command")
+    chat.expect("→ shell: i=0")
+    chat.send_line("also mention the README")
+    chat.expect("queued as steer")
+    (dirs[1] / "go").touch()
+    chat.expect("← shell")
+    chat.expect("(steer sent)")
+    chat.expect("Noted the steer.")
+    chat.expect("turn completed")
+
+    roles = [(m["role"], m.get("content")) for m in sent_messages(server.requests[1])]
+    assert roles[-2][0] == "tool"
+    assert roles[-1] == ("user", "also mention the README")
+    assert chat.leave() == 0
+
+
+def test_ctrl_c_at_an_approval_question_refuses_and_aborts(chats: list[Chat], dirs: tuple[Path, Path],
+                                                          server: ReplayServer) -> None:
+    """Ctrl-C while a write waits for approval refuses the call and aborts the turn."""
+    server.enqueue(tool_reply("write", {"path": "never.txt", "content": "x"}))
+    chat = start(chats, dirs, server)
+
+    chat.send_line("write something")
+    chat.expect("needs approval")
+    chat.process.sendcontrol("c")
+    chat.expect("turn aborted (user)")
+
+    assert not (dirs[1] / "never.txt").exists()
+    assert len(server.requests) == 1
+    assert chat.leave() == 0
+
+
+def test_alt_enter_during_a_turn_queues_a_follow_up(chats: list[Chat], dirs: tuple[Path, Path],
+                                                    server: ReplayServer) -> None:
+    """Alt-Enter during a turn queues a follow-up: the run continues with it when it would end."""
+    hold = Hold()
+    server.enqueue(text_reply("Streaming now\n", "and done.", hold=hold), text_reply("About the follow-up."))
+    chat = start(chats, dirs, server)
+
+    chat.send_line("start")
+    chat.expect("Streaming now")
+    chat.process.send("and one more thing\x1b\r")  # Alt-Enter
+    chat.expect("queued as follow-up")
+    hold.release()
+    chat.expect("(follow-up sent)")
+    chat.expect("About the follow-up.")
+    chat.expect("turn completed")
+
+    assert sent_messages(server.requests[1])[-1] == {"role": "user", "content": "and one more thing"}
+    assert chat.leave() == 0
+
+
+def test_tree_navigates_and_fork_starts_a_new_session(chats: list[Chat], dirs: tuple[Path, Path],
+                                                      server: ReplayServer) -> None:
+    """/tree lists the branch and moves the tip to a picked entry; /fork N copies the branch up to
+    entry N into a new session and continues there."""
+    server.enqueue(text_reply("First answer."), text_reply("Second answer."), text_reply("Answer on the fork."))
+    chat = start(chats, dirs, server)
+    chat.send_line("first question")
+    chat.expect("turn completed")
+    chat.send_line("second question")
+    chat.expect("turn completed")
+    original = chat.session_id()
+
+    chat.send_line("/tree")
+    chat.expect("4")
+    chat.expect("Second answer.")
+    chat.expect("go to entry")
+    chat.send_line("2")
+    chat.expect("navigation completed")
+    chat.send_line("/fork 1")
+    chat.expect("now chatting in it")
+    chat.send_line("/sessions")
+    chat.expect("first question (fork)")
+    chat.send_line("a question on the fork")
+    chat.expect("Answer on the fork.")
+    chat.expect("turn completed")
+
+    fork_request = [m.get("content") for m in sent_messages(server.requests[2])[1:]]
+    assert fork_request == ["first question", "a question on the fork"]
+    assert chat.session_id() != original  # "forked session ID" names the new one
+    assert chat.leave() == 0
+
+
+def test_retry_and_failure_show_as_status_lines(chats: list[Chat], dirs: tuple[Path, Path],
+                                               server: ReplayServer) -> None:
+    """A rate limit is retried (a status line says so); a refused request fails the turn (a
+    status line with the error), and the prompt is usable again."""
+    server.enqueue(
+        ReplayResponse.json({"error": {"message": "Rate limit reached", "type": "rate_limit_error"}}, status=429),
+        ReplayResponse.json({"error": {"message": "Invalid value for messages", "type": "invalid_request_error"}},
+                            status=400),
+    )
+    chat = start(chats, dirs, server)
+
+    chat.send_line("hello")
+    chat.expect("retrying in")
+    chat.expect("Rate limit reached")
+    chat.expect("turn failed")
+    chat.expect("Invalid value for messages")
+
+    assert len(server.requests) == 2
+    assert chat.leave() == 0
+
+
+def test_rename_and_sessions_commands(chats: list[Chat], dirs: tuple[Path, Path], server: ReplayServer) -> None:
+    """/rename names the session; /sessions lists it with that name."""
+    chat = start(chats, dirs, server)
+
+    chat.send_line("/rename my renamed chat")
+    chat.expect("session name → my renamed chat")
+    chat.send_line("/sessions")
+    chat.expect(chat.session_id())
+    chat.expect("my renamed chat")
+    chat.send_line("/nonsense")
+    chat.expect("no command /nonsense")
+    assert chat.leave() == 0
+
+
+def test_resume_after_sigkill_mid_stream(chats: list[Chat], dirs: tuple[Path, Path], server: ReplayServer) -> None:
+    """kill -9 while the reply streams; `harness chat ID --resume` shows what had streamed and
+    finishes the run (the interrupted reply is retried)."""
+    hold = Hold()
+    server.enqueue(text_reply("A partial answer line\n", "never sent", hold=hold))
+    first = start(chats, dirs, server)
+    first.send_line("tell me something long")
+    first.expect("A partial answer line")
+    session_id = first.session_id()
+    wait_until_persisted(first.store_url, session_id, "A partial answer line")
+    first.kill()
+    assert hold.disconnected.wait(TIMEOUT_S)
+
+    server.enqueue(text_reply("The whole answer, ", "at last."))
+    second = start(chats, dirs, server, session_id, "--resume")
+    second.expect("open run")
+    second.expect("already streamed:")
+    second.expect("A partial answer line")
+    second.expect("the reply was interrupted")
+    second.expect("retrying")
+    second.expect("The whole answer, at last.")
+    second.expect("turn completed")
+    assert second.leave() == 0
+
+
+def test_resume_after_sigkill_mid_tool(chats: list[Chat], dirs: tuple[Path, Path], server: ReplayServer) -> None:
+    """kill -9 while a shell call runs; the resumed run answers the call as interrupted (shell is
+    not replay-safe) and goes on to the next step."""
+    command = WAIT_FOR_GO
+    server.enqueue(tool_reply("shell", {"command": command}))
+    first = start(chats, dirs, server, "--yes")
+    first.send_line("run the waiting command")
+    first.expect("→ shell: i=0")
+    session_id = first.session_id()
+    first.kill()
+    (dirs[1] / "go").touch()  # the orphaned shell loop ends
+
+    server.enqueue(text_reply("The command was interrupted; moving on."))
+    second = start(chats, dirs, server, session_id, "--yes")
+    second.expect("open run")
+    second.expect("(was running)")
+    second.expect("Finish it now?")
+    second.send_line("y")
+    second.expect("← shell")
+    second.expect("interrupted")
+    second.expect("moving on.")
+    second.expect("turn completed")
+
+    tool_result = sent_messages(server.requests[1])[-1]
+    assert tool_result["role"] == "tool"
+    assert "interrupted" in str(tool_result["content"])
+    assert second.leave() == 0
