@@ -306,6 +306,33 @@ async def test_a_symlink_pointing_outside_is_refused(workspace: Workspace, root:
     assert (tmp_path / "secret.txt").read_text() == "secret"
 
 
+async def test_grep_does_not_follow_a_symlink_out_of_the_working_directory(
+    workspace: Workspace, root: Path, tmp_path: Path
+) -> None:
+    (tmp_path / "secret.txt").write_text("API_KEY=hunter2\n")
+    (root / "innocent.txt").symlink_to(tmp_path / "secret.txt")
+    (root / "mine.txt").write_text("API_KEY=placeholder\n")
+
+    found = await call(workspace, "grep", {"pattern": "API_KEY", "path": "."})
+
+    assert "hunter2" not in text(found)
+    assert "mine.txt" in text(found)
+
+
+@pytest.mark.parametrize("command", ["sleep 9 & echo started", "setsid sleep 9 & echo started"])
+async def test_a_background_child_neither_delays_nor_fails_the_command(workspace: Workspace, command: str) -> None:
+    """The shell exits at once; a child that keeps the output pipe open (in the group, or in a
+    session of its own) does not turn that into a timeout."""
+    started = time.monotonic()
+
+    output = await call(workspace, "shell", {"command": command, "timeout": 10})
+
+    elapsed = time.monotonic() - started
+    assert not output.is_error, text(output)
+    assert "started" in text(output)
+    assert elapsed < 8
+
+
 async def test_a_workspace_that_allows_outside_paths_reads_them(root: Path, tmp_path: Path) -> None:
     workspace = Workspace(root=root, output_dir=tmp_path / "out", allow_outside=True)
     (tmp_path / "other.txt").write_text("elsewhere")

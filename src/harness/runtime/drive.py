@@ -17,7 +17,15 @@ from pydantic import JsonValue
 
 from harness.context import Context
 from harness.errors import HarnessError, ModelUnavailable, ToolsUnavailable
-from harness.messages import AssistantMessage, Message, ModelIdentity, TextContent, ThinkingContent, now_ms
+from harness.messages import (
+    AssistantMessage,
+    Message,
+    ModelIdentity,
+    TextContent,
+    ThinkingContent,
+    ToolCall,
+    now_ms,
+)
 from harness.providers import (
     AssistantStreamAccumulator,
     DeferredProvider,
@@ -31,6 +39,7 @@ from harness.providers import (
     StreamEvent,
     StreamOptions,
 )
+from harness.providers.errors import classify_exception
 from harness.runtime.branch_context import branch_entries, context_messages
 from harness.runtime.drive_types import ResumeOutcome, Settled, Suspended, WaitingRetry
 from harness.runtime.errors import HarnessFault
@@ -123,6 +132,8 @@ class RunDriver:
         self._effects: set[Context] = set()
         self.wait_for_retry = True
         self.poll_permits = 0
+        self.halted = False
+        self.effect_tasks: set[asyncio.Task[None]] = set()
         self.task: asyncio.Task[ResumeOutcome] | None = None
 
     # -- effects and abort ------------------------------------------------------------------------
@@ -141,8 +152,11 @@ class RunDriver:
     def halt(self) -> None:
         """Stop this pass now (the harness is closing): cancel its effects and its task. Its
         durable phase stays as it is, for the next attachment to resume."""
+        self.halted = True
         for effect in list(self._effects):
             effect.cancel("the harness is closing")
+        for task in list(self.effect_tasks):
+            task.cancel()
         if self.task is not None:
             self.task.cancel()
 
@@ -369,8 +383,9 @@ class RunDriver:
         reached(FaultPoint.ASSISTANT_INTENT)
         effect = self.effect_context()
         try:
-            stream = provider.stream(model, request, self._options(model, generation), effect)
-            message, error = await self._consume(stream, intent, model)
+            options = self._options(model, generation)
+            message, error = await self._consume(lambda: provider.stream(model, request, options, effect), intent,
+                                                 model)
         finally:
             self.end_effect(effect)
         reached(FaultPoint.BEFORE_REPLY_SETTLEMENT)
@@ -397,8 +412,9 @@ class RunDriver:
             return
         effect = self.effect_context()
         try:
-            stream = provider.poll(model, handle.id, self._options(model, generation), effect)
-            message, error = await self._consume(stream, intent, model)
+            options = self._options(model, generation)
+            message, error = await self._consume(lambda: provider.poll(model, handle.id, options, effect), intent,
+                                                 model)
         finally:
             self.end_effect(effect)
         reached(FaultPoint.BEFORE_REPLY_SETTLEMENT)
@@ -425,7 +441,8 @@ class RunDriver:
                                                  poll=state.poll - 1), drop_frames)
 
     async def _consume(
-        self, stream: AsyncIterator[StreamEvent], intent: AssistantEffectPending | DeferredEffectPending, model: Model
+        self, open_stream: Callable[[], AsyncIterator[StreamEvent]],
+        intent: AssistantEffectPending | DeferredEffectPending, model: Model
     ) -> tuple[AssistantMessage, ProviderErrorInfo | None]:
         """Read the reply, publishing it live and persisting frames without awaiting storage in
         the loop (HA-14); returns the final message and, for a failure, its classification."""
@@ -449,7 +466,9 @@ class RunDriver:
             lane._present(_showing(partial), [update], self.context)
 
         try:
-            async for event in stream:
+            async for event in open_stream():
+                if final is not None:
+                    break  # nothing counts after the stream's end
                 if isinstance(event, DoneEvent):
                     final = event.message
                     continue
@@ -469,6 +488,9 @@ class RunDriver:
                     publish()
                 elif trailing is None:
                     trailing = loop.call_later(wait, publish)
+        except Exception as failure:  # a provider that breaks its promise not to raise fails in-band
+            error = classify_exception(failure)
+            final = accumulator.message("error", error_message=error.message)
         finally:
             if trailing is not None:
                 trailing.cancel()
@@ -500,6 +522,7 @@ class RunDriver:
     ) -> None:
         """Write the reply under its reserved ids and the next phase, in one commit."""
         lane, generation = self.lane, intent.generation
+        message = _well_formed_calls(message)
         aborting = self.abort_requested.is_set() or isinstance(
             lane._operation_state.control if lane._operation_state else None, CancelRequested)
         retrying = (not aborting and error is not None and error.kind == "retryable"
@@ -1076,3 +1099,20 @@ def _says_nothing(message: AssistantMessage) -> bool:
         if isinstance(block, ThinkingContent) and (block.thinking.strip() or block.signature):
             return False
     return True
+
+
+def _well_formed_calls(message: AssistantMessage) -> AssistantMessage:
+    """The reply with every tool call answerable: an empty or repeated call id gets a fresh one and
+    an empty name a placeholder (answered as an unknown tool), so no later request that replays
+    the journal is one a provider would refuse."""
+    seen: set[str] = set()
+    content = []
+    for block in message.content:
+        if isinstance(block, ToolCall):
+            call_id = block.id if block.id and block.id not in seen else f"call_{new_id()}"
+            name = block.name or "unnamed_tool"
+            if (call_id, name) != (block.id, block.name):
+                block = block.model_copy(update={"id": call_id, "name": name})
+            seen.add(call_id)
+        content.append(block)
+    return message if content == message.content else message.model_copy(update={"content": content})

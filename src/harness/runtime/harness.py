@@ -232,7 +232,8 @@ class AgentHarness:
         drives = [lane._drive for lane in self._lanes.values() if lane._drive is not None]
         for drive in drives:
             drive.halt()
-        await asyncio.gather(*(drive.task for drive in drives if drive.task is not None), return_exceptions=True)
+        await asyncio.gather(*(drive.task for drive in drives if drive.task is not None),
+                             *(task for drive in drives for task in drive.effect_tasks), return_exceptions=True)
         try:
             if not self._faulted:
                 await self._owner().mutate(mark_closed, context)

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from jsonschema.validators import validator_for
-from pydantic import JsonValue
+from pydantic import JsonValue, ValidationError
 
 from harness.messages import AssistantMessage, TextContent, ToolCall, ToolResultMessage
 from harness.runtime.drive_types import Block, ToolCallRequest
@@ -156,6 +156,8 @@ class ToolBatchRunner:
         reached(FaultPoint.TOOL_INTENT)
         task = asyncio.get_running_loop().create_task(self._execute(index, block, tool, args))
         self.tasks[index] = task
+        self.driver.effect_tasks.add(task)
+        task.add_done_callback(self.driver.effect_tasks.discard)
         if self.driver.settings.tool_execution == "sequential":
             await asyncio.wait({task})
 
@@ -176,7 +178,10 @@ class ToolBatchRunner:
         self.lane._present(lambda p: None, [ToolStart(lane=self.lane.name, operation_id=self.driver.operation_id,
                                                      turn_id=self.batch.turn_id, tool_call_id=block.id,
                                                      tool_name=block.name, args=args)], self.driver.context)
-        self.tasks[index] = asyncio.get_running_loop().create_task(self._execute(index, block, tool, args))
+        task = asyncio.get_running_loop().create_task(self._execute(index, block, tool, args))
+        self.tasks[index] = task
+        self.driver.effect_tasks.add(task)
+        task.add_done_callback(self.driver.effect_tasks.discard)
 
     async def _intent(self, index: int, block: ToolCall, tool: AgentTool, args: dict[str, JsonValue]) -> bool:
         lane, driver = self.lane, self.driver
@@ -238,10 +243,11 @@ class ToolBatchRunner:
                 output = await driver.hooks.after_tool(request, output, driver.context) or output
             except Exception as error:
                 output = ToolOutput(content=[TextContent(text=f"after_tool failed: {error}")], is_error=True)
-        result = ToolResultMessage(tool_call_id=block.id, tool_name=block.name, content=output.content,
-                                   details=output.details, is_error=output.is_error)
+        result, terminate = _result_of(block, output)
+        if driver.halted:
+            return  # the harness is closing: like a crash, the effect's outcome is not recorded
         reached(FaultPoint.BEFORE_TOOL_STAGING)
-        await self._stage(index, block, result, terminate=output.terminate)
+        await self._stage(index, block, result, terminate=terminate)
 
     async def _interrupted(self, block: ToolCall, call: ToolCallState) -> ToolResultMessage:
         """An interruption result: the latest checkpoint, if any, and a note that the outcome is unknown."""
@@ -369,3 +375,18 @@ def _error_result(block: ToolCall, text: str) -> ToolResultMessage:
     """A synthetic error result: no details, the tool's own contract is not invented (HA-25)."""
     return ToolResultMessage(tool_call_id=block.id, tool_name=block.name, content=[TextContent(text=text)],
                              is_error=True)
+
+
+def _result_of(block: ToolCall, output: object) -> tuple[ToolResultMessage, bool]:
+    """The result message of what a tool returned, and its `terminate`; a value that is not a
+    storable `ToolOutput` becomes an error result: a tool's failure is its result, not the run's."""
+    if isinstance(output, ToolOutput):
+        try:
+            result = ToolResultMessage(tool_call_id=block.id, tool_name=block.name, content=output.content,
+                                       details=output.details, is_error=output.is_error)
+            return result, output.terminate
+        except ValidationError as error:
+            problem = f"its output is not storable ({error.errors()[0]['msg']})"
+    else:
+        problem = f"it returned {type(output).__name__}, not a ToolOutput"
+    return _error_result(block, f"The tool {block.name!r} failed: {problem}."), False

@@ -15,7 +15,7 @@ from pydantic import JsonValue
 from harness.context import Context
 from harness.messages import TextContent
 from harness.runtime import ToolOutput
-from harness.tools.workspace import ToolFailure, Workspace, is_binary
+from harness.tools.workspace import PathOutsideWorkspace, ToolFailure, Workspace, is_binary
 
 SKIPPED_DIRS = frozenset({".git", ".hg", ".svn", "node_modules", "__pycache__", ".venv", "venv", ".mypy_cache",
                           ".ruff_cache", ".pytest_cache", ".tox"})
@@ -242,6 +242,10 @@ async def grep(workspace: Workspace, tool_call_id: str, args: dict[str, JsonValu
         matches: list[str] = []
         files = 0
         for file in _files(path, glob, context):
+            try:  # a link inside the tree may point out of it: confinement applies to every file
+                workspace.resolve(str(file), reading=True)
+            except PathOutsideWorkspace:
+                continue
             found = _grep_file(file, pattern, workspace.show(file))
             if found:
                 files += 1

@@ -26,6 +26,7 @@ CHECKPOINT_INTERVAL_S = 5.0
 """How often that report is also persisted as the call's checkpoint, so a crash keeps it."""
 KILL_GRACE_S = 2.0
 """How long a process group gets between SIGTERM and SIGKILL."""
+_EXIT_POLL_S = 0.02
 _DRAIN_S = 1.0  # after the shell exits, how long a background child may keep the pipe before we stop reading
 _PROGRESS_TAIL_CHARS = 2_000
 _READ_CHUNK = 65_536
@@ -60,7 +61,7 @@ async def run_shell(workspace: Workspace, tool_call_id: str, args: dict[str, Jso
     capture = _Capture(spill)
     assert process.stdout is not None
     reader = asyncio.ensure_future(capture.read(process.stdout))
-    exited = asyncio.ensure_future(process.wait())
+    exited = asyncio.ensure_future(_exit_of(process))
     cancelled = asyncio.ensure_future(context.wait_cancelled())
     ended_by: str | None = None
     try:
@@ -163,6 +164,14 @@ class _Capture:
 
     def close(self) -> None:
         self._file.close()
+
+
+async def _exit_of(process: asyncio.subprocess.Process) -> int:
+    """The shell's exit status, as soon as the shell itself exits. (`Process.wait()` on Python
+    3.11 also waits for its pipes to close, which a background child can hold open forever.)"""
+    while process.returncode is None:  # noqa: ASYNC110 (no event exists for "the shell exited" here)
+        await asyncio.sleep(_EXIT_POLL_S)
+    return process.returncode
 
 
 def _signal_group(process: asyncio.subprocess.Process, sig: signal.Signals) -> None:
