@@ -408,6 +408,23 @@ def test_retry_and_failure_show_as_status_lines(chats: list[Chat], dirs: tuple[P
     assert chat.leave() == 0
 
 
+def test_think_collapses_thinking_to_one_line(chats: list[Chat], dirs: tuple[Path, Path],
+                                             server: ReplayServer) -> None:
+    """Thinking is shown dimmed and collapsible: after /think a reply's thinking is one line."""
+    server.enqueue(text_reply("The answer.", thinking="A long private deliberation."))
+    chat = start(chats, dirs, server)
+
+    chat.send_line("/think")
+    chat.expect("thinking is collapsed")
+    chat.send_line("question")
+    chat.expect("thinking… /think shows it")
+    chat.expect("The answer.")
+    chat.expect("turn completed")
+
+    assert chat.leave() == 0
+    assert "A long private deliberation." not in chat.log_path.read_text(encoding="utf-8")
+
+
 def test_rename_and_sessions_commands(chats: list[Chat], dirs: tuple[Path, Path], server: ReplayServer) -> None:
     """/rename names the session; /sessions lists it with that name."""
     chat = start(chats, dirs, server)

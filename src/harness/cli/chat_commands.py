@@ -97,6 +97,12 @@ async def _thinking(client: ChatClient, argument: str) -> None:
     await client.lane.set_thinking_level(level, client.context)
 
 
+@command("think", "/think", "collapse or expand the model's thinking", while_busy=True)
+async def _think(client: ChatClient, argument: str) -> None:
+    client.view.show_thinking = not client.view.show_thinking
+    client.screen.print(f"[dim]thinking is {'shown' if client.view.show_thinking else 'collapsed'}[/]")
+
+
 @command("rename", "/rename NAME", "name this session", while_busy=True)
 async def _rename(client: ChatClient, argument: str) -> None:
     if not argument:

@@ -195,6 +195,7 @@ class ChatView:
     running_tools: dict[str, str] = field(default_factory=dict)
     queues: Queues = field(default_factory=Queues)
     aborting: bool = False
+    show_thinking: bool = True  # `/think` collapses thinking to one line per block, or expands it
     _shown: dict[int, int] = field(default_factory=dict, init=False)  # content index -> characters shown
     _run_started: float = field(default=0.0, init=False)
     _run_tokens: int = field(default=0, init=False)
@@ -226,7 +227,11 @@ class ChatView:
                 self._shown[index] = len(block.text)
             elif isinstance(block, ThinkingContent):
                 text = "[thinking redacted]\n" if block.redacted else block.thinking
-                if len(text) > shown:
+                if not self.show_thinking:
+                    if shown == 0 and text:  # collapsed: one line, once, however long it gets
+                        self.screen.stream(("thinking", index), "(thinking… /think shows it)\n", style="dim italic")
+                        self._shown[index] = 1
+                elif len(text) > shown:
                     self.screen.stream(("thinking", index), text[shown:], style="dim italic")
                     self._shown[index] = len(text)
 
