@@ -8,12 +8,12 @@ from pathlib import Path
 import pytest
 
 from conftest import SHARED_FIXTURES
+from drive_helpers import FAUX, start_rig, within
 from harness.context import Context
 from harness.imports import import_claude_code_session, import_pi_session
 from harness.providers import ProviderRequest, StreamOptions
 from harness.runtime import Settled
 from harness.session import Store
-from drive_helpers import FAUX, start_rig, within
 from request_validators import problems
 from test_provider_requests import BUILDERS, TEXT_ONLY, VISION
 
