@@ -1,4 +1,4 @@
-# Set-up is part of every target: a fresh machine needs only Python 3.11+, pip and a C compiler.
+# Set-up is part of every target: a fresh machine needs only Python 3.11+, pip, a C compiler and CMake.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 
 .PHONY: run test lint bench
 
-# llama-cpp-python has no wheel on PyPI: the first install compiles llama.cpp (about 6 minutes on
+# llama-cpp-python has no wheel on PyPI: the first install compiles llama.cpp (about 5 minutes on
 # 2 cores; pip caches the wheel). These flags build a portable binary as fast as a native one.
 export CMAKE_ARGS ?= -DLLAVA_BUILD=OFF -DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON
 export CMAKE_BUILD_PARALLEL_LEVEL ?= 2

@@ -296,6 +296,23 @@ def test_ctrl_c_mid_stream_aborts_durably_and_the_prompt_returns(chats: list[Cha
     assert aborted_reply(chat.store_url, session_id) == "Counting: one two three\n"
 
 
+def test_a_long_paragraph_appears_while_it_streams(chats: list[Chat], dirs: tuple[Path, Path],
+                                                  server: ReplayServer) -> None:
+    """A paragraph wider than the terminal is shown a screen line at a time as it arrives, not
+    when its newline comes."""
+    hold = Hold()
+    words = " ".join(f"word{i}" for i in range(500))  # more than a 24x80 screen holds, no newline
+    server.enqueue(text_reply(words, " and the end.", hold=hold))
+    chat = start(chats, dirs, server)
+
+    chat.send_line("write a paragraph")
+    chat.expect("word499")  # the newest words are on screen while the stream is held mid-paragraph
+    hold.release()
+    chat.expect("and the end.")
+    chat.expect("turn completed")
+    assert chat.leave() == 0
+
+
 def test_steer_typed_during_a_tool_call_reaches_the_next_request(chats: list[Chat], dirs: tuple[Path, Path],
                                                                  server: ReplayServer) -> None:
     """Enter during a turn queues a steer; it is placed after the tool batch, before the next request."""

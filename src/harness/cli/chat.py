@@ -356,7 +356,7 @@ class ChatClient:
         while not self.settings.resume:
             answer = await self.terminal.ask("Finish it now? [Y/n/abort] ",
                                              "Enter or y: finish it · abort: end it as aborted · n: leave it open")
-            answer = (answer or "n").strip().lower()
+            answer = "n" if answer is None else answer.strip().lower()  # Enter finishes; Ctrl-D leaves it open
             if answer in ("", "y", "yes", "n", "no", "abort"):
                 break
         if answer in ("", "y", "yes"):

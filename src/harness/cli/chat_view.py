@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import io
 import json
+import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -140,6 +141,14 @@ class Screen:
             done, self._live_text = self._live_text.rsplit("\n", 1)
             for line in done.split("\n"):
                 self._write(self._render(escape(line), style=self._live_style or None))
+        # A paragraph longer than the terminal is printed a screen line at a time, at a word
+        # break, so it keeps appearing as it streams (the live line is one screen line).
+        width = max(20, shutil.get_terminal_size().columns - 1)
+        while len(self._live_text) > width:
+            cut = self._live_text.rfind(" ", 0, width + 1)
+            cut = cut + 1 if cut > 0 else width
+            line, self._live_text = self._live_text[:cut], self._live_text[cut:]
+            self._write(self._render(escape(line.rstrip(" ")), style=self._live_style or None))
         self.on_live_change()
 
     def end_stream(self) -> None:

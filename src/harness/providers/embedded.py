@@ -203,6 +203,8 @@ def _llama_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 _END = object()
+# The most tokens the unstoppable tool decision may take (a call with its arguments fits).
+_DECISION_TOKENS = 256
 
 
 class _LlamaStream:
@@ -249,11 +251,15 @@ def _generate(
             if seed is not None:
                 llama.set_seed(seed)
             if arguments.get("tool_choice") == "auto":
-                # llama streams no automatic tool choice: decide (and make any calls) whole first.
-                completion: Any = llama.create_chat_completion(**arguments, stream=False)
-                message = completion["choices"][0]["message"]
-                if message.get("tool_calls") or message.get("content"):
+                # llama streams no automatic tool choice: decide (and make any calls) whole first,
+                # in few tokens, since this part cannot be stopped; a text answer is streamed after.
+                deciding = {**arguments, "max_tokens": min(arguments["max_tokens"], _DECISION_TOKENS)}
+                completion: Any = llama.create_chat_completion(**deciding, stream=False)
+                choice = completion["choices"][0]
+                if choice["message"].get("tool_calls") and choice.get("finish_reason") != "length":
                     put(_as_chunk(completion))
+                    return
+                if stop.is_set():
                     return
                 arguments = {key: value for key, value in arguments.items() if key not in ("tools", "tool_choice")}
             _stream(llama, arguments, stop, put)
