@@ -40,7 +40,6 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -49,6 +48,7 @@ from urllib.parse import quote
 import psycopg
 from pydantic import JsonValue
 
+from bench.timing import BLOCK, Side, alternate, per_second, percentile
 from harness.context import Context
 from harness.messages import AssistantMessage, Cost, TextContent, Usage, UserMessage
 from harness.session import (
@@ -66,14 +66,12 @@ from harness.session import (
 )
 
 LANE = "main"
-BLOCK = 100  # commits per side per round of the alternation
 DEFAULT_POSTGRES = "postgresql://postgres@127.0.0.1:5432/test"
 SCAN_BATCH = 1_000  # entries per commit while building the scan sessions
 SCAN_TAIL = 1_000  # entries newer than the newest compaction
 SCAN_ROUNDS = 15
 HISTORY_COMMITS = 300  # five-write commits appended to each of the long and short sessions
 
-Commit = Callable[[], Awaitable[None]]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -279,40 +277,12 @@ class BarePostgres:
 # Measurement.
 
 
-@dataclass
-class Side:
-    name: str
-    commit: Commit
-    samples: list[int] = field(default_factory=list)  # nanoseconds per commit
 
 
-async def run_sides(sides: list[Side], commits: int, warmup: int) -> None:
-    """Warm every side up, then run `commits` per side in blocks of BLOCK, flipping the order of
-    the sides each round so drift and noise fall on all of them alike."""
-    for side in sides:
-        for _ in range(warmup):
-            await side.commit()
-    done = 0
-    order = list(sides)
-    while done < commits:
-        block = min(BLOCK, commits - done)
-        for side in order:
-            for _ in range(block):
-                start = time.perf_counter_ns()
-                await side.commit()
-                side.samples.append(time.perf_counter_ns() - start)
-        done += block
-        order.reverse()
 
 
-def percentile(samples: list[int], p: float) -> float:
-    ordered = sorted(samples)
-    index = min(len(ordered) - 1, max(0, round(p / 100 * (len(ordered) - 1))))
-    return ordered[index] / 1e6
 
 
-def commits_per_second(samples: list[int]) -> float:
-    return len(samples) / (sum(samples) / 1e9)
 
 
 @dataclass
@@ -340,10 +310,10 @@ def print_commit_table(groups: list[Group]) -> None:
         harness = group.harness
         for side in group.sides:
             row = (f"{side.name:<30}{percentile(side.samples, 50):>9.3f}{percentile(side.samples, 99):>9.3f}"
-                   f"{commits_per_second(side.samples):>11.0f}{drift(side.samples):>7.2f}x")
+                   f"{per_second(side.samples):>11.0f}{drift(side.samples):>7.2f}x")
             if side is not harness:
                 p50 = percentile(harness.samples, 50) / percentile(side.samples, 50)
-                rate = commits_per_second(side.samples) / commits_per_second(harness.samples)
+                rate = per_second(side.samples) / per_second(harness.samples)
                 row += f"   {p50:>5.2f}x {rate:>5.2f}x"
             print(row)
     print("   drift: p50 of the last quarter of the commits over p50 of the first quarter")
@@ -425,7 +395,7 @@ async def bench_history(label: str, url: str, context: Context) -> HistoryResult
         appenders = [HarnessCommits(big, context), HarnessCommits(small, context)]
         appenders[0].tip, appenders[1].tip = big_tip, small_tip
         sides = [Side("100k", appenders[0].commit), Side("10k", appenders[1].commit)]
-        await run_sides(sides, HISTORY_COMMITS, warmup=HISTORY_COMMITS // 10)
+        await alternate(sides, HISTORY_COMMITS, warmup=HISTORY_COMMITS // 10)
         return HistoryResult(
             label=label,
             scan_ms=(statistics.median(scans[0]) / 1e6, statistics.median(scans[1]) / 1e6),
@@ -535,7 +505,7 @@ async def main(commits: int, postgres_url: str) -> None:
                     Side("bare psycopg (async, pipeline)", bare_pg[1].commit),
                 ]))
             started = time.perf_counter()
-            await run_sides([side for group in groups for side in group.sides], commits, warmup)
+            await alternate([side for group in groups for side in group.sides], commits, warmup)
             print(f"\n1. five-write commit, durable (sqlite WAL synchronous=FULL; postgres server defaults), "
                   f"{time.perf_counter() - started:.1f} s")
             print_commit_table(groups)

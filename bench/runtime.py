@@ -39,13 +39,13 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote
 
 import psycopg
 
+from bench.timing import BLOCK, Side, alternate, per_second, percentile
 from harness.context import Context
 from harness.messages import AssistantMessage, ModelIdentity, TextContent, Usage, UserMessage, now_ms
 from harness.runtime import AgentHarness, AgentHarnessOptions, LaneWatch, PromptRequest
@@ -66,7 +66,6 @@ from harness.session import (
 from harness.session.records import RunIntent
 
 LANE = "main"
-BLOCK = 100  # operations per side per round of the alternation
 DEFAULT_POSTGRES = "postgresql://postgres@127.0.0.1:5432/test"
 BUILD_BATCH = 5_000  # entries per direct commit while building the history sessions
 TAIL = 200  # entries newer than the newest compaction
@@ -89,47 +88,18 @@ SUMMARY = CompactionPayload(
     retained_tail=[PROMPT, REPLY], tokens_before=48_213,
 )
 
-Operation = Callable[[], Awaitable[None]]
 
 
 # ---------------------------------------------------------------------------------------------
 # Measurement.
 
 
-@dataclass
-class Side:
-    name: str
-    run: Operation
-    samples: list[int] = field(default_factory=list)  # nanoseconds per operation
 
 
-async def alternate(sides: list[Side], count: int, warmup: int) -> None:
-    """Warm every side up, then run `count` per side in blocks of BLOCK, flipping the order of the
-    sides each round so drift and noise fall on all of them alike."""
-    for side in sides:
-        for _ in range(warmup):
-            await side.run()
-    done, order = 0, list(sides)
-    while done < count:
-        block = min(BLOCK, count - done)
-        for side in order:
-            for _ in range(block):
-                start = time.perf_counter_ns()
-                await side.run()
-                side.samples.append(time.perf_counter_ns() - start)
-        done += block
-        order.reverse()
 
 
-def percentile(samples: list[int], p: float) -> float:
-    """The `p`th percentile of `samples` (ns), in ms."""
-    ordered = sorted(samples)
-    index = min(len(ordered) - 1, max(0, round(p / 100 * (len(ordered) - 1))))
-    return ordered[index] / 1e6
 
 
-def per_second(samples: list[int]) -> float:
-    return len(samples) / (sum(samples) / 1e9)
 
 
 # ---------------------------------------------------------------------------------------------
