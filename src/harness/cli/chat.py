@@ -309,7 +309,12 @@ class ChatClient:
         name = await harness.session_name(self.context)
         title = f" · {escape(name)}" if name else ""
         self.screen.print(f"[bold]harness chat[/] · session [cyan]{harness.session.id}[/]{title}")
-        approvals = "writes and shell allowed (--yes)" if self.settings.approve_all else "writes and shell ask first"
+        if not lane.config.active_tools:
+            approvals = "no tools"
+        elif self.settings.approve_all:
+            approvals = "writes and shell allowed (--yes)"
+        else:
+            approvals = "writes and shell ask first"
         self.screen.print(f"[dim]lane {escape(lane.name)} · model {escape(model_name(lane.config.model))} · "
                           f"{escape(str(self.cwd))} · {approvals}[/]")
         if not self.attached.created_session and lane.tip_id is not None:

@@ -63,7 +63,8 @@ async def _help(client: ChatClient, argument: str) -> None:
     for entry in client.commands.values():
         if entry.name not in seen:
             seen.add(entry.name)
-            client.screen.print(f"  [bold]{escape(entry.usage):<26}[/] {escape(entry.summary)}")
+            usage = escape(f"{entry.usage:<26}")  # pad first: escaping adds characters that do not show
+            client.screen.print(f"  [bold]{usage}[/] {escape(entry.summary)}")
     client.screen.print("[dim]  Enter sends (during a turn: a steer message, read after the current step); "
                         "Alt-Enter sends a follow-up during a turn and starts a new line otherwise; Ctrl-C aborts "
                         "a turn, twice leaves at once; Ctrl-D leaves.[/]")
