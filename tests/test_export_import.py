@@ -329,3 +329,19 @@ def test_export_of_an_unknown_session_fails(tmp_path: Path) -> None:
 
     assert exported.returncode == 1
     assert "session_not_found" in exported.stderr
+
+
+async def test_an_abandoned_branch_nothing_names_is_exported_too(store: Store, ctx: Context, tmp_path: Path) -> None:
+    """No data is lost: an entry off every lane's branch, with no label or usage naming it, is
+    still in the export and in the imported session."""
+    built = await build_session(store, ctx)
+    some_entry = next(iter(built.ids.values()))
+
+    async def abandon(m: SessionMutator) -> str:
+        return m.insert_entry(user("a path not taken"), parent_id=some_entry)
+
+    abandoned = await built.session.mutate(abandon, ctx)
+
+    imported = await round_trip(store, built.session, tmp_path, ctx)
+
+    assert await imported.entry(abandoned, ctx) is not None

@@ -695,3 +695,21 @@ async def test_closing_a_store_releases_its_claims(store_url: str, ctx: Context)
         await ownership.detach(ctx)
     finally:
         await second.close()
+
+
+async def test_read_entries_pages_through_every_entry_in_commit_order(store: Store, ctx: Context) -> None:
+    """Off-branch entries too: an abandoned branch is still in the journal and in `read_entries`."""
+    session = await new_session_with_lane(store, ctx)
+    first = await append_chain(session, ["a", "b", "c"], ctx)
+
+    async def branch_off(m: SessionMutator) -> str:
+        return m.insert_entry(user("side"), parent_id=first[0])
+
+    side = await session.mutate(branch_off, ctx)
+    pages, after = [], None
+    while page := await session.read_entries(ctx, after_seq=after, limit=2):
+        pages.append([entry.id for entry in page])
+        after = page[-1].seq
+
+    assert [entry_id for page in pages for entry_id in page] == [*first, side]
+    assert [len(page) for page in pages] == [2, 2]

@@ -17,10 +17,8 @@ amounts, in order). What the store assigns is new: the session id, `seq` numbers
 timestamps (each message's own `timestamp` is in its payload and kept).
 
 What an export leaves out: an open operation and its records (frames, tool arguments,
-checkpoints; the imported lane is idle, and the export warns), queued messages, application
-records outside the harness's own addresses, and entries no lane, label, usage row, last result
-or branch summary leads to (the journal offers no list of every entry: an abandoned branch that
-nothing names is not reachable).
+checkpoints; the imported lane is idle, and the export warns), queued messages, and application
+records outside the harness's own addresses. Every entry is exported, abandoned branches too.
 """
 
 from __future__ import annotations
@@ -35,7 +33,6 @@ from harness.context import Context
 from harness.imports.plan import ImportPlan, ImportReport, Raw, _count, read_jsonl
 from harness.messages import Usage
 from harness.session import (
-    BranchSummaryPayload,
     Entry,
     EntryPayload,
     LaneConfig,
@@ -144,52 +141,33 @@ async def export_harness_session(session: Session, out: TextIO, context: Context
         usage.extend(page)
         after = page[-1].seq
 
-    entries: dict[str, Entry] = {}
-    seeds = [lane.tip_id for lane in lanes]
-    seeds += [r for lane in lanes if lane.last_result
-              for r in (lane.last_result.tip_id, lane.last_result.final_assistant_entry_id)]
-    seeds += [entry_id for entry_id, _ in labels] + [row.entry_id for row in usage]
-    while seeds:
-        for seed in seeds:
-            if seed is not None and seed not in entries and await session.entry(seed, context) is not None:
-                await _collect_branch(session, seed, entries, context)
-        # A branch summary names the tip of the branch it summarized: keep that branch too.
-        seeds = [e.payload.from_id for e in entries.values()
-                 if isinstance(e.payload, BranchSummaryPayload) and e.payload.from_id not in entries]
-        seeds = [s for s in seeds if s is not None and await session.entry(s, context) is not None]
+    entries: list[Entry] = []  # every entry, abandoned branches included, in commit order
+    after = None
+    while entry_page := await session.read_entries(context, after_seq=after, limit=_PAGE):
+        entries.extend(entry_page)
+        after = entry_page[-1].seq
+    known = {entry.id for entry in entries}
 
     info = session.info
     _write(out, SessionHeader(session_id=info.id, created_at=info.created_at, parent_session_id=info.parent_session_id,
                               forked_from_entry_id=info.forked_from_entry_id, name=name))
-    for entry in sorted(entries.values(), key=lambda e: e.seq):
+    for entry in entries:
         _write(out, EntryRecord(id=entry.id, parent_id=entry.parent_id, seq=entry.seq, timestamp=entry.timestamp,
                                 payload=entry.payload))
     for lane_record in lanes:
         _write(out, lane_record)
     for labelled, label in labels:
-        if labelled in entries:
+        if labelled in known:
             _write(out, LabelRecord(entry_id=labelled, label=label))
             report.labels += 1
     for row in usage:
-        used_by = row.entry_id if row.entry_id in entries else None
+        used_by = row.entry_id if row.entry_id in known else None
         if row.entry_id is not None and used_by is None:
             report.warnings.append(f"usage row {row.id} names entry {row.entry_id}, which does not exist")
         _write(out, UsageRecord(id=row.id, entry_id=used_by, adjustment=row.adjustment, usage=row.usage,
                                 details=row.details))
     report.entries, report.lanes, report.usage_rows = len(entries), len(lanes), len(usage)
     return report
-
-
-async def _collect_branch(session: Session, tip: str, into: dict[str, Entry], context: Context) -> None:
-    """Add the branch ending at `tip` to `into`, stopping at the first entry already there."""
-    before: str | None = tip
-    while before is not None:
-        page = await session.read_branch(tip, context, before=before, limit=_PAGE)
-        for entry in page.entries:
-            if entry.id in into:
-                return
-            into[entry.id] = entry
-        before = page.next_before
 
 
 def _write(out: TextIO, record: BaseModel) -> None:

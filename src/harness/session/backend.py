@@ -136,6 +136,13 @@ class Backend(Protocol):
     async def get_entries(self, session_id: str, ids: Sequence[str], context: Context) -> dict[str, EntryRow]:
         ...
 
+    async def read_entries(
+        self, session_id: str, after_seq: int | None, limit: int, context: Context
+    ) -> list[EntryRow]:
+        """Every entry of the session in seq order after `after_seq` (exclusive), at most `limit`:
+        off-branch ones too (exports, audits)."""
+        ...
+
     async def walk_branch(
         self, session_id: str, start: str, limit: int, stop_at_compaction: bool, context: Context
     ) -> list[EntryRow]:

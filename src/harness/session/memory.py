@@ -86,6 +86,12 @@ class MemoryBackend:
         entries = self._session(session_id).entries
         return {i: entries[i] for i in ids if i in entries}
 
+    async def read_entries(
+        self, session_id: str, after_seq: int | None, limit: int, context: Context
+    ) -> list[EntryRow]:
+        rows = sorted(self._session(session_id).entries.values(), key=lambda row: row.seq)
+        return [row for row in rows if after_seq is None or row.seq > after_seq][:limit]
+
     async def walk_branch(
         self, session_id: str, start: str, limit: int, stop_at_compaction: bool, context: Context
     ) -> list[EntryRow]:

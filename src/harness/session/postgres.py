@@ -216,6 +216,17 @@ class PostgresBackend:
             )
             return {r[0]: EntryRow(*r) for r in await cur.fetchall()}
 
+    async def read_entries(
+        self, session_id: str, after_seq: int | None, limit: int, context: Context
+    ) -> list[EntryRow]:
+        async with self._connection() as conn:
+            cur = await conn.execute(
+                "SELECT id, parent_id, seq, timestamp, type, payload FROM entries "
+                "WHERE session_id = %s AND seq > %s ORDER BY seq LIMIT %s",
+                (session_id, -1 if after_seq is None else after_seq, limit),
+            )
+            return [EntryRow(*r) for r in await cur.fetchall()]
+
     async def walk_branch(
         self, session_id: str, start: str, limit: int, stop_at_compaction: bool, context: Context
     ) -> list[EntryRow]:

@@ -159,6 +159,14 @@ class SessionReader:
         rows = await self._backend.get_entries(self.id, [i for i in entry_ids if _storable(i)], context)
         return {i: decode_entry(r) for i, r in rows.items()}
 
+    async def read_entries(
+        self, context: Context, *, after_seq: int | None = None, limit: int = 1000
+    ) -> list[Entry]:
+        """One page of every entry of the session, branch or not, in commit order after
+        `after_seq`; `limit` is clamped to 10,000. Continue with the last entry's seq."""
+        rows = await self._backend.read_entries(self.id, after_seq, max(1, min(limit, 10_000)), context)
+        return [decode_entry(row) for row in rows]
+
     async def get(self, address: ValueAddress[T], context: Context) -> T | None:
         """The value at `address`, or None when absent (use `get_record` to tell a stored None)."""
         record = await self.get_record(address, context)

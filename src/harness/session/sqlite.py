@@ -223,6 +223,14 @@ class SqliteBackend:
 
         return await self._call(run)
 
+    async def read_entries(
+        self, session_id: str, after_seq: int | None, limit: int, context: Context
+    ) -> list[EntryRow]:
+        params = (session_id, -1 if after_seq is None else after_seq, limit)
+        return await self._call(lambda db: [EntryRow(*r) for r in db.execute(
+            "SELECT id, parent_id, seq, timestamp, type, payload FROM entries "
+            "WHERE session_id = ? AND seq > ? ORDER BY seq LIMIT ?", params)])
+
     async def walk_branch(
         self, session_id: str, start: str, limit: int, stop_at_compaction: bool, context: Context
     ) -> list[EntryRow]:
