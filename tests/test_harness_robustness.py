@@ -20,6 +20,7 @@ from harness.runtime import (
     InvalidMessage,
     OperationIdTaken,
     PromptRequest,
+    WatchOverflow,
 )
 from harness.session import SessionMutator, StorageCorruption, Store, addresses, connect
 from harness.session.backend import Claim, CommitResult, Write
@@ -236,3 +237,21 @@ async def test_custom_data_that_is_not_json_is_invalid_input(store: Store, ctx: 
 
     with pytest.raises(InvalidInput):
         await harness.lane("main").append_custom("marker", bad, ctx)  # type: ignore[arg-type]
+
+
+async def test_a_watch_that_falls_too_far_behind_ends_with_watch_overflow(store: Store, ctx: Context) -> None:
+    """A watch nobody reads is bounded: past the limit it ends (its buffer dropped) with
+    `watch_overflow`, and the harness goes on; a new watch works."""
+    harness = await harness_with_lane(store, ctx, watch_buffer_limit=5)
+    lane = harness.lane("main")
+    watch = await lane.watch(ctx)
+
+    for i in range(4):  # three events each: more than five
+        await lane.append_message(said(f"m{i}"), ctx)
+
+    with pytest.raises(WatchOverflow):
+        async for _ in watch:
+            pass
+    again = await lane.watch(ctx)
+    assert len(again.snapshot.transcript) == 4
+    assert again.buffered() == []

@@ -28,6 +28,7 @@ from harness.runtime.errors import (
     RebaseRequired,
     UnknownSkill,
     UnknownTemplate,
+    WatchOverflow,
 )
 from harness.runtime.events import (
     CompactionEnd,
@@ -177,6 +178,7 @@ __all__ = [
     "UsageRecorded",
     "ValueUpdate",
     "WaitingRetry",
+    "WatchOverflow",
     "event_lane",
     "reduce_lane_snapshot",
 ]

@@ -16,7 +16,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 from harness.context import Context
-from harness.runtime.errors import HarnessFault
+from harness.errors import HarnessError
+from harness.runtime.errors import HarnessFault, WatchOverflow
 from harness.runtime.events import EventDelivery, HandlerError, HarnessEvent, event_lane
 
 Listener = Callable[[HarnessEvent, Context], Awaitable[None] | None]
@@ -32,23 +33,33 @@ def isolated(event: HarnessEvent) -> HarnessEvent:
 class Watcher:
     """A buffer of the deliveries bound to one lane watch, read by `LaneWatch` iteration."""
 
-    def __init__(self, lane: str) -> None:
+    def __init__(self, lane: str, limit: int) -> None:
         self.lane = lane
+        self.limit = limit
         self._buffer: deque[EventDelivery] = deque()
         self._wakeup = asyncio.Event()
         self._ended = False
-        self._fault: HarnessFault | None = None
+        self._fault: HarnessError | None = None
 
     def wants(self, event: HarnessEvent) -> bool:
         lane = event_lane(event)
         return lane is None or lane == self.lane
 
-    def push(self, delivery: EventDelivery) -> None:
-        if not self._ended:
-            self._buffer.append(delivery)
-            self._wakeup.set()
+    def push(self, delivery: EventDelivery) -> bool:
+        """Buffer `delivery`; False when the reader has fallen `limit` events behind: the watch
+        then ends with `WatchOverflow` (its buffer is dropped: a new snapshot replaces it)."""
+        if self._ended:
+            return True
+        if len(self._buffer) >= self.limit:
+            self._buffer.clear()
+            self.end(WatchOverflow(f"the watch of lane {self.lane} fell {self.limit} events behind; watch again",
+                                   lane=self.lane, limit=self.limit))
+            return False
+        self._buffer.append(delivery)
+        self._wakeup.set()
+        return True
 
-    def end(self, fault: HarnessFault | None = None) -> None:
+    def end(self, fault: HarnessError | None = None) -> None:
         """Stop after the buffered deliveries; with `fault`, iteration then raises it."""
         if not self._ended:
             self._ended, self._fault = True, fault
@@ -106,8 +117,8 @@ class EventBus:
 
         return unsubscribe
 
-    def add_watcher(self, lane: str) -> Watcher:
-        watcher = Watcher(lane)
+    def add_watcher(self, lane: str, limit: int) -> Watcher:
+        watcher = Watcher(lane, limit)
         self._watchers.append(watcher)
         return watcher
 
@@ -125,10 +136,11 @@ class EventBus:
             # One copy here cuts the batch loose from the projection; each watcher copies again
             # when it reads, off the session line.
             shared = [EventDelivery(isolated(event), context) for event in events]
-            for watcher in self._watchers:
+            for watcher in list(self._watchers):
                 for delivery in shared:
-                    if watcher.wants(delivery.event):
-                        watcher.push(delivery)
+                    if watcher.wants(delivery.event) and not watcher.push(delivery):
+                        self._watchers.remove(watcher)
+                        break
         if not self._listeners or not events:
             delivered.set_result(None)
             return delivered

@@ -87,3 +87,10 @@ class NothingToCompact(HarnessError):
     """The branch has nothing before its newest messages to summarize; nothing was written."""
 
     code = "nothing_to_compact"
+
+
+class WatchOverflow(HarnessError):
+    """A watch's reader fell too far behind (`AgentHarnessOptions.watch_buffer_limit` events):
+    the watch ended; take a new one (a fresh snapshot) to go on."""
+
+    code = "watch_overflow"

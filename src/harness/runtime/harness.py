@@ -53,6 +53,7 @@ class AgentHarnessOptions:
     system_prompt: str | None = None
     drive: DriveSettings = field(default_factory=DriveSettings)
     hooks: RunHooks = field(default_factory=RunHooks)
+    watch_buffer_limit: int = 100_000  # events a watch may hold unread before it ends (WatchOverflow)
 
 
 class AgentHarness:

@@ -109,7 +109,8 @@ class AbortRequest:
 class LaneWatch:
     """A watch of one lane: `snapshot`, then every event committed after it, each with the Context
     of the call that emitted it (HA-7, HA-13). Iterate with `async for`; `close()` stops it. Harness
-    close ends iteration; a harness fault raises `HarnessFault` after the buffered events."""
+    close ends iteration; a harness fault raises `HarnessFault` after the buffered events; a reader
+    that falls `watch_buffer_limit` events behind gets `WatchOverflow` and must watch again."""
 
     def __init__(self, snapshot: LaneSnapshot, watcher: Watcher, close: Callable[[Watcher], None]) -> None:
         self.snapshot = snapshot
@@ -632,7 +633,7 @@ class Lane:
         async def plan(m: SessionMutator) -> Decision[LaneWatch]:
             # Register and clone without yielding: a batch emitted before this point is in the
             # snapshot, one emitted after it is in the buffer (HA-13).
-            watcher = bus.add_watcher(self.name)
+            watcher = bus.add_watcher(self.name, self._harness.options.watch_buffer_limit)
             live = self._presentation.clone()
             try:
                 snapshot = await capture_snapshot(m, self._view(), live, context)
