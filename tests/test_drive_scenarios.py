@@ -80,6 +80,7 @@ from harness.runtime.events import (
     RunSuspend,
     ToolEnd,
     ToolStart,
+    TurnEnd,
     TurnStart,
     UsageRecorded,
 )
@@ -1402,3 +1403,23 @@ async def test_transform_context_receives_errored_and_aborted_replies(store: Sto
     assert shape(last) == ["user:first", "assistant:Half a thought", "user:second", "assistant:Cut ", "user:third"]
     assert [m.stop_reason for m in assistants(last)] == ["error", "aborted"]
     assert shape(rig.requests()[-1]) == ["user:first", "user:second", "user:third"]
+
+
+async def test_turn_end_carries_every_result_of_a_batch_placed_over_several_commits(
+    store: Store, ctx: Context
+) -> None:
+    """Parallel results are placed as their prefix completes, in separate commits here; the
+    batch's `turn_end` still lists all of them, in source order."""
+    probe = ProbeTool()
+    late = probe.gate("b")
+    rig = await start_rig(store, ctx, [reply(tool_call("probe", {"key": "a"}), tool_call("probe", {"key": "b"})),
+                                       "done"], tools=[probe.tool])
+    driving = asyncio.ensure_future(rig.lane.prompt("go", None, ctx))
+    await within(rig.events.wait_for(ToolEnd, lambda e: e.result.content[0].text == "probe:a"))  # type: ignore[union-attr]
+    late.set()
+
+    settled = await within(driving)
+
+    assert isinstance(settled, Settled)
+    [turn] = [e for e in rig.events.of(TurnEnd) if e.tool_results]
+    assert [r.content[0].text for r in turn.tool_results] == ["probe:a", "probe:b"]  # type: ignore[union-attr]

@@ -64,7 +64,7 @@ from harness.runtime.events import (
     UsageRecorded,
 )
 from harness.runtime.fault_points import FaultPoint, reached
-from harness.runtime.lane import Decision, entry_payload, payload_of
+from harness.runtime.lane import Decision, Placement, payload_of, pending_payload
 from harness.runtime.snapshot import LanePresentation, frames_message, queued_item
 from harness.runtime.summary import (
     BRANCH_SUMMARY_REQUEST,
@@ -83,11 +83,9 @@ from harness.session import (
     CancelRequested,
     CommitResult,
     CompactionPayload,
-    CustomMessagePayload,
     DeferredEffectPending,
     DeferredSuspended,
     Entry,
-    EntryPayload,
     FailureDrain,
     FailureProvenance,
     GenerationContext,
@@ -303,31 +301,23 @@ class RunDriver:
             if not items and not extra:
                 return Decision(False, lambda _: [])
             await lane._load_inbox(m, self.context)
-            ids, payloads = [], []
+            placement = Placement(lane._tip_id)
             for item in items:
-                pending = lane._pending[item.entry_id]
-                payloads.append(payload_of(pending.message) if pending.type == "message"
-                                else entry_payload(pending))
-                ids.append(item.entry_id)
+                placement.stage(m, item.entry_id, pending_payload(lane._pending[item.entry_id]))
             for message in extra:
-                ids.append(new_id())
-                payloads.append(payload_of(message))
-            parent = lane._tip_id
-            first_parent = parent
-            for entry_id, payload in zip(ids, payloads, strict=True):
-                parent = m.insert_entry(payload, parent_id=parent, entry_id=entry_id)
+                placement.stage(m, new_id(), payload_of(message))
             for item in items:
                 m.delete(addresses.pending_entry(item.entry_id))
             taken = {item.entry_id for item in items}
             inbox = [i for i in lane._state.inbox if i.entry_id not in taken]
             lane_state = lane._state.model_copy(update={"inbox": inbox})
-            m.set(addresses.branch_tip(lane.name), parent)
+            m.set(addresses.branch_tip(lane.name), placement.tip)
             m.set(addresses.lane_state(lane.name), lane_state)
-            projects = any(p.type in ("message", "custom_message") for p in payloads)
+            projects = any(payload.type in ("message", "custom_message") for _, payload, _ in placement.staged)
 
             def after(result: CommitResult | None) -> Sequence[HarnessEvent]:
-                lane._tip_id, lane._state = parent, lane_state
-                events = lane._placed(ids, payloads, first_parent, result)
+                lane._tip_id, lane._state = placement.tip, lane_state
+                events = placement.events(lane.name, result)
                 for entry_id in taken:
                     lane._pending.pop(entry_id, None)
                 if items:
@@ -734,17 +724,16 @@ class RunDriver:
         usage_id = intent.usage_id
         assert usage_id is not None
 
+        placement = Placement(parent)
+
         def stage(m: SessionMutator) -> None:
-            m.insert_entry(payload, parent_id=parent, entry_id=entry_id)
+            placement.stage(m, entry_id, payload)
             m.insert_usage(message.usage, usage_id=usage_id, entry_id=entry_id)
             m.set(addresses.branch_tip(lane.name), entry_id)
 
         def events(commit: CommitResult | None) -> Sequence[HarnessEvent]:
-            assert commit is not None
             lane._tip_id = entry_id
-            entry = Entry(id=entry_id, parent_id=parent, seq=commit.seqs[0], timestamp=commit.timestamp,
-                          payload=payload)
-            return [EntryAdded(lane=lane.name, entry=entry),
+            return [*placement.events(lane.name, commit),
                     UsageRecorded(lane=lane.name, usage_id=usage_id, usage=message.usage, entry_id=entry_id),
                     CompactionEnd(lane=lane.name, operation_id=self.operation_id, reason=_reason(task),
                                   status="completed", entry_id=entry_id)]
@@ -946,20 +935,14 @@ class RunDriver:
             await lane._load_inbox(m, self.context, [*drained_steer, *drained_follow])
             if stage is not None:
                 stage(m)
-            new_tip = lane._tip_id if tip is None else tip
             # Pending writes are never stranded: whatever arrived after the last boundary is
             # placed by the terminal commit.
             writes = [item.entry_id for item in lane._state.inbox if item.kind == "write"]
-            placed_payloads: list[EntryPayload] = []
-            positions: list[int] = []
-            placed_parent = new_tip
+            placement = Placement(lane._tip_id if tip is None else tip)
             for entry_id in writes:
-                pending = lane._pending[entry_id]
-                payload = payload_of(pending.message) if pending.type == "message" else entry_payload(pending)
-                positions.append(m.staged)
-                new_tip = m.insert_entry(payload, parent_id=new_tip, entry_id=entry_id)
+                placement.stage(m, entry_id, pending_payload(lane._pending[entry_id]))
                 m.delete(addresses.pending_entry(entry_id))
-                placed_payloads.append(payload)
+            new_tip = placement.tip
             if writes:
                 m.set(addresses.branch_tip(lane.name), new_tip)
             ended_at = now_ms()
@@ -990,15 +973,7 @@ class RunDriver:
                 lane._meta = lane._operation_state = None
                 lane._state, lane._last_result, lane._tip_id = lane_state, result, new_tip
                 events: list[HarnessEvent] = list(events_before(commit)) if events_before else []
-                previous = placed_parent
-                for entry_id, payload, position in zip(writes, placed_payloads, positions, strict=True):
-                    entry = Entry(id=entry_id, parent_id=previous, seq=commit.seqs[position],
-                                  timestamp=commit.timestamp, payload=payload)
-                    if isinstance(payload, MessagePayload | CustomMessagePayload):
-                        events += [MessageStart(lane=lane.name, message=payload.message),
-                                   MessageEnd(lane=lane.name, message=payload.message, entry_id=entry_id)]
-                    events.append(EntryAdded(lane=lane.name, entry=entry))
-                    previous = entry_id
+                events += placement.events(lane.name, commit)
                 queue_changed = any(lane._pending.pop(i, None) is not None for i in removed)
                 if queue_changed:
                     events.append(lane._queue_update())

@@ -150,12 +150,3 @@ class WaitingRetry(_Outcome):
 
 
 ResumeOutcome: TypeAlias = Settled | Suspended | WaitingRetry
-
-
-@dataclass
-class DriveRequest:
-    """What one drive call asks for: whether to wait out a retry, and whether it may poll a
-    deferred reply once (`resume` may; a plain drive may not)."""
-
-    wait_for_retry: bool = True
-    poll_deferred: bool = False

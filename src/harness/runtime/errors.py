@@ -27,12 +27,6 @@ class UnknownTemplate(HarnessError):
     code = "unknown_template"
 
 
-class UnknownLaneName(HarnessError):
-    """No lane of that name exists in this session."""
-
-    code = "unknown_lane"
-
-
 class NoActiveOperation(HarnessError):
     """The call needs an open operation on the lane and there is none; nothing was written."""
 

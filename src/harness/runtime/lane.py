@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import copy
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, overload
 
 from pydantic import JsonValue, ValidationError
@@ -228,21 +228,6 @@ class Lane:
         queues, writes = queues_of(self._state.inbox, self._pending)
         return QueueUpdate(lane=self.name, queues=queues, pending_writes=writes)
 
-    def _placed(self, ids: Sequence[str], payloads: Sequence[EntryPayload], parent: str | None,
-                result: CommitResult | None) -> list[HarnessEvent]:
-        """`message_start`, `message_end`, `entry_added` per placed entry; ids are the first writes."""
-        assert result is not None
-        events: list[HarnessEvent] = []
-        for i, (entry_id, payload) in enumerate(zip(ids, payloads, strict=True)):
-            entry = Entry(id=entry_id, parent_id=parent, seq=result.seqs[i], timestamp=result.timestamp,
-                          payload=payload)
-            if isinstance(payload, MessagePayload | CustomMessagePayload):
-                events += [MessageStart(lane=self.name, message=payload.message),
-                           MessageEnd(lane=self.name, message=payload.message, entry_id=entry_id)]
-            events.append(EntryAdded(lane=self.name, entry=entry))
-            parent = entry_id
-        return events
-
     # -- acceptance (HA-16 to HA-21) ------------------------------------------------------------
 
     async def accept(self, request: RunRequest, context: Context) -> AcceptedRun:
@@ -265,11 +250,9 @@ class Lane:
             operation_id = normalized.operation_id or new_id()
             request_ids = list(normalized.entry_ids or [new_id() for _ in normalized.messages])
             await self._check_unused(m, operation_id, request_ids, context)
-            ids = [*captured, *request_ids]
-            payloads = [payload_of(message) for message in messages]
-            parent = self._tip_id
-            for entry_id, payload in zip(ids, payloads, strict=True):
-                parent = m.insert_entry(payload, parent_id=parent, entry_id=entry_id)
+            placement = Placement(self._tip_id)
+            for entry_id, message in zip([*captured, *request_ids], messages, strict=True):
+                placement.stage(m, entry_id, payload_of(message))
             for entry_id in captured:
                 m.delete(addresses.pending_entry(entry_id))
             started_at = now_ms()
@@ -277,18 +260,17 @@ class Lane:
                                  started_at=started_at, intent=RunIntent(prompt_entry_ids=request_ids))
             state = LaneState(current_operation_id=operation_id,
                               inbox=[item for item in self._state.inbox if item.kind != "next_run"])
-            m.set(addresses.branch_tip(self.name), parent)
+            m.set(addresses.branch_tip(self.name), placement.tip)
             m.set(addresses.operation_meta(operation_id), meta)
             m.set(addresses.operation_state(operation_id), RunStarting())
             m.set(addresses.lane_state(self.name), state)
-            source_tip = self._tip_id
 
             def after(result: CommitResult | None) -> list[HarnessEvent]:
-                self._tip_id, self._state, self._meta = parent, state, meta
+                self._tip_id, self._state, self._meta = placement.tip, state, meta
                 self._operation_state = RunStarting()
                 events: list[HarnessEvent] = [RunStart(lane=self.name, operation_id=operation_id, kind="run",
                                                        started_at=started_at)]
-                events += self._placed(ids, payloads, source_tip, result)
+                events += placement.events(self.name, result)
                 for entry_id in captured:
                     del self._pending[entry_id]
                 if captured:
@@ -336,14 +318,13 @@ class Lane:
             if self._state.current_operation_id is not None:
                 await self._load_inbox(m, context)
                 return self._enqueue(m, entry_id, "write", pending)
-            payload = payload_of(pending.message) if isinstance(pending, PendingMessage) else entry_payload(pending)
-            parent = self._tip_id
-            m.insert_entry(payload, parent_id=parent, entry_id=entry_id)
+            placement = Placement(self._tip_id)
+            placement.stage(m, entry_id, pending_payload(pending))
             m.set(addresses.branch_tip(self.name), entry_id)
 
             def after(result: CommitResult | None) -> list[HarnessEvent]:
                 self._tip_id = entry_id
-                return self._placed([entry_id], [payload], parent, result)
+                return placement.events(self.name, result)
 
             return Decision(entry_id, after)
 
@@ -673,8 +654,45 @@ def payload_of(message: Message) -> EntryPayload:
     return MessagePayload(message=message)
 
 
-def entry_payload(pending: PendingCustom) -> EntryPayload:
+def pending_payload(pending: PendingEntry) -> EntryPayload:
+    """The entry a queued message or custom write becomes when it is placed."""
+    if isinstance(pending, PendingMessage):
+        return payload_of(pending.message)
     return CustomPayload(custom_type=pending.custom_type, data=pending.data)
+
+
+@dataclass
+class Placement:
+    """Entries staged in one commit as a chain from `parent`, each with its index among the
+    commit's writes, so its `entry_added` carries its own seq."""
+
+    parent: str | None
+    staged: list[tuple[str, EntryPayload, int]] = field(default_factory=list)
+
+    @property
+    def tip(self) -> str | None:
+        return self.staged[-1][0] if self.staged else self.parent
+
+    def stage(self, m: SessionMutator, entry_id: str, payload: EntryPayload) -> None:
+        position = m.staged
+        m.insert_entry(payload, parent_id=self.tip, entry_id=entry_id)
+        self.staged.append((entry_id, payload, position))
+
+    def events(self, lane: str, result: CommitResult | None) -> list[HarnessEvent]:
+        """`message_start`, `message_end` (for messages) and `entry_added` per placed entry."""
+        assert result is not None or not self.staged
+        events: list[HarnessEvent] = []
+        parent = self.parent
+        for entry_id, payload, position in self.staged:
+            assert result is not None
+            entry = Entry(id=entry_id, parent_id=parent, seq=result.seqs[position], timestamp=result.timestamp,
+                          payload=payload)
+            if isinstance(payload, MessagePayload | CustomMessagePayload):
+                events += [MessageStart(lane=lane, message=payload.message),
+                           MessageEnd(lane=lane, message=payload.message, entry_id=entry_id)]
+            events.append(EntryAdded(lane=lane, entry=entry))
+            parent = entry_id
+        return events
 
 
 def _config_value(config: LaneConfig, field: str) -> JsonValue:

@@ -20,22 +20,18 @@ from pydantic import JsonValue, ValidationError
 from harness.messages import AssistantMessage, TextContent, ToolCall, ToolResultMessage
 from harness.runtime.drive_types import Block, ToolCallRequest
 from harness.runtime.events import (
-    EntryAdded,
     HarnessEvent,
-    MessageEnd,
-    MessageStart,
     ToolEnd,
     ToolStart,
     ToolUpdate,
     TurnEnd,
 )
 from harness.runtime.fault_points import FaultPoint, reached
-from harness.runtime.lane import Decision
+from harness.runtime.lane import Decision, Placement, pending_payload
 from harness.runtime.tools import AgentTool, ToolOutput
 from harness.session import (
     CancelRequested,
     CommitResult,
-    Entry,
     MayFinish,
     MessagePayload,
     NeedAssistant,
@@ -69,6 +65,7 @@ class ToolBatchRunner:
                       if name in driver.harness._tools}
         self.tasks: dict[int, asyncio.Task[None]] = {}
         self.message: AssistantMessage | None = None
+        self.placed_results: list[ToolResultMessage] = []  # every result this runner placed, for turn_end
 
     @property
     def aborting(self) -> bool:
@@ -285,19 +282,13 @@ class ToolBatchRunner:
                     break
                 ready.append(position)
             await lane._load_pending(m, [calls[i].result_entry_id for i in ready], driver.context)
-            parent, first_parent = lane._tip_id, lane._tip_id
-            placed_ids, payloads, positions = [], [], []
+            placement = Placement(lane._tip_id)
             for position in ready:
                 entry_id = calls[position].result_entry_id
-                pending = lane._pending[entry_id]
-                assert isinstance(pending, PendingMessage)
-                payload = MessagePayload.model_validate({"message": pending.message.model_dump()})
-                positions.append(m.staged)  # this insert's index among the commit's writes
-                parent = m.insert_entry(payload, parent_id=parent, entry_id=entry_id)
+                placement.stage(m, entry_id, pending_payload(lane._pending[entry_id]))
                 m.delete(addresses.pending_entry(entry_id))
                 calls[position] = calls[position].model_copy(update={"status": "completed"})
-                placed_ids.append(entry_id)
-                payloads.append(payload)
+            parent = placement.tip
             complete = all(c.status == "completed" for c in calls)
             new_state: RunTools | RunCheckpoint
             if complete:
@@ -309,7 +300,7 @@ class ToolBatchRunner:
             else:
                 new_state = state.model_copy(update={"batch": state.batch.model_copy(update={"calls": calls})})
             m.set(addresses.operation_state(driver.operation_id), new_state)
-            if placed_ids:
+            if placement.staged:
                 m.set(addresses.branch_tip(lane.name), parent)
 
             def after(commit: CommitResult | None) -> Sequence[HarnessEvent]:
@@ -319,20 +310,15 @@ class ToolBatchRunner:
                 events: list[HarnessEvent] = [ToolEnd(lane=lane.name, operation_id=driver.operation_id,
                                                       turn_id=self.batch.turn_id, tool_call_id=block.id,
                                                       result=result, terminate=final_terminate)]
-                previous = first_parent
-                for entry_id, payload, index in zip(placed_ids, payloads, positions, strict=True):
-                    entry = Entry(id=entry_id, parent_id=previous, seq=commit.seqs[index], timestamp=commit.timestamp,
-                                  payload=payload)
-                    events += [MessageStart(lane=lane.name, message=payload.message),
-                               MessageEnd(lane=lane.name, message=payload.message, entry_id=entry_id),
-                               EntryAdded(lane=lane.name, entry=entry)]
-                    previous = entry_id
+                events += placement.events(lane.name, commit)
+                for entry_id, payload, _ in placement.staged:
                     lane._pending.pop(entry_id, None)
+                    if isinstance(payload, MessagePayload) and isinstance(payload.message, ToolResultMessage):
+                        self.placed_results.append(payload.message)
                 if complete and self.message is not None:
                     events.append(TurnEnd(lane=lane.name, operation_id=driver.operation_id,
                                           turn_id=self.batch.turn_id, message=self.message,
-                                          tool_results=tuple(p.message for p in payloads
-                                                             if isinstance(p.message, ToolResultMessage))))
+                                          tool_results=tuple(self.placed_results)))
                 return events
 
             return Decision(None, after)
