@@ -233,23 +233,7 @@ class ErrorEvent(_Frozen):
     error: ProviderErrorInfo
 
 
-StreamFrame: TypeAlias = Annotated[
-    StartEvent
-    | TextStartEvent
-    | TextDeltaEvent
-    | TextEndEvent
-    | ThinkingStartEvent
-    | ThinkingDeltaEvent
-    | ThinkingEndEvent
-    | ToolCallStartEvent
-    | ToolCallDeltaEvent
-    | ToolCallEndEvent
-    | UsageEvent,
-    Field(discriminator="type"),
-]
-"""Every non-terminal event: what the runtime persists as frames while a reply streams."""
-
-StreamEvent: TypeAlias = Annotated[
+_Frames = (
     StartEvent
     | TextStartEvent
     | TextDeltaEvent
@@ -261,10 +245,13 @@ StreamEvent: TypeAlias = Annotated[
     | ToolCallDeltaEvent
     | ToolCallEndEvent
     | UsageEvent
-    | DoneEvent
-    | ErrorEvent,
-    Field(discriminator="type"),
-]
+)
+
+StreamFrame: TypeAlias = Annotated[_Frames, Field(discriminator="type")]
+"""Every non-terminal event: what the runtime persists as frames while a reply streams."""
+
+StreamEvent: TypeAlias = Annotated[_Frames | DoneEvent | ErrorEvent, Field(discriminator="type")]
+"""A frame, or the stream's one terminal event (`done` or `error`)."""
 
 
 @runtime_checkable
