@@ -3,16 +3,14 @@
 from __future__ import annotations
 
 import asyncio
-import os
 from collections.abc import Awaitable, Callable
-from pathlib import Path
 from typing import Annotated, TypeVar
 
-import platformdirs
 import typer
 
 from harness.context import Context
 from harness.errors import HarnessError
+from harness.home import harness_home
 from harness.session import Store, connect
 
 T = TypeVar("T")
@@ -29,12 +27,6 @@ StoreOption = Annotated[
     typer.Option("--store", help="Store URL (sqlite:///PATH or postgresql://...); default: SQLite under "
                  "$HARNESS_HOME.", envvar="HARNESS_STORE"),
 ]
-
-
-def harness_home() -> Path:
-    """`$HARNESS_HOME`, or the user's data directory for harness."""
-    configured = os.environ.get("HARNESS_HOME")
-    return Path(configured) if configured else Path(platformdirs.user_data_dir("harness"))
 
 
 def default_store_url() -> str:

@@ -26,7 +26,7 @@ from typing import Annotated, TextIO
 import typer
 from rich.markup import escape
 
-from harness.cli.app import StoreOption, app, harness_home, run_with_store
+from harness.cli.app import StoreOption, app, run_with_store
 from harness.cli.chat_commands import COMMANDS, ChatCommand
 from harness.cli.chat_input import Line, Terminal
 from harness.cli.chat_view import ChatView, Screen, clip, content_text
@@ -34,6 +34,7 @@ from harness.cli.config import Attached, attach_client, model_name, parse_model,
 from harness.cli.render import branch_oldest_first, entry_lines
 from harness.context import Context
 from harness.errors import HarnessError
+from harness.home import harness_home
 from harness.messages import ModelIdentity, UserMessage
 from harness.providers import ModelRegistry
 from harness.runtime import Lane, LaneBusy, NoActiveOperation, PromptRequest, ResumeOutcome, Settled

@@ -10,12 +10,13 @@ from typing import Annotated
 
 import typer
 
-from harness.cli.app import StoreOption, app, default_store_url, harness_home, run_with_store
+from harness.cli.app import StoreOption, app, default_store_url, run_with_store
 from harness.cli.config import Check, check_embedded, check_models, check_store, model_name, parse_model
 from harness.cli.render import print_branch
 from harness.cli.run import EXIT_INTERRUPTED, RunTurn, run_turn
 from harness.context import Context
 from harness.errors import HarnessError, InvalidInput
+from harness.home import harness_home
 from harness.imports import (
     ImportReport,
     export_harness_session,

@@ -53,10 +53,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import platformdirs
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from harness.errors import HarnessError, ModelUnavailable
+from harness.home import harness_home
 from harness.messages import ModelIdentity
 from harness.providers.protocol import ApiName, InputModality, Model, ModelCost, Provider
 
@@ -228,9 +228,7 @@ class ModelRegistry:
         not the documented format; nothing is half-loaded.
         """
         env = os.environ if environ is None else environ
-        if home is None:
-            home = Path(env["HARNESS_HOME"]) if env.get("HARNESS_HOME") else Path(platformdirs.user_data_dir("harness"))
-        path = home / "models.toml"
+        path = (harness_home(env) if home is None else home) / "models.toml"
         configured = _read_models_file(path) if path.exists() else []
         return cls(_with_file(BUILTIN_MODELS, configured), environ=env)
 
