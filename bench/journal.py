@@ -48,6 +48,7 @@ from urllib.parse import quote
 import psycopg
 from pydantic import JsonValue
 
+from bench.history import append_history
 from bench.timing import BLOCK, Side, alternate, per_second, percentile
 from harness.context import Context
 from harness.messages import AssistantMessage, Cost, TextContent, Usage, UserMessage
@@ -334,21 +335,9 @@ async def build_chain(store: Store, total: int, context: Context) -> tuple[Sessi
     """A session with `total` entries in one chain whose newest compaction has SCAN_TAIL entries
     after it (older compactions every 10,000 entries before it). Returns it and its tip."""
     session = await store.create_session(context)
-    newest = total - 1 - SCAN_TAIL
-    kinds = [MessagePayload(message=QUESTION), MessagePayload(message=REPLY)]
-    compaction = _compaction()
-    tip: str | None = None
-    for start in range(0, total, SCAN_BATCH):
-
-        async def job(m: SessionMutator, start: int = start, parent: str | None = tip) -> str | None:
-            for index in range(start, min(total, start + SCAN_BATCH)):
-                is_compaction = index == newest or (index < newest and index % 10_000 == 5_000)
-                parent = m.insert_entry(compaction if is_compaction else kinds[index % 2], parent_id=parent)
-            m.set(addresses.branch_tip(LANE), parent)
-            return parent
-
-        tip = await session.mutate(job, context)
-    assert tip is not None
+    tip = await append_history(session, LANE, total, newest_compaction_behind=SCAN_TAIL, batch=SCAN_BATCH,
+                               turns=[MessagePayload(message=QUESTION), MessagePayload(message=REPLY)],
+                               compaction=_compaction(), context=context)
     return session, tip
 
 

@@ -45,6 +45,7 @@ from urllib.parse import quote
 
 import psycopg
 
+from bench.history import append_history
 from bench.timing import BLOCK, Side, alternate, per_second, percentile
 from harness.context import Context
 from harness.messages import AssistantMessage, ModelIdentity, TextContent, Usage, UserMessage, now_ms
@@ -198,19 +199,9 @@ async def history_session(store: Store, total: int, context: Context) -> Session
     entries behind the tip (older ones every 10,000), built in direct commits of BUILD_BATCH."""
     session = await store.create_session(context)
     await session.create_lane(LANE, CONFIG, context)
-    newest = total - 1 - TAIL
-    kinds = [MessagePayload(message=PROMPT), MessagePayload(message=REPLY)]
-    tip: str | None = None
-    for start in range(0, total, BUILD_BATCH):
-
-        async def job(m: SessionMutator, start: int = start, parent: str | None = tip) -> str | None:
-            for index in range(start, min(total, start + BUILD_BATCH)):
-                compaction = index == newest or (index < newest and index % 10_000 == 5_000)
-                parent = m.insert_entry(SUMMARY if compaction else kinds[index % 2], parent_id=parent)
-            m.set(addresses.branch_tip(LANE), parent)
-            return parent
-
-        tip = await session.mutate(job, context)
+    await append_history(session, LANE, total, newest_compaction_behind=TAIL, batch=BUILD_BATCH,
+                         turns=[MessagePayload(message=PROMPT), MessagePayload(message=REPLY)],
+                         compaction=SUMMARY, context=context)
     return session
 
 
