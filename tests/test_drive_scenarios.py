@@ -836,7 +836,8 @@ async def test_an_active_tool_without_an_implementation_fails_the_run_in_band(st
 
 async def test_step_ceiling_aborts_a_run_that_keeps_calling_tools(store: Store, ctx: Context) -> None:
     """Issue 5 item 2: with `step_ceiling=2`, a model that always calls a tool is stopped after
-    its second step: the run settles `aborted` with cause `step_ceiling`, every call answered."""
+    its second step: the run settles `aborted` with cause `step_ceiling`, every call answered; the
+    cause reaches the settlement and its events (CE-7)."""
     probe = ProbeTool()
 
     def always_call(request: FauxRequest) -> FauxReply:

@@ -30,6 +30,7 @@ from harness.runtime import (
     UnknownTemplate,
 )
 from harness.session import (
+    CancelRequested,
     CustomMessagePayload,
     InboxItem,
     LaneState,
@@ -364,8 +365,8 @@ async def test_queues_need_an_open_operation_except_next_run(store: Store, ctx: 
 
 
 async def test_abort_request_is_durable_drains_queues_and_is_idempotent(store: Store, ctx: Context) -> None:
-    """HA-5: the abort request is committed with its cause; steer and follow-up items move into
-    it (kept stored); inventory and inspection show `aborting`; a repeat changes nothing."""
+    """HA-5, CE-7: the abort request is committed with its cause; steer and follow-up items move
+    into it (kept stored); inventory and inspection show `aborting`; a repeat changes nothing."""
     session = await new_session_with_lane(store, ctx)
     harness, _ = await attach(session, ctx)
     lane = harness.lane("main")
@@ -388,6 +389,10 @@ async def test_abort_request_is_durable_drains_queues_and_is_idempotent(store: S
     assert state is not None
     assert state.inbox == [InboxItem(entry_id=later, kind="next_run")]
     assert await harness.session.get(addresses.pending_entry(steer), ctx) is not None
+    stored = await harness.session.get(addresses.operation_state(first.operation_id), ctx)
+    assert stored is not None
+    assert isinstance(stored.control, CancelRequested)
+    assert stored.control.cause == "user_during_tool"  # the first cause stands
     with pytest.raises(NoActiveOperation):
         await (await harness_with_lane(store, ctx)).lane("main").request_abort("user", ctx)
 
