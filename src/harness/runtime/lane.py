@@ -420,7 +420,7 @@ class Lane:
         `wait_for_retry=False` returns `WaitingRetry` instead of waiting out a retry; with
         `poll_deferred` a deferred reply is fetched once. Cancelling `context` stops waiting for
         the outcome; it does not abort the run (HA-22: use `request_abort`)."""
-        from harness.runtime.drive import RunDriver
+        from harness.runtime.drive import RunDriver  # drive builds on this module: import at use
 
         async def plan(m: SessionMutator) -> Decision[RunDriver | Settled]:
             current = self._state.current_operation_id
