@@ -115,6 +115,17 @@ def test_a_server_nobody_answers_fails_the_run_naming_its_url_once_per_attempt(h
     assert all(f"cannot connect to {url}" in line for line in mentions)
 
 
+def test_a_missing_weights_file_is_refused_before_anything_is_written(home: Path, work: Path) -> None:
+    readme_models_toml(home, closed_port())
+
+    run = harness(home, work, "run", "--model", "embedded/qwen2.5-7b", "hello")
+
+    assert run.returncode == 1
+    assert "model_unavailable" in run.stderr
+    assert "no file at /models/qwen2.5-7b-instruct-q4_k_m.gguf" in run.stderr
+    assert harness(home, work, "sessions").stdout == ""
+
+
 # -- item 10: the contract with scripts ------------------------------------------------------------
 
 

@@ -154,7 +154,8 @@ def models() -> None:
 
 @app.command()
 def doctor(store: StoreOption = None) -> None:
-    """Check the store (connect, a write in a scratch session), the models configuration and the
+    """Check the store (connect, a write in a scratch session), the models configuration (the
+    default model and each model of models.toml can be called: key, weights file, server) and the
     embedded model; one line per check, exit status 1 if any failed."""
     home = harness_home()
 

@@ -19,7 +19,7 @@ from typing import Literal
 import httpx
 
 from harness.context import Context
-from harness.errors import HarnessError, InvalidInput
+from harness.errors import HarnessError, InvalidInput, ModelUnavailable
 from harness.messages import ModelIdentity, TextContent, UserMessage
 from harness.providers import (
     DoneEvent,
@@ -67,8 +67,11 @@ def model_name(identity: ModelIdentity) -> str:
 
 def usable_model(registry: ModelRegistry, identity: ModelIdentity) -> Model:
     """The model `identity` names, checked before anything runs: `ModelUnavailable` if the
-    registry has none, `MissingApiKey` if its key variable is not set."""
+    registry has none or its weights file (`path`) is not there, `MissingApiKey` if its key
+    variable is not set."""
     model = registry.model(identity)
+    if model.path is not None and not Path(model.path).expanduser().is_file():
+        raise ModelUnavailable(identity.provider, identity.model_id, reason=f"no file at {model.path}")
     if model.api_key_env is not None and registry.api_key(model) is None:
         raise MissingApiKey(f"model {model_name(identity)} needs an API key: set {model.api_key_env}",
                             model=model_name(identity), env=model.api_key_env)
