@@ -70,8 +70,8 @@ def usable_model(registry: ModelRegistry, identity: ModelIdentity) -> Model:
     registry has none or its weights file (`path`) is not there, `MissingApiKey` if its key
     variable is not set."""
     model = registry.model(identity)
-    if model.path is not None and not Path(model.path).expanduser().is_file():
-        raise ModelUnavailable(identity.provider, identity.model_id, reason=f"no file at {model.path}")
+    if (missing := _missing_weights(model)) is not None:
+        raise ModelUnavailable(identity.provider, identity.model_id, reason=missing)
     if model.api_key_env is not None and registry.api_key(model) is None:
         raise MissingApiKey(f"model {model_name(identity)} needs an API key: set {model.api_key_env}",
                             model=model_name(identity), env=model.api_key_env)
@@ -108,9 +108,15 @@ def _readiness(registry: ModelRegistry, model: Model, answers: dict[str, str | N
     url = registry.server_url(model)
     if model.api_key_env is not None and registry.api_key(model) is None:
         return Readiness(model, f"missing {model.api_key_env}")
-    if model.path is not None and not Path(model.path).expanduser().is_file():
-        return Readiness(model, f"no file at {model.path}")
+    if (missing := _missing_weights(model)) is not None:
+        return Readiness(model, missing)
     return Readiness(model, None if url is None else answers[url], url)
+
+
+def _missing_weights(model: Model) -> str | None:
+    if model.path is not None and not Path(model.path).expanduser().is_file():
+        return f"no file at {model.path}"
+    return None
 
 
 async def _probe(client: httpx.AsyncClient, url: str) -> str | None:
