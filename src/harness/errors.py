@@ -45,8 +45,9 @@ class ModelUnavailable(HarnessError):
 
     code = "model_unavailable"
 
-    def __init__(self, provider: str, model_id: str) -> None:
-        super().__init__(f"model {provider}/{model_id} is not available", provider=provider, model_id=model_id)
+    def __init__(self, provider: str, model_id: str, *, reason: str | None = None) -> None:
+        text = f"model {provider}/{model_id} is not available" + (f": {reason}" if reason else "")
+        super().__init__(text, provider=provider, model_id=model_id)
 
 
 class ToolsUnavailable(HarnessError):

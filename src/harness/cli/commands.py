@@ -11,7 +11,17 @@ from typing import Annotated
 import typer
 
 from harness.cli.app import StoreOption, app, default_store_url, run_with_store
-from harness.cli.config import Check, check_embedded, check_models, check_store, model_name, parse_model
+from harness.cli.config import (
+    Check,
+    LaneHasTools,
+    check_embedded,
+    check_model_readiness,
+    check_models,
+    check_readiness,
+    check_store,
+    model_name,
+    parse_model,
+)
 from harness.cli.render import print_branch
 from harness.cli.run import EXIT_INTERRUPTED, RunTurn, run_turn
 from harness.context import Context
@@ -63,38 +73,53 @@ def show(session_id: str, lane: str = "main", store: StoreOption = None) -> None
 
 @app.command()
 def run(
-    prompt: Annotated[str, typer.Argument(help="What to ask; - reads it from stdin.")],
+    prompt: Annotated[str | None, typer.Argument(help="What to ask; - reads it from stdin. Optional with "
+                                                      "--resume.")] = None,
     session: Annotated[str | None, typer.Option("--session", help="Continue this session (default: a new one).")]
     = None,
     model: Annotated[str | None, typer.Option(
-        "--model", help="provider/id, e.g. openai/gpt-4o (default: the lane's model, else the first configured "
-                        "model with a key, else embedded/smollm2-135m).")] = None,
+        "--model", help="provider/id, e.g. openai/gpt-4o (default: the lane's model, else models.toml's default, "
+                        "else the first built-in model with a key, else embedded/smollm2-135m).")] = None,
     yes: Annotated[bool, typer.Option("--yes", "-y", help="Allow write, edit and shell calls; without it they "
                                                            "are refused, since nobody can be asked.")] = False,
-    json_events: Annotated[bool, typer.Option("--json", help="Print every event as one JSON line on stdout.")]
+    json_events: Annotated[bool, typer.Option("--json", help="Print JSON lines on stdout: first "
+                                                             '{"type": "session", "session_id": ..., "lane": ...}, '
+                                                             "then every event.")]
     = False,
     no_tools: Annotated[bool, typer.Option("--no-tools", help="Give a new lane no tools: the model answers in "
-                                                               "text.")] = False,
+                                                               "text (refused for a lane that has tools).")] = False,
+    resume: Annotated[bool, typer.Option("--resume", help="Finish the operation left open on the lane (with "
+                                                          "--session), then send the prompt if one is given.")]
+    = False,
     lane: Annotated[str, typer.Option(help="The lane of the session to run on.")] = "main",
     store: StoreOption = None,
 ) -> None:
     """Run one turn non-interactively: stream the reply (tools work in the current directory).
 
-    Exit status: 0 completed, 1 failed, 2 aborted (Ctrl-C), 3 deferred by the provider; 130 when
-    a second Ctrl-C left without waiting."""
+    Exit status: 0 completed, 1 failed (or an error before the run), 2 a usage error, 3 deferred by
+    the provider, 4 aborted (Ctrl-C, or an abort from elsewhere); 130 when a second Ctrl-C left
+    without waiting (the run stays open: --resume finishes it)."""
+    if resume and session is None:
+        raise typer.BadParameter("--resume needs --session: a new session has nothing to resume",
+                                 param_hint="--resume")
+    if prompt is None and not resume:
+        raise typer.BadParameter("a prompt is needed (or --resume with --session)", param_hint="PROMPT")
     text = sys.stdin.read() if prompt == "-" else prompt
-    if not text.strip():
+    if text is not None and not text.strip():
         raise typer.BadParameter("the prompt is empty", param_hint="PROMPT")
     try:
         identity = parse_model(model) if model is not None else None
     except InvalidInput as error:
         raise typer.BadParameter(error.message, param_hint="--model") from error
     turn = RunTurn(prompt=text, cwd=Path.cwd(), home=harness_home(), session_id=session, lane=lane, model=identity,
-                   approve_all=yes, json_events=json_events, tools=not no_tools)
+                   approve_all=yes, json_events=json_events, tools=not no_tools, resume=resume)
 
     async def body(s: Store, context: Context) -> int:
         registry = ModelRegistry.load(home=turn.home)
-        return await run_turn(s, turn, registry, context)
+        try:
+            return await run_turn(s, turn, registry, context)
+        except LaneHasTools as error:
+            raise typer.BadParameter(error.message, param_hint="--no-tools") from error
 
     try:
         code = run_with_store(store, body)
@@ -105,8 +130,8 @@ def run(
 
 @app.command()
 def models() -> None:
-    """List the configured models (provider/id, api, context window) and the API keys they miss;
-    `*` marks the default."""
+    """List the configured models (provider/id, api, context window) and whether each can be called:
+    its key, its weights file, its server answering; `*` marks the default."""
     home = harness_home()
     try:
         registry = ModelRegistry.load(home=home)
@@ -117,18 +142,20 @@ def models() -> None:
     typer.echo(f"# {path}" + ("" if path.exists() else " (not found: built-in models only)"))
     default = registry.default_identity()
     rows = registry.configured()
+    found = asyncio.run(check_readiness(registry, [row.model for row in rows]))
     width = max(len(model_name(row.identity)) for row in rows)
-    for row in rows:
+    for row, ready in zip(rows, found, strict=True):
         mark = "*" if row.identity == default else " "
-        key = "ready" if row.model.api_key_env is None else (
-            f"key {row.model.api_key_env}" if row.key_present else f"missing {row.model.api_key_env}")
+        state = ready.problem or ("ready" if row.model.api_key_env is None else f"key {row.model.api_key_env}")
         typer.echo(f"{mark} {model_name(row.identity):<{width}}  {row.model.api:<18} "
-                   f"{row.model.context_window:>9,}  {key}")
+                   f"{row.model.context_window:>9,}  {state}")
+    typer.echo("# other model ids of openai, anthropic and the providers of models.toml work with default limits")
 
 
 @app.command()
 def doctor(store: StoreOption = None) -> None:
-    """Check the store (connect, a write in a scratch session), the models configuration and the
+    """Check the store (connect, a write in a scratch session), the models configuration (the
+    default model and each model of models.toml can be called: key, weights file, server) and the
     embedded model; one line per check, exit status 1 if any failed."""
     home = harness_home()
 
@@ -145,6 +172,8 @@ def doctor(store: StoreOption = None) -> None:
         report(await check_store(store or default_store_url(), context))
         model_checks, registry = check_models(home)
         report(model_checks)
+        if registry is not None:
+            report(await check_model_readiness(registry))
         report(await check_embedded(registry or ModelRegistry(), context))
         return failed
 

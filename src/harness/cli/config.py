@@ -16,8 +16,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+import httpx
+
 from harness.context import Context
-from harness.errors import HarnessError, InvalidInput
+from harness.errors import HarnessError, InvalidInput, ModelUnavailable
 from harness.messages import ModelIdentity, TextContent, UserMessage
 from harness.providers import (
     DoneEvent,
@@ -27,7 +29,7 @@ from harness.providers import (
     ProviderRequest,
     StreamOptions,
 )
-from harness.providers.models import EMBEDDED_IDENTITY
+from harness.providers.models import BUILTIN_MODELS, EMBEDDED_IDENTITY
 from harness.runtime import AgentHarness, AgentHarnessOptions, Lane, LaneConfig, Listener, OpenOperation
 from harness.runtime.drive_types import DriveSettings, RunHooks
 from harness.session import Session, SessionMutator, SessionNotFound, Store, addresses, connect, value_address
@@ -40,6 +42,13 @@ class MissingApiKey(HarnessError):
     """The chosen model needs an API key that is not in the environment; details `{model, env}`."""
 
     code = "missing_api_key"
+
+
+class LaneHasTools(HarnessError):
+    """No tools were asked for a lane that already has active tools (a lane's tools are its own
+    setting, kept across runs); details `{lane, tools}`. Nothing was written."""
+
+    code = "lane_has_tools"
 
 
 def parse_model(spec: str) -> ModelIdentity:
@@ -58,12 +67,64 @@ def model_name(identity: ModelIdentity) -> str:
 
 def usable_model(registry: ModelRegistry, identity: ModelIdentity) -> Model:
     """The model `identity` names, checked before anything runs: `ModelUnavailable` if the
-    registry has none, `MissingApiKey` if its key variable is not set."""
+    registry has none or its weights file (`path`) is not there, `MissingApiKey` if its key
+    variable is not set."""
     model = registry.model(identity)
+    if (missing := _missing_weights(model)) is not None:
+        raise ModelUnavailable(identity.provider, identity.model_id, reason=missing)
     if model.api_key_env is not None and registry.api_key(model) is None:
         raise MissingApiKey(f"model {model_name(identity)} needs an API key: set {model.api_key_env}",
                             model=model_name(identity), env=model.api_key_env)
     return model
+
+
+@dataclass(frozen=True)
+class Readiness:
+    """Whether a model can be called now. `problem` is None when it can, else why not: a missing
+    key, a weights file that is not there, or a server that did not answer."""
+
+    model: Model
+    problem: str | None
+    server: str | None = None
+    """The base URL that was asked, for a model served over HTTP with its key present."""
+
+
+PROBE_TIMEOUT_S = 2.0
+
+
+async def check_readiness(registry: ModelRegistry, models: Sequence[Model], *,
+                          timeout_s: float = PROBE_TIMEOUT_S) -> list[Readiness]:
+    """For each of `models`, in order: its key is set, its `path` (embedded weights) is a file, and
+    its server answers an HTTP GET of its base URL within `timeout_s` seconds (any status counts;
+    each server is asked once, all at the same time)."""
+    servers = {url for model in models if registry.api_key(model) is not None or model.api_key_env is None
+               if (url := registry.server_url(model)) is not None}
+    async with httpx.AsyncClient(timeout=timeout_s) as client:
+        answers = dict(zip(servers, await asyncio.gather(*(_probe(client, url) for url in servers)), strict=True))
+    return [_readiness(registry, model, answers) for model in models]
+
+
+def _readiness(registry: ModelRegistry, model: Model, answers: dict[str, str | None]) -> Readiness:
+    url = registry.server_url(model)
+    if model.api_key_env is not None and registry.api_key(model) is None:
+        return Readiness(model, f"missing {model.api_key_env}")
+    if (missing := _missing_weights(model)) is not None:
+        return Readiness(model, missing)
+    return Readiness(model, None if url is None else answers[url], url)
+
+
+def _missing_weights(model: Model) -> str | None:
+    if model.path is not None and not Path(model.path).expanduser().is_file():
+        return f"no file at {model.path}"
+    return None
+
+
+async def _probe(client: httpx.AsyncClient, url: str) -> str | None:
+    try:
+        await client.get(url)
+    except httpx.HTTPError as error:
+        return f"no answer from {url} ({type(error).__name__}: {str(error) or 'no detail'})"
+    return None
 
 
 def tool_workspace(root: Path, home: Path, model: Model | None = None) -> Workspace:
@@ -119,7 +180,8 @@ async def attach_client(
     The model is `model` when given (the lane is switched to it), else the lane's configured
     model, else the registry's default (the embedded model when no key is configured). It is
     checked before anything is written: `ModelUnavailable`, `MissingApiKey`. A new lane gets the
-    built-in tools as its active tools (none with `tools=False`). A new session is named from `name_from`. `drive`
+    built-in tools as its active tools (none with `tools=False`, which raises `LaneHasTools` for an
+    existing lane that has some). A new session is named from `name_from`. `drive`
     defaults to `DriveSettings()` (compaction fits itself to the model). Also raises
     `SessionNotFound` and `SessionOwned` (another process holds the session)."""
     session: Session | None = None
@@ -127,6 +189,11 @@ async def attach_client(
     if session_id is not None:
         session = await store.open_session(session_id, context)
         configured = await session.get(addresses.lane_config(lane), context)
+        if not tools and configured is not None and configured.active_tools:
+            raise LaneHasTools(f"lane {lane} of session {session_id} already has tools "
+                               f"({', '.join(configured.active_tools)}); a lane without tools is made when it "
+                               f"is created: leave out --no-tools, or start a new session with it",
+                               lane=lane, tools=list(configured.active_tools))
     identity = model or (configured.model if configured else registry.default_identity())
     resolved = usable_model(registry, identity)
     workspace = tool_workspace(cwd, home, resolved)
@@ -222,8 +289,28 @@ def check_models(home: Path) -> tuple[list[Check], ModelRegistry | None]:
     status: Literal["ok", "warn"] = "ok" if present else "warn"
     text = f"present: {', '.join(present) or 'none'}; missing: {', '.join(missing) or 'none'}"
     checks.append(Check("api keys", status, text))
-    checks.append(Check("default model", "ok", model_name(registry.default_identity())))
     return checks, registry
+
+
+async def check_model_readiness(registry: ModelRegistry) -> list[Check]:
+    """The default model and each model that is not built in (those of `models.toml`) can be
+    called: key, weights file, server (see `check_readiness`). A missing key warns; the rest fail."""
+    default = registry.default_identity()
+    builtin = {(model.provider, model.id) for model in BUILTIN_MODELS}
+    declared = [row.model for row in registry.configured()
+                if row.identity != default and (row.model.provider, row.model.id) not in builtin]
+    checks = []
+    for index, found in enumerate(await check_readiness(registry, [registry.model(default), *declared])):
+        identity = ModelIdentity(provider=found.model.provider, model_id=found.model.id)
+        name, label = ("default model", model_name(identity)) if index == 0 else (
+            f"model {model_name(identity)}", found.model.api)
+        if found.problem is None:
+            where = f" at {found.server}, which answers" if found.server else ""
+            checks.append(Check(name, "ok", f"{label}{where}"))
+        else:
+            status: Literal["warn", "fail"] = "warn" if found.problem.startswith("missing ") else "fail"
+            checks.append(Check(name, status, f"{label}: {found.problem}"))
+    return checks
 
 
 async def check_embedded(registry: ModelRegistry, context: Context) -> list[Check]:

@@ -1,9 +1,11 @@
 """`harness run`: one non-interactive turn on a session lane, printed as it streams or as JSON lines.
 
-Exit codes: `EXIT_COMPLETED` (0), `EXIT_FAILED` (1, also for errors before the run), `EXIT_ABORTED`
-(2: Ctrl-C requested a durable abort, cause `user`, and the run settled), `EXIT_SUSPENDED` (3: the
-provider will answer later; the operation stays open). A second Ctrl-C leaves at once, with exit
-status 130, and the operation stays open in the journal to be resumed.
+Exit codes: `EXIT_COMPLETED` (0), `EXIT_FAILED` (1, also for errors before the run), 2 for a usage
+error (typer's, e.g. a missing prompt or a bad option), `EXIT_SUSPENDED` (3: the provider will
+answer later; the operation stays open), `EXIT_ABORTED` (4: the run was aborted, by Ctrl-C or by
+another process's durable abort, and settled). A second Ctrl-C leaves at once with
+`EXIT_INTERRUPTED` (130, as a shell reports a process Ctrl-C ended), and the operation stays open
+in the journal to be resumed (`--resume`).
 """
 
 from __future__ import annotations
@@ -14,19 +16,19 @@ import json
 import os
 import signal
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
 from rich.console import Console
 from rich.markup import escape
 
-from harness.cli.config import attach_client
+from harness.cli.config import attach_client, model_name
 from harness.context import Context
 from harness.messages import AssistantMessage, ModelIdentity, TextContent, ThinkingContent
 from harness.providers import ModelRegistry
-from harness.runtime import HarnessEvent, Lane, NoActiveOperation, PromptRequest
-from harness.runtime.drive_types import Settled, Suspended
+from harness.runtime import HarnessEvent, Lane, LaneBusy, NoActiveOperation, NothingToResume, PromptRequest
+from harness.runtime.drive_types import ResumeOutcome, Settled, Suspended
 from harness.runtime.events import (
     CompactionEnd,
     CompactionStart,
@@ -45,8 +47,8 @@ from harness.tools import ApprovalPolicy, describe_call
 
 EXIT_COMPLETED = 0
 EXIT_FAILED = 1
-EXIT_ABORTED = 2
 EXIT_SUSPENDED = 3
+EXIT_ABORTED = 4
 EXIT_INTERRUPTED = 130
 
 NO_APPROVER = ("nobody can approve it in a non-interactive `harness run` (run with --yes to allow write, edit "
@@ -55,9 +57,10 @@ NO_APPROVER = ("nobody can approve it in a non-interactive `harness run` (run wi
 
 @dataclass(frozen=True)
 class RunTurn:
-    """What one `harness run` asks for."""
+    """What one `harness run` asks for: `prompt` (None only with `resume`), sent after the lane's
+    open operation is finished when `resume` is set."""
 
-    prompt: str
+    prompt: str | None
     cwd: Path
     home: Path
     session_id: str | None = None
@@ -66,6 +69,7 @@ class RunTurn:
     approve_all: bool = False
     json_events: bool = False
     tools: bool = True
+    resume: bool = False
 
 
 # -- printing -------------------------------------------------------------------------------------
@@ -76,13 +80,31 @@ def event_json(event: HarnessEvent) -> str:
     return json.dumps(event.model_dump(mode="json"), ensure_ascii=False)
 
 
+def session_json(session_id: str, lane: str) -> str:
+    """The first line `--json` prints: `{"type": "session", "session_id": ..., "lane": ...}`."""
+    return json.dumps({"type": "session", "session_id": session_id, "lane": lane}, ensure_ascii=False)
+
+
 @dataclass
 class JsonEventPrinter:
-    """A listener printing every event as one JSON line on `out`, flushed, so a reader can follow."""
+    """A listener printing every event as one JSON line on `out`, flushed, so a reader can follow.
+
+    The first line names the session (`session_json`): events that arrive before `begin` (while the
+    session is opened) are held and printed after it."""
 
     out: TextIO
+    _held: list[str] | None = field(default_factory=list)
+
+    def begin(self, session_id: str, lane: str) -> None:
+        held, self._held = self._held or [], None
+        for line in [session_json(session_id, lane), *held]:
+            self.out.write(line + "\n")
+        self.out.flush()
 
     def __call__(self, event: HarnessEvent, context: Context) -> None:
+        if self._held is not None:
+            self._held.append(event_json(event))
+            return
         self.out.write(event_json(event) + "\n")
         self.out.flush()
 
@@ -107,10 +129,9 @@ class TextPrinter:
             case MessageUpdate(message=message):
                 self._stream(message)
             case MessageEnd(message=AssistantMessage() as message):
+                # A failed reply's error is printed once, by the retry or the run's end that follows.
                 self._stream(message)
                 self._end_line()
-                if message.stop_reason == "error" and message.error_message:
-                    self.status.print(f"[red]{escape(message.error_message)}[/]")
             case ToolStart(tool_name=name, args=args):
                 self._end_line()
                 shown = describe_call(name, args if isinstance(args, dict) else {})
@@ -183,12 +204,15 @@ class TextPrinter:
 
 async def run_turn(store: Store, turn: RunTurn, registry: ModelRegistry, context: Context, *,
                    out: TextIO | None = None, status: Console | None = None) -> int:
-    """Run one turn of `turn.prompt` and return the exit code (see the module docstring).
+    """Run one turn of `turn.prompt` and return the exit code (see the module docstring); with
+    `turn.resume`, first finish the lane's open operation (its outcome is the exit code when there is
+    no prompt, or when it did not settle completed or failed).
 
     Without `approve_all`, write, edit and shell calls are blocked with a reason the model reads,
     since nobody can be asked. Ctrl-C (SIGINT) requests a durable abort with cause `user` and
     waits for settlement; a second one leaves at once. Errors before the run starts
-    (`SessionNotFound`, `ModelUnavailable`, `MissingApiKey`, `LaneBusy`, ...) are raised."""
+    (`SessionNotFound`, `ModelUnavailable`, `MissingApiKey`, `LaneHasTools`, `LaneBusy` naming
+    `--resume`, `NothingToResume`, ...) are raised."""
     out = out or sys.stdout
     status = status or Console(stderr=True, highlight=False, soft_wrap=True)
     printer = JsonEventPrinter(out) if turn.json_events else TextPrinter(out, status)
@@ -197,25 +221,56 @@ async def run_turn(store: Store, turn: RunTurn, registry: ModelRegistry, context
         store, turn.session_id, context, registry=registry, home=turn.home, cwd=turn.cwd, approval=approval,
         model=turn.model, lane=turn.lane, listeners=[printer], name_from=turn.prompt, tools=turn.tools,
     )
-    status.print(f"[dim]session {attached.harness.session.id}[/]")
+    session_id = attached.harness.session.id
+    if isinstance(printer, JsonEventPrinter):
+        printer.begin(session_id, turn.lane)
+    status.print(f"[dim]session {session_id}[/]")
+    identity = attached.lane.config.model
+    if not registry.is_listed(identity):
+        model = attached.model
+        status.print(f"[yellow]{escape(model_name(identity))} is not a listed model: using default limits "
+                     f"({model.context_window:,} tokens of context, {model.max_tokens:,} per reply); declare it "
+                     f"in models.toml to set them[/]")
     interrupt = _Interrupts(attached.lane, context, status)
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGINT, interrupt.on_signal)
+    outcome: ResumeOutcome | None = None
     try:
-        accepted = await attached.lane.accept(PromptRequest(text=turn.prompt), context)
-        await interrupt.accepted()
-        outcome = await attached.lane.drive(accepted.operation_id, context)
+        if turn.resume:
+            await interrupt.accepted()
+            try:
+                outcome = await attached.lane.resume(context)
+            except NothingToResume:
+                if turn.prompt is None:
+                    raise
+        if turn.prompt is not None and (outcome is None or _settled(outcome, "completed", "failed")):
+            try:
+                accepted = await attached.lane.accept(PromptRequest(text=turn.prompt), context)
+            except LaneBusy as error:
+                raise LaneBusy(f"{error.message}; finish it with `harness run --session {session_id} "
+                               f"{_lane_option(turn.lane)}--resume` (a prompt given as well is sent after it)",
+                               **error.details) from error
+            await interrupt.accepted()
+            outcome = await attached.lane.drive(accepted.operation_id, context)
     finally:
         loop.remove_signal_handler(signal.SIGINT)
         await interrupt.settle()
         await attached.harness.close(context)
     if isinstance(outcome, Suspended):
         status.print(f"[yellow]the provider will answer later (deferred {outcome.deferred.id}); the run stays "
-                     f"open in session {attached.harness.session.id}[/]")
+                     f"open in session {session_id}[/]")
         return EXIT_SUSPENDED
     if isinstance(outcome, Settled):
         return {"completed": EXIT_COMPLETED, "aborted": EXIT_ABORTED}.get(outcome.result.outcome, EXIT_FAILED)
     return EXIT_FAILED
+
+
+def _settled(outcome: ResumeOutcome, *outcomes: str) -> bool:
+    return isinstance(outcome, Settled) and outcome.result.outcome in outcomes
+
+
+def _lane_option(lane: str) -> str:
+    return "" if lane == "main" else f"--lane {lane} "
 
 
 class _Interrupts:

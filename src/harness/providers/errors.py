@@ -117,7 +117,9 @@ def classify_exception(error: BaseException) -> ProviderErrorInfo:
     - An error the SDK raised for an in-stream error event (no HTTP error status: the response
       was 200) is classified by its payload alone.
     - A connection, timeout or stream-read failure (the SDKs' `APIConnectionError`, their HTTP
-      client's `TransportError`, e.g. a body cut off mid-stream, or an `OSError`) is `retryable`.
+      client's `TransportError`, e.g. a body cut off mid-stream, or an `OSError`) is `retryable`;
+      its message names the URL of the request ("cannot connect to URL: ..." when no connection
+      was made, "the connection to URL failed: ..." otherwise).
     - Anything else is `context_overflow` if its text says so (a local runtime's plain exception),
       else `other` (a malformed chunk, a bug).
     """
@@ -130,7 +132,7 @@ def classify_exception(error: BaseException) -> ProviderErrorInfo:
         return info
     transport_errors = _loaded_classes(_TRANSPORTS, "TransportError")
     if isinstance(error, (*_loaded_classes(_SDKS, "APIConnectionError"), *transport_errors, OSError)):
-        return ProviderErrorInfo(kind="retryable", message=_describe(error))
+        return ProviderErrorInfo(kind="retryable", message=_describe_connection(error))
     if isinstance(error, _loaded_classes(_SDKS, "APIError")):
         return classify_error_payload(cast("SdkError", error).body)
     message = _describe(error)
@@ -198,6 +200,30 @@ def _text_of(payload: object) -> str:
         text = payload.decode(errors="replace") if isinstance(payload, bytes) else payload
         return text.strip() or "the server returned an empty error"
     return "the server returned an error without a message" if payload is None else str(payload)
+
+
+def _describe_connection(error: BaseException) -> str:
+    text = _describe(error)
+    url = _request_url(error)
+    if url is None:
+        return text
+    never_connected = _loaded_classes(_TRANSPORTS, "ConnectError") + _loaded_classes(_TRANSPORTS, "ConnectTimeout")
+    if isinstance(error, never_connected) or isinstance(error.__cause__, never_connected):
+        return f"cannot connect to {url}: {text}"
+    return f"the connection to {url} failed: {text}"
+
+
+def _request_url(error: BaseException) -> str | None:
+    """The URL (without its query) of the request `error` or its cause was sending, if it says."""
+    for candidate in (error, error.__cause__):
+        try:
+            request = getattr(candidate, "request", None)
+        except RuntimeError:  # httpx raises when the error has no request attached
+            continue
+        url = getattr(request, "url", None)
+        if url is not None:
+            return str(url).partition("?")[0]
+    return None
 
 
 def _describe(error: BaseException) -> str:

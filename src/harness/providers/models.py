@@ -4,9 +4,12 @@ A `ModelRegistry` holds built-in models (the common OpenAI and Anthropic models 
 demo model), the models of `$HARNESS_HOME/models.toml`, and any registered in code. It resolves a
 durable `ModelIdentity` to a `Model` and its `Provider` at the execution boundary only (HA-23).
 
-`models.toml` format: one table per provider under `providers`, each with an array of models.
+`models.toml` format: an optional `default`, then one table per provider under `providers`, each
+with an array of models.
 
 ```toml
+default = "groq/llama-3.3-70b-versatile"  # the default model; without it, adding a provider never changes it
+
 [providers.groq]                    # a preset: base_url, api and api_key_env come from it
 [[providers.groq.models]]
 id = "llama-3.3-70b-versatile"      # the id sent to the server (required)
@@ -40,7 +43,16 @@ server, http://localhost:8080/v1), `openrouter` (OPENROUTER_API_KEY) and `groq` 
 Settings given on a provider table also apply to that provider's built-in models (for example a
 `base_url` for `openai`), and a model whose id is built in overrides only the fields it names. The
 built-in OpenAI and Anthropic models leave `base_url` unset, so the SDKs' `OPENAI_BASE_URL` and
-`ANTHROPIC_BASE_URL` apply.
+`ANTHROPIC_BASE_URL` apply. With `OPENAI_BASE_URL` pointing anywhere but api.openai.com, the built-in
+OpenAI models use Chat Completions, which every OpenAI-compatible server speaks; `api =
+"openai-responses"` under `[providers.openai]` selects the Responses API again.
+
+The default model is `default` when the file gives it, else the first built-in model whose key is
+set, else the embedded model. A model id that no table lists is still accepted for `openai`,
+`anthropic` and every provider the file declares (except the embedded runtime, which needs a
+`path`), with the provider's settings and default limits (a 128,000-token window, 16,384 output
+tokens, text only, no thinking); `ModelRegistry.is_listed` tells them apart. Declare the model to
+give its real limits.
 """
 
 from __future__ import annotations
@@ -173,6 +185,17 @@ _DEFAULT_PROVIDERS: dict[ApiName, tuple[str, str]] = {
 take seconds to import)."""
 
 
+_OPENAI_URL = "https://api.openai.com/v1"
+_ANTHROPIC_URL = "https://api.anthropic.com"
+
+UNLISTED_MODELS: tuple[Model, ...] = (
+    Model(id="", provider="openai", api="openai-chat", api_key_env="OPENAI_API_KEY"),
+    Model(id="", provider="anthropic", api="anthropic-messages", api_key_env="ANTHROPIC_API_KEY"),
+)
+"""Templates for a model id the built-in list lacks, per provider: Chat Completions serves any
+OpenAI model that is not Responses-only; the limits are `Model`'s defaults."""
+
+
 def _default_provider(api: ApiName) -> Provider:
     module, name = _DEFAULT_PROVIDERS[api]
     provider: Provider = getattr(importlib.import_module(f"harness.providers.{module}"), name)()
@@ -200,7 +223,9 @@ class ModelRegistry:
     """Models by identity and providers by api.
 
     `models` are registered in order, a later model with the same identity replacing an earlier one
-    in place; the embedded model follows them unless they include it. `providers` maps an api to
+    in place; the embedded model follows them unless they include it. `unlisted` holds one template
+    per provider whose unlisted model ids are accepted (its `id` is replaced). `default` is the
+    default model; None picks the first built-in model whose key is set. `providers` maps an api to
     the provider serving it; apis not given get their default adapter on first use. `environ` is
     where API keys are read (default `os.environ`).
     """
@@ -209,11 +234,15 @@ class ModelRegistry:
         self,
         models: Iterable[Model] = (),
         *,
+        unlisted: Iterable[Model] = (),
+        default: ModelIdentity | None = None,
         providers: Mapping[ApiName, Provider] | None = None,
         environ: Mapping[str, str] | None = None,
     ) -> None:
         self._environ: Mapping[str, str] = os.environ if environ is None else environ
         self._models: dict[tuple[str, str], Model] = {}
+        self._unlisted = {template.provider: template for template in unlisted if template.api != "embedded"}
+        self._default = default
         self._providers: dict[ApiName, Provider] = dict(providers or {})
         for model in models:
             self.register_model(model)
@@ -224,13 +253,26 @@ class ModelRegistry:
         """The built-in models overlaid with `home/models.toml` (the module docstring gives its format).
 
         `home` defaults to `$HARNESS_HOME`, else the user's data directory for harness; a missing
-        file means built-ins only. Raises `ModelsFileInvalid` for a file that is not valid TOML or
-        not the documented format; nothing is half-loaded.
+        file means built-ins only. Raises `ModelsFileInvalid` for a file that is not valid TOML, not
+        the documented format, or whose `default` names no model; nothing is half-loaded.
         """
         env = os.environ if environ is None else environ
         path = (harness_home(env) if home is None else home) / "models.toml"
-        configured = _read_models_file(path) if path.exists() else []
-        return cls(_with_file(BUILTIN_MODELS, configured), environ=env)
+        default, configured = _read_models_file(path) if path.exists() else (None, [])
+        builtins = BUILTIN_MODELS
+        custom_url = env.get("OPENAI_BASE_URL")
+        if custom_url and "api.openai.com" not in custom_url:
+            builtins = tuple(model.model_copy(update={"api": "openai-chat"}) if model.provider == "openai" else model
+                             for model in builtins)
+        unlisted = _unlisted_templates(configured)
+        registry = cls(_with_file(builtins, configured), unlisted=unlisted, default=default, environ=env)
+        if default is not None:
+            try:
+                registry.model(default)
+            except ModelUnavailable as error:
+                problem = f"default = \"{default.provider}/{default.model_id}\" names no model: {error.message}"
+                raise ModelsFileInvalid(f"cannot read {path}: {problem}", path=str(path), problem=problem) from error
+        return registry
 
     def register_model(self, model: Model) -> None:
         """Add `model`, or replace the model with the same `{provider, id}` in place."""
@@ -241,11 +283,28 @@ class ModelRegistry:
         self._providers[api] = provider
 
     def model(self, identity: ModelIdentity) -> Model:
-        """The model `identity` names. Raises `ModelUnavailable` (HA-23) if none is configured."""
+        """The model `identity` names: a listed one, else one built from its provider's unlisted
+        template with default limits. Raises `ModelUnavailable` (HA-23) if neither exists."""
         model = self._models.get((identity.provider, identity.model_id))
-        if model is None:
-            raise ModelUnavailable(identity.provider, identity.model_id)
-        return model
+        if model is not None:
+            return model
+        template = self._unlisted.get(identity.provider)
+        if template is None:
+            provider, model_id = identity.provider, identity.model_id
+            declare = f"[[providers.{provider}.models]] id = {model_id!r}"
+            if any(known == provider for known, _ in self._models):
+                reason = f"declare it in models.toml as {declare}" + (
+                    " with the path of its GGUF file" if provider == EMBEDDED_IDENTITY.provider else "")
+            else:
+                reason = (f"no provider {provider!r} is configured; declare it in models.toml as "
+                          f"[providers.{provider}] (with a preset or an api) and {declare}")
+            raise ModelUnavailable(provider, model_id, reason=reason)
+        return template.model_copy(update={"id": identity.model_id, "name": f"{identity.model_id} (default limits)"})
+
+    def is_listed(self, identity: ModelIdentity) -> bool:
+        """Whether `identity` is a built-in, declared or registered model (its limits are known),
+        not one accepted on its provider's defaults."""
+        return (identity.provider, identity.model_id) in self._models
 
     def provider(self, model: Model) -> Provider:
         """The provider serving `model.api`: a registered one, else the default adapter (created once)."""
@@ -272,10 +331,26 @@ class ModelRegistry:
             for model in self._models.values()
         ]
 
+    def server_url(self, model: Model) -> str | None:
+        """The base URL `model`'s requests go to: its `base_url`, else the SDK's environment
+        variable or public endpoint; None for a model served in this process."""
+        if model.base_url is not None:
+            return model.base_url
+        if model.api in ("openai-chat", "openai-responses"):
+            return self._environ.get("OPENAI_BASE_URL") or _OPENAI_URL
+        if model.api == "anthropic-messages":
+            return self._environ.get("ANTHROPIC_BASE_URL") or _ANTHROPIC_URL
+        return None
+
     def default_identity(self) -> ModelIdentity:
-        """The first configured model whose key is present; the embedded model when none is."""
+        """The `default` given at construction (`models.toml`'s); else the first built-in model
+        whose key is set, so declaring a provider never changes the default by itself; else the
+        embedded model."""
+        if self._default is not None:
+            return self._default
+        builtin = {(model.provider, model.id) for model in BUILTIN_MODELS}
         for row in self.configured():
-            if row.key_present and row.identity != EMBEDDED_IDENTITY:
+            if (row.model.provider, row.model.id) in builtin and row.model.api_key_env is not None and row.key_present:
                 return row.identity
         return EMBEDDED_IDENTITY
 
@@ -310,6 +385,7 @@ class _FileProvider(BaseModel):
 class _ModelsFile(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
+    default: str | None = None
     providers: dict[str, _FileProvider] = {}
 
 
@@ -323,11 +399,18 @@ class _ConfiguredProvider:
     models: tuple[_FileModel, ...]
 
 
-def _read_models_file(path: Path) -> list[_ConfiguredProvider]:
+def _read_models_file(path: Path) -> tuple[ModelIdentity | None, list[_ConfiguredProvider]]:
     try:
         parsed = _ModelsFile.model_validate(tomllib.loads(path.read_text(encoding="utf-8")))
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError, ValidationError) as error:
         raise ModelsFileInvalid(f"cannot read {path}: {error}", path=str(path), problem=str(error)) from error
+    default = None
+    if parsed.default is not None:
+        provider, _, model_id = parsed.default.partition("/")
+        if not provider or not model_id:
+            problem = f"default is provider/id (e.g. ollama/qwen2.5:7b), not {parsed.default!r}"
+            raise ModelsFileInvalid(f"cannot read {path}: {problem}", path=str(path), problem=problem)
+        default = ModelIdentity(provider=provider, model_id=model_id)
     providers = []
     for name, entry in parsed.providers.items():
         preset = PROVIDER_PRESETS.get(entry.preset or name)
@@ -342,7 +425,7 @@ def _read_models_file(path: Path) -> list[_ConfiguredProvider]:
             "api": preset.api, "base_url": preset.base_url, "api_key_env": preset.api_key_env
         }
         providers.append(_ConfiguredProvider(name, defaults, explicit, entry.models))
-    return providers
+    return default, providers
 
 
 def _with_file(builtins: Iterable[Model], configured: list[_ConfiguredProvider]) -> list[Model]:
@@ -363,6 +446,17 @@ def _with_file(builtins: Iterable[Model], configured: list[_ConfiguredProvider])
     for key, model in builtin.items():
         models.setdefault(key, model)
     return list(models.values())
+
+
+def _unlisted_templates(configured: list[_ConfiguredProvider]) -> list[Model]:
+    """One template for unlisted model ids per provider: the built-in ones, and one for each provider
+    the file declares, with its settings over its preset's (or over the built-in template)."""
+    templates = {template.provider: template for template in UNLISTED_MODELS}
+    for provider in configured:
+        base = templates.get(provider.name)
+        start = base.model_dump() if base is not None else {"id": "", "provider": provider.name, **provider.defaults}
+        templates[provider.name] = _build(start, provider.explicit, {})
+    return list(templates.values())
 
 
 def _build(start: dict[str, Any], provider_fields: dict[str, Any], model_fields: dict[str, Any]) -> Model:

@@ -99,10 +99,26 @@ class OpenAIResponsesProvider:
 
         async def open_stream() -> openai.AsyncStream[ResponseStreamEvent]:
             client = self._clients.get(model.base_url, openai_api_key(model, options))
-            stream: openai.AsyncStream[ResponseStreamEvent] = await client.responses.create(**params)
+            try:
+                stream: openai.AsyncStream[ResponseStreamEvent] = await client.responses.create(**params)
+            except openai.NotFoundError as error:
+                if error.code == "model_not_found":
+                    raise
+                raise ResponsesApiMissing(f"{error.request.url} answered 404 (not found): "
+                                          f"{no_responses_api(model)}") from error
             return stream
 
         return stream_reply(model, context, open_stream, ResponsesStreamParser(model))
+
+
+class ResponsesApiMissing(Exception):
+    """The server has no Responses endpoint; classified as `other` (retrying cannot help)."""
+
+
+def no_responses_api(model: Model) -> str:
+    """What to say when `model`'s server does not speak the Responses API, and how to switch."""
+    return (f"this server does not offer the Responses API; to use Chat Completions, set api = \"openai-chat\" "
+            f"under [providers.{model.provider}] in models.toml")
 
 
 def build_request_params(model: Model, request: ProviderRequest, options: StreamOptions) -> dict[str, Any]:
@@ -261,7 +277,9 @@ class ResponsesStreamParser:
     - `response.completed` gives usage (cached input tokens as `cache_read`, reasoning tokens
       inside `output`) and `tool_use` or `stop`; `response.incomplete` gives `length` for
       `max_output_tokens` and an error otherwise; `response.failed` and `error` events end the
-      reply with the server's error, classified.
+      reply with the server's error, classified;
+    - a stream without a single `response.*` event (a server that does not offer the API) fails
+      as `other`, saying how to switch to Chat Completions.
     """
 
     def __init__(self, model: Model) -> None:
@@ -271,9 +289,12 @@ class ResponsesStreamParser:
         self._called = False
         self._response_id: str | None = None
         self._outcome: Outcome | None = None
+        self._spoke_responses = False
 
     def feed(self, event: ResponseStreamEvent) -> list[StreamFrame]:
         events: list[StreamFrame] = []
+        kind = getattr(event, "type", None)
+        self._spoke_responses = self._spoke_responses or (isinstance(kind, str) and kind.startswith("response."))
         match event:
             case ResponseCreatedEvent() | ResponseInProgressEvent():
                 if event.response.id != self._response_id:
@@ -320,6 +341,10 @@ class ResponsesStreamParser:
         for item in self._items.values():
             self._end_block(item, None, events)
         self._items = {}
+        if self._outcome is None and not self._spoke_responses:
+            # e.g. a Chat Completions stream served on any path: retrying cannot help.
+            message = f"the reply held no Responses API events: {no_responses_api(self._model)}"
+            return events, ProviderErrorInfo(kind="other", message=message)
         if self._outcome is None:
             return events, ProviderErrorInfo(kind="retryable", message="the stream ended before the response completed")
         return events, self._outcome
