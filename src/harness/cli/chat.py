@@ -32,6 +32,7 @@ from harness.cli.chat_input import Line, Terminal
 from harness.cli.chat_view import ChatView, Screen, clip, content_text
 from harness.cli.config import Attached, attach_client, model_name, parse_model, session_name_from
 from harness.cli.render import branch_oldest_first, entry_lines
+from harness.cli.session_refs import latest_session, resolve_session
 from harness.context import Context
 from harness.errors import HarnessError
 from harness.home import harness_home
@@ -131,7 +132,19 @@ class ChatClient:
         finally:
             if self._turn is None:
                 await self.attached.harness.close(self.context)
+        await self._say_how_to_come_back()
         return 0
+
+    async def _say_how_to_come_back(self) -> None:
+        """On leaving: a session this chat created and nothing was said in is deleted (so opening
+        and leaving a chat leaves nothing behind); any other is named, with how to continue it."""
+        session = self.attached.harness.session
+        if self.attached.created_session and not await session.read_entries(self.context, limit=1):
+            await self.store.delete_session(session.id, self.context)
+            return
+        self.screen.print(f"session [cyan]{session.id}[/] [dim]· continue it with `harness chat {session.id}` "
+                          "(or `harness chat -c`, the most recent session)[/]")
+        self.screen.drain()
 
     async def handle(self, line: Line) -> None:
         """One submitted line: a slash command, a steer or follow-up during a turn, else a prompt."""
@@ -383,7 +396,11 @@ class ChatClient:
 
 @app.command()
 def chat(
-    session: Annotated[str | None, typer.Argument(help="The session to continue; a new one when omitted.")] = None,
+    session: Annotated[str | None, typer.Argument(
+        metavar="[SESSION]", help="The session to continue (an id, a unique id prefix or its name); a new one when "
+                                  "omitted.")] = None,
+    continue_last: Annotated[bool, typer.Option(
+        "--continue", "-c", help="Continue the most recently updated session.")] = False,
     lane: Annotated[str, typer.Option(help="The lane to chat on.")] = "main",
     model: Annotated[str | None, typer.Option(
         help="provider/id, e.g. openai/gpt-4o; default: the lane's model, else the first model whose API key is "
@@ -399,8 +416,13 @@ def chat(
         typer.echo("harness chat needs a terminal; for one prompt from a script use `harness run`", err=True)
         raise typer.Exit(2)
 
+    if continue_last and session is not None:
+        raise typer.BadParameter("give a SESSION or --continue, not both", param_hint="--continue")
+
     async def body(s: Store, context: Context) -> int:
-        settings = ChatSettings(home=harness_home(), cwd=Path.cwd(), session_id=session, lane=lane,
+        session_id = (await latest_session(s, context) if continue_last
+                      else await resolve_session(s, session, context) if session is not None else None)
+        settings = ChatSettings(home=harness_home(), cwd=Path.cwd(), session_id=session_id, lane=lane,
                                 model=parse_model(model) if model else None, approve_all=yes, resume=resume)
         registry = ModelRegistry.load(home=settings.home)
         client = ChatClient(s, settings, registry, context, out=sys.stdout, color="NO_COLOR" not in os.environ)
