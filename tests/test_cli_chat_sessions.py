@@ -15,6 +15,9 @@ from harness.providers.replay import ReplayServer
 from harness.session import SessionInfo, connect
 from test_cli_chat import Chat, text_reply
 
+PROMPT = "\u203a"
+"""The idle prompt: a Ctrl-D sent before it is drawn reaches no reader."""
+
 
 @pytest.fixture
 def server() -> Iterator[ReplayServer]:
@@ -71,7 +74,10 @@ def leave_with(chat: Chat, how: str) -> int:
 def test_a_chat_left_with_nothing_said_leaves_no_session(chats: tuple[list[Chat], Path, Path],
                                                          server: ReplayServer, how: str) -> None:
     chat = start(chats, server)
-    chat.expect("\u203a")  # the prompt is up: a Ctrl-D sent before would reach no reader
+    chat.send_line("/model openai/gpt-4.1")
+    chat.expect("gpt-4.1")
+    chat.expect(PROMPT)
+    assert listed(chat.store_url) == []  # not even while the chat is open
 
     assert leave_with(chat, how) == 0
 
@@ -114,6 +120,7 @@ def test_continue_opens_the_most_recently_updated_session(chats: tuple[list[Chat
     assert leave_with(reopened, "ctrl-d") == 0
 
     continued = start(chats, server, "-c")
+    continued.expect(PROMPT)
 
     assert continued.session_id() == older != newer
     log = continued.log_path.read_text(encoding="utf-8")
@@ -130,6 +137,23 @@ def test_a_chat_session_is_given_by_its_name(chats: tuple[list[Chat], Path, Path
     assert leave_with(first, "ctrl-d") == 0
 
     by_name = start(chats, server, "plan the garden")
+    by_name.expect(PROMPT)
 
     assert by_name.session_id() == session_id
     assert leave_with(by_name, "ctrl-d") == 0
+
+
+def test_the_first_prompt_saves_the_session_with_what_was_chosen_before_it(
+        chats: tuple[list[Chat], Path, Path], server: ReplayServer) -> None:
+    server.enqueue(text_reply("Answered on 4.1."))
+    chat = start(chats, server)
+    draft_id = chat.session_id()
+    chat.send_line("/model openai/gpt-4.1")
+    chat.expect("gpt-4.1")
+
+    chat.send_line("first words")
+    chat.expect("turn completed")
+
+    assert [info.id for info in listed(chat.store_url)] == [draft_id]  # the id the header showed
+    assert server.requests[0].json()["model"] == "gpt-4.1"
+    assert leave_with(chat, "ctrl-d") == 0

@@ -39,7 +39,7 @@ from harness.home import harness_home
 from harness.messages import ModelIdentity, UserMessage
 from harness.providers import ModelRegistry
 from harness.runtime import Lane, LaneBusy, NoActiveOperation, PromptRequest, ResumeOutcome, Settled
-from harness.session import Store
+from harness.session import SessionMutator, Store, addresses, connect
 from harness.tools import ALLOW_FOR_SESSION, ALLOW_ONCE, DENY, Approval, ApprovalPolicy, ApprovalRequest, describe_call
 
 EXIT_LEFT_RUNNING = 130
@@ -84,6 +84,10 @@ class ChatClient:
         self._leave_now = False
         self._named = False
         self._background: set[asyncio.Task[None]] = set()
+        self._draft: Store | None = None
+        """A new chat's session lives in this memory store until `save_draft`, so that a chat left
+        with nothing said leaves nothing in the store."""
+        self._saved_draft_id: str | None = None
 
     # -- state ------------------------------------------------------------------------------------
 
@@ -109,6 +113,8 @@ class ChatClient:
 
     async def run(self) -> int:
         """Chat until the person leaves; returns the exit status."""
+        if self.settings.session_id is None:
+            self._draft = await connect("memory://", self.context)
         self._attached = await self._attach(self.settings.session_id, model=self.settings.model)
         try:
             await self._show_start()
@@ -136,10 +142,13 @@ class ChatClient:
         return 0
 
     async def _say_how_to_come_back(self) -> None:
-        """On leaving: a session this chat created and nothing was said in is deleted (so opening
-        and leaving a chat leaves nothing behind); any other is named, with how to continue it."""
+        """On leaving: a draft is dropped, and so is a saved session still without entries (its
+        first prompt was refused); any other session is named, with how to continue it."""
         session = self.attached.harness.session
-        if self.attached.created_session and not await session.read_entries(self.context, limit=1):
+        if self._draft is not None:
+            await self._draft.close(self.context)
+            return
+        if session.id == self._saved_draft_id and not await session.read_entries(self.context, limit=1):
             await self.store.delete_session(session.id, self.context)
             return
         self.screen.print(f"session [cyan]{session.id}[/] [dim]· continue it with `harness chat {session.id}` "
@@ -213,6 +222,7 @@ class ChatClient:
             self.view.outcome_row(outcome.result)
 
     async def _prompt(self, text: str) -> ResumeOutcome:
+        await self.save_draft()
         accepted = await self.lane.accept(PromptRequest(text=text), self.context)
         if self._abort_wanted:  # Ctrl-C came before the run existed
             await self._request_abort()
@@ -299,7 +309,8 @@ class ChatClient:
         approval = (ApprovalPolicy.allow_all() if self.settings.approve_all
                     else ApprovalPolicy(self.ask_approval))
         return await attach_client(
-            self.store, session_id, self.context, registry=self.registry, home=self.settings.home, cwd=self.cwd,
+            self._draft or self.store, session_id, self.context, registry=self.registry, home=self.settings.home,
+            cwd=self.cwd,
             approval=approval, model=model, lane=self.settings.lane, listeners=[self.view],
         )
 
@@ -315,6 +326,32 @@ class ChatClient:
             raise
         self._named = False
         self.listing = []
+
+    async def save_draft(self) -> None:
+        """Write a new chat's session to the store under the same id, with the lane settings and
+        the name chosen meanwhile, and attach to it there; nothing when it is already stored."""
+        draft = self._draft
+        if draft is None:
+            return
+        harness, lane = self.attached.harness, self.lane
+        name = await harness.session_name(self.context)
+        session = await self.store.create_session(self.context, session_id=harness.session.id)
+        await session.create_lane(lane.name, lane.config, self.context)
+        if name is not None:
+            async def keep_name(m: SessionMutator) -> None:
+                m.set(addresses.session_name(), name)
+
+            await session.mutate(keep_name, self.context)
+        self._draft = None
+        try:
+            attached = await self._attach(session.id)
+        except BaseException:
+            self._draft = draft
+            await self.store.delete_session(session.id, self.context)
+            raise
+        await harness.close(self.context)
+        await draft.close(self.context)
+        self._attached, self._saved_draft_id = attached, session.id
 
     # -- start and resume -------------------------------------------------------------------------
 
