@@ -12,6 +12,7 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
@@ -277,8 +278,9 @@ def test_abort_with_nothing_open_says_so(home: Path) -> None:
     assert f"nothing to abort: lane main of session {session_id} has no open operation" in aborted.stdout
 
 
-def test_abort_settles_a_run_a_killed_process_left_open(home: Path, server: ReplayServer) -> None:
-    """`harness abort` finishes a run whose process was killed mid-reply, with no model key set."""
+def run_killed_mid_reply(home: Path, server: ReplayServer) -> str:
+    """Start `harness run`, kill it (SIGKILL) once part of the reply is persisted as frames, and
+    return its session id."""
     hold = Hold()
     server.enqueue(chat_text("Partial, ", hold, "never sent."))
     process = subprocess.Popen([sys.executable, "-m", "harness.cli", "run", "count", "--model", "openai/gpt-4o"],
@@ -286,6 +288,10 @@ def test_abort_settles_a_run_a_killed_process_left_open(home: Path, server: Repl
                                stderr=subprocess.PIPE, text=True)
     try:
         assert hold.reached.wait(TIMEOUT_S), "the request never reached the hold"
+        deadline = time.monotonic() + TIMEOUT_S
+        while not persisted_frames(home):
+            assert time.monotonic() < deadline, "no frame was persisted"
+            time.sleep(0.05)
         process.send_signal(signal.SIGKILL)
         _, stderr = process.communicate(timeout=TIMEOUT_S)
     finally:
@@ -294,7 +300,18 @@ def test_abort_settles_a_run_a_killed_process_left_open(home: Path, server: Repl
             process.kill()
     found = re.search(r"session (\S+)", stderr)
     assert found, stderr
-    session_id = found.group(1)
+    return found.group(1)
+
+
+def persisted_frames(home: Path) -> int:
+    with sqlite3.connect(home / "harness.db") as db:
+        count: int = db.execute("SELECT count(*) FROM list_items").fetchone()[0]
+    return count
+
+
+def test_abort_settles_a_run_a_killed_process_left_open(home: Path, server: ReplayServer) -> None:
+    """`harness abort` finishes a run whose process was killed mid-reply, with no model key set."""
+    session_id = run_killed_mid_reply(home, server)
     operation_id, _ = lane_record(home, session_id)
     assert operation_id is not None
 
@@ -328,6 +345,20 @@ def test_a_run_that_fails_on_damaged_bytes_is_aborted_from_the_cli(home: Path, s
 
     assert aborted.returncode == 0, aborted.stderr
     assert aborted.stdout.strip() == f"run {operation_id} on lane main of session {session_id}: aborted (user)"
+    assert lane_record(home, session_id)[0] is None
+
+
+def test_abort_settles_a_run_whose_streamed_frames_are_damaged(home: Path, server: ReplayServer) -> None:
+    """What had streamed cannot be read back (its frames hold bytes that are not UTF-8): the abort
+    still settles, instead of failing on them and leaving the lane busy for good."""
+    session_id = run_killed_mid_reply(home, server)
+    with sqlite3.connect(home / "harness.db") as db:
+        db.execute(f"UPDATE list_items SET value = {NOT_UTF8}")
+
+    aborted = harness(home, "abort", session_id)
+
+    assert aborted.returncode == 0, aborted.stderr
+    assert aborted.stdout.strip().endswith("aborted (user)")
     assert lane_record(home, session_id)[0] is None
 
 
