@@ -310,8 +310,7 @@ class ChatClient:
                     else ApprovalPolicy(self.ask_approval))
         return await attach_client(
             self._draft or self.store, session_id, self.context, registry=self.registry, home=self.settings.home,
-            cwd=self.cwd,
-            approval=approval, model=model, lane=self.settings.lane, listeners=[self.view],
+            cwd=self.cwd, approval=approval, model=model, lane=self.settings.lane, listeners=[self.view],
         )
 
     async def switch_session(self, session_id: str) -> None:

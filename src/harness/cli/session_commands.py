@@ -69,8 +69,10 @@ def abort(
         help=f"The abort cause recorded: one of {', '.join(get_args(AbortCause))}.")] = "user",
     store: StoreOption = None,
 ) -> None:
-    """Abort a lane's open operation (a run left open by a stopped process, or one that cannot go
-    on) and settle it as aborted; no model is needed. Says so when nothing is open."""
+    """Abort a lane's open operation and settle it as aborted.
+
+    For a run a stopped process left open, or one that cannot go on (a damaged journal, a missing
+    model or key): settling needs no model. Says so, and exits 0, when nothing is open."""
     causes: tuple[AbortCause, ...] = get_args(AbortCause)
     chosen = next((known for known in causes if known == cause), None)
     if chosen is None:
