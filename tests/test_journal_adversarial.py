@@ -14,6 +14,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -642,3 +643,106 @@ async def test_concurrent_processes_keep_each_commit_contiguous(tmp_path: Path, 
         assert all(s == list(range(s[0], s[0] + 3)) for s in by_commit.values())
     finally:
         await store.close()
+
+
+# ============================================================================================
+# Bytes that are not UTF-8 (SQLite only: PostgreSQL refuses invalid UTF-8 in a text column, so
+# this damage cannot exist there; the memory store holds Python strings)
+# ============================================================================================
+
+NOT_UTF8 = "CAST(X'80ff' AS TEXT)"
+
+
+async def test_payload_bytes_that_are_not_utf8_are_storage_corruption_naming_the_row(
+    tmp_path: Path, ctx: Context
+) -> None:
+    """Regression (issue 10): a payload whose bytes are not UTF-8 made every SQLite reader raise a
+    bare sqlite3.OperationalError. Each reader now raises StorageCorruption naming the entry, the
+    record address or the usage row, and the rows around it stay readable."""
+    url = sqlite_url(tmp_path)
+    store = await connect(url, ctx)
+    session = await new_session_with_lane(store, ctx)
+    ids = await append_chain(session, ["a", "b", "c"], ctx)
+    frames = list_address("test.frames", "op")
+
+    async def job(m: SessionMutator) -> None:
+        m.set(addresses.session_name(), "damaged")
+        m.append(frames, {"page": 1})
+        m.insert_usage(Usage(input=1), usage_id="usage-1")
+
+    await session.mutate(job, ctx)
+    name = addresses.session_name()
+    with sqlite3.connect(tmp_path / "journal.db") as db:
+        db.execute(f"UPDATE entries SET payload = {NOT_UTF8} WHERE id = ?", (ids[1],))
+        db.execute(f"UPDATE record_values SET value = {NOT_UTF8} WHERE namespace = ? AND key = ?",
+                   (name.namespace, name.key))
+        db.execute(f"UPDATE list_items SET value = {NOT_UTF8} WHERE namespace = 'test.frames'")
+        db.execute(f"UPDATE usage_ledger SET usage = {NOT_UTF8} WHERE id = 'usage-1'")
+
+    entry_readers: dict[str, Callable[[], Awaitable[object]]] = {
+        "entry": lambda: session.entry(ids[1], ctx),
+        "entries": lambda: session.entries(ids, ctx),
+        "read_entries": lambda: session.read_entries(ctx),
+        "scan_branch": lambda: session.scan_branch(ids[2], lambda entry: None, ctx),
+        "read_branch": lambda: session.read_branch(ids[2], ctx),
+    }
+    for reader, read in entry_readers.items():
+        with pytest.raises(StorageCorruption) as raised:
+            await read()
+        assert raised.value.details == {"entry_id": ids[1]}, reader
+    record_readers: list[Callable[[], Awaitable[object]]] = [
+        lambda: session.get(name, ctx), lambda: session.scan_values(name, ctx)]
+    for read in record_readers:
+        with pytest.raises(StorageCorruption) as raised:
+            await read()
+        assert raised.value.details == {"address": f"{name.namespace}/{name.key}"}
+    with pytest.raises(StorageCorruption) as raised:
+        await session.read_list(frames, ctx)
+    assert raised.value.details == {"address": "test.frames/op"}
+    with pytest.raises(StorageCorruption) as raised:
+        await session.usage_ledger(ctx)
+    assert raised.value.details == {"usage_id": "usage-1"}
+    assert (await session.entry(ids[2], ctx)) is not None
+    await store.close()
+
+    with pytest.raises(StorageCorruption) as raised:
+        await connect(url, ctx, data_migrations=[DataMigration("noop-utf8", lambda payload: None)])
+    assert raised.value.details == {"entry_id": ids[1]}
+
+
+async def test_an_id_column_that_is_not_utf8_is_storage_corruption(tmp_path: Path, ctx: Context) -> None:
+    """The same damage outside a payload (here a parent id) is a typed error too, not a bare
+    sqlite3.OperationalError."""
+    store = await connect(sqlite_url(tmp_path), ctx)
+    try:
+        session = await new_session_with_lane(store, ctx)
+        ids = await append_chain(session, ["a", "b"], ctx)
+        with sqlite3.connect(tmp_path / "journal.db") as db:
+            db.execute(f"UPDATE entries SET parent_id = {NOT_UTF8} WHERE id = ?", (ids[1],))
+
+        with pytest.raises(StorageCorruption):
+            await session.entry(ids[1], ctx)
+    finally:
+        await store.close()
+
+
+async def test_a_version_1_sqlite_store_gains_updated_at_from_its_newest_entry(tmp_path: Path, ctx: Context) -> None:
+    """Schema step 2 adds `sessions.updated_at`; a store written before it gets each session's
+    newest entry time (or its creation time when it has none)."""
+    from harness.session.sqlite import SCHEMA
+
+    with sqlite3.connect(tmp_path / "journal.db") as db:
+        db.execute("CREATE TABLE schema_version (version INTEGER PRIMARY KEY, applied_at INTEGER)")
+        for statement in dict(SCHEMA)[1]:
+            db.execute(statement)
+        db.execute("INSERT INTO schema_version VALUES (1, 0)")
+        db.execute("INSERT INTO sessions (id, created_at) VALUES ('with-entries', 1000), ('empty', 2000)")
+        db.execute("INSERT INTO entries VALUES ('with-entries', 'e1', NULL, 1, 5000, 'message', NULL, '{}')")
+
+    store = await connect(sqlite_url(tmp_path), ctx)
+    try:
+        listed = {info.id: (info.created_at, info.updated_at) for info in await store.list_sessions(ctx)}
+    finally:
+        await store.close()
+
+    assert listed == {"with-entries": (1000, 5000), "empty": (2000, 2000)}

@@ -177,3 +177,26 @@ async def attach_when_released(session: Session, ctx: Context) -> SessionOwnersh
         except SessionOwned:
             await asyncio.sleep(0.05)
     return await session.attach("rival", ctx)
+
+
+async def test_a_version_1_schema_gains_updated_at_from_its_newest_entry(postgres_schema_url: str,
+                                                                         ctx: Context) -> None:
+    """Schema step 2 adds `sessions.updated_at`; a database written before it gets each session's
+    newest entry time (or its creation time when it has none)."""
+    from harness.session.postgres import SCHEMA
+
+    async with await psycopg.AsyncConnection.connect(postgres_schema_url, autocommit=True) as conn:
+        await conn.execute("CREATE TABLE schema_version (version INTEGER PRIMARY KEY, applied_at BIGINT NOT NULL)")
+        for statement in dict(SCHEMA)[1]:
+            await conn.execute(statement)
+        await conn.execute("INSERT INTO schema_version VALUES (1, 0)")
+        await conn.execute("INSERT INTO sessions (id, created_at) VALUES ('with-entries', 1000), ('empty', 2000)")
+        await conn.execute("INSERT INTO entries VALUES ('with-entries', 'e1', NULL, 1, 5000, 'message', NULL, '{}')")
+
+    store = await connect(postgres_schema_url, ctx)
+    try:
+        listed = {info.id: (info.created_at, info.updated_at) for info in await store.list_sessions(ctx)}
+    finally:
+        await store.close()
+
+    assert listed == {"with-entries": (1000, 5000), "empty": (2000, 2000)}

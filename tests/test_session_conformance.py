@@ -23,6 +23,7 @@ from harness.context import Context
 from harness.errors import ContextNotStorable
 from harness.messages import Usage
 from harness.session import (
+    CommitResult,
     CustomPayload,
     DataMigration,
     Entry,
@@ -32,6 +33,7 @@ from harness.session import (
     LaneState,
     PendingCustom,
     SessionMutator,
+    SessionNotFound,
     SessionOwned,
     StorageCorruption,
     Store,
@@ -449,6 +451,98 @@ async def test_a_second_store_cannot_claim_or_write_an_owned_session(
         await second.detach(ctx)
     finally:
         await other.close()
+
+
+# -- delete and listing ------------------------------------------------------------------------
+
+
+async def _fill(session: Any, ctx: Context) -> list[str]:
+    """Entries, values, a list (as frames are) and a usage row in `session`; returns the entry ids."""
+    ids = await append_chain(session, ["a", "b"], ctx)
+
+    async def job(m: SessionMutator) -> None:
+        m.set(addresses.session_name(), "doomed")
+        m.append(list_address("test.frames", "op"), {"page": 1})
+        m.insert_usage(Usage(input=3, output=4), entry_id=ids[-1])
+
+    await session.mutate(job, ctx)
+    return ids
+
+
+async def test_delete_session_removes_everything_it_holds_and_nothing_else(store: Store, ctx: Context) -> None:
+    doomed = await new_session_with_lane(store, ctx)
+    ids = await _fill(doomed, ctx)
+    kept = await new_session_with_lane(store, ctx)
+    kept_ids = await _fill(kept, ctx)
+
+    await store.delete_session(doomed.id, ctx)
+
+    assert [info.id for info in await store.list_sessions(ctx)] == [kept.id]
+    with pytest.raises(SessionNotFound):
+        await store.open_session(doomed.id, ctx)
+    # A new session under the same id sees none of the old rows: they are gone, not hidden.
+    reborn = await store.create_session(ctx, session_id=doomed.id)
+    assert await reborn.read_entries(ctx) == []
+    assert await reborn.entry(ids[0], ctx) is None
+    assert await reborn.lanes(ctx) == []
+    assert await reborn.get(addresses.session_name(), ctx) is None
+    assert await reborn.read_list(list_address("test.frames", "op"), ctx) == []
+    assert await reborn.usage_ledger(ctx) == []
+    assert [e.id for e in await kept.read_entries(ctx)] == kept_ids
+    assert await kept.get(addresses.session_name(), ctx) == "doomed"
+    assert len(await kept.usage_ledger(ctx)) == 1
+
+
+async def test_delete_session_is_refused_while_attached(store: Store, ctx: Context) -> None:
+    """An attached session is not deleted under its owner: `SessionOwned`, and nothing is gone."""
+    session = await new_session_with_lane(store, ctx)
+    ids = await _fill(session, ctx)
+    ownership = await session.attach("owner", ctx)
+
+    with pytest.raises(SessionOwned):
+        await store.delete_session(session.id, ctx)
+    await ownership.detach(ctx)
+
+    assert [e.id for e in await session.read_entries(ctx)] == ids
+    await store.delete_session(session.id, ctx)
+    assert await store.list_sessions(ctx) == []
+
+
+async def test_delete_session_is_refused_while_another_store_owns_it(store_url: str, store: Store,
+                                                                     ctx: Context) -> None:
+    if store_url == "memory://":
+        pytest.skip("a memory store is private to its connection")
+    session = await new_session_with_lane(store, ctx)
+    other = await connect(store_url, ctx)
+    try:
+        ownership = await (await other.open_session(session.id, ctx)).attach("elsewhere", ctx)
+        with pytest.raises(SessionOwned):
+            await store.delete_session(session.id, ctx)
+        await ownership.detach(ctx)
+        await store.delete_session(session.id, ctx)
+        assert await other.list_sessions(ctx) == []
+    finally:
+        await other.close()
+
+
+async def test_delete_of_an_unknown_session_is_session_not_found(store: Store, ctx: Context) -> None:
+    with pytest.raises(SessionNotFound):
+        await store.delete_session("no-such-session", ctx)
+
+
+async def test_a_session_keeps_when_it_was_created_and_last_updated(store: Store, ctx: Context) -> None:
+    session = await store.create_session(ctx)
+    [created] = await store.list_sessions(ctx)
+    assert created.updated_at == created.created_at
+
+    async def job(m: SessionMutator) -> CommitResult:
+        m.set(addresses.session_name(), "touched")
+        return await m.commit()
+
+    commit = await session.mutate(job, ctx)
+    [listed] = await store.list_sessions(ctx)
+    assert listed.created_at == created.created_at
+    assert listed.updated_at == commit.timestamp >= created.created_at
 
 
 # -- fork --------------------------------------------------------------------------------------

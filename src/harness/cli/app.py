@@ -53,6 +53,6 @@ def run_with_store(store_url: str | None, body: Callable[[Store, Context], Await
 
 
 def main() -> None:
-    from harness.cli import chat, commands  # noqa: F401  (registers the commands)
+    from harness.cli import chat, commands, session_commands  # noqa: F401  (registers the commands)
 
     app()

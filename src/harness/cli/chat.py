@@ -32,13 +32,14 @@ from harness.cli.chat_input import Line, Terminal
 from harness.cli.chat_view import ChatView, Screen, clip, content_text
 from harness.cli.config import Attached, attach_client, model_name, parse_model, session_name_from
 from harness.cli.render import branch_oldest_first, entry_lines
+from harness.cli.session_refs import latest_session, resolve_session
 from harness.context import Context
 from harness.errors import HarnessError
 from harness.home import harness_home
 from harness.messages import ModelIdentity, UserMessage
 from harness.providers import ModelRegistry
 from harness.runtime import Lane, LaneBusy, NoActiveOperation, PromptRequest, ResumeOutcome, Settled
-from harness.session import Store
+from harness.session import SessionMutator, Store, addresses, connect
 from harness.tools import ALLOW_FOR_SESSION, ALLOW_ONCE, DENY, Approval, ApprovalPolicy, ApprovalRequest, describe_call
 
 EXIT_LEFT_RUNNING = 130
@@ -83,6 +84,10 @@ class ChatClient:
         self._leave_now = False
         self._named = False
         self._background: set[asyncio.Task[None]] = set()
+        self._draft: Store | None = None
+        """A new chat's session lives in this memory store until `save_draft`, so that a chat left
+        with nothing said leaves nothing in the store."""
+        self._saved_draft_id: str | None = None
 
     # -- state ------------------------------------------------------------------------------------
 
@@ -108,6 +113,8 @@ class ChatClient:
 
     async def run(self) -> int:
         """Chat until the person leaves; returns the exit status."""
+        if self.settings.session_id is None:
+            self._draft = await connect("memory://", self.context)
         self._attached = await self._attach(self.settings.session_id, model=self.settings.model)
         try:
             await self._show_start()
@@ -131,7 +138,22 @@ class ChatClient:
         finally:
             if self._turn is None:
                 await self.attached.harness.close(self.context)
+        await self._say_how_to_come_back()
         return 0
+
+    async def _say_how_to_come_back(self) -> None:
+        """On leaving: a draft is dropped, and so is a saved session still without entries (its
+        first prompt was refused); any other session is named, with how to continue it."""
+        session = self.attached.harness.session
+        if self._draft is not None:
+            await self._draft.close(self.context)
+            return
+        if session.id == self._saved_draft_id and not await session.read_entries(self.context, limit=1):
+            await self.store.delete_session(session.id, self.context)
+            return
+        self.screen.print(f"session [cyan]{session.id}[/] [dim]· continue it with `harness chat {session.id}` "
+                          "(or `harness chat -c`, the most recent session)[/]")
+        self.screen.drain()
 
     async def handle(self, line: Line) -> None:
         """One submitted line: a slash command, a steer or follow-up during a turn, else a prompt."""
@@ -200,6 +222,7 @@ class ChatClient:
             self.view.outcome_row(outcome.result)
 
     async def _prompt(self, text: str) -> ResumeOutcome:
+        await self.save_draft()
         accepted = await self.lane.accept(PromptRequest(text=text), self.context)
         if self._abort_wanted:  # Ctrl-C came before the run existed
             await self._request_abort()
@@ -286,8 +309,8 @@ class ChatClient:
         approval = (ApprovalPolicy.allow_all() if self.settings.approve_all
                     else ApprovalPolicy(self.ask_approval))
         return await attach_client(
-            self.store, session_id, self.context, registry=self.registry, home=self.settings.home, cwd=self.cwd,
-            approval=approval, model=model, lane=self.settings.lane, listeners=[self.view],
+            self._draft or self.store, session_id, self.context, registry=self.registry, home=self.settings.home,
+            cwd=self.cwd, approval=approval, model=model, lane=self.settings.lane, listeners=[self.view],
         )
 
     async def switch_session(self, session_id: str) -> None:
@@ -302,6 +325,32 @@ class ChatClient:
             raise
         self._named = False
         self.listing = []
+
+    async def save_draft(self) -> None:
+        """Write a new chat's session to the store under the same id, with the lane settings and
+        the name chosen meanwhile, and attach to it there; nothing when it is already stored."""
+        draft = self._draft
+        if draft is None:
+            return
+        harness, lane = self.attached.harness, self.lane
+        name = await harness.session_name(self.context)
+        session = await self.store.create_session(self.context, session_id=harness.session.id)
+        await session.create_lane(lane.name, lane.config, self.context)
+        if name is not None:
+            async def keep_name(m: SessionMutator) -> None:
+                m.set(addresses.session_name(), name)
+
+            await session.mutate(keep_name, self.context)
+        self._draft = None
+        try:
+            attached = await self._attach(session.id)
+        except BaseException:
+            self._draft = draft
+            await self.store.delete_session(session.id, self.context)
+            raise
+        await harness.close(self.context)
+        await draft.close(self.context)
+        self._attached, self._saved_draft_id = attached, session.id
 
     # -- start and resume -------------------------------------------------------------------------
 
@@ -383,7 +432,11 @@ class ChatClient:
 
 @app.command()
 def chat(
-    session: Annotated[str | None, typer.Argument(help="The session to continue; a new one when omitted.")] = None,
+    session: Annotated[str | None, typer.Argument(
+        metavar="[SESSION]", help="The session to continue (an id, a unique id prefix or its name); a new one when "
+                                  "omitted.")] = None,
+    continue_last: Annotated[bool, typer.Option(
+        "--continue", "-c", help="Continue the most recently updated session.")] = False,
     lane: Annotated[str, typer.Option(help="The lane to chat on.")] = "main",
     model: Annotated[str | None, typer.Option(
         help="provider/id, e.g. openai/gpt-4o; default: the lane's model, else the first model whose API key is "
@@ -399,8 +452,13 @@ def chat(
         typer.echo("harness chat needs a terminal; for one prompt from a script use `harness run`", err=True)
         raise typer.Exit(2)
 
+    if continue_last and session is not None:
+        raise typer.BadParameter("give a SESSION or --continue, not both", param_hint="--continue")
+
     async def body(s: Store, context: Context) -> int:
-        settings = ChatSettings(home=harness_home(), cwd=Path.cwd(), session_id=session, lane=lane,
+        session_id = (await latest_session(s, context) if continue_last
+                      else await resolve_session(s, session, context) if session is not None else None)
+        settings = ChatSettings(home=harness_home(), cwd=Path.cwd(), session_id=session_id, lane=lane,
                                 model=parse_model(model) if model else None, approve_all=yes, resume=resume)
         registry = ModelRegistry.load(home=settings.home)
         client = ChatClient(s, settings, registry, context, out=sys.stdout, color="NO_COLOR" not in os.environ)

@@ -108,6 +108,7 @@ async def _think(client: ChatClient, argument: str) -> None:
 async def _rename(client: ChatClient, argument: str) -> None:
     if not argument:
         raise InvalidInput("/rename needs the new name")
+    await client.save_draft()  # a session worth naming is worth keeping
     await client.attached.harness.set_session_name(argument, client.context)
 
 

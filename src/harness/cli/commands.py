@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import sys
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated
 
@@ -24,6 +25,7 @@ from harness.cli.config import (
 )
 from harness.cli.render import print_branch
 from harness.cli.run import EXIT_INTERRUPTED, RunTurn, run_turn
+from harness.cli.session_refs import SessionArgument, resolve_session
 from harness.context import Context
 from harness.errors import HarnessError, InvalidInput
 from harness.home import harness_home
@@ -35,7 +37,7 @@ from harness.imports import (
     import_pi_session,
 )
 from harness.providers import ModelRegistry
-from harness.session import Store, addresses
+from harness.session import Store
 
 import_app = typer.Typer(
     name="import",
@@ -48,24 +50,11 @@ ImportFile = Annotated[Path, typer.Argument(help="The session file (JSONL) to im
 
 
 @app.command()
-def sessions(store: StoreOption = None) -> None:
-    """List the sessions in the store, oldest first."""
-
-    async def body(s: Store, context: Context) -> None:
-        for info in await s.list_sessions(context):
-            session = await s.open_session(info.id, context)
-            name = await session.get(addresses.session_name(), context) or ""
-            typer.echo(f"{info.id}  {name}")
-
-    run_with_store(store, body)
-
-
-@app.command()
-def show(session_id: str, lane: str = "main", store: StoreOption = None) -> None:
+def show(session_id: SessionArgument, lane: str = "main", store: StoreOption = None) -> None:
     """Print a session's branch readably, oldest first."""
 
     async def body(s: Store, context: Context) -> None:
-        session = await s.open_session(session_id, context)
+        session = await s.open_session(await resolve_session(s, session_id, context), context)
         await print_branch(session, lane, context)
 
     run_with_store(store, body)
@@ -116,8 +105,11 @@ def run(
 
     async def body(s: Store, context: Context) -> int:
         registry = ModelRegistry.load(home=turn.home)
+        resolved = turn
+        if turn.session_id is not None:
+            resolved = replace(turn, session_id=await resolve_session(s, turn.session_id, context))
         try:
-            return await run_turn(s, turn, registry, context)
+            return await run_turn(s, resolved, registry, context)
         except LaneHasTools as error:
             raise typer.BadParameter(error.message, param_hint="--no-tools") from error
 
@@ -182,7 +174,7 @@ def doctor(store: StoreOption = None) -> None:
 
 @app.command("export")
 def export_session(
-    session_id: str,
+    session_id: SessionArgument,
     output: Annotated[Path | None, typer.Option("--output", "-o", help="Write to this file (default: stdout).")]
     = None,
     store: StoreOption = None,
@@ -190,7 +182,7 @@ def export_session(
     """Write a session as harness JSONL (read it back with `harness import harness FILE`)."""
 
     async def body(s: Store, context: Context) -> None:
-        session = await s.open_session(session_id, context)
+        session = await s.open_session(await resolve_session(s, session_id, context), context)
         if output is None:
             report = await export_harness_session(session, sys.stdout, context)
             sys.stdout.flush()

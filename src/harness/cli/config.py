@@ -8,6 +8,7 @@ inputs, with no typer in it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib
 import importlib.util
 import time
@@ -32,7 +33,16 @@ from harness.providers import (
 from harness.providers.models import BUILTIN_MODELS, EMBEDDED_IDENTITY
 from harness.runtime import AgentHarness, AgentHarnessOptions, Lane, LaneConfig, Listener, OpenOperation
 from harness.runtime.drive_types import DriveSettings, RunHooks
-from harness.session import Session, SessionMutator, SessionNotFound, Store, addresses, connect, value_address
+from harness.session import (
+    Session,
+    SessionMutator,
+    SessionNotFound,
+    SessionOwned,
+    Store,
+    addresses,
+    connect,
+    value_address,
+)
 from harness.tools import BUILTIN_TOOL_NAMES, ApprovalPolicy, Workspace, builtin_tools, system_prompt
 
 SESSION_NAME_LIMIT = 80
@@ -233,36 +243,40 @@ class Check:
     detail: str
 
 
-DOCTOR_SESSION_ID = "harness-doctor"
-"""The scratch session `harness doctor` writes to; reused by every run, so it does not pile up."""
+LEGACY_DOCTOR_SESSION_ID = "harness-doctor"
+"""The scratch session earlier versions of `harness doctor` kept in the store; removed when found."""
 
 _DOCTOR_VALUE = value_address("cli.doctor", "last_check")
 
 
 async def check_store(store_url: str, context: Context) -> list[Check]:
-    """Connect to the store, write a value in the scratch session and read it back."""
+    """Connect to the store, write a value in a scratch session, read it back and delete the
+    session again, so the store holds nothing of doctor's afterwards."""
     try:
         store = await connect(store_url, context)
     except HarnessError as error:
         return [Check("store", "fail", f"cannot open {store_url}: {error.message}")]
     checks = [Check("store", "ok", f"connected to {store_url}")]
     try:
-        try:
-            session = await store.open_session(DOCTOR_SESSION_ID, context)
-        except SessionNotFound:
-            session = await store.create_session(context, session_id=DOCTOR_SESSION_ID)
+        with contextlib.suppress(SessionNotFound, SessionOwned):
+            await store.delete_session(LEGACY_DOCTOR_SESSION_ID, context)
+        session = await store.create_session(context)
         stamp = time.time_ns()
 
         async def write(m: SessionMutator) -> None:
             m.set(_DOCTOR_VALUE, stamp)
             m.set(addresses.session_name(), "harness doctor scratch session")
 
-        await session.mutate(write, context)
-        read = await session.get(_DOCTOR_VALUE, context)
+        try:
+            await session.mutate(write, context)
+            read = await session.get(_DOCTOR_VALUE, context)
+        finally:
+            await store.delete_session(session.id, context)
         if read != stamp:
             checks.append(Check("store write", "fail", f"wrote {stamp} and read back {read!r}"))
         else:
-            checks.append(Check("store write", "ok", f"committed and read back a value in session {session.id}"))
+            checks.append(Check("store write", "ok", "committed and read back a value in a scratch session, "
+                                                     "then deleted it"))
     except HarnessError as error:
         checks.append(Check("store write", "fail", f"[{error.code}] {error.message}"))
     finally:

@@ -100,6 +100,7 @@ from harness.session import (
     RunStarting,
     RunTools,
     SessionMutator,
+    StorageCorruption,
     SummaryPending,
     SummaryRetryWait,
     SummaryTask,
@@ -499,9 +500,7 @@ class RunDriver:
 
         partial = await lane._command(plan, self.context)
         if partial is None:
-            model = state.generation.config.model
-            return AssistantMessage(content=[], api="", provider=model.provider, model=model.model_id,
-                                    stop_reason="error", error_message=INTERRUPTED_REPLY)
+            return _nothing_streamed(state)
         return partial.model_copy(update={"stop_reason": "error", "error_message": INTERRUPTED_REPLY})
 
     async def _settle_reply(
@@ -879,7 +878,13 @@ class RunDriver:
             await ToolBatchRunner(self, state).run()
             return await self._advance() or self._settled_elsewhere()
         if isinstance(state, AssistantEffectPending | DeferredEffectPending):
-            message = (await self._interrupted_reply(state)).model_copy(update={"stop_reason": "aborted"})
+            try:
+                partial = await self._interrupted_reply(state)
+            except StorageCorruption:
+                # An abort must settle even when what had streamed cannot be read back, or a
+                # damaged frame would hold the lane for good: the reply is kept without it.
+                partial = _nothing_streamed(state)
+            message = partial.model_copy(update={"stop_reason": "aborted"})
             await self._settle_reply(state, message, None)
             return await self._advance() or self._settled_elsewhere()
         if isinstance(state, DeferredSuspended):
@@ -1041,6 +1046,13 @@ class FrameWriter:
                 return
             if not self._closing:
                 await settings.sleep(settings.frame_interval_s)
+
+
+def _nothing_streamed(state: AssistantEffectPending | DeferredEffectPending) -> AssistantMessage:
+    """The interrupted reply of a step whose streamed frames are absent (or unreadable)."""
+    model = state.generation.config.model
+    return AssistantMessage(content=[], api="", provider=model.provider, model=model.model_id,
+                            stop_reason="error", error_message=INTERRUPTED_REPLY)
 
 
 def _interruption() -> ProviderErrorInfo:

@@ -16,12 +16,14 @@ from harness.session.migrations import DataMigration
 
 @dataclass(frozen=True)
 class SessionInfo:
-    """A session's identity and provenance: where it was forked from, if anywhere."""
+    """A session's identity and provenance: where it was forked from, if anywhere. Times are Unix
+    ms; `updated_at` is when the session last committed (its creation until then)."""
 
     id: str
     created_at: int
     parent_session_id: str | None = None
     forked_from_entry_id: str | None = None
+    updated_at: int = 0
 
 
 @dataclass(frozen=True)
@@ -132,6 +134,12 @@ class Backend(Protocol):
     async def get_session(self, session_id: str, context: Context) -> SessionInfo | None: ...
 
     async def list_sessions(self, context: Context) -> list[SessionInfo]: ...
+
+    async def delete_session(self, session_id: str, context: Context) -> None:
+        """Delete the session and all it holds (entries, records, list items such as frames, usage
+        rows) in one transaction. `SessionOwned` while an owner holds it (nothing is deleted),
+        `SessionNotFound` if there is no such session."""
+        ...
 
     async def get_entries(self, session_id: str, ids: Sequence[str], context: Context) -> dict[str, EntryRow]:
         ...

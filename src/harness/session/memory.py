@@ -82,6 +82,11 @@ class MemoryBackend:
     async def list_sessions(self, context: Context) -> list[SessionInfo]:
         return sorted((s.info for s in self._sessions.values()), key=lambda i: (i.created_at, i.id))
 
+    async def delete_session(self, session_id: str, context: Context) -> None:
+        if self._session(session_id).claimed:
+            raise SessionOwned(f"session {session_id} is owned", session_id=session_id)
+        del self._sessions[session_id]
+
     async def get_entries(self, session_id: str, ids: Sequence[str], context: Context) -> dict[str, EntryRow]:
         entries = self._session(session_id).entries
         return {i: entries[i] for i in ids if i in entries}
@@ -144,6 +149,7 @@ class MemoryBackend:
         for seq, write in enumerate(writes, start=first):
             _apply(session, write, seq, timestamp)
         session.next_seq = first + len(writes)
+        session.info = replace(session.info, updated_at=timestamp)
         return CommitResult(tuple(range(first, first + len(writes))), timestamp)
 
     async def claim(self, session_id: str, context: Context) -> Claim:

@@ -102,7 +102,19 @@ SCHEMA: tuple[tuple[int, tuple[str, ...]], ...] = (
         "CREATE UNIQUE INDEX usage_by_seq ON usage_ledger (session_id, seq)",
         'CREATE TABLE data_migrations (name TEXT COLLATE "C" PRIMARY KEY, applied_at BIGINT NOT NULL)',
     )),
+    # When a session last committed, for listings and "continue the last session"; existing
+    # sessions get their newest entry's time.
+    (2, (
+        "ALTER TABLE sessions ADD COLUMN updated_at BIGINT NOT NULL DEFAULT 0",
+        "UPDATE sessions SET updated_at = greatest(created_at, coalesce("
+        "(SELECT max(timestamp) FROM entries WHERE entries.session_id = sessions.id), 0))",
+    )),
 )
+
+_SESSION_TABLES = ("entries", "record_values", "list_items", "usage_ledger")
+"""Every table that holds a session's rows besides `sessions` itself."""
+
+_SESSION_COLUMNS = "id, created_at, parent_session_id, forked_from_entry_id, updated_at"
 
 _WALK = """
 WITH RECURSIVE path(depth, id, parent_id, seq, timestamp, type, payload) AS (
@@ -177,9 +189,10 @@ class PostgresBackend:
         is taken."""
         async with self._connection() as conn, conn.transaction():
             cur = await conn.execute(
-                "INSERT INTO sessions (id, created_at, parent_session_id, forked_from_entry_id, next_seq) "
-                "VALUES (%s, %s, %s, %s, %s) ON CONFLICT (id) DO NOTHING",
-                (info.id, info.created_at, info.parent_session_id, info.forked_from_entry_id, len(writes) + 1),
+                "INSERT INTO sessions (id, created_at, parent_session_id, forked_from_entry_id, next_seq, updated_at) "
+                "VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT (id) DO NOTHING",
+                (info.id, info.created_at, info.parent_session_id, info.forked_from_entry_id, len(writes) + 1,
+                 info.updated_at),
             )
             if cur.rowcount == 0:
                 raise InvalidWrite(f"session {info.id} already exists", session_id=info.id)
@@ -190,20 +203,28 @@ class PostgresBackend:
 
     async def get_session(self, session_id: str, context: Context) -> SessionInfo | None:
         async with self._connection() as conn:
-            cur = await conn.execute(
-                "SELECT id, created_at, parent_session_id, forked_from_entry_id FROM sessions WHERE id = %s",
-                (session_id,),
-            )
+            cur = await conn.execute(f"SELECT {_SESSION_COLUMNS} FROM sessions WHERE id = %s", (session_id,))
             row = await cur.fetchone()
         return SessionInfo(*row) if row else None
 
     async def list_sessions(self, context: Context) -> list[SessionInfo]:
         async with self._connection() as conn:
-            cur = await conn.execute(
-                "SELECT id, created_at, parent_session_id, forked_from_entry_id FROM sessions "
-                "ORDER BY created_at, id"
-            )
+            cur = await conn.execute(f"SELECT {_SESSION_COLUMNS} FROM sessions ORDER BY created_at, id")
             return [SessionInfo(*r) for r in await cur.fetchall()]
+
+    async def delete_session(self, session_id: str, context: Context) -> None:
+        """Delete the session's rows in one transaction that holds its advisory lock, so no owner
+        (here or in another process) can hold it meanwhile."""
+        async with self._connection() as conn, conn.transaction():
+            cur = await conn.execute("SELECT pg_try_advisory_xact_lock(%s)", (self._lock_key(session_id),))
+            if not _scalar(await cur.fetchone()):
+                raise SessionOwned(f"session {session_id} is owned by another process or harness",
+                                   session_id=session_id)
+            cur = await conn.execute("DELETE FROM sessions WHERE id = %s", (session_id,))
+            if cur.rowcount == 0:
+                raise SessionNotFound(f"no session {session_id}", session_id=session_id)
+            for table in _SESSION_TABLES:
+                await conn.execute(f"DELETE FROM {table} WHERE session_id = %s", (session_id,))
 
     async def get_entries(self, session_id: str, ids: Sequence[str], context: Context) -> dict[str, EntryRow]:
         if not ids:
@@ -338,8 +359,8 @@ class PostgresBackend:
                 timestamp = now_ms()
                 for seq, write in enumerate(writes, start=first):
                     await _apply(conn, session_id, write, seq, timestamp)
-                await conn.execute("UPDATE sessions SET next_seq = %s WHERE id = %s",
-                                   (first + len(writes), session_id))
+                await conn.execute("UPDATE sessions SET next_seq = %s, updated_at = %s WHERE id = %s",
+                                   (first + len(writes), timestamp, session_id))
                 await pipeline.sync()
                 if self._commit_barrier is not None:
                     await self._commit_barrier()

@@ -36,7 +36,14 @@ from harness.session.backend import (
     ValueRow,
     Write,
 )
-from harness.session.errors import InvalidWrite, OwnershipLost, SessionNotFound, SessionOwned, StoreClosed
+from harness.session.errors import (
+    InvalidWrite,
+    OwnershipLost,
+    SessionNotFound,
+    SessionOwned,
+    StorageCorruption,
+    StoreClosed,
+)
 from harness.session.migrations import DataMigration
 
 T = TypeVar("T")
@@ -94,7 +101,23 @@ SCHEMA: tuple[tuple[int, tuple[str, ...]], ...] = (
         "CREATE UNIQUE INDEX usage_by_seq ON usage_ledger (session_id, seq)",
         "CREATE TABLE data_migrations (name TEXT PRIMARY KEY, applied_at INTEGER NOT NULL)",
     )),
+    # When a session last committed, for listings and "continue the last session"; existing
+    # sessions get their newest entry's time.
+    (2, (
+        "ALTER TABLE sessions ADD COLUMN updated_at INTEGER NOT NULL DEFAULT 0",
+        "UPDATE sessions SET updated_at = max(created_at, coalesce("
+        "(SELECT max(timestamp) FROM entries WHERE entries.session_id = sessions.id), 0))",
+    )),
 )
+
+_SESSION_TABLES = ("entries", "record_values", "list_items", "usage_ledger")
+"""Every table that holds a session's rows besides `sessions` itself."""
+
+_SESSION_COLUMNS = "id, created_at, parent_session_id, forked_from_entry_id, updated_at"
+# Payload columns are read as bytes and decoded here: sqlite3 would raise an untyped
+# OperationalError on bytes that are not UTF-8, naming neither the entry nor the record.
+_ENTRY_COLUMNS = "id, parent_id, seq, timestamp, type, CAST(payload AS BLOB)"
+_VALUE_COLUMNS = "namespace, key, seq, CAST(value AS BLOB)"
 
 _WALK = """
 WITH RECURSIVE path(depth, id, parent_id, seq, timestamp, type, payload) AS (
@@ -104,7 +127,7 @@ WITH RECURSIVE path(depth, id, parent_id, seq, timestamp, type, payload) AS (
     FROM path JOIN entries e ON e.session_id = :s AND e.id = path.parent_id
     WHERE path.depth + 1 < :limit AND NOT (:stop AND path.type = 'compaction')
 )
-SELECT id, parent_id, seq, timestamp, type, payload FROM path ORDER BY depth
+SELECT id, parent_id, seq, timestamp, type, CAST(payload AS BLOB) FROM path ORDER BY depth
 """
 
 
@@ -159,7 +182,14 @@ class SqliteBackend:
             # Checked on the thread too: a call queued behind close() must not meet a closed db.
             if self._closed:
                 raise StoreClosed(f"the SQLite store {self.path} is closed")
-            return fn(db)
+            try:
+                return fn(db)
+            except sqlite3.OperationalError as error:
+                # Payloads are decoded by name (`_text`); this is damage in an id or key column.
+                if not str(error).startswith("Could not decode to UTF-8"):
+                    raise
+                raise StorageCorruption(f"the SQLite store {self.path} holds a damaged row: {error}",
+                                        path=str(self.path)) from error
 
         if self._closed:
             raise StoreClosed(f"the SQLite store {self.path} is closed")
@@ -170,10 +200,10 @@ class SqliteBackend:
             with _transaction(db):
                 try:
                     db.execute(
-                        "INSERT INTO sessions (id, created_at, parent_session_id, forked_from_entry_id, next_seq) "
-                        "VALUES (?, ?, ?, ?, ?)",
+                        "INSERT INTO sessions (id, created_at, parent_session_id, forked_from_entry_id, next_seq, "
+                        "updated_at) VALUES (?, ?, ?, ?, ?, ?)",
                         (info.id, info.created_at, info.parent_session_id, info.forked_from_entry_id,
-                         len(writes) + 1),
+                         len(writes) + 1, info.updated_at),
                     )
                 except sqlite3.IntegrityError:
                     raise InvalidWrite(f"session {info.id} already exists", session_id=info.id) from None
@@ -187,23 +217,33 @@ class SqliteBackend:
 
     async def get_session(self, session_id: str, context: Context) -> SessionInfo | None:
         def run(db: sqlite3.Connection) -> SessionInfo | None:
-            row = db.execute(
-                "SELECT id, created_at, parent_session_id, forked_from_entry_id FROM sessions WHERE id = ?",
-                (session_id,),
-            ).fetchone()
+            row = db.execute(f"SELECT {_SESSION_COLUMNS} FROM sessions WHERE id = ?", (session_id,)).fetchone()
             return SessionInfo(*row) if row else None
 
         return await self._call(run)
 
     async def list_sessions(self, context: Context) -> list[SessionInfo]:
         def run(db: sqlite3.Connection) -> list[SessionInfo]:
-            rows = db.execute(
-                "SELECT id, created_at, parent_session_id, forked_from_entry_id FROM sessions "
-                "ORDER BY created_at, id"
-            ).fetchall()
+            rows = db.execute(f"SELECT {_SESSION_COLUMNS} FROM sessions ORDER BY created_at, id").fetchall()
             return [SessionInfo(*r) for r in rows]
 
         return await self._call(run)
+
+    async def delete_session(self, session_id: str, context: Context) -> None:
+        def run(db: sqlite3.Connection) -> None:
+            fd = self._lock(session_id, fcntl.LOCK_EX)
+            try:
+                with _transaction(db):
+                    if db.execute("DELETE FROM sessions WHERE id = ?", (session_id,)).rowcount == 0:
+                        raise SessionNotFound(f"no session {session_id}", session_id=session_id)
+                    for table in _SESSION_TABLES:
+                        db.execute(f"DELETE FROM {table} WHERE session_id = ?", (session_id,))
+                # Unlinked while held: a claimant that opened the old file finds no session row.
+                self._lock_path(session_id).unlink(missing_ok=True)
+            finally:
+                os.close(fd)
+
+        await self._call(run)
 
     async def get_entries(self, session_id: str, ids: Sequence[str], context: Context) -> dict[str, EntryRow]:
         wanted = list(dict.fromkeys(ids))
@@ -214,11 +254,10 @@ class SqliteBackend:
                 chunk = wanted[start:start + 500]
                 marks = ",".join("?" * len(chunk))
                 for r in db.execute(
-                    f"SELECT id, parent_id, seq, timestamp, type, payload FROM entries "
-                    f"WHERE session_id = ? AND id IN ({marks})",
+                    f"SELECT {_ENTRY_COLUMNS} FROM entries WHERE session_id = ? AND id IN ({marks})",
                     (session_id, *chunk),
                 ):
-                    found[r[0]] = EntryRow(*r)
+                    found[r[0]] = _entry_row(r)
             return found
 
         return await self._call(run)
@@ -227,24 +266,22 @@ class SqliteBackend:
         self, session_id: str, after_seq: int | None, limit: int, context: Context
     ) -> list[EntryRow]:
         params = (session_id, -1 if after_seq is None else after_seq, limit)
-        return await self._call(lambda db: [EntryRow(*r) for r in db.execute(
-            "SELECT id, parent_id, seq, timestamp, type, payload FROM entries "
-            "WHERE session_id = ? AND seq > ? ORDER BY seq LIMIT ?", params)])
+        return await self._call(lambda db: [_entry_row(r) for r in db.execute(
+            f"SELECT {_ENTRY_COLUMNS} FROM entries WHERE session_id = ? AND seq > ? ORDER BY seq LIMIT ?", params)])
 
     async def walk_branch(
         self, session_id: str, start: str, limit: int, stop_at_compaction: bool, context: Context
     ) -> list[EntryRow]:
         params = {"s": session_id, "start": start, "limit": limit, "stop": int(stop_at_compaction)}
-        return await self._call(lambda db: [EntryRow(*r) for r in db.execute(_WALK, params)])
+        return await self._call(lambda db: [_entry_row(r) for r in db.execute(_WALK, params)])
 
     async def get_value(self, session_id: str, namespace: str, key: str, context: Context) -> ValueRow | None:
         def run(db: sqlite3.Connection) -> ValueRow | None:
             row = db.execute(
-                "SELECT namespace, key, seq, value FROM record_values "
-                "WHERE session_id = ? AND namespace = ? AND key = ?",
+                f"SELECT {_VALUE_COLUMNS} FROM record_values WHERE session_id = ? AND namespace = ? AND key = ?",
                 (session_id, namespace, key),
             ).fetchone()
-            return ValueRow(*row) if row else None
+            return _value_row(row) if row else None
 
         return await self._call(run)
 
@@ -253,11 +290,11 @@ class SqliteBackend:
     ) -> list[ValueRow]:
         def run(db: sqlite3.Connection) -> list[ValueRow]:
             rows = db.execute(
-                "SELECT namespace, key, seq, value FROM record_values "
+                f"SELECT {_VALUE_COLUMNS} FROM record_values "
                 "WHERE session_id = ? AND namespace = ? AND substr(key, 1, ?) = ? ORDER BY key",
                 (session_id, namespace, len(key_prefix), key_prefix),
             )
-            return [ValueRow(*r) for r in rows]
+            return [_value_row(r) for r in rows]
 
         return await self._call(run)
 
@@ -266,11 +303,11 @@ class SqliteBackend:
     ) -> list[ValueRow]:
         def run(db: sqlite3.Connection) -> list[ValueRow]:
             rows = db.execute(
-                "SELECT namespace, key, seq, value FROM list_items "
+                f"SELECT {_VALUE_COLUMNS} FROM list_items "
                 "WHERE session_id = ? AND namespace = ? AND key = ? AND seq > ? ORDER BY seq LIMIT ?",
                 (session_id, namespace, key, after_seq if after_seq is not None else -1, limit),
             )
-            return [ValueRow(*r) for r in rows]
+            return [_value_row(r) for r in rows]
 
         return await self._call(run)
 
@@ -279,11 +316,15 @@ class SqliteBackend:
     ) -> list[UsageRowRaw]:
         def run(db: sqlite3.Connection) -> list[UsageRowRaw]:
             rows = db.execute(
-                "SELECT id, seq, entry_id, adjustment, usage, details FROM usage_ledger "
+                "SELECT id, seq, entry_id, adjustment, CAST(usage AS BLOB), CAST(details AS BLOB) FROM usage_ledger "
                 "WHERE session_id = ? AND seq > ? ORDER BY seq LIMIT ?",
                 (session_id, after_seq if after_seq is not None else -1, limit),
             )
-            return [UsageRowRaw(r[0], r[1], r[2], bool(r[3]), r[4], r[5]) for r in rows]
+            return [
+                UsageRowRaw(r[0], r[1], r[2], bool(r[3]), _text(r[4], f"usage row {r[0]}", usage_id=r[0]),
+                            None if r[5] is None else _text(r[5], f"usage row {r[0]}", usage_id=r[0]))
+                for r in rows
+            ]
 
         return await self._call(run)
 
@@ -313,7 +354,8 @@ class SqliteBackend:
             timestamp = now_ms()
             for seq, write in enumerate(writes, start=first):
                 _apply(db, session_id, write, seq, timestamp)
-            db.execute("UPDATE sessions SET next_seq = ? WHERE id = ?", (first + len(writes), session_id))
+            db.execute("UPDATE sessions SET next_seq = ?, updated_at = ? WHERE id = ?",
+                       (first + len(writes), timestamp, session_id))
             if self._commit_barrier is not None:
                 self._commit_barrier()
         return CommitResult(tuple(range(first, first + len(writes))), timestamp)
@@ -375,8 +417,10 @@ class SqliteBackend:
                 if db.execute("SELECT 1 FROM data_migrations WHERE name = ?", (migration.name,)).fetchone():
                     return False
                 changed = []
-                for session_id, entry_id, payload in db.execute("SELECT session_id, id, payload FROM entries"):
-                    new_payload = migration.apply(entry_id, payload)
+                for session_id, entry_id, raw in db.execute(
+                    "SELECT session_id, id, CAST(payload AS BLOB) FROM entries"
+                ):
+                    new_payload = migration.apply(entry_id, _text(raw, f"entry {entry_id}", entry_id=entry_id))
                     if new_payload is not None:
                         changed.append((new_payload, session_id, entry_id))
                 db.executemany("UPDATE entries SET payload = ? WHERE session_id = ? AND id = ?", changed)
@@ -414,6 +458,25 @@ def _migrate_schema(db: sqlite3.Connection) -> None:
                 for statement in statements:
                     db.execute(statement)
                 db.execute("INSERT INTO schema_version VALUES (?, ?)", (version, now_ms()))
+
+
+def _text(raw: bytes, what: str, **details: str) -> str:
+    """A payload column's bytes as text; `StorageCorruption` naming `what` if they are not UTF-8."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise StorageCorruption(f"{what} holds bytes that are not UTF-8 text ({error.reason} at byte "
+                                f"{error.start})", **details) from error
+
+
+def _entry_row(row: tuple[Any, ...]) -> EntryRow:
+    entry_id = row[0]
+    return EntryRow(entry_id, row[1], row[2], row[3], row[4], _text(row[5], f"entry {entry_id}", entry_id=entry_id))
+
+
+def _value_row(row: tuple[Any, ...]) -> ValueRow:
+    address = f"{row[0]}/{row[1]}"
+    return ValueRow(row[0], row[1], row[2], _text(row[3], f"record {address}", address=address))
 
 
 @contextmanager

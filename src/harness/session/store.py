@@ -17,6 +17,7 @@ from harness.session.backend import Backend, InsertEntry, SessionInfo, SetValue,
 from harness.session.entries import custom_type_of
 from harness.session.errors import (
     SessionNotFound,
+    SessionOwned,
     StoreClosed,
     StoreUnavailable,
     UnknownEntry,
@@ -49,7 +50,8 @@ class Store:
     async def create_session(self, context: Context, *, session_id: str | None = None) -> Session:
         """Create an empty session (no lanes yet) and return it."""
         self._check_open()
-        info = SessionInfo(id=session_id or new_id(), created_at=now_ms())
+        created = now_ms()
+        info = SessionInfo(id=session_id or new_id(), created_at=created, updated_at=created)
         await self.backend.create_session(info, context)
         return self._session(info)
 
@@ -67,6 +69,20 @@ class Store:
         """Every session, oldest first."""
         self._check_open()
         return await self.backend.list_sessions(context)
+
+    async def delete_session(self, session_id: str, context: Context) -> None:
+        """Delete the session with everything in it: entries, records (lanes, operations, pending
+        entries, frames, tool arguments, checkpoints) and usage rows, in one transaction.
+
+        Raises `SessionOwned` while a harness or any owner holds it, in this process or another
+        (nothing is deleted), and `SessionNotFound` if there is none. Sessions forked from it
+        keep their copies."""
+        self._check_open()
+        found = self._open.get(session_id)
+        if found is not None and found.owner is not None:
+            raise SessionOwned(f"session {session_id} is owned by {found.owner!r}", session_id=session_id)
+        await self.backend.delete_session(session_id, context)
+        self._open.pop(session_id, None)
 
     async def fork_session(
         self, session_id: str, entry_id: str, context: Context, *, lane: str = "main"
@@ -87,9 +103,9 @@ class Store:
         labels = dict(await source.scan_values(addresses.entry_label(""), context))
         config = await source.get(addresses.lane_config(lane), context)
 
-        info = SessionInfo(
-            id=new_id(), created_at=now_ms(), parent_session_id=session_id, forked_from_entry_id=entry_id
-        )
+        created = now_ms()
+        info = SessionInfo(id=new_id(), created_at=created, parent_session_id=session_id,
+                           forked_from_entry_id=entry_id, updated_at=created)
         writes: list[Write] = []
         for entry in reversed(path):
             custom_type = custom_type_of(entry.payload)

@@ -1,0 +1,104 @@
+"""The session commands of `harness`: `sessions`, `delete` and `abort`."""
+
+from __future__ import annotations
+
+import sys
+from datetime import datetime
+from typing import Annotated, get_args
+
+import typer
+
+from harness.cli.app import StoreOption, app, run_with_store
+from harness.cli.session_refs import SessionArgument, named_sessions, resolve_session
+from harness.context import Context
+from harness.runtime import AgentHarness, AgentHarnessOptions, NoActiveOperation, Settled
+from harness.session import AbortCause, Store, addresses
+
+
+def _when(ms: int) -> str:
+    return datetime.fromtimestamp(ms / 1000).strftime("%Y-%m-%d %H:%M")
+
+
+@app.command()
+def sessions(store: StoreOption = None) -> None:
+    """List the sessions in the store, oldest first: id, created, last updated, name."""
+
+    async def body(s: Store, context: Context) -> None:
+        listed = await named_sessions(s, context)
+        if not listed:
+            typer.echo("no sessions yet: `harness chat` or `harness run PROMPT` starts one", err=True)
+            return
+        typer.echo(f"{'SESSION':<36}  {'CREATED':<16}  {'UPDATED':<16}  NAME")
+        for info, name in listed:
+            typer.echo(f"{info.id:<36}  {_when(info.created_at)}  {_when(info.updated_at)}  {name or ''}".rstrip())
+
+    run_with_store(store, body)
+
+
+@app.command()
+def delete(
+    session: SessionArgument,
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="Delete without asking (required without a terminal).")]
+    = False,
+    store: StoreOption = None,
+) -> None:
+    """Delete a session and everything in its journal, for good (refused while a chat or run holds it)."""
+    if not yes and not sys.stdin.isatty():
+        raise typer.BadParameter("nobody can be asked without a terminal: pass --yes to delete", param_hint="--yes")
+
+    async def body(s: Store, context: Context) -> int:
+        session_id = await resolve_session(s, session, context)
+        opened = await s.open_session(session_id, context)
+        name = await opened.get(addresses.session_name(), context)
+        shown = f"{session_id} ({name})" if name else session_id
+        if not yes and not typer.confirm(f"delete session {shown} and all its entries?", default=False):
+            typer.echo("nothing deleted", err=True)
+            return 1
+        await s.delete_session(session_id, context)
+        typer.echo(f"deleted session {shown}", err=True)
+        return 0
+
+    raise typer.Exit(run_with_store(store, body))
+
+
+@app.command()
+def abort(
+    session: SessionArgument,
+    lane: Annotated[str, typer.Option(help="The lane whose open operation to abort.")] = "main",
+    cause: Annotated[str, typer.Option(
+        help=f"The abort cause recorded: one of {', '.join(get_args(AbortCause))}.")] = "user",
+    store: StoreOption = None,
+) -> None:
+    """Abort a lane's open operation and settle it as aborted.
+
+    For a run a stopped process left open, or one that cannot go on (a damaged journal, a missing
+    model or key): settling needs no model. Says so, and exits 0, when nothing is open."""
+    causes: tuple[AbortCause, ...] = get_args(AbortCause)
+    chosen = next((known for known in causes if known == cause), None)
+    if chosen is None:
+        raise typer.BadParameter(f"one of {', '.join(causes)}", param_hint="--cause")
+
+    async def body(s: Store, context: Context) -> None:
+        opened = await s.open_session(await resolve_session(s, session, context), context)
+        # No models and no tools: settling an abort answers open tool calls without running
+        # them and calls no provider, so a missing key or an unknown model cannot block it.
+        harness, _ = await AgentHarness.create(AgentHarnessOptions(session=opened), context)
+        try:
+            handle = harness.lane(lane)
+            try:
+                await handle.request_abort(chosen, context)
+            except NoActiveOperation:
+                typer.echo(f"nothing to abort: lane {lane} of session {opened.id} has no open operation")
+                return
+            outcome = await handle.resume(context)
+        finally:
+            await harness.close(context)
+        if isinstance(outcome, Settled):
+            result = outcome.result
+            why = f" ({result.abort_cause})" if result.abort_cause else ""
+            typer.echo(f"{result.kind} {result.operation_id} on lane {lane} of session {opened.id}: "
+                       f"{result.outcome}{why}")
+        else:
+            typer.echo(f"operation {outcome.operation_id} on lane {lane} of session {opened.id} did not settle")
+
+    run_with_store(store, body)

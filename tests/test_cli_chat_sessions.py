@@ -1,0 +1,159 @@
+"""`harness chat` and its sessions, in a pseudo-terminal: a chat left with nothing said leaves no
+session, leaving says how to come back, and `-c` continues the most recent session."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+
+import pexpect
+import pytest
+
+from harness.context import Context
+from harness.providers.replay import ReplayServer
+from harness.session import SessionInfo, connect
+from test_cli_chat import Chat, text_reply
+
+PROMPT = "\u203a"
+"""The idle prompt: a Ctrl-D sent before it is drawn reaches no reader."""
+
+
+@pytest.fixture
+def server() -> Iterator[ReplayServer]:
+    with ReplayServer() as replay:
+        yield replay
+
+
+@pytest.fixture
+def chats(tmp_path: Path, server: ReplayServer) -> Iterator[tuple[list[Chat], Path, Path]]:
+    home, work = tmp_path / "home", tmp_path / "work"
+    home.mkdir()
+    work.mkdir()
+    started: list[Chat] = []
+    yield started, home, work
+    for chat in started:
+        chat.close()
+
+
+def start(chats: tuple[list[Chat], Path, Path], server: ReplayServer, *args: str) -> Chat:
+    started, home, work = chats
+    chat = Chat(home, work, server, *args)
+    started.append(chat)
+    return chat
+
+
+def listed(store_url: str) -> list[SessionInfo]:
+    async def read() -> list[SessionInfo]:
+        context = Context()
+        store = await connect(store_url, context)
+        try:
+            return await store.list_sessions(context)
+        finally:
+            await store.close(context)
+
+    return asyncio.run(read())
+
+
+def leave_with(chat: Chat, how: str) -> int:
+    if how == "/quit":
+        chat.send_line("/quit")
+    elif how == "ctrl-d":
+        chat.process.sendcontrol("d")
+    else:  # Ctrl-C twice at the idle prompt
+        chat.process.sendcontrol("c")
+        chat.process.sendcontrol("c")
+    chat.process.expect(pexpect.EOF)
+    chat.process.close()
+    status = chat.process.exitstatus
+    assert status is not None
+    return status
+
+
+@pytest.mark.parametrize("how", ["/quit", "ctrl-d"])
+def test_a_chat_left_with_nothing_said_leaves_no_session(chats: tuple[list[Chat], Path, Path],
+                                                         server: ReplayServer, how: str) -> None:
+    chat = start(chats, server)
+    chat.send_line("/model openai/gpt-4.1")
+    chat.expect("gpt-4.1")
+    chat.expect(PROMPT)
+    assert listed(chat.store_url) == []  # not even while the chat is open
+
+    assert leave_with(chat, how) == 0
+
+    assert listed(chat.store_url) == []
+    assert "continue it with" not in chat.log_path.read_text(encoding="utf-8")
+
+
+@pytest.mark.parametrize("how", ["/quit", "ctrl-d", "ctrl-c twice"])
+def test_leaving_names_the_session_and_how_to_continue_it(chats: tuple[list[Chat], Path, Path],
+                                                          server: ReplayServer, how: str) -> None:
+    server.enqueue(text_reply("Noted."))
+    chat = start(chats, server)
+    chat.send_line("remember this")
+    chat.expect("turn completed")
+    session_id = chat.session_id()
+
+    assert leave_with(chat, how) == 0
+
+    log = chat.log_path.read_text(encoding="utf-8")
+    assert f"continue it with `harness chat {session_id}` (or `harness chat -c`" in log
+    assert [info.id for info in listed(chat.store_url)] == [session_id]
+
+
+def test_continue_opens_the_most_recently_updated_session(chats: tuple[list[Chat], Path, Path],
+                                                          server: ReplayServer) -> None:
+    server.enqueue(text_reply("First answer."), text_reply("Second answer."), text_reply("Third answer."))
+    first = start(chats, server)
+    first.send_line("first topic")
+    first.expect("turn completed")
+    older = first.session_id()
+    assert leave_with(first, "ctrl-d") == 0
+    second = start(chats, server)
+    second.send_line("second topic")
+    second.expect("turn completed")
+    newer = second.session_id()
+    assert leave_with(second, "ctrl-d") == 0
+    reopened = start(chats, server, older)  # a turn in the older session makes it the most recent
+    reopened.send_line("back to the first")
+    reopened.expect("turn completed")
+    assert leave_with(reopened, "ctrl-d") == 0
+
+    continued = start(chats, server, "-c")
+    continued.expect(PROMPT)
+
+    assert continued.session_id() == older != newer
+    log = continued.log_path.read_text(encoding="utf-8")
+    assert "Third answer." in log[log.rindex("harness chat"):]  # the continued session's recent entries
+    assert leave_with(continued, "ctrl-d") == 0
+
+
+def test_a_chat_session_is_given_by_its_name(chats: tuple[list[Chat], Path, Path], server: ReplayServer) -> None:
+    server.enqueue(text_reply("Named by its prompt."))
+    first = start(chats, server)
+    first.send_line("plan the garden")
+    first.expect("turn completed")
+    session_id = first.session_id()
+    assert leave_with(first, "ctrl-d") == 0
+
+    by_name = start(chats, server, "plan the garden")
+    by_name.expect(PROMPT)
+
+    assert by_name.session_id() == session_id
+    assert leave_with(by_name, "ctrl-d") == 0
+
+
+def test_the_first_prompt_saves_the_session_with_what_was_chosen_before_it(
+        chats: tuple[list[Chat], Path, Path], server: ReplayServer) -> None:
+    server.enqueue(text_reply("Answered on 4.1."))
+    chat = start(chats, server)
+    draft_id = chat.session_id()
+    chat.send_line("/model openai/gpt-4.1")
+    chat.expect("gpt-4.1")
+
+    chat.send_line("first words")
+    chat.expect("turn completed")
+
+    assert [info.id for info in listed(chat.store_url)] == [draft_id]  # the id the header showed
+    assert server.requests[0].json()["model"] == "gpt-4.1"
+    assert leave_with(chat, "ctrl-d") == 0
