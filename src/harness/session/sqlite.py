@@ -1,8 +1,10 @@
 """The SQLite backend: the embedded default. One file, WAL, `synchronous=FULL` unless configured.
 
 Every call is one hop to the database's own thread, a whole commit included. Ownership between
-processes is an `flock` on a file beside the database (released by the OS when its holder dies)
-plus the session's epoch, which the claimant bumps and every owner commit checks.
+processes is a lock on one byte of the database file itself, chosen by the session id (released
+by the OS when its holder dies), plus the session's epoch, which the claimant bumps and every
+owner commit checks. Locking the file, not a path, means every alias of one database (a symlink,
+a hard link, a relative path) shares one lock, and there is no lock folder to lose.
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ import fcntl
 import hashlib
 import os
 import sqlite3
+import struct
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -112,7 +116,70 @@ SELECT id, parent_id, seq, timestamp, type, payload FROM path ORDER BY depth
 class SqliteClaim:
     session_id: str
     epoch: int
-    lock_fd: int
+    lock: _SessionLock
+
+
+# Open-file-description locks (Linux): owned by one open of the file, not by the process, so two
+# harnesses in one process exclude each other, and SQLite's own POSIX locks are never touched.
+# Far above SQLite's lock bytes (0x40000000 + 512), one byte per session (a hash collision can
+# only refuse a claim, never let two owners in).
+_LOCK_BASE = 1 << 62
+_LOCK_SPAN = 1 << 48
+
+
+def _lock_offset(session_id: str) -> int:
+    digest = hashlib.sha256(session_id.encode()).digest()
+    return _LOCK_BASE + int.from_bytes(digest[:8], "big") % _LOCK_SPAN
+
+
+class _LockDescriptors:
+    """Descriptors of database files kept open for session locks, per file identity.
+
+    Closing any descriptor of a file drops every POSIX lock the process holds on it, SQLite's
+    included, so a descriptor opened for a lock is never closed: it is unlocked and kept for the
+    next lock on the same file. The pool is as large as the most locks held at once."""
+
+    def __init__(self) -> None:
+        self._free: dict[tuple[int, int], list[int]] = {}
+        self._mutex = threading.Lock()
+
+    def take(self, path: Path) -> tuple[tuple[int, int], int]:
+        info = os.stat(path)
+        identity = (info.st_dev, info.st_ino)
+        with self._mutex:
+            free = self._free.get(identity)
+            if free:
+                return identity, free.pop()
+        return identity, os.open(path, os.O_RDWR | os.O_CLOEXEC)
+
+    def give_back(self, identity: tuple[int, int], fd: int) -> None:
+        with self._mutex:
+            self._free.setdefault(identity, []).append(fd)
+
+
+_DESCRIPTORS = _LockDescriptors()
+
+
+@dataclass(eq=False)
+class _SessionLock:
+    identity: tuple[int, int]
+    fd: int
+    offset: int
+
+
+def _unlock(lock: _SessionLock) -> None:
+    _set_lock(lock.fd, fcntl.F_UNLCK, lock.offset)
+    _DESCRIPTORS.give_back(lock.identity, lock.fd)
+
+
+def _set_lock(fd: int, kind: int, offset: int) -> bool:
+    # struct flock: l_type, l_whence, l_start, l_len, l_pid (0 for OFD locks), padded to 32 bytes.
+    request = struct.pack("hhqqixxxx", kind, os.SEEK_SET, offset, 1, 0)
+    try:
+        fcntl.fcntl(fd, fcntl.F_OFD_SETLK, request)
+    except (BlockingIOError, PermissionError):
+        return False
+    return True
 
 
 class SqliteBackend:
@@ -124,7 +191,6 @@ class SqliteBackend:
         self.path = path
         self._executor = executor
         self._db = connection
-        self._lock_dir = path.with_name(path.name + ".locks")
         self._closed = False
         self._claims: set[SqliteClaim] = set()  # released by close(), whoever forgot to detach
         # Test seam for crash tests: called inside the commit transaction, before COMMIT.
@@ -150,9 +216,7 @@ class SqliteBackend:
         except BaseException:
             executor.shutdown(wait=False)
             raise
-        backend = cls(path, executor, connection)
-        backend._lock_dir.mkdir(exist_ok=True)
-        return backend
+        return cls(path, executor, connection)
 
     async def _call(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         def guarded(db: sqlite3.Connection) -> T:
@@ -291,12 +355,12 @@ class SqliteBackend:
         self, session_id: str, writes: Sequence[Write], claim: Claim | None, context: Context
     ) -> CommitResult:
         def run(db: sqlite3.Connection) -> CommitResult:
-            probe = None if claim is not None else self._lock(session_id, fcntl.LOCK_SH)
+            probe = None if claim is not None else self._lock(session_id, shared=True)
             try:
                 return self._commit(db, session_id, writes, claim)
             finally:
                 if probe is not None:
-                    os.close(probe)
+                    _unlock(probe)
 
         return await self._call(run)
 
@@ -318,30 +382,20 @@ class SqliteBackend:
                 self._commit_barrier()
         return CommitResult(tuple(range(first, first + len(writes))), timestamp)
 
-    def _lock_path(self, session_id: str) -> Path:
-        return self._lock_dir / (hashlib.sha256(session_id.encode()).hexdigest()[:32] + ".lock")
-
-    def _try_lock(self, session_id: str, mode: int) -> int | None:
-        fd = os.open(self._lock_path(session_id), os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            fcntl.flock(fd, mode | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            return None
-        return fd
-
-    def _lock(self, session_id: str, mode: int) -> int:
+    def _lock(self, session_id: str, *, shared: bool) -> _SessionLock:
         # An owner holds the lock exclusively; unowned writers share it for one commit, so they
         # exclude an owner without excluding each other.
-        fd = self._try_lock(session_id, mode)
-        if fd is None:
+        identity, fd = _DESCRIPTORS.take(self.path)
+        lock = _SessionLock(identity, fd, _lock_offset(session_id))
+        if not _set_lock(fd, fcntl.F_RDLCK if shared else fcntl.F_WRLCK, lock.offset):
+            _DESCRIPTORS.give_back(identity, fd)
             raise SessionOwned(f"session {session_id} is owned by another process or harness",
                                session_id=session_id)
-        return fd
+        return lock
 
     async def claim(self, session_id: str, context: Context) -> Claim:
         def run(db: sqlite3.Connection) -> SqliteClaim:
-            fd = self._lock(session_id, fcntl.LOCK_EX)
+            lock = self._lock(session_id, shared=False)
             try:
                 with _transaction(db):
                     row = db.execute(
@@ -351,9 +405,9 @@ class SqliteBackend:
                     if row is None:
                         raise SessionNotFound(f"no session {session_id}", session_id=session_id)
             except BaseException:
-                os.close(fd)
+                _unlock(lock)
                 raise
-            claim = SqliteClaim(session_id, row[0], fd)
+            claim = SqliteClaim(session_id, row[0], lock)
             self._claims.add(claim)
             return claim
 
@@ -365,7 +419,7 @@ class SqliteBackend:
         def run(db: sqlite3.Connection) -> None:
             if claim in self._claims:
                 self._claims.remove(claim)
-                os.close(claim.lock_fd)
+                _unlock(claim.lock)
 
         await self._call(run)
 
@@ -391,7 +445,7 @@ class SqliteBackend:
 
         def run(db: sqlite3.Connection) -> None:
             for claim in self._claims:
-                os.close(claim.lock_fd)
+                _unlock(claim.lock)
             self._claims.clear()
             db.close()
             self._closed = True
