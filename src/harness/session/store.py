@@ -10,6 +10,7 @@ from typing import TypeVar
 from urllib.parse import parse_qs, urlsplit
 
 from harness.context import Context
+from harness.errors import InvalidInput
 from harness.messages import now_ms
 from harness.session import addresses
 from harness.session.addresses import ValueAddress
@@ -26,7 +27,7 @@ from harness.session.ids import new_id
 from harness.session.memory import MemoryBackend
 from harness.session.migrations import DATA_MIGRATIONS, DataMigration
 from harness.session.records import LaneState
-from harness.session.session import Session, check_lane_name, encode
+from harness.session.session import Session, check_lane_name, encode, storable_identifier
 
 _FORK_PAGE = 1000
 T = TypeVar("T")
@@ -47,15 +48,22 @@ class Store:
             raise StoreClosed(f"store {self.url} is closed")
 
     async def create_session(self, context: Context, *, session_id: str | None = None) -> Session:
-        """Create an empty session (no lanes yet) and return it."""
+        """Create an empty session (no lanes yet) and return it. A supplied `session_id` must be
+        non-empty text without NUL or lone surrogates (`InvalidInput`, the same on every backend)."""
         self._check_open()
+        if session_id is not None and not (session_id and storable_identifier(session_id)):
+            raise InvalidInput("a session id must be non-empty text without NUL or lone surrogates",
+                               session_id=repr(session_id)[:80])
         info = SessionInfo(id=session_id or new_id(), created_at=now_ms())
         await self.backend.create_session(info, context)
         return self._session(info)
 
     async def open_session(self, session_id: str, context: Context) -> Session:
-        """The session with this id; `SessionNotFound` if there is none."""
+        """The session with this id; `SessionNotFound` if there is none (also for an id no backend
+        can store)."""
         self._check_open()
+        if not storable_identifier(session_id):
+            raise SessionNotFound(f"no session {session_id!r}", session_id=repr(session_id)[:80])
         if (found := self._open.get(session_id)) is not None:
             return found
         info = await self.backend.get_session(session_id, context)
