@@ -55,9 +55,25 @@ class UnsupportedStoreUrl(HarnessError):
 
 
 class StoreUnavailable(HarnessError):
-    """The database could not be opened (missing directory, refused connection, bad permissions)."""
+    """The database could not be opened or used (missing directory, refused connection, bad
+    permissions, a read-only or failing disk); nothing was written."""
 
     code = "store_unavailable"
+
+
+class StoreFull(HarnessError):
+    """The database refused a write for lack of space (a full disk or quota); nothing of the
+    write was kept, and everything committed before it is intact."""
+
+    code = "store_full"
+
+
+class StoreConnectionLost(HarnessError):
+    """The connection to the database server broke during the call (a restart, a terminated
+    backend, a network failure). A read may simply be retried; for a commit, `details.outcome`
+    says whether it is `not_applied` or `unknown` (the connection died during COMMIT itself)."""
+
+    code = "store_connection_lost"
 
 
 class StoreClosed(HarnessError):

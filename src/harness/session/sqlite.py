@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 from harness.context import Context
+from harness.errors import HarnessError
 from harness.messages import now_ms
 from harness.session.backend import (
     AppendList,
@@ -40,7 +41,16 @@ from harness.session.backend import (
     ValueRow,
     Write,
 )
-from harness.session.errors import InvalidWrite, OwnershipLost, SessionNotFound, SessionOwned, StoreClosed
+from harness.session.errors import (
+    InvalidWrite,
+    OwnershipLost,
+    SessionNotFound,
+    SessionOwned,
+    StorageCorruption,
+    StoreClosed,
+    StoreFull,
+    StoreUnavailable,
+)
 from harness.session.migrations import DataMigration
 
 T = TypeVar("T")
@@ -112,6 +122,17 @@ SELECT id, parent_id, seq, timestamp, type, payload FROM path ORDER BY depth
 """
 
 
+def driver_error(error: sqlite3.DatabaseError, path: Path) -> HarnessError:
+    """The typed error for a failure of the SQLite library: `StoreFull`, `StorageCorruption`
+    (a damaged or foreign file) or `StoreUnavailable` (I/O errors, a read-only file, locks)."""
+    primary = (getattr(error, "sqlite_errorcode", None) or 0) & 0xFF
+    if primary == sqlite3.SQLITE_FULL:
+        return StoreFull(f"the SQLite store {path} is full: {error}", path=str(path))
+    if primary in (sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB) or (primary == 0 and "malformed" in str(error)):
+        return StorageCorruption(f"the SQLite store {path} is damaged: {error}", path=str(path))
+    return StoreUnavailable(f"the SQLite store {path} cannot be used: {error}", path=str(path))
+
+
 @dataclass(eq=False)
 class SqliteClaim:
     session_id: str
@@ -136,21 +157,45 @@ class _LockDescriptors:
     """Descriptors of database files kept open for session locks, per file identity.
 
     Closing any descriptor of a file drops every POSIX lock the process holds on it, SQLite's
-    included, so a descriptor opened for a lock is never closed: it is unlocked and kept for the
-    next lock on the same file. The pool is as large as the most locks held at once."""
+    included, so while a store of this process has the file open, a descriptor opened for a lock
+    is never closed: it is unlocked and kept for the next lock on the same file (the pool is as
+    large as the most locks held at once). The last store to close the file closes them."""
 
     def __init__(self) -> None:
         self._free: dict[tuple[int, int], list[int]] = {}
+        self._stores: dict[tuple[int, int], int] = {}
         self._mutex = threading.Lock()
 
-    def take(self, path: Path) -> tuple[tuple[int, int], int]:
+    def open_store(self, path: Path) -> tuple[int, int]:
         info = os.stat(path)
         identity = (info.st_dev, info.st_ino)
         with self._mutex:
+            self._stores[identity] = self._stores.get(identity, 0) + 1
+        return identity
+
+    def close_store(self, identity: tuple[int, int]) -> None:
+        """Called after the store's connection is closed and its locks are released."""
+        with self._mutex:
+            self._stores[identity] -= 1
+            if self._stores[identity]:
+                return
+            del self._stores[identity]
+            free = self._free.pop(identity, [])
+        for fd in free:
+            os.close(fd)
+
+    def take(self, identity: tuple[int, int], path: Path) -> int:
+        with self._mutex:
             free = self._free.get(identity)
             if free:
-                return identity, free.pop()
-        return identity, os.open(path, os.O_RDWR | os.O_CLOEXEC)
+                return free.pop()
+        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+        info = os.fstat(fd)
+        if (info.st_dev, info.st_ino) != identity:  # the path now names another file
+            os.close(fd)
+            raise StoreUnavailable(f"the SQLite store {path} was replaced by another file while open",
+                                   path=str(path))
+        return fd
 
     def give_back(self, identity: tuple[int, int], fd: int) -> None:
         with self._mutex:
@@ -187,10 +232,13 @@ class SqliteBackend:
 
     kind: Literal["sqlite"] = "sqlite"
 
-    def __init__(self, path: Path, executor: ThreadPoolExecutor, connection: sqlite3.Connection) -> None:
+    def __init__(self, path: Path, executor: ThreadPoolExecutor, connection: sqlite3.Connection,
+                 identity: tuple[int, int]) -> None:
         self.path = path
         self._executor = executor
         self._db = connection
+        # The database file's (device, inode): what its locks are keyed on; None once closed.
+        self._identity: tuple[int, int] | None = identity
         self._closed = False
         self._claims: set[SqliteClaim] = set()  # released by close(), whoever forgot to detach
         # Test seam for crash tests: called inside the commit transaction, before COMMIT.
@@ -198,8 +246,14 @@ class SqliteBackend:
 
     @classmethod
     async def open(cls, path: Path, synchronous: str, context: Context) -> SqliteBackend:
-        """Open (creating if needed) the database at `path` and apply pending schema steps."""
-        path.parent.mkdir(parents=True, exist_ok=True)
+        """Open (creating if needed) the database at `path` and apply pending schema steps.
+
+        Raises `StoreUnavailable` (no such folder, no permission, a failing disk), `StoreFull`, or
+        `StorageCorruption` for a file that is damaged or not a database."""
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            raise StoreUnavailable(f"cannot open SQLite store {path}: {error}", path=str(path)) from error
         executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"harness-sqlite:{path.name}")
 
         def connect() -> sqlite3.Connection:
@@ -210,20 +264,37 @@ class SqliteBackend:
             _migrate_schema(db)
             return db
 
+        def connect_and_register() -> tuple[sqlite3.Connection, tuple[int, int]]:
+            db = connect()
+            try:
+                return db, _DESCRIPTORS.open_store(path)
+            except BaseException:
+                db.close()
+                raise
+
         loop = asyncio.get_running_loop()
         try:
-            connection = await loop.run_in_executor(executor, connect)
-        except BaseException:
+            connection, identity = await loop.run_in_executor(executor, connect_and_register)
+        except BaseException as error:
             executor.shutdown(wait=False)
+            if isinstance(error, sqlite3.DatabaseError):
+                raise driver_error(error, path) from error
+            if isinstance(error, OSError):
+                raise StoreUnavailable(f"cannot open SQLite store {path}: {error}", path=str(path)) from error
             raise
-        return cls(path, executor, connection)
+        return cls(path, executor, connection, identity)
 
     async def _call(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         def guarded(db: sqlite3.Connection) -> T:
             # Checked on the thread too: a call queued behind close() must not meet a closed db.
             if self._closed:
                 raise StoreClosed(f"the SQLite store {self.path} is closed")
-            return fn(db)
+            try:
+                return fn(db)
+            except (sqlite3.IntegrityError, sqlite3.ProgrammingError):
+                raise  # a broken rule of ours, not a failing store
+            except sqlite3.DatabaseError as error:
+                raise driver_error(error, self.path) from error
 
         if self._closed:
             raise StoreClosed(f"the SQLite store {self.path} is closed")
@@ -385,7 +456,9 @@ class SqliteBackend:
     def _lock(self, session_id: str, *, shared: bool) -> _SessionLock:
         # An owner holds the lock exclusively; unowned writers share it for one commit, so they
         # exclude an owner without excluding each other.
-        identity, fd = _DESCRIPTORS.take(self.path)
+        identity = self._identity
+        assert identity is not None  # every call checks for a closed store first
+        fd = _DESCRIPTORS.take(identity, self.path)
         lock = _SessionLock(identity, fd, _lock_offset(session_id))
         if not _set_lock(fd, fcntl.F_RDLCK if shared else fcntl.F_WRLCK, lock.offset):
             _DESCRIPTORS.give_back(identity, fd)
@@ -457,6 +530,9 @@ class SqliteBackend:
         finally:
             self._closed = True
             self._executor.shutdown(wait=True)
+            if self._identity is not None:  # once, even if two closes raced
+                identity, self._identity = self._identity, None
+                _DESCRIPTORS.close_store(identity)
 
 
 def _migrate_schema(db: sqlite3.Connection) -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sqlite3
 import weakref
 from collections.abc import Sequence
 from pathlib import Path
@@ -175,11 +174,7 @@ async def _open_backend(url: str, context: Context) -> Backend:
             raise UnsupportedStoreUrl(
                 f"a SQLite URL takes only ?synchronous=FULL|NORMAL|EXTRA, not {parts.query!r}", url=url
             )
-        path = Path(raw_path[1:])
-        try:
-            return await SqliteBackend.open(path, synchronous, context)
-        except (sqlite3.Error, OSError) as error:
-            raise StoreUnavailable(f"cannot open SQLite store {path}: {error}", url=url) from error
+        return await SqliteBackend.open(Path(raw_path[1:]), synchronous, context)
     if parts.scheme in ("postgresql", "postgres"):
         import psycopg
 
