@@ -13,6 +13,14 @@ class StorageCorruption(HarnessError):
     code = "storage_corruption"
 
 
+class StorageRolledBack(HarnessError):
+    """The SQLite database holds fewer commits than it was seen to hold, or is another file than
+    the one last written: commits were lost outside Harness (see `commit_mark`). Nothing was
+    driven; details name the database and its mark."""
+
+    code = "storage_rolled_back"
+
+
 class SessionNotFound(HarnessError):
     code = "session_not_found"
 

@@ -26,6 +26,7 @@ from typing import Any, Literal, TypeVar
 from harness.context import Context
 from harness.errors import HarnessError
 from harness.messages import now_ms
+from harness.session import commit_mark
 from harness.session.backend import (
     AppendList,
     Claim,
@@ -41,6 +42,7 @@ from harness.session.backend import (
     ValueRow,
     Write,
 )
+from harness.session.commit_mark import CommitMark
 from harness.session.errors import (
     InvalidWrite,
     OwnershipLost,
@@ -108,6 +110,7 @@ SCHEMA: tuple[tuple[int, tuple[str, ...]], ...] = (
         "CREATE UNIQUE INDEX usage_by_seq ON usage_ledger (session_id, seq)",
         "CREATE TABLE data_migrations (name TEXT PRIMARY KEY, applied_at INTEGER NOT NULL)",
     )),
+    (2, commit_mark.SCHEMA_STEP),
 )
 
 _WALK = """
@@ -232,11 +235,12 @@ class SqliteBackend:
 
     kind: Literal["sqlite"] = "sqlite"
 
-    def __init__(self, path: Path, executor: ThreadPoolExecutor, connection: sqlite3.Connection,
+    def __init__(self, path: Path, executor: ThreadPoolExecutor, connection: sqlite3.Connection, mark: CommitMark,
                  identity: tuple[int, int]) -> None:
         self.path = path
         self._executor = executor
         self._db = connection
+        self._mark = mark
         # The database file's (device, inode): what its locks are keyed on; None once closed.
         self._identity: tuple[int, int] | None = identity
         self._closed = False
@@ -264,17 +268,23 @@ class SqliteBackend:
             _migrate_schema(db)
             return db
 
-        def connect_and_register() -> tuple[sqlite3.Connection, tuple[int, int]]:
+        def connect_and_register() -> tuple[sqlite3.Connection, CommitMark, tuple[int, int]]:
             db = connect()
             try:
-                return db, _DESCRIPTORS.open_store(path)
+                mark = CommitMark.check_and_open(path, db)
             except BaseException:
+                db.close()
+                raise
+            try:
+                return db, mark, _DESCRIPTORS.open_store(path)
+            except BaseException:
+                mark.close()
                 db.close()
                 raise
 
         loop = asyncio.get_running_loop()
         try:
-            connection, identity = await loop.run_in_executor(executor, connect_and_register)
+            connection, mark, identity = await loop.run_in_executor(executor, connect_and_register)
         except BaseException as error:
             executor.shutdown(wait=False)
             if isinstance(error, sqlite3.DatabaseError):
@@ -282,7 +292,7 @@ class SqliteBackend:
             if isinstance(error, OSError):
                 raise StoreUnavailable(f"cannot open SQLite store {path}: {error}", path=str(path)) from error
             raise
-        return cls(path, executor, connection, identity)
+        return cls(path, executor, connection, mark, identity)
 
     async def _call(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         def guarded(db: sqlite3.Connection) -> T:
@@ -302,7 +312,7 @@ class SqliteBackend:
 
     async def create_session(self, info: SessionInfo, context: Context, writes: Sequence[Write] = ()) -> None:
         def run(db: sqlite3.Connection) -> None:
-            with _transaction(db):
+            with _counted_transaction(db, self._mark):
                 try:
                     db.execute(
                         "INSERT INTO sessions (id, created_at, parent_session_id, forked_from_entry_id, next_seq) "
@@ -438,7 +448,7 @@ class SqliteBackend:
     def _commit(
         self, db: sqlite3.Connection, session_id: str, writes: Sequence[Write], claim: Claim | None
     ) -> CommitResult:
-        with _transaction(db):
+        with _counted_transaction(db, self._mark):
             row = db.execute("SELECT next_seq, owner_epoch FROM sessions WHERE id = ?", (session_id,)).fetchone()
             if row is None:
                 raise SessionNotFound(f"no session {session_id}", session_id=session_id)
@@ -470,7 +480,7 @@ class SqliteBackend:
         def run(db: sqlite3.Connection) -> SqliteClaim:
             lock = self._lock(session_id, shared=False)
             try:
-                with _transaction(db):
+                with _counted_transaction(db, self._mark):
                     row = db.execute(
                         "UPDATE sessions SET owner_epoch = owner_epoch + 1 WHERE id = ? RETURNING owner_epoch",
                         (session_id,),
@@ -498,7 +508,7 @@ class SqliteBackend:
 
     async def run_data_migration(self, migration: DataMigration, context: Context) -> bool:
         def run(db: sqlite3.Connection) -> bool:
-            with _transaction(db):
+            with _counted_transaction(db, self._mark):
                 if db.execute("SELECT 1 FROM data_migrations WHERE name = ?", (migration.name,)).fetchone():
                     return False
                 changed = []
@@ -521,6 +531,7 @@ class SqliteBackend:
                 _unlock(claim.lock)
             self._claims.clear()
             db.close()
+            self._mark.close()
             self._closed = True
 
         if self._closed:
@@ -544,6 +555,15 @@ def _migrate_schema(db: sqlite3.Connection) -> None:
                 for statement in statements:
                     db.execute(statement)
                 db.execute("INSERT INTO schema_version VALUES (?, ?)", (version, now_ms()))
+
+
+@contextmanager
+def _counted_transaction(db: sqlite3.Connection, mark: CommitMark) -> Iterator[None]:
+    """`_transaction` that bumps the store's commit counter and, once committed, its mark."""
+    with _transaction(db):
+        yield
+        commits = db.execute(commit_mark.BUMP).fetchone()[0]
+    mark.record(commits)
 
 
 @contextmanager
