@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint bench
+.PHONY: run test lint bench soak
 
 # llama-cpp-python has no wheel on PyPI: the first install compiles llama.cpp (about 5 minutes on
 # 2 cores; pip caches the wheel). These flags build a portable binary as fast as a native one.
@@ -39,3 +39,7 @@ bench: $(STAMP)
 	$(BIN)/python -m bench.providers
 	$(BIN)/python -m bench.runtime
 	$(BIN)/python -m bench.drive
+
+# The long crash campaign: 300 random-time SIGKILLs per backend (the suite runs 2); minutes, not a test.
+soak: $(STAMP)
+	HARNESS_KILL_TRIALS=300 $(BIN)/pytest tests/test_drive_random_kills.py -q

@@ -1,6 +1,8 @@
 """The crash suite's child process and what it shares with the tests that reopen its store.
 
-Run as `python drive_crash_child.py URL SESSION_ID WORKDIR` with `HARNESS_FAULT_POINT` naming a
+Run as `python drive_crash_child.py URL SESSION_ID WORKDIR drive|resume` for the random-kill
+campaign (see `random_kill_child`), or as `python drive_crash_child.py URL SESSION_ID WORKDIR` with
+`HARNESS_FAULT_POINT` naming a
 `FaultPoint`: it attaches a harness to lane `main` of the session and drives a run (for
 `summary_intent`, two runs and then a compaction) that passes through that point, where the
 process kills itself. It exits 0 only if the point was never reached, which the test reports.
@@ -67,6 +69,7 @@ from harness.session import (
     MessagePayload,
     PendingEntry,
     Session,
+    SessionOwned,
     UsageRow,
     addresses,
     connect,
@@ -342,6 +345,37 @@ LOOKUP_MODES: dict[FaultPoint, LookupMode] = {
 }
 
 
+async def random_kill_child(url: str, session_id: str, workdir: Path, mode: str) -> None:
+    """For the random-kill campaign: `drive` runs two turns, `resume` finishes what is open; both
+    print `ready` once attached (the parent kills them at a random time after it) and exit 0 if
+    they finish first. Call ids carry the process id, so they are unique across processes."""
+    context = Context({"process": f"random-kill-{mode}"})
+    store = await connect(url, context)
+    session = await store.open_session(session_id, context)
+    faux = FauxProvider(script(f"{os.getpid()}"))
+    tools = CrashTools(workdir)
+
+    def log_operation(event: HarnessEvent, _: Context) -> None:
+        if isinstance(event, RunStart):
+            with open(workdir / OPERATIONS_LOG, "a") as log:
+                log.write(event.operation_id + "\n")
+
+    while True:  # a killed owner's PostgreSQL lock goes when the server notices the hang-up
+        try:
+            harness, open_operations = await attach(session, tools.tools, faux, context, [log_operation])
+            break
+        except SessionOwned:
+            await asyncio.sleep(0.05)
+    print("ready", flush=True)
+    for operation in open_operations:
+        await harness.lane(operation.lane).resume(context)
+    if mode == "drive":
+        await harness.lane("main").prompt("go", None, context)
+        await harness.lane("main").prompt("again", None, context)
+    await harness.close(context)
+    await store.close()
+
+
 async def main(url: str, session_id: str, workdir: Path) -> None:
     point = FaultPoint(os.environ[ENVIRONMENT_VARIABLE])
     context = Context({"process": "crash-child"})
@@ -370,4 +404,7 @@ async def main(url: str, session_id: str, workdir: Path) -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main(sys.argv[1], sys.argv[2], Path(sys.argv[3])))
+    if len(sys.argv) > 4:
+        asyncio.run(random_kill_child(sys.argv[1], sys.argv[2], Path(sys.argv[3]), sys.argv[4]))
+    else:
+        asyncio.run(main(sys.argv[1], sys.argv[2], Path(sys.argv[3])))

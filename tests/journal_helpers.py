@@ -1,8 +1,13 @@
-"""Small builders shared by the journal tests."""
+"""Small builders shared by the journal tests, and a second process to run journal actions in."""
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +23,8 @@ from harness.session import (
     Store,
     addresses,
 )
+
+TESTS = Path(__file__).resolve().parent
 
 CONFIG = LaneConfig(model=ModelIdentity(provider="p", model_id="m"))
 
@@ -76,3 +83,25 @@ async def lane_branch(store: Store, session_id: str, context: Context, lane: str
     page = await session.read_branch(tip, context, limit=10_000)
     assert page.next_before is None
     return page.entries[::-1]
+
+
+@contextmanager
+def child(url: str, session_id: str, *action: str) -> Iterator[subprocess.Popen[str]]:
+    env = {**os.environ, "PYTHONPATH": str(TESTS)}
+    process = subprocess.Popen(
+        [sys.executable, str(TESTS / "journal_child.py"), url, session_id, *action],
+        stdout=subprocess.PIPE, text=True, env=env,
+    )
+    try:
+        yield process
+    finally:
+        if process.poll() is None:
+            process.kill()
+        process.wait(timeout=30)
+        assert process.stdout is not None
+        process.stdout.close()
+
+
+def read_word(process: subprocess.Popen[str]) -> str:
+    assert process.stdout is not None
+    return process.stdout.readline().strip()

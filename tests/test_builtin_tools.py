@@ -145,6 +145,24 @@ async def test_read_of_a_missing_file_is_an_error_result(workspace: Workspace) -
     assert "No such file" in text(output)
 
 
+async def test_named_pipes_are_never_opened_by_read_grep_or_write(workspace: Workspace, root: Path) -> None:
+    """A named pipe in the working directory blocked `read` and `grep` forever in a worker
+    thread, and the process could never exit: they are skipped and the result says so."""
+    os.mkfifo(root / "pipe")
+    (root / "notes.txt").write_text("needle here\n")
+
+    read = await asyncio.wait_for(call(workspace, "read", {"path": "pipe"}), 10)
+    found = await asyncio.wait_for(call(workspace, "grep", {"pattern": "needle"}), 10)
+    written = await asyncio.wait_for(call(workspace, "write", {"path": "pipe", "content": "x"}), 10)
+
+    assert read.is_error
+    assert "not a regular file" in text(read)
+    assert "notes.txt:1:needle here" in text(found)
+    assert "not searched: 1 named pipes" in text(found)
+    assert details(found)["not_regular_files"] == 1
+    assert written.is_error
+
+
 # -- write and edit ----------------------------------------------------------------------------------
 
 

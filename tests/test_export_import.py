@@ -331,6 +331,35 @@ def test_export_of_an_unknown_session_fails(tmp_path: Path) -> None:
     assert "session_not_found" in exported.stderr
 
 
+async def test_export_into_a_missing_folder_is_a_coded_error_not_a_traceback(tmp_path: Path, ctx: Context) -> None:
+    """`export -o` into a missing directory printed a FileNotFoundError traceback."""
+    home = tmp_path / "home"
+    home.mkdir()
+    store = await connect(f"sqlite:///{home / 'harness.db'}", ctx)
+    try:
+        source = (await build_session(store, ctx)).session.id
+    finally:
+        await store.close()
+
+    exported = cli(home, "export", source, "-o", str(tmp_path / "missing" / "out.jsonl"))
+
+    assert exported.returncode == 1
+    assert "error [export_unwritable]" in exported.stderr
+    assert "Traceback" not in exported.stderr
+
+
+def test_importing_a_line_nested_100000_deep_is_unsupported_not_a_traceback(tmp_path: Path) -> None:
+    """A JSONL line nested 100,000 levels deep raised RecursionError with a traceback."""
+    deep = tmp_path / "deep.jsonl"
+    deep.write_text("[" * 100_000 + "]" * 100_000 + "\n", encoding="utf-8")
+
+    imported = cli(tmp_path, "import", "harness", str(deep))
+
+    assert imported.returncode == 1
+    assert "unsupported_format" in imported.stderr
+    assert "Traceback" not in imported.stderr
+
+
 async def test_an_abandoned_branch_nothing_names_is_exported_too(store: Store, ctx: Context, tmp_path: Path) -> None:
     """No data is lost: an entry off every lane's branch, with no label or usage naming it, is
     still in the export and in the imported session."""

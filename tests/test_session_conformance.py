@@ -3,15 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import pickle
 import random
 import signal
 import sqlite3
-import subprocess
-import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -43,7 +38,7 @@ from harness.session import (
     value_address,
 )
 from harness.session.memory import MemoryBackend
-from journal_helpers import CONFIG, append_chain, new_session_with_lane, text_of, user
+from journal_helpers import CONFIG, append_chain, child, new_session_with_lane, read_word, text_of, user
 
 TESTS = Path(__file__).resolve().parent
 
@@ -644,28 +639,6 @@ async def test_a_data_migration_with_invalid_output_changes_nothing(
 
 
 # -- processes ---------------------------------------------------------------------------------
-
-
-@contextmanager
-def child(url: str, session_id: str, *action: str) -> Iterator[subprocess.Popen[str]]:
-    env = {**os.environ, "PYTHONPATH": str(TESTS)}
-    process = subprocess.Popen(
-        [sys.executable, str(TESTS / "journal_child.py"), url, session_id, *action],
-        stdout=subprocess.PIPE, text=True, env=env,
-    )
-    try:
-        yield process
-    finally:
-        if process.poll() is None:
-            process.kill()
-        process.wait(timeout=30)
-        assert process.stdout is not None
-        process.stdout.close()
-
-
-def read_word(process: subprocess.Popen[str]) -> str:
-    assert process.stdout is not None
-    return process.stdout.readline().strip()
 
 
 DURABLE_BACKENDS = ["sqlite", "postgres"]

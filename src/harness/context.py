@@ -11,7 +11,7 @@ import weakref
 from collections.abc import Mapping
 from typing import NoReturn
 
-from harness.errors import Cancelled, ContextNotStorable
+from harness.errors import Cancelled, ContextNotStorable, InvalidInput
 
 TelemetryValue = str | int | float | bool
 
@@ -92,3 +92,16 @@ class Context:
 def _resolve(waiter: asyncio.Future[None]) -> None:
     if not waiter.done():
         waiter.set_result(None)
+
+
+class NotAContext(InvalidInput):
+    """A public call was given something other than a `Context` as its context (HA-22)."""
+
+    code = "invalid_context"
+
+
+def check_context(context: object) -> None:
+    """Raise `NotAContext` unless `context` is a `Context`; called before anything is touched."""
+    if not isinstance(context, Context):
+        raise NotAContext(f"the last argument must be a harness Context, not {type(context).__name__}",
+                          given=type(context).__name__)

@@ -11,7 +11,7 @@ import json
 import math
 import re
 import time
-from typing import Annotated, Any, Literal, TypeAlias
+from typing import Annotated, Any, Literal, NoReturn, TypeAlias
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, JsonValue, TypeAdapter
 
@@ -47,9 +47,19 @@ def clean_json(value: JsonValue, _depth: int = 0) -> JsonValue:
 
 
 def parse_json_text(text: str | bytes) -> Any:
-    """Parse JSON from outside; unlike pydantic's parser this accepts lone surrogate escapes,
-    which the models then clean."""
-    return json.loads(text)
+    """Parse strict JSON from outside; unlike pydantic's parser this accepts lone surrogate
+    escapes, which the models then clean.
+
+    Raises `ValueError` for anything that is not JSON, including `NaN` and the infinities (which
+    `json.loads` would accept) and nesting too deep for the parser."""
+    try:
+        return json.loads(text, parse_constant=_refuse_constant)
+    except RecursionError:
+        raise ValueError("JSON nested too deeply to read") from None
+
+
+def _refuse_constant(name: str) -> NoReturn:
+    raise ValueError(f"{name} is not a JSON value")
 
 
 def now_ms() -> int:

@@ -172,6 +172,12 @@ def doctor(store: StoreOption = None) -> None:
     raise typer.Exit(1 if asyncio.run(checks()) else 0)
 
 
+class ExportUnwritable(HarnessError):
+    """The export's output file cannot be created (a missing folder, no permission)."""
+
+    code = "export_unwritable"
+
+
 @app.command("export")
 def export_session(
     session_id: SessionArgument,
@@ -187,7 +193,11 @@ def export_session(
             report = await export_harness_session(session, sys.stdout, context)
             sys.stdout.flush()
         else:
-            with output.open("w", encoding="utf-8") as file:
+            try:
+                file = output.open("w", encoding="utf-8")
+            except OSError as error:
+                raise ExportUnwritable(f"cannot write {output}: {error.strerror}", path=str(output)) from error
+            with file:
                 report = await export_harness_session(session, file, context)
         typer.echo(f"exported {report.entries} entries, {report.lanes} lanes, {report.labels} labels, "
                    f"{report.usage_rows} usage rows", err=True)

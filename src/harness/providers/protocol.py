@@ -24,6 +24,7 @@ from harness.messages import (
     ThinkingContent,
     ToolCall,
     Usage,
+    clean_json,
     now_ms,
     parse_json_text,
 )
@@ -285,16 +286,18 @@ class DeferredProvider(Provider, Protocol):
 def parse_tool_arguments(text: str) -> tuple[dict[str, JsonValue], str | None]:
     """Parse streamed tool-call argument text into `(arguments, raw_arguments)`.
 
-    Empty text means `{}`. Text that is not a JSON object gives `({}, text)`: the raw text is kept
-    so the call can be answered with an error instead of being run or resent malformed.
+    Empty text means `{}`. Text that is not a strict JSON object (also `NaN`, infinities, or
+    nesting deeper than a message may hold) gives `({}, text)`: the raw text is kept so the call
+    can be answered with an error instead of being run or resent malformed.
     """
     if not text.strip():
         return {}, None
     try:
         value = parse_json_text(text)
+        if not isinstance(value, dict):
+            return {}, text
+        clean_json(value)  # what the journal could not store back: too deep, for one
     except ValueError:
-        return {}, text
-    if not isinstance(value, dict):
         return {}, text
     return value, None
 

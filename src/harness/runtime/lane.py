@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, overload
 
 from pydantic import JsonValue, ValidationError
+from pydantic_core import PydanticSerializationError
 
 from harness.context import Context
 from harness.errors import InvalidInput
@@ -41,7 +42,7 @@ from harness.runtime.events import (
     QueueUpdate,
     RunStart,
 )
-from harness.runtime.requests import PromptRequest, RunRequest, check_input_message, normalize_request
+from harness.runtime.requests import PromptRequest, RunRequest, check_input_message, describe_invalid, normalize_request
 from harness.runtime.snapshot import LanePresentation, LaneView, capture_snapshot, queued_item, queues_of
 from harness.runtime.summary import plan_compaction
 from harness.runtime.types import CurrentOperationInfo, LaneExecutionInfo, LaneInfo, LaneSnapshot, OperationStatus
@@ -575,7 +576,11 @@ class Lane:
         await self._configure(config, "active_tools", context)
 
     async def _configure(self, config: LaneConfig, field: str, context: Context) -> None:
-        LaneConfig.model_validate(config.model_dump())  # refuse bad input before the line
+        # Refuse bad input before the line: `model_copy(update=...)` validated nothing.
+        try:
+            LaneConfig.model_validate_json(config.model_dump_json(warnings="error"))
+        except (ValidationError, PydanticSerializationError) as error:
+            raise InvalidInput(f"invalid {field}: {describe_invalid(error)}", field=field) from None
 
         async def plan(m: SessionMutator) -> Decision[None]:
             previous = self._config

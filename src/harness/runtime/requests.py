@@ -10,7 +10,18 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from harness.messages import CustomMessage, ImageContent, Message, TextContent, UserContent, UserMessage
+from pydantic import BaseModel, ValidationError
+from pydantic_core import PydanticSerializationError
+
+from harness.messages import (
+    MESSAGE_ADAPTER,
+    CustomMessage,
+    ImageContent,
+    Message,
+    TextContent,
+    UserContent,
+    UserMessage,
+)
 from harness.runtime.errors import InvalidMessage, UnknownSkill, UnknownTemplate
 
 
@@ -139,13 +150,21 @@ def _prompt_messages(request: PromptRequest) -> tuple[Message, ...]:
         for message in supplied:
             check_input_message(message)
         return supplied
+    if not isinstance(request.text, str):
+        raise InvalidMessage(f"the prompt text must be a string, not {type(request.text).__name__}",
+                             given=type(request.text).__name__)
     if not request.text and not request.images:
         return ()
     if not request.images:
         return (UserMessage(content=request.text),)
     content: list[UserContent] = [TextContent(text=request.text)] if request.text else []
     content.extend(request.images)
-    return (UserMessage(content=content),)
+    try:
+        message = UserMessage(content=content)
+    except ValidationError as error:
+        raise InvalidMessage(f"the prompt's images are not valid: {describe_invalid(error)}") from None
+    check_input_message(message)
+    return (message,)
 
 
 MAX_ID_LENGTH = 200
@@ -160,9 +179,35 @@ def check_supplied_id(identifier: object) -> None:
                              id=repr(identifier)[:80])
 
 
-def check_input_message(message: Message) -> None:
-    """Input a person or program queues must be a user or custom message (HA-17): an assistant
-    reply or a tool result cannot start or steer a run."""
+def check_input_message(message: object) -> None:
+    """Input a person or program queues must be a valid user or custom message (HA-17): an
+    assistant reply or a tool result cannot start or steer a run.
+
+    The message is read back through its JSON form, as the journal will read it: an instance
+    built with `model_construct` or `model_copy(update=...)` skipped validation and may hold
+    anything. Raises `InvalidMessage`."""
     if not isinstance(message, UserMessage | CustomMessage):
-        raise InvalidMessage(f"a {message.role} message cannot be queued as input; send user or custom messages",
-                             role=message.role)
+        role = getattr(message, "role", None)
+        if isinstance(message, BaseModel) and isinstance(role, str):
+            raise InvalidMessage(f"a {role} message cannot be queued as input; send user or custom messages",
+                                 role=role)
+        raise InvalidMessage(f"a message must be a UserMessage or CustomMessage, not {type(message).__name__}",
+                             given=type(message).__name__)
+    try:
+        MESSAGE_ADAPTER.validate_json(MESSAGE_ADAPTER.dump_json(message, warnings="error"))
+    except (ValidationError, PydanticSerializationError, RecursionError) as error:
+        raise InvalidMessage(f"the {message.role} message is not valid: {describe_invalid(error)}") from None
+
+
+def describe_invalid(error: ValidationError | PydanticSerializationError | RecursionError) -> str:
+    """One short line saying what is wrong with a value that failed validation or encoding."""
+    if isinstance(error, ValidationError):
+        first = error.errors()[0]
+        where = ".".join(str(part) for part in first["loc"]) or "value"
+        return f"{where}: {first['msg']}"[:200]
+    if isinstance(error, RecursionError):
+        return "it is nested too deeply"
+    found = re.search(r"field_name='([^']*)', input_value=(.{0,40}?), input_type=(\w+)", str(error))
+    if found:
+        return f"{found[1]} holds a {found[3]} ({found[2]}), which its type does not allow"
+    return "it holds a value its type does not allow (was it built without validation?)"

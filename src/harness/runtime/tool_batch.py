@@ -227,10 +227,14 @@ class ToolBatchRunner:
 
         try:
             output = await tool.execute(block.id, args, on_update, effect)
-        except asyncio.CancelledError:
-            raise
-        except Exception as error:  # a tool's failure is its result, not the run's
-            output = ToolOutput(content=[TextContent(text=f"{type(error).__name__}: {error}")], is_error=True)
+        except asyncio.CancelledError as error:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise  # the harness cancelled this call: an interruption, not a result
+            # The tool's own (it awaited something another task cancelled): a failure like any other.
+            output = _failure_output(error)
+        except BaseException as error:  # SystemExit, KeyboardInterrupt too: a tool's failure is its result
+            output = _failure_output(error)
         finally:
             driver.end_effect(effect)
             lane._presentation.tool_progress.pop(block.id, None)
@@ -355,6 +359,10 @@ class ToolBatchRunner:
                 await self._stage(index, block, _error_result(block, NOT_RUN_ABORTED))
             elif call.status == "effect_pending":
                 await self._stage(index, block, await self._interrupted(block, call))
+
+
+def _failure_output(error: BaseException) -> ToolOutput:
+    return ToolOutput(content=[TextContent(text=f"{type(error).__name__}: {error}")], is_error=True)
 
 
 def _error_result(block: ToolCall, text: str) -> ToolResultMessage:

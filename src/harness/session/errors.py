@@ -13,6 +13,14 @@ class StorageCorruption(HarnessError):
     code = "storage_corruption"
 
 
+class StorageRolledBack(HarnessError):
+    """The SQLite database holds fewer commits than it was seen to hold, or is another file than
+    the one last written: commits were lost outside Harness (see `commit_mark`). Nothing was
+    driven; details name the database and its mark."""
+
+    code = "storage_rolled_back"
+
+
 class SessionNotFound(HarnessError):
     code = "session_not_found"
 
@@ -55,9 +63,25 @@ class UnsupportedStoreUrl(HarnessError):
 
 
 class StoreUnavailable(HarnessError):
-    """The database could not be opened (missing directory, refused connection, bad permissions)."""
+    """The database could not be opened or used (missing directory, refused connection, bad
+    permissions, a read-only or failing disk); nothing was written."""
 
     code = "store_unavailable"
+
+
+class StoreFull(HarnessError):
+    """The database refused a write for lack of space (a full disk or quota); nothing of the
+    write was kept, and everything committed before it is intact."""
+
+    code = "store_full"
+
+
+class StoreConnectionLost(HarnessError):
+    """The connection to the database server broke during the call (a restart, a terminated
+    backend, a network failure). A read may simply be retried; for a commit, `details.outcome`
+    says whether it is `not_applied` or `unknown` (the connection died during COMMIT itself)."""
+
+    code = "store_connection_lost"
 
 
 class StoreClosed(HarnessError):

@@ -13,16 +13,17 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-from collections.abc import Awaitable, Callable, Sequence
-from contextlib import AbstractAsyncContextManager
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import psycopg
+import psycopg.errors
 from psycopg.rows import TupleRow
 from psycopg_pool import AsyncConnectionPool
 
 from harness.context import Context
+from harness.errors import HarnessError
 from harness.messages import now_ms
 from harness.session.backend import (
     AppendList,
@@ -39,7 +40,16 @@ from harness.session.backend import (
     ValueRow,
     Write,
 )
-from harness.session.errors import InvalidWrite, OwnershipLost, SessionNotFound, SessionOwned, StoreClosed
+from harness.session.errors import (
+    InvalidWrite,
+    OwnershipLost,
+    SessionNotFound,
+    SessionOwned,
+    StoreClosed,
+    StoreConnectionLost,
+    StoreFull,
+    StoreUnavailable,
+)
 from harness.session.migrations import DataMigration
 
 Connection = psycopg.AsyncConnection[TupleRow]
@@ -318,6 +328,8 @@ class PostgresBackend:
             return await self._commit(owned.connection, session_id, writes, owned)
         except psycopg.Error as error:
             if not owned.connection.closed:
+                if isinstance(error, psycopg.OperationalError | psycopg.InterfaceError):
+                    raise driver_error(error) from error
                 raise
             raise OwnershipLost(f"session {session_id}: this owner's lock connection is gone",
                                 session_id=session_id) from error
@@ -432,10 +444,20 @@ class PostgresBackend:
                                (migration.name, now_ms()))
         return True
 
-    def _connection(self) -> AbstractAsyncContextManager[Connection]:
+    @contextlib.asynccontextmanager
+    async def _connection(self) -> AsyncIterator[Connection]:
+        """A pooled connection. A broken one makes the pool check every idle connection before
+        the error is raised, so after a server restart the next call gets a live connection."""
         if self._closed:
             raise StoreClosed("the PostgreSQL store is closed")
-        return self._pool.connection()
+        try:
+            async with self._pool.connection() as conn:
+                yield conn
+        except (psycopg.OperationalError, psycopg.InterfaceError) as error:
+            typed = driver_error(error)
+            if isinstance(typed, StoreConnectionLost) and not self._closed:
+                await self._pool.check()
+            raise typed from error
 
     async def close(self) -> None:
         """Close the pool and every claim connection still open (their locks go with them);
@@ -445,6 +467,20 @@ class PostgresBackend:
         for claim in claims:
             await claim.connection.close()
         await self._pool.close()
+
+
+def driver_error(error: psycopg.OperationalError | psycopg.InterfaceError) -> HarnessError:
+    """The typed error for a failing server or connection: `StoreFull` (out of disk),
+    `StoreConnectionLost` (a terminated backend, a restart, a broken pipe) or `StoreUnavailable`."""
+    if isinstance(error, psycopg.errors.DiskFull | psycopg.errors.OutOfMemory):
+        return StoreFull(f"the PostgreSQL server is out of space: {error}")
+    if isinstance(error, psycopg.errors.ConnectionException | psycopg.InterfaceError | psycopg.errors.AdminShutdown
+                  | psycopg.errors.CrashShutdown) or error.sqlstate is None:
+        # No SQLSTATE: libpq lost the connection (closed, reset, "cannot exit pipeline mode").
+        return StoreConnectionLost(f"the connection to PostgreSQL was lost: {error}; a commit in flight may "
+                                   "or may not have been applied (read the journal to learn which)",
+                                   outcome="unknown")
+    return StoreUnavailable(f"PostgreSQL cannot serve the call: {error}", sqlstate=error.sqlstate)
 
 
 async def _migrate_schema(conn: Connection) -> None:

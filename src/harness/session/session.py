@@ -15,7 +15,7 @@ from typing import Any, Generic, TypeVar
 from pydantic import JsonValue, TypeAdapter, ValidationError
 from pydantic_core import PydanticSerializationError
 
-from harness.context import Context
+from harness.context import Context, check_context
 from harness.errors import ContextNotStorable, InvalidInput
 from harness.messages import Usage, clean_json, clean_text
 from harness.session import addresses
@@ -75,13 +75,18 @@ def encode(adapter: TypeAdapter[T], value: T) -> str:
     try:
         validated = adapter.validate_python(value)
         try:
-            return adapter.dump_json(validated).decode()
+            text = adapter.dump_json(validated, warnings="error").decode()
         except PydanticSerializationError:
             # A type of the application's that does not clean its text: clean the JSON form.
-            cleaned = clean_json(adapter.dump_python(validated, mode="json"))
-            return adapter.dump_json(adapter.validate_python(cleaned)).decode()
+            cleaned = clean_json(adapter.dump_python(validated, mode="json", warnings=False))
+            text = adapter.dump_json(adapter.validate_python(cleaned), warnings="error").decode()
+        # Model instances are not revalidated (one built with `model_construct` or
+        # `model_copy(update=...)` can hold anything): read the text back as every reader will,
+        # so a write never stores what its own reader refuses.
+        adapter.validate_json(text)
     except (ValidationError, PydanticSerializationError, RecursionError) as error:
         raise InvalidInput(f"value does not fit its record type: {error}") from error
+    return text
 
 
 def _contains_context(value: object) -> bool:
@@ -118,19 +123,21 @@ def _decode_value(adapter: TypeAdapter[T], text: str, where: str) -> T:
 
 def check_lane_name(name: str) -> None:
     """`InvalidInput` unless `name` is non-empty text a backend can store."""
-    if not name or not _storable(name):
+    if not name or not storable_identifier(name):
         raise InvalidInput("a lane name must be non-empty text without NUL or lone surrogates", lane=name)
 
 
-def _storable(identifier: str) -> bool:
-    # Identifiers are text columns on every backend; PostgreSQL cannot hold NUL or a lone
-    # surrogate in one, so no backend stores them (and reads of them find nothing).
-    return "\x00" not in identifier and clean_text(identifier) == identifier
+def storable_identifier(identifier: object) -> bool:
+    """Whether `identifier` can name a session, entry, lane or record on every backend.
+
+    Identifiers are text columns; PostgreSQL cannot hold NUL or a lone surrogate in one, so no
+    backend stores them, and reads of them find nothing."""
+    return isinstance(identifier, str) and "\x00" not in identifier and clean_text(identifier) == identifier
 
 
 def _check_identifier(name: str, value: str | None) -> None:
     empty = not value and name != "key"  # the key of a namespace's single value is ""
-    if value is not None and (empty or not _storable(value)):
+    if value is not None and (empty or not storable_identifier(value)):
         raise InvalidWrite(f"{name} {value!r} must be non-empty text without NUL or lone surrogates",
                            field=name)
 
@@ -148,7 +155,7 @@ class SessionReader:
         return self.info.id
 
     async def entry(self, entry_id: str, context: Context) -> Entry | None:
-        if not _storable(entry_id):
+        if not storable_identifier(entry_id):
             return None
         rows = await self._backend.get_entries(self.id, [entry_id], context)
         row = rows.get(entry_id)
@@ -156,7 +163,7 @@ class SessionReader:
 
     async def entries(self, entry_ids: Sequence[str], context: Context) -> dict[str, Entry]:
         """The entries with these ids that exist, keyed by id."""
-        rows = await self._backend.get_entries(self.id, [i for i in entry_ids if _storable(i)], context)
+        rows = await self._backend.get_entries(self.id, [i for i in entry_ids if storable_identifier(i)], context)
         return {i: decode_entry(r) for i, r in rows.items()}
 
     async def read_entries(
@@ -173,7 +180,7 @@ class SessionReader:
         return record.value if record else None
 
     async def get_record(self, address: ValueAddress[T], context: Context) -> StoredValue[T] | None:
-        if not (_storable(address.namespace) and _storable(address.key)):
+        if not (storable_identifier(address.namespace) and storable_identifier(address.key)):
             return None
         row = await self._backend.get_value(self.id, address.namespace, address.key, context)
         if row is None:
@@ -183,7 +190,7 @@ class SessionReader:
 
     async def scan_values(self, address: ValueAddress[T], context: Context) -> list[tuple[str, T]]:
         """Every `(key, value)` in `address.namespace` whose key starts with `address.key`."""
-        if not (_storable(address.namespace) and _storable(address.key)):
+        if not (storable_identifier(address.namespace) and storable_identifier(address.key)):
             return []
         rows = await self._backend.scan_values(self.id, address.namespace, address.key, context)
         return [(r.key, _decode_value(address.adapter, r.value, f"{r.namespace}/{r.key}")) for r in rows]
@@ -197,7 +204,7 @@ class SessionReader:
         self, address: ListAddress[T], context: Context, *, after_seq: int | None = None, limit: int = 1000
     ) -> list[ListItem[T]]:
         """One page of list items in commit order after `after_seq`; `limit` is clamped to 10,000."""
-        if not (_storable(address.namespace) and _storable(address.key)):
+        if not (storable_identifier(address.namespace) and storable_identifier(address.key)):
             return []
         rows = await self._backend.read_list(
             self.id, address.namespace, address.key, after_seq, max(1, min(limit, 10_000)), context
@@ -451,6 +458,7 @@ class Session(SessionReader):
                 f"a job on session {self.id} started another mutation of it; that would wait on "
                 "itself forever. Stage the writes in the running job instead.", session_id=self.id
             )
+        check_context(context)
         context.raise_if_cancelled()
         async with self._line:
             context.raise_if_cancelled()  # cancelled while it waited: run nothing

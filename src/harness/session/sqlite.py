@@ -1,8 +1,10 @@
 """The SQLite backend: the embedded default. One file, WAL, `synchronous=FULL` unless configured.
 
 Every call is one hop to the database's own thread, a whole commit included. Ownership between
-processes is an `flock` on a file beside the database (released by the OS when its holder dies)
-plus the session's epoch, which the claimant bumps and every owner commit checks.
+processes is a lock on one byte of the database file itself, chosen by the session id (released
+by the OS when its holder dies), plus the session's epoch, which the claimant bumps and every
+owner commit checks. Locking the file, not a path, means every alias of one database (a symlink,
+a hard link, a relative path) shares one lock, and there is no lock folder to lose.
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ import fcntl
 import hashlib
 import os
 import sqlite3
+import struct
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -20,7 +24,9 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 from harness.context import Context
+from harness.errors import HarnessError
 from harness.messages import now_ms
+from harness.session import commit_mark
 from harness.session.backend import (
     AppendList,
     Claim,
@@ -36,6 +42,7 @@ from harness.session.backend import (
     ValueRow,
     Write,
 )
+from harness.session.commit_mark import CommitMark
 from harness.session.errors import (
     InvalidWrite,
     OwnershipLost,
@@ -43,6 +50,8 @@ from harness.session.errors import (
     SessionOwned,
     StorageCorruption,
     StoreClosed,
+    StoreFull,
+    StoreUnavailable,
 )
 from harness.session.migrations import DataMigration
 
@@ -108,6 +117,7 @@ SCHEMA: tuple[tuple[int, tuple[str, ...]], ...] = (
         "UPDATE sessions SET updated_at = max(created_at, coalesce("
         "(SELECT max(timestamp) FROM entries WHERE entries.session_id = sessions.id), 0))",
     )),
+    (3, commit_mark.SCHEMA_STEP),
 )
 
 _SESSION_TABLES = ("entries", "record_values", "list_items", "usage_ledger")
@@ -131,11 +141,109 @@ SELECT id, parent_id, seq, timestamp, type, CAST(payload AS BLOB) FROM path ORDE
 """
 
 
+def driver_error(error: sqlite3.DatabaseError, path: Path) -> HarnessError:
+    """The typed error for a failure of the SQLite library: `StoreFull`, `StorageCorruption`
+    (a damaged or foreign file) or `StoreUnavailable` (I/O errors, a read-only file, locks)."""
+    primary = (getattr(error, "sqlite_errorcode", None) or 0) & 0xFF
+    if primary == sqlite3.SQLITE_FULL:
+        return StoreFull(f"the SQLite store {path} is full: {error}", path=str(path))
+    if primary in (sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB) or (primary == 0 and "malformed" in str(error)):
+        return StorageCorruption(f"the SQLite store {path} is damaged: {error}", path=str(path))
+    return StoreUnavailable(f"the SQLite store {path} cannot be used: {error}", path=str(path))
+
+
 @dataclass(eq=False)
 class SqliteClaim:
     session_id: str
     epoch: int
-    lock_fd: int
+    lock: _SessionLock
+
+
+# Open-file-description locks (Linux): owned by one open of the file, not by the process, so two
+# harnesses in one process exclude each other, and SQLite's own POSIX locks are never touched.
+# Far above SQLite's lock bytes (0x40000000 + 512), one byte per session (a hash collision can
+# only refuse a claim, never let two owners in).
+_LOCK_BASE = 1 << 62
+_LOCK_SPAN = 1 << 48
+
+
+def _lock_offset(session_id: str) -> int:
+    digest = hashlib.sha256(session_id.encode()).digest()
+    return _LOCK_BASE + int.from_bytes(digest[:8], "big") % _LOCK_SPAN
+
+
+class _LockDescriptors:
+    """Descriptors of database files kept open for session locks, per file identity.
+
+    Closing any descriptor of a file drops every POSIX lock the process holds on it, SQLite's
+    included, so while a store of this process has the file open, a descriptor opened for a lock
+    is never closed: it is unlocked and kept for the next lock on the same file (the pool is as
+    large as the most locks held at once). The last store to close the file closes them."""
+
+    def __init__(self) -> None:
+        self._free: dict[tuple[int, int], list[int]] = {}
+        self._stores: dict[tuple[int, int], int] = {}
+        self._mutex = threading.Lock()
+
+    def open_store(self, path: Path) -> tuple[int, int]:
+        info = os.stat(path)
+        identity = (info.st_dev, info.st_ino)
+        with self._mutex:
+            self._stores[identity] = self._stores.get(identity, 0) + 1
+        return identity
+
+    def close_store(self, identity: tuple[int, int]) -> None:
+        """Called after the store's connection is closed and its locks are released."""
+        with self._mutex:
+            self._stores[identity] -= 1
+            if self._stores[identity]:
+                return
+            del self._stores[identity]
+            free = self._free.pop(identity, [])
+        for fd in free:
+            os.close(fd)
+
+    def take(self, identity: tuple[int, int], path: Path) -> int:
+        with self._mutex:
+            free = self._free.get(identity)
+            if free:
+                return free.pop()
+        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+        info = os.fstat(fd)
+        if (info.st_dev, info.st_ino) != identity:  # the path now names another file
+            os.close(fd)
+            raise StoreUnavailable(f"the SQLite store {path} was replaced by another file while open",
+                                   path=str(path))
+        return fd
+
+    def give_back(self, identity: tuple[int, int], fd: int) -> None:
+        with self._mutex:
+            self._free.setdefault(identity, []).append(fd)
+
+
+_DESCRIPTORS = _LockDescriptors()
+
+
+@dataclass(eq=False)
+class _SessionLock:
+    identity: tuple[int, int]
+    fd: int
+    offset: int
+
+
+def _unlock(lock: _SessionLock) -> None:
+    _set_lock(lock.fd, fcntl.F_UNLCK, lock.offset)
+    _DESCRIPTORS.give_back(lock.identity, lock.fd)
+
+
+def _set_lock(fd: int, kind: int, offset: int) -> bool:
+    # struct flock: l_type, l_whence, l_start, l_len, l_pid (0 for OFD locks), padded to 32 bytes.
+    request = struct.pack("hhqqixxxx", kind, os.SEEK_SET, offset, 1, 0)
+    try:
+        fcntl.fcntl(fd, fcntl.F_OFD_SETLK, request)
+    except (BlockingIOError, PermissionError):
+        return False
+    return True
 
 
 class SqliteBackend:
@@ -143,11 +251,14 @@ class SqliteBackend:
 
     kind: Literal["sqlite"] = "sqlite"
 
-    def __init__(self, path: Path, executor: ThreadPoolExecutor, connection: sqlite3.Connection) -> None:
+    def __init__(self, path: Path, executor: ThreadPoolExecutor, connection: sqlite3.Connection, mark: CommitMark,
+                 identity: tuple[int, int]) -> None:
         self.path = path
         self._executor = executor
         self._db = connection
-        self._lock_dir = path.with_name(path.name + ".locks")
+        self._mark = mark
+        # The database file's (device, inode): what its locks are keyed on; None once closed.
+        self._identity: tuple[int, int] | None = identity
         self._closed = False
         self._claims: set[SqliteClaim] = set()  # released by close(), whoever forgot to detach
         # Test seam for crash tests: called inside the commit transaction, before COMMIT.
@@ -155,8 +266,14 @@ class SqliteBackend:
 
     @classmethod
     async def open(cls, path: Path, synchronous: str, context: Context) -> SqliteBackend:
-        """Open (creating if needed) the database at `path` and apply pending schema steps."""
-        path.parent.mkdir(parents=True, exist_ok=True)
+        """Open (creating if needed) the database at `path` and apply pending schema steps.
+
+        Raises `StoreUnavailable` (no such folder, no permission, a failing disk), `StoreFull`, or
+        `StorageCorruption` for a file that is damaged or not a database."""
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            raise StoreUnavailable(f"cannot open SQLite store {path}: {error}", path=str(path)) from error
         executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"harness-sqlite:{path.name}")
 
         def connect() -> sqlite3.Connection:
@@ -167,15 +284,31 @@ class SqliteBackend:
             _migrate_schema(db)
             return db
 
+        def connect_and_register() -> tuple[sqlite3.Connection, CommitMark, tuple[int, int]]:
+            db = connect()
+            try:
+                mark = CommitMark.check_and_open(path, db)
+            except BaseException:
+                db.close()
+                raise
+            try:
+                return db, mark, _DESCRIPTORS.open_store(path)
+            except BaseException:
+                mark.close()
+                db.close()
+                raise
+
         loop = asyncio.get_running_loop()
         try:
-            connection = await loop.run_in_executor(executor, connect)
-        except BaseException:
+            connection, mark, identity = await loop.run_in_executor(executor, connect_and_register)
+        except BaseException as error:
             executor.shutdown(wait=False)
+            if isinstance(error, sqlite3.DatabaseError):
+                raise driver_error(error, path) from error
+            if isinstance(error, OSError):
+                raise StoreUnavailable(f"cannot open SQLite store {path}: {error}", path=str(path)) from error
             raise
-        backend = cls(path, executor, connection)
-        backend._lock_dir.mkdir(exist_ok=True)
-        return backend
+        return cls(path, executor, connection, mark, identity)
 
     async def _call(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         def guarded(db: sqlite3.Connection) -> T:
@@ -187,9 +320,13 @@ class SqliteBackend:
             except sqlite3.OperationalError as error:
                 # Payloads are decoded by name (`_text`); this is damage in an id or key column.
                 if not str(error).startswith("Could not decode to UTF-8"):
-                    raise
+                    raise driver_error(error, self.path) from error
                 raise StorageCorruption(f"the SQLite store {self.path} holds a damaged row: {error}",
                                         path=str(self.path)) from error
+            except (sqlite3.IntegrityError, sqlite3.ProgrammingError):
+                raise  # a broken rule of ours, not a failing store
+            except sqlite3.DatabaseError as error:
+                raise driver_error(error, self.path) from error
 
         if self._closed:
             raise StoreClosed(f"the SQLite store {self.path} is closed")
@@ -197,7 +334,7 @@ class SqliteBackend:
 
     async def create_session(self, info: SessionInfo, context: Context, writes: Sequence[Write] = ()) -> None:
         def run(db: sqlite3.Connection) -> None:
-            with _transaction(db):
+            with _counted_transaction(db, self._mark):
                 try:
                     db.execute(
                         "INSERT INTO sessions (id, created_at, parent_session_id, forked_from_entry_id, next_seq, "
@@ -231,17 +368,15 @@ class SqliteBackend:
 
     async def delete_session(self, session_id: str, context: Context) -> None:
         def run(db: sqlite3.Connection) -> None:
-            fd = self._lock(session_id, fcntl.LOCK_EX)
+            lock = self._lock(session_id, shared=False)
             try:
-                with _transaction(db):
+                with _counted_transaction(db, self._mark):
                     if db.execute("DELETE FROM sessions WHERE id = ?", (session_id,)).rowcount == 0:
                         raise SessionNotFound(f"no session {session_id}", session_id=session_id)
                     for table in _SESSION_TABLES:
                         db.execute(f"DELETE FROM {table} WHERE session_id = ?", (session_id,))
-                # Unlinked while held: a claimant that opened the old file finds no session row.
-                self._lock_path(session_id).unlink(missing_ok=True)
             finally:
-                os.close(fd)
+                _unlock(lock)
 
         await self._call(run)
 
@@ -332,19 +467,19 @@ class SqliteBackend:
         self, session_id: str, writes: Sequence[Write], claim: Claim | None, context: Context
     ) -> CommitResult:
         def run(db: sqlite3.Connection) -> CommitResult:
-            probe = None if claim is not None else self._lock(session_id, fcntl.LOCK_SH)
+            probe = None if claim is not None else self._lock(session_id, shared=True)
             try:
                 return self._commit(db, session_id, writes, claim)
             finally:
                 if probe is not None:
-                    os.close(probe)
+                    _unlock(probe)
 
         return await self._call(run)
 
     def _commit(
         self, db: sqlite3.Connection, session_id: str, writes: Sequence[Write], claim: Claim | None
     ) -> CommitResult:
-        with _transaction(db):
+        with _counted_transaction(db, self._mark):
             row = db.execute("SELECT next_seq, owner_epoch FROM sessions WHERE id = ?", (session_id,)).fetchone()
             if row is None:
                 raise SessionNotFound(f"no session {session_id}", session_id=session_id)
@@ -360,32 +495,24 @@ class SqliteBackend:
                 self._commit_barrier()
         return CommitResult(tuple(range(first, first + len(writes))), timestamp)
 
-    def _lock_path(self, session_id: str) -> Path:
-        return self._lock_dir / (hashlib.sha256(session_id.encode()).hexdigest()[:32] + ".lock")
-
-    def _try_lock(self, session_id: str, mode: int) -> int | None:
-        fd = os.open(self._lock_path(session_id), os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            fcntl.flock(fd, mode | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            return None
-        return fd
-
-    def _lock(self, session_id: str, mode: int) -> int:
+    def _lock(self, session_id: str, *, shared: bool) -> _SessionLock:
         # An owner holds the lock exclusively; unowned writers share it for one commit, so they
         # exclude an owner without excluding each other.
-        fd = self._try_lock(session_id, mode)
-        if fd is None:
+        identity = self._identity
+        assert identity is not None  # every call checks for a closed store first
+        fd = _DESCRIPTORS.take(identity, self.path)
+        lock = _SessionLock(identity, fd, _lock_offset(session_id))
+        if not _set_lock(fd, fcntl.F_RDLCK if shared else fcntl.F_WRLCK, lock.offset):
+            _DESCRIPTORS.give_back(identity, fd)
             raise SessionOwned(f"session {session_id} is owned by another process or harness",
                                session_id=session_id)
-        return fd
+        return lock
 
     async def claim(self, session_id: str, context: Context) -> Claim:
         def run(db: sqlite3.Connection) -> SqliteClaim:
-            fd = self._lock(session_id, fcntl.LOCK_EX)
+            lock = self._lock(session_id, shared=False)
             try:
-                with _transaction(db):
+                with _counted_transaction(db, self._mark):
                     row = db.execute(
                         "UPDATE sessions SET owner_epoch = owner_epoch + 1 WHERE id = ? RETURNING owner_epoch",
                         (session_id,),
@@ -393,9 +520,9 @@ class SqliteBackend:
                     if row is None:
                         raise SessionNotFound(f"no session {session_id}", session_id=session_id)
             except BaseException:
-                os.close(fd)
+                _unlock(lock)
                 raise
-            claim = SqliteClaim(session_id, row[0], fd)
+            claim = SqliteClaim(session_id, row[0], lock)
             self._claims.add(claim)
             return claim
 
@@ -407,13 +534,13 @@ class SqliteBackend:
         def run(db: sqlite3.Connection) -> None:
             if claim in self._claims:
                 self._claims.remove(claim)
-                os.close(claim.lock_fd)
+                _unlock(claim.lock)
 
         await self._call(run)
 
     async def run_data_migration(self, migration: DataMigration, context: Context) -> bool:
         def run(db: sqlite3.Connection) -> bool:
-            with _transaction(db):
+            with _counted_transaction(db, self._mark):
                 if db.execute("SELECT 1 FROM data_migrations WHERE name = ?", (migration.name,)).fetchone():
                     return False
                 changed = []
@@ -435,9 +562,10 @@ class SqliteBackend:
 
         def run(db: sqlite3.Connection) -> None:
             for claim in self._claims:
-                os.close(claim.lock_fd)
+                _unlock(claim.lock)
             self._claims.clear()
             db.close()
+            self._mark.close()
             self._closed = True
 
         if self._closed:
@@ -447,6 +575,9 @@ class SqliteBackend:
         finally:
             self._closed = True
             self._executor.shutdown(wait=True)
+            if self._identity is not None:  # once, even if two closes raced
+                identity, self._identity = self._identity, None
+                _DESCRIPTORS.close_store(identity)
 
 
 def _migrate_schema(db: sqlite3.Connection) -> None:
@@ -477,6 +608,15 @@ def _entry_row(row: tuple[Any, ...]) -> EntryRow:
 def _value_row(row: tuple[Any, ...]) -> ValueRow:
     address = f"{row[0]}/{row[1]}"
     return ValueRow(row[0], row[1], row[2], _text(row[3], f"record {address}", address=address))
+
+
+@contextmanager
+def _counted_transaction(db: sqlite3.Connection, mark: CommitMark) -> Iterator[None]:
+    """`_transaction` that bumps the store's commit counter and, once committed, its mark."""
+    with _transaction(db):
+        yield
+        commits = db.execute(commit_mark.BUMP).fetchone()[0]
+    mark.record(commits)
 
 
 @contextmanager

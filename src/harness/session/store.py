@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sqlite3
 import weakref
 from collections.abc import Sequence
 from pathlib import Path
@@ -10,6 +9,7 @@ from typing import TypeVar
 from urllib.parse import parse_qs, urlsplit
 
 from harness.context import Context
+from harness.errors import InvalidInput
 from harness.messages import now_ms
 from harness.session import addresses
 from harness.session.addresses import ValueAddress
@@ -27,7 +27,7 @@ from harness.session.ids import new_id
 from harness.session.memory import MemoryBackend
 from harness.session.migrations import DATA_MIGRATIONS, DataMigration
 from harness.session.records import LaneState
-from harness.session.session import Session, check_lane_name, encode
+from harness.session.session import Session, check_lane_name, encode, storable_identifier
 
 _FORK_PAGE = 1000
 T = TypeVar("T")
@@ -48,16 +48,23 @@ class Store:
             raise StoreClosed(f"store {self.url} is closed")
 
     async def create_session(self, context: Context, *, session_id: str | None = None) -> Session:
-        """Create an empty session (no lanes yet) and return it."""
+        """Create an empty session (no lanes yet) and return it. A supplied `session_id` must be
+        non-empty text without NUL or lone surrogates (`InvalidInput`, the same on every backend)."""
         self._check_open()
+        if session_id is not None and not (session_id and storable_identifier(session_id)):
+            raise InvalidInput("a session id must be non-empty text without NUL or lone surrogates",
+                               session_id=repr(session_id)[:80])
         created = now_ms()
         info = SessionInfo(id=session_id or new_id(), created_at=created, updated_at=created)
         await self.backend.create_session(info, context)
         return self._session(info)
 
     async def open_session(self, session_id: str, context: Context) -> Session:
-        """The session with this id; `SessionNotFound` if there is none."""
+        """The session with this id; `SessionNotFound` if there is none (also for an id no backend
+        can store)."""
         self._check_open()
+        if not storable_identifier(session_id):
+            raise SessionNotFound(f"no session {session_id!r}", session_id=repr(session_id)[:80])
         if (found := self._open.get(session_id)) is not None:
             return found
         info = await self.backend.get_session(session_id, context)
@@ -183,11 +190,7 @@ async def _open_backend(url: str, context: Context) -> Backend:
             raise UnsupportedStoreUrl(
                 f"a SQLite URL takes only ?synchronous=FULL|NORMAL|EXTRA, not {parts.query!r}", url=url
             )
-        path = Path(raw_path[1:])
-        try:
-            return await SqliteBackend.open(path, synchronous, context)
-        except (sqlite3.Error, OSError) as error:
-            raise StoreUnavailable(f"cannot open SQLite store {path}: {error}", url=url) from error
+        return await SqliteBackend.open(Path(raw_path[1:]), synchronous, context)
     if parts.scheme in ("postgresql", "postgres"):
         import psycopg
 

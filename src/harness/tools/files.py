@@ -5,10 +5,13 @@ from __future__ import annotations
 import asyncio
 import difflib
 import fnmatch
+import io
 import os
 import re
+import stat
 from collections.abc import Iterator
 from pathlib import Path
+from typing import BinaryIO
 
 from pydantic import JsonValue
 
@@ -61,32 +64,54 @@ async def read_file(workspace: Workspace, args: dict[str, JsonValue], context: C
     return await asyncio.to_thread(_read, workspace, path, offset, limit, context)
 
 
+def open_regular_file(path: Path) -> BinaryIO | None:
+    """`path` opened for reading if it is a regular file, else None (a FIFO, socket or device).
+
+    Opened without blocking and checked on the open descriptor, so a named pipe (whose open or
+    read would wait for a writer forever) is never waited on, even if it replaced the file after
+    a check by name."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        return None
+    return os.fdopen(fd, "rb")
+
+
 def _read(workspace: Workspace, path: Path, offset: int, limit: int, context: Context) -> ToolOutput:
     shown_path = workspace.show(path)
     if path.is_dir():
         raise ToolFailure(f"{shown_path} is a directory; use the list tool")
-    with path.open("rb") as raw:
+    raw = open_regular_file(path)
+    if raw is None:
+        raise ToolFailure(f"{shown_path} is not a regular file (a named pipe, socket or device); it is not read")
+    with raw:
         if is_binary(raw.read(_SNIFF_BYTES)):
-            size = path.stat().st_size
+            size = os.fstat(raw.fileno()).st_size
             return text_output(f"{shown_path} is a binary file ({size} bytes); it is not shown",
                                {"path": shown_path, "binary": True, "bytes": size})
+        raw.seek(0)
+        return _read_lines(workspace, shown_path, io.TextIOWrapper(raw, encoding="utf-8", errors="replace",
+                                                                   newline=""), offset, limit, context)
+
+
+def _read_lines(workspace: Workspace, shown_path: str, file: io.TextIOWrapper, offset: int, limit: int,
+                context: Context) -> ToolOutput:
     kept: list[str] = []
     chars, total, cut_line = 0, 0, False
-    with path.open(encoding="utf-8", errors="replace", newline="") as file:
-        for number, line in enumerate(file, start=1):
-            total = number
-            if number % 10_000 == 0 and context.cancelled:
-                raise ToolFailure("cancelled")
-            if number < offset or len(kept) >= limit or chars >= workspace.max_chars:
+    for number, line in enumerate(file, start=1):
+        total = number
+        if number % 10_000 == 0 and context.cancelled:
+            raise ToolFailure("cancelled")
+        if number < offset or len(kept) >= limit or chars >= workspace.max_chars:
+            continue
+        room = workspace.max_chars - chars
+        if len(line) > room:
+            if kept:  # the next whole line does not fit: stop before it
+                chars = workspace.max_chars
                 continue
-            room = workspace.max_chars - chars
-            if len(line) > room:
-                if kept:  # the next whole line does not fit: stop before it
-                    chars = workspace.max_chars
-                    continue
-                line, cut_line = line[:room] + "\n", True
-            kept.append(line)
-            chars += len(line)
+            line, cut_line = line[:room] + "\n", True
+        kept.append(line)
+        chars += len(line)
     if total == 0:
         return text_output(f"{shown_path} is empty", {"path": shown_path, "total_lines": 0, "truncated": False})
     if offset > total:
@@ -116,6 +141,8 @@ async def write_file(workspace: Workspace, args: dict[str, JsonValue], context: 
     def write() -> ToolOutput:
         if path.is_dir():
             raise ToolFailure(f"{workspace.show(path)} is a directory")
+        if path.exists() and not path.is_file():  # writing a named pipe waits for a reader forever
+            raise ToolFailure(f"{workspace.show(path)} is not a regular file (a named pipe, socket or device)")
         created = not path.exists()
         path.parent.mkdir(parents=True, exist_ok=True)
         data = content.encode("utf-8")
@@ -240,6 +267,7 @@ async def grep(workspace: Workspace, tool_call_id: str, args: dict[str, JsonValu
         if not path.exists():
             raise ToolFailure(f"{shown} does not exist")
         matches: list[str] = []
+        not_regular: list[str] = []
         files = 0
         for file in _files(path, glob, context):
             try:  # a link inside the tree may point out of it: confinement applies to every file
@@ -247,26 +275,31 @@ async def grep(workspace: Workspace, tool_call_id: str, args: dict[str, JsonValu
             except PathOutsideWorkspace:
                 continue
             found = _grep_file(file, pattern, workspace.show(file))
-            if found:
+            if found is None:
+                not_regular.append(workspace.show(file))
+            elif found:
                 files += 1
                 matches.extend(found)
             if len(matches) >= _GREP_MAX_MATCHES:
                 matches = matches[:_GREP_MAX_MATCHES]
                 matches.append(f"[stopped after {_GREP_MAX_MATCHES} matches]")
                 break
+        skipped = (f"\n[not searched: {len(not_regular)} named pipes, sockets or devices, such as "
+                   f"{not_regular[0]}]" if not_regular else "")
         if not matches:
-            return text_output(f"No matches for {pattern_text!r} in {shown}", {"path": shown, "matches": 0})
+            return text_output(f"No matches for {pattern_text!r} in {shown}{skipped}",
+                               {"path": shown, "matches": 0, "not_regular_files": len(not_regular)})
         limited = workspace.limit("\n".join(matches), tool_call_id,
                                   hint="narrow the pattern, the path or the glob")
         details: dict[str, JsonValue] = {"path": shown, "matches": len(matches), "files": files,
-                                         **limited.details()}
-        return text_output(limited.text, details)
+                                         "not_regular_files": len(not_regular), **limited.details()}
+        return text_output(limited.text + skipped, details)
 
     return await asyncio.to_thread(search)
 
 
 def _files(path: Path, glob: str | None, context: Context) -> Iterator[Path]:
-    if path.is_file():
+    if not path.is_dir():
         yield path
         return
     for directory, dirs, names in os.walk(path):
@@ -278,21 +311,28 @@ def _files(path: Path, glob: str | None, context: Context) -> Iterator[Path]:
                 yield Path(directory) / name
 
 
-def _grep_file(file: Path, pattern: re.Pattern[str], shown: str) -> list[str]:
+def _grep_file(file: Path, pattern: re.Pattern[str], shown: str) -> list[str] | None:
+    """The matching lines of `file`; None if it is not a regular file (never read: see
+    `open_regular_file`)."""
     try:
-        if file.stat().st_size > _GREP_MAX_FILE_BYTES:
-            return []
-        with file.open("rb") as raw:
-            if is_binary(raw.read(_SNIFF_BYTES)):
+        raw = open_regular_file(file)
+        if raw is None:
+            return None
+        with raw:
+            if os.fstat(raw.fileno()).st_size > _GREP_MAX_FILE_BYTES or is_binary(raw.read(_SNIFF_BYTES)):
                 return []
-        found = []
-        with file.open(encoding="utf-8", errors="replace") as text:
-            for number, line in enumerate(text, start=1):
-                if pattern.search(line):
-                    line = line.rstrip("\r\n")
-                    if len(line) > _GREP_LINE_CHARS:
-                        line = line[:_GREP_LINE_CHARS] + "…"
-                    found.append(f"{shown}:{number}:{line}")
-        return found
+            raw.seek(0)
+            return _matches(io.TextIOWrapper(raw, encoding="utf-8", errors="replace"), pattern, shown)
     except OSError:
         return []  # unreadable files (permissions, vanished) are not matches
+
+
+def _matches(text: io.TextIOWrapper, pattern: re.Pattern[str], shown: str) -> list[str]:
+    found = []
+    for number, line in enumerate(text, start=1):
+        if pattern.search(line):
+            line = line.rstrip("\r\n")
+            if len(line) > _GREP_LINE_CHARS:
+                line = line[:_GREP_LINE_CHARS] + "…"
+            found.append(f"{shown}:{number}:{line}")
+    return found

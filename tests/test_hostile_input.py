@@ -1,0 +1,105 @@
+"""Bad input at the public doors, on every backend: one typed error per kind, and nothing written.
+
+Each case is one an attacker tried; the docstrings say what used to happen."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import pytest
+
+from drive_helpers import branch, start_rig
+from harness.context import Context, NotAContext
+from harness.errors import HarnessError, InvalidInput
+from harness.messages import TextContent, UserMessage
+from harness.runtime import InvalidMessage, Lane, Settled
+from harness.session import MessagePayload, SessionMutator, SessionNotFound, Store
+from harness_helpers import said
+
+BAD_IDS = ["a\ud800", "a\x00b", "", 123]
+
+
+@pytest.mark.parametrize("bad", BAD_IDS, ids=repr)
+async def test_opening_an_id_no_backend_can_store_finds_no_session(store: Store, ctx: Context, bad: Any) -> None:
+    """`open_session("a\\ud800")` raised UnicodeEncodeError on SQLite and PostgreSQL, and
+    `open_session("a\\x00b")` a psycopg DataError on PostgreSQL."""
+    with pytest.raises(SessionNotFound):
+        await store.open_session(bad, ctx)
+
+
+@pytest.mark.parametrize("bad", ["x\x00", "x\udc00"], ids=repr)
+async def test_a_session_id_no_backend_can_store_is_refused_on_every_backend(
+    store: Store, ctx: Context, bad: str
+) -> None:
+    """`create_session(session_id="x\\x00")` succeeded on SQLite and failed on PostgreSQL."""
+    with pytest.raises(InvalidInput):
+        await store.create_session(ctx, session_id=bad)
+    assert await store.list_sessions(ctx) == []
+
+
+def _untyped(value: Any) -> Any:
+    return value  # the calls below break the types on purpose, as an untyped caller would
+
+
+UNVALIDATED_MESSAGES: dict[str, Any] = {
+    "model_copy with a wrong type": UserMessage(content="hi").model_copy(update={"content": 123}),
+    "model_construct with a bogus block": UserMessage.model_construct(role="user", content=[_untyped({"type": "x"})]),
+    "model_copy inside a block": UserMessage(content=[TextContent(text="a").model_copy(update={"text": 5})]),
+    "a dict": {"role": "user", "content": "hi"},
+    "a string": "hi",
+}
+
+Call = Callable[[Lane, Context], Awaitable[object]]
+
+
+def _prompt_of(message: Any) -> Call:
+    return lambda lane, ctx: lane.prompt(message, ctx)
+
+
+def _queued(message: Any) -> Call:
+    return lambda lane, ctx: lane.queue_next_run(message, ctx)
+
+
+BAD_CALLS: dict[str, tuple[type[HarnessError], Call]] = {
+    "prompt text that is not a string": (InvalidMessage, lambda lane, ctx: _untyped(lane).prompt(123, None, ctx)),
+    "prompt images that are not images": (InvalidMessage, lambda lane, ctx: _untyped(lane).prompt("hi", ["x"], ctx)),
+    "a context that is not a Context": (NotAContext, lambda lane, ctx: _untyped(lane).prompt("hi", None, object())),
+    "no context": (NotAContext, lambda lane, ctx: _untyped(lane).watch(None)),
+    "a model given as a string": (InvalidInput, lambda lane, ctx: _untyped(lane).set_model("openai/gpt-4o", ctx)),
+    **{f"prompt of {name}": (InvalidMessage, _prompt_of(message)) for name, message in UNVALIDATED_MESSAGES.items()},
+    **{f"queued {name}": (InvalidMessage, _queued(message)) for name, message in UNVALIDATED_MESSAGES.items()},
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_CALLS))
+async def test_bad_input_at_the_lane_gets_a_typed_error_and_changes_nothing(
+    store: Store, ctx: Context, case: str
+) -> None:
+    """These raised pydantic's ValidationError or AttributeError; a message built with
+    `model_copy(update=...)` was even committed, after which every read of the session raised
+    StorageCorruption and the lane stayed busy forever."""
+    expected, call = BAD_CALLS[case]
+    rig = await start_rig(store, ctx, ["fine"])
+    try:
+        with pytest.raises(expected):
+            await call(rig.lane, ctx)
+        outcome = await rig.lane.prompt("still works", None, ctx)
+        assert isinstance(outcome, Settled)
+        assert outcome.result.outcome == "completed"
+        assert [entry.payload.type for entry in await branch(rig.lane, ctx)] == ["message", "message"]
+    finally:
+        await rig.harness.close(ctx)
+
+
+async def test_the_journal_refuses_a_message_its_reader_would_refuse(store: Store, ctx: Context) -> None:
+    """The journal's own backstop: a write never stores an entry that no reader can decode."""
+    session = await store.create_session(ctx)
+    bad = said("x").model_copy(update={"content": 123})
+
+    async def write(m: SessionMutator) -> None:
+        m.insert_entry(MessagePayload(message=bad), parent_id=None)
+
+    with pytest.raises(InvalidInput):
+        await session.mutate(write, ctx)
+    assert await session.read_entries(ctx) == []
