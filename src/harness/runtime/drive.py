@@ -279,9 +279,12 @@ class RunDriver:
         if state.steps >= self.settings.step_ceiling:
             await self.lane.request_abort("step_ceiling", self.context)
             return
-        if await self._maybe_compact(state):
-            return
         overflow_used = isinstance(state.continuation, NeedAssistant) and state.continuation.overflow_recovery_used
+        # The model is asked next, whatever this checkpoint placed (a follow-up included): a
+        # compaction first, completed or failed, resumes to ask it, never to finish the run.
+        asking = state.model_copy(update={"continuation": NeedAssistant(overflow_recovery_used=overflow_used)})
+        if await self._maybe_compact(asking):
+            return
         retry = self.settings.retry
         generation = GenerationContext(
             step_id=new_id(), trigger_entry_id=self.lane._tip_id, config=self.lane._config, step=state.steps + 1,
