@@ -23,9 +23,9 @@ import pexpect
 import pytest
 
 from harness.context import Context
-from harness.messages import AssistantMessage, TextContent
+from harness.messages import AssistantMessage, ModelIdentity, TextContent, UserMessage
 from harness.providers.replay import Hold, RecordedRequest, ReplayResponse, ReplayServer
-from harness.session import MessagePayload, addresses, connect
+from harness.session import LaneConfig, MessagePayload, SessionMutator, addresses, connect
 
 HARNESS = Path(sys.executable).with_name("harness")
 TIMEOUT_S = 15
@@ -508,3 +508,51 @@ def test_resume_after_sigkill_mid_tool(chats: list[Chat], dirs: tuple[Path, Path
     assert tool_result["role"] == "tool"
     assert "interrupted" in str(tool_result["content"])
     assert second.leave() == 0
+
+
+def test_a_session_whose_first_entry_no_longer_fits_fails_naming_tree_0_and_tree_0_gets_out(
+        chats: list[Chat], dirs: tuple[Path, Path], server: ReplayServer) -> None:
+    """Issue 10, item 6: an older version stored a paste too large for the server as entry 1;
+    every request overflows, the turn fails naming the way out, `/tree` offers the start of the
+    session as 0, and after `/tree 0` the next prompt is sent without the paste."""
+    store_url = f"sqlite:///{dirs[0] / 'harness.db'}"
+    paste = "pasted line\n" * 1_000  # the server's window is what refuses it, whatever its size
+
+    async def write_old_session() -> str:
+        context = Context()
+        store = await connect(store_url, context)
+        try:
+            session = await store.create_session(context)
+            await session.create_lane("main", LaneConfig(model=ModelIdentity(provider="openai", model_id="gpt-4o")),
+                                      context)
+
+            async def job(m: SessionMutator) -> None:
+                entry_id = m.insert_entry(MessagePayload(message=UserMessage(content=paste)), parent_id=None)
+                m.set(addresses.branch_tip("main"), entry_id)
+
+            await session.mutate(job, context)
+            return session.id
+        finally:
+            await store.close(context)
+
+    session_id = asyncio.run(write_old_session())
+    overflow = {"error": {"message": "This model's maximum context length is 128000 tokens.",
+                          "type": "invalid_request_error", "code": "context_length_exceeded"}}
+    # the paste is within what a compaction keeps verbatim: nothing older can be summarized away
+    server.enqueue(ReplayResponse.json(overflow, status=400), text_reply("A fresh start."))
+    chat = start(chats, dirs, server, session_id)
+
+    chat.send_line("hello")
+    chat.expect("turn failed [context_overflow]")
+    chat.process.expect(r"no\s+longer\s+fits.*?/tree,\s+where\s+0\s+is\s+the\s+start")
+    chat.send_line("/tree")
+    chat.expect("the start of the session")
+    chat.expect("go to entry")
+    chat.send_line("0")
+    chat.expect("navigation completed")
+    chat.send_line("hello again")
+    chat.expect("A fresh start.")
+    chat.expect("turn completed")
+
+    assert [m.get("content") for m in sent_messages(server.requests[-1])[1:]] == ["hello again"]
+    assert chat.leave() == 0

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Callable, Sequence
+from enum import Enum
 from typing import TYPE_CHECKING, Literal
 
 from pydantic import JsonValue
@@ -114,6 +115,17 @@ if TYPE_CHECKING:
     from harness.runtime.lane import Lane
 
 INTERRUPTED_REPLY = "the reply was interrupted: the process stopped while it streamed"
+DOES_NOT_FIT = ("the conversation no longer fits the model's context window: go back to an entry before the "
+                "largest one, or to the start of the session (in the chat: /tree, where 0 is the start), or "
+                "fork the session from an earlier entry (/fork)")
+"""The way out a run names when its context cannot be made to fit: moving the tip back
+(navigation) to before the entry that is too big; compacting again cannot remove the latest turn."""
+
+
+class KeepTip(Enum):
+    """The settlement leaves the tip where it is (a tip of None is the empty branch)."""
+
+    KEEP = "keep"
 
 
 class RunDriver:
@@ -601,6 +613,7 @@ class RunDriver:
         if error is not None or message.stop_reason in ("error", "aborted"):
             text = error.message if error else (message.error_message or "the provider reported an error")
             code = "context_overflow" if error is not None and error.kind == "context_overflow" else "assistant_error"
+            text = f"{text}; {DOES_NOT_FIT}" if code == "context_overflow" else text
             return FailureDrain(error=OperationErrorRecord(code=code, message=text),
                                 provenance=FailureProvenance(kind="provider"))
         if message.stop_reason == "deferred":
@@ -767,6 +780,8 @@ class RunDriver:
         fails the run, a threshold compaction lets the run go on (and after `max_failures` in a
         row the run stops trying, saying so in the `compaction_end` error)."""
         task, limit = state.task, self.settings.compaction.max_failures
+        if task.reason == "overflow" and code in ("compaction_failed", "context_overflow"):
+            message = f"{message}; {DOES_NOT_FIT}"  # the run fails: its context cannot be made to fit
         error = OperationErrorRecord(code=code, message=message, details=details)
         if task.resume_after is None or task.reason == "overflow":
             end = CompactionEnd(lane=self.lane.name, operation_id=self.operation_id, reason=_reason(task),
@@ -907,10 +922,11 @@ class RunDriver:
         error: OperationErrorRecord | None = None,
         abort_cause: str | None = None,
         stage: Callable[[SessionMutator], None] | None = None,
-        tip: str | None = None,
+        tip: str | KeepTip | None = KeepTip.KEEP,
         events_before: Callable[[CommitResult], Sequence[HarnessEvent]] | None = None,
     ) -> Settled | None:
-        """The terminal commit: `stage`'s final writes (moving the tip to `tip`), clean up the
+        """The terminal commit: `stage`'s final writes (moving the tip to `tip`, where None is the
+        empty branch before the session's first entry), clean up the
         operation, drain steer and follow-up items that were not placed, write the lane's last
         result, go idle; emits `events_before`, then `run_end`.
 
@@ -941,7 +957,7 @@ class RunDriver:
             # Pending writes are never stranded: whatever arrived after the last boundary is
             # placed by the terminal commit.
             writes = [item.entry_id for item in lane._state.inbox if item.kind == "write"]
-            placement = Placement(lane._tip_id if tip is None else tip)
+            placement = Placement(lane._tip_id if tip is KeepTip.KEEP else tip)
             for entry_id in writes:
                 placement.stage(m, entry_id, pending_payload(lane._pending[entry_id]))
                 m.delete(addresses.pending_entry(entry_id))
