@@ -9,14 +9,16 @@ from typing import Any
 
 import pytest
 
-from drive_helpers import FAUX, Rig, branch, shape, start_rig, within
+from drive_helpers import FAUX, Rig, branch, shape, start_rig, text, within
 from harness.context import Context
 from harness.messages import ImageContent, ModelIdentity, UserMessage
 from harness.providers import FAUX_MODEL
 from harness.providers.faux import FauxScript, failure
 from harness.runtime import PromptRequest, PromptTooLarge, Settled
+from harness.runtime.branch_context import SUMMARY_PREFIX
 from harness.runtime.drive import DOES_NOT_FIT
-from harness.session import LaneConfig, MessagePayload, SessionMutator, Store, addresses
+from harness.runtime.summary import estimate_tokens
+from harness.session import LaneConfig, MessagePayload, Session, SessionMutator, Store, addresses
 from harness_helpers import recording, said
 
 WINDOW = 4096
@@ -118,27 +120,50 @@ async def test_without_a_model_to_measure_against_acceptance_checks_nothing(stor
 # -- the way out of a branch that no longer fits -------------------------------------------------
 
 
-async def test_a_branch_that_no_longer_fits_fails_naming_the_way_out_and_it_works(
-    store: Store, ctx: Context
-) -> None:
-    """Every compaction of the oversized entry overflows, so the run fails; its error names the
-    way out (go back before the entry, to the session's start); navigating there works and the
-    next prompt completes without the entry."""
+async def session_with_an_oversized_first_entry(store: Store, ctx: Context) -> Session:
+    """A session as an older version left it: the paste stored as entry 1, at the lane's tip."""
     session = await store.create_session(ctx)
     await session.create_lane("main", LaneConfig(model=FAUX), ctx)
 
-    async def job(m: SessionMutator) -> str:
+    async def job(m: SessionMutator) -> None:
         entry_id = m.insert_entry(MessagePayload(message=UserMessage(content=PASTE, timestamp=0)), parent_id=None)
         m.set(addresses.branch_tip("main"), entry_id)
-        return entry_id
 
     await session.mutate(job, ctx)
+    return session
+
+
+async def test_a_compaction_cuts_an_oversized_old_entry_to_fit_and_the_session_recovers(
+    store: Store, ctx: Context
+) -> None:
+    """The threshold compaction summarizes the paste cut in the middle to fit the window (its
+    beginning and end kept, the cut marked), so the next step fits and the turn completes."""
+    session = await session_with_an_oversized_first_entry(store, ctx)
+    rig = await small_window_rig(store, ctx, ["SUMMARY", "hello back"], session=session)
+
+    outcome = settled(await within(rig.lane.prompt("hi", None, ctx)))
+
+    assert outcome.result.outcome == "completed"
+    summary_request = rig.faux.requests[0].request
+    assert estimate_tokens(summary_request.messages, summary_request.system_prompt or "") <= WINDOW - 1024
+    cut = text(summary_request.messages[0])
+    assert cut.startswith("x" * 1000)
+    assert cut.endswith("x" * 500)
+    assert "characters left out here to fit the model's context window" in cut
+    assert text(rig.requests()[1][0]).startswith(SUMMARY_PREFIX)
+    assert shape(rig.requests()[1][1:]) == ["user:hi"]
+
+
+async def test_a_branch_that_no_longer_fits_fails_naming_the_way_out_and_it_works(
+    store: Store, ctx: Context
+) -> None:
+    """Every compaction of the oversized entry overflows (a server whose window is smaller than
+    it says), so the run fails; its error names the
+    way out (go back before the entry, to the session's start); navigating there works and the
+    next prompt completes without the entry."""
+    session = await session_with_an_oversized_first_entry(store, ctx)
     # three threshold compactions, the step, its overflow compaction: all overflow
-    script = [OVERFLOW] * 5 + ["a fresh start"]
-    rig = await start_rig(store, ctx, script, session=session)
-    registry = rig.harness.options.models
-    assert registry is not None
-    registry.register_model(FAUX_MODEL.model_copy(update={"context_window": WINDOW}))
+    rig = await small_window_rig(store, ctx, [OVERFLOW] * 5 + ["a fresh start"], session=session)
 
     failed = settled(await within(rig.lane.prompt("hi", None, ctx)))
     back = settled(await within(rig.lane.navigate(None, ctx)))

@@ -686,17 +686,18 @@ class RunDriver:
         entries = await self._read_entries()
         navigation = meta.intent if isinstance(meta.intent, NavigationIntent) else None
         plan = None
+        fitted = self.settings.compaction.for_window(model.context_window)
+        room = model.context_window - fitted.reserve_tokens
         if navigation is not None:
             leaving = await self._leaving_branch(navigation.target_id)
             if not leaving:
                 return await self._finish_navigation(navigation, None)
-            request = summary_request(leaving, BRANCH_SUMMARY_REQUEST, task.custom_instructions)
+            request = summary_request(leaving, BRANCH_SUMMARY_REQUEST, task.custom_instructions, room)
         else:
-            keep = self.settings.compaction.for_window(model.context_window).keep_recent_tokens
-            plan = plan_compaction(entries, keep)
+            plan = plan_compaction(entries, fitted.keep_recent_tokens)
             if plan is None:
                 return await self._summary_declined(state)
-            request = summary_request(plan.summarized, SUMMARY_REQUEST, task.custom_instructions)
+            request = summary_request(plan.summarized, SUMMARY_REQUEST, task.custom_instructions, room)
         intent = state.model_copy(update={"attempt": state.attempt + 1, "usage_id": new_id()})
         if not await self._transition(intent, intent=True):
             return None
