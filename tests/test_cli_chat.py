@@ -556,3 +556,33 @@ def test_a_session_whose_first_entry_no_longer_fits_fails_naming_tree_0_and_tree
 
     assert [m.get("content") for m in sent_messages(server.requests[-1])[1:]] == ["hello again"]
     assert chat.leave() == 0
+
+
+def test_a_prompt_or_steer_too_large_for_the_window_is_refused_with_its_size(
+        chats: list[Chat], dirs: tuple[Path, Path], server: ReplayServer) -> None:
+    """Issue 10, item 6: on a model with a 600-token window, a 1.5 KB steer during a turn and a
+    1.5 KB prompt after it are refused with their size and the room, the chat goes on, and
+    neither is sent."""
+    (dirs[0] / "models.toml").write_text('[providers.openai]\n[[providers.openai.models]]\n'
+                                         'id = "gpt-4o"\ncontext_window = 600\n')
+    hold = Hold()
+    server.enqueue(text_reply("Streaming now\n", "and done.", hold=hold), text_reply("Short answer."))
+    chat = start(chats, dirs, server)
+    oversized = "paste " * 250  # about 380 tokens; the room is 600 less 256 for the reply and the system prompt
+
+    chat.send_line("start")
+    chat.expect("Streaming now")
+    chat.send_line(oversized)
+    chat.expect("error [prompt_too_large]: this steer message is too large")
+    chat.process.expect(r"context\s+window\s+is\s+600\s+tokens")
+    hold.release()
+    chat.expect("turn completed")
+    chat.send_line(oversized)
+    chat.expect("error [prompt_too_large]: this prompt is too large")
+    chat.send_line("a short one")
+    chat.expect("Short answer.")
+    chat.expect("turn completed")
+
+    assert [m.get("content") for m in sent_messages(server.requests[-1])[1:]] == [
+        "start", "Streaming now\nand done.", "a short one"]
+    assert chat.leave() == 0
