@@ -927,9 +927,9 @@ class RunDriver:
         events_before: Callable[[CommitResult], Sequence[HarnessEvent]] | None = None,
     ) -> Settled | None:
         """The terminal commit: `stage`'s final writes (moving the tip to `tip`, where None is the
-        empty branch before the session's first entry), clean up the
-        operation, drain steer and follow-up items that were not placed, write the lane's last
-        result, go idle; emits `events_before`, then `run_end`.
+        empty branch before the session's first entry), clean up the operation, drain steer and
+        follow-up items that were not placed, write the lane's last result, go idle; emits
+        `events_before`, then `run_end`.
 
         Decided on the line from the current projection: an abort requested meanwhile makes a
         completion `aborted`; steer or follow-up input that arrived since the last boundary makes

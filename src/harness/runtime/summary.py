@@ -1,5 +1,5 @@
 """What a compaction or a branch summary sends and keeps: token estimates, the cut point, the
-summary request."""
+summary request (cut to fit the model's window)."""
 
 from __future__ import annotations
 
