@@ -230,6 +230,7 @@ async def start_rig(
     hooks: RunHooks | None = None,
     session: Session | None = None,
     clock: FakeClock | None = None,
+    system_prompt: str | None = None,
 ) -> Rig:
     """Attach a harness with the faux provider answering `script`. The lane's active tools are
     `active_tools` (default: every tool given). Drive settings get the rig's fake clock and sleep
@@ -244,7 +245,7 @@ async def start_rig(
     settings = replace(drive or DriveSettings(), clock=clock.clock, sleep=clock.sleep, frame_interval_s=0.0)
     options = AgentHarnessOptions(
         session=session, models=ModelRegistry([FAUX_MODEL], providers={"faux": faux}), tools=tools,
-        drive=settings, hooks=hooks or RunHooks(), listeners=[events],
+        drive=settings, hooks=hooks or RunHooks(), listeners=[events], system_prompt=system_prompt,
     )
     harness, open_operations = await AgentHarness.create(options, context)
     return Rig(harness, harness.lane("main"), session, faux, events, clock, open_operations)

@@ -23,9 +23,9 @@ import pexpect
 import pytest
 
 from harness.context import Context
-from harness.messages import AssistantMessage, TextContent
+from harness.messages import AssistantMessage, ModelIdentity, TextContent, UserMessage
 from harness.providers.replay import Hold, RecordedRequest, ReplayResponse, ReplayServer
-from harness.session import MessagePayload, addresses, connect
+from harness.session import LaneConfig, MessagePayload, SessionMutator, addresses, connect
 
 HARNESS = Path(sys.executable).with_name("harness")
 TIMEOUT_S = 15
@@ -508,3 +508,81 @@ def test_resume_after_sigkill_mid_tool(chats: list[Chat], dirs: tuple[Path, Path
     assert tool_result["role"] == "tool"
     assert "interrupted" in str(tool_result["content"])
     assert second.leave() == 0
+
+
+def test_a_session_whose_first_entry_no_longer_fits_fails_naming_tree_0_and_tree_0_gets_out(
+        chats: list[Chat], dirs: tuple[Path, Path], server: ReplayServer) -> None:
+    """Issue 10, item 6: an older version stored a paste too large for the server as entry 1;
+    every request overflows, the turn fails naming the way out, `/tree` offers the start of the
+    session as 0, and after `/tree 0` the next prompt is sent without the paste."""
+    store_url = f"sqlite:///{dirs[0] / 'harness.db'}"
+    paste = "pasted line\n" * 1_000  # the server's window is what refuses it, whatever its size
+
+    async def write_old_session() -> str:
+        context = Context()
+        store = await connect(store_url, context)
+        try:
+            session = await store.create_session(context)
+            await session.create_lane("main", LaneConfig(model=ModelIdentity(provider="openai", model_id="gpt-4o")),
+                                      context)
+
+            async def job(m: SessionMutator) -> None:
+                entry_id = m.insert_entry(MessagePayload(message=UserMessage(content=paste)), parent_id=None)
+                m.set(addresses.branch_tip("main"), entry_id)
+
+            await session.mutate(job, context)
+            return session.id
+        finally:
+            await store.close(context)
+
+    session_id = asyncio.run(write_old_session())
+    overflow = {"error": {"message": "This model's maximum context length is 128000 tokens.",
+                          "type": "invalid_request_error", "code": "context_length_exceeded"}}
+    # the paste is within what a compaction keeps verbatim: nothing older can be summarized away
+    server.enqueue(ReplayResponse.json(overflow, status=400), text_reply("A fresh start."))
+    chat = start(chats, dirs, server, session_id)
+
+    chat.send_line("hello")
+    chat.expect("turn failed [context_overflow]")
+    chat.process.expect(r"no\s+longer\s+fits.*?/tree,\s+where\s+0\s+is\s+the\s+start")
+    chat.send_line("/tree")
+    chat.expect("the start of the session")
+    chat.expect("go to entry")
+    chat.send_line("0")
+    chat.expect("navigation completed")
+    chat.send_line("hello again")
+    chat.expect("A fresh start.")
+    chat.expect("turn completed")
+
+    assert [m.get("content") for m in sent_messages(server.requests[-1])[1:]] == ["hello again"]
+    assert chat.leave() == 0
+
+
+def test_a_prompt_or_steer_too_large_for_the_window_is_refused_with_its_size(
+        chats: list[Chat], dirs: tuple[Path, Path], server: ReplayServer) -> None:
+    """Issue 10, item 6: on a model with a 600-token window, a 1.5 KB steer during a turn and a
+    1.5 KB prompt after it are refused with their size and the room, the chat goes on, and
+    neither is sent."""
+    (dirs[0] / "models.toml").write_text('[providers.openai]\n[[providers.openai.models]]\n'
+                                         'id = "gpt-4o"\ncontext_window = 600\n')
+    hold = Hold()
+    server.enqueue(text_reply("Streaming now\n", "and done.", hold=hold), text_reply("Short answer."))
+    chat = start(chats, dirs, server)
+    oversized = "paste " * 250  # about 380 tokens; the room is 600 less 256 for the reply and the system prompt
+
+    chat.send_line("start")
+    chat.expect("Streaming now")
+    chat.send_line(oversized)
+    chat.expect("error [prompt_too_large]: this steer message is too large")
+    chat.process.expect(r"context\s+window\s+is\s+600\s+tokens")
+    hold.release()
+    chat.expect("turn completed")
+    chat.send_line(oversized)
+    chat.expect("error [prompt_too_large]: this prompt is too large")
+    chat.send_line("a short one")
+    chat.expect("Short answer.")
+    chat.expect("turn completed")
+
+    assert [m.get("content") for m in sent_messages(server.requests[-1])[1:]] == [
+        "start", "Streaming now\nand done.", "a short one"]
+    assert chat.leave() == 0

@@ -7,10 +7,10 @@ import asyncio
 
 import pytest
 
-from drive_helpers import branch, shape, start_rig, text, within
+from drive_helpers import ProbeTool, Rig, branch, messages, shape, start_rig, text, within
 from harness.context import Context
 from harness.providers import FAUX_MODEL
-from harness.providers.faux import delay, failure, reply
+from harness.providers.faux import FauxReply, delay, failure, reply, tool_call
 from harness.runtime import (
     CompactionSettings,
     DriveSettings,
@@ -23,6 +23,7 @@ from harness.runtime import (
 from harness.runtime.branch_context import SUMMARY_PREFIX
 from harness.runtime.events import CompactionEnd, CompactionStart, NavigationEnd
 from harness.session import BranchSummaryPayload, CompactionPayload, Store, UnknownEntry, addresses
+from harness_helpers import said
 
 KEEP_LITTLE = DriveSettings(compaction=CompactionSettings(keep_recent_tokens=40))
 LONG = "word " * 60  # about 75 tokens: more than KEEP_LITTLE keeps
@@ -31,6 +32,21 @@ LONG = "word " * 60  # about 75 tokens: more than KEEP_LITTLE keeps
 def settled(outcome: object) -> Settled:
     assert isinstance(outcome, Settled), outcome
     return outcome
+
+
+CUT_SUMMARY = reply("the summary was cut", stop_reason="length")
+"""A summary that stops early: its compaction fails with `the summary stopped early (length)`."""
+
+
+async def small_window_rig(store: Store, ctx: Context, script: list[FauxReply | str], probe: ProbeTool) -> Rig:
+    """A rig whose model's window (120 tokens, threshold at 110) a LONG reply and one more message
+    pass, with the probe tool active."""
+    settings = DriveSettings(compaction=CompactionSettings(reserve_tokens=10, keep_recent_tokens=40))
+    rig = await start_rig(store, ctx, script, drive=settings, tools=[probe.tool])
+    registry = rig.harness.options.models
+    assert registry is not None
+    registry.register_model(FAUX_MODEL.model_copy(update={"context_window": 120}))
+    return rig
 
 
 async def test_manual_compaction_writes_one_entry_with_summary_and_kept_tail(store: Store, ctx: Context) -> None:
@@ -224,20 +240,18 @@ async def test_an_abort_during_a_compaction_settles_it_aborted_without_an_entry(
 
 
 async def test_a_turn_too_large_to_compact_goes_ahead_without_looping(store: Store, ctx: Context) -> None:
-    """Over the threshold with nothing but the latest turn: no compaction is attempted (and none
-    repeated); the step is sent and the provider decides."""
-    tiny_window = FAUX_MODEL.model_copy(update={"context_window": 20})
-    settings = DriveSettings(compaction=CompactionSettings(reserve_tokens=10, keep_recent_tokens=5))
-    rig = await start_rig(store, ctx, ["answered anyway"], drive=settings)
-    registry = rig.harness.options.models
-    assert registry is not None
-    registry.register_model(tiny_window)
+    """Over the threshold with nothing but the latest turn (grown past it by a long reply and its
+    tool result): no compaction is attempted (and none repeated); the step is sent and the
+    provider decides. (A prompt that alone passes the window is refused at acceptance.)"""
+    probe = ProbeTool()
+    rig = await small_window_rig(store, ctx, [reply(LONG, tool_call("probe", {"key": "a"})), "answered anyway"],
+                                 probe)
 
-    outcome = settled(await within(rig.lane.prompt(LONG, None, ctx)))
+    outcome = settled(await within(rig.lane.prompt("go", None, ctx)))
 
     assert outcome.result.outcome == "completed"
     assert rig.events.of(CompactionStart) == []
-    assert len(rig.faux.requests) == 1
+    assert len(rig.faux.requests) == 2
 
 
 async def test_closing_mid_run_stops_the_drive_and_the_next_attachment_finishes_it(
@@ -279,3 +293,85 @@ async def test_default_compaction_fits_a_small_model_instead_of_compacting_every
     assert rig.events.of(CompactionStart) == []
     fitted = CompactionSettings().for_window(4096)
     assert (fitted.reserve_tokens, fitted.keep_recent_tokens) == (1024, 1024)
+
+
+# -- queued input across a failed threshold compaction (issue 10, item 7) -------------------------
+
+
+async def test_a_follow_up_is_answered_when_the_threshold_compaction_before_it_fails(
+    store: Store, ctx: Context
+) -> None:
+    """A follow-up placed when the run would finish pushes the context over the threshold; the
+    compaction's summary stops early (`length`) every time: the follow-up is still sent and
+    answered, and the compaction ends say why nothing was compacted."""
+    probe = ProbeTool()
+    gate = probe.gate("a")
+    rig = await small_window_rig(store, ctx, [
+        reply(tool_call("probe", {"key": "a"}, id="call-a")), reply(LONG),
+        CUT_SUMMARY, CUT_SUMMARY, CUT_SUMMARY, "the follow-up answered",
+    ], probe)
+
+    running = asyncio.ensure_future(rig.lane.prompt("go", None, ctx))
+    await probe.wait_started("a")
+    follow_id = await rig.lane.follow_up(said("one more thing"), ctx)
+    gate.set()
+    outcome = settled(await within(running))
+
+    assert outcome.result.outcome == "completed"
+    assert outcome.follow_up == ()
+    ends = rig.events.of(CompactionEnd)
+    assert [e.error.code for e in ends if e.error] == ["compaction_failed", "compaction_failed", "compaction_stopped"]
+    assert ends[0].error is not None
+    assert ends[0].error.message == "the summary stopped early (length)"
+    assert shape(rig.requests()[-1])[-2:] == [f"assistant:{LONG}", "user:one more thing"]
+    entries = await branch(rig.lane, ctx)
+    assert entries[-2].id == follow_id
+    assert outcome.result.final_assistant_entry_id == entries[-1].id
+    assert text(entries[-1].payload.message) == "the follow-up answered"  # type: ignore[union-attr]
+
+
+async def test_a_steer_is_answered_when_the_threshold_compaction_before_it_fails(store: Store, ctx: Context) -> None:
+    """A steer placed after a tool batch passes the threshold; the compaction fails (`length`)
+    each time: the steer goes out in the next request and is answered."""
+    probe = ProbeTool()
+    gate = probe.gate("a")
+    rig = await small_window_rig(store, ctx, [
+        reply(LONG, tool_call("probe", {"key": "a"}, id="call-a")),
+        CUT_SUMMARY, CUT_SUMMARY, CUT_SUMMARY, "the steer answered",
+    ], probe)
+
+    running = asyncio.ensure_future(rig.lane.prompt("go", None, ctx))
+    await probe.wait_started("a")
+    await rig.lane.steer(said("turn left"), ctx)
+    gate.set()
+    outcome = settled(await within(running))
+
+    assert outcome.result.outcome == "completed"
+    assert outcome.steer == ()
+    assert [e.status for e in rig.events.of(CompactionEnd)] == ["failed", "failed", "failed"]
+    assert shape(rig.requests()[-1])[-2:] == ["result:call-a", "user:turn left"]
+    assert text((await messages(rig.lane, ctx))[-1]) == "the steer answered"
+
+
+async def test_a_next_run_item_waits_through_a_failed_threshold_compaction(store: Store, ctx: Context) -> None:
+    """An item queued for the next run is not touched by the open run's failed compactions: it
+    stays queued and the next run places it before its prompt."""
+    probe = ProbeTool()
+    gate = probe.gate("a")
+    rig = await small_window_rig(store, ctx, [
+        reply(LONG, tool_call("probe", {"key": "a"}, id="call-a")),
+        CUT_SUMMARY, CUT_SUMMARY, CUT_SUMMARY, "first run done", "SUMMARY", "second run done",
+    ], probe)
+
+    running = asyncio.ensure_future(rig.lane.prompt("go", None, ctx))
+    await probe.wait_started("a")
+    next_id = await rig.lane.queue_next_run(said("for later"), ctx)
+    gate.set()
+    settled(await within(running))
+    watch = await rig.lane.watch(ctx)
+    watch.close()
+    outcome = settled(await within(rig.lane.prompt("now", None, ctx)))
+
+    assert [item.entry_id for item in watch.snapshot.queues.next_run] == [next_id]
+    assert outcome.result.outcome == "completed"
+    assert shape(rig.requests()[-1])[-2:] == ["user:for later", "user:now"]

@@ -247,6 +247,9 @@ class ChatClient:
             await self.wait_turn()
             self.start_turn(lambda: self._prompt(text))
             return
+        except HarnessError as error:  # refused (too large for the model's window): nothing was queued
+            self.error(error)
+            return
         when = "when the run would end" if follow_up else "after the current step"
         self.screen.print(f"[dim]queued as {'follow-up' if follow_up else 'steer'}: the model reads it {when}[/]")
 

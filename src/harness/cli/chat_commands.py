@@ -129,7 +129,7 @@ async def _sessions(client: ChatClient, argument: str) -> None:
         client.screen.print(f" {mark} [cyan]{escape(info.id)}[/] [dim]{created}[/] {escape(name)}{fork}")
 
 
-@command("tree", "/tree [N]", "list this branch's entries and move to one")
+@command("tree", "/tree [N]", "list this branch's entries and move to one (0: the start of the session)")
 async def _tree(client: ChatClient, argument: str) -> None:
     tip = client.lane.tip_id
     if tip is None:
@@ -138,17 +138,19 @@ async def _tree(client: ChatClient, argument: str) -> None:
     entries = await branch_oldest_first(client.attached.harness.session, tip, client.context)
     client.listing = [entry.id for entry in entries]
     if not argument:
+        # Going back before entry 1 is the way out of a session whose first entry is too large.
+        client.screen.print("   [bold]  0[/] [dim]the start of the session (an empty branch)[/]")
         if len(entries) > TREE_SHOWN:
             client.screen.print(f"[dim]… {len(entries) - TREE_SHOWN} earlier entries[/]")
         for number, entry in enumerate(entries, 1):
             if number > len(entries) - TREE_SHOWN:
                 mark = "●" if entry.id == tip else " "
                 client.screen.print(f" {mark} [bold]{number:>3}[/] {entry_summary(entry)}")
-        argument = (await client.terminal.ask("go to entry (number; Enter stays): ",
+        argument = (await client.terminal.ask("go to entry (number, 0 for the start; Enter stays): ",
                                                "the next prompt continues after the entry you pick") or "").strip()
         if not argument:
             return
-    target = _entry_id(client, argument)
+    target = None if argument == "0" else _entry_id(client, argument)
     if target == tip:
         client.screen.print("[dim]already there[/]")
         return

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Callable, Sequence
+from enum import Enum
 from typing import TYPE_CHECKING, Literal
 
 from pydantic import JsonValue
@@ -115,6 +116,17 @@ if TYPE_CHECKING:
     from harness.runtime.lane import Lane
 
 INTERRUPTED_REPLY = "the reply was interrupted: the process stopped while it streamed"
+DOES_NOT_FIT = ("the conversation no longer fits the model's context window: go back to an entry before the "
+                "largest one, or to the start of the session (in the chat: /tree, where 0 is the start), or "
+                "fork the session from an earlier entry (/fork)")
+"""The way out a run names when its context cannot be made to fit: moving the tip back
+(navigation) to before the entry that is too big; compacting again cannot remove the latest turn."""
+
+
+class KeepTip(Enum):
+    """The settlement leaves the tip where it is (a tip of None is the empty branch)."""
+
+    KEEP = "keep"
 
 
 class RunDriver:
@@ -280,9 +292,12 @@ class RunDriver:
         if state.steps >= self.settings.step_ceiling:
             await self.lane.request_abort("step_ceiling", self.context)
             return
-        if await self._maybe_compact(state):
-            return
         overflow_used = isinstance(state.continuation, NeedAssistant) and state.continuation.overflow_recovery_used
+        # The model is asked next, whatever this checkpoint placed (a follow-up included): a
+        # compaction first, completed or failed, resumes to ask it, never to finish the run.
+        asking = state.model_copy(update={"continuation": NeedAssistant(overflow_recovery_used=overflow_used)})
+        if await self._maybe_compact(asking):
+            return
         retry = self.settings.retry
         generation = GenerationContext(
             step_id=new_id(), trigger_entry_id=self.lane._tip_id, config=self.lane._config, step=state.steps + 1,
@@ -597,6 +612,7 @@ class RunDriver:
         if error is not None or message.stop_reason in ("error", "aborted"):
             text = error.message if error else (message.error_message or "the provider reported an error")
             code = "context_overflow" if error is not None and error.kind == "context_overflow" else "assistant_error"
+            text = f"{text}; {DOES_NOT_FIT}" if code == "context_overflow" else text
             return FailureDrain(error=OperationErrorRecord(code=code, message=text),
                                 provenance=FailureProvenance(kind="provider"))
         if message.stop_reason == "deferred":
@@ -669,17 +685,18 @@ class RunDriver:
         entries = await self._read_entries()
         navigation = meta.intent if isinstance(meta.intent, NavigationIntent) else None
         plan = None
+        fitted = self.settings.compaction.for_window(model.context_window)
+        room = model.context_window - fitted.reserve_tokens
         if navigation is not None:
             leaving = await self._leaving_branch(navigation.target_id)
             if not leaving:
                 return await self._finish_navigation(navigation, None)
-            request = summary_request(leaving, BRANCH_SUMMARY_REQUEST, task.custom_instructions)
+            request = summary_request(leaving, BRANCH_SUMMARY_REQUEST, task.custom_instructions, room)
         else:
-            keep = self.settings.compaction.for_window(model.context_window).keep_recent_tokens
-            plan = plan_compaction(entries, keep)
+            plan = plan_compaction(entries, fitted.keep_recent_tokens)
             if plan is None:
                 return await self._summary_declined(state)
-            request = summary_request(plan.summarized, SUMMARY_REQUEST, task.custom_instructions)
+            request = summary_request(plan.summarized, SUMMARY_REQUEST, task.custom_instructions, room)
         intent = state.model_copy(update={"attempt": state.attempt + 1, "usage_id": new_id()})
         if not await self._transition(intent, intent=True):
             return None
@@ -763,6 +780,8 @@ class RunDriver:
         fails the run, a threshold compaction lets the run go on (and after `max_failures` in a
         row the run stops trying, saying so in the `compaction_end` error)."""
         task, limit = state.task, self.settings.compaction.max_failures
+        if task.reason == "overflow" and code in ("compaction_failed", "context_overflow"):
+            message = f"{message}; {DOES_NOT_FIT}"  # the run fails: its context cannot be made to fit
         error = OperationErrorRecord(code=code, message=message, details=details)
         if task.resume_after is None or task.reason == "overflow":
             end = CompactionEnd(lane=self.lane.name, operation_id=self.operation_id, reason=_reason(task),
@@ -909,12 +928,13 @@ class RunDriver:
         error: OperationErrorRecord | None = None,
         abort_cause: str | None = None,
         stage: Callable[[SessionMutator], None] | None = None,
-        tip: str | None = None,
+        tip: str | KeepTip | None = KeepTip.KEEP,
         events_before: Callable[[CommitResult], Sequence[HarnessEvent]] | None = None,
     ) -> Settled | None:
-        """The terminal commit: `stage`'s final writes (moving the tip to `tip`), clean up the
-        operation, drain steer and follow-up items that were not placed, write the lane's last
-        result, go idle; emits `events_before`, then `run_end`.
+        """The terminal commit: `stage`'s final writes (moving the tip to `tip`, where None is the
+        empty branch before the session's first entry), clean up the operation, drain steer and
+        follow-up items that were not placed, write the lane's last result, go idle; emits
+        `events_before`, then `run_end`.
 
         Decided on the line from the current projection: an abort requested meanwhile makes a
         completion `aborted`; steer or follow-up input that arrived since the last boundary makes
@@ -943,7 +963,7 @@ class RunDriver:
             # Pending writes are never stranded: whatever arrived after the last boundary is
             # placed by the terminal commit.
             writes = [item.entry_id for item in lane._state.inbox if item.kind == "write"]
-            placement = Placement(lane._tip_id if tip is None else tip)
+            placement = Placement(lane._tip_id if tip is KeepTip.KEEP else tip)
             for entry_id in writes:
                 placement.stage(m, entry_id, pending_payload(lane._pending[entry_id]))
                 m.delete(addresses.pending_entry(entry_id))

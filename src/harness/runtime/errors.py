@@ -27,6 +27,14 @@ class UnknownTemplate(HarnessError):
     code = "unknown_template"
 
 
+class PromptTooLarge(HarnessError):
+    """Input that cannot fit the lane's model's context window even alone: it was refused before
+    anything was written (details: `estimated_tokens`, `room_tokens` (the window less the reply's
+    reserve and the system prompt), `context_window`, `model`)."""
+
+    code = "prompt_too_large"
+
+
 class NoActiveOperation(HarnessError):
     """The call needs an open operation on the lane and there is none; nothing was written."""
 

@@ -40,9 +40,10 @@ R = TypeVar("R")
 
 @dataclass(frozen=True)
 class AgentHarnessOptions:
-    """What a harness runs with. `models` and `tools` are consulted only when a step executes,
-    never by attachment, acceptance or inspection (HA-16). There is no default telemetry Context:
-    every call takes its own (HA-22, HA-30)."""
+    """What a harness runs with. `models` and `tools` are needed only when a step executes, never
+    by attachment, acceptance or inspection (HA-16); acceptance reads a model's context window
+    from `models` only to refuse input that cannot fit it, when the registry knows the lane's
+    model. There is no default telemetry Context: every call takes its own (HA-22, HA-30)."""
 
     session: Session
     models: ModelRegistry | None = None

@@ -14,7 +14,7 @@ from pydantic import JsonValue, ValidationError
 from pydantic_core import PydanticSerializationError
 
 from harness.context import Context
-from harness.errors import InvalidInput
+from harness.errors import InvalidInput, ModelUnavailable
 from harness.messages import CustomMessage, ImageContent, Message, ModelIdentity, now_ms
 from harness.runtime.branch_context import branch_entries
 from harness.runtime.bus import Watcher
@@ -28,6 +28,7 @@ from harness.runtime.errors import (
     NothingToResume,
     OperationIdTaken,
     OperationMismatch,
+    PromptTooLarge,
 )
 from harness.runtime.events import (
     CompactionStart,
@@ -44,7 +45,7 @@ from harness.runtime.events import (
 )
 from harness.runtime.requests import PromptRequest, RunRequest, check_input_message, describe_invalid, normalize_request
 from harness.runtime.snapshot import LanePresentation, LaneView, capture_snapshot, queued_item, queues_of
-from harness.runtime.summary import plan_compaction
+from harness.runtime.summary import estimate_tokens, plan_compaction
 from harness.runtime.types import CurrentOperationInfo, LaneExecutionInfo, LaneInfo, LaneSnapshot, OperationStatus
 from harness.session import (
     AbortCause,
@@ -242,6 +243,7 @@ class Lane:
 
         async def plan(m: SessionMutator) -> Decision[AcceptedRun]:
             self._refuse_if_busy()
+            self._refuse_if_too_large("prompt", normalized.messages)
             captured = self._state.ids_of("next_run")
             await self._load_inbox(m, context)
             queued = [queued_item(i, self._pending[i]).message for i in captured]
@@ -352,6 +354,7 @@ class Lane:
             if needs_operation and self._state.current_operation_id is None:
                 raise NoActiveOperation(f"lane {self.name} has no open operation to {kind.replace('_', '-')}",
                                         lane=self.name)
+            self._refuse_if_too_large(_INPUT_NAMES[kind], [message])
             await self._load_inbox(m, context)
             return self._enqueue(m, entry_id, kind, PendingMessage(message=owned(message)))
 
@@ -537,6 +540,33 @@ class Lane:
         operation_id = await self._command(plan, context)
         return await self.drive(operation_id, context)
 
+    def _refuse_if_too_large(self, what: str, messages: Sequence[Message]) -> None:
+        """Refuse input that cannot fit the lane's model's context window even alone, next to the
+        system prompt and the reply's reserve, by the estimate threshold compaction goes by: no
+        compaction could ever make room for it (`PromptTooLarge`). Without a registry that knows
+        the model nothing is checked: acceptance never needs one (HA-16); the step then fails
+        in-band (HA-23)."""
+        registry = self._harness.options.models
+        if registry is None or not messages:
+            return
+        try:
+            model = registry.model(self._config.model)
+        except ModelUnavailable:
+            return
+        window = model.context_window
+        reserve = self._harness.options.drive.compaction.for_window(window).reserve_tokens
+        system = estimate_tokens((), self._harness.options.system_prompt or "")
+        room, size = window - reserve - system, estimate_tokens(messages)
+        if size <= room:
+            return
+        name = f"{model.provider}/{model.id}"
+        system_part = f" and {system:,} for the system prompt" if system else ""
+        raise PromptTooLarge(
+            f"this {what} is too large: about {size:,} tokens, and model {name} has room for about "
+            f"{max(room, 0):,} (its context window is {window:,} tokens, less {reserve:,} kept for the reply"
+            f"{system_part}); shorten it or send it in parts",
+            estimated_tokens=size, room_tokens=room, context_window=window, model=name)
+
     def _refuse_if_busy(self) -> None:
         if self._state.current_operation_id is not None:
             raise LaneBusy(f"lane {self.name} is running operation {self._state.current_operation_id}",
@@ -630,6 +660,10 @@ class Lane:
 
         return await self._command(plan, context)
 
+
+_INPUT_NAMES: dict[InboxKind, str] = {"steer": "steer message", "follow_up": "follow-up",
+                                     "next_run": "next-run message"}
+"""How a refusal names queued input of each kind."""
 
 T = TypeVar("T")
 

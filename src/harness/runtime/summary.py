@@ -1,12 +1,12 @@
 """What a compaction or a branch summary sends and keeps: token estimates, the cut point, the
-summary request."""
+summary request (cut to fit the model's window)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from harness.messages import Message, UserMessage
+from harness.messages import ImageContent, Message, TextContent, UserMessage
 from harness.providers import ProviderRequest
 from harness.runtime.branch_context import context_messages
 from harness.session import Entry
@@ -22,9 +22,22 @@ BRANCH_SUMMARY_REQUEST = ("Summarize the conversation above: it is a branch the 
                           "summary is all that will be kept of it.")
 
 
-def estimate_tokens(messages: Sequence[Message]) -> int:
-    """A rough token count (four characters per token) of what `messages` send."""
-    return sum(len(message.model_dump_json()) for message in messages) // 4
+IMAGE_TOKENS = 1_600
+"""What one image is counted as: providers bill an image by its pixels, not its base64 length
+(about 1,600 tokens for a megapixel), so its bytes are not counted as text."""
+
+
+def estimate_tokens(messages: Sequence[Message], system_prompt: str = "") -> int:
+    """A rough token count of what `messages` (and `system_prompt`) send: four characters of
+    their JSON per token, plus `IMAGE_TOKENS` per image."""
+    chars, images = len(system_prompt), 0
+    for message in messages:
+        chars += len(message.model_dump_json())
+        for block in message.content if isinstance(message.content, list) else ():
+            if isinstance(block, ImageContent):
+                chars -= len(block.data)  # base64: its JSON form is as long as the data
+                images += 1
+    return chars // 4 + images * IMAGE_TOKENS
 
 
 @dataclass(frozen=True)
@@ -58,8 +71,59 @@ def plan_compaction(entries: Sequence[Entry], keep_recent_tokens: int) -> Compac
     return CompactionPlan(tuple(messages[:cut]), tuple(messages[cut:]), estimate_tokens(messages))
 
 
-def summary_request(messages: Sequence[Message], instruction: str, custom_instructions: str | None) -> ProviderRequest:
-    """The request that asks a model for a summary of `messages`."""
+def summary_request(messages: Sequence[Message], instruction: str, custom_instructions: str | None,
+                    room_tokens: int) -> ProviderRequest:
+    """The request that asks a model for a summary of `messages`, within `room_tokens` (the
+    model's window less the reply's reserve): when they do not fit, their longest texts are
+    cut in the middle (`clip_to_room`), so one oversized entry cannot make every compaction
+    overflow."""
     text = instruction if not custom_instructions else f"{instruction}\n\n{custom_instructions}"
-    return ProviderRequest(system_prompt=SUMMARY_SYSTEM_PROMPT,
-                           messages=(*messages, UserMessage(content=text)))
+    ask = UserMessage(content=text)
+    room = room_tokens - estimate_tokens([ask], SUMMARY_SYSTEM_PROMPT)
+    return ProviderRequest(system_prompt=SUMMARY_SYSTEM_PROMPT, messages=(*clip_to_room(messages, room), ask))
+
+
+CUT_MARK = "\n[… {count:,} characters left out here to fit the model's context window …]\n"
+_MARK_CHARS = len(CUT_MARK.format(count=10**9)) + 8  # the mark and its JSON escapes
+
+
+def clip_to_room(messages: Sequence[Message], room_tokens: int) -> tuple[Message, ...]:
+    """`messages` unchanged if their estimate fits `room_tokens`; else with every text longer
+    than one common length cut to it, keeping its beginning and end around a `CUT_MARK`. The
+    length is the longest that frees enough room, so short texts stay whole. Thinking and tool
+    call arguments are never cut (a provider checks signed thinking)."""
+    excess = (estimate_tokens(messages) - room_tokens) * 4
+    if excess <= 0:
+        return tuple(messages)
+    lengths = [len(piece) for message in messages for piece in _texts(message)]
+
+    def freed(cap: int) -> int:
+        return sum(length - cap - _MARK_CHARS for length in lengths if length - cap > _MARK_CHARS)
+
+    low, high = 0, max(lengths, default=0)  # the longest cap that still frees `excess`
+    while low < high:
+        middle = (low + high + 1) // 2
+        low, high = (middle, high) if freed(middle) >= excess else (low, middle - 1)
+    return tuple(_clipped(message, low) for message in messages)
+
+
+def _texts(message: Message) -> list[str]:
+    content = message.content
+    if isinstance(content, str):
+        return [content]
+    return [block.text for block in content if isinstance(block, TextContent)]
+
+
+def _clipped(message: Message, cap: int) -> Message:
+    def cut(text: str) -> str:
+        if len(text) - cap <= _MARK_CHARS:
+            return text
+        head = cap * 2 // 3
+        return text[:head] + CUT_MARK.format(count=len(text) - cap) + text[len(text) - (cap - head):]
+
+    content = message.content
+    if isinstance(content, str):
+        return message.model_copy(update={"content": cut(content)})
+    blocks = [block.model_copy(update={"text": cut(block.text)}) if isinstance(block, TextContent) else block
+              for block in content]
+    return message.model_copy(update={"content": blocks})
