@@ -456,9 +456,47 @@ def test_rename_and_sessions_commands(chats: list[Chat], dirs: tuple[Path, Path]
     assert chat.leave() == 0
 
 
+def printed_since(chat: Chat, offset: int) -> str:
+    """What the chats of this test printed after `offset` characters of the shared log."""
+    chat.log.flush()
+    return chat.log_path.read_text(encoding="utf-8")[offset:]
+
+
+def log_size(home: Path) -> int:
+    path = home / "terminal.log"
+    return len(path.read_text(encoding="utf-8")) if path.exists() else 0
+
+
+def test_a_resume_before_any_text_streamed_is_not_shown_as_a_failure(
+        chats: list[Chat], dirs: tuple[Path, Path], server: ReplayServer) -> None:
+    """kill -9 after the request was sent but before any text came: the resumed turn says it
+    is finishing the open turn, then shows the reply; no error, no retry row."""
+    home, _ = dirs
+    hold = Hold()
+    server.enqueue(ReplayResponse.sse(hold))
+    first = start(chats, dirs, server)
+    first.send_line("a question")
+    assert hold.reached.wait(TIMEOUT_S)
+    session_id = first.session_id()
+    first.kill()
+
+    server.enqueue(text_reply("The answer, from the start."))
+    offset = log_size(home)
+    chat = start(chats, dirs, server, session_id, "--resume")
+    chat.expect("open run")
+    chat.expect("↻ finishing the open turn")
+    chat.expect("The answer, from the start.")
+    chat.expect("turn completed")
+    shown = printed_since(chat, offset)
+    assert "✗" not in shown
+    assert "interrupted" not in shown
+    assert "retrying" not in shown
+    assert chat.leave() == 0
+
+
 def test_resume_after_sigkill_mid_stream(chats: list[Chat], dirs: tuple[Path, Path], server: ReplayServer) -> None:
-    """kill -9 while the reply streams; `harness chat ID --resume` shows what had streamed and
-    finishes the run (the interrupted reply is retried)."""
+    """kill -9 while the reply streams; `harness chat ID --resume` shows what had streamed once,
+    says it was cut off and is asked again (not as a failure), and finishes the run."""
     hold = Hold()
     server.enqueue(text_reply("A partial answer line\n", "never sent", hold=hold))
     first = start(chats, dirs, server)
@@ -470,15 +508,19 @@ def test_resume_after_sigkill_mid_stream(chats: list[Chat], dirs: tuple[Path, Pa
     assert hold.disconnected.wait(TIMEOUT_S)
 
     server.enqueue(text_reply("The whole answer, ", "at last."))
+    shown_before = len(first.log_path.read_text(encoding="utf-8"))
     second = start(chats, dirs, server, session_id, "--resume")
     second.expect("open run")
     second.expect("already streamed:")
     second.expect("A partial answer line")
-    second.expect("the reply was interrupted")
-    second.expect("retrying")
+    second.expect("↻ that reply was cut off when the process stopped; asking again")
     second.expect("The whole answer, at last.")
     second.expect("turn completed")
     assert second.leave() == 0
+    shown = second.log_path.read_text(encoding="utf-8")[shown_before:]
+    assert shown.count("A partial answer line") == 1
+    assert "✗" not in shown
+    assert "retrying" not in shown
 
 
 def test_resume_after_sigkill_mid_tool(chats: list[Chat], dirs: tuple[Path, Path], server: ReplayServer) -> None:

@@ -41,7 +41,7 @@ from harness.providers import (
 )
 from harness.providers.errors import classify_exception
 from harness.runtime.branch_context import branch_entries, context_messages
-from harness.runtime.drive_types import ResumeOutcome, Settled, Suspended, WaitingRetry
+from harness.runtime.drive_types import INTERRUPTED_REPLY, ResumeOutcome, Settled, Suspended, WaitingRetry
 from harness.runtime.errors import HarnessFault
 from harness.runtime.events import (
     CompactionEnd,
@@ -112,8 +112,6 @@ from harness.session.records import NavigationIntent
 
 if TYPE_CHECKING:
     from harness.runtime.lane import Lane
-
-INTERRUPTED_REPLY = "the reply was interrupted: the process stopped while it streamed"
 
 
 class RunDriver:
