@@ -494,6 +494,28 @@ def test_a_resume_before_any_text_streamed_is_not_shown_as_a_failure(
     assert chat.leave() == 0
 
 
+def test_reopening_shows_the_last_reply_whole(chats: list[Chat], dirs: tuple[Path, Path],
+                                              server: ReplayServer) -> None:
+    """The latest reply is shown whole when a session is reopened; an older long entry is clipped
+    and the chat says `harness show` prints it whole."""
+    home, _ = dirs
+    reply = "A long reply: " + " ".join(f"w{i}" for i in range(150)) + " and THE LAST WORDS."
+    server.enqueue(text_reply(reply))
+    first = start(chats, dirs, server)
+    first.send_line("a long prompt: " + "x" * 400)
+    first.expect("turn completed")
+    session_id = first.session_id()
+    assert first.leave() == 0
+
+    offset = log_size(home)
+    chat = start(chats, dirs, server, session_id)
+    shown = printed_since(chat, offset)
+    assert "w149 and THE LAST WORDS." in shown
+    assert shown.count("more characters]") == 1  # the prompt only
+    assert f"harness show {session_id}" in shown
+    assert chat.leave() == 0
+
+
 def test_resume_after_sigkill_mid_stream(chats: list[Chat], dirs: tuple[Path, Path], server: ReplayServer) -> None:
     """kill -9 while the reply streams; `harness chat ID --resume` shows what had streamed once,
     says it was cut off and is asked again (not as a failure), and finishes the run."""

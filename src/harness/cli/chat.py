@@ -35,7 +35,7 @@ from harness.cli.render import branch_oldest_first, entry_lines
 from harness.context import Context
 from harness.errors import HarnessError
 from harness.home import harness_home
-from harness.messages import ModelIdentity, UserMessage
+from harness.messages import AssistantMessage, ModelIdentity, UserMessage
 from harness.providers import ModelRegistry
 from harness.runtime import Lane, LaneBusy, NoActiveOperation, PromptRequest, ResumeOutcome, Settled
 from harness.session import Store
@@ -323,12 +323,23 @@ class ChatClient:
         self.screen.print("[dim]/help: commands · Enter sends · Ctrl-C interrupts a turn · Ctrl-D leaves[/]")
 
     async def _show_recent(self, tip: str) -> None:
+        """The branch's last entries; older ones are clipped, the latest reply is shown whole."""
         entries = await branch_oldest_first(self.attached.harness.session, tip, self.context)
+        show_all = f"`harness show {self.attached.harness.session.id}` prints them whole"
         if len(entries) > RECENT_ENTRIES:
-            self.screen.print(f"[dim]… {len(entries) - RECENT_ENTRIES} earlier entries (/tree lists them)[/]")
-        for entry in entries[-RECENT_ENTRIES:]:
-            for line in entry_lines(entry, 300):
+            self.screen.print(f"[dim]… {len(entries) - RECENT_ENTRIES} earlier entries (/tree lists them; "
+                              f"{escape(show_all)})[/]")
+        recent = entries[-RECENT_ENTRIES:]
+        replies = [e for e in recent if e.payload.type == "message" and isinstance(e.payload.message, AssistantMessage)]
+        clipped = False
+        for entry in recent:
+            whole = entry_lines(entry, None)
+            lines = whole if replies and entry is replies[-1] else entry_lines(entry, 300)
+            clipped = clipped or lines != whole
+            for line in lines:
                 self.screen.print(line)
+        if clipped and len(entries) <= RECENT_ENTRIES:
+            self.screen.print(f"[dim](long entries are clipped; {escape(show_all)})[/]")
 
     async def _offer_resume(self) -> None:
         """Show the lane's open operation left by a stopped process, then finish it (after asking,
