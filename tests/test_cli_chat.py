@@ -82,16 +82,18 @@ def sent_messages(request: RecordedRequest) -> list[dict[str, Any]]:
 
 
 class Chat:
-    """`harness chat` in a pseudo-terminal, in `work` (the tools' directory), on `store_url`."""
+    """`harness chat` in a pseudo-terminal, in `work` (the tools' directory), on `store_url`; on
+    `openai/gpt-4o` with a key, or with `api_key=False` with no key and no `--model`."""
 
-    def __init__(self, home: Path, work: Path, server: ReplayServer, *args: str) -> None:
+    def __init__(self, home: Path, work: Path, server: ReplayServer, *args: str, api_key: bool = True) -> None:
         env = {**os.environ, "HARNESS_HOME": str(home), "OPENAI_BASE_URL": f"{server.base_url}/v1",
                "OPENAI_API_KEY": "test-key", "PROMPT_TOOLKIT_NO_CPR": "1", "TERM": "xterm", "COLUMNS": "200"}
-        for name in ("HARNESS_STORE", "NO_COLOR"):
+        for name in ("HARNESS_STORE", "NO_COLOR", *(() if api_key else ("OPENAI_API_KEY",))):
             env.pop(name, None)
         self.store_url = f"sqlite:///{home / 'harness.db'}"
+        model = ["--model", "openai/gpt-4o"] if api_key else []
         self.process = pexpect.spawn(
-            str(HARNESS), ["chat", "--model", "openai/gpt-4o", "--store", self.store_url, *args],
+            str(HARNESS), ["chat", *model, "--store", self.store_url, *args],
             cwd=str(work), env=env, encoding="utf-8", dimensions=(50, 200), timeout=TIMEOUT_S,
         )
         self.log_path = home / "terminal.log"
@@ -155,8 +157,9 @@ def chats(dirs: tuple[Path, Path], server: ReplayServer) -> Iterator[list[Chat]]
         chat.close()
 
 
-def start(chats: list[Chat], dirs: tuple[Path, Path], server: ReplayServer, *args: str) -> Chat:
-    chat = Chat(dirs[0], dirs[1], server, *args)
+def start(chats: list[Chat], dirs: tuple[Path, Path], server: ReplayServer, *args: str,
+          api_key: bool = True) -> Chat:
+    chat = Chat(dirs[0], dirs[1], server, *args, api_key=api_key)
     chats.append(chat)
     return chat
 
@@ -456,9 +459,217 @@ def test_rename_and_sessions_commands(chats: list[Chat], dirs: tuple[Path, Path]
     assert chat.leave() == 0
 
 
+def printed_since(chat: Chat, offset: int) -> str:
+    """What the chats of this test printed after `offset` characters of the shared log."""
+    chat.log.flush()
+    return chat.log_path.read_text(encoding="utf-8")[offset:]
+
+
+def log_size(home: Path) -> int:
+    path = home / "terminal.log"
+    return len(path.read_text(encoding="utf-8")) if path.exists() else 0
+
+
+def keyless_replay_model(home: Path, server: ReplayServer) -> None:
+    """A model that needs no key, served by the replay server: `replay/gpt-4o`."""
+    (home / "models.toml").write_text(
+        f'[providers.replay]\napi = "openai-chat"\nbase_url = "{server.base_url}/v1"\n'
+        '[[providers.replay.models]]\nid = "gpt-4o"\n', encoding="utf-8")
+
+
+def test_a_session_whose_key_is_missing_opens_and_refuses_prompts_without_losing_them(
+        chats: list[Chat], dirs: tuple[Path, Path], server: ReplayServer) -> None:
+    """Without the lane's API key the session still opens: its history, a notice naming the
+    variable; a prompt is refused with the same notice and put back on the input line; /model
+    switches to a usable model and the kept prompt is then sent."""
+    home = dirs[0]
+    server.enqueue(text_reply("First answer."), text_reply("Answer on the other model."))
+    first = start(chats, dirs, server)
+    first.send_line("first question")
+    first.expect("turn completed")
+    session_id = first.session_id()
+    assert first.leave() == 0
+    keyless_replay_model(home, server)
+
+    offset = log_size(home)
+    chat = start(chats, dirs, server, session_id, api_key=False)
+    notice = "model openai/gpt-4o is not usable: OPENAI_API_KEY is not set; /model to switch"
+    shown = printed_since(chat, offset)
+    assert "First answer." in shown
+    assert notice in shown
+    chat.send_line("keep this prompt")
+    chat.expect(notice)
+    chat.expect("keep this prompt")  # back on the input line
+    chat.process.send("\r")  # so Enter alone sends it again: refused again, not lost
+    chat.expect(notice)
+    chat.process.send("\x15")  # Ctrl-U: clear the line to type a command
+    chat.send_line("/model replay/gpt-4o")
+    chat.expect("model → replay/gpt-4o")
+    chat.process.send("\x1b[A\x1b[A\r")  # the refused prompt is in the history, before /model
+    chat.expect("Answer on the other model.")
+    chat.expect("turn completed")
+
+    assert len(server.requests) == 2
+    assert sent_messages(server.requests[1])[-1] == {"role": "user", "content": "keep this prompt"}
+    assert chat.leave() == 0
+
+
+def test_a_session_on_an_unknown_model_opens_and_says_so(chats: list[Chat], dirs: tuple[Path, Path],
+                                                          server: ReplayServer) -> None:
+    """An imported session whose model no provider here offers opens, with a notice, and /model
+    lists the models to switch to."""
+    home = dirs[0]
+
+    async def create() -> str:
+        context = Context()
+        store = await connect(f"sqlite:///{home / 'harness.db'}", context)
+        try:
+            session = await store.create_session(context)
+            model = ModelIdentity(provider="elsewhere", model_id="model-x")
+            await session.create_lane("main", LaneConfig(model=model), context)
+            return session.id
+        finally:
+            await store.close(context)
+
+    chat = start(chats, dirs, server, asyncio.run(create()), api_key=False)
+    assert "model elsewhere/model-x is not usable: no provider here offers it" in printed_since(chat, 0)
+    chat.send_line("/model")
+    chat.expect("openai/gpt-4o")
+    assert chat.leave() == 0
+
+
+def test_an_open_run_on_a_missing_key_can_be_aborted_but_not_finished(
+        chats: list[Chat], dirs: tuple[Path, Path], server: ReplayServer) -> None:
+    """A run a killed chat left open, reopened without its key: the chat says it cannot be
+    finished until the model is usable and offers to abort it; y aborts it."""
+    hold = Hold()
+    server.enqueue(text_reply("Half of it\n", "never sent", hold=hold))
+    first = start(chats, dirs, server)
+    first.send_line("a question")
+    first.expect("Half of it")
+    session_id = first.session_id()
+    wait_until_persisted(first.store_url, session_id, "Half of it")
+    first.kill()
+
+    chat = start(chats, dirs, server, session_id, api_key=False)
+    chat.expect("the open run cannot be finished until model openai/gpt-4o is usable (OPENAI_API_KEY is not set)")
+    chat.expect("Abort it now? [y/N]")
+    chat.send_line("y")
+    chat.expect("turn aborted (user)")
+    assert len(server.requests) == 1
+    assert chat.leave() == 0
+
+
+def test_a_prompt_sent_while_a_run_is_left_open_is_answered_when_it_is_finished(
+        chats: list[Chat], dirs: tuple[Path, Path], server: ReplayServer) -> None:
+    """n at "Finish it now?" leaves the run open; a prompt typed then is queued durably as a
+    follow-up and answered by the run once /resume finishes it."""
+    hold = Hold()
+    server.enqueue(text_reply("A partial line\n", "never sent", hold=hold))
+    first = start(chats, dirs, server)
+    first.send_line("the first question")
+    first.expect("A partial line")
+    session_id = first.session_id()
+    wait_until_persisted(first.store_url, session_id, "A partial line")
+    first.kill()
+
+    server.enqueue(text_reply("The first answer, whole."), text_reply("And the second one."))
+    chat = start(chats, dirs, server, session_id)
+    chat.expect("Finish it now?")
+    chat.send_line("n")
+    chat.expect("prompts you send meanwhile are queued as follow-ups")
+    chat.send_line("a second question")
+    chat.expect("queued as follow-up")
+    chat.send_line("/resume")
+    chat.expect("The first answer, whole.")
+    chat.expect("(follow-up sent)")
+    chat.expect("And the second one.")
+    chat.expect("turn completed")
+
+    assert sent_messages(server.requests[2])[-1] == {"role": "user", "content": "a second question"}
+    assert chat.leave() == 0
+
+
+def test_reopening_after_a_double_ctrl_c_asks_to_finish_the_abort_and_enter_does(
+        chats: list[Chat], dirs: tuple[Path, Path], server: ReplayServer) -> None:
+    """Ctrl-C requests a durable abort and a second Ctrl-C leaves before it settles: the chat says
+    the abort is what remains, and on reopening asks to finish the abort; Enter finishes it."""
+    hold = Hold()
+    server.enqueue(text_reply("Streaming along\n", "never sent", hold=hold))
+    first = start(chats, dirs, server)
+    first.send_line("a long story")
+    first.expect("Streaming along")
+    session_id = first.session_id()
+    first.process.sendcontrol("c")
+    first.expect("aborting the turn")
+    first.process.sendcontrol("c")
+    first.expect(f"`harness chat {session_id}` finishes its abort")
+    first.process.expect(pexpect.EOF)
+
+    chat = start(chats, dirs, server, session_id)
+    chat.expect("abort requested")
+    chat.expect("Finish the abort now? [Y/n]")
+    chat.process.send("\r")
+    chat.expect("turn aborted (user)")
+    assert "Finish it now?" not in printed_since(chat, 0)
+    assert len(server.requests) == 1
+    assert chat.leave() == 0
+
+
+def test_a_resume_before_any_text_streamed_is_not_shown_as_a_failure(
+        chats: list[Chat], dirs: tuple[Path, Path], server: ReplayServer) -> None:
+    """kill -9 after the request was sent but before any text came: the resumed turn says it
+    is finishing the open turn, then shows the reply; no error, no retry row."""
+    home, _ = dirs
+    hold = Hold()
+    server.enqueue(ReplayResponse.sse(hold))
+    first = start(chats, dirs, server)
+    first.send_line("a question")
+    assert hold.reached.wait(TIMEOUT_S)
+    session_id = first.session_id()
+    first.kill()
+
+    server.enqueue(text_reply("The answer, from the start."))
+    offset = log_size(home)
+    chat = start(chats, dirs, server, session_id, "--resume")
+    chat.expect("open run")
+    chat.expect("↻ finishing the open turn")
+    chat.expect("The answer, from the start.")
+    chat.expect("turn completed")
+    shown = printed_since(chat, offset)
+    assert "✗" not in shown
+    assert "interrupted" not in shown
+    assert "retrying" not in shown
+    assert chat.leave() == 0
+
+
+def test_reopening_shows_the_last_reply_whole(chats: list[Chat], dirs: tuple[Path, Path],
+                                              server: ReplayServer) -> None:
+    """The latest reply is shown whole when a session is reopened; an older long entry is clipped
+    and the chat says `harness show` prints it whole."""
+    home, _ = dirs
+    reply = "A long reply: " + " ".join(f"w{i}" for i in range(150)) + " and THE LAST WORDS."
+    server.enqueue(text_reply(reply))
+    first = start(chats, dirs, server)
+    first.send_line("a long prompt: " + "x" * 400)
+    first.expect("turn completed")
+    session_id = first.session_id()
+    assert first.leave() == 0
+
+    offset = log_size(home)
+    chat = start(chats, dirs, server, session_id)
+    shown = printed_since(chat, offset)
+    assert "w149 and THE LAST WORDS." in shown
+    assert shown.count("more characters]") == 1  # the prompt only
+    assert f"harness show {session_id}" in shown
+    chat.send_line("/model")  # a Ctrl-D sent before the prompt is up is eaten by the tty driver
+    chat.expect("model: ")
+    assert chat.leave() == 0
+
+
 def test_resume_after_sigkill_mid_stream(chats: list[Chat], dirs: tuple[Path, Path], server: ReplayServer) -> None:
-    """kill -9 while the reply streams; `harness chat ID --resume` shows what had streamed and
-    finishes the run (the interrupted reply is retried)."""
+    """kill -9 while the reply streams; `harness chat ID --resume` shows what had streamed once,
+    says it was cut off and is asked again (not as a failure), and finishes the run."""
     hold = Hold()
     server.enqueue(text_reply("A partial answer line\n", "never sent", hold=hold))
     first = start(chats, dirs, server)
@@ -470,15 +681,19 @@ def test_resume_after_sigkill_mid_stream(chats: list[Chat], dirs: tuple[Path, Pa
     assert hold.disconnected.wait(TIMEOUT_S)
 
     server.enqueue(text_reply("The whole answer, ", "at last."))
+    shown_before = len(first.log_path.read_text(encoding="utf-8"))
     second = start(chats, dirs, server, session_id, "--resume")
     second.expect("open run")
     second.expect("already streamed:")
     second.expect("A partial answer line")
-    second.expect("the reply was interrupted")
-    second.expect("retrying")
+    second.expect("↻ that reply was cut off when the process stopped; asking again")
     second.expect("The whole answer, at last.")
     second.expect("turn completed")
     assert second.leave() == 0
+    shown = second.log_path.read_text(encoding="utf-8")[shown_before:]
+    assert shown.count("A partial answer line") == 1
+    assert "✗" not in shown
+    assert "retrying" not in shown
 
 
 def test_resume_after_sigkill_mid_tool(chats: list[Chat], dirs: tuple[Path, Path], server: ReplayServer) -> None:

@@ -30,13 +30,21 @@ from harness.cli.app import StoreOption, app, run_with_store
 from harness.cli.chat_commands import COMMANDS, ChatCommand
 from harness.cli.chat_input import Line, Terminal
 from harness.cli.chat_view import ChatView, Screen, clip, content_text
-from harness.cli.config import Attached, attach_client, model_name, parse_model, session_name_from
+from harness.cli.config import (
+    Attached,
+    MissingApiKey,
+    attach_client,
+    model_name,
+    parse_model,
+    session_name_from,
+    usable_model,
+)
 from harness.cli.render import branch_oldest_first, entry_lines
 from harness.cli.session_refs import latest_session, resolve_session
 from harness.context import Context
-from harness.errors import HarnessError
+from harness.errors import HarnessError, ModelUnavailable
 from harness.home import harness_home
-from harness.messages import ModelIdentity, UserMessage
+from harness.messages import AssistantMessage, ModelIdentity, UserMessage
 from harness.providers import ModelRegistry
 from harness.runtime import Lane, LaneBusy, NoActiveOperation, PromptRequest, ResumeOutcome, Settled
 from harness.session import SessionMutator, Store, addresses, connect
@@ -131,8 +139,9 @@ class ChatClient:
                 loop.remove_signal_handler(signal.SIGINT)
                 self.screen.drain()
             if self._leave_now or self._turn is not None:
+                what = "its abort" if self._abort_wanted else "it"
                 self.screen.print("[yellow]left with the turn still open; `harness chat "
-                                  f"{self.attached.harness.session.id}` finishes it[/]")
+                                  f"{self.attached.harness.session.id}` finishes {what}[/]")
                 self.screen.drain()
                 os._exit(EXIT_LEFT_RUNNING)  # the journal holds the open run; nothing here must outlive it
         finally:
@@ -165,7 +174,7 @@ class ChatClient:
         elif self.busy:
             await self._queue(text, follow_up=line.follow_up)
         else:
-            self.start_turn(lambda: self._prompt(text))
+            await self._send(text)
 
     async def run_command(self, text: str) -> None:
         """Run `/name argument` from the command table; its errors are shown, not raised."""
@@ -220,6 +229,44 @@ class ChatClient:
                 text = clip(content_text(item.message.content)) if isinstance(item.message, UserMessage) else ""
                 self.screen.print(f"[dim]not sent: {escape(text)}[/]")
             self.view.outcome_row(outcome.result)
+
+    async def _send(self, text: str) -> None:
+        """A prompt at the idle prompt: a new turn; while a stopped process's run is left open, a
+        follow-up it answers once finished; refused (and put back on the input line) when it
+        cannot be either."""
+        current = (await self.lane.inspect_execution(self.context)).current
+        if current is not None:
+            if current.kind != "run" or current.status == "aborting":
+                what = "the abort of the open run" if current.kind == "run" else f"the open {current.kind}"
+                self.screen.print(f"[yellow]{what} comes first: /resume finishes it[/]")
+                self.terminal.give_back(text)
+                return
+            await self.lane.follow_up(UserMessage(content=text), self.context)
+            self.screen.print("[dim]queued as follow-up: the open run answers it once finished (/resume)[/]")
+            return
+        if (notice := self.model_notice()) is not None:
+            self.screen.print(f"[yellow]{escape(notice)}[/]")
+            self.terminal.give_back(text)
+            return
+        self.start_turn(lambda: self._prompt(text))
+
+    def unusable(self, identity: ModelIdentity) -> str | None:
+        """Why model `identity` cannot run a turn now (its API key is not set, or it is not
+        configured here); None when it can."""
+        try:
+            usable_model(self.registry, identity)
+        except MissingApiKey as error:
+            return f"{error.details['env']} is not set"
+        except ModelUnavailable:
+            return "no provider here offers it (`harness models` lists those that do)"
+        return None
+
+    def model_notice(self) -> str | None:
+        """The notice that the lane's model cannot run a turn, with the way out; None when it can."""
+        identity = self.lane.config.model
+        if (reason := self.unusable(identity)) is None:
+            return None
+        return f"model {model_name(identity)} is not usable: {reason}; /model to switch"
 
     async def _prompt(self, text: str) -> ResumeOutcome:
         await self.save_draft()
@@ -276,7 +323,7 @@ class ChatClient:
 
     def _status(self) -> str:
         status = self.view.status()
-        keys = ("Ctrl-C again: leave now (the run stays open)" if self._abort_wanted
+        keys = ("Ctrl-C again: leave now (the abort ends on reopening)" if self._abort_wanted
                 else "Enter: steer · Alt-Enter: follow-up · Ctrl-C: abort")
         return f"{status} · {keys}" if status else keys
 
@@ -314,6 +361,7 @@ class ChatClient:
         return await attach_client(
             self._draft or self.store, session_id, self.context, registry=self.registry, home=self.settings.home,
             cwd=self.cwd, approval=approval, model=model, lane=self.settings.lane, listeners=[self.view],
+            require_model=False,
         )
 
     async def switch_session(self, session_id: str) -> None:
@@ -372,15 +420,28 @@ class ChatClient:
                           f"{escape(str(self.cwd))} · {approvals}[/]")
         if not self.attached.created_session and lane.tip_id is not None:
             await self._show_recent(lane.tip_id)
+        if (notice := self.model_notice()) is not None:
+            self.screen.print(f"[yellow]{escape(notice)}[/]")
         self.screen.print("[dim]/help: commands · Enter sends · Ctrl-C interrupts a turn · Ctrl-D leaves[/]")
 
     async def _show_recent(self, tip: str) -> None:
+        """The branch's last entries; older ones are clipped, the latest reply is shown whole."""
         entries = await branch_oldest_first(self.attached.harness.session, tip, self.context)
+        show_all = f"`harness show {self.attached.harness.session.id}` prints them whole"
         if len(entries) > RECENT_ENTRIES:
-            self.screen.print(f"[dim]… {len(entries) - RECENT_ENTRIES} earlier entries (/tree lists them)[/]")
-        for entry in entries[-RECENT_ENTRIES:]:
-            for line in entry_lines(entry, 300):
+            self.screen.print(f"[dim]… {len(entries) - RECENT_ENTRIES} earlier entries (/tree lists them; "
+                              f"{escape(show_all)})[/]")
+        recent = entries[-RECENT_ENTRIES:]
+        replies = [e for e in recent if e.payload.type == "message" and isinstance(e.payload.message, AssistantMessage)]
+        clipped = False
+        for entry in recent:
+            whole = entry_lines(entry, None)
+            lines = whole if replies and entry is replies[-1] else entry_lines(entry, 300)
+            clipped = clipped or lines != whole
+            for line in lines:
                 self.screen.print(line)
+        if clipped and len(entries) <= RECENT_ENTRIES:
+            self.screen.print(f"[dim](long entries are clipped; {escape(show_all)})[/]")
 
     async def _offer_resume(self) -> None:
         """Show the lane's open operation left by a stopped process, then finish it (after asking,
@@ -410,19 +471,55 @@ class ChatClient:
             if operation.retry is not None:
                 self.screen.print(f"[dim]waiting to retry (attempt {operation.retry.attempt} of "
                                   f"{operation.retry.max_attempts})[/]")
-        answer: str | None = "y"
-        while not self.settings.resume:
-            answer = await self.terminal.ask("Finish it now? [Y/n/abort] ",
-                                             "Enter or y: finish it · abort: end it as aborted · n: leave it open")
-            answer = "n" if answer is None else answer.strip().lower()  # Enter finishes; Ctrl-D leaves it open
-            if answer in ("", "y", "yes", "n", "no", "abort"):
-                break
-        if answer in ("", "y", "yes"):
-            self.start_turn(lambda: self.lane.resume(self.context))
-        elif answer == "abort":
-            self.start_turn(self._abort_and_settle)
+        leave = {"n": "leave", "no": "leave"}
+        blocked = await self.open_blocked()
+        if op.aborting:  # Ctrl-C asked for the abort before a second Ctrl-C left; it cannot be taken back
+            question, hint = "Finish the abort now? [Y/n] ", "Enter or y: end it as aborted · n: leave it open"
+            actions = {**leave, "": "finish", "y": "finish", "yes": "finish"}
+        elif blocked is not None:
+            self.screen.print(f"[yellow]{escape(blocked)}[/]")
+            question, hint = "Abort it now? [y/N] ", "y: end it as aborted · Enter or n: leave it open"
+            actions = {**leave, "": "leave", "y": "abort", "yes": "abort"}
         else:
-            self.screen.print("[dim]left open: /resume finishes it; new prompts wait until it ends[/]")
+            question, hint = "Finish it now? [Y/n/abort] ", ("Enter or y: finish it · abort: end it as aborted · "
+                                                             "n: leave it open")
+            actions = {**leave, "": "finish", "y": "finish", "yes": "finish", "abort": "abort"}
+        action: str | None = "leave" if blocked else "finish"
+        while not self.settings.resume:
+            answer = await self.terminal.ask(question, hint)
+            if (action := "leave" if answer is None else actions.get(answer.strip().lower())) is not None:
+                break  # Ctrl-D leaves it open
+        if action == "finish":
+            self.start_turn(lambda: self.lane.resume(self.context))
+        elif action == "abort":
+            self.start_turn(self._abort_and_settle)
+        elif op.kind == "run" and not op.aborting:
+            self.screen.print("[dim]left open: /resume finishes it; prompts you send meanwhile are queued as "
+                              "follow-ups and answered then[/]")
+        else:
+            self.screen.print("[dim]left open: /resume finishes it; new prompts are refused until then[/]")
+
+    async def open_blocked(self) -> str | None:
+        """Why the lane's open operation cannot be finished now (its model is not usable), with the
+        way out; None when it can (an abort needs no model), or when there is none."""
+        current = (await self.lane.inspect_execution(self.context)).current
+        if current is None or current.status == "aborting":
+            return None
+        identity = current.captured_model or self.lane.config.model
+        if (reason := self.unusable(identity)) is None:
+            return None
+        # A phase that captured its model keeps it; otherwise the next step takes the lane's.
+        way_out = ("make it usable and reopen the chat, or abort it" if current.captured_model
+                   else "/model to switch, then /resume; or abort it")
+        return (f"the open {current.kind} cannot be finished until model {model_name(identity)} is usable "
+                f"({reason}): {way_out}")
+
+    async def resume_open(self) -> None:
+        """Finish the lane's open operation as a turn (`/resume`), unless its model is not usable."""
+        if (blocked := await self.open_blocked()) is not None:
+            self.screen.print(f"[yellow]{escape(blocked)}[/]")
+            return
+        self.start_turn(lambda: self.lane.resume(self.context))
 
     async def _abort_and_settle(self) -> ResumeOutcome:
         with contextlib.suppress(NoActiveOperation):

@@ -114,6 +114,9 @@ async def _rename(client: ChatClient, argument: str) -> None:
 
 @command("compact", "/compact [instructions]", "summarize the older part of the conversation")
 async def _compact(client: ChatClient, argument: str) -> None:
+    if (notice := client.model_notice()) is not None:  # the summary is the model's to write
+        client.screen.print(f"[yellow]{escape(notice)}[/]")
+        return
     client.start_turn(lambda: client.lane.compact(client.context, custom_instructions=argument or None))
 
 
@@ -185,7 +188,7 @@ async def _cd(client: ChatClient, argument: str) -> None:
 
 @command("resume", "/resume", "finish the lane's open operation (a stopped turn, a deferred reply)")
 async def _resume(client: ChatClient, argument: str) -> None:
-    client.start_turn(lambda: client.lane.resume(client.context))
+    await client.resume_open()
 
 
 @command("quit", "/quit", "leave (as Ctrl-D does)", aliases=("exit",))

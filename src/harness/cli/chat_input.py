@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from prompt_toolkit import PromptSession
+from prompt_toolkit.document import Document
 from prompt_toolkit.filters import Condition
 from prompt_toolkit.formatted_text import StyleAndTextTuples
 from prompt_toolkit.history import FileHistory, History, InMemoryHistory
@@ -120,6 +121,16 @@ class Terminal:
         finally:
             if not self._questions and self._stashed is not None and self._session.app.is_running:
                 self._session.default_buffer.insert_text(self._take_stash())
+
+    def give_back(self, text: str) -> None:
+        """Put `text` back on the input line, before anything typed since (a refused prompt is not
+        lost); during a question it waits until the question is answered."""
+        buffer = self._session.default_buffer
+        if self._questions or not self._session.app.is_running:
+            self._stashed = text + (self._stashed or "")
+            return
+        buffer.document = Document(text + buffer.text, cursor_position=len(text) + buffer.cursor_position)
+        self.invalidate()
 
     def leave(self) -> None:
         """Stop prompting: open questions get None, `read()` gets None."""

@@ -34,7 +34,7 @@ from harness.messages import (
     UserContent,
     UserMessage,
 )
-from harness.runtime import HarnessEvent, LaneLastResult, Queues
+from harness.runtime import INTERRUPTED_REPLY, HarnessEvent, LaneLastResult, Queues
 from harness.runtime.events import (
     CompactionEnd,
     CompactionStart,
@@ -208,6 +208,7 @@ class ChatView:
     _shown: dict[int, int] = field(default_factory=dict, init=False)  # content index -> characters shown
     _run_started: float = field(default=0.0, init=False)
     _run_tokens: int = field(default=0, init=False)
+    _cut_off_text: bool = field(default=False, init=False)  # the reply a crash interrupted had content
 
     def __call__(self, event: HarnessEvent, context: Context) -> None:
         lane = event_lane(event)
@@ -248,7 +249,9 @@ class ChatView:
         self.stream_reply(message)
         self.screen.end_stream()
         self._shown = {}
-        if message.stop_reason == "error":
+        if message.stop_reason == "error" and message.error_message == INTERRUPTED_REPLY:
+            self._cut_off_text = _says_something(message)  # not a failure: the retry row says what follows
+        elif message.stop_reason == "error":
             self.screen.print(f"[red]✗ {escape(message.error_message or 'the reply failed')}[/]")
         elif message.stop_reason == "aborted":
             self.screen.print("[yellow](reply stopped)[/]")
@@ -332,6 +335,11 @@ def _tool_end(view: ChatView, event: ToolEnd) -> None:
 @row("retry_scheduled")
 def _retry_scheduled(view: ChatView, event: RetryScheduled) -> None:
     view.screen.end_stream()
+    if event.error_message == INTERRUPTED_REPLY:
+        what = ("that reply was cut off when the process stopped; asking again" if view._cut_off_text
+                else "finishing the open turn")
+        view.screen.print(f"[dim]↻ {what}[/]")
+        return
     wait = max(0.0, (event.not_before - time.time() * 1000) / 1000)
     view.screen.print(f"[yellow]↻ retrying in {wait:.0f} s (attempt {event.attempt} of {event.max_attempts}): "
                       f"{escape(clip(event.error_message))}[/]")
@@ -418,6 +426,18 @@ def _fault(view: ChatView, event: Fault | HandlerError) -> None:
         view.screen.print(f"[red]harness fault \\[{escape(event.code)}]: {escape(event.message)}[/]")
     else:
         view.screen.print(f"[red]a display handler failed on {escape(event.event_type)}: {escape(event.error)}[/]")
+
+
+def _says_something(message: AssistantMessage) -> bool:
+    """Whether `message` holds any text, thinking or tool call (a reply cut off before its first
+    token holds none)."""
+    for block in message.content:
+        if isinstance(block, TextContent):
+            if block.text:
+                return True
+        elif not isinstance(block, ThinkingContent) or block.thinking or block.redacted:
+            return True
+    return False
 
 
 # -- entries as one line ----------------------------------------------------------------------------

@@ -164,7 +164,8 @@ class Attached:
     harness: AgentHarness
     lane: Lane
     open_operations: list[OpenOperation]
-    model: Model
+    model: Model | None
+    """The lane's model, resolved; None when it is not usable (see `attach_client`'s `require_model`)."""
     created_session: bool
 
 
@@ -183,6 +184,7 @@ async def attach_client(
     name_from: str | None = None,
     drive: DriveSettings | None = None,
     tools: bool = True,
+    require_model: bool = True,
 ) -> Attached:
     """Open session `session_id` (a new one when None) and attach a harness to it with the built-in
     tools working in `cwd` and `approval` as the `before_tool` hook.
@@ -192,7 +194,9 @@ async def attach_client(
     checked before anything is written: `ModelUnavailable`, `MissingApiKey`. A new lane gets the
     built-in tools as its active tools (none with `tools=False`, which raises `LaneHasTools` for an
     existing lane that has some). A new session is named from `name_from`. `drive`
-    defaults to `DriveSettings()` (compaction fits itself to the model). Also raises
+    defaults to `DriveSettings()` (compaction fits itself to the model). With `require_model=False` a lane
+    whose configured model is not usable is still attached (to read it, or switch its model), with
+    `Attached.model` None; a `model` given here must be usable all the same. Also raises
     `SessionNotFound` and `SessionOwned` (another process holds the session)."""
     session: Session | None = None
     configured: LaneConfig | None = None
@@ -205,7 +209,12 @@ async def attach_client(
                                f"is created: leave out --no-tools, or start a new session with it",
                                lane=lane, tools=list(configured.active_tools))
     identity = model or (configured.model if configured else registry.default_identity())
-    resolved = usable_model(registry, identity)
+    resolved: Model | None = None
+    try:
+        resolved = usable_model(registry, identity)
+    except (ModelUnavailable, MissingApiKey):
+        if require_model or model is not None or configured is None:
+            raise
     workspace = tool_workspace(cwd, home, resolved)
     created = session is None
     if session is None:

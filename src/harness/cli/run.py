@@ -225,9 +225,8 @@ async def run_turn(store: Store, turn: RunTurn, registry: ModelRegistry, context
     if isinstance(printer, JsonEventPrinter):
         printer.begin(session_id, turn.lane)
     status.print(f"[dim]session {session_id}[/]")
-    identity = attached.lane.config.model
-    if not registry.is_listed(identity):
-        model = attached.model
+    identity, model = attached.lane.config.model, attached.model
+    if model is not None and not registry.is_listed(identity):
         status.print(f"[yellow]{escape(model_name(identity))} is not a listed model: using default limits "
                      f"({model.context_window:,} tokens of context, {model.max_tokens:,} per reply); declare it "
                      f"in models.toml to set them[/]")

@@ -3,6 +3,7 @@
 from harness.messages import ModelIdentity
 from harness.runtime.bus import Listener
 from harness.runtime.drive_types import (
+    INTERRUPTED_REPLY,
     Block,
     CompactionSettings,
     DriveSettings,
@@ -91,6 +92,7 @@ from harness.session import LaneConfig, LaneLastResult
 from harness.session.records import ThinkingLevel
 
 __all__ = [
+    "INTERRUPTED_REPLY",
     "AbortRequest",
     "AcceptedRun",
     "AgentHarness",

@@ -42,7 +42,7 @@ from harness.providers import (
 )
 from harness.providers.errors import classify_exception
 from harness.runtime.branch_context import branch_entries, context_messages
-from harness.runtime.drive_types import ResumeOutcome, Settled, Suspended, WaitingRetry
+from harness.runtime.drive_types import INTERRUPTED_REPLY, ResumeOutcome, Settled, Suspended, WaitingRetry
 from harness.runtime.errors import HarnessFault
 from harness.runtime.events import (
     CompactionEnd,
@@ -115,7 +115,6 @@ from harness.session.records import NavigationIntent
 if TYPE_CHECKING:
     from harness.runtime.lane import Lane
 
-INTERRUPTED_REPLY = "the reply was interrupted: the process stopped while it streamed"
 DOES_NOT_FIT = ("the conversation no longer fits the model's context window: go back to an entry before the "
                 "largest one, or to the start of the session (in the chat: /tree, where 0 is the start), or "
                 "fork the session from an earlier entry (/fork)")

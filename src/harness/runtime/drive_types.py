@@ -18,6 +18,10 @@ from harness.session import LaneLastResult
 if TYPE_CHECKING:
     from harness.runtime.lane import Lane
 
+INTERRUPTED_REPLY = "the reply was interrupted: the process stopped while it streamed"
+"""The error message of the reply a crash cut off (HA-24), rebuilt from its frames and retried;
+a client may recognize it to show a resumed turn as a continuation, not a failure."""
+
 
 @dataclass(frozen=True)
 class RetryPolicy:
