@@ -40,6 +40,16 @@ def pytest_report_header() -> list[str]:
     return [postgres, shared]
 
 
+@pytest.hookimpl(trylast=True)
+def pytest_sessionstart(session: pytest.Session) -> None:
+    # `-q` leaves out the report header, but what a run skips must still be said before it starts.
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None and session.config.get_verbosity() < 0:
+        for line in pytest_report_header():
+            if "SKIPPED" in line:
+                reporter.write_line(line, yellow=True)
+
+
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     if not POSTGRES_URL:
         terminalreporter.write_line(
