@@ -6,8 +6,9 @@ Run: `.venv/bin/python -m bench.drive [--tokens N] [--rounds N]`.
 1. Faux provider streaming N tokens (default 10,000): the bare `provider.stream` loop against a
    whole `Lane.prompt` on a SQLite store (accept, intent, stream with live presentation and frames,
    settlement, terminal commit), as a ratio of medians.
-2. A recorded Anthropic reply served over real HTTP by the replay server, through the real SDK:
-   the bare adapter stream against a whole `Lane.prompt`.
+2. A recorded Anthropic reply (without `../shared`, the project's own, with a notice) served over
+   real HTTP by the replay server, through the real SDK: the bare adapter stream against a whole
+   `Lane.prompt`.
 3. Frames: pages persisted per second while the faux reply streams (DriveSettings.frame_interval_s=0,
    the most a reply can ask of the store).
 4. Memory (tracemalloc): an attached harness with one idle lane, and with 1,000 idle lanes.
@@ -25,6 +26,7 @@ import tracemalloc
 from collections.abc import Sequence
 from pathlib import Path
 
+from bench.streams import PROJECT_STREAMS, RECORDED_STREAMS, has_recorded_streams
 from harness.context import Context
 from harness.messages import ModelIdentity, UserMessage
 from harness.providers import FAUX_MODEL, FauxProvider, Model, ModelRegistry, ProviderRequest, StreamOptions
@@ -36,8 +38,6 @@ from harness.runtime.drive_types import DriveSettings, Settled
 from harness.session import LaneConfig, Store, connect
 from harness.session.backend import AppendList, Claim, CommitResult, Write
 
-STREAMS = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "provider-streams"
-FIXTURE = STREAMS / "anthropic-redacted-thinking.sse"
 ANTHROPIC = Model(id="claude-sonnet-4-5", provider="anthropic", api="anthropic-messages")
 
 
@@ -110,7 +110,11 @@ async def replay_overhead(rounds: int, folder: Path, context: Context) -> tuple[
     os.environ["ANTHROPIC_API_KEY"] = "replayed"  # the replay server checks no key; the SDK wants one
     provider = AnthropicMessagesProvider()
     model = ANTHROPIC
-    body = ReplayResponse.from_file(FIXTURE)
+    # A reply that ends the turn (no tool calls), so one response serves one whole prompt.
+    if has_recorded_streams():
+        body = ReplayResponse.from_file(RECORDED_STREAMS / "anthropic-redacted-thinking.sse")
+    else:
+        body = ReplayResponse.from_file(PROJECT_STREAMS / "anthropic-text.sse")
     store = await connect(f"sqlite:///{folder / 'replay.db'}", context)
     bare_times, driven_times = [], []
     with ReplayServer() as server:

@@ -3,7 +3,8 @@
 An adapter turns an SDK's stream into protocol events, folds them into the reply, and watches the
 caller's Context. The floor is what any user of the SDK pays anyway: sending the same request and
 iterating the raw SDK stream. Both sides read the same recorded bodies (the real streams in
-`shared/fixtures/provider-streams`), served over real HTTP by the replay server, one separate
+`shared/fixtures/provider-streams`; without that folder, the project's own streams in
+`tests/streams`, with a notice), served over real HTTP by the replay server, one separate
 process per body (`python -m harness.providers.replay --repeat`), so serving costs this process
 nothing and each side sees the same server.
 
@@ -35,13 +36,13 @@ from typing import Any
 import anthropic
 import openai
 
+from bench.streams import PROJECT_STREAMS, RECORDED_STREAMS, has_recorded_streams
 from harness.context import Context
 from harness.messages import UserMessage
 from harness.providers import anthropic_messages, openai_chat, openai_responses
 from harness.providers.protocol import ApiName, Model, Provider, ProviderRequest, StreamOptions
 from harness.providers.streaming import Reply, StreamParser
 
-STREAMS = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "provider-streams"
 BLOCK = 20  # streams per side per round of the alternation
 REQUEST = ProviderRequest(messages=(UserMessage(content="Add and multiply 2 and 3."),))
 OPTIONS = StreamOptions(api_key="bench-key")
@@ -76,13 +77,21 @@ RESPONSES = Adapter("openai-responses", openai_responses.OpenAIResponsesProvider
 MESSAGES = Adapter("anthropic-messages", anthropic_messages.AnthropicMessagesProvider,
                    anthropic_messages.build_request_params, anthropic_messages.MessagesStreamParser, "")
 
-BODIES = [  # recorded streams that finish normally
+RECORDED_BODIES = [  # recorded streams that finish normally
     ("openai-chat-tools-parallel", CHAT),
     ("openrouter-chat-reasoning-tools-parallel", CHAT),
     ("openai-responses-commentary-reasoning-tool", RESPONSES),
     ("openai-responses-reasoning-summary-tool", RESPONSES),
     ("anthropic-tools-parallel", MESSAGES),
     ("anthropic-thinking-tool", MESSAGES),
+]
+PROJECT_BODIES = [  # the project's streams of the same kinds
+    ("openai-chat-tools-parallel", CHAT),
+    ("openai-chat-reasoning", CHAT),
+    ("openai-responses-tools-parallel", RESPONSES),
+    ("openai-responses-reasoning-summary", RESPONSES),
+    ("anthropic-tools-parallel", MESSAGES),
+    ("anthropic-thinking-signature", MESSAGES),
 ]
 
 
@@ -103,9 +112,9 @@ class Case:
     ours: Side
 
 
-def start_server(stem: str) -> tuple[subprocess.Popen[str], str]:
+def start_server(body: Path) -> tuple[subprocess.Popen[str], str]:
     process = subprocess.Popen(
-        [sys.executable, "-m", "harness.providers.replay", "--repeat", str(STREAMS / f"{stem}.sse")],
+        [sys.executable, "-m", "harness.providers.replay", "--repeat", str(body)],
         stdout=subprocess.PIPE,
         text=True,
     )
@@ -206,9 +215,11 @@ async def main(streams: int) -> None:
     print(f"provider benchmark: {streams} streams per side per body after {warmup} warm-up, blocks of {BLOCK}, "
           f"python {sys.version.split()[0]}, openai {openai.__version__}, anthropic {anthropic.__version__}, "
           f"{os.cpu_count()} CPUs")
-    servers = [start_server(stem) for stem, _ in BODIES]
+    recorded = has_recorded_streams()
+    folder, bodies = (RECORDED_STREAMS, RECORDED_BODIES) if recorded else (PROJECT_STREAMS, PROJECT_BODIES)
+    servers = [start_server(folder / f"{stem}.sse") for stem, _ in bodies]
     try:
-        cases = [make_case(stem, adapter, url) for (stem, adapter), (_, url) in zip(BODIES, servers, strict=True)]
+        cases = [make_case(stem, adapter, url) for (stem, adapter), (_, url) in zip(bodies, servers, strict=True)]
         started = time.perf_counter()
         await alternate(cases, streams, warmup)
         print(f"\n1. one whole stream over HTTP from the replay server (a process per body), "

@@ -1,4 +1,5 @@
-"""Shared fixtures: a Context, store URLs for every backend, and the shared fixture folder."""
+"""Shared fixtures: a Context, store URLs for every backend, and the shared fixture folder (with the
+mark that skips a test when a clone has no `../shared` beside it)."""
 
 from __future__ import annotations
 
@@ -13,23 +14,51 @@ from harness.context import Context
 from harness.session import Store, connect
 
 REPO = Path(__file__).resolve().parents[1]
-# The shared folder lies beside the checkout, in development and in CI alike.
+# The shared folder of recordings lies beside the checkout in development and in CI; a user's
+# clone has none, and the tests that read it are skipped (the project's own streams still run).
 SHARED_FIXTURES = REPO.parent / "shared" / "fixtures"
+HAS_SHARED_FIXTURES = SHARED_FIXTURES.is_dir()
+needs_shared_fixtures = pytest.mark.skipif(
+    not HAS_SHARED_FIXTURES, reason=f"the recorded corpus {SHARED_FIXTURES} is not beside this checkout"
+)
+# The project's own provider streams, written for it: every adapter path, in every clone.
+PROJECT_STREAMS = REPO / "tests" / "streams"
 POSTGRES_URL = os.environ.get("HARNESS_TEST_POSTGRES_URL")
 
 BACKENDS = ["memory", "sqlite", "postgres"]
 
 
-def pytest_report_header() -> str:
+def pytest_report_header() -> list[str]:
     if POSTGRES_URL:
-        return f"PostgreSQL tests: on ({POSTGRES_URL})"
-    return "PostgreSQL tests: SKIPPED (set HARNESS_TEST_POSTGRES_URL=postgresql://... to run them)"
+        postgres = f"PostgreSQL tests: on ({POSTGRES_URL})"
+    else:
+        postgres = "PostgreSQL tests: SKIPPED (set HARNESS_TEST_POSTGRES_URL=postgresql://... to run them)"
+    if HAS_SHARED_FIXTURES:
+        shared = f"Shared recorded fixtures: on ({SHARED_FIXTURES})"
+    else:
+        shared = f"Shared recorded fixtures: SKIPPED (no {SHARED_FIXTURES}; tests/streams still covers every adapter)"
+    return [postgres, shared]
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionstart(session: pytest.Session) -> None:
+    # `-q` leaves out the report header, but what a run skips must still be said before it starts.
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None and session.config.get_verbosity() < 0:
+        for line in pytest_report_header():
+            if "SKIPPED" in line:
+                reporter.write_line(line, yellow=True)
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     if not POSTGRES_URL:
         terminalreporter.write_line(
             "PostgreSQL tests were skipped: set HARNESS_TEST_POSTGRES_URL to run them.", yellow=True
+        )
+    if not HAS_SHARED_FIXTURES:
+        terminalreporter.write_line(
+            f"Tests of the shared recorded fixtures were skipped: {SHARED_FIXTURES} is not beside this checkout.",
+            yellow=True,
         )
 
 

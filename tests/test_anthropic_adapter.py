@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from conftest import SHARED_FIXTURES
+from conftest import PROJECT_STREAMS, SHARED_FIXTURES, needs_shared_fixtures
 from harness.context import Context
 from harness.messages import (
     AssistantMessage,
@@ -168,6 +168,7 @@ async def test_a_stream_that_ends_without_message_stop_is_a_retryable_error(serv
     assert (last.error.kind, last.message.content) == ("retryable", [TextContent(text="Sunny")])
 
 
+@needs_shared_fixtures
 async def test_an_overloaded_error_event_mid_stream_is_retryable_and_keeps_the_partial_reply(
     server: ReplayServer, model: Model
 ) -> None:
@@ -324,13 +325,13 @@ async def test_without_base_url_the_sdk_reads_its_environment(
     assert server.requests[0].headers["authorization"] == "Bearer key-from-env"
 
 
-async def test_recorded_thinking_reply_goes_back_with_its_signature_byte_identical(
+async def test_a_thinking_reply_goes_back_with_its_signature_byte_identical(
     server: ReplayServer, model: Model
 ) -> None:
-    """The recorded thinking + tool_use stream, answered and sent back as the next request."""
-    server.enqueue(ReplayResponse.from_file(STREAMS / "anthropic-thinking-tool.sse"))
+    """A thinking + tool_use stream, answered and sent back as the next request."""
+    streamed = PROJECT_STREAMS / "anthropic-thinking-signature.sse"
+    server.enqueue(ReplayResponse.from_file(streamed))
     server.enqueue(ReplayResponse.sse(message_start(), *text_block(0, "Sunny"), *message_end("end_turn")))
-    model = model.model_copy(update={"id": "claude-sonnet-4-20250514"})
     options = StreamOptions(api_key="test-key", thinking_level="low")
     provider = AnthropicMessagesProvider()
 
@@ -344,12 +345,10 @@ async def test_recorded_thinking_reply_goes_back_with_its_signature_byte_identic
     await collect(provider.stream(model, follow_up, options, Context()))
 
     replayed = server.requests[1].json()["messages"][1]["content"]
-    recorded = [line for line in (STREAMS / "anthropic-thinking-tool.sse").read_text().splitlines()
-                if '"signature_delta"' in line]
-    assert replayed[0]["signature"] == json.loads(recorded[0][len("data: "):])["delta"]["signature"]
+    sent = [line for line in streamed.read_text().splitlines() if '"signature_delta"' in line]
+    assert replayed[0]["signature"] == json.loads(sent[0][len("data: "):])["delta"]["signature"]
     assert replayed[0]["thinking"] == thinking.thinking
-    assert replayed[1] == {"type": "tool_use", "id": call.id, "name": "weather",
-                           "input": {"location": "Florence, Italy"}}
+    assert replayed[1] == {"type": "tool_use", "id": call.id, "name": "read", "input": {"path": "pyproject.toml"}}
     assert server.requests[1].json()["thinking"] == {"type": "enabled", "budget_tokens": 4_096}
 
 

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from pydantic import TypeAdapter
 
-from conftest import SHARED_FIXTURES, backend_url
+from conftest import SHARED_FIXTURES, backend_url, needs_shared_fixtures
 from harness.messages import ModelIdentity, TextContent
 from harness.providers.models import BUILTIN_MODELS, ModelRegistry
 from harness.providers.replay import Hold, ReplayResponse, ReplayServer
@@ -128,6 +128,7 @@ def anthropic_text(text: str) -> ReplayResponse:
 # -- real recorded streams, end to end ------------------------------------------------------------
 
 
+@needs_shared_fixtures
 def test_run_on_an_openai_endpoint_answers_every_recorded_tool_call(home: Path, work: Path,
                                                                     server: ReplayServer) -> None:
     """The recorded gpt-4o reply calls add and multiply, which are not built-in tools: both get an
@@ -152,6 +153,7 @@ def test_run_on_an_openai_endpoint_answers_every_recorded_tool_call(home: Path, 
     assert problems("openai-chat", second, model) == []
 
 
+@needs_shared_fixtures
 def test_the_transcript_of_a_run_shows_the_prompt_the_calls_and_the_reply(home: Path, work: Path,
                                                                         server: ReplayServer) -> None:
     server.enqueue(ReplayResponse.from_file(OPENAI_TOOLS), chat_text("Done."))
@@ -171,6 +173,7 @@ def test_the_transcript_of_a_run_shows_the_prompt_the_calls_and_the_reply(home: 
     assert lines[7:] == ["assistant (openai/gpt-4o, stop)", "Done."]
 
 
+@needs_shared_fixtures
 def test_run_on_an_anthropic_endpoint_answers_every_recorded_tool_call(home: Path, work: Path,
                                                                        server: ReplayServer) -> None:
     server.enqueue(ReplayResponse.from_file(ANTHROPIC_TOOLS), anthropic_text("Those tools are not here."))
@@ -191,6 +194,7 @@ def test_run_on_an_anthropic_endpoint_answers_every_recorded_tool_call(home: Pat
     assert problems("anthropic-messages", second, model) == []
 
 
+@needs_shared_fixtures
 def test_thinking_and_tool_calls_go_to_stderr_and_only_the_reply_to_stdout(home: Path, work: Path,
                                                                           server: ReplayServer) -> None:
     server.enqueue(ReplayResponse.from_file(STREAMS / "anthropic-thinking-tool.sse"), anthropic_text("No tool."))
@@ -209,6 +213,7 @@ def test_thinking_and_tool_calls_go_to_stderr_and_only_the_reply_to_stdout(home:
 # -- output and exit codes ------------------------------------------------------------------------
 
 
+@needs_shared_fixtures
 def test_json_prints_every_event_as_one_parseable_line_and_nothing_else(home: Path, work: Path,
                                                                        server: ReplayServer) -> None:
     server.enqueue(ReplayResponse.from_file(OPENAI_TOOLS), chat_text("Done."))

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
+from conftest import SHARED_FIXTURES, needs_shared_fixtures
 from harness.cli import app
 from harness.cli import commands as _commands  # noqa: F401  (registers the commands on `app`)
 from harness.context import Context
@@ -35,8 +36,8 @@ from harness.session import (
 )
 from journal_helpers import lane_branch, read_jsonl
 
-# The repository's parent folder holds `shared/` (here and in CI); the files are read, never copied.
-TRANSCRIPTS = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "transcripts"
+# The real files are read from `../shared` (here and in CI), never copied; a clone without it skips them.
+TRANSCRIPTS = SHARED_FIXTURES / "transcripts"
 REJECTED = TRANSCRIPTS / "claude-code-rejected-parallel-tools.jsonl"
 INTERRUPTS = TRANSCRIPTS / "claude-code-interrupts-background-bash.jsonl"
 EXCERPT = TRANSCRIPTS / "claude-code-after-compaction-excerpt.jsonl"
@@ -104,6 +105,7 @@ def imported_story(entries: list[Entry]) -> list[tuple[str, ...]]:
     return story
 
 
+@needs_shared_fixtures
 @pytest.mark.parametrize("path", REAL_FILES, ids=lambda p: p.name)
 async def test_every_conversation_record_is_imported_in_file_order(
     store: Store, ctx: Context, path: Path
@@ -119,6 +121,7 @@ async def test_every_conversation_record_is_imported_in_file_order(
         "cwd": records[1]["cwd"], "version": records[1]["version"], "git_branch": records[1]["gitBranch"]})
 
 
+@needs_shared_fixtures
 @pytest.mark.parametrize("path", REAL_FILES, ids=lambda p: p.name)
 async def test_tool_results_follow_their_calls_with_no_other_message_between(
     store: Store, ctx: Context, path: Path
@@ -146,6 +149,7 @@ async def test_tool_results_follow_their_calls_with_no_other_message_between(
     assert (report.tool_calls, report.unanswered_tool_calls) == (len(calls), len(set(calls) - set(results)))
 
 
+@needs_shared_fixtures
 async def test_one_reply_split_over_five_records_is_joined_with_its_five_parts(
     store: Store, ctx: Context
 ) -> None:
@@ -173,6 +177,7 @@ async def test_one_reply_split_over_five_records_is_joined_with_its_five_parts(
     assert reply.response_id == records[0]["message"]["id"]
 
 
+@needs_shared_fixtures
 async def test_rejected_calls_keep_their_error_results_and_the_interruption_stays_user_text(
     store: Store, ctx: Context
 ) -> None:
@@ -189,6 +194,7 @@ async def test_rejected_calls_keep_their_error_results_and_the_interruption_stay
     assert joined_text(last.content) == "[Request interrupted by user for tool use]"
 
 
+@needs_shared_fixtures
 async def test_local_command_output_is_kept_with_its_ansi_escapes(store: Store, ctx: Context) -> None:
     raw = [r["content"] for r in read_jsonl(REJECTED) if r["type"] == "system"]
     assert any("\x1b[1m" in text for text in raw)
@@ -201,6 +207,7 @@ async def test_local_command_output_is_kept_with_its_ansi_escapes(store: Store, 
                                           for text in raw]
 
 
+@needs_shared_fixtures
 async def test_interruptions_meta_rows_and_skipped_records(store: Store, ctx: Context) -> None:
     records = read_jsonl(INTERRUPTS)
     not_messages = Counter(r["type"] for r in records
@@ -222,6 +229,7 @@ async def test_interruptions_meta_rows_and_skipped_records(store: Store, ctx: Co
     assert await session.get(addresses.session_name(), ctx) == "start phoenix in background"
 
 
+@needs_shared_fixtures
 async def test_compact_boundary_and_summary_become_one_compaction_and_the_dangling_parent_is_reported(
     store: Store, ctx: Context
 ) -> None:
@@ -306,6 +314,7 @@ async def test_unsupported_files_are_refused_and_nothing_is_written(
     assert await store.list_sessions(ctx) == []
 
 
+@needs_shared_fixtures
 def test_cli_import_then_show_through_sqlite(tmp_path: Path) -> None:
     store = f"sqlite:///{tmp_path / 'cli.db'}?synchronous=NORMAL"
     runner = CliRunner()

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from conftest import SHARED_FIXTURES, needs_shared_fixtures
 from harness.context import Context
 from harness.errors import UnsupportedFormat
 from harness.imports import import_pi_session
@@ -27,8 +28,8 @@ from harness.session import (
 )
 from journal_helpers import lane_branch, read_jsonl
 
-# The repository's parent folder holds `shared/` (here and in CI); the files are read, never copied.
-FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures"
+# The real files are read from `../shared` (here and in CI), never copied; a clone without it skips them.
+FIXTURES = SHARED_FIXTURES
 HEAD25 = FIXTURES / "pi" / "large-session.head25.jsonl"
 ERROR_TERMINATED = FIXTURES / "transcripts" / "pi-session-v1-error-terminated.jsonl"
 COMPACTION = FIXTURES / "transcripts" / "pi-session-v1-compaction.jsonl"
@@ -57,6 +58,7 @@ def our_signature(message: Message) -> tuple[str, int, str | None]:
     return message.role, message.timestamp, getattr(message, "tool_call_id", None)
 
 
+@needs_shared_fixtures
 @pytest.mark.parametrize("path", REAL_FILES, ids=lambda p: p.name)
 async def test_real_v1_file_keeps_every_message_in_file_order(
     store: Store, ctx: Context, path: Path
@@ -77,6 +79,7 @@ async def test_real_v1_file_keeps_every_message_in_file_order(
     )
 
 
+@needs_shared_fixtures
 @pytest.mark.parametrize("path", REAL_FILES, ids=lambda p: p.name)
 async def test_tool_calls_are_followed_by_their_results_and_unanswered_ones_stay_so(
     store: Store, ctx: Context, path: Path
@@ -97,6 +100,7 @@ async def test_tool_calls_are_followed_by_their_results_and_unanswered_ones_stay
     assert report.unanswered_tool_calls == len([c for c in calls if c not in answered])
 
 
+@needs_shared_fixtures
 async def test_error_terminated_reply_keeps_its_16_unanswered_calls_and_nothing_is_invented(
     store: Store, ctx: Context
 ) -> None:
@@ -115,6 +119,7 @@ async def test_error_terminated_reply_keeps_its_16_unanswered_calls_and_nothing_
                    for m in imported)
 
 
+@needs_shared_fixtures
 async def test_aborted_reply_is_kept_as_it_was_with_usage_total_computed(store: Store, ctx: Context) -> None:
     raw = [line["message"] for line in read_jsonl(ERROR_TERMINATED) if line["type"] == "message"]
     raw_reply = raw[3]  # the first answered reply; its usage has no totalTokens (old shape)
@@ -136,6 +141,7 @@ async def test_aborted_reply_is_kept_as_it_was_with_usage_total_computed(store: 
     assert reply.stop_reason == "tool_use"
 
 
+@needs_shared_fixtures
 async def test_model_change_is_recorded_on_the_branch_and_configures_the_lane(
     store: Store, ctx: Context
 ) -> None:
@@ -155,6 +161,7 @@ async def test_model_change_is_recorded_on_the_branch_and_configures_the_lane(
     assert await session.get(addresses.session_name(), ctx) == "/mode"  # the first user text
 
 
+@needs_shared_fixtures
 async def test_thinking_level_changes_are_entries_and_the_last_one_configures_the_lane(
     store: Store, ctx: Context
 ) -> None:
@@ -173,6 +180,7 @@ async def test_thinking_level_changes_are_entries_and_the_last_one_configures_th
     assert config.thinking_level == levels[-1]
 
 
+@needs_shared_fixtures
 async def test_v1_compaction_keeps_from_first_kept_index_counting_the_header(
     store: Store, ctx: Context
 ) -> None:
@@ -198,6 +206,7 @@ async def test_v1_compaction_keeps_from_first_kept_index_counting_the_header(
     assert report.compactions == 1
 
 
+@needs_shared_fixtures
 async def test_import_through_sqlite_reads_back_after_reopening(tmp_path: Path, ctx: Context) -> None:
     url = f"sqlite:///{tmp_path / 'journal.db'}?synchronous=NORMAL"
     writer = await connect(url, ctx)
@@ -216,6 +225,7 @@ async def test_import_through_sqlite_reads_back_after_reopening(tmp_path: Path, 
     assert [our_signature(m) for m in imported] == [signature(m) for m in raw]
 
 
+@needs_shared_fixtures
 def test_cli_imports_a_file_and_show_prints_it(tmp_path: Path) -> None:
     store = f"sqlite:///{tmp_path / 'cli.db'}"
     cli = [sys.executable, "-c", "from harness.cli import main; main()"]
@@ -238,6 +248,7 @@ def test_cli_imports_a_file_and_show_prints_it(tmp_path: Path) -> None:
     assert sum(line.startswith("  ← ") for line in lines) == 15  # and only the results the file holds
 
 
+@needs_shared_fixtures
 def test_cli_refuses_an_unsupported_file_with_its_code(tmp_path: Path) -> None:
     store = f"sqlite:///{tmp_path / 'cli.db'}"
     claude_code = FIXTURES / "transcripts" / "claude-code-rejected-parallel-tools.jsonl"
@@ -378,6 +389,7 @@ async def test_unsupported_files_are_refused_and_nothing_is_written(
     assert await store.list_sessions(ctx) == []
 
 
+@needs_shared_fixtures
 async def test_a_claude_code_file_is_not_a_pi_session(store: Store, ctx: Context) -> None:
     with pytest.raises(UnsupportedFormat, match="first line is not a `session` header"):
         await import_pi_session(store, FIXTURES / "transcripts" / "claude-code-after-compaction-excerpt.jsonl",

@@ -17,7 +17,7 @@ from typing import Any
 import openai
 import pytest
 
-from conftest import SHARED_FIXTURES
+from conftest import PROJECT_STREAMS
 from harness.context import Context
 from harness.messages import AssistantMessage, TextContent, ThinkingContent, ToolCall, ToolResultMessage, UserMessage
 from harness.providers.errors import classify_exception, is_context_overflow
@@ -417,12 +417,12 @@ async def test_responses_request_is_stateless_and_asks_for_encrypted_reasoning(s
 
 
 async def test_responses_reasoning_is_replayed_byte_identical_to_the_same_model(server: ReplayServer) -> None:
-    """Issue 4: the encrypted reasoning parsed from a recorded stream goes back, in the next
-    request to the same model, as a reasoning item with exactly the server's encrypted content,
-    followed by the call and its result."""
-    recorded = SHARED_FIXTURES / "provider-streams" / "openai-responses-reasoning-summary-tool.sse"
-    model = responses_model(server, id="gpt-5-2025-08-07", reasoning=True)
-    server.enqueue(ReplayResponse.from_file(recorded))
+    """Issue 4: the encrypted reasoning parsed from a stream goes back, in the next request to the
+    same model, as a reasoning item with exactly the server's encrypted content, followed by the
+    call and its result."""
+    streamed = PROJECT_STREAMS / "openai-responses-reasoning-summary.sse"
+    model = responses_model(server, id="gpt-5-mini-2025-08-07", reasoning=True)
+    server.enqueue(ReplayResponse.from_file(streamed))
     first = await collect(OpenAIResponsesProvider(), model, HELLO, Context())
     reply = ending(first).message
     (call,) = reply.tool_calls
@@ -439,14 +439,14 @@ async def test_responses_reasoning_is_replayed_byte_identical_to_the_same_model(
     assert [item.get("type", "message") for item in items] == [
         "message", "reasoning", "function_call", "function_call_output"
     ]
-    recorded_item = next(
-        payload["item"] for payload in map(json.loads, _data_lines(recorded))
+    streamed_item = next(
+        payload["item"] for payload in map(json.loads, _data_lines(streamed))
         if payload["type"] == "response.output_item.done" and payload["item"]["type"] == "reasoning"
     )
-    assert items[1]["encrypted_content"] == recorded_item["encrypted_content"]
-    assert items[1]["id"] == recorded_item["id"]
-    assert items[2] == {"type": "function_call", "call_id": call.id, "name": "weather",
-                        "arguments": '{"location": "Florence, Italy"}'}
+    assert items[1]["encrypted_content"] == streamed_item["encrypted_content"]
+    assert items[1]["id"] == streamed_item["id"]
+    assert items[2] == {"type": "function_call", "call_id": call.id, "name": "read",
+                        "arguments": '{"path": "pyproject.toml"}'}
     assert items[3] == {"type": "function_call_output", "call_id": call.id, "output": "sunny"}
 
 
@@ -515,17 +515,17 @@ async def test_a_refused_connection_is_retryable_and_says_why() -> None:
 def test_the_replay_command_serves_files_and_prints_its_url() -> None:
     """`python -m harness.providers.replay STATUS:FILE` prints the base URL first, then answers
     with the file (the entry later CLI end-to-end tests point OPENAI_BASE_URL at)."""
-    body = SHARED_FIXTURES / "provider-streams" / "openai-chat-error-400-context-length-exceeded.json"
+    body = PROJECT_STREAMS / "openai-chat-error-429.json"
     process = subprocess.Popen(
-        [sys.executable, "-m", "harness.providers.replay", f"400:{body}"], stdout=subprocess.PIPE, text=True
+        [sys.executable, "-m", "harness.providers.replay", f"429:{body}"], stdout=subprocess.PIPE, text=True
     )
     try:
         assert process.stdout is not None
         base_url = process.stdout.readline().strip()
         client = openai.OpenAI(base_url=f"{base_url}/v1", api_key="replay-key", max_retries=0)
-        with pytest.raises(openai.BadRequestError) as raised:
+        with pytest.raises(openai.RateLimitError) as raised:
             client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
-        assert raised.value.code == "context_length_exceeded"
+        assert raised.value.code == "rate_limit_exceeded"
     finally:
         process.terminate()
         process.wait(timeout=10)

@@ -7,53 +7,38 @@ The expectations are written by hand from the recorded files. Where a signature 
 expected value is read straight from the file, so the test still proves it arrives byte for byte.
 One fixture, `openai-responses-error-event-context-length-exceeded`, is only the data payload of
 an in-stream `error` event; `replay_response` serves it inside a SYNTHETIC one-event stream.
+A clone without `../shared` skips this module; tests/test_provider_streams.py covers the same
+adapter paths with the project's own streams.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from conftest import SHARED_FIXTURES
+from conftest import HAS_SHARED_FIXTURES, SHARED_FIXTURES
 from harness.context import Context
-from harness.messages import AssistantContent, TextContent, ThinkingContent, ToolCall, UserMessage
-from harness.providers.anthropic_messages import AnthropicMessagesProvider
-from harness.providers.openai_chat import OpenAIChatProvider
-from harness.providers.openai_responses import OpenAIResponsesProvider
-from harness.providers.protocol import (
-    ApiName,
-    DoneEvent,
-    ErrorEvent,
-    Model,
-    ModelCost,
-    Provider,
-    ProviderErrorInfo,
-    ProviderRequest,
-    StartEvent,
-    StreamEvent,
-    StreamOptions,
+from harness.messages import TextContent, ThinkingContent, ToolCall
+from harness.providers.protocol import ProviderErrorInfo
+from harness.providers.replay import ReplayServer
+from replayed_streams import (
+    Expected,
+    Tokens,
+    anthropic_signature,
+    check_replayed_reply,
+    responses_encrypted_content,
+    sse_payloads,
 )
-from harness.providers.replay import ReplayResponse, ReplayServer
+
+if not HAS_SHARED_FIXTURES:
+    pytest.skip(f"the recorded corpus {SHARED_FIXTURES} is not beside this checkout", allow_module_level=True)
 
 STREAMS = SHARED_FIXTURES / "provider-streams"
 INDEX: list[dict[str, Any]] = json.loads((STREAMS / "index.json").read_text())["entries"]
-# Prices (dollars per million tokens), so that every fixture also checks the cost arithmetic.
-PRICES = ModelCost(input=3.0, output=15.0, cache_read=0.3, cache_write=3.75)
-REQUEST = ProviderRequest(messages=(UserMessage(content="replayed"),))
-OPTIONS = StreamOptions(api_key="replay-key")
-# The recording kept no status; OpenAI documents insufficient_quota as HTTP 429.
-UNRECORDED_STATUS = 429
-
-APIS: dict[str, tuple[ApiName, type[Provider], str]] = {  # index api -> (api, adapter, base URL path)
-    "openai-chat-completions": ("openai-chat", OpenAIChatProvider, "/v1"),
-    "openai-responses": ("openai-responses", OpenAIResponsesProvider, "/v1"),
-    "anthropic-messages": ("anthropic-messages", AnthropicMessagesProvider, ""),
-}
 
 
 def fixture_id(entry: dict[str, Any]) -> str:
@@ -63,58 +48,11 @@ def fixture_id(entry: dict[str, Any]) -> str:
     return path.name if shared else path.stem
 
 
-@dataclass(frozen=True)
-class Tokens:
-    input: int
-    output: int
-    cache_read: int = 0
-    cache_write: int = 0
-    total: int | None = None  # what the server reported; None: the sum
-
-
-@dataclass(frozen=True)
-class Expected:
-    """What one fixture must parse to: a finished reply, or an error with the partial content.
-
-    `encrypted_content` is for Responses reasoning, whose signature is the reasoning item's JSON:
-    the first thinking block's signature must hold exactly this encrypted content."""
-
-    content: list[AssistantContent]
-    stop_reason: str
-    tokens: Tokens | None = None
-    response_id: str | None = None
-    error: ProviderErrorInfo | None = None
-    encrypted_content: str | None = None
-
-
-def sse_payloads(stem: str) -> Iterator[dict[str, Any]]:
-    """The JSON `data:` payloads of a recorded `.sse` file, in order."""
-    for line in (STREAMS / f"{stem}.sse").read_text().splitlines():
-        if line.startswith("data: {"):
-            yield json.loads(line.removeprefix("data: "))
-
-
-def anthropic_signature(stem: str) -> str:
-    return "".join(
-        p["delta"]["signature"] for p in sse_payloads(stem) if p.get("delta", {}).get("type") == "signature_delta"
-    )
-
-
 def anthropic_redacted_data(stem: str) -> list[str]:
     return [
-        p["content_block"]["data"] for p in sse_payloads(stem)
+        p["content_block"]["data"] for p in sse_payloads(STREAMS / f"{stem}.sse")
         if p["type"] == "content_block_start" and p["content_block"]["type"] == "redacted_thinking"
     ]
-
-
-def responses_encrypted_content(stem: str) -> str:
-    """The encrypted content of the finished reasoning item (the API says the one in
-    `output_item.added` may be incomplete, and here it differs)."""
-    (content,) = [
-        p["item"]["encrypted_content"] for p in sse_payloads(stem)
-        if p["type"] == "response.output_item.done" and p["item"]["type"] == "reasoning"
-    ]
-    return str(content)
 
 
 def call(call_id: str, name: str, **arguments: Any) -> ToolCall:
@@ -206,7 +144,7 @@ def expectations() -> dict[str, Expected]:
             stop_reason="tool_use",
             tokens=Tokens(input=63, output=121, total=184),
             response_id="resp_017e85da2ae23b69016a3c12518cc0819da56cbbdd33f128f3",
-            encrypted_content=responses_encrypted_content("openai-responses-reasoning-summary-tool"),
+            encrypted_content=responses_encrypted_content(STREAMS / "openai-responses-reasoning-summary-tool.sse"),
         ),
         "openai-responses-commentary-reasoning-tool": Expected(
             content=[
@@ -217,7 +155,7 @@ def expectations() -> dict[str, Expected]:
             stop_reason="tool_use",
             tokens=Tokens(input=63, output=69, total=132),
             response_id="resp_0fabc13af1ee0049006a691dfdab8881a1a75f2db7ff78cb83",
-            encrypted_content=responses_encrypted_content("openai-responses-commentary-reasoning-tool"),
+            encrypted_content=responses_encrypted_content(STREAMS / "openai-responses-commentary-reasoning-tool.sse"),
         ),
         "openai-responses-error-insufficient-quota.sse": Expected(
             content=[],
@@ -261,7 +199,9 @@ def expectations() -> dict[str, Expected]:
         ),
         "anthropic-thinking-tool": Expected(
             content=[
-                ThinkingContent(thinking=WEATHER_THINKING, signature=anthropic_signature("anthropic-thinking-tool")),
+                ThinkingContent(
+                    thinking=WEATHER_THINKING, signature=anthropic_signature(STREAMS / "anthropic-thinking-tool.sse")
+                ),
                 call("toolu_01Js4AMfx5qpTLhwTusnvT68", "weather", location="Florence, Italy"),
             ],
             stop_reason="tool_use",
@@ -323,21 +263,6 @@ def expectations() -> dict[str, Expected]:
 EXPECTED = expectations()
 
 
-def replay_response(entry: dict[str, Any]) -> ReplayResponse:
-    """What the server answers: the recorded body with its recorded status and content type."""
-    path = SHARED_FIXTURES.parent / entry["file"]
-    http = entry["http"]
-    if entry["kind"] == "sse":
-        return ReplayResponse(status=http["status"], content_type=http["content_type"], body=(path.read_bytes(),))
-    if entry["kind"] == "json-error-body":
-        return ReplayResponse.json(path.read_bytes(), status=http["status"] or UNRECORDED_STATUS)
-    assert entry["kind"] == "sse-event-payload", entry["kind"]
-    # SYNTHETIC WRAPPER: the recording holds only this event's data payload. The smallest valid
-    # stream around it is that one event, framed as SSE; every byte of the payload is recorded.
-    payload = path.read_text().strip()
-    return ReplayResponse.sse(f"event: {json.loads(payload)['type']}\ndata: {payload}\n\n")
-
-
 @pytest.fixture(scope="module")
 def server() -> Iterator[ReplayServer]:
     with ReplayServer() as replay:
@@ -351,44 +276,7 @@ async def test_recorded_response_gives_the_right_message(
 ) -> None:
     """Issue 4: a recorded stream or error body, through the real SDK over HTTP, parses to the
     reply (or the classified error) a person reading the recording would expect."""
-    expected = EXPECTED[fixture_id(entry)]
-    api, adapter, path = APIS[entry["api"]]
-    model = Model(id=entry["model"] or "recorded-model", provider="replay", api=api,
-                  base_url=server.base_url + path, cost=PRICES, reasoning=True)
-    server.reset()
-    server.enqueue(replay_response(entry))
-
-    events: list[StreamEvent] = [event async for event in adapter().stream(model, REQUEST, OPTIONS, ctx)]
-
-    assert isinstance(events[0], StartEvent)
-    assert [event for event in events[1:-1] if isinstance(event, StartEvent | DoneEvent | ErrorEvent)] == []
-    terminal = events[-1]
-    assert isinstance(terminal, DoneEvent if expected.error is None else ErrorEvent)
-    message = terminal.message
-    content = list(message.content)
-    if expected.encrypted_content is not None:
-        reasoning = content[0]
-        assert isinstance(reasoning, ThinkingContent)
-        assert reasoning.signature is not None
-        assert json.loads(reasoning.signature)["encrypted_content"] == expected.encrypted_content
-        content[0] = reasoning.model_copy(update={"signature": None})
-    assert content == expected.content
-    assert message.stop_reason == expected.stop_reason
-    assert message.response_id == expected.response_id
-    assert (message.api, message.provider, message.model) == (api, "replay", model.id)
-    if isinstance(terminal, ErrorEvent):
-        assert terminal.error == expected.error
-        assert message.error_message == terminal.error.message
-    else:
-        assert message.error_message is None
-    if expected.tokens is not None:
-        tokens, usage = expected.tokens, message.usage
-        counts = (tokens.input, tokens.output, tokens.cache_read, tokens.cache_write)
-        assert (usage.input, usage.output, usage.cache_read, usage.cache_write) == counts
-        assert usage.total_tokens == (tokens.total or sum(counts))
-        prices = (PRICES.input, PRICES.output, PRICES.cache_read, PRICES.cache_write)
-        assert usage.cost.total == pytest.approx(sum(n * price for n, price in zip(counts, prices, strict=True)) / 1e6)
-    assert len(server.requests) == 1  # the SDK did not retry on its own: the runtime decides
+    await check_replayed_reply(entry, SHARED_FIXTURES.parent / entry["file"], EXPECTED[fixture_id(entry)], server, ctx)
 
 
 def test_every_index_entry_has_an_expectation() -> None:

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from conftest import SHARED_FIXTURES
+from conftest import SHARED_FIXTURES, needs_shared_fixtures
 from harness.context import Context
 from harness.imports import import_claude_code_session, import_pi_session
 from harness.messages import (
@@ -521,6 +521,7 @@ def native_model(messages: list[Message], api: str) -> Model:
     return VISION[api]
 
 
+@needs_shared_fixtures
 @pytest.mark.parametrize("api", APIS)
 @pytest.mark.parametrize("path", TRANSCRIPTS, ids=lambda path: path.stem)
 async def test_real_transcript_read_back_from_the_journal_gives_a_valid_request(

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import SHARED_FIXTURES
+from conftest import SHARED_FIXTURES, needs_shared_fixtures
 from drive_helpers import FAUX, start_rig, within
 from harness.context import Context
 from harness.imports import import_claude_code_session, import_pi_session
@@ -20,6 +20,7 @@ from test_provider_requests import BUILDERS, TEXT_ONLY, VISION
 TRANSCRIPTS = sorted((SHARED_FIXTURES / "transcripts").glob("*.jsonl"))
 
 
+@needs_shared_fixtures
 @pytest.mark.parametrize("path", TRANSCRIPTS, ids=[path.stem for path in TRANSCRIPTS])
 async def test_an_imported_transcript_continues_with_a_valid_request_in_every_format(
     store: Store, ctx: Context, path: Path
