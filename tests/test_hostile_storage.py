@@ -18,7 +18,10 @@ import psycopg
 import pytest
 
 from conftest import POSTGRES_URL
+from drive_helpers import start_rig
 from harness.context import Context
+from harness.providers.faux import reply
+from harness.runtime import Settled
 from harness.session import (
     SessionNotFound,
     SessionOwned,
@@ -285,4 +288,34 @@ async def test_a_journal_reopened_as_it_was_left_opens(tmp_path: Path, ctx: Cont
             [info] = await store.list_sessions(ctx)
             await append_chain(await store.open_session(info.id, ctx), ["again"], ctx)
         finally:
+            await store.close()
+
+
+async def test_a_run_stopped_by_a_full_disk_resumes_in_the_same_harness_once_there_is_room(
+    tmp_path: Path, ctx: Context
+) -> None:
+    """The prompt raises `StoreFull` with its operation left open, nothing lost; freeing space
+    and resuming in the same harness finishes it, and the next prompt works."""
+    with small_tmpfs(tmp_path, "3m") as disk:
+        store = await connect(f"sqlite:///{disk / 'journal.db'}", ctx)
+        rig = await start_rig(store, ctx, [reply("x" * 200_000), reply("resumed"), reply("short")])
+        try:
+            room = os.statvfs(disk)
+            filler = disk / "filler"
+            filler.write_bytes(b"\0" * (room.f_bavail * room.f_frsize - 300_000))
+            with pytest.raises(StoreFull):
+                await rig.lane.prompt("a long answer, please", None, ctx)
+            assert (await rig.lane.inspect_execution(ctx)).current is not None
+            filler.unlink()
+
+            resumed = await rig.lane.resume(ctx)
+            after = await rig.lane.prompt("and a short one", None, ctx)
+
+            assert isinstance(resumed, Settled)
+            assert resumed.result.outcome == "completed"
+            assert isinstance(after, Settled)
+            assert after.result.outcome == "completed"
+            assert rig.harness.persistence_failure is not None  # said once, and kept for whoever asks
+        finally:
+            await rig.harness.close(ctx)
             await store.close()
