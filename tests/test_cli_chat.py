@@ -227,7 +227,7 @@ def test_plain_turn_streams_the_reply_and_leaves_with_ctrl_d(chats: list[Chat], 
     chat = start(chats, dirs, server)
 
     chat.send_line("say hello")
-    chat.expect("\x1b[2;3mLet me think about greetings.")  # dim italic
+    chat.expect("\x1b[2mLet me think about greetings.")  # dimmed, not italic
     chat.expect("Hello from the replay,")
     chat.expect("second line of the reply.")
     chat.expect("turn completed")

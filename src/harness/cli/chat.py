@@ -24,14 +24,15 @@ from pathlib import Path
 from typing import Annotated, TextIO
 
 import typer
-from rich.markup import escape
 
 from harness.cli.app import StoreOption, app, run_with_store
+from harness.cli.call_preview import call_preview
 from harness.cli.chat_commands import COMMANDS, ChatCommand
 from harness.cli.chat_input import Line, Terminal
 from harness.cli.chat_view import ChatView, Screen, clip, content_text
 from harness.cli.config import Attached, attach_client, model_name, parse_model, session_name_from
 from harness.cli.render import branch_oldest_first, entry_lines
+from harness.cli.terminal_text import markup
 from harness.context import Context
 from harness.errors import HarnessError
 from harness.home import harness_home
@@ -71,9 +72,12 @@ class ChatClient:
         self.store, self.settings, self.registry, self.context = store, settings, registry, context
         self.screen = Screen(out, color=color)
         self.view = ChatView(self.screen, settings.lane)
-        self.terminal = Terminal(self.screen, busy=lambda: self.busy, status=self._status,
-                                 on_interrupt=self._interrupt_turn, history=settings.home / "chat-history")
         self.commands: dict[str, ChatCommand] = dict(commands if commands is not None else COMMANDS)
+        self.terminal = Terminal(self.screen, busy=lambda: self.busy, status=self._status,
+                                 on_interrupt=self._interrupt_turn, commands=lambda: [f"/{n}" for n in self.commands],
+                                 history=settings.home / "chat-history")
+        # One policy for the whole chat, so `a` (allow for the session) survives /cd and /fork.
+        self.approval = (ApprovalPolicy.allow_all() if settings.approve_all else ApprovalPolicy(self.ask_approval))
         self.cwd = settings.cwd
         self.listing: list[str] = []
         """Entry ids of the last `/tree` listing, by number - 1 (for `/tree N` and `/fork N`)."""
@@ -102,7 +106,7 @@ class ChatClient:
 
     def error(self, error: HarnessError) -> None:
         """Show an error a person can act on: its stable code and message."""
-        self.screen.print(f"[red]error \\[{escape(error.code)}]: {escape(error.message)}[/]")
+        self.screen.print(f"[red]error \\[{markup(error.code)}]: {markup(error.message)}[/]")
 
     # -- the chat ---------------------------------------------------------------------------------
 
@@ -150,10 +154,10 @@ class ChatClient:
         name, _, argument = text[1:].partition(" ")
         command = self.commands.get(name)
         if command is None:
-            self.screen.print(f"[red]no command /{escape(name)}[/] [dim](/help lists them)[/]")
+            self.screen.print(f"[red]no command /{markup(name)}[/] [dim](/help lists them)[/]")
             return
         if self.busy and not command.while_busy:
-            self.screen.print(f"[yellow]/{escape(name)} waits for the turn to end (Ctrl-C aborts it)[/]")
+            self.screen.print(f"[yellow]/{markup(name)} waits for the turn to end (Ctrl-C aborts it)[/]")
             return
         try:
             await command.run(self, argument.strip())
@@ -185,7 +189,7 @@ class ChatClient:
         except HarnessError as error:
             self.error(error)
         except Exception as error:  # a bug: say so, keep the chat alive
-            self.screen.print(f"[red]unexpected error: {escape(type(error).__name__)}: {escape(str(error))}[/]")
+            self.screen.print(f"[red]unexpected error: {markup(type(error).__name__)}: {markup(str(error))}[/]")
         finally:
             # Idle first, then the outcome row: whoever reads "completed" may type the next prompt.
             self._turn = None
@@ -196,7 +200,7 @@ class ChatClient:
         if isinstance(outcome, Settled):
             for item in (*outcome.steer, *outcome.follow_up):
                 text = clip(content_text(item.message.content)) if isinstance(item.message, UserMessage) else ""
-                self.screen.print(f"[dim]not sent: {escape(text)}[/]")
+                self.screen.print(f"[dim]not sent: {markup(text)}[/]")
             self.view.outcome_row(outcome.result)
 
     async def _prompt(self, text: str) -> ResumeOutcome:
@@ -249,6 +253,8 @@ class ChatClient:
             self.error(error)
 
     def _status(self) -> str:
+        if not self.busy:
+            return f"/help: commands · Tab completes them · Alt-Enter: new line · Ctrl-D: leave · {self.approvals()}"
         status = self.view.status()
         keys = ("Ctrl-C again: leave now (the run stays open)" if self._abort_wanted
                 else "Enter: steer · Alt-Enter: follow-up · Ctrl-C: abort")
@@ -256,38 +262,45 @@ class ChatClient:
 
     # -- approval ---------------------------------------------------------------------------------
 
+    def approvals(self) -> str:
+        """Which of the lane's tools still ask before they run, e.g. `edit, shell ask first; write allowed`."""
+        active = set(self.lane.config.active_tools)
+        if not active:
+            return "no tools"
+        gated = sorted(self.approval.gated & active)
+        asking = [name for name in gated if self.approval.needs_approval(name)]
+        allowed = [name for name in gated if name not in asking]
+        if not asking:
+            return "writes and shell allowed" + (" (--yes)" if self.settings.approve_all else "")
+        return f"{', '.join(asking)} ask first" + (f"; {', '.join(allowed)} allowed" if allowed else "")
+
     async def ask_approval(self, request: ApprovalRequest, context: Context) -> Approval:
-        """The `before_tool` question: y allows the call, a allows the tool for the session, n refuses."""
+        """The `before_tool` question, answered by one key: y allows the call, a allows the tool
+        for the rest of the chat, n refuses. What a write or edit would change is shown first."""
         self.screen.end_stream()
-        self.screen.print(f"[bold yellow]?[/] [magenta]{escape(request.summary)}[/] [dim]needs approval[/]")
-        for name in ("old_text", "new_text"):
-            value = request.args.get(name)
-            if isinstance(value, str):
-                self.screen.print(f"[dim]  {name}: {escape(clip(value))}[/]")
-        hint = f"y: allow once · a: allow {request.tool_name} for this session · n: refuse · Ctrl-C: abort the turn"
-        while True:
-            answer = await self.terminal.ask(f"allow {request.tool_name}? [y/n/a] ", hint)
-            if answer is None:
+        self.screen.print(f"[bold yellow]?[/] [magenta]{markup(request.summary)}[/] [dim]needs approval[/]")
+        for preview_row in call_preview(self.cwd, request.tool_name, request.args):
+            self.screen.print(preview_row)
+        hint = f"y: allow once · a: allow {request.tool_name} for this chat · n: refuse · Ctrl-C: abort the turn"
+        match await self.terminal.ask(f"allow {request.tool_name}? [y/n/a] ", hint, keys="yna"):
+            case "y":
+                return ALLOW_ONCE
+            case "a":
+                self.approval.allow_for_session(request.tool_name)
+                self.screen.print(f"[dim]{markup(request.tool_name)} runs without asking for the rest of this chat; "
+                                  f"approvals: {markup(self.approvals())}[/]")
+                return ALLOW_FOR_SESSION
+            case "n":
+                return DENY
+            case _:
                 return Approval(allow=False, reason="the person interrupted the turn")
-            match answer.strip().lower():
-                case "y" | "yes":
-                    return ALLOW_ONCE
-                case "a" | "always":
-                    return ALLOW_FOR_SESSION
-                case "n" | "no":
-                    return DENY
-                case _:
-                    self.screen.print(f"[dim]answer y (allow once), n (refuse) or a (allow {escape(request.tool_name)} "
-                                      "for this session)[/]")
 
     # -- attachment -------------------------------------------------------------------------------
 
     async def _attach(self, session_id: str | None, *, model: ModelIdentity | None = None) -> Attached:
-        approval = (ApprovalPolicy.allow_all() if self.settings.approve_all
-                    else ApprovalPolicy(self.ask_approval))
         return await attach_client(
             self.store, session_id, self.context, registry=self.registry, home=self.settings.home, cwd=self.cwd,
-            approval=approval, model=model, lane=self.settings.lane, listeners=[self.view],
+            approval=self.approval, model=model, lane=self.settings.lane, listeners=[self.view],
         )
 
     async def switch_session(self, session_id: str) -> None:
@@ -308,16 +321,10 @@ class ChatClient:
     async def _show_start(self) -> None:
         harness, lane = self.attached.harness, self.lane
         name = await harness.session_name(self.context)
-        title = f" · {escape(name)}" if name else ""
+        title = f" · {markup(name)}" if name else ""
         self.screen.print(f"[bold]harness chat[/] · session [cyan]{harness.session.id}[/]{title}")
-        if not lane.config.active_tools:
-            approvals = "no tools"
-        elif self.settings.approve_all:
-            approvals = "writes and shell allowed (--yes)"
-        else:
-            approvals = "writes and shell ask first"
-        self.screen.print(f"[dim]lane {escape(lane.name)} · model {escape(model_name(lane.config.model))} · "
-                          f"{escape(str(self.cwd))} · {approvals}[/]")
+        self.screen.print(f"[dim]lane {markup(lane.name)} · model {markup(model_name(lane.config.model))} · "
+                          f"{markup(str(self.cwd))} · {markup(self.approvals())}[/]")
         if not self.attached.created_session and lane.tip_id is not None:
             await self._show_recent(lane.tip_id)
         self.screen.print("[dim]/help: commands · Enter sends · Ctrl-C interrupts a turn · Ctrl-D leaves[/]")
@@ -336,7 +343,7 @@ class ChatClient:
         mine = [op for op in self.attached.open_operations if op.lane == self.lane.name]
         others = [op for op in self.attached.open_operations if op.lane != self.lane.name]
         for op in others:
-            self.screen.print(f"[dim]lane {escape(op.lane)} has an open {op.kind} (not this chat's lane)[/]")
+            self.screen.print(f"[dim]lane {markup(op.lane)} has an open {op.kind} (not this chat's lane)[/]")
         if not mine:
             return
         op = mine[0]
@@ -354,7 +361,7 @@ class ChatClient:
                 self.screen.end_stream()
             for tool in operation.running_tools:
                 args = tool.args if isinstance(tool.args, dict) else {}
-                self.screen.print(f"[magenta]→ {escape(describe_call(tool.tool_name, args))}[/] [dim](was running)[/]")
+                self.screen.print(f"[magenta]→ {markup(describe_call(tool.tool_name, args))}[/] [dim](was running)[/]")
             if operation.retry is not None:
                 self.screen.print(f"[dim]waiting to retry (attempt {operation.retry.attempt} of "
                                   f"{operation.retry.max_attempts})[/]")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import shutil
 import time
 from collections.abc import Callable
@@ -18,9 +19,10 @@ from typing import Any, TextIO
 
 from prompt_toolkit.application import get_app_or_none
 from prompt_toolkit.formatted_text import ANSI, StyleAndTextTuples, to_formatted_text
-from rich.console import Console
-from rich.markup import escape
+from rich.console import Console, RenderableType
+from rich.padding import Padding
 
+from harness.cli.terminal_text import markdown, markup
 from harness.context import Context
 from harness.messages import (
     AssistantMessage,
@@ -84,30 +86,39 @@ class Screen:
     """Rows printed above the prompt, in order, and the live line of a streaming reply.
 
     While a prompt is on screen, it is erased, the row written and the prompt drawn again below
-    it; otherwise rows go straight to `out`.
+    it; otherwise rows go straight to `out`. Rows wrap at word breaks to the terminal's width.
     A streaming reply is printed line by line as lines complete; its unfinished last line is
     drawn as part of the prompt (`live`), because text written after the prompt would be drawn
-    over. `on_live_change` is called when that line changes (the terminal redraws the prompt)."""
+    over. `on_live_change` is called when that line changes (the terminal redraws the prompt).
+
+    A block streamed with `markdown` is rendered as Markdown a piece at a time as it completes:
+    each line on its own (headings, list items, emphasis, inline code), a fenced code block
+    whole once its closing fence arrives, highlighted. Rows already printed cannot be redrawn,
+    so this keeps the reply appearing as it streams while still rendering it."""
 
     def __init__(self, out: TextIO, *, color: bool) -> None:
         self._out = out
         self._console = Console(file=io.StringIO(), force_terminal=color, no_color=not color, highlight=False,
-                                soft_wrap=True, emoji=False)
+                                emoji=False)
         self._live_key: object = None
         self._live_text = ""
         self._live_style = ""
+        self._live_markdown = False
+        self._fence: list[str] | None = None  # the lines of an open fenced code block
         self.on_live_change: Callable[[], None] = lambda: None
 
     # -- rows -------------------------------------------------------------------------------------
 
-    def print(self, markup: str = "", *, style: str | None = None) -> None:
-        """Print one row of rich markup (escape user text with `rich.markup.escape`)."""
+    def print(self, text: RenderableType = "", *, style: str | None = None) -> None:
+        """Print one row of rich markup, or a rich renderable (pass outside text through
+        `terminal_text.markup`, or `visible` for a renderable)."""
         self._commit_live()
-        self._write(self._render(markup, style=style))
+        self._write(self._render(text, style=style))
 
-    def _render(self, markup: str, *, style: str | None = None, end: str = "\n") -> str:
+    def _render(self, renderable: RenderableType, *, style: str | None = None) -> str:
+        self._console.width = max(20, shutil.get_terminal_size().columns)
         with self._console.capture() as captured:
-            self._console.print(markup, style=style, end=end)
+            self._console.print(renderable, style=style)
         return captured.get()
 
     def _write(self, text: str) -> None:
@@ -130,26 +141,52 @@ class Screen:
 
     # -- the streaming line -----------------------------------------------------------------------
 
-    def stream(self, key: object, text: str, *, style: str = "") -> None:
+    def stream(self, key: object, text: str, *, style: str = "", markdown: bool = False) -> None:
         """Add `text` to the streaming block `key` (a new key ends the previous block's line):
         complete lines are printed, the unfinished one is shown live."""
         if key != self._live_key:
             self._commit_live()
-            self._live_key, self._live_style = key, style
+            self._live_key, self._live_style, self._live_markdown = key, style, markdown
         self._live_text += text
         if "\n" in self._live_text:
             done, self._live_text = self._live_text.rsplit("\n", 1)
             for line in done.split("\n"):
-                self._write(self._render(escape(line), style=self._live_style or None))
+                self._line(line.removesuffix("\r"))
         # A paragraph longer than the terminal is printed a screen line at a time, at a word
         # break, so it keeps appearing as it streams (the live line is one screen line).
         width = max(20, shutil.get_terminal_size().columns - 1)
-        while len(self._live_text) > width:
+        while len(self._live_text) > width and self._fence is None:
             cut = self._live_text.rfind(" ", 0, width + 1)
             cut = cut + 1 if cut > 0 else width
             line, self._live_text = self._live_text[:cut], self._live_text[cut:]
-            self._write(self._render(escape(line.rstrip(" ")), style=self._live_style or None))
+            self._line(line.rstrip(" "))
         self.on_live_change()
+
+    def _line(self, line: str) -> None:
+        """Print one complete line of the streaming block (as Markdown, for a Markdown block)."""
+        if not self._live_markdown:
+            self._write(self._render(markup(line), style=self._live_style or None))
+            return
+        fence = _FENCE.match(line)
+        if self._fence is not None:
+            self._fence.append(line)
+            if fence is not None and fence.group(1)[0] == self._fence[0].lstrip()[0] and not fence.group(2).strip():
+                self._end_fence()
+        elif fence is not None:
+            self._fence = [line]
+        elif not line.strip():
+            self._write("\n")
+        else:
+            # One line is rendered alone: its own indentation kept as padding (four spaces would
+            # make it a code block), the blank lines and padding rich puts around blocks left out.
+            text = line.lstrip(" ")
+            rendered = self._render(Padding(markdown(text), (0, 0, 0, len(line) - len(text))))
+            self._write(_TRAILING_SPACE.sub(r"\1", rendered.lstrip("\n")))
+
+    def _end_fence(self) -> None:
+        if self._fence is not None:
+            lines, self._fence = self._fence, None
+            self._write(self._render(markdown("\n".join(lines))))
 
     def end_stream(self) -> None:
         """Print the streaming block's unfinished line, if any, and forget the block."""
@@ -159,14 +196,20 @@ class Screen:
     def _commit_live(self) -> None:
         if self._live_text:
             text, self._live_text = self._live_text, ""
-            self._write(self._render(escape(text), style=self._live_style or None))
+            self._line(text)
             self.on_live_change()
+        self._end_fence()
 
     def live(self) -> StyleAndTextTuples:
         """The unfinished streaming line as prompt_toolkit text, with its line break; empty when none."""
         if not self._live_text:
             return []
-        return to_formatted_text(ANSI(self._render(escape(self._live_text), style=self._live_style or None)))
+        return to_formatted_text(ANSI(self._render(markup(self._live_text), style=self._live_style or None)))
+
+
+_TRAILING_SPACE = re.compile(r" +((?:\x1b\[[0-9;]*m)*)$", re.MULTILINE)
+_FENCE = re.compile(r"^\s{0,3}(`{3,}|~{3,})(.*)$")
+"""A Markdown code fence line: its marker and what follows it (a language, or nothing on a closing fence)."""
 
 
 # -- the view ---------------------------------------------------------------------------------------
@@ -205,6 +248,8 @@ class ChatView:
     queues: Queues = field(default_factory=Queues)
     aborting: bool = False
     show_thinking: bool = True  # `/think` collapses thinking to one line per block, or expands it
+    calls: dict[str, ToolCall] = field(default_factory=dict)
+    """The tool calls of this chat's replies by id, so a call refused before it ran still shows its row."""
     _shown: dict[int, int] = field(default_factory=dict, init=False)  # content index -> characters shown
     _run_started: float = field(default=0.0, init=False)
     _run_tokens: int = field(default=0, init=False)
@@ -228,28 +273,32 @@ class ChatView:
         self._shown = {}
 
     def stream_reply(self, message: AssistantMessage) -> None:
-        """Show what `message` has beyond what was shown of it: text as it is, thinking dimmed."""
+        """Show what `message` has beyond what was shown of it: text as Markdown, thinking dimmed.
+        Once an abort is under way nothing more is shown: the abort rows are the last word."""
+        if self.aborting:
+            return
         for index, block in enumerate(message.content):
             shown = self._shown.get(index, 0)
             if isinstance(block, TextContent) and len(block.text) > shown:
-                self.screen.stream(("reply", index), block.text[shown:])
+                self.screen.stream(("reply", index), block.text[shown:], markdown=True)
                 self._shown[index] = len(block.text)
             elif isinstance(block, ThinkingContent):
                 text = "[thinking redacted]\n" if block.redacted else block.thinking
                 if not self.show_thinking:
                     if shown == 0 and text:  # collapsed: one line, once, however long it gets
-                        self.screen.stream(("thinking", index), "(thinking… /think shows it)\n", style="dim italic")
+                        self.screen.stream(("thinking", index), "(thinking… /think shows it)\n", style="dim")
                         self._shown[index] = 1
                 elif len(text) > shown:
-                    self.screen.stream(("thinking", index), text[shown:], style="dim italic")
+                    self.screen.stream(("thinking", index), text[shown:], style="dim")
                     self._shown[index] = len(text)
 
     def end_reply(self, message: AssistantMessage) -> None:
         self.stream_reply(message)
+        self.calls.update((block.id, block) for block in message.content if isinstance(block, ToolCall))
         self.screen.end_stream()
         self._shown = {}
         if message.stop_reason == "error":
-            self.screen.print(f"[red]✗ {escape(message.error_message or 'the reply failed')}[/]")
+            self.screen.print(f"[red]✗ {markup(message.error_message or 'the reply failed')}[/]")
         elif message.stop_reason == "aborted":
             self.screen.print("[yellow](reply stopped)[/]")
         elif message.stop_reason == "length":
@@ -267,7 +316,7 @@ class ChatView:
         else:
             error = result.error
             detail = f" [{error.code}]: {error.message}" if error is not None else ""
-            self.screen.print(f"[red]✗ {what} failed{escape(detail)}[/]")
+            self.screen.print(f"[red]✗ {what} failed{markup(detail)}[/]")
 
     # -- the prompt's status line -----------------------------------------------------------------
 
@@ -305,10 +354,10 @@ def _message_end(view: ChatView, event: MessageEnd) -> None:
         view.end_reply(message)
     elif isinstance(message, UserMessage) and event.entry_id in view.queued:
         kind = view.queued.pop(event.entry_id)
-        view.screen.print(f"[cyan]› {escape(clip(content_text(message.content)))}[/] [dim]({kind} sent)[/]")
+        view.screen.print(f"[cyan]› {markup(clip(content_text(message.content)))}[/] [dim]({kind} sent)[/]")
     elif isinstance(message, CustomMessage) and message.display:
-        text = escape(clip(content_text(message.content)))
-        view.screen.print(f"[yellow]\\[{escape(message.custom_type)}][/] {text}")
+        text = markup(clip(content_text(message.content)))
+        view.screen.print(f"[yellow]\\[{markup(message.custom_type)}][/] {text}")
 
 
 @row("tool_start")
@@ -317,16 +366,20 @@ def _tool_start(view: ChatView, event: ToolStart) -> None:
     args = event.args if isinstance(event.args, dict) else {}
     summary = describe_call(event.tool_name, args)
     view.running_tools[event.tool_call_id] = summary
-    view.screen.print(f"[magenta]→ {escape(summary)}[/]")
+    view.calls.pop(event.tool_call_id, None)
+    view.screen.print(f"[magenta]→ {markup(summary)}[/]")
 
 
 @row("tool_end")
 def _tool_end(view: ChatView, event: ToolEnd) -> None:
     view.running_tools.pop(event.tool_call_id, None)
+    refused = view.calls.pop(event.tool_call_id, None)  # still here: it never started
+    if refused is not None:
+        view.screen.print(f"[magenta]→ {markup(call_summary(refused))}[/]")
     result: ToolResultMessage = event.result
     mark = "[red]error[/]" if result.is_error else "[green]ok[/]"
     first = clip(content_text(result.content))
-    view.screen.print(f"[magenta]← {escape(result.tool_name)}[/] {mark} [dim]{escape(first)}[/]")
+    view.screen.print(f"[magenta]← {markup(result.tool_name)}[/] {mark} [dim]{markup(first)}[/]")
 
 
 @row("retry_scheduled")
@@ -334,7 +387,7 @@ def _retry_scheduled(view: ChatView, event: RetryScheduled) -> None:
     view.screen.end_stream()
     wait = max(0.0, (event.not_before - time.time() * 1000) / 1000)
     view.screen.print(f"[yellow]↻ retrying in {wait:.0f} s (attempt {event.attempt} of {event.max_attempts}): "
-                      f"{escape(clip(event.error_message))}[/]")
+                      f"{markup(clip(event.error_message))}[/]")
 
 
 @row("compaction_start")
@@ -345,15 +398,17 @@ def _compaction_start(view: ChatView, event: CompactionStart) -> None:
 
 @row("compaction_end")
 def _compaction_end(view: ChatView, event: CompactionEnd) -> None:
+    if event.reason == "manual":
+        return  # a /compact of this chat: its outcome row says how it ended
     detail = f": {event.error.message}" if event.error is not None else ""
     colour = "dim" if event.status == "completed" else "yellow"
-    view.screen.print(f"[{colour}]compaction {event.status}{escape(detail)}[/]")
+    view.screen.print(f"[{colour}]compaction {event.status}{markup(detail)}[/]")
 
 
 @row("navigation_end")
 def _navigation_end(view: ChatView, event: NavigationEnd) -> None:
     if event.status == "completed":
-        view.screen.print(f"[dim]moved to entry {escape(event.tip_id or '(the empty branch)')}[/]")
+        view.screen.print(f"[dim]moved to entry {markup(event.tip_id or '(the empty branch)')}[/]")
     else:
         view.screen.print(f"[yellow]navigation {event.status}[/]")
 
@@ -403,24 +458,32 @@ def _config_update(view: ChatView, event: ConfigUpdate) -> None:
         shown = ", ".join(value) or "(none)"
     else:
         shown = value
-    view.screen.print(f"[dim]{event.field.replace('_', ' ')} → {escape(shown)}[/]")
+    view.screen.print(f"[dim]{event.field.replace('_', ' ')} → {markup(shown)}[/]")
 
 
 @row("value_update")
 def _value_update(view: ChatView, event: ValueUpdate) -> None:
     if event.key == "session_name":
-        view.screen.print(f"[dim]session name → {escape(event.value or '(none)')}[/]")
+        view.screen.print(f"[dim]session name → {markup(event.value or '(none)')}[/]")
 
 
 @row("fault", "handler_error")
 def _fault(view: ChatView, event: Fault | HandlerError) -> None:
     if event.type == "fault":
-        view.screen.print(f"[red]harness fault \\[{escape(event.code)}]: {escape(event.message)}[/]")
+        view.screen.print(f"[red]harness fault \\[{markup(event.code)}]: {markup(event.message)}[/]")
     else:
-        view.screen.print(f"[red]a display handler failed on {escape(event.event_type)}: {escape(event.error)}[/]")
+        view.screen.print(f"[red]a display handler failed on {markup(event.event_type)}: {markup(event.error)}[/]")
 
 
 # -- entries as one line ----------------------------------------------------------------------------
+
+
+def call_summary(call: ToolCall) -> str:
+    """One line for a tool call as the model sent it: its raw argument text when that was not a
+    JSON object (so a refused call shows what was refused), else `describe_call`."""
+    if call.raw_arguments is not None:
+        return clip(f"{call.name} {call.raw_arguments}", 200)
+    return describe_call(call.name, dict(call.arguments))
 
 
 def entry_summary(entry: Entry, limit: int = 100) -> str:
@@ -430,23 +493,23 @@ def entry_summary(entry: Entry, limit: int = 100) -> str:
         case "message":
             message = payload.message
             if isinstance(message, UserMessage):
-                return f"[cyan]you[/]: {escape(clip(content_text(message.content), limit))}"
+                return f"[cyan]you[/]: {markup(clip(content_text(message.content), limit))}"
             if isinstance(message, ToolResultMessage):
                 mark = "[red]error[/]" if message.is_error else "ok"
-                return f"[magenta]← {escape(message.tool_name)}[/] {mark}"
+                return f"[magenta]← {markup(message.tool_name)}[/] {mark}"
             text = " ".join(b.text for b in message.content if isinstance(b, TextContent))
             calls = [b.name for b in message.content if isinstance(b, ToolCall)]
             shown = clip(text, limit) if text.strip() else ""
             if calls:
                 shown += (" " if shown else "") + f"→ {', '.join(calls)}"
-            return f"[green]assistant[/]: {escape(shown or '(' + message.stop_reason + ')')}"
+            return f"[green]assistant[/]: {markup(shown or '(' + message.stop_reason + ')')}"
         case "custom_message":
             text = clip(content_text(payload.message.content), limit)
-            return f"[yellow]\\[{escape(payload.message.custom_type)}][/] {escape(text)}"
+            return f"[yellow]\\[{markup(payload.message.custom_type)}][/] {markup(text)}"
         case "custom":
             data = clip(json.dumps(payload.data, ensure_ascii=False), limit)
-            return f"[dim]({escape(payload.custom_type)}) {escape(data)}[/]"
+            return f"[dim]({markup(payload.custom_type)}) {markup(data)}[/]"
         case "compaction":
-            return f"[yellow]compaction[/] [dim]{escape(clip(payload.summary, limit))}[/]"
+            return f"[yellow]compaction[/] [dim]{markup(clip(payload.summary, limit))}[/]"
         case "branch_summary":
-            return f"[yellow]branch summary[/] [dim]{escape(clip(payload.summary, limit))}[/]"
+            return f"[yellow]branch summary[/] [dim]{markup(clip(payload.summary, limit))}[/]"

@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 
 from pydantic import JsonValue
-from rich.console import Console
-from rich.markup import escape
+from rich.console import Console, RenderableType
 
+from harness.cli.terminal_text import markdown, markup
 from harness.context import Context
 from harness.messages import (
     AssistantMessage,
@@ -43,33 +43,34 @@ def _user_content(content: str | list[UserContent], limit: int | None) -> str:
     return "\n".join(parts)
 
 
-def entry_lines(entry: Entry, limit: int | None) -> list[str]:
-    """Rich-markup lines for one entry; text longer than `limit` characters is clipped."""
+def entry_lines(entry: Entry, limit: int | None) -> list[RenderableType]:
+    """Rows for one entry: rich markup, and a reply's text as Markdown; outside text is made
+    visible (`terminal_text`), and text longer than `limit` characters is clipped."""
     payload = entry.payload
     match payload.type:
         case "message":
             message = payload.message
             if isinstance(message, UserMessage):
-                return [f"[bold cyan]user[/]: {escape(_user_content(message.content, limit))}"]
+                return [f"[bold cyan]user[/]: {markup(_user_content(message.content, limit))}"]
             if isinstance(message, ToolResultMessage):
                 status = "[red]error[/]" if message.is_error else "ok"
-                text = escape(_user_content(message.content, limit))
-                return [f"  [magenta]← {escape(message.tool_name)}[/] {status}: {text}"]
+                text = markup(_user_content(message.content, limit))
+                return [f"  [magenta]← {markup(message.tool_name)}[/] {status}: {text}"]
             return _assistant_lines(message, limit)
         case "custom_message":
             custom: CustomMessage = payload.message
-            text = escape(_user_content(custom.content, limit))
-            return [f"[yellow]\\[{escape(custom.custom_type)}][/] {text}"]
+            text = markup(_user_content(custom.content, limit))
+            return [f"[yellow]\\[{markup(custom.custom_type)}][/] {text}"]
         case "custom":
-            return [f"[dim]({escape(payload.custom_type)}){_custom_data(payload.data)}[/]"]
+            return [f"[dim]({markup(payload.custom_type)}){_custom_data(payload.data)}[/]"]
         case "compaction":
             return [
                 f"[bold yellow]── compaction ({payload.tokens_before} tokens before, "
                 f"{len(payload.retained_tail)} messages kept) ──[/]",
-                f"[dim]{escape(_clip(payload.summary, limit))}[/]",
+                f"[dim]{markup(_clip(payload.summary, limit))}[/]",
             ]
         case "branch_summary":
-            return [f"[bold yellow]── branch summary ──[/] [dim]{escape(_clip(payload.summary, limit))}[/]"]
+            return [f"[bold yellow]── branch summary ──[/] [dim]{markup(_clip(payload.summary, limit))}[/]"]
 
 
 def _custom_data(data: JsonValue) -> str:
@@ -79,24 +80,26 @@ def _custom_data(data: JsonValue) -> str:
         return ""
     text = data.get("text") if isinstance(data, dict) else None
     shown = text if isinstance(text, str) else json.dumps(data, ensure_ascii=False)
-    return " " + escape(_clip(shown, _CUSTOM_LIMIT))
+    return " " + markup(_clip(shown, _CUSTOM_LIMIT))
 
 
-def _assistant_lines(message: AssistantMessage, limit: int | None) -> list[str]:
-    head = f"[bold green]assistant[/] [dim]({escape(message.provider)}/{escape(message.model)}"
+def _assistant_lines(message: AssistantMessage, limit: int | None) -> list[RenderableType]:
+    head = f"[bold green]assistant[/] [dim]({markup(message.provider)}/{markup(message.model)}"
     head += f", {message.stop_reason})[/]"
-    lines = [head]
+    lines: list[RenderableType] = [head]
     for block in message.content:
         if isinstance(block, TextContent):
-            lines.append(escape(_clip(block.text, limit)))
+            lines.append(markdown(_clip(block.text, limit)))
         elif isinstance(block, ThinkingContent):
             text = "[redacted thinking]" if block.redacted else _clip(block.thinking, limit)
-            lines.append(f"[dim italic]{escape(text)}[/]")
+            lines.append(f"[dim]{markup(text)}[/]")
         elif isinstance(block, ToolCall):
-            args = _clip(json.dumps(block.arguments, ensure_ascii=False), limit)
-            lines.append(f"  [magenta]→ {escape(block.name)}[/] {escape(args)}")
+            sent = block.raw_arguments if block.raw_arguments is not None else json.dumps(block.arguments,
+                                                                                          ensure_ascii=False)
+            args = _clip(sent, limit)  # as the model sent them: text that was not a JSON object stays text
+            lines.append(f"  [magenta]→ {markup(block.name)}[/] {markup(args)}")
     if message.error_message:
-        lines.append(f"[red]{escape(message.error_message)}[/]")
+        lines.append(f"[red]{markup(message.error_message)}[/]")
     return lines
 
 
@@ -115,12 +118,12 @@ async def print_branch(
     session: Session, lane: str, context: Context, *, limit: int | None = 400, console: Console | None = None
 ) -> None:
     """Print the lane's branch, root first; raises `UnknownLane` if the lane does not exist."""
-    console = console or Console(highlight=False, soft_wrap=True)
+    console = console or Console(highlight=False, emoji=False)
     record = await session.get_record(addresses.branch_tip(lane), context)
     if record is None:
         raise UnknownLane(f"session {session.id} has no lane {lane}", lane=lane)
     name = await session.get(addresses.session_name(), context)
-    console.print(f"[bold]{escape(name or session.id)}[/] [dim]lane {escape(lane)}[/]")
+    console.print(f"[bold]{markup(name or session.id)}[/] [dim]lane {markup(lane)}[/]")
     if record.value is None:
         console.print("[dim](empty branch)[/]")
         return

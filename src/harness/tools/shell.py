@@ -1,5 +1,5 @@
 """The shell tool: one command in its own process group, with a time limit, progress reports and
-cancellation that kills the whole group."""
+cancellation that kills the whole group, also when the process that started it is killed."""
 
 from __future__ import annotations
 
@@ -58,6 +58,7 @@ async def run_shell(workspace: Workspace, tool_call_id: str, args: dict[str, Jso
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, env=env_for_tools(),
         start_new_session=True,  # its own process group, so a kill reaches every child
     )
+    guard = await _GroupGuard.start(process.pid)
     capture = _Capture(spill)
     assert process.stdout is not None
     reader = asyncio.ensure_future(capture.read(process.stdout))
@@ -94,6 +95,7 @@ async def run_shell(workspace: Workspace, tool_call_id: str, args: dict[str, Jso
     finally:
         cancelled.cancel()
         capture.close()
+        await guard.release()
 
     elapsed = time.monotonic() - started
     exit_code = process.returncode
@@ -189,6 +191,44 @@ async def _kill_group(process: asyncio.subprocess.Process, exited: asyncio.Futur
         await exited
     # Children that ignored SIGTERM may outlive the shell; the group is ours to end.
     _signal_group(process, signal.SIGKILL)
+
+
+_GUARD_SCRIPT = f"""trap '' HUP INT TERM
+if read -r _; then exit 0; fi
+kill -TERM -- "-$1" 2>/dev/null && sleep {KILL_GRACE_S:g} && kill -KILL -- "-$1" 2>/dev/null
+exit 0"""
+"""Run by the guard with the group id as $1: exit on a line from the pipe, end the group on EOF."""
+
+
+class _GroupGuard:
+    """A small watcher process that ends a command's process group if this process dies before
+    the command ends (a chat killed with SIGKILL, say), so no command outlives the harness
+    unseen. It waits on a pipe whose write end only this process holds: the kernel closes it on
+    any death, and the watcher, in its own session, then sends the group SIGTERM and SIGKILL."""
+
+    def __init__(self, watcher: asyncio.subprocess.Process, write_end: int) -> None:
+        self._watcher, self._write_end = watcher, write_end
+
+    @classmethod
+    async def start(cls, group_id: int) -> _GroupGuard:
+        read_end, write_end = os.pipe()
+        try:
+            watcher = await asyncio.create_subprocess_exec(
+                "/bin/sh", "-c", _GUARD_SCRIPT, "guard", str(group_id), stdin=read_end,
+                stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL, start_new_session=True)
+        except BaseException:
+            os.close(write_end)
+            raise
+        finally:
+            os.close(read_end)
+        return cls(watcher, write_end)
+
+    async def release(self) -> None:
+        """The command is over (or was killed here): the watcher leaves without touching the group."""
+        with contextlib.suppress(OSError):
+            os.write(self._write_end, b"done\n")
+        os.close(self._write_end)
+        await self._watcher.wait()
 
 
 async def _drain(reader: asyncio.Future[None]) -> None:
