@@ -84,15 +84,16 @@ def sent_messages(request: RecordedRequest) -> list[dict[str, Any]]:
 class Chat:
     """`harness chat` in a pseudo-terminal, in `work` (the tools' directory), on `store_url`."""
 
-    def __init__(self, home: Path, work: Path, server: ReplayServer, *args: str) -> None:
+    def __init__(self, home: Path, work: Path, server: ReplayServer, *args: str, columns: int = 200,
+                 cursor_reports: bool = False) -> None:
         env = {**os.environ, "HARNESS_HOME": str(home), "OPENAI_BASE_URL": f"{server.base_url}/v1",
-               "OPENAI_API_KEY": "test-key", "PROMPT_TOOLKIT_NO_CPR": "1", "TERM": "xterm", "COLUMNS": "200"}
-        for name in ("HARNESS_STORE", "NO_COLOR"):
+               "OPENAI_API_KEY": "test-key", "PROMPT_TOOLKIT_NO_CPR": "1", "TERM": "xterm", "COLUMNS": str(columns)}
+        for name in ("HARNESS_STORE", "NO_COLOR", *(("PROMPT_TOOLKIT_NO_CPR",) if cursor_reports else ())):
             env.pop(name, None)
         self.store_url = f"sqlite:///{home / 'harness.db'}"
         self.process = pexpect.spawn(
             str(HARNESS), ["chat", "--model", "openai/gpt-4o", "--store", self.store_url, *args],
-            cwd=str(work), env=env, encoding="utf-8", dimensions=(50, 200), timeout=TIMEOUT_S,
+            cwd=str(work), env=env, encoding="utf-8", dimensions=(50, columns), timeout=TIMEOUT_S,
         )
         self.log_path = home / "terminal.log"
         self.log = self.log_path.open("a", encoding="utf-8")
@@ -102,6 +103,11 @@ class Chat:
     def expect(self, text: str) -> None:
         """Wait until `text` is printed (matched exactly, not as a pattern)."""
         self.process.expect_exact(text)
+
+    def expect_reporting(self, text: str) -> None:
+        """`expect(text)`, answering the chat's cursor position requests meanwhile (top left)."""
+        while self.process.expect_exact([text, "\x1b[6n"]) == 1:
+            self.process.send("\x1b[1;1R")
 
     def send_line(self, text: str) -> None:
         self.process.send(text + "\r")
@@ -155,8 +161,11 @@ def chats(dirs: tuple[Path, Path], server: ReplayServer) -> Iterator[list[Chat]]
         chat.close()
 
 
-def start(chats: list[Chat], dirs: tuple[Path, Path], server: ReplayServer, *args: str) -> Chat:
-    chat = Chat(dirs[0], dirs[1], server, *args)
+def start(chats: list[Chat], dirs: tuple[Path, Path], server: ReplayServer, *args: str, columns: int = 200,
+          cursor_reports: bool = False) -> Chat:
+    """A chat in `dirs`; with `cursor_reports` it asks for the cursor position (and draws its
+    toolbar, which it does only once it knows where it is): answer with `Chat.expect_reporting`."""
+    chat = Chat(dirs[0], dirs[1], server, *args, columns=columns, cursor_reports=cursor_reports)
     chats.append(chat)
     return chat
 

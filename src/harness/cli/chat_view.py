@@ -119,7 +119,7 @@ class Screen:
         self._console.width = max(20, shutil.get_terminal_size().columns)
         with self._console.capture() as captured:
             self._console.print(renderable, style=style)
-        return captured.get()
+        return _TRAILING_SPACE.sub(r"\1", captured.get())  # rich pads Markdown to the width
 
     def _write(self, text: str) -> None:
         app = get_app_or_none()
@@ -181,7 +181,7 @@ class Screen:
             # make it a code block), the blank lines and padding rich puts around blocks left out.
             text = line.lstrip(" ")
             rendered = self._render(Padding(markdown(text), (0, 0, 0, len(line) - len(text))))
-            self._write(_TRAILING_SPACE.sub(r"\1", rendered.lstrip("\n")))
+            self._write(rendered.lstrip("\n"))
 
     def _end_fence(self) -> None:
         if self._fence is not None:

@@ -88,7 +88,7 @@ def _assistant_lines(message: AssistantMessage, limit: int | None) -> list[Rende
     head += f", {message.stop_reason})[/]"
     lines: list[RenderableType] = [head]
     for block in message.content:
-        if isinstance(block, TextContent):
+        if isinstance(block, TextContent) and block.text.strip():
             lines.append(markdown(_clip(block.text, limit)))
         elif isinstance(block, ThinkingContent):
             text = "[redacted thinking]" if block.redacted else _clip(block.thinking, limit)
