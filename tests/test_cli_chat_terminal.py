@@ -242,7 +242,7 @@ def test_text_that_arrives_after_ctrl_c_is_not_shown(chats: list[Chat], dirs: tu
 def test_manual_compaction_shows_one_completion_row(chats: list[Chat], dirs: tuple[Path, Path],
                                                    server: ReplayServer) -> None:
     """/compact ends with one row saying it completed, not two."""
-    long_answer = "word " * 3000
+    long_answer = "word " * 12_000  # two of them hold more than the 20,000 tokens a compaction keeps
     server.enqueue(text_reply(long_answer), text_reply("Second."), text_reply(long_answer), text_reply("Fourth."),
                    text_reply("A summary of everything."))
     chat = start(chats, dirs, server)

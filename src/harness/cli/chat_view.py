@@ -398,8 +398,8 @@ def _compaction_start(view: ChatView, event: CompactionStart) -> None:
 
 @row("compaction_end")
 def _compaction_end(view: ChatView, event: CompactionEnd) -> None:
-    if event.reason == "manual":
-        return  # a /compact of this chat: its outcome row says how it ended
+    if event.reason == "manual" and event.status != "declined":
+        return  # a /compact of this chat: its outcome row says how it ended (not why it did nothing)
     detail = f": {event.error.message}" if event.error is not None else ""
     colour = "dim" if event.status == "completed" else "yellow"
     view.screen.print(f"[{colour}]compaction {event.status}{markup(detail)}[/]")
