@@ -7,7 +7,7 @@ from pathlib import Path
 
 from pydantic import JsonValue
 
-from harness.cli.terminal_text import markup
+from harness.cli.terminal_text import escape
 
 PREVIEW_LINES = 30
 """At most this many lines of content or diff are shown; the rest is counted."""
@@ -25,7 +25,7 @@ def call_preview(root: Path, tool_name: str, args: dict[str, JsonValue]) -> list
     before = _current(target)
     if tool_name == "write" and isinstance(content, str):
         if before is None:
-            return _clipped([f"[green]{markup(line)}[/]" for line in content.splitlines()], "new file")
+            return _clipped([f"[green]{escape(line)}[/]" for line in content.splitlines()], "new file")
         return _diff(path, before, content)
     old, new = args.get("old_text"), args.get("new_text")
     if tool_name == "edit" and isinstance(old, str) and isinstance(new, str) and old:
@@ -52,7 +52,7 @@ def _diff(path: str, before: str, after: str) -> list[str]:
                                      lineterm=""):
         colour = ("bold" if line.startswith(("---", "+++")) else "cyan" if line.startswith("@@")
                   else "green" if line.startswith("+") else "red" if line.startswith("-") else "dim")
-        rows.append(f"[{colour}]{markup(line)}[/]")
+        rows.append(f"[{colour}]{escape(line)}[/]")
     return _clipped(rows, "diff")
 
 

@@ -32,7 +32,7 @@ from harness.cli.chat_input import Line, Terminal
 from harness.cli.chat_view import ChatView, Screen, clip, content_text
 from harness.cli.config import Attached, attach_client, model_name, parse_model, session_name_from
 from harness.cli.render import branch_oldest_first, entry_lines
-from harness.cli.terminal_text import markup
+from harness.cli.terminal_text import escape
 from harness.context import Context
 from harness.errors import HarnessError
 from harness.home import harness_home
@@ -106,7 +106,7 @@ class ChatClient:
 
     def error(self, error: HarnessError) -> None:
         """Show an error a person can act on: its stable code and message."""
-        self.screen.print(f"[red]error \\[{markup(error.code)}]: {markup(error.message)}[/]")
+        self.screen.print(f"[red]error \\[{escape(error.code)}]: {escape(error.message)}[/]")
 
     # -- the chat ---------------------------------------------------------------------------------
 
@@ -154,10 +154,10 @@ class ChatClient:
         name, _, argument = text[1:].partition(" ")
         command = self.commands.get(name)
         if command is None:
-            self.screen.print(f"[red]no command /{markup(name)}[/] [dim](/help lists them)[/]")
+            self.screen.print(f"[red]no command /{escape(name)}[/] [dim](/help lists them)[/]")
             return
         if self.busy and not command.while_busy:
-            self.screen.print(f"[yellow]/{markup(name)} waits for the turn to end (Ctrl-C aborts it)[/]")
+            self.screen.print(f"[yellow]/{escape(name)} waits for the turn to end (Ctrl-C aborts it)[/]")
             return
         try:
             await command.run(self, argument.strip())
@@ -189,7 +189,7 @@ class ChatClient:
         except HarnessError as error:
             self.error(error)
         except Exception as error:  # a bug: say so, keep the chat alive
-            self.screen.print(f"[red]unexpected error: {markup(type(error).__name__)}: {markup(str(error))}[/]")
+            self.screen.print(f"[red]unexpected error: {escape(type(error).__name__)}: {escape(str(error))}[/]")
         finally:
             # Idle first, then the outcome row: whoever reads "completed" may type the next prompt.
             self._turn = None
@@ -200,7 +200,7 @@ class ChatClient:
         if isinstance(outcome, Settled):
             for item in (*outcome.steer, *outcome.follow_up):
                 text = clip(content_text(item.message.content)) if isinstance(item.message, UserMessage) else ""
-                self.screen.print(f"[dim]not sent: {markup(text)}[/]")
+                self.screen.print(f"[dim]not sent: {escape(text)}[/]")
             self.view.outcome_row(outcome.result)
 
     async def _prompt(self, text: str) -> ResumeOutcome:
@@ -278,7 +278,7 @@ class ChatClient:
         """The `before_tool` question, answered by one key: y allows the call, a allows the tool
         for the rest of the chat, n refuses. What a write or edit would change is shown first."""
         self.screen.end_stream()
-        self.screen.print(f"[bold yellow]?[/] [magenta]{markup(request.summary)}[/] [dim]needs approval[/]")
+        self.screen.print(f"[bold yellow]?[/] [magenta]{escape(request.summary)}[/] [dim]needs approval[/]")
         for preview_row in call_preview(self.cwd, request.tool_name, request.args):
             self.screen.print(preview_row)
         hint = f"y: allow once · a: allow {request.tool_name} for this chat · n: refuse · Ctrl-C: abort the turn"
@@ -287,8 +287,8 @@ class ChatClient:
                 return ALLOW_ONCE
             case "a":
                 self.approval.allow_for_session(request.tool_name)
-                self.screen.print(f"[dim]{markup(request.tool_name)} runs without asking for the rest of this chat; "
-                                  f"approvals: {markup(self.approvals())}[/]")
+                self.screen.print(f"[dim]{escape(request.tool_name)} runs without asking for the rest of this chat; "
+                                  f"approvals: {escape(self.approvals())}[/]")
                 return ALLOW_FOR_SESSION
             case "n":
                 return DENY
@@ -321,10 +321,10 @@ class ChatClient:
     async def _show_start(self) -> None:
         harness, lane = self.attached.harness, self.lane
         name = await harness.session_name(self.context)
-        title = f" · {markup(name)}" if name else ""
+        title = f" · {escape(name)}" if name else ""
         self.screen.print(f"[bold]harness chat[/] · session [cyan]{harness.session.id}[/]{title}")
-        self.screen.print(f"[dim]lane {markup(lane.name)} · model {markup(model_name(lane.config.model))} · "
-                          f"{markup(str(self.cwd))} · {markup(self.approvals())}[/]")
+        self.screen.print(f"[dim]lane {escape(lane.name)} · model {escape(model_name(lane.config.model))} · "
+                          f"{escape(str(self.cwd))} · {escape(self.approvals())}[/]")
         if not self.attached.created_session and lane.tip_id is not None:
             await self._show_recent(lane.tip_id)
         self.screen.print("[dim]/help: commands · Enter sends · Ctrl-C interrupts a turn · Ctrl-D leaves[/]")
@@ -343,7 +343,7 @@ class ChatClient:
         mine = [op for op in self.attached.open_operations if op.lane == self.lane.name]
         others = [op for op in self.attached.open_operations if op.lane != self.lane.name]
         for op in others:
-            self.screen.print(f"[dim]lane {markup(op.lane)} has an open {op.kind} (not this chat's lane)[/]")
+            self.screen.print(f"[dim]lane {escape(op.lane)} has an open {op.kind} (not this chat's lane)[/]")
         if not mine:
             return
         op = mine[0]
@@ -361,7 +361,7 @@ class ChatClient:
                 self.screen.end_stream()
             for tool in operation.running_tools:
                 args = tool.args if isinstance(tool.args, dict) else {}
-                self.screen.print(f"[magenta]→ {markup(describe_call(tool.tool_name, args))}[/] [dim](was running)[/]")
+                self.screen.print(f"[magenta]→ {escape(describe_call(tool.tool_name, args))}[/] [dim](was running)[/]")
             if operation.retry is not None:
                 self.screen.print(f"[dim]waiting to retry (attempt {operation.retry.attempt} of "
                                   f"{operation.retry.max_attempts})[/]")

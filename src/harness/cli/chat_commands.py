@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, get_args
 from harness.cli.chat_view import entry_summary
 from harness.cli.config import model_name, parse_model, usable_model
 from harness.cli.render import branch_oldest_first
-from harness.cli.terminal_text import markup
+from harness.cli.terminal_text import escape
 from harness.errors import InvalidInput
 from harness.session import addresses
 from harness.session.records import ThinkingLevel
@@ -62,8 +62,8 @@ async def _help(client: ChatClient, argument: str) -> None:
     for entry in client.commands.values():
         if entry.name not in seen:
             seen.add(entry.name)
-            usage = markup(f"{entry.usage:<26}")  # pad first: escaping adds characters that do not show
-            client.screen.print(f"  [bold]{usage}[/] {markup(entry.summary)}")
+            usage = escape(f"{entry.usage:<26}")  # pad first: escaping adds characters that do not show
+            client.screen.print(f"  [bold]{usage}[/] {escape(entry.summary)}")
     client.screen.print("[dim]  Enter sends (during a turn: a steer message, read after the current step); "
                         "Alt-Enter sends a follow-up during a turn and starts a new line otherwise; Ctrl-C aborts "
                         "a turn, twice leaves at once; Ctrl-D leaves.[/]")
@@ -77,11 +77,11 @@ async def _model(client: ChatClient, argument: str) -> None:
         usable_model(client.registry, identity)
         await client.lane.set_model(identity, client.context)
         return
-    client.screen.print(f"model: [bold]{markup(model_name(current))}[/]")
+    client.screen.print(f"model: [bold]{escape(model_name(current))}[/]")
     for row in client.registry.configured():
         mark = "●" if row.identity == current else " "
-        missing = f" [dim](set {markup(row.missing_key)})[/]" if row.missing_key else ""
-        client.screen.print(f" {mark} {markup(model_name(row.identity))}{missing}")
+        missing = f" [dim](set {escape(row.missing_key)})[/]" if row.missing_key else ""
+        client.screen.print(f" {mark} {escape(model_name(row.identity))}{missing}")
 
 
 @command("thinking", "/thinking [level]", "show or set the thinking level", while_busy=True)
@@ -127,8 +127,8 @@ async def _sessions(client: ChatClient, argument: str) -> None:
         name = await session.get(addresses.session_name(), client.context) or ""
         created = datetime.fromtimestamp(info.created_at / 1000).strftime("%Y-%m-%d %H:%M")
         mark = "●" if info.id == current else " "
-        fork = f" [dim](fork of {markup(info.parent_session_id)})[/]" if info.parent_session_id else ""
-        client.screen.print(f" {mark} [cyan]{markup(info.id)}[/] [dim]{created}[/] {markup(name)}{fork}")
+        fork = f" [dim](fork of {escape(info.parent_session_id)})[/]" if info.parent_session_id else ""
+        client.screen.print(f" {mark} [cyan]{escape(info.id)}[/] [dim]{created}[/] {escape(name)}{fork}")
 
 
 @command("tree", "/tree [N]", "list this branch's entries and move to one")
@@ -169,8 +169,8 @@ async def _fork(client: ChatClient, argument: str) -> None:
     await client.switch_session(forked.id)
     if name:
         await client.attached.harness.set_session_name(f"{name} (fork)", client.context)
-    client.screen.print(f"forked session [cyan]{markup(forked.id)}[/] at entry {markup(target)}; now chatting in it "
-                        f"[dim](the original, {markup(source.session.id)}, is unchanged)[/]")
+    client.screen.print(f"forked session [cyan]{escape(forked.id)}[/] at entry {escape(target)}; now chatting in it "
+                        f"[dim](the original, {escape(source.session.id)}, is unchanged)[/]")
 
 
 @command("cd", "/cd [DIR]", "show or change the directory the tools work in")
@@ -180,7 +180,7 @@ async def _cd(client: ChatClient, argument: str) -> None:
         os.chdir(target)
         client.cwd = target
         await client.switch_session(client.attached.harness.session.id)  # the tools move with it
-    client.screen.print(f"working directory: {markup(str(client.cwd))}")
+    client.screen.print(f"working directory: {escape(str(client.cwd))}")
 
 
 @command("resume", "/resume", "finish the lane's open operation (a stopped turn, a deferred reply)")

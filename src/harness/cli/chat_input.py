@@ -24,7 +24,7 @@ from prompt_toolkit.key_binding import KeyBindings, KeyPressEvent
 from prompt_toolkit.styles import Style
 
 from harness.cli.chat_view import Screen
-from harness.cli.terminal_text import markup
+from harness.cli.terminal_text import escape
 
 STYLE = Style.from_dict({
     "prompt": "bold",
@@ -148,7 +148,7 @@ class Terminal:
             question = self._questions.pop(0)
             if not question.answer.done():
                 question.answer.set_result(None)
-            self._screen.print(f"[dim]{markup(question.prompt)}^C[/]")
+            self._screen.print(f"[dim]{escape(question.prompt)}^C[/]")
             if self._busy():
                 self._on_interrupt()
             self.invalidate()
@@ -193,14 +193,14 @@ class Terminal:
         (the prompt erased itself)."""
         if self._questions:
             question = self._questions.pop(0)
-            self._screen.print(f"[yellow]{markup(question.prompt)}[/]{markup(line.text)}")
+            self._screen.print(f"[yellow]{escape(question.prompt)}[/]{escape(line.text)}")
             if not question.answer.done():
                 question.answer.set_result(line.text)
             return
         self._leave_armed = False
         if line.text.strip():
             label = ("follow-up› " if line.follow_up else "steer› ") if self._busy() else "› "
-            self._screen.print(f"[bold]{markup(label)}[/]{markup(line.text)}")
+            self._screen.print(f"[bold]{escape(label)}[/]{escape(line.text)}")
         self._lines.put_nowait(line)
 
     def _bindings(self) -> KeyBindings:
@@ -228,7 +228,7 @@ class Terminal:
             key, question = event.data.lower(), self._questions[0]
             if len(key) == 1 and key in question.keys:
                 self._questions.pop(0)
-                self._screen.print(f"[yellow]{markup(question.prompt)}[/]{markup(key)}")
+                self._screen.print(f"[yellow]{escape(question.prompt)}[/]{escape(key)}")
                 if not question.answer.done():
                     question.answer.set_result(key)
                 self.invalidate()

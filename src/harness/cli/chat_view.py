@@ -22,7 +22,7 @@ from prompt_toolkit.formatted_text import ANSI, StyleAndTextTuples, to_formatted
 from rich.console import Console, RenderableType
 from rich.padding import Padding
 
-from harness.cli.terminal_text import markdown, markup
+from harness.cli.terminal_text import escape, markdown
 from harness.context import Context
 from harness.messages import (
     AssistantMessage,
@@ -111,7 +111,7 @@ class Screen:
 
     def print(self, text: RenderableType = "", *, style: str | None = None) -> None:
         """Print one row of rich markup, or a rich renderable (pass outside text through
-        `terminal_text.markup`, or `visible` for a renderable)."""
+        `terminal_text.escape`, or `visible` for a renderable)."""
         self._commit_live()
         self._write(self._render(text, style=style))
 
@@ -165,7 +165,7 @@ class Screen:
     def _line(self, line: str) -> None:
         """Print one complete line of the streaming block (as Markdown, for a Markdown block)."""
         if not self._live_markdown:
-            self._write(self._render(markup(line), style=self._live_style or None))
+            self._write(self._render(escape(line), style=self._live_style or None))
             return
         fence = _FENCE.match(line)
         if self._fence is not None:
@@ -204,7 +204,7 @@ class Screen:
         """The unfinished streaming line as prompt_toolkit text, with its line break; empty when none."""
         if not self._live_text:
             return []
-        return to_formatted_text(ANSI(self._render(markup(self._live_text), style=self._live_style or None)))
+        return to_formatted_text(ANSI(self._render(escape(self._live_text), style=self._live_style or None)))
 
 
 _TRAILING_SPACE = re.compile(r" +((?:\x1b\[[0-9;]*m)*)$", re.MULTILINE)
@@ -298,7 +298,7 @@ class ChatView:
         self.screen.end_stream()
         self._shown = {}
         if message.stop_reason == "error":
-            self.screen.print(f"[red]✗ {markup(message.error_message or 'the reply failed')}[/]")
+            self.screen.print(f"[red]✗ {escape(message.error_message or 'the reply failed')}[/]")
         elif message.stop_reason == "aborted":
             self.screen.print("[yellow](reply stopped)[/]")
         elif message.stop_reason == "length":
@@ -316,7 +316,7 @@ class ChatView:
         else:
             error = result.error
             detail = f" [{error.code}]: {error.message}" if error is not None else ""
-            self.screen.print(f"[red]✗ {what} failed{markup(detail)}[/]")
+            self.screen.print(f"[red]✗ {what} failed{escape(detail)}[/]")
 
     # -- the prompt's status line -----------------------------------------------------------------
 
@@ -354,10 +354,10 @@ def _message_end(view: ChatView, event: MessageEnd) -> None:
         view.end_reply(message)
     elif isinstance(message, UserMessage) and event.entry_id in view.queued:
         kind = view.queued.pop(event.entry_id)
-        view.screen.print(f"[cyan]› {markup(clip(content_text(message.content)))}[/] [dim]({kind} sent)[/]")
+        view.screen.print(f"[cyan]› {escape(clip(content_text(message.content)))}[/] [dim]({kind} sent)[/]")
     elif isinstance(message, CustomMessage) and message.display:
-        text = markup(clip(content_text(message.content)))
-        view.screen.print(f"[yellow]\\[{markup(message.custom_type)}][/] {text}")
+        text = escape(clip(content_text(message.content)))
+        view.screen.print(f"[yellow]\\[{escape(message.custom_type)}][/] {text}")
 
 
 @row("tool_start")
@@ -367,7 +367,7 @@ def _tool_start(view: ChatView, event: ToolStart) -> None:
     summary = describe_call(event.tool_name, args)
     view.running_tools[event.tool_call_id] = summary
     view.calls.pop(event.tool_call_id, None)
-    view.screen.print(f"[magenta]→ {markup(summary)}[/]")
+    view.screen.print(f"[magenta]→ {escape(summary)}[/]")
 
 
 @row("tool_end")
@@ -375,11 +375,11 @@ def _tool_end(view: ChatView, event: ToolEnd) -> None:
     view.running_tools.pop(event.tool_call_id, None)
     refused = view.calls.pop(event.tool_call_id, None)  # still here: it never started
     if refused is not None:
-        view.screen.print(f"[magenta]→ {markup(call_summary(refused))}[/]")
+        view.screen.print(f"[magenta]→ {escape(call_summary(refused))}[/]")
     result: ToolResultMessage = event.result
     mark = "[red]error[/]" if result.is_error else "[green]ok[/]"
     first = clip(content_text(result.content))
-    view.screen.print(f"[magenta]← {markup(result.tool_name)}[/] {mark} [dim]{markup(first)}[/]")
+    view.screen.print(f"[magenta]← {escape(result.tool_name)}[/] {mark} [dim]{escape(first)}[/]")
 
 
 @row("retry_scheduled")
@@ -387,7 +387,7 @@ def _retry_scheduled(view: ChatView, event: RetryScheduled) -> None:
     view.screen.end_stream()
     wait = max(0.0, (event.not_before - time.time() * 1000) / 1000)
     view.screen.print(f"[yellow]↻ retrying in {wait:.0f} s (attempt {event.attempt} of {event.max_attempts}): "
-                      f"{markup(clip(event.error_message))}[/]")
+                      f"{escape(clip(event.error_message))}[/]")
 
 
 @row("compaction_start")
@@ -402,13 +402,13 @@ def _compaction_end(view: ChatView, event: CompactionEnd) -> None:
         return  # a /compact of this chat: its outcome row says how it ended (not why it did nothing)
     detail = f": {event.error.message}" if event.error is not None else ""
     colour = "dim" if event.status == "completed" else "yellow"
-    view.screen.print(f"[{colour}]compaction {event.status}{markup(detail)}[/]")
+    view.screen.print(f"[{colour}]compaction {event.status}{escape(detail)}[/]")
 
 
 @row("navigation_end")
 def _navigation_end(view: ChatView, event: NavigationEnd) -> None:
     if event.status == "completed":
-        view.screen.print(f"[dim]moved to entry {markup(event.tip_id or '(the empty branch)')}[/]")
+        view.screen.print(f"[dim]moved to entry {escape(event.tip_id or '(the empty branch)')}[/]")
     else:
         view.screen.print(f"[yellow]navigation {event.status}[/]")
 
@@ -458,21 +458,21 @@ def _config_update(view: ChatView, event: ConfigUpdate) -> None:
         shown = ", ".join(value) or "(none)"
     else:
         shown = value
-    view.screen.print(f"[dim]{event.field.replace('_', ' ')} → {markup(shown)}[/]")
+    view.screen.print(f"[dim]{event.field.replace('_', ' ')} → {escape(shown)}[/]")
 
 
 @row("value_update")
 def _value_update(view: ChatView, event: ValueUpdate) -> None:
     if event.key == "session_name":
-        view.screen.print(f"[dim]session name → {markup(event.value or '(none)')}[/]")
+        view.screen.print(f"[dim]session name → {escape(event.value or '(none)')}[/]")
 
 
 @row("fault", "handler_error")
 def _fault(view: ChatView, event: Fault | HandlerError) -> None:
     if event.type == "fault":
-        view.screen.print(f"[red]harness fault \\[{markup(event.code)}]: {markup(event.message)}[/]")
+        view.screen.print(f"[red]harness fault \\[{escape(event.code)}]: {escape(event.message)}[/]")
     else:
-        view.screen.print(f"[red]a display handler failed on {markup(event.event_type)}: {markup(event.error)}[/]")
+        view.screen.print(f"[red]a display handler failed on {escape(event.event_type)}: {escape(event.error)}[/]")
 
 
 # -- entries as one line ----------------------------------------------------------------------------
@@ -493,23 +493,23 @@ def entry_summary(entry: Entry, limit: int = 100) -> str:
         case "message":
             message = payload.message
             if isinstance(message, UserMessage):
-                return f"[cyan]you[/]: {markup(clip(content_text(message.content), limit))}"
+                return f"[cyan]you[/]: {escape(clip(content_text(message.content), limit))}"
             if isinstance(message, ToolResultMessage):
                 mark = "[red]error[/]" if message.is_error else "ok"
-                return f"[magenta]← {markup(message.tool_name)}[/] {mark}"
+                return f"[magenta]← {escape(message.tool_name)}[/] {mark}"
             text = " ".join(b.text for b in message.content if isinstance(b, TextContent))
             calls = [b.name for b in message.content if isinstance(b, ToolCall)]
             shown = clip(text, limit) if text.strip() else ""
             if calls:
                 shown += (" " if shown else "") + f"→ {', '.join(calls)}"
-            return f"[green]assistant[/]: {markup(shown or '(' + message.stop_reason + ')')}"
+            return f"[green]assistant[/]: {escape(shown or '(' + message.stop_reason + ')')}"
         case "custom_message":
             text = clip(content_text(payload.message.content), limit)
-            return f"[yellow]\\[{markup(payload.message.custom_type)}][/] {markup(text)}"
+            return f"[yellow]\\[{escape(payload.message.custom_type)}][/] {escape(text)}"
         case "custom":
             data = clip(json.dumps(payload.data, ensure_ascii=False), limit)
-            return f"[dim]({markup(payload.custom_type)}) {markup(data)}[/]"
+            return f"[dim]({escape(payload.custom_type)}) {escape(data)}[/]"
         case "compaction":
-            return f"[yellow]compaction[/] [dim]{markup(clip(payload.summary, limit))}[/]"
+            return f"[yellow]compaction[/] [dim]{escape(clip(payload.summary, limit))}[/]"
         case "branch_summary":
-            return f"[yellow]branch summary[/] [dim]{markup(clip(payload.summary, limit))}[/]"
+            return f"[yellow]branch summary[/] [dim]{escape(clip(payload.summary, limit))}[/]"

@@ -14,6 +14,7 @@ from harness.cli.app import StoreOption, app, default_store_url, run_with_store
 from harness.cli.config import Check, check_embedded, check_models, check_store, model_name, parse_model
 from harness.cli.render import print_branch
 from harness.cli.run import EXIT_INTERRUPTED, RunTurn, run_turn
+from harness.cli.terminal_text import visible
 from harness.context import Context
 from harness.errors import HarnessError, InvalidInput
 from harness.home import harness_home
@@ -45,7 +46,7 @@ def sessions(store: StoreOption = None) -> None:
         for info in await s.list_sessions(context):
             session = await s.open_session(info.id, context)
             name = await session.get(addresses.session_name(), context) or ""
-            typer.echo(f"{info.id}  {name}")
+            typer.echo(f"{info.id}  {visible(name)}")
 
     run_with_store(store, body)
 

@@ -7,7 +7,7 @@ import json
 from pydantic import JsonValue
 from rich.console import Console, RenderableType
 
-from harness.cli.terminal_text import markdown, markup
+from harness.cli.terminal_text import escape, markdown
 from harness.context import Context
 from harness.messages import (
     AssistantMessage,
@@ -51,26 +51,26 @@ def entry_lines(entry: Entry, limit: int | None) -> list[RenderableType]:
         case "message":
             message = payload.message
             if isinstance(message, UserMessage):
-                return [f"[bold cyan]user[/]: {markup(_user_content(message.content, limit))}"]
+                return [f"[bold cyan]user[/]: {escape(_user_content(message.content, limit))}"]
             if isinstance(message, ToolResultMessage):
                 status = "[red]error[/]" if message.is_error else "ok"
-                text = markup(_user_content(message.content, limit))
-                return [f"  [magenta]← {markup(message.tool_name)}[/] {status}: {text}"]
+                text = escape(_user_content(message.content, limit))
+                return [f"  [magenta]← {escape(message.tool_name)}[/] {status}: {text}"]
             return _assistant_lines(message, limit)
         case "custom_message":
             custom: CustomMessage = payload.message
-            text = markup(_user_content(custom.content, limit))
-            return [f"[yellow]\\[{markup(custom.custom_type)}][/] {text}"]
+            text = escape(_user_content(custom.content, limit))
+            return [f"[yellow]\\[{escape(custom.custom_type)}][/] {text}"]
         case "custom":
-            return [f"[dim]({markup(payload.custom_type)}){_custom_data(payload.data)}[/]"]
+            return [f"[dim]({escape(payload.custom_type)}){_custom_data(payload.data)}[/]"]
         case "compaction":
             return [
                 f"[bold yellow]── compaction ({payload.tokens_before} tokens before, "
                 f"{len(payload.retained_tail)} messages kept) ──[/]",
-                f"[dim]{markup(_clip(payload.summary, limit))}[/]",
+                f"[dim]{escape(_clip(payload.summary, limit))}[/]",
             ]
         case "branch_summary":
-            return [f"[bold yellow]── branch summary ──[/] [dim]{markup(_clip(payload.summary, limit))}[/]"]
+            return [f"[bold yellow]── branch summary ──[/] [dim]{escape(_clip(payload.summary, limit))}[/]"]
 
 
 def _custom_data(data: JsonValue) -> str:
@@ -80,11 +80,11 @@ def _custom_data(data: JsonValue) -> str:
         return ""
     text = data.get("text") if isinstance(data, dict) else None
     shown = text if isinstance(text, str) else json.dumps(data, ensure_ascii=False)
-    return " " + markup(_clip(shown, _CUSTOM_LIMIT))
+    return " " + escape(_clip(shown, _CUSTOM_LIMIT))
 
 
 def _assistant_lines(message: AssistantMessage, limit: int | None) -> list[RenderableType]:
-    head = f"[bold green]assistant[/] [dim]({markup(message.provider)}/{markup(message.model)}"
+    head = f"[bold green]assistant[/] [dim]({escape(message.provider)}/{escape(message.model)}"
     head += f", {message.stop_reason})[/]"
     lines: list[RenderableType] = [head]
     for block in message.content:
@@ -92,14 +92,14 @@ def _assistant_lines(message: AssistantMessage, limit: int | None) -> list[Rende
             lines.append(markdown(_clip(block.text, limit)))
         elif isinstance(block, ThinkingContent):
             text = "[redacted thinking]" if block.redacted else _clip(block.thinking, limit)
-            lines.append(f"[dim]{markup(text)}[/]")
+            lines.append(f"[dim]{escape(text)}[/]")
         elif isinstance(block, ToolCall):
             sent = block.raw_arguments if block.raw_arguments is not None else json.dumps(block.arguments,
                                                                                           ensure_ascii=False)
             args = _clip(sent, limit)  # as the model sent them: text that was not a JSON object stays text
-            lines.append(f"  [magenta]→ {markup(block.name)}[/] {markup(args)}")
+            lines.append(f"  [magenta]→ {escape(block.name)}[/] {escape(args)}")
     if message.error_message:
-        lines.append(f"[red]{markup(message.error_message)}[/]")
+        lines.append(f"[red]{escape(message.error_message)}[/]")
     return lines
 
 
@@ -123,7 +123,7 @@ async def print_branch(
     if record is None:
         raise UnknownLane(f"session {session.id} has no lane {lane}", lane=lane)
     name = await session.get(addresses.session_name(), context)
-    console.print(f"[bold]{markup(name or session.id)}[/] [dim]lane {markup(lane)}[/]")
+    console.print(f"[bold]{escape(name or session.id)}[/] [dim]lane {escape(lane)}[/]")
     if record.value is None:
         console.print("[dim](empty branch)[/]")
         return

@@ -21,7 +21,7 @@ from typing import TextIO
 from rich.console import Console
 
 from harness.cli.config import attach_client
-from harness.cli.terminal_text import markup, visible
+from harness.cli.terminal_text import escape, visible
 from harness.context import Context
 from harness.messages import AssistantMessage, ModelIdentity, TextContent, ThinkingContent
 from harness.providers import ModelRegistry
@@ -110,26 +110,26 @@ class TextPrinter:
                 self._stream(message)
                 self._end_line()
                 if message.stop_reason == "error" and message.error_message:
-                    self.status.print(f"[red]{markup(message.error_message)}[/]")
+                    self.status.print(f"[red]{escape(message.error_message)}[/]")
             case ToolStart(tool_name=name, args=args):
                 self._end_line()
                 shown = describe_call(name, args if isinstance(args, dict) else {})
-                self.status.print(f"[magenta]→ {markup(shown)}[/]")
+                self.status.print(f"[magenta]→ {escape(shown)}[/]")
             case ToolEnd(result=result):
                 text = " ".join(b.text for b in result.content if isinstance(b, TextContent)).strip()
                 first = text.splitlines()[0] if text else ""
                 first = first if len(first) <= 160 else first[:159] + "…"
                 mark = "[red]error[/]" if result.is_error else "[green]ok[/]"
-                self.status.print(f"[magenta]← {markup(result.tool_name)}[/] {mark} [dim]{markup(first)}[/]")
+                self.status.print(f"[magenta]← {escape(result.tool_name)}[/] {mark} [dim]{escape(first)}[/]")
             case RetryScheduled(attempt=attempt, max_attempts=most, error_message=problem):
                 self._end_line()
-                self.status.print(f"[yellow]retrying (attempt {attempt} of {most}): {markup(problem)}[/]")
+                self.status.print(f"[yellow]retrying (attempt {attempt} of {most}): {escape(problem)}[/]")
             case CompactionStart(reason=reason):
                 self._end_line()
                 self.status.print(f"[dim]compacting the context ({reason})…[/]")
             case CompactionEnd(status=outcome, error=error):
                 detail = f": {error.message}" if error is not None else ""
-                self.status.print(f"[dim]compaction {outcome}{markup(detail)}[/]")
+                self.status.print(f"[dim]compaction {outcome}{escape(detail)}[/]")
             case OperationAbort(cause=cause):
                 self._end_line()
                 self.status.print(f"[yellow]abort requested ({cause}); waiting for the run to settle…[/]")
@@ -137,12 +137,12 @@ class TextPrinter:
                 self._end_line()
                 if result.outcome == "failed" and result.error is not None:
                     error = result.error
-                    self.status.print(f"[red]run failed \\[{markup(error.code)}]: {markup(error.message)}[/]")
+                    self.status.print(f"[red]run failed \\[{escape(error.code)}]: {escape(error.message)}[/]")
                 elif result.outcome == "aborted":
                     self.status.print(f"[yellow]run aborted ({result.abort_cause or 'unknown cause'})[/]")
             case Fault(code=code, message=text):
                 self._end_line()
-                self.status.print(f"[red]harness fault \\[{markup(code)}]: {markup(text)}[/]")
+                self.status.print(f"[red]harness fault \\[{escape(code)}]: {escape(text)}[/]")
             case _:
                 pass
 
@@ -153,7 +153,7 @@ class TextPrinter:
                 self.out.write("\n")
                 self.out.flush()
                 self._ended_line = True
-            self.status.print(markup(thinking[self._thinking_shown:]), style="dim", end="")
+            self.status.print(escape(thinking[self._thinking_shown:]), style="dim", end="")
             self._thinking_shown = len(thinking)
             self._thinking_open = True
         text = "".join(b.text for b in message.content if isinstance(b, TextContent))

@@ -1,7 +1,7 @@
 """Text from outside the terminal client (model replies, thinking, tool output and arguments, names,
 the person's own text echoed back), made safe to print: it can show anything but control nothing.
 
-Every such text goes through `visible` before it reaches the screen, through `markup` when it
+Every such text goes through `visible` before it reaches the screen, through `escape` when it
 becomes part of a rich markup string and through `markdown` when it is a reply rendered as
 Markdown, so only the client's own styling reaches the terminal.
 """
@@ -12,7 +12,7 @@ import re
 
 from markdown_it import MarkdownIt
 from rich.markdown import Markdown
-from rich.markup import escape
+from rich.markup import escape as escape_markup
 
 _BIDI_CONTROLS = "\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069"
 _CONTROLS = re.compile(f"[\x00-\x08\x0b-\x1f\x7f-\x9f{_BIDI_CONTROLS}]")
@@ -35,9 +35,10 @@ def visible(text: str) -> str:
     return _CONTROLS.sub(_shown, text.replace("\r\n", "\n"))
 
 
-def markup(text: str) -> str:
-    """`visible(text)` escaped for rich markup, so `[bold]` in it stays literal."""
-    return escape(visible(text))
+def escape(text: str) -> str:
+    """`visible(text)` escaped for rich markup, so `[bold]` in it stays literal: what
+    `rich.markup.escape` does, for text that may also hold control characters."""
+    return escape_markup(visible(text))
 
 
 # rich's own parser, without raw HTML: a reply about `<div>` shows it instead of dropping it.
@@ -46,7 +47,7 @@ _MARKDOWN = MarkdownIt("commonmark", {"html": False}).enable("strikethrough").en
 
 class _Markdown(Markdown):
     def __init__(self, text: str) -> None:
-        super().__init__(text, hyperlinks=False)
+        super().__init__(text, justify="default", hyperlinks=False)  # "left" pads lines to the width
         self.parsed = _MARKDOWN.parse(text)
 
 
