@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from harness.cli.terminal_text import escape, visible
 from harness.providers.replay import Hold, ReplayResponse, ReplayServer
 from test_cli_chat import (  # noqa: F401  (chats, dirs and server are fixtures)
     HARNESS,
@@ -291,3 +292,14 @@ def test_a_shell_command_ends_when_the_chat_is_killed(chats: list[Chat], dirs: t
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
+
+
+def test_every_control_character_is_made_visible() -> None:
+    """C0 and C1 controls, DEL and bidirectional overrides become visible symbols; newlines,
+    tabs and printable text are kept, and a CRLF line end becomes a newline."""
+    text = "a\x1b[31mb\x07\x08c\x7f\x9b2J\u202edef\tg\r\nh\ri\n"
+
+    shown = visible(text)
+
+    assert shown == "a␛[31mb␇␈c␡<U+009B>2J<U+202E>def\tg\nh␍i\n"
+    assert escape("[bold]x[/bold]\x1b") == "\\[bold]x\\[/bold]␛"
