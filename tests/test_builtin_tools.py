@@ -562,7 +562,7 @@ async def test_a_declined_call_does_not_run_and_the_model_reads_why(store: Store
 
     assert isinstance(outcome, Settled)
     assert outcome.result.outcome == "completed"
-    assert [a.summary for a in asker.asked] == ["write x.txt (1 bytes)"]
+    assert [a.summary for a in asker.asked] == ["write x.txt (1 byte)"]
     assert not (root / "x.txt").exists()
     assert tip is not None
     page = await session.read_branch(tip, ctx)

@@ -85,16 +85,18 @@ class Chat:
     """`harness chat` in a pseudo-terminal, in `work` (the tools' directory), on `store_url`; on
     `openai/gpt-4o` with a key, or with `api_key=False` with no key and no `--model`."""
 
-    def __init__(self, home: Path, work: Path, server: ReplayServer, *args: str, api_key: bool = True) -> None:
+    def __init__(self, home: Path, work: Path, server: ReplayServer, *args: str, api_key: bool = True,
+                 columns: int = 200, cursor_reports: bool = False) -> None:
         env = {**os.environ, "HARNESS_HOME": str(home), "OPENAI_BASE_URL": f"{server.base_url}/v1",
-               "OPENAI_API_KEY": "test-key", "PROMPT_TOOLKIT_NO_CPR": "1", "TERM": "xterm", "COLUMNS": "200"}
-        for name in ("HARNESS_STORE", "NO_COLOR", *(() if api_key else ("OPENAI_API_KEY",))):
+               "OPENAI_API_KEY": "test-key", "PROMPT_TOOLKIT_NO_CPR": "1", "TERM": "xterm", "COLUMNS": str(columns)}
+        for name in ("HARNESS_STORE", "NO_COLOR", *(() if api_key else ("OPENAI_API_KEY",)),
+                     *(("PROMPT_TOOLKIT_NO_CPR",) if cursor_reports else ())):
             env.pop(name, None)
         self.store_url = f"sqlite:///{home / 'harness.db'}"
         model = ["--model", "openai/gpt-4o"] if api_key else []
         self.process = pexpect.spawn(
             str(HARNESS), ["chat", *model, "--store", self.store_url, *args],
-            cwd=str(work), env=env, encoding="utf-8", dimensions=(50, 200), timeout=TIMEOUT_S,
+            cwd=str(work), env=env, encoding="utf-8", dimensions=(50, columns), timeout=TIMEOUT_S,
         )
         self.log_path = home / "terminal.log"
         self.log = self.log_path.open("a", encoding="utf-8")
@@ -104,6 +106,11 @@ class Chat:
     def expect(self, text: str) -> None:
         """Wait until `text` is printed (matched exactly, not as a pattern)."""
         self.process.expect_exact(text)
+
+    def expect_reporting(self, text: str) -> None:
+        """`expect(text)`, answering the chat's cursor position requests meanwhile (top left)."""
+        while self.process.expect_exact([text, "\x1b[6n"]) == 1:
+            self.process.send("\x1b[1;1R")
 
     def send_line(self, text: str) -> None:
         self.process.send(text + "\r")
@@ -158,8 +165,10 @@ def chats(dirs: tuple[Path, Path], server: ReplayServer) -> Iterator[list[Chat]]
 
 
 def start(chats: list[Chat], dirs: tuple[Path, Path], server: ReplayServer, *args: str,
-          api_key: bool = True) -> Chat:
-    chat = Chat(dirs[0], dirs[1], server, *args, api_key=api_key)
+          api_key: bool = True, columns: int = 200, cursor_reports: bool = False) -> Chat:
+    """A chat in `dirs`; with `cursor_reports` it asks for the cursor position (and draws its
+    toolbar, which it does only once it knows where it is): answer with `Chat.expect_reporting`."""
+    chat = Chat(dirs[0], dirs[1], server, *args, api_key=api_key, columns=columns, cursor_reports=cursor_reports)
     chats.append(chat)
     return chat
 
@@ -230,7 +239,7 @@ def test_plain_turn_streams_the_reply_and_leaves_with_ctrl_d(chats: list[Chat], 
     chat = start(chats, dirs, server)
 
     chat.send_line("say hello")
-    chat.expect("\x1b[2;3mLet me think about greetings.")  # dim italic
+    chat.expect("\x1b[2mLet me think about greetings.")  # dimmed, not italic
     chat.expect("Hello from the replay,")
     chat.expect("second line of the reply.")
     chat.expect("turn completed")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
+from importlib.metadata import version
 from typing import Annotated, TypeVar
 
 import typer
@@ -20,7 +21,22 @@ app = typer.Typer(
     help="Harness: a durable agent runtime. Every turn is journaled before anyone is told.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},  # inherited by every command
 )
+
+
+def _print_version(asked: bool) -> None:
+    if asked:
+        typer.echo(f"harness {version('harness')}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(
+    show_version: Annotated[bool, typer.Option("--version", callback=_print_version, is_eager=True,
+                                               help="Print the installed version and exit.")] = False,
+) -> None:
+    """Harness: a durable agent runtime. Every turn is journaled before anyone is told."""
 
 StoreOption = Annotated[
     str | None,

@@ -24,9 +24,9 @@ from pathlib import Path
 from typing import Annotated, TextIO
 
 import typer
-from rich.markup import escape
 
 from harness.cli.app import StoreOption, app, run_with_store
+from harness.cli.call_preview import call_preview
 from harness.cli.chat_commands import COMMANDS, ChatCommand
 from harness.cli.chat_input import Line, Terminal
 from harness.cli.chat_view import ChatView, Screen, clip, content_text
@@ -41,6 +41,7 @@ from harness.cli.config import (
 )
 from harness.cli.render import branch_oldest_first, entry_lines
 from harness.cli.session_refs import latest_session, resolve_session
+from harness.cli.terminal_text import escape
 from harness.context import Context
 from harness.errors import HarnessError, ModelUnavailable
 from harness.home import harness_home
@@ -80,9 +81,12 @@ class ChatClient:
         self.store, self.settings, self.registry, self.context = store, settings, registry, context
         self.screen = Screen(out, color=color)
         self.view = ChatView(self.screen, settings.lane)
-        self.terminal = Terminal(self.screen, busy=lambda: self.busy, status=self._status,
-                                 on_interrupt=self._interrupt_turn, history=settings.home / "chat-history")
         self.commands: dict[str, ChatCommand] = dict(commands if commands is not None else COMMANDS)
+        self.terminal = Terminal(self.screen, busy=lambda: self.busy, status=self._status,
+                                 on_interrupt=self._interrupt_turn, commands=lambda: [f"/{n}" for n in self.commands],
+                                 history=settings.home / "chat-history")
+        # One policy for the whole chat, so `a` (allow for the session) survives /cd and /fork.
+        self.approval = (ApprovalPolicy.allow_all() if settings.approve_all else ApprovalPolicy(self.ask_approval))
         self.cwd = settings.cwd
         self.listing: list[str] = []
         """Entry ids of the last `/tree` listing, by number - 1 (for `/tree N` and `/fork N`)."""
@@ -322,6 +326,8 @@ class ChatClient:
             self.error(error)
 
     def _status(self) -> str:
+        if not self.busy:
+            return f"/help: commands · Tab completes them · Alt-Enter: new line · Ctrl-D: leave · {self.approvals()}"
         status = self.view.status()
         keys = ("Ctrl-C again: leave now (the abort ends on reopening)" if self._abort_wanted
                 else "Enter: steer · Alt-Enter: follow-up · Ctrl-C: abort")
@@ -329,38 +335,45 @@ class ChatClient:
 
     # -- approval ---------------------------------------------------------------------------------
 
+    def approvals(self) -> str:
+        """Which of the lane's tools still ask before they run, e.g. `edit, shell ask first; write allowed`."""
+        active = set(self.lane.config.active_tools)
+        if not active:
+            return "no tools"
+        gated = sorted(self.approval.gated & active)
+        asking = [name for name in gated if self.approval.needs_approval(name)]
+        allowed = [name for name in gated if name not in asking]
+        if not asking:
+            return "writes and shell allowed" + (" (--yes)" if self.settings.approve_all else "")
+        return f"{', '.join(asking)} ask first" + (f"; {', '.join(allowed)} allowed" if allowed else "")
+
     async def ask_approval(self, request: ApprovalRequest, context: Context) -> Approval:
-        """The `before_tool` question: y allows the call, a allows the tool for the session, n refuses."""
+        """The `before_tool` question, answered by one key: y allows the call, a allows the tool
+        for the rest of the chat, n refuses. What a write or edit would change is shown first."""
         self.screen.end_stream()
         self.screen.print(f"[bold yellow]?[/] [magenta]{escape(request.summary)}[/] [dim]needs approval[/]")
-        for name in ("old_text", "new_text"):
-            value = request.args.get(name)
-            if isinstance(value, str):
-                self.screen.print(f"[dim]  {name}: {escape(clip(value))}[/]")
-        hint = f"y: allow once · a: allow {request.tool_name} for this session · n: refuse · Ctrl-C: abort the turn"
-        while True:
-            answer = await self.terminal.ask(f"allow {request.tool_name}? [y/n/a] ", hint)
-            if answer is None:
+        for preview_row in call_preview(self.cwd, request.tool_name, request.args):
+            self.screen.print(preview_row)
+        hint = f"y: allow once · a: allow {request.tool_name} for this chat · n: refuse · Ctrl-C: abort the turn"
+        match await self.terminal.ask(f"allow {request.tool_name}? [y/n/a] ", hint, keys="yna"):
+            case "y":
+                return ALLOW_ONCE
+            case "a":
+                self.approval.allow_for_session(request.tool_name)
+                self.screen.print(f"[dim]{escape(request.tool_name)} runs without asking for the rest of this chat; "
+                                  f"approvals: {escape(self.approvals())}[/]")
+                return ALLOW_FOR_SESSION
+            case "n":
+                return DENY
+            case _:
                 return Approval(allow=False, reason="the person interrupted the turn")
-            match answer.strip().lower():
-                case "y" | "yes":
-                    return ALLOW_ONCE
-                case "a" | "always":
-                    return ALLOW_FOR_SESSION
-                case "n" | "no":
-                    return DENY
-                case _:
-                    self.screen.print(f"[dim]answer y (allow once), n (refuse) or a (allow {escape(request.tool_name)} "
-                                      "for this session)[/]")
 
     # -- attachment -------------------------------------------------------------------------------
 
     async def _attach(self, session_id: str | None, *, model: ModelIdentity | None = None) -> Attached:
-        approval = (ApprovalPolicy.allow_all() if self.settings.approve_all
-                    else ApprovalPolicy(self.ask_approval))
         return await attach_client(
             self._draft or self.store, session_id, self.context, registry=self.registry, home=self.settings.home,
-            cwd=self.cwd, approval=approval, model=model, lane=self.settings.lane, listeners=[self.view],
+            cwd=self.cwd, approval=self.approval, model=model, lane=self.settings.lane, listeners=[self.view],
             require_model=False,
         )
 
@@ -410,14 +423,8 @@ class ChatClient:
         name = await harness.session_name(self.context)
         title = f" · {escape(name)}" if name else ""
         self.screen.print(f"[bold]harness chat[/] · session [cyan]{harness.session.id}[/]{title}")
-        if not lane.config.active_tools:
-            approvals = "no tools"
-        elif self.settings.approve_all:
-            approvals = "writes and shell allowed (--yes)"
-        else:
-            approvals = "writes and shell ask first"
         self.screen.print(f"[dim]lane {escape(lane.name)} · model {escape(model_name(lane.config.model))} · "
-                          f"{escape(str(self.cwd))} · {approvals}[/]")
+                          f"{escape(str(self.cwd))} · {escape(self.approvals())}[/]")
         if not self.attached.created_session and lane.tip_id is not None:
             await self._show_recent(lane.tip_id)
         if (notice := self.model_notice()) is not None:

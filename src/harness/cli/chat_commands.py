@@ -10,11 +10,10 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, get_args
 
-from rich.markup import escape
-
 from harness.cli.chat_view import entry_summary
 from harness.cli.config import model_name, parse_model, usable_model
 from harness.cli.render import branch_oldest_first
+from harness.cli.terminal_text import escape
 from harness.errors import InvalidInput
 from harness.session import addresses
 from harness.session.records import ThinkingLevel
@@ -95,6 +94,10 @@ async def _thinking(client: ChatClient, argument: str) -> None:
     level = next((known for known in levels if known == argument), None)
     if level is None:
         raise InvalidInput(f"a thinking level is one of {', '.join(levels)}, not {argument!r}", level=argument)
+    model = client.registry.model(client.lane.config.model)
+    if level != "off" and not model.reasoning:
+        raise InvalidInput(f"{model_name(client.lane.config.model)} does not think: its only thinking level is off "
+                           "(/model switches to one that does)", level=level)
     await client.lane.set_thinking_level(level, client.context)
 
 

@@ -10,20 +10,22 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import textwrap
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from prompt_toolkit import PromptSession
+from prompt_toolkit.completion import WordCompleter
 from prompt_toolkit.document import Document
 from prompt_toolkit.filters import Condition
 from prompt_toolkit.formatted_text import StyleAndTextTuples
 from prompt_toolkit.history import FileHistory, History, InMemoryHistory
 from prompt_toolkit.key_binding import KeyBindings, KeyPressEvent
 from prompt_toolkit.styles import Style
-from rich.markup import escape
 
 from harness.cli.chat_view import Screen
+from harness.cli.terminal_text import escape
 
 STYLE = Style.from_dict({
     "prompt": "bold",
@@ -46,12 +48,13 @@ class _Question:
     prompt: str
     hint: str
     answer: asyncio.Future[str | None]
+    keys: str = ""  # answered by one of these keys, without Enter; a typed line when empty
 
 
 class Terminal:
     """The chat's prompt. `busy()` says whether a turn runs (the prompt then steers), `status()`
-    gives the status line shown under it during a turn, and `on_interrupt()` is what Ctrl-C does
-    during a turn.
+    gives the status line shown under it (wrapped to the terminal's width), `on_interrupt()` is
+    what Ctrl-C does during a turn, and Tab completes the names in `commands()`.
 
     Ctrl-C: answers an open question with None; during a turn calls `on_interrupt`; at an idle
     prompt clears the line, or, on an empty line, warns once and then leaves. Ctrl-D on an empty
@@ -59,7 +62,8 @@ class Terminal:
     otherwise. `read()` returns None once the person leaves."""
 
     def __init__(self, screen: Screen, *, busy: Callable[[], bool], status: Callable[[], str],
-                 on_interrupt: Callable[[], None], history: Path | None = None) -> None:
+                 on_interrupt: Callable[[], None], commands: Callable[[], list[str]] = list,
+                 history: Path | None = None) -> None:
         self._screen = screen
         self._busy = busy
         self._status = status
@@ -78,6 +82,7 @@ class Terminal:
         self._session: PromptSession[str] = PromptSession(
             history=store, key_bindings=self._bindings(), erase_when_done=True, style=STYLE,
             bottom_toolbar=self._toolbar, enable_suspend=True,
+            completer=WordCompleter(commands, sentence=True), complete_while_typing=False,
         )
         screen.on_live_change = self.invalidate
 
@@ -103,9 +108,11 @@ class Terminal:
         """The next line for the chat; None when the person leaves."""
         return await self._lines.get()
 
-    async def ask(self, prompt: str, hint: str = "") -> str | None:
+    async def ask(self, prompt: str, hint: str = "", *, keys: str = "") -> str | None:
         """Ask a question on the prompt and return the answer, or None if Ctrl-C cancelled it or
-        the chat is leaving. What the person had typed is kept and given back afterwards."""
+        the chat is leaving. With `keys` (lower-case letters), a press of one of them is the
+        answer at once (returned lower-case) and other keys are ignored; without, the answer is
+        a line ended by Enter. What the person had typed is kept and given back afterwards."""
         if self._done:
             return None
         answer: asyncio.Future[str | None] = asyncio.get_running_loop().create_future()
@@ -114,7 +121,7 @@ class Terminal:
             if buffer.text and self._session.app.is_running:
                 self._stashed = buffer.text
                 buffer.reset()
-        self._questions.append(_Question(prompt, hint, answer))
+        self._questions.append(_Question(prompt, hint, answer, keys))
         self.invalidate()
         try:
             return await answer
@@ -184,13 +191,9 @@ class Terminal:
         return [*self._screen.live(), *self._label()]
 
     def _toolbar(self) -> StyleAndTextTuples:
-        if self._questions:
-            hint = self._questions[0].hint
-        elif self._busy():
-            hint = self._status()
-        else:
-            hint = "/help: commands · Alt-Enter: new line · Ctrl-D: leave"
-        return [("class:bottom-toolbar", hint)]
+        hint = self._questions[0].hint if self._questions else self._status()
+        width = self._session.app.output.get_size().columns
+        return [("class:bottom-toolbar", "\n".join(textwrap.wrap(hint, max(20, width - 1))))]
 
     def _take_stash(self) -> str:
         text, self._stashed = self._stashed or "", None
@@ -228,6 +231,18 @@ class Terminal:
                 self.interrupt()
             else:
                 self.leave()
+
+        choosing = Condition(lambda: bool(self._questions) and bool(self._questions[0].keys))
+
+        @bindings.add("<any>", filter=choosing)
+        def _(event: KeyPressEvent) -> None:
+            key, question = event.data.lower(), self._questions[0]
+            if len(key) == 1 and key in question.keys:
+                self._questions.pop(0)
+                self._screen.print(f"[yellow]{escape(question.prompt)}[/]{escape(key)}")
+                if not question.answer.done():
+                    question.answer.set_result(key)
+                self.invalidate()
 
         @bindings.add("escape", "enter", filter=turn, eager=True)
         def _(event: KeyPressEvent) -> None:

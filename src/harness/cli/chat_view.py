@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import shutil
 import time
 from collections.abc import Callable
@@ -18,9 +19,10 @@ from typing import Any, TextIO
 
 from prompt_toolkit.application import get_app_or_none
 from prompt_toolkit.formatted_text import ANSI, StyleAndTextTuples, to_formatted_text
-from rich.console import Console
-from rich.markup import escape
+from rich.console import Console, RenderableType
+from rich.padding import Padding
 
+from harness.cli.terminal_text import escape, markdown
 from harness.context import Context
 from harness.messages import (
     AssistantMessage,
@@ -84,31 +86,40 @@ class Screen:
     """Rows printed above the prompt, in order, and the live line of a streaming reply.
 
     While a prompt is on screen, it is erased, the row written and the prompt drawn again below
-    it; otherwise rows go straight to `out`.
+    it; otherwise rows go straight to `out`. Rows wrap at word breaks to the terminal's width.
     A streaming reply is printed line by line as lines complete; its unfinished last line is
     drawn as part of the prompt (`live`), because text written after the prompt would be drawn
-    over. `on_live_change` is called when that line changes (the terminal redraws the prompt)."""
+    over. `on_live_change` is called when that line changes (the terminal redraws the prompt).
+
+    A block streamed with `markdown` is rendered as Markdown a piece at a time as it completes:
+    each line on its own (headings, list items, emphasis, inline code), a fenced code block
+    whole once its closing fence arrives, highlighted. Rows already printed cannot be redrawn,
+    so this keeps the reply appearing as it streams while still rendering it."""
 
     def __init__(self, out: TextIO, *, color: bool) -> None:
         self._out = out
         self._console = Console(file=io.StringIO(), force_terminal=color, no_color=not color, highlight=False,
-                                soft_wrap=True, emoji=False)
+                                emoji=False)
         self._live_key: object = None
         self._live_text = ""
         self._live_style = ""
+        self._live_markdown = False
+        self._fence: list[str] | None = None  # the lines of an open fenced code block
         self.on_live_change: Callable[[], None] = lambda: None
 
     # -- rows -------------------------------------------------------------------------------------
 
-    def print(self, markup: str = "", *, style: str | None = None) -> None:
-        """Print one row of rich markup (escape user text with `rich.markup.escape`)."""
+    def print(self, text: RenderableType = "", *, style: str | None = None) -> None:
+        """Print one row of rich markup, or a rich renderable (pass outside text through
+        `terminal_text.escape`, or `visible` for a renderable)."""
         self._commit_live()
-        self._write(self._render(markup, style=style))
+        self._write(self._render(text, style=style))
 
-    def _render(self, markup: str, *, style: str | None = None, end: str = "\n") -> str:
+    def _render(self, renderable: RenderableType, *, style: str | None = None) -> str:
+        self._console.width = max(20, shutil.get_terminal_size().columns)
         with self._console.capture() as captured:
-            self._console.print(markup, style=style, end=end)
-        return captured.get()
+            self._console.print(renderable, style=style)
+        return _TRAILING_SPACE.sub(r"\1", captured.get())  # rich pads Markdown to the width
 
     def _write(self, text: str) -> None:
         app = get_app_or_none()
@@ -130,26 +141,52 @@ class Screen:
 
     # -- the streaming line -----------------------------------------------------------------------
 
-    def stream(self, key: object, text: str, *, style: str = "") -> None:
+    def stream(self, key: object, text: str, *, style: str = "", markdown: bool = False) -> None:
         """Add `text` to the streaming block `key` (a new key ends the previous block's line):
         complete lines are printed, the unfinished one is shown live."""
         if key != self._live_key:
             self._commit_live()
-            self._live_key, self._live_style = key, style
+            self._live_key, self._live_style, self._live_markdown = key, style, markdown
         self._live_text += text
         if "\n" in self._live_text:
             done, self._live_text = self._live_text.rsplit("\n", 1)
             for line in done.split("\n"):
-                self._write(self._render(escape(line), style=self._live_style or None))
+                self._line(line.removesuffix("\r"))
         # A paragraph longer than the terminal is printed a screen line at a time, at a word
         # break, so it keeps appearing as it streams (the live line is one screen line).
         width = max(20, shutil.get_terminal_size().columns - 1)
-        while len(self._live_text) > width:
+        while len(self._live_text) > width and self._fence is None:
             cut = self._live_text.rfind(" ", 0, width + 1)
             cut = cut + 1 if cut > 0 else width
             line, self._live_text = self._live_text[:cut], self._live_text[cut:]
-            self._write(self._render(escape(line.rstrip(" ")), style=self._live_style or None))
+            self._line(line.rstrip(" "))
         self.on_live_change()
+
+    def _line(self, line: str) -> None:
+        """Print one complete line of the streaming block (as Markdown, for a Markdown block)."""
+        if not self._live_markdown:
+            self._write(self._render(escape(line), style=self._live_style or None))
+            return
+        fence = _FENCE.match(line)
+        if self._fence is not None:
+            self._fence.append(line)
+            if fence is not None and fence.group(1)[0] == self._fence[0].lstrip()[0] and not fence.group(2).strip():
+                self._end_fence()
+        elif fence is not None:
+            self._fence = [line]
+        elif not line.strip():
+            self._write("\n")
+        else:
+            # One line is rendered alone: its own indentation kept as padding (four spaces would
+            # make it a code block), the blank lines and padding rich puts around blocks left out.
+            text = line.lstrip(" ")
+            rendered = self._render(Padding(markdown(text), (0, 0, 0, len(line) - len(text))))
+            self._write(rendered.lstrip("\n"))
+
+    def _end_fence(self) -> None:
+        if self._fence is not None:
+            lines, self._fence = self._fence, None
+            self._write(self._render(markdown("\n".join(lines))))
 
     def end_stream(self) -> None:
         """Print the streaming block's unfinished line, if any, and forget the block."""
@@ -159,14 +196,20 @@ class Screen:
     def _commit_live(self) -> None:
         if self._live_text:
             text, self._live_text = self._live_text, ""
-            self._write(self._render(escape(text), style=self._live_style or None))
+            self._line(text)
             self.on_live_change()
+        self._end_fence()
 
     def live(self) -> StyleAndTextTuples:
         """The unfinished streaming line as prompt_toolkit text, with its line break; empty when none."""
         if not self._live_text:
             return []
         return to_formatted_text(ANSI(self._render(escape(self._live_text), style=self._live_style or None)))
+
+
+_TRAILING_SPACE = re.compile(r" +((?:\x1b\[[0-9;]*m)*)$", re.MULTILINE)
+_FENCE = re.compile(r"^\s{0,3}(`{3,}|~{3,})(.*)$")
+"""A Markdown code fence line: its marker and what follows it (a language, or nothing on a closing fence)."""
 
 
 # -- the view ---------------------------------------------------------------------------------------
@@ -205,6 +248,8 @@ class ChatView:
     queues: Queues = field(default_factory=Queues)
     aborting: bool = False
     show_thinking: bool = True  # `/think` collapses thinking to one line per block, or expands it
+    calls: dict[str, ToolCall] = field(default_factory=dict)
+    """The tool calls of this chat's replies by id, so a call refused before it ran still shows its row."""
     _shown: dict[int, int] = field(default_factory=dict, init=False)  # content index -> characters shown
     _run_started: float = field(default=0.0, init=False)
     _run_tokens: int = field(default=0, init=False)
@@ -229,24 +274,28 @@ class ChatView:
         self._shown = {}
 
     def stream_reply(self, message: AssistantMessage) -> None:
-        """Show what `message` has beyond what was shown of it: text as it is, thinking dimmed."""
+        """Show what `message` has beyond what was shown of it: text as Markdown, thinking dimmed.
+        Once an abort is under way nothing more is shown: the abort rows are the last word."""
+        if self.aborting:
+            return
         for index, block in enumerate(message.content):
             shown = self._shown.get(index, 0)
             if isinstance(block, TextContent) and len(block.text) > shown:
-                self.screen.stream(("reply", index), block.text[shown:])
+                self.screen.stream(("reply", index), block.text[shown:], markdown=True)
                 self._shown[index] = len(block.text)
             elif isinstance(block, ThinkingContent):
                 text = "[thinking redacted]\n" if block.redacted else block.thinking
                 if not self.show_thinking:
                     if shown == 0 and text:  # collapsed: one line, once, however long it gets
-                        self.screen.stream(("thinking", index), "(thinking… /think shows it)\n", style="dim italic")
+                        self.screen.stream(("thinking", index), "(thinking… /think shows it)\n", style="dim")
                         self._shown[index] = 1
                 elif len(text) > shown:
-                    self.screen.stream(("thinking", index), text[shown:], style="dim italic")
+                    self.screen.stream(("thinking", index), text[shown:], style="dim")
                     self._shown[index] = len(text)
 
     def end_reply(self, message: AssistantMessage) -> None:
         self.stream_reply(message)
+        self.calls.update((block.id, block) for block in message.content if isinstance(block, ToolCall))
         self.screen.end_stream()
         self._shown = {}
         if message.stop_reason == "error" and message.error_message == INTERRUPTED_REPLY:
@@ -320,12 +369,16 @@ def _tool_start(view: ChatView, event: ToolStart) -> None:
     args = event.args if isinstance(event.args, dict) else {}
     summary = describe_call(event.tool_name, args)
     view.running_tools[event.tool_call_id] = summary
+    view.calls.pop(event.tool_call_id, None)
     view.screen.print(f"[magenta]→ {escape(summary)}[/]")
 
 
 @row("tool_end")
 def _tool_end(view: ChatView, event: ToolEnd) -> None:
     view.running_tools.pop(event.tool_call_id, None)
+    refused = view.calls.pop(event.tool_call_id, None)  # still here: it never started
+    if refused is not None:
+        view.screen.print(f"[magenta]→ {escape(call_summary(refused))}[/]")
     result: ToolResultMessage = event.result
     mark = "[red]error[/]" if result.is_error else "[green]ok[/]"
     first = clip(content_text(result.content))
@@ -353,6 +406,8 @@ def _compaction_start(view: ChatView, event: CompactionStart) -> None:
 
 @row("compaction_end")
 def _compaction_end(view: ChatView, event: CompactionEnd) -> None:
+    if event.reason == "manual" and event.status != "declined":
+        return  # a /compact of this chat: its outcome row says how it ended (not why it did nothing)
     detail = f": {event.error.message}" if event.error is not None else ""
     colour = "dim" if event.status == "completed" else "yellow"
     view.screen.print(f"[{colour}]compaction {event.status}{escape(detail)}[/]")
@@ -441,6 +496,14 @@ def _says_something(message: AssistantMessage) -> bool:
 
 
 # -- entries as one line ----------------------------------------------------------------------------
+
+
+def call_summary(call: ToolCall) -> str:
+    """One line for a tool call as the model sent it: its raw argument text when that was not a
+    JSON object (so a refused call shows what was refused), else `describe_call`."""
+    if call.raw_arguments is not None:
+        return clip(f"{call.name} {call.raw_arguments}", 200)
+    return describe_call(call.name, dict(call.arguments))
 
 
 def entry_summary(entry: Entry, limit: int = 100) -> str:

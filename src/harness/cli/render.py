@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 
 from pydantic import JsonValue
-from rich.console import Console
-from rich.markup import escape
+from rich.console import Console, RenderableType
 
+from harness.cli.terminal_text import escape, markdown
 from harness.context import Context
 from harness.messages import (
     AssistantMessage,
@@ -43,8 +43,9 @@ def _user_content(content: str | list[UserContent], limit: int | None) -> str:
     return "\n".join(parts)
 
 
-def entry_lines(entry: Entry, limit: int | None) -> list[str]:
-    """Rich-markup lines for one entry; text longer than `limit` characters is clipped."""
+def entry_lines(entry: Entry, limit: int | None) -> list[RenderableType]:
+    """Rows for one entry: rich markup, and a reply's text as Markdown; outside text is made
+    visible (`terminal_text`), and text longer than `limit` characters is clipped."""
     payload = entry.payload
     match payload.type:
         case "message":
@@ -82,18 +83,20 @@ def _custom_data(data: JsonValue) -> str:
     return " " + escape(_clip(shown, _CUSTOM_LIMIT))
 
 
-def _assistant_lines(message: AssistantMessage, limit: int | None) -> list[str]:
+def _assistant_lines(message: AssistantMessage, limit: int | None) -> list[RenderableType]:
     head = f"[bold green]assistant[/] [dim]({escape(message.provider)}/{escape(message.model)}"
     head += f", {message.stop_reason})[/]"
-    lines = [head]
+    lines: list[RenderableType] = [head]
     for block in message.content:
-        if isinstance(block, TextContent):
-            lines.append(escape(_clip(block.text, limit)))
+        if isinstance(block, TextContent) and block.text.strip():
+            lines.append(markdown(_clip(block.text, limit)))
         elif isinstance(block, ThinkingContent):
             text = "[redacted thinking]" if block.redacted else _clip(block.thinking, limit)
-            lines.append(f"[dim italic]{escape(text)}[/]")
+            lines.append(f"[dim]{escape(text)}[/]")
         elif isinstance(block, ToolCall):
-            args = _clip(json.dumps(block.arguments, ensure_ascii=False), limit)
+            sent = block.raw_arguments if block.raw_arguments is not None else json.dumps(block.arguments,
+                                                                                          ensure_ascii=False)
+            args = _clip(sent, limit)  # as the model sent them: text that was not a JSON object stays text
             lines.append(f"  [magenta]→ {escape(block.name)}[/] {escape(args)}")
     if message.error_message:
         lines.append(f"[red]{escape(message.error_message)}[/]")
@@ -115,7 +118,7 @@ async def print_branch(
     session: Session, lane: str, context: Context, *, limit: int | None = 400, console: Console | None = None
 ) -> None:
     """Print the lane's branch, root first; raises `UnknownLane` if the lane does not exist."""
-    console = console or Console(highlight=False, soft_wrap=True)
+    console = console or Console(highlight=False, emoji=False)
     record = await session.get_record(addresses.branch_tip(lane), context)
     if record is None:
         raise UnknownLane(f"session {session.id} has no lane {lane}", lane=lane)

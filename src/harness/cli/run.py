@@ -21,9 +21,9 @@ from pathlib import Path
 from typing import TextIO
 
 from rich.console import Console
-from rich.markup import escape
 
 from harness.cli.config import attach_client, model_name
+from harness.cli.terminal_text import escape, visible
 from harness.context import Context
 from harness.messages import AssistantMessage, ModelIdentity, TextContent, ThinkingContent
 from harness.providers import ModelRegistry
@@ -174,13 +174,13 @@ class TextPrinter:
                 self.out.write("\n")
                 self.out.flush()
                 self._ended_line = True
-            self.status.print(escape(thinking[self._thinking_shown:]), style="dim italic", end="")
+            self.status.print(escape(thinking[self._thinking_shown:]), style="dim", end="")
             self._thinking_shown = len(thinking)
             self._thinking_open = True
         text = "".join(b.text for b in message.content if isinstance(b, TextContent))
         if len(text) > self._text_shown:
             self._end_thinking()
-            self.out.write(text[self._text_shown:])
+            self.out.write(visible(text[self._text_shown:]))
             self.out.flush()
             self._text_shown = len(text)
             self._ended_line = text.endswith("\n")

@@ -10,6 +10,7 @@ import typer
 
 from harness.cli.app import StoreOption, app, run_with_store
 from harness.cli.session_refs import SessionArgument, named_sessions, resolve_session
+from harness.cli.terminal_text import visible
 from harness.context import Context
 from harness.runtime import AgentHarness, AgentHarnessOptions, NoActiveOperation, Settled
 from harness.session import AbortCause, Store, addresses
@@ -30,7 +31,8 @@ def sessions(store: StoreOption = None) -> None:
             return
         typer.echo(f"{'SESSION':<36}  {'CREATED':<16}  {'UPDATED':<16}  NAME")
         for info, name in listed:
-            typer.echo(f"{info.id:<36}  {_when(info.created_at)}  {_when(info.updated_at)}  {name or ''}".rstrip())
+            when = f"{_when(info.created_at)}  {_when(info.updated_at)}"
+            typer.echo(f"{info.id:<36}  {when}  {visible(name or '')}".rstrip())
 
     run_with_store(store, body)
 
@@ -50,7 +52,7 @@ def delete(
         session_id = await resolve_session(s, session, context)
         opened = await s.open_session(session_id, context)
         name = await opened.get(addresses.session_name(), context)
-        shown = f"{session_id} ({name})" if name else session_id
+        shown = f"{session_id} ({visible(name)})" if name else session_id
         if not yes and not typer.confirm(f"delete session {shown} and all its entries?", default=False):
             typer.echo("nothing deleted", err=True)
             return 1

@@ -10,6 +10,7 @@ from pydantic import JsonValue
 
 from harness.context import Context
 from harness.runtime.drive_types import Block, ToolCallRequest
+from harness.tools.workspace import plural
 
 NEEDS_APPROVAL: frozenset[str] = frozenset({"write", "edit", "shell"})
 """The built-in tools that change files or run commands, and so ask before they run."""
@@ -105,7 +106,7 @@ def describe_call(tool_name: str, args: dict[str, JsonValue], limit: int = 200) 
         case "shell", {"command": str(command)}:
             text = f"shell: {' '.join(command.split())}"
         case "write", {"path": str(path), "content": str(content)}:
-            text = f"write {path} ({len(content.encode())} bytes)"
+            text = f"write {path} ({plural(len(content.encode()), 'byte')})"
         case "edit", {"path": str(path)}:
             text = f"edit {path}"
         case _:

@@ -18,7 +18,7 @@ from pydantic import JsonValue
 from harness.context import Context
 from harness.messages import TextContent
 from harness.runtime import ToolOutput
-from harness.tools.workspace import PathOutsideWorkspace, ToolFailure, Workspace, is_binary
+from harness.tools.workspace import PathOutsideWorkspace, ToolFailure, Workspace, is_binary, plural
 
 SKIPPED_DIRS = frozenset({".git", ".hg", ".svn", "node_modules", "__pycache__", ".venv", "venv", ".mypy_cache",
                           ".ruff_cache", ".pytest_cache", ".tox"})
@@ -150,7 +150,7 @@ async def write_file(workspace: Workspace, args: dict[str, JsonValue], context: 
         lines = content.count("\n") + (1 if content and not content.endswith("\n") else 0)
         verb = "Created" if created else "Overwrote"
         shown = workspace.show(path)
-        return text_output(f"{verb} {shown}: {len(data)} bytes, {lines} lines",
+        return text_output(f"{verb} {shown}: {plural(len(data), 'byte')}, {plural(lines, 'line')}",
                            {"path": shown, "bytes": len(data), "created": created})
 
     return await asyncio.to_thread(write)

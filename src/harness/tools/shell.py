@@ -1,5 +1,5 @@
 """The shell tool: one command in its own process group, with a time limit, progress reports and
-cancellation that kills the whole group."""
+cancellation that kills the whole group, also when the process that started it is killed."""
 
 from __future__ import annotations
 
@@ -52,12 +52,18 @@ async def run_shell(workspace: Workspace, tool_call_id: str, args: dict[str, Jso
     context.raise_if_cancelled()
 
     spill = workspace.new_output_file(tool_call_id, ".log")
+    guard = await _GroupGuard.start()
     started = time.monotonic()
-    process = await asyncio.create_subprocess_exec(
-        SHELL, "-c", command, cwd=workspace.root, stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, env=env_for_tools(),
-        start_new_session=True,  # its own process group, so a kill reaches every child
-    )
+    try:
+        process = await asyncio.create_subprocess_exec(
+            SHELL, "-c", command, cwd=workspace.root, stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, env=env_for_tools(),
+            start_new_session=True,  # its own process group, so a kill reaches every child
+        )
+    except BaseException:
+        await guard.release()
+        raise
+    guard.watch(process.pid)
     capture = _Capture(spill)
     assert process.stdout is not None
     reader = asyncio.ensure_future(capture.read(process.stdout))
@@ -94,6 +100,7 @@ async def run_shell(workspace: Workspace, tool_call_id: str, args: dict[str, Jso
     finally:
         cancelled.cancel()
         capture.close()
+        await guard.release()
 
     elapsed = time.monotonic() - started
     exit_code = process.returncode
@@ -189,6 +196,52 @@ async def _kill_group(process: asyncio.subprocess.Process, exited: asyncio.Futur
         await exited
     # Children that ignored SIGTERM may outlive the shell; the group is ours to end.
     _signal_group(process, signal.SIGKILL)
+
+
+_GUARD_SCRIPT = f"""trap '' HUP INT TERM
+read -r group || exit 0
+if read -r _; then exit 0; fi
+kill -s TERM -- "-$group" 2>/dev/null && sleep {KILL_GRACE_S:g} && kill -s KILL -- "-$group" 2>/dev/null
+exit 0"""
+"""The guard's script: read the group id, then exit on a second line, or end the group on EOF."""
+
+
+class _GroupGuard:
+    """A small watcher process that ends a command's process group if this process dies before
+    the command ends (a chat killed with SIGKILL, say), so no command outlives the harness
+    unseen. It waits on a pipe whose write end only this process holds: the kernel closes it on
+    any death, and the watcher, in its own session, then sends the group SIGTERM and SIGKILL.
+    It is started before the command, so only a death between the command's start and `watch`
+    (a few event-loop steps) could leave the command running."""
+
+    def __init__(self, watcher: asyncio.subprocess.Process, write_end: int) -> None:
+        self._watcher, self._write_end = watcher, write_end
+
+    @classmethod
+    async def start(cls) -> _GroupGuard:
+        read_end, write_end = os.pipe()
+        try:
+            watcher = await asyncio.create_subprocess_exec(
+                "/bin/sh", "-c", _GUARD_SCRIPT, stdin=read_end, stdout=asyncio.subprocess.DEVNULL,
+                stderr=asyncio.subprocess.DEVNULL, start_new_session=True)
+        except BaseException:
+            os.close(write_end)
+            raise
+        finally:
+            os.close(read_end)
+        return cls(watcher, write_end)
+
+    def watch(self, group_id: int) -> None:
+        """Guard process group `group_id` from now on."""
+        with contextlib.suppress(OSError):
+            os.write(self._write_end, f"{group_id}\n".encode())
+
+    async def release(self) -> None:
+        """The command is over (or was killed here): the watcher leaves without touching the group."""
+        with contextlib.suppress(OSError):
+            os.write(self._write_end, b"done\n")
+        os.close(self._write_end)
+        await self._watcher.wait()
 
 
 async def _drain(reader: asyncio.Future[None]) -> None:

@@ -158,3 +158,8 @@ def env_for_tools() -> dict[str, str]:
     env = dict(os.environ)
     env.update({"PAGER": "cat", "GIT_PAGER": "cat", "TERM": "dumb", "GIT_TERMINAL_PROMPT": "0"})
     return env
+
+
+def plural(count: int, noun: str) -> str:
+    """`1 line`, `2 lines`: a count with its noun, plural unless the count is one."""
+    return f"{count} {noun}" if count == 1 else f"{count} {noun}s"

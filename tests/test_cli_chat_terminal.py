@@ -1,0 +1,305 @@
+# ruff: noqa: F811  (the fixtures shared with test_cli_chat are parameters here)
+"""What `harness chat` puts on the terminal: outside text shown but never obeyed, Markdown, the
+approval question, rows that fit the width, completion, and a shell command that ends with the
+chat. The real command in a pseudo-terminal against the local replay server, as in
+`test_cli_chat.py`, whose helpers these tests share.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from harness.cli.terminal_text import escape, visible
+from harness.providers.replay import Hold, ReplayResponse, ReplayServer
+from test_cli_chat import (  # noqa: F401  (chats, dirs and server are fixtures)
+    HARNESS,
+    TIMEOUT_S,
+    Chat,
+    _chunk,
+    _end,
+    chats,
+    dirs,
+    server,
+    start,
+    text_reply,
+    tool_reply,
+)
+
+CLEAR_SCREEN = "\x1b[2J\x1b[H"
+ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b[()=>][0-9A-Za-z]?")
+
+
+def raw_tool_reply(name: str, arguments_text: str) -> ReplayResponse:
+    """A streamed reply that is one tool call whose argument text is exactly `arguments_text`."""
+    start_call = {"index": 0, "id": "call_1", "type": "function", "function": {"name": name, "arguments": ""}}
+    args = {"index": 0, "function": {"arguments": arguments_text}}
+    body = [_chunk({"role": "assistant", "content": None}), _chunk({"tool_calls": [start_call]}),
+            _chunk({"tool_calls": [args]})]
+    return ReplayResponse.sse(*body, *_end("tool_calls"))
+
+
+def harness(chat: Chat, server: ReplayServer, *args: str) -> subprocess.CompletedProcess[str]:
+    """Run `harness ARGS` (not in a terminal) on the chat's store, home and replay server."""
+    env = {**os.environ, "HARNESS_HOME": str(chat.log_path.parent), "OPENAI_BASE_URL": f"{server.base_url}/v1",
+           "OPENAI_API_KEY": "test-key", "COLUMNS": "200"}
+    env.pop("HARNESS_STORE", None)
+    return subprocess.run([str(HARNESS), *args], env=env, capture_output=True, text=True, timeout=TIMEOUT_S,
+                          check=False)
+
+
+def screen_text(chat: Chat) -> str:
+    """What the chat printed so far, without the terminal's own escape sequences."""
+    chat.log.flush()
+    return ANSI.sub("", chat.log_path.read_text(encoding="utf-8"))
+
+
+def test_control_sequences_from_the_model_and_tools_are_shown_not_obeyed(
+        chats: list[Chat], dirs: tuple[Path, Path], server: ReplayServer) -> None:
+    """A reply and a tool output that would clear the screen show their escape sequences as ␛
+    instead, live, when the session is reopened, in `harness show` and in `harness run`; rich
+    markup in a reply stays literal."""
+    reply = f"Reply {CLEAR_SCREEN}with [bold]markup[/bold] inside."
+    server.enqueue(tool_reply("shell", {"command": "printf 'tool \\033[2J says hi\\n'"}), text_reply(reply))
+    chat = start(chats, dirs, server, "--yes")
+
+    chat.send_line("go")
+    chat.expect("tool ␛[2J says hi")
+    chat.expect("Reply ␛[2J␛[Hwith [bold]markup[/bold] inside.")
+    chat.expect("turn completed")
+    session_id = chat.session_id()
+    assert chat.leave() == 0
+    again = start(chats, dirs, server, session_id)  # shows the session's last entries
+    assert screen_text(again).count("Reply ␛[2J␛[Hwith [bold]markup[/bold] inside.") == 2
+    assert again.leave() == 0
+    shown = harness(chat, server, "show", session_id, "--store", chat.store_url)
+    server.enqueue(text_reply(reply))
+    ran = harness(chat, server, "run", "--model", "openai/gpt-4o", "--store", chat.store_url, "again")
+
+    assert "\x1b[2J" not in chat.log_path.read_text(encoding="utf-8")
+    assert "Reply ␛[2J␛[Hwith [bold]markup[/bold] inside." in shown.stdout
+    assert "tool ␛[2J says hi" in shown.stdout
+    assert ran.returncode == 0
+    assert ran.stdout.strip() == "Reply ␛[2J␛[Hwith [bold]markup[/bold] inside."
+
+
+def test_a_reply_is_rendered_as_markdown_with_code_highlighted(chats: list[Chat], dirs: tuple[Path, Path],
+                                                               server: ReplayServer) -> None:
+    """Emphasis, inline code and fenced code blocks are rendered, not shown as their markers;
+    HTML in a reply stays visible text."""
+    server.enqueue(text_reply("Some **bold** words and <div> tags.\n\n```python\ndef answer():\n",
+                              "    return 42\n```\nDone."))
+    chat = start(chats, dirs, server)
+
+    chat.send_line("show me markdown")
+    chat.expect("Done.")
+    chat.expect("turn completed")
+
+    log = chat.log_path.read_text(encoding="utf-8")
+    text = screen_text(chat)
+    assert "Some bold words and <div> tags." in text
+    assert "**" not in text
+    assert "```" not in text
+    assert re.search(r"\x1b\[[0-9;]*mdef\x1b", log), "the code block is highlighted"
+    assert "return 42" in text
+    assert chat.leave() == 0
+
+
+def test_approval_takes_one_key_and_shows_what_would_change(chats: list[Chat], dirs: tuple[Path, Path],
+                                                            server: ReplayServer) -> None:
+    """An edit shows its diff and `a` (no Enter) allows edits for the rest of the chat, which
+    the chat then says; a write of a new file shows its content and `y` allows it once."""
+    (dirs[1] / "notes.txt").write_text("alpha\nbeta\n")
+    server.enqueue(tool_reply("edit", {"path": "notes.txt", "old_text": "beta", "new_text": "gamma"}),
+                   tool_reply("edit", {"path": "notes.txt", "old_text": "alpha", "new_text": "delta"}, "call_2"),
+                   tool_reply("write", {"path": "new.txt", "content": "one line"}, "call_3"),
+                   text_reply("All done."))
+    chat = start(chats, dirs, server)
+
+    chat.send_line("edit the notes")
+    chat.expect("-beta")
+    chat.expect("+gamma")
+    chat.expect("allow edit? [y/n/a]")
+    chat.process.send("a")
+    chat.expect("edit runs without asking for the rest of this chat")
+    chat.expect("shell, write ask first; edit allowed")
+    chat.expect("→ edit notes.txt")  # the second edit runs without a question
+    chat.expect("(new file, 1 line)")
+    chat.expect("one line")
+    chat.expect("allow write? [y/n/a]")
+    chat.process.send("y")
+    chat.expect("Created new.txt: 8 bytes, 1 line")
+    chat.expect("All done.")
+    chat.expect("turn completed")
+
+    assert (dirs[1] / "notes.txt").read_text() == "delta\ngamma\n"
+    assert (dirs[1] / "new.txt").read_text() == "one line"
+    assert screen_text(chat).count("edit notes.txt needs approval") == 1
+    assert "1 lines" not in screen_text(chat)
+    assert chat.leave() == 0
+
+
+def test_a_call_refused_before_it_runs_shows_the_arguments_sent(chats: list[Chat], dirs: tuple[Path, Path],
+                                                               server: ReplayServer) -> None:
+    """A call whose arguments are not JSON is answered with an error without running: the chat
+    shows its call row with the argument text, and `harness show` prints that text, not `{}`."""
+    server.enqueue(raw_tool_reply("write", '{"path": "a.txt", oops'), text_reply("Sorry about that."))
+    chat = start(chats, dirs, server, "--yes")
+
+    chat.send_line("write it")
+    chat.expect('→ write {"path": "a.txt", oops')
+    chat.expect("it was not run")
+    chat.expect("turn completed")
+    session_id = chat.session_id()
+    assert chat.leave() == 0
+    shown = harness(chat, server, "show", session_id, "--store", chat.store_url)
+
+    assert '→ write {"path": "a.txt", oops' in shown.stdout
+    assert "write {}" not in shown.stdout
+
+
+def test_rows_and_the_toolbar_wrap_at_words_in_a_narrow_terminal(chats: list[Chat], dirs: tuple[Path, Path],
+                                                                 server: ReplayServer) -> None:
+    """At 70 columns the header and /help wrap between words within the width, and the
+    approval hint under the prompt wraps instead of being cut."""
+    server.enqueue(tool_reply("write", {"path": "x.txt", "content": "x"}))
+    chat = start(chats, dirs, server, columns=70, cursor_reports=True)
+
+    chat.send_line("/help")
+    chat.expect_reporting("Ctrl-D leaves.")
+    text = screen_text(chat)
+    help_text = text[text.index("/help  "):text.index("Ctrl-D leaves.") + len("Ctrl-D leaves.")]
+    header = text[:text.index("/help: commands")]
+    for line in (*header.splitlines(), *help_text.splitlines()):
+        assert len(line) <= 70, line
+    joined = " ".join(line.strip() for line in help_text.splitlines())
+    assert "Ctrl-C aborts a turn, twice leaves at once; Ctrl-D leaves." in joined
+    chat.send_line("write x")
+    chat.expect_reporting("allow write?")
+    chat.expect_reporting("abort the turn")  # the end of the hint, on its second line
+    chat.process.send("n")
+    chat.expect_reporting("declined")
+    chat.process.sendcontrol("c")
+    chat.expect_reporting("turn aborted")
+
+
+def test_tab_completes_a_command_and_thinking_needs_a_model_that_thinks(
+        chats: list[Chat], dirs: tuple[Path, Path], server: ReplayServer) -> None:
+    """Tab completes a slash command; `/thinking high` on a model without thinking is refused
+    with the level it takes, and the level stays off."""
+    chat = start(chats, dirs, server)
+
+    chat.process.send("/ren")
+    chat.process.send("\t")
+    chat.expect("ame")  # what Tab added
+    chat.send_line(" by tab")
+    chat.expect("session name → by tab")
+    chat.send_line("/thinking high")
+    chat.expect("openai/gpt-4o does not think: its only thinking level is off")
+    chat.send_line("/thinking")
+    chat.expect("(one of off, ")
+    assert "thinking: off" in screen_text(chat)
+    assert chat.leave() == 0
+
+
+def test_version_and_short_help(chats: list[Chat], dirs: tuple[Path, Path], server: ReplayServer) -> None:
+    """`harness --version` prints the installed version; `-h` is help, for commands too."""
+    version = subprocess.run([str(HARNESS), "--version"], capture_output=True, text=True, timeout=TIMEOUT_S,
+                             check=False)
+    short = subprocess.run([str(HARNESS), "-h"], capture_output=True, text=True, timeout=TIMEOUT_S, check=False)
+    chat_help = subprocess.run([str(HARNESS), "chat", "-h"], capture_output=True, text=True, timeout=TIMEOUT_S,
+                               check=False)
+
+    assert re.fullmatch(r"harness \d+\.\d+\.\d+\S*\n", version.stdout)
+    assert "--version" in short.stdout
+    assert "--resume" in chat_help.stdout
+
+
+def test_text_that_arrives_after_ctrl_c_is_not_shown(chats: list[Chat], dirs: tuple[Path, Path],
+                                                    server: ReplayServer) -> None:
+    """Once Ctrl-C has printed the abort, later text of the reply is not printed below it."""
+    hold = Hold()
+    server.enqueue(text_reply("Counting: one\n", *[f"late{i} " for i in range(200)], hold=hold))
+    chat = start(chats, dirs, server)
+
+    chat.send_line("count")
+    chat.expect("Counting: one")
+    chat.process.sendcontrol("c")
+    chat.expect("aborting the turn")
+    hold.release()
+    chat.expect("turn aborted (user)")
+
+    assert "late" not in screen_text(chat).split("aborting the turn", 1)[1]
+    assert chat.leave() == 0
+
+
+def test_manual_compaction_shows_one_completion_row(chats: list[Chat], dirs: tuple[Path, Path],
+                                                   server: ReplayServer) -> None:
+    """/compact ends with one row saying it completed, not two."""
+    long_answer = "word " * 12_000  # two of them hold more than the 20,000 tokens a compaction keeps
+    server.enqueue(text_reply(long_answer), text_reply("Second."), text_reply(long_answer), text_reply("Fourth."),
+                   text_reply("A summary of everything."))
+    chat = start(chats, dirs, server)
+    for question in ("one", "two", "three", "four"):
+        chat.send_line(question)
+        chat.expect("turn completed")
+
+    chat.send_line("/compact")
+    chat.expect("compaction completed")
+    chat.send_line("/help")
+    chat.expect("this list")
+
+    assert screen_text(chat).count("compaction completed") == 1
+    assert chat.leave() == 0
+
+
+def _gone(pid: int) -> bool:
+    """Whether process `pid` has exited (a zombie waiting for its reaper counts as exited)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return True
+    return stat.rsplit(")", 1)[1].split()[0] == "Z"
+
+
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads process states from /proc")
+def test_a_shell_command_ends_when_the_chat_is_killed(chats: list[Chat], dirs: tuple[Path, Path],
+                                                      server: ReplayServer) -> None:
+    """kill -9 of the chat while the shell tool runs `sleep 300` ends the sleep too."""
+    server.enqueue(tool_reply("shell", {"command": "sleep 300 & echo $! > sleep.pid; wait"}))
+    chat = start(chats, dirs, server, "--yes")
+    chat.send_line("sleep a while")
+    chat.expect("→ shell: sleep 300")
+    pid_file = dirs[1] / "sleep.pid"
+    deadline = time.monotonic() + TIMEOUT_S
+    while not pid_file.exists() or not pid_file.read_text().strip():
+        assert time.monotonic() < deadline, "the command never started"
+        time.sleep(0.02)
+    pid = int(pid_file.read_text())
+    try:
+        chat.kill()
+        deadline = time.monotonic() + TIMEOUT_S
+        while not _gone(pid):
+            assert time.monotonic() < deadline, "the command outlived the chat"
+            time.sleep(0.05)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def test_every_control_character_is_made_visible() -> None:
+    """C0 and C1 controls, DEL and bidirectional overrides become visible symbols; newlines,
+    tabs and printable text are kept, and a CRLF line end becomes a newline."""
+    text = "a\x1b[31mb\x07\x08c\x7f\x9b2J\u202edef\tg\r\nh\ri\n"
+
+    shown = visible(text)
+
+    assert shown == "a␛[31mb␇␈c␡<U+009B>2J<U+202E>def\tg\nh␍i\n"
+    assert escape("[bold]x[/bold]\x1b") == "\\[bold]x\\[/bold]␛"
