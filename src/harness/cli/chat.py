@@ -58,6 +58,10 @@ RECENT_ENTRIES = 6
 """How many of a continued session's last entries are shown when the chat starts."""
 
 
+ABORT_COMMIT_WAIT_S = 5.0
+"""How long leaving at once waits for an abort request's commit (one journal write) to land."""
+
+
 @dataclass(frozen=True)
 class ChatSettings:
     """What one `harness chat` was asked for."""
@@ -143,6 +147,8 @@ class ChatClient:
                 loop.remove_signal_handler(signal.SIGINT)
                 self.screen.drain()
             if self._leave_now or self._turn is not None:
+                if self._background:  # an abort requested just before leaving must be durable first
+                    await asyncio.wait(list(self._background), timeout=ABORT_COMMIT_WAIT_S)
                 what = "its abort" if self._abort_wanted else "it"
                 self.screen.print("[yellow]left with the turn still open; `harness chat "
                                   f"{self.attached.harness.session.id}` finishes {what}[/]")
