@@ -30,7 +30,7 @@ from harness.cli.app import StoreOption, app, run_with_store
 from harness.cli.chat_commands import COMMANDS, ChatCommand
 from harness.cli.chat_input import Line, Terminal
 from harness.cli.chat_view import ChatView, Screen, clip, content_text
-from harness.cli.config import Attached, attach_client, model_name, parse_model, session_name_from
+from harness.cli.config import Attached, attach_client, model_name, no_tools_note, parse_model, session_name_from
 from harness.cli.render import branch_oldest_first, entry_lines
 from harness.context import Context
 from harness.errors import HarnessError
@@ -59,6 +59,8 @@ class ChatSettings:
     model: ModelIdentity | None = None
     approve_all: bool = False
     resume: bool = False
+    tools: bool | None = None
+    """A new lane's tools: None for the model's default (`offers_tools`), True or False to decide."""
 
 
 class ChatClient:
@@ -287,7 +289,7 @@ class ChatClient:
                     else ApprovalPolicy(self.ask_approval))
         return await attach_client(
             self.store, session_id, self.context, registry=self.registry, home=self.settings.home, cwd=self.cwd,
-            approval=approval, model=model, lane=self.settings.lane, listeners=[self.view],
+            approval=approval, model=model, lane=self.settings.lane, listeners=[self.view], tools=self.settings.tools,
         )
 
     async def switch_session(self, session_id: str) -> None:
@@ -318,6 +320,8 @@ class ChatClient:
             approvals = "writes and shell ask first"
         self.screen.print(f"[dim]lane {escape(lane.name)} · model {escape(model_name(lane.config.model))} · "
                           f"{escape(str(self.cwd))} · {approvals}[/]")
+        if note := no_tools_note(lane.config):
+            self.screen.print(f"[dim]{escape(note)}[/]")
         if not self.attached.created_session and lane.tip_id is not None:
             await self._show_recent(lane.tip_id)
         self.screen.print("[dim]/help: commands · Enter sends · Ctrl-C interrupts a turn · Ctrl-D leaves[/]")
@@ -392,6 +396,9 @@ def chat(
         "--resume", help="Finish a turn that a stopped process left open, without asking.")] = False,
     yes: Annotated[bool, typer.Option(
         "--yes", "-y", help="Allow write, edit and shell calls for this chat without asking.")] = False,
+    tools: Annotated[bool, typer.Option(
+        "--tools", help="Give a new lane the built-in tools even on the tiny embedded model, which gets none by "
+                        "default.")] = False,
     store: StoreOption = None,
 ) -> None:
     """Chat with an agent in the terminal; every turn is journaled, so a stopped chat can be resumed."""
@@ -401,7 +408,8 @@ def chat(
 
     async def body(s: Store, context: Context) -> int:
         settings = ChatSettings(home=harness_home(), cwd=Path.cwd(), session_id=session, lane=lane,
-                                model=parse_model(model) if model else None, approve_all=yes, resume=resume)
+                                model=parse_model(model) if model else None, approve_all=yes, resume=resume,
+                                tools=True if tools else None)
         registry = ModelRegistry.load(home=settings.home)
         client = ChatClient(s, settings, registry, context, out=sys.stdout, color="NO_COLOR" not in os.environ)
         return await client.run()

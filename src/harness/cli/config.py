@@ -76,6 +76,20 @@ def tool_workspace(root: Path, home: Path, model: Model | None = None) -> Worksp
     return Workspace(root=root, output_dir=home / "tool-output", max_chars=max_chars)
 
 
+def offers_tools(identity: ModelIdentity) -> bool:
+    """Whether a new lane on `identity` gets the built-in tools unless told otherwise: every model but
+    the tiny embedded default, whose tool calls are mostly wrong and whose prompt the six tool
+    descriptions make ten times longer (several seconds before the first word on two cores)."""
+    return identity != EMBEDDED_IDENTITY
+
+
+def no_tools_note(config: LaneConfig) -> str | None:
+    """Why a lane has no tools when that is `offers_tools`'s doing, and the ways out; else None."""
+    if config.active_tools or offers_tools(config.model):
+        return None
+    return "the tiny embedded model is offered no tools: --tools gives them to a new session, --model picks a real one"
+
+
 def session_name_from(prompt: str) -> str | None:
     """A session name from a prompt: its first non-blank line, whitespace collapsed, clipped."""
     for line in prompt.splitlines():
@@ -111,7 +125,7 @@ async def attach_client(
     listeners: Sequence[Listener] = (),
     name_from: str | None = None,
     drive: DriveSettings | None = None,
-    tools: bool = True,
+    tools: bool | None = None,
 ) -> Attached:
     """Open session `session_id` (a new one when None) and attach a harness to it with the built-in
     tools working in `cwd` and `approval` as the `before_tool` hook.
@@ -119,7 +133,8 @@ async def attach_client(
     The model is `model` when given (the lane is switched to it), else the lane's configured
     model, else the registry's default (the embedded model when no key is configured). It is
     checked before anything is written: `ModelUnavailable`, `MissingApiKey`. A new lane gets the
-    built-in tools as its active tools (none with `tools=False`). A new session is named from `name_from`. `drive`
+    built-in tools as its active tools (when `offers_tools`; `tools` True or False decides instead).
+    A new session is named from `name_from`. `drive`
     defaults to `DriveSettings()` (compaction fits itself to the model). Also raises
     `SessionNotFound` and `SessionOwned` (another process holds the session)."""
     session: Session | None = None
@@ -140,7 +155,8 @@ async def attach_client(
     harness, open_operations = await AgentHarness.create(options, context)
     try:
         if configured is None:
-            config = LaneConfig(model=identity, active_tools=list(BUILTIN_TOOL_NAMES) if tools else [])
+            offered = offers_tools(identity) if tools is None else tools
+            config = LaneConfig(model=identity, active_tools=list(BUILTIN_TOOL_NAMES) if offered else [])
             lane_handle = await harness.create_lane(lane, config, context)
         else:
             lane_handle = harness.lane(lane)

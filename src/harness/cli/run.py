@@ -21,7 +21,7 @@ from typing import TextIO
 from rich.console import Console
 from rich.markup import escape
 
-from harness.cli.config import attach_client
+from harness.cli.config import attach_client, no_tools_note
 from harness.context import Context
 from harness.messages import AssistantMessage, ModelIdentity, TextContent, ThinkingContent
 from harness.providers import ModelRegistry
@@ -65,7 +65,8 @@ class RunTurn:
     model: ModelIdentity | None = None
     approve_all: bool = False
     json_events: bool = False
-    tools: bool = True
+    tools: bool | None = None
+    """A new lane's tools: None for the model's default (`offers_tools`), True or False to decide."""
 
 
 # -- printing -------------------------------------------------------------------------------------
@@ -198,6 +199,8 @@ async def run_turn(store: Store, turn: RunTurn, registry: ModelRegistry, context
         model=turn.model, lane=turn.lane, listeners=[printer], name_from=turn.prompt, tools=turn.tools,
     )
     status.print(f"[dim]session {attached.harness.session.id}[/]")
+    if turn.tools is None and (note := no_tools_note(attached.lane.config)):
+        status.print(f"[dim]{escape(note)}[/]")
     interrupt = _Interrupts(attached.lane, context, status)
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGINT, interrupt.on_signal)
