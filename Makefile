@@ -39,3 +39,4 @@ bench: $(STAMP)
 	$(BIN)/python -m bench.providers
 	$(BIN)/python -m bench.runtime
 	$(BIN)/python -m bench.drive
+	$(BIN)/python -m bench.embedded
