@@ -39,6 +39,7 @@ bench: $(STAMP)
 	$(BIN)/python -m bench.providers
 	$(BIN)/python -m bench.runtime
 	$(BIN)/python -m bench.drive
+	$(BIN)/python -m bench.embedded
 
 # The long crash campaign: 300 random-time SIGKILLs per backend (the suite runs 2); minutes, not a test.
 soak: $(STAMP)

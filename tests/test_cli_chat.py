@@ -248,6 +248,20 @@ def test_plain_turn_streams_the_reply_and_leaves_with_ctrl_d(chats: list[Chat], 
     assert sent_messages(server.requests[0])[-1] == {"role": "user", "content": "say hello"}
 
 
+def test_the_tiny_embedded_model_gets_no_tools_and_the_header_says_why(chats: list[Chat], dirs: tuple[Path, Path],
+                                                                       server: ReplayServer) -> None:
+    """Six tool descriptions make the tiny model's prompt ten times longer for calls it mostly gets
+    wrong, so a new lane on it has none; `--tools` gives them all the same."""
+    chat = start(chats, dirs, server, "--model", "embedded/smollm2-135m")
+    header = str(chat.process.before)  # what the chat printed before its "/help: commands" line
+
+    assert "· no tools" in header
+    assert ("the tiny embedded model is offered no tools: --tools gives them to a new session, --model picks a real "
+            "one") in header
+    with_tools = start(chats, dirs, server, "--model", "embedded/smollm2-135m", "--tools")
+    assert "· writes and shell ask first" in str(with_tools.process.before)
+
+
 def test_write_tool_call_asks_for_approval_at_the_prompt(chats: list[Chat], dirs: tuple[Path, Path],
                                                          server: ReplayServer) -> None:
     """A write call waits in the before_tool hook until the person answers y; then it runs."""

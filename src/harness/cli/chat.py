@@ -35,6 +35,7 @@ from harness.cli.config import (
     MissingApiKey,
     attach_client,
     model_name,
+    no_tools_note,
     parse_model,
     session_name_from,
     usable_model,
@@ -73,6 +74,8 @@ class ChatSettings:
     model: ModelIdentity | None = None
     approve_all: bool = False
     resume: bool = False
+    tools: bool | None = None
+    """A new lane's tools: None for the model's default (`offers_tools`), True or False to decide."""
 
 
 class ChatClient:
@@ -380,7 +383,7 @@ class ChatClient:
         return await attach_client(
             self._draft or self.store, session_id, self.context, registry=self.registry, home=self.settings.home,
             cwd=self.cwd, approval=self.approval, model=model, lane=self.settings.lane, listeners=[self.view],
-            require_model=False,
+            require_model=False, tools=self.settings.tools,
         )
 
     async def switch_session(self, session_id: str) -> None:
@@ -431,6 +434,8 @@ class ChatClient:
         self.screen.print(f"[bold]harness chat[/] · session [cyan]{harness.session.id}[/]{title}")
         self.screen.print(f"[dim]lane {escape(lane.name)} · model {escape(model_name(lane.config.model))} · "
                           f"{escape(str(self.cwd))} · {escape(self.approvals())}[/]")
+        if note := no_tools_note(lane.config):
+            self.screen.print(f"[dim]{escape(note)}[/]")
         if not self.attached.created_session and lane.tip_id is not None:
             await self._show_recent(lane.tip_id)
         if (notice := self.model_notice()) is not None:
@@ -558,6 +563,9 @@ def chat(
         "--resume", help="Finish a turn that a stopped process left open, without asking.")] = False,
     yes: Annotated[bool, typer.Option(
         "--yes", "-y", help="Allow write, edit and shell calls for this chat without asking.")] = False,
+    tools: Annotated[bool, typer.Option(
+        "--tools", help="Give a new lane the built-in tools even on the tiny embedded model, which gets none by "
+                        "default.")] = False,
     store: StoreOption = None,
 ) -> None:
     """Chat with an agent in the terminal; every turn is journaled, so a stopped chat can be resumed."""
@@ -572,7 +580,8 @@ def chat(
         session_id = (await latest_session(s, context) if continue_last
                       else await resolve_session(s, session, context) if session is not None else None)
         settings = ChatSettings(home=harness_home(), cwd=Path.cwd(), session_id=session_id, lane=lane,
-                                model=parse_model(model) if model else None, approve_all=yes, resume=resume)
+                                model=parse_model(model) if model else None, approve_all=yes, resume=resume,
+                                tools=True if tools else None)
         registry = ModelRegistry.load(home=settings.home)
         client = ChatClient(s, settings, registry, context, out=sys.stdout, color="NO_COLOR" not in os.environ)
         return await client.run()

@@ -80,6 +80,8 @@ def run(
     resume: Annotated[bool, typer.Option("--resume", help="Finish the operation left open on the lane (with "
                                                           "--session), then send the prompt if one is given.")]
     = False,
+    offer_tools: Annotated[bool, typer.Option("--tools", help="Give a new lane the built-in tools even on the tiny "
+                                                               "embedded model, which gets none by default.")] = False,
     lane: Annotated[str, typer.Option(help="The lane of the session to run on.")] = "main",
     store: StoreOption = None,
 ) -> None:
@@ -101,7 +103,8 @@ def run(
     except InvalidInput as error:
         raise typer.BadParameter(error.message, param_hint="--model") from error
     turn = RunTurn(prompt=text, cwd=Path.cwd(), home=harness_home(), session_id=session, lane=lane, model=identity,
-                   approve_all=yes, json_events=json_events, tools=not no_tools, resume=resume)
+                   approve_all=yes, json_events=json_events, resume=resume,
+                   tools=False if no_tools else True if offer_tools else None)
 
     async def body(s: Store, context: Context) -> int:
         registry = ModelRegistry.load(home=turn.home)

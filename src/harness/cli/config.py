@@ -147,6 +147,20 @@ def tool_workspace(root: Path, home: Path, model: Model | None = None) -> Worksp
     return Workspace(root=root, output_dir=home / "tool-output", max_chars=max_chars)
 
 
+def offers_tools(identity: ModelIdentity) -> bool:
+    """Whether a new lane on `identity` gets the built-in tools unless told otherwise: every model but
+    the tiny embedded default, whose tool calls are mostly wrong and whose prompt the six tool
+    descriptions make ten times longer (several seconds before the first word on two cores)."""
+    return identity != EMBEDDED_IDENTITY
+
+
+def no_tools_note(config: LaneConfig) -> str | None:
+    """Why a lane has no tools when that is `offers_tools`'s doing, and the ways out; else None."""
+    if config.active_tools or offers_tools(config.model):
+        return None
+    return "the tiny embedded model is offered no tools: --tools gives them to a new session, --model picks a real one"
+
+
 def session_name_from(prompt: str) -> str | None:
     """A session name from a prompt: its first non-blank line, whitespace collapsed, clipped."""
     for line in prompt.splitlines():
@@ -183,7 +197,7 @@ async def attach_client(
     listeners: Sequence[Listener] = (),
     name_from: str | None = None,
     drive: DriveSettings | None = None,
-    tools: bool = True,
+    tools: bool | None = None,
     require_model: bool = True,
 ) -> Attached:
     """Open session `session_id` (a new one when None) and attach a harness to it with the built-in
@@ -192,18 +206,19 @@ async def attach_client(
     The model is `model` when given (the lane is switched to it), else the lane's configured
     model, else the registry's default (the embedded model when no key is configured). It is
     checked before anything is written: `ModelUnavailable`, `MissingApiKey`. A new lane gets the
-    built-in tools as its active tools (none with `tools=False`, which raises `LaneHasTools` for an
-    existing lane that has some). A new session is named from `name_from`. `drive`
-    defaults to `DriveSettings()` (compaction fits itself to the model). With `require_model=False` a lane
-    whose configured model is not usable is still attached (to read it, or switch its model), with
-    `Attached.model` None; a `model` given here must be usable all the same. Also raises
+    built-in tools as its active tools (when `offers_tools`; `tools` True or False decides instead;
+    `tools=False` raises `LaneHasTools` for an existing lane that has some). A new session is named
+    from `name_from`. `drive` defaults to `DriveSettings()` (compaction fits itself to the model).
+    With `require_model=False` a lane whose configured model is not usable is still attached (to
+    read it, or switch its model), with `Attached.model` None; a `model` given here must be usable
+    all the same. Also raises
     `SessionNotFound` and `SessionOwned` (another process holds the session)."""
     session: Session | None = None
     configured: LaneConfig | None = None
     if session_id is not None:
         session = await store.open_session(session_id, context)
         configured = await session.get(addresses.lane_config(lane), context)
-        if not tools and configured is not None and configured.active_tools:
+        if tools is False and configured is not None and configured.active_tools:
             raise LaneHasTools(f"lane {lane} of session {session_id} already has tools "
                                f"({', '.join(configured.active_tools)}); a lane without tools is made when it "
                                f"is created: leave out --no-tools, or start a new session with it",
@@ -226,7 +241,8 @@ async def attach_client(
     harness, open_operations = await AgentHarness.create(options, context)
     try:
         if configured is None:
-            config = LaneConfig(model=identity, active_tools=list(BUILTIN_TOOL_NAMES) if tools else [])
+            offered = offers_tools(identity) if tools is None else tools
+            config = LaneConfig(model=identity, active_tools=list(BUILTIN_TOOL_NAMES) if offered else [])
             lane_handle = await harness.create_lane(lane, config, context)
         else:
             lane_handle = harness.lane(lane)

