@@ -29,6 +29,7 @@ from harness.session import LaneConfig, MessagePayload, SessionMutator, addresse
 
 HARNESS = Path(sys.executable).with_name("harness")
 TIMEOUT_S = 15
+LEAVE_RETRY_S = 1.0
 SESSION_ID = re.compile(r"session (?:\x1b\[[0-9;]*m)?([0-9a-f-]{36})")
 WAIT_FOR_GO = "i=0; while [ ! -f go ] && [ $i -lt 1500 ]; do sleep 0.02; i=$((i+1)); done"
 """A shell command that runs until the file `go` appears (at most about 30 s, so a failed test
@@ -122,9 +123,15 @@ class Chat:
         return str(found[-1])
 
     def leave(self) -> int:
-        """Ctrl-D at the idle prompt; returns the exit status."""
-        self.process.sendcontrol("d")
-        self.process.expect(pexpect.EOF)
+        """Ctrl-D at the idle prompt; returns the exit status. Before the prompt has put the
+        terminal in raw mode, the terminal's own line discipline takes a Ctrl-D as an empty read,
+        and nothing reaches the chat: so it is sent again until the chat ends."""
+        for _ in range(int(TIMEOUT_S / LEAVE_RETRY_S)):
+            self.process.sendcontrol("d")
+            if self.process.expect([pexpect.EOF, pexpect.TIMEOUT], timeout=LEAVE_RETRY_S) == 0:
+                break
+        else:
+            raise AssertionError("the chat did not leave on Ctrl-D")
         self.process.close()
         status = self.process.exitstatus
         assert status is not None

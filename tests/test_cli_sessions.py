@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import re
 import signal
 import sqlite3
@@ -27,6 +26,7 @@ from harness.messages import ModelIdentity
 from harness.providers.replay import Hold, ReplayResponse, ReplayServer
 from harness.session import LaneConfig, LaneLastResult, SessionInfo, addresses, connect
 from journal_helpers import append_chain
+from test_cli_run import environment
 
 TIMEOUT_S = 60
 GPT_4O = LaneConfig(model=ModelIdentity(provider="openai", model_id="gpt-4o"))
@@ -44,13 +44,6 @@ def home(tmp_path: Path) -> Path:
 def server() -> Iterator[ReplayServer]:
     with ReplayServer() as replay:
         yield replay
-
-
-def environment(home: Path, **extra: str) -> dict[str, str]:
-    """This process's environment without any provider configuration, plus `extra`."""
-    env = {name: value for name, value in os.environ.items()
-           if not name.endswith(("_API_KEY", "_BASE_URL")) and name not in ("HARNESS_STORE", "HARNESS_HOME")}
-    return {**env, "HARNESS_HOME": str(home), **extra}
 
 
 def harness(home: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
