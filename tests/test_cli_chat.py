@@ -266,7 +266,7 @@ def test_the_tiny_embedded_model_gets_no_tools_and_the_header_says_why(chats: li
     assert ("the tiny embedded model is offered no tools: --tools gives them to a new session, --model picks a real "
             "one") in header
     with_tools = start(chats, dirs, server, "--model", "embedded/smollm2-135m", "--tools")
-    assert "· writes and shell ask first" in str(with_tools.process.before)
+    assert "· edit, shell, write ask first" in str(with_tools.process.before)
 
 
 def test_write_tool_call_asks_for_approval_at_the_prompt(chats: list[Chat], dirs: tuple[Path, Path],
