@@ -179,6 +179,7 @@ async def test_a_damaged_sqlite_file_is_storage_corruption_never_a_driver_error(
     for i in range(40):
         await append_chain(session, [f"entry {i} " + "y" * 3000], ctx)
     await store.close()
+    refused = []
     for offset in (0, 4096 * 3, 4096 * 10):  # the header, then two pages in the middle
         copy = tmp_path / f"damaged-{offset}.db"
         copy.write_bytes(database.read_bytes())
@@ -186,14 +187,17 @@ async def test_a_damaged_sqlite_file_is_storage_corruption_never_a_driver_error(
         try:
             damaged = await connect(f"sqlite:///{copy}", ctx)
         except StorageCorruption:
+            refused.append(offset)
             continue
         try:
             opened = await damaged.open_session(session.id, ctx)
             await opened.read_entries(ctx, limit=10_000)
         except (StorageCorruption, SessionNotFound):
-            pass  # typed, as it must be; an intact page may also read
+            refused.append(offset)  # an intact page may also read: what fails must fail typed
         finally:
             await damaged.close()
+    assert 0 in refused  # a damaged header is never taken for a database
+    assert len(refused) >= 2
 
 
 async def test_a_terminated_postgres_connection_is_typed_and_the_next_call_works(ctx: Context) -> None:
