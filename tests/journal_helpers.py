@@ -11,6 +11,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from harness.context import Context
 from harness.messages import ModelIdentity, UserMessage
 from harness.session import (
@@ -20,6 +22,8 @@ from harness.session import (
     MessagePayload,
     Session,
     SessionMutator,
+    SessionOwned,
+    SessionOwnership,
     Store,
     addresses,
 )
@@ -105,3 +109,16 @@ def child(url: str, session_id: str, *action: str) -> Iterator[subprocess.Popen[
 def read_word(process: subprocess.Popen[str]) -> str:
     assert process.stdout is not None
     return process.stdout.readline().strip()
+
+
+async def assert_owned_only_by(ownership: SessionOwnership, other: Store, context: Context) -> None:
+    """Through `other` (a second store on the same database), the owned session can be neither
+    claimed nor written; once `ownership` is released, `other` can claim it (HA-4)."""
+    seen = await other.open_session(ownership.session.id, context)
+    with pytest.raises(SessionOwned):
+        await seen.attach("second", context)
+    with pytest.raises(SessionOwned):
+        await append_chain(seen, ["intruder"], context)
+    await ownership.detach(context)
+    claimed = await seen.attach("second", context)
+    await claimed.detach(context)

@@ -24,7 +24,6 @@ from harness.providers.faux import reply
 from harness.runtime import Settled
 from harness.session import (
     SessionNotFound,
-    SessionOwned,
     StorageCorruption,
     StorageRolledBack,
     StoreConnectionLost,
@@ -32,7 +31,7 @@ from harness.session import (
     StoreUnavailable,
     connect,
 )
-from journal_helpers import append_chain, child, new_session_with_lane, read_word, text_of
+from journal_helpers import append_chain, assert_owned_only_by, child, new_session_with_lane, read_word, text_of
 
 
 async def test_a_symlinked_sqlite_database_shares_its_session_locks(tmp_path: Path, ctx: Context) -> None:
@@ -47,15 +46,7 @@ async def test_a_symlinked_sqlite_database_shares_its_session_locks(tmp_path: Pa
     second = await connect(f"sqlite:///{symlink}", ctx)
     try:
         session = await new_session_with_lane(first, ctx)
-        ownership = await session.attach("first", ctx)
-        seen = await second.open_session(session.id, ctx)
-        with pytest.raises(SessionOwned):
-            await seen.attach("second", ctx)
-        with pytest.raises(SessionOwned):
-            await append_chain(seen, ["intruder"], ctx)
-        await ownership.detach(ctx)
-        claimed = await seen.attach("second", ctx)
-        await claimed.detach(ctx)
+        await assert_owned_only_by(await session.attach("first", ctx), second, ctx)
     finally:
         await second.close()
         await first.close()

@@ -38,7 +38,16 @@ from harness.session import (
     value_address,
 )
 from harness.session.memory import MemoryBackend
-from journal_helpers import CONFIG, append_chain, child, new_session_with_lane, read_word, text_of, user
+from journal_helpers import (
+    CONFIG,
+    append_chain,
+    assert_owned_only_by,
+    child,
+    new_session_with_lane,
+    read_word,
+    text_of,
+    user,
+)
 
 TESTS = Path(__file__).resolve().parent
 
@@ -436,14 +445,7 @@ async def test_a_second_store_cannot_claim_or_write_an_owned_session(
     ownership = await session.attach("first", ctx)
     other = await connect(store_url, ctx)
     try:
-        seen_by_other = await other.open_session(session.id, ctx)
-        with pytest.raises(SessionOwned):
-            await seen_by_other.attach("second", ctx)
-        with pytest.raises(SessionOwned):
-            await append_chain(seen_by_other, ["intruder"], ctx)
-        await ownership.detach(ctx)
-        second = await seen_by_other.attach("second", ctx)
-        await second.detach(ctx)
+        await assert_owned_only_by(ownership, other, ctx)
     finally:
         await other.close()
 
