@@ -296,10 +296,12 @@ def parse_tool_arguments(text: str) -> tuple[dict[str, JsonValue], str | None]:
         value = parse_json_text(text)
         if not isinstance(value, dict):
             return {}, text
-        clean_json(value)  # what the journal could not store back: too deep, for one
+        # Cleaned as a message would clean it; refused if it could not be stored (too deep, for one).
+        cleaned = clean_json(value)
     except ValueError:
         return {}, text
-    return value, None
+    assert isinstance(cleaned, dict)
+    return cleaned, None
 
 
 class AssistantStreamAccumulator:
