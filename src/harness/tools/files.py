@@ -187,8 +187,7 @@ async def edit_file(workspace: Workspace, args: dict[str, JsonValue], context: C
                                             fromfile=shown, tofile=shown))
         replaced = count if replace_all else 1
         where = f"first at line {line}" if replaced > 1 else f"at line {line}"
-        plural = "s" if replaced > 1 else ""
-        return text_output(f"Edited {shown}: replaced {replaced} occurrence{plural}, {where}",
+        return text_output(f"Edited {shown}: replaced {plural(replaced, 'occurrence')}, {where}",
                            {"path": shown, "replacements": replaced, "line": line, "diff": diff[:_DIFF_CHARS]})
 
     return await asyncio.to_thread(edit)
