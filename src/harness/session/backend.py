@@ -26,6 +26,13 @@ class SessionInfo:
     updated_at: int = 0
 
 
+SESSION_TABLES = ("entries", "record_values", "list_items", "usage_ledger")
+"""The SQL backends' tables that hold a session's rows besides `sessions` itself."""
+
+SESSION_COLUMNS = "id, created_at, parent_session_id, forked_from_entry_id, updated_at"
+"""The `sessions` columns that make a `SessionInfo`, in its field order."""
+
+
 @dataclass(frozen=True)
 class EntryRow:
     id: str

@@ -26,6 +26,8 @@ from harness.context import Context
 from harness.errors import HarnessError
 from harness.messages import now_ms
 from harness.session.backend import (
+    SESSION_COLUMNS,
+    SESSION_TABLES,
     AppendList,
     Claim,
     CommitResult,
@@ -121,11 +123,6 @@ SCHEMA: tuple[tuple[int, tuple[str, ...]], ...] = (
     )),
 )
 
-_SESSION_TABLES = ("entries", "record_values", "list_items", "usage_ledger")
-"""Every table that holds a session's rows besides `sessions` itself."""
-
-_SESSION_COLUMNS = "id, created_at, parent_session_id, forked_from_entry_id, updated_at"
-
 _WALK = """
 WITH RECURSIVE path(depth, id, parent_id, seq, timestamp, type, payload) AS (
     SELECT 0, id, parent_id, seq, timestamp, type, payload
@@ -213,13 +210,13 @@ class PostgresBackend:
 
     async def get_session(self, session_id: str, context: Context) -> SessionInfo | None:
         async with self._connection() as conn:
-            cur = await conn.execute(f"SELECT {_SESSION_COLUMNS} FROM sessions WHERE id = %s", (session_id,))
+            cur = await conn.execute(f"SELECT {SESSION_COLUMNS} FROM sessions WHERE id = %s", (session_id,))
             row = await cur.fetchone()
         return SessionInfo(*row) if row else None
 
     async def list_sessions(self, context: Context) -> list[SessionInfo]:
         async with self._connection() as conn:
-            cur = await conn.execute(f"SELECT {_SESSION_COLUMNS} FROM sessions ORDER BY created_at, id")
+            cur = await conn.execute(f"SELECT {SESSION_COLUMNS} FROM sessions ORDER BY created_at, id")
             return [SessionInfo(*r) for r in await cur.fetchall()]
 
     async def delete_session(self, session_id: str, context: Context) -> None:
@@ -233,7 +230,7 @@ class PostgresBackend:
             cur = await conn.execute("DELETE FROM sessions WHERE id = %s", (session_id,))
             if cur.rowcount == 0:
                 raise SessionNotFound(f"no session {session_id}", session_id=session_id)
-            for table in _SESSION_TABLES:
+            for table in SESSION_TABLES:
                 await conn.execute(f"DELETE FROM {table} WHERE session_id = %s", (session_id,))
 
     async def get_entries(self, session_id: str, ids: Sequence[str], context: Context) -> dict[str, EntryRow]:
@@ -472,7 +469,7 @@ class PostgresBackend:
 def driver_error(error: psycopg.OperationalError | psycopg.InterfaceError) -> HarnessError:
     """The typed error for a failing server or connection: `StoreFull` (out of disk),
     `StoreConnectionLost` (a terminated backend, a restart, a broken pipe) or `StoreUnavailable`."""
-    if isinstance(error, psycopg.errors.DiskFull | psycopg.errors.OutOfMemory):
+    if isinstance(error, psycopg.errors.DiskFull):
         return StoreFull(f"the PostgreSQL server is out of space: {error}")
     if isinstance(error, psycopg.errors.ConnectionException | psycopg.InterfaceError | psycopg.errors.AdminShutdown
                   | psycopg.errors.CrashShutdown) or error.sqlstate is None:

@@ -28,6 +28,8 @@ from harness.errors import HarnessError
 from harness.messages import now_ms
 from harness.session import commit_mark
 from harness.session.backend import (
+    SESSION_COLUMNS,
+    SESSION_TABLES,
     AppendList,
     Claim,
     CommitResult,
@@ -120,10 +122,6 @@ SCHEMA: tuple[tuple[int, tuple[str, ...]], ...] = (
     (3, commit_mark.SCHEMA_STEP),
 )
 
-_SESSION_TABLES = ("entries", "record_values", "list_items", "usage_ledger")
-"""Every table that holds a session's rows besides `sessions` itself."""
-
-_SESSION_COLUMNS = "id, created_at, parent_session_id, forked_from_entry_id, updated_at"
 # Payload columns are read as bytes and decoded here: sqlite3 would raise an untyped
 # OperationalError on bytes that are not UTF-8, naming neither the entry nor the record.
 _ENTRY_COLUMNS = "id, parent_id, seq, timestamp, type, CAST(payload AS BLOB)"
@@ -354,14 +352,14 @@ class SqliteBackend:
 
     async def get_session(self, session_id: str, context: Context) -> SessionInfo | None:
         def run(db: sqlite3.Connection) -> SessionInfo | None:
-            row = db.execute(f"SELECT {_SESSION_COLUMNS} FROM sessions WHERE id = ?", (session_id,)).fetchone()
+            row = db.execute(f"SELECT {SESSION_COLUMNS} FROM sessions WHERE id = ?", (session_id,)).fetchone()
             return SessionInfo(*row) if row else None
 
         return await self._call(run)
 
     async def list_sessions(self, context: Context) -> list[SessionInfo]:
         def run(db: sqlite3.Connection) -> list[SessionInfo]:
-            rows = db.execute(f"SELECT {_SESSION_COLUMNS} FROM sessions ORDER BY created_at, id").fetchall()
+            rows = db.execute(f"SELECT {SESSION_COLUMNS} FROM sessions ORDER BY created_at, id").fetchall()
             return [SessionInfo(*r) for r in rows]
 
         return await self._call(run)
@@ -373,7 +371,7 @@ class SqliteBackend:
                 with _counted_transaction(db, self._mark):
                     if db.execute("DELETE FROM sessions WHERE id = ?", (session_id,)).rowcount == 0:
                         raise SessionNotFound(f"no session {session_id}", session_id=session_id)
-                    for table in _SESSION_TABLES:
+                    for table in SESSION_TABLES:
                         db.execute(f"DELETE FROM {table} WHERE session_id = ?", (session_id,))
             finally:
                 _unlock(lock)
