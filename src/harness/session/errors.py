@@ -78,8 +78,8 @@ class StoreFull(HarnessError):
 
 class StoreConnectionLost(HarnessError):
     """The connection to the database server broke during the call (a restart, a terminated
-    backend, a network failure). A read may simply be retried; for a commit, `details.outcome`
-    says whether it is `not_applied` or `unknown` (the connection died during COMMIT itself)."""
+    backend, a network failure). A read may simply be retried; a commit's outcome is unknown
+    (`details.outcome`): read the journal to learn whether it was applied."""
 
     code = "store_connection_lost"
 

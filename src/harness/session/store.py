@@ -17,7 +17,6 @@ from harness.session.backend import Backend, InsertEntry, SessionInfo, SetValue,
 from harness.session.entries import custom_type_of
 from harness.session.errors import (
     SessionNotFound,
-    SessionOwned,
     StoreClosed,
     StoreUnavailable,
     UnknownEntry,
@@ -85,9 +84,6 @@ class Store:
         (nothing is deleted), and `SessionNotFound` if there is none. Sessions forked from it
         keep their copies."""
         self._check_open()
-        found = self._open.get(session_id)
-        if found is not None and found.owner is not None:
-            raise SessionOwned(f"session {session_id} is owned by {found.owner!r}", session_id=session_id)
         await self.backend.delete_session(session_id, context)
         self._open.pop(session_id, None)
 
