@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Annotated, TextIO
 
 import typer
+from rich.console import RenderableType
 
 from harness.cli.app import StoreOption, app, run_with_store
 from harness.cli.call_preview import call_preview
@@ -455,7 +456,7 @@ class ChatClient:
         for entry in recent:
             whole = entry_lines(entry, None)
             lines = whole if replies and entry is replies[-1] else entry_lines(entry, 300)
-            clipped = clipped or lines != whole
+            clipped = clipped or _sources(lines) != _sources(whole)
             for line in lines:
                 self.screen.print(line)
         if clipped and len(entries) <= RECENT_ENTRIES:
@@ -587,3 +588,8 @@ def chat(
         return await client.run()
 
     raise typer.Exit(run_with_store(store, body))
+
+
+def _sources(rows: list[RenderableType]) -> list[object]:
+    """What rows say, comparable: a Markdown row by its source text (rich's Markdown has no `==`)."""
+    return [getattr(row, "markup", row) for row in rows]
