@@ -164,6 +164,12 @@ class CrashTools:
         return ToolOutput(content=[TextContent(text=f"found {args.get('key')}")])
 
 
+def log_operations(workdir: Path, operation_ids: Sequence[str]) -> None:
+    """Add operation ids to the log the tests read to check that each one left nothing behind."""
+    with open(workdir / OPERATIONS_LOG, "a") as log:
+        log.writelines(f"{operation_id}\n" for operation_id in operation_ids)
+
+
 def effects(workdir: Path, name: str) -> Counter[str]:
     """How many times each call id ran tool `name`'s effect."""
     log = workdir / f"{name}.log"
@@ -357,8 +363,7 @@ async def random_kill_child(url: str, session_id: str, workdir: Path, mode: str)
 
     def log_operation(event: HarnessEvent, _: Context) -> None:
         if isinstance(event, RunStart):
-            with open(workdir / OPERATIONS_LOG, "a") as log:
-                log.write(event.operation_id + "\n")
+            log_operations(workdir, [event.operation_id])
 
     while True:  # a killed owner's PostgreSQL lock goes when the server notices the hang-up
         try:
@@ -366,6 +371,8 @@ async def random_kill_child(url: str, session_id: str, workdir: Path, mode: str)
             break
         except SessionOwned:
             await asyncio.sleep(0.05)
+    # Found open: its run_start may never have been logged by the process that accepted it.
+    log_operations(workdir, [operation.operation_id for operation in open_operations])
     print("ready", flush=True)
     for operation in open_operations:
         await harness.lane(operation.lane).resume(context)
@@ -387,8 +394,7 @@ async def main(url: str, session_id: str, workdir: Path) -> None:
 
     def log_operation(event: HarnessEvent, _: Context) -> None:
         if isinstance(event, RunStart):
-            with open(workdir / OPERATIONS_LOG, "a") as log:
-                log.write(event.operation_id + "\n")
+            log_operations(workdir, [event.operation_id])
 
     harness, _ = await attach(session, tools.tools, faux, context, [log_operation, tools.listen])
     lane = harness.lane("main")
