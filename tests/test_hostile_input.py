@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from drive_helpers import branch, start_rig
+from drive_helpers import branch, start_rig, within
 from harness.context import Context, NotAContext
 from harness.errors import HarnessError, InvalidInput
 from harness.messages import TextContent, UserMessage
@@ -84,7 +84,7 @@ async def test_bad_input_at_the_lane_gets_a_typed_error_and_changes_nothing(
     try:
         with pytest.raises(expected):
             await call(rig.lane, ctx)
-        outcome = await rig.lane.prompt("still works", None, ctx)
+        outcome = await within(rig.lane.prompt("still works", None, ctx))
         assert isinstance(outcome, Settled)
         assert outcome.result.outcome == "completed"
         assert [entry.payload.type for entry in await branch(rig.lane, ctx)] == ["message", "message"]

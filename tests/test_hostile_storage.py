@@ -18,7 +18,7 @@ import psycopg
 import pytest
 
 from conftest import POSTGRES_URL
-from drive_helpers import start_rig
+from drive_helpers import start_rig, within
 from harness.context import Context
 from harness.providers.faux import reply
 from harness.runtime import Settled
@@ -307,8 +307,8 @@ async def test_a_run_stopped_by_a_full_disk_resumes_in_the_same_harness_once_the
             assert (await rig.lane.inspect_execution(ctx)).current is not None
             filler.unlink()
 
-            resumed = await rig.lane.resume(ctx)
-            after = await rig.lane.prompt("and a short one", None, ctx)
+            resumed = await within(rig.lane.resume(ctx))
+            after = await within(rig.lane.prompt("and a short one", None, ctx))
 
             assert isinstance(resumed, Settled)
             assert resumed.result.outcome == "completed"
