@@ -56,10 +56,10 @@ def listed(store_url: str) -> list[SessionInfo]:
 
 
 def leave_with(chat: Chat, how: str) -> int:
+    if how == "ctrl-d":
+        return chat.leave()  # sent until the prompt has the terminal
     if how == "/quit":
         chat.send_line("/quit")
-    elif how == "ctrl-d":
-        chat.process.sendcontrol("d")
     else:  # Ctrl-C twice at the idle prompt
         chat.process.sendcontrol("c")
         chat.process.sendcontrol("c")
