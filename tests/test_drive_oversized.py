@@ -106,8 +106,8 @@ async def test_an_image_counts_as_an_image_not_as_its_bytes(store: Store, ctx: C
 
 
 async def test_without_a_model_to_measure_against_acceptance_checks_nothing(store: Store, ctx: Context) -> None:
-    """HA-16: acceptance never needs a registry; a model the registry does not know is measured
-    when a step resolves it (and fails there, in-band)."""
+    """A model the registry does not know is not measured at acceptance: it is measured when a
+    step resolves it (and fails there, in-band, HA-23)."""
     unknown = ModelIdentity(provider="elsewhere", model_id="big-window")
     rig = await start_rig(store, ctx, [], model=unknown)
 

@@ -544,8 +544,9 @@ class Lane:
         """Refuse input that cannot fit the lane's model's context window even alone, next to the
         system prompt and the reply's reserve, by the estimate threshold compaction goes by: no
         compaction could ever make room for it (`PromptTooLarge`). Without a registry that knows
-        the model nothing is checked: acceptance never needs one (HA-16); the step then fails
-        in-band (HA-23)."""
+        the model nothing is checked and the step fails in-band (HA-23). Reading the registry here
+        departs from HA-16 (acceptance reads no registry), for issue 10's "refuse before storing";
+        moving the check to the doors that know the model is open work."""
         registry = self._harness.options.models
         if registry is None or not messages:
             return
