@@ -59,6 +59,12 @@ def environment(home: Path, **extra: str) -> dict[str, str]:
     return {**env, "HARNESS_HOME": str(home), **extra}
 
 
+def json_lines(stdout: str) -> tuple[dict[str, object], list[HarnessEvent]]:
+    """The `--json` output as its session line and the events after it."""
+    first, *rest = stdout.splitlines()
+    return json.loads(first), [EVENTS.validate_json(line) for line in rest]
+
+
 def harness(home: Path, work: Path, *args: str, env: dict[str, str] | None = None, timeout: float = TIMEOUT_S
             ) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "harness.cli", *args], cwd=work, env=environment(home, **(env or {})),
@@ -222,7 +228,8 @@ def test_json_prints_every_event_as_one_parseable_line_and_nothing_else(home: Pa
                   env=openai_env(server))
 
     assert run.returncode == 0, run.stderr
-    events = [EVENTS.validate_json(line) for line in run.stdout.splitlines()[1:]]
+    session_line, events = json_lines(run.stdout)
+    assert session_line == {"type": "session", "session_id": session_of(run), "lane": "main"}
     types = [event.type for event in events]
     assert types[0] == "lane_created"
     assert types.count("run_start") == 1

@@ -5,7 +5,6 @@ subprocesses against the replay server, as in test_cli_run.py."""
 
 from __future__ import annotations
 
-import json
 import signal
 import socket
 import subprocess
@@ -14,8 +13,16 @@ from pathlib import Path
 
 import test_cli_run
 from harness.providers.replay import Hold, ReplayResponse, ReplayServer
-from harness.runtime import HarnessEvent
-from test_cli_run import EMBEDDED_TIMEOUT_S, EVENTS, TIMEOUT_S, chat_text, environment, harness, openai_env, session_of
+from test_cli_run import (
+    EMBEDDED_TIMEOUT_S,
+    TIMEOUT_S,
+    chat_text,
+    environment,
+    harness,
+    json_lines,
+    openai_env,
+    session_of,
+)
 
 home, work, server = test_cli_run.home, test_cli_run.work, test_cli_run.server  # the same fixtures
 
@@ -42,12 +49,6 @@ context_window = 32768
 id = "qwen2.5-7b"
 path = "/models/qwen2.5-7b-instruct-q4_k_m.gguf"
 """)
-
-
-def json_lines(stdout: str) -> tuple[dict[str, object], list[HarnessEvent]]:
-    """The `--json` output as its session line and the events after it."""
-    first, *rest = stdout.splitlines()
-    return json.loads(first), [EVENTS.validate_json(line) for line in rest]
 
 
 # -- item 8: declared models do not take over, and say when they cannot be reached ------------------
