@@ -455,11 +455,7 @@ class _Generation:
         previous generation left there; raises `_Stopped` between batches once stopped."""
         llama, tokens = self.llama, self.tokens
         cached = llama.input_ids[: llama.n_tokens].tolist()
-        common = 0
-        for old, new in zip(cached, tokens, strict=False):
-            if old != new:
-                break
-            common += 1
+        common: int = llama.longest_token_prefix(cached, tokens)
         common = min(common, len(tokens) - 1)  # the last token is read again: its logits are sampled
         if common < len(cached):
             from llama_cpp.llama_cpp import llama_get_memory, llama_memory_seq_rm
