@@ -6,16 +6,15 @@ from __future__ import annotations
 import os
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, get_args
 
 from harness.cli.chat_view import entry_summary
 from harness.cli.config import model_name, parse_model, usable_model
 from harness.cli.render import branch_oldest_first
+from harness.cli.session_refs import local_time, named_sessions
 from harness.cli.terminal_text import escape
 from harness.errors import InvalidInput
-from harness.session import addresses
 from harness.session.records import ThinkingLevel
 
 if TYPE_CHECKING:
@@ -126,13 +125,11 @@ async def _compact(client: ChatClient, argument: str) -> None:
 @command("sessions", "/sessions", "list the sessions in the store", while_busy=True)
 async def _sessions(client: ChatClient, argument: str) -> None:
     current = client.attached.harness.session.id
-    for info in await client.store.list_sessions(client.context):
-        session = await client.store.open_session(info.id, client.context)
-        name = await session.get(addresses.session_name(), client.context) or ""
-        created = datetime.fromtimestamp(info.created_at / 1000).strftime("%Y-%m-%d %H:%M")
+    for info, name in await named_sessions(client.store, client.context):
         mark = "●" if info.id == current else " "
         fork = f" [dim](fork of {escape(info.parent_session_id)})[/]" if info.parent_session_id else ""
-        client.screen.print(f" {mark} [cyan]{escape(info.id)}[/] [dim]{created}[/] {escape(name)}{fork}")
+        client.screen.print(f" {mark} [cyan]{escape(info.id)}[/] [dim]{local_time(info.created_at)}[/] "
+                            f"{escape(name or '')}{fork}")
 
 
 @command("tree", "/tree [N]", "list this branch's entries and move to one (0: the start of the session)")

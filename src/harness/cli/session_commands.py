@@ -3,21 +3,16 @@
 from __future__ import annotations
 
 import sys
-from datetime import datetime
 from typing import Annotated, get_args
 
 import typer
 
 from harness.cli.app import StoreOption, app, run_with_store
-from harness.cli.session_refs import SessionArgument, named_sessions, resolve_session
+from harness.cli.session_refs import SessionArgument, local_time, named_sessions, resolve_session
 from harness.cli.terminal_text import visible
 from harness.context import Context
 from harness.runtime import AgentHarness, AgentHarnessOptions, NoActiveOperation, Settled
 from harness.session import AbortCause, Store, addresses
-
-
-def _when(ms: int) -> str:
-    return datetime.fromtimestamp(ms / 1000).strftime("%Y-%m-%d %H:%M")
 
 
 @app.command()
@@ -31,7 +26,7 @@ def sessions(store: StoreOption = None) -> None:
             return
         typer.echo(f"{'SESSION':<36}  {'CREATED':<16}  {'UPDATED':<16}  NAME")
         for info, name in listed:
-            when = f"{_when(info.created_at)}  {_when(info.updated_at)}"
+            when = f"{local_time(info.created_at)}  {local_time(info.updated_at)}"
             typer.echo(f"{info.id:<36}  {when}  {visible(name or '')}".rstrip())
 
     run_with_store(store, body)

@@ -3,6 +3,7 @@ name; and which session is the most recent."""
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Annotated
 
 import typer
@@ -49,6 +50,11 @@ async def resolve_session(store: Store, reference: str, context: Context) -> str
         raise AmbiguousSession(f"{reference!r} matches {len(matches)} sessions: {shown}{more}; give more of the id",
                                reference=reference, candidates=[info.id for info, _ in matches])
     return matches[0][0].id
+
+
+def local_time(ms: int) -> str:
+    """A Unix-ms time as the local `YYYY-MM-DD HH:MM` the session listings show."""
+    return datetime.fromtimestamp(ms / 1000).strftime("%Y-%m-%d %H:%M")
 
 
 async def named_sessions(store: Store, context: Context) -> list[tuple[SessionInfo, str | None]]:
