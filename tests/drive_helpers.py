@@ -231,10 +231,12 @@ async def start_rig(
     session: Session | None = None,
     clock: FakeClock | None = None,
     system_prompt: str | None = None,
+    frame_interval_s: float = 0.0,
 ) -> Rig:
     """Attach a harness with the faux provider answering `script`. The lane's active tools are
     `active_tools` (default: every tool given). Drive settings get the rig's fake clock and sleep
-    and unpaced frames, so nothing waits in real time unless a test asks for it."""
+    and unpaced frames (unless `frame_interval_s` says otherwise), so nothing waits in real time
+    unless a test asks for it."""
     faux = FauxProvider(script, polls=polls)
     clock = clock or FakeClock()
     events = Recorder()
@@ -242,7 +244,8 @@ async def start_rig(
         session = await store.create_session(context)
         names = [tool.name for tool in tools] if active_tools is None else list(active_tools)
         await session.create_lane("main", LaneConfig(model=model, active_tools=names), context)
-    settings = replace(drive or DriveSettings(), clock=clock.clock, sleep=clock.sleep, frame_interval_s=0.0)
+    settings = replace(drive or DriveSettings(), clock=clock.clock, sleep=clock.sleep,
+                       frame_interval_s=frame_interval_s)
     options = AgentHarnessOptions(
         session=session, models=ModelRegistry([FAUX_MODEL], providers={"faux": faux}), tools=tools,
         drive=settings, hooks=hooks or RunHooks(), listeners=[events], system_prompt=system_prompt,

@@ -15,9 +15,8 @@ from harness.messages import ImageContent, ModelIdentity, UserMessage
 from harness.providers import FAUX_MODEL
 from harness.providers.faux import FauxScript, failure
 from harness.runtime import PromptRequest, PromptTooLarge, Settled
-from harness.runtime.branch_context import SUMMARY_PREFIX
+from harness.runtime.branch_context import SUMMARY_PREFIX, estimate_tokens
 from harness.runtime.drive import DOES_NOT_FIT
-from harness.runtime.summary import estimate_tokens
 from harness.session import LaneConfig, MessagePayload, Session, SessionMutator, Store, addresses
 from harness_helpers import recording, said
 

@@ -41,7 +41,7 @@ from harness.providers import (
     StreamOptions,
 )
 from harness.providers.errors import classify_exception
-from harness.runtime.branch_context import branch_entries, context_messages
+from harness.runtime.branch_context import BranchContext, branch_entries, context_messages
 from harness.runtime.drive_types import INTERRUPTED_REPLY, ResumeOutcome, Settled, Suspended, WaitingRetry
 from harness.runtime.errors import HarnessFault
 from harness.runtime.events import (
@@ -65,13 +65,12 @@ from harness.runtime.events import (
     UsageRecorded,
 )
 from harness.runtime.fault_points import FaultPoint, reached
-from harness.runtime.lane import Decision, Placement, payload_of, pending_payload
+from harness.runtime.lane import Decision, Placement, payload_of, pending_payload, placed_events
 from harness.runtime.snapshot import LanePresentation, frames_message, queued_item
 from harness.runtime.summary import (
     BRANCH_SUMMARY_REQUEST,
     SUMMARY_REQUEST,
     CompactionPlan,
-    estimate_tokens,
     plan_compaction,
     summary_request,
 )
@@ -198,8 +197,8 @@ class RunDriver:
             return await self._settle_aborted(state, state.control)
         match state:
             case RunStarting():
-                trigger = self.lane._tip_id
-                await self._transition(RunCheckpoint(continuation=NeedAssistant(), trigger_entry_id=trigger))
+                # Not committed: a restart before the step's intent starts from `starting` again.
+                await self._checkpoint(RunCheckpoint(continuation=NeedAssistant(), trigger_entry_id=self.lane._tip_id))
             case RunCheckpoint():
                 await self._checkpoint(state)
             case AssistantReady():
@@ -303,7 +302,9 @@ class RunDriver:
             max_attempts=retry.max_retries + 1, base_delay_ms=retry.base_delay_ms,
             overflow_recovery_used=overflow_used,
         )
-        await self._transition(AssistantReady(generation=generation), intent=True)
+        # `assistant_ready` is not committed on the way: the step's intent, next, is the commit
+        # a restart needs; before it, the durable phase still leads back to this checkpoint.
+        await self._generate(AssistantReady(generation=generation))
 
     async def _place(self, extra: Sequence[Message], *, include_follow_up: bool) -> bool:
         """Place pending writes and steer items (and follow-ups when the run would finish) plus
@@ -331,8 +332,8 @@ class RunDriver:
             projects = any(payload.type in ("message", "custom_message") for _, payload, _ in placement.staged)
 
             def after(result: CommitResult | None) -> Sequence[HarnessEvent]:
-                lane._tip_id, lane._state = placement.tip, lane_state
-                events = placement.events(lane.name, result)
+                lane._state = lane_state
+                events = lane._placed(placement, result)
                 for entry_id in taken:
                     lane._pending.pop(entry_id, None)
                 if items:
@@ -370,7 +371,7 @@ class RunDriver:
         except (ModelUnavailable, ToolsUnavailable) as unavailable:
             await self._fail(unavailable.code, unavailable.message, unavailable.details, "configuration")
             return
-        messages = context_messages(await self._read_entries())
+        messages = list((await self._branch()).messages)
         if self.hooks.transform_context is not None:
             messages = await self.hooks.transform_context(messages, self.context)
         tools = tuple(self.harness._tools[name].spec for name in generation.config.active_tools)
@@ -548,14 +549,14 @@ class RunDriver:
 
         def events(result: CommitResult | None) -> Sequence[HarnessEvent]:
             assert result is not None
-            if on_branch:
-                lane._tip_id = entry_id
             lane._presentation.streaming_message = None
             out: list[HarnessEvent] = [MessageEnd(lane=lane.name, message=message,
                                                   entry_id=None if empty_abort else entry_id)]
             if on_branch:
-                out.append(EntryAdded(lane=lane.name, entry=Entry(
-                    id=entry_id, parent_id=parent, seq=result.seqs[0], timestamp=result.timestamp, payload=payload)))
+                entry = Entry(id=entry_id, parent_id=parent, seq=result.seqs[0], timestamp=result.timestamp,
+                              payload=payload)
+                lane._move_tip(entry_id, [entry])
+                out.append(EntryAdded(lane=lane.name, entry=entry))
             out.append(UsageRecorded(lane=lane.name, usage_id=intent.usage_id, usage=message.usage,
                                      entry_id=None if empty_abort else entry_id))
             if isinstance(next_state, AssistantRetryWait):
@@ -638,8 +639,7 @@ class RunDriver:
         if not self.wait_for_retry:
             return WaitingRetry(operation_id=self.operation_id, not_before=state.not_before)
         if await self._wait_until(state.not_before):
-            await self._transition(AssistantReady(generation=state.generation, next_attempt=state.next_attempt),
-                                   intent=True)
+            await self._generate(AssistantReady(generation=state.generation, next_attempt=state.next_attempt))
         return None
 
     async def _wait_until(self, not_before: int) -> bool:
@@ -681,7 +681,7 @@ class RunDriver:
             model, provider = self._resolve(state.config.model, ())
         except ModelUnavailable as unavailable:
             return await self._summary_failed(state, unavailable.code, unavailable.message, unavailable.details)
-        entries = await self._read_entries()
+        entries = (await self._branch()).entries
         navigation = meta.intent if isinstance(meta.intent, NavigationIntent) else None
         plan = None
         fitted = self.settings.compaction.for_window(model.context_window)
@@ -747,8 +747,7 @@ class RunDriver:
             m.set(addresses.branch_tip(lane.name), entry_id)
 
         def events(commit: CommitResult | None) -> Sequence[HarnessEvent]:
-            lane._tip_id = entry_id
-            return [*placement.events(lane.name, commit),
+            return [*lane._placed(placement, commit),
                     UsageRecorded(lane=lane.name, usage_id=usage_id, usage=message.usage, entry_id=entry_id),
                     CompactionEnd(lane=lane.name, operation_id=self.operation_id, reason=_reason(task),
                                   status="completed", entry_id=entry_id)]
@@ -806,8 +805,7 @@ class RunDriver:
             return None
         pending = SummaryPending(task=state.task, config=state.config, result_entry_id=state.result_entry_id,
                                  attempt=state.next_attempt - 1, max_attempts=state.max_attempts)
-        await self._transition(pending, intent=True)
-        return None
+        return await self._summarize(pending)  # its intent is the next commit
 
     async def _maybe_compact(self, state: RunCheckpoint) -> bool:
         """Start a threshold compaction when the context has grown past the model's window minus
@@ -820,12 +818,12 @@ class RunDriver:
         except ModelUnavailable:
             return False  # the step itself fails in-band (HA-23)
         settings = settings.for_window(model.context_window)
-        entries = await self._read_entries()
-        if entries and isinstance(entries[-1].payload, CompactionPayload):
+        branch = await self._branch()
+        if branch.entries and isinstance(branch.entries[-1].payload, CompactionPayload):
             return False  # nothing new since the last compaction: compacting again cannot help
-        if estimate_tokens(context_messages(entries)) <= model.context_window - settings.reserve_tokens:
+        if branch.tokens <= model.context_window - settings.reserve_tokens:
             return False
-        if plan_compaction(entries, settings.keep_recent_tokens) is None:
+        if plan_compaction(branch.entries, settings.keep_recent_tokens) is None:
             return False  # only the latest turn is left: nothing a compaction could remove
         task = SummaryTask(task_id=new_id(), reason="threshold", resume_after=state)
         pending = SummaryPending(task=task, config=self.lane._config, result_entry_id=new_id(),
@@ -875,11 +873,11 @@ class RunDriver:
         assert current is not None
         return await self._settle(current, "completed", stage=stage, tip=tip, events_before=events)
 
-    async def _read_entries(self) -> list[Entry]:
+    async def _branch(self) -> BranchContext:
         lane = self.lane
 
-        async def plan(m: SessionMutator) -> Decision[list[Entry]]:
-            return Decision(await branch_entries(m, lane._tip_id, self.context), lambda _: [])
+        async def plan(m: SessionMutator) -> Decision[BranchContext]:
+            return Decision(await lane._branch_context(m, self.context), lambda _: [])
 
         return await lane._command(plan, self.context)
 
@@ -995,9 +993,11 @@ class RunDriver:
             def after(commit: CommitResult | None) -> Sequence[HarnessEvent]:
                 assert commit is not None
                 lane._meta = lane._operation_state = None
-                lane._state, lane._last_result, lane._tip_id = lane_state, result, new_tip
+                lane._state, lane._last_result = lane_state, result
+                placed = placement.entries(commit)
+                lane._move_tip(new_tip, placed)
                 events: list[HarnessEvent] = list(events_before(commit)) if events_before else []
-                events += placement.events(lane.name, commit)
+                events += placed_events(lane.name, placed)
                 queue_changed = any(lane._pending.pop(i, None) is not None for i in removed)
                 if queue_changed:
                     events.append(lane._queue_update())
@@ -1024,13 +1024,15 @@ def _showing(message: AssistantMessage) -> Callable[[LanePresentation], None]:
 
 class FrameWriter:
     """Persists a streaming reply in pages, at most one page write in flight, never awaited by the
-    stream loop (HA-14). A page lands only while its response is still effect-pending."""
+    stream loop (HA-14). Each page waits `frame_interval_s` first, so a reply that ends within
+    one interval writes none, and closing cancels that wait: the settlement, which supersedes
+    the frames, waits on no timer. A page lands only while its response is still effect-pending."""
 
     def __init__(self, driver: RunDriver, intent: AssistantEffectPending | DeferredEffectPending) -> None:
         self.driver, self.intent = driver, intent
         self._buffer: list[JsonValue] = []
         self._wakeup = asyncio.Event()
-        self._closing = False
+        self._closed = asyncio.Event()
         self._task = asyncio.get_running_loop().create_task(self._write())
 
     def add(self, frame: JsonValue) -> None:
@@ -1038,33 +1040,43 @@ class FrameWriter:
         self._wakeup.set()
 
     async def close(self) -> None:
-        self._closing = True
+        """Stop writing; waits only for a page write already on the line."""
+        self._closed.set()
         self._wakeup.set()
         await self._task
 
+    async def _pause(self) -> bool:
+        """Wait one frame interval; False when closing came first."""
+        interval = self.driver.settings.frame_interval_s
+        if interval > 0:
+            sleeper = asyncio.ensure_future(self.driver.settings.sleep(interval))
+            closed = asyncio.ensure_future(self._closed.wait())
+            try:
+                await asyncio.wait({sleeper, closed}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                sleeper.cancel()
+                closed.cancel()
+        return not self._closed.is_set()
+
     async def _write(self) -> None:
-        lane, settings = self.driver.lane, self.driver.settings
+        lane = self.driver.lane
         address = addresses.assistant_frames(self.driver.operation_id, self.intent.response_entry_id)
         while True:
             await self._wakeup.wait()
-            self._wakeup.clear()
-            if self._buffer:
-                page, self._buffer = self._buffer, []
-
-                async def plan(m: SessionMutator, page: list[JsonValue] = page) -> Decision[None]:
-                    current = lane._operation_state
-                    live = getattr(current, "response_entry_id", None) == self.intent.response_entry_id
-                    if live:
-                        frames: dict[str, JsonValue] = {"frames": list(page)}
-                        m.append(address, frames)
-                    return Decision(None, lambda _: [])
-
-                await lane._command(plan, self.driver.context)
-                reached(FaultPoint.MID_STREAM)
-            if self._closing and not self._buffer:
+            if not await self._pause():
                 return
-            if not self._closing:
-                await settings.sleep(settings.frame_interval_s)
+            self._wakeup.clear()
+            page, self._buffer = self._buffer, []
+
+            async def plan(m: SessionMutator, page: list[JsonValue] = page) -> Decision[None]:
+                current = lane._operation_state
+                if getattr(current, "response_entry_id", None) == self.intent.response_entry_id:
+                    frames: dict[str, JsonValue] = {"frames": list(page)}
+                    m.append(address, frames)
+                return Decision(None, lambda _: [])
+
+            await lane._command(plan, self.driver.context)
+            reached(FaultPoint.MID_STREAM)
 
 
 def _nothing_streamed(state: AssistantEffectPending | DeferredEffectPending) -> AssistantMessage:

@@ -16,7 +16,7 @@ from pydantic_core import PydanticSerializationError
 from harness.context import Context
 from harness.errors import InvalidInput, ModelUnavailable
 from harness.messages import CustomMessage, ImageContent, Message, ModelIdentity, now_ms
-from harness.runtime.branch_context import branch_entries
+from harness.runtime.branch_context import BranchContext, branch_entries, estimate_tokens
 from harness.runtime.bus import Watcher
 from harness.runtime.drive_types import ResumeOutcome, Settled
 from harness.runtime.errors import (
@@ -45,7 +45,7 @@ from harness.runtime.events import (
 )
 from harness.runtime.requests import PromptRequest, RunRequest, check_input_message, describe_invalid, normalize_request
 from harness.runtime.snapshot import LanePresentation, LaneView, capture_snapshot, queued_item, queues_of
-from harness.runtime.summary import estimate_tokens, plan_compaction
+from harness.runtime.summary import plan_compaction
 from harness.runtime.types import CurrentOperationInfo, LaneExecutionInfo, LaneInfo, LaneSnapshot, OperationStatus
 from harness.session import (
     AbortCause,
@@ -169,6 +169,7 @@ class Lane:
         # Payloads of queued entries this process has read or written; the harness owns the
         # session, so nothing else can change them (HA-4). Never filled at attachment (HA-3).
         self._pending: dict[str, PendingEntry] = {}
+        self._branch: BranchContext | None = None  # built by the first step that needs it (HA-3)
 
     # -- projection ---------------------------------------------------------------------------
 
@@ -201,6 +202,33 @@ class Lane:
     def _view(self) -> LaneView:
         return LaneView(self.name, self._tip_id, self._state, self._last_result, self._meta,
                         self._operation_state, self._status())
+
+    # -- the branch -----------------------------------------------------------------------------
+
+    async def _branch_context(self, m: SessionMutator, context: Context) -> BranchContext:
+        """The branch from its newest compaction to the tip: the cached copy while it ends at the
+        tip, else read once (a tip naming no entry is `StorageCorruption`). Call on the line."""
+        if self._branch is None or self._branch.tip != self._tip_id:
+            self._branch = BranchContext.of(await branch_entries(m, self._tip_id, context))
+        return self._branch
+
+    def _cached_entry(self, entry_id: str) -> Entry | None:
+        """Entry `entry_id` from the cached branch, if the cache is current and holds it."""
+        branch = self._branch
+        return branch.entry(entry_id) if branch is not None and branch.tip == self._tip_id else None
+
+    def _move_tip(self, tip: str | None, placed: Sequence[Entry] = ()) -> None:
+        """In a commit continuation: the tip is now `tip`, after the chain `placed` was committed on
+        it. The cached branch grows when the chain continues it; otherwise the next step reads it."""
+        if placed and self._branch is not None and self._branch.tip == placed[0].parent_id:
+            self._branch.extend(placed)
+        self._tip_id = tip
+
+    def _placed(self, placement: Placement, result: CommitResult | None) -> list[HarnessEvent]:
+        """In a commit continuation: the tip moves to the end of `placement`; its entries' events."""
+        entries = placement.entries(result)
+        self._move_tip(placement.tip, entries)
+        return placed_events(self.name, entries)
 
     # -- the command path ---------------------------------------------------------------------
 
@@ -269,11 +297,11 @@ class Lane:
             m.set(addresses.lane_state(self.name), state)
 
             def after(result: CommitResult | None) -> list[HarnessEvent]:
-                self._tip_id, self._state, self._meta = placement.tip, state, meta
+                self._state, self._meta = state, meta
                 self._operation_state = RunStarting()
                 events: list[HarnessEvent] = [RunStart(lane=self.name, operation_id=operation_id, kind="run",
                                                        started_at=started_at)]
-                events += placement.events(self.name, result)
+                events += self._placed(placement, result)
                 for entry_id in captured:
                     del self._pending[entry_id]
                 if captured:
@@ -326,8 +354,7 @@ class Lane:
             m.set(addresses.branch_tip(self.name), entry_id)
 
             def after(result: CommitResult | None) -> list[HarnessEvent]:
-                self._tip_id = entry_id
-                return placement.events(self.name, result)
+                return self._placed(placement, result)
 
             return Decision(entry_id, after)
 
@@ -501,7 +528,7 @@ class Lane:
 
         async def plan(m: SessionMutator) -> Decision[str]:
             self._refuse_if_busy()
-            entries = await branch_entries(m, self._tip_id, context)
+            entries = (await self._branch_context(m, context)).entries
             # No registry at acceptance (HA-16): refuse only a branch that is nothing but its
             # latest turn; how much is kept depends on the model, decided when it runs.
             if plan_compaction(entries, keep_recent_tokens=0) is None:
@@ -718,21 +745,28 @@ class Placement:
         m.insert_entry(payload, parent_id=self.tip, entry_id=entry_id)
         self.staged.append((entry_id, payload, position))
 
-    def events(self, lane: str, result: CommitResult | None) -> list[HarnessEvent]:
-        """`message_start`, `message_end` (for messages) and `entry_added` per placed entry."""
+    def entries(self, result: CommitResult | None) -> list[Entry]:
+        """The staged entries as committed by `result`, oldest first."""
         assert result is not None or not self.staged
-        events: list[HarnessEvent] = []
+        entries: list[Entry] = []
         parent = self.parent
         for entry_id, payload, position in self.staged:
             assert result is not None
-            entry = Entry(id=entry_id, parent_id=parent, seq=result.seqs[position], timestamp=result.timestamp,
-                          payload=payload)
-            if isinstance(payload, MessagePayload | CustomMessagePayload):
-                events += [MessageStart(lane=lane, message=payload.message),
-                           MessageEnd(lane=lane, message=payload.message, entry_id=entry_id)]
-            events.append(EntryAdded(lane=lane, entry=entry))
+            entries.append(Entry(id=entry_id, parent_id=parent, seq=result.seqs[position], timestamp=result.timestamp,
+                                 payload=payload))
             parent = entry_id
-        return events
+        return entries
+
+
+def placed_events(lane: str, entries: Sequence[Entry]) -> list[HarnessEvent]:
+    """`message_start`, `message_end` (for messages) and `entry_added` per placed entry."""
+    events: list[HarnessEvent] = []
+    for entry in entries:
+        if isinstance(entry.payload, MessagePayload | CustomMessagePayload):
+            events += [MessageStart(lane=lane, message=entry.payload.message),
+                       MessageEnd(lane=lane, message=entry.payload.message, entry_id=entry.id)]
+        events.append(EntryAdded(lane=lane, entry=entry))
+    return events
 
 
 def _config_value(config: LaneConfig, field: str) -> JsonValue:

@@ -6,9 +6,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from harness.messages import ImageContent, Message, TextContent, UserMessage
+from harness.messages import Message, TextContent, UserMessage
 from harness.providers import ProviderRequest
-from harness.runtime.branch_context import context_messages
+from harness.runtime.branch_context import context_messages, estimate_tokens
 from harness.session import Entry
 
 SUMMARY_SYSTEM_PROMPT = (
@@ -20,24 +20,6 @@ SUMMARY_SYSTEM_PROMPT = (
 SUMMARY_REQUEST = "Summarize the conversation above for your own later use."
 BRANCH_SUMMARY_REQUEST = ("Summarize the conversation above: it is a branch the person is leaving, and the "
                           "summary is all that will be kept of it.")
-
-
-IMAGE_TOKENS = 1_600
-"""What one image is counted as: providers bill an image by its pixels, not its base64 length
-(about 1,600 tokens for a megapixel), so its bytes are not counted as text."""
-
-
-def estimate_tokens(messages: Sequence[Message], system_prompt: str = "") -> int:
-    """A rough token count of what `messages` (and `system_prompt`) send: four characters of
-    their JSON per token, plus `IMAGE_TOKENS` per image."""
-    chars, images = len(system_prompt), 0
-    for message in messages:
-        chars += len(message.model_dump_json())
-        for block in message.content if isinstance(message.content, list) else ():
-            if isinstance(block, ImageContent):
-                chars -= len(block.data)  # base64: its JSON form is as long as the data
-                images += 1
-    return chars // 4 + images * IMAGE_TOKENS
 
 
 @dataclass(frozen=True)

@@ -101,7 +101,13 @@ class ToolBatchRunner:
         await self._finish()
 
     async def _assistant_message(self) -> AssistantMessage:
+        """The reply whose calls run: the one the lane's cached branch holds (it was just settled),
+        or, after a restart, the one the journal holds."""
         entry_id = self.batch.assistant_entry_id
+        cached = self.lane._cached_entry(entry_id)
+        if cached is not None and isinstance(cached.payload, MessagePayload) and isinstance(
+                cached.payload.message, AssistantMessage):
+            return cached.payload.message
 
         async def plan(m: SessionMutator) -> Decision[AssistantMessage]:
             entry = await m.entry(entry_id, self.driver.context)
@@ -310,11 +316,10 @@ class ToolBatchRunner:
             def after(commit: CommitResult | None) -> Sequence[HarnessEvent]:
                 assert commit is not None
                 lane._operation_state = new_state
-                lane._tip_id = parent
                 events: list[HarnessEvent] = [ToolEnd(lane=lane.name, operation_id=driver.operation_id,
                                                       turn_id=self.batch.turn_id, tool_call_id=block.id,
                                                       result=result, terminate=final_terminate)]
-                events += placement.events(lane.name, commit)
+                events += lane._placed(placement, commit)
                 for entry_id, payload, _ in placement.staged:
                     lane._pending.pop(entry_id, None)
                     if isinstance(payload, MessagePayload) and isinstance(payload.message, ToolResultMessage):
@@ -351,7 +356,7 @@ class ToolBatchRunner:
                 raise failure
         if not self.aborting:
             return
-        message = await self._assistant_message()
+        message = self.message or await self._assistant_message()
         for index, call in enumerate(self._calls()):
             block = message.content[call.source_index]
             assert isinstance(block, ToolCall)

@@ -49,7 +49,8 @@ from harness.session.records import LaneConfig, LaneState, UsageRow
 T = TypeVar("T")
 R = TypeVar("R")
 
-_SCAN_PAGE = 256
+# One query reads any branch a compaction leaves; bounded, so a parent cycle in a damaged file ends.
+_SCAN_PAGE = 10_000
 _USAGE_ADAPTER: TypeAdapter[Usage] = TypeAdapter(Usage)
 _JSON_ADAPTER: TypeAdapter[JsonValue] = TypeAdapter(JsonValue)
 

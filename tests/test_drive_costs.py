@@ -1,0 +1,85 @@
+"""What a turn costs the journal: its commits, its branch reads and its frame pages, counted on the
+real backends. A turn's cost must not grow with the conversation (issue 12: the loop was quadratic
+in history), and every count here is the one bench/README.md lists with the reason for each commit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import pytest
+
+from drive_helpers import FakeClock, ProbeTool, Rig, messages, start_rig, text, within
+from harness.context import Context
+from harness.providers.faux import reply, tool_call
+from harness.runtime import Settled
+from harness.session import Store
+
+
+class Calls:
+    """Counts calls of some of a real backend's methods (they still run)."""
+
+    def __init__(self, store: Store, monkeypatch: pytest.MonkeyPatch, *names: str) -> None:
+        self.counts = dict.fromkeys(names, 0)
+        for name in names:
+            monkeypatch.setattr(store.backend, name, self._counting(name, getattr(store.backend, name)))
+
+    def _counting(self, name: str, method: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
+        async def counted(*args: Any, **kwargs: Any) -> Any:
+            self.counts[name] += 1
+            return await method(*args, **kwargs)
+
+        return counted
+
+    def take(self) -> dict[str, int]:
+        """The counts since the last take."""
+        counts, self.counts = self.counts, dict.fromkeys(self.counts, 0)
+        return counts
+
+
+def two_steps(probe: ProbeTool) -> list[Any]:
+    """Replies for turns of two steps each: a tool call, then a text answer."""
+    return [item for n in range(3) for item in (reply(tool_call(probe.name, {"key": str(n)})), reply(f"done {n}"))]
+
+
+async def prompt(rig: Rig, words: str, ctx: Context) -> Settled:
+    outcome = await within(rig.lane.prompt(words, None, ctx))
+    assert isinstance(outcome, Settled)
+    assert outcome.result.outcome == "completed", outcome
+    return outcome
+
+
+async def test_a_turn_of_two_steps_and_one_tool_call_commits_eight_times_and_reads_no_branch_twice(
+        store: Store, ctx: Context, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Accept; per step an intent and its settlement; the tool's intent and result; the terminal
+    # commit. Frames are paced at an hour here, so a reply as quick as these writes none.
+    probe = ProbeTool()
+    clock = FakeClock(hold_waits=True)
+    rig = await start_rig(store, ctx, two_steps(probe), tools=[probe.tool], clock=clock, frame_interval_s=3600)
+    calls = Calls(store, monkeypatch, "commit", "walk_branch")
+
+    await prompt(rig, "first", ctx)
+    assert calls.take() == {"commit": 8, "walk_branch": 1}  # the branch is read once, on the first step
+
+    for n in (1, 2):
+        await prompt(rig, f"turn {n}", ctx)
+        assert calls.take() == {"commit": 8, "walk_branch": 0}
+    assert 3600 in clock.sleeps  # each reply started its frame pause, and the settlement did not wait it out
+
+
+async def test_each_request_sends_the_branch_the_journal_holds_after_a_navigation(store: Store, ctx: Context) -> None:
+    probe = ProbeTool()
+    rig = await start_rig(store, ctx, two_steps(probe), tools=[probe.tool])
+    await prompt(rig, "first", ctx)
+    end_of_first = rig.lane.tip_id
+    await prompt(rig, "second", ctx)
+    journal = await messages(rig.lane, ctx)
+    assert rig.requests()[2:] == [journal[:5], journal[:7]]
+
+    # Back to the end of the first turn: the cached branch no longer ends at the tip.
+    await within(rig.lane.navigate(end_of_first, ctx))
+    await prompt(rig, "third", ctx)
+    journal = await messages(rig.lane, ctx)
+    assert [text(m) for m in journal[:5]] == ["first", "", "probe:0", "done 0", "third"]
+    assert rig.requests()[4:] == [journal[:5], journal[:7]]
