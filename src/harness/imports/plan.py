@@ -10,7 +10,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any, get_args
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
@@ -20,6 +20,7 @@ from harness.messages import (
     AssistantMessage,
     ModelIdentity,
     TextContent,
+    ThinkingLevel,
     ToolResultMessage,
     UserContent,
     UserMessage,
@@ -40,7 +41,6 @@ LANE = "main"
 NAME_LIMIT = 80
 # A lane must name a model; a file that names none gets this, with a warning, rather than a guess.
 UNKNOWN_MODEL = ModelIdentity(provider="unknown", model_id="unknown")
-THINKING_LEVELS: frozenset[str] = frozenset(get_args(LaneConfig.model_fields["thinking_level"].annotation))
 
 Raw = dict[str, Any]
 
@@ -79,7 +79,7 @@ class ImportPlan:
     labels: dict[int, str] = field(default_factory=dict)
     name: str | None = None
     model: ModelIdentity | None = None
-    thinking_level: str = "off"
+    thinking_level: ThinkingLevel = "off"
     skipped: Counter[str] = field(default_factory=Counter)
     warnings: list[str] = field(default_factory=list)
 

@@ -1,6 +1,6 @@
 """The harness: attach to a session, accept runs atomically, inspect and watch lanes (HA-1 to HA-30)."""
 
-from harness.messages import ModelIdentity
+from harness.messages import ModelIdentity, ThinkingLevel
 from harness.runtime.bus import Listener
 from harness.runtime.drive_types import (
     INTERRUPTED_REPLY,
@@ -89,7 +89,6 @@ from harness.runtime.types import (
     SnapshotOperation,
 )
 from harness.session import LaneConfig, LaneLastResult
-from harness.session.records import ThinkingLevel
 
 __all__ = [
     "INTERRUPTED_REPLY",
