@@ -358,8 +358,9 @@ class ResponsesStreamParser:
             self._items[event.output_index] = _Item("text")
         elif isinstance(item, ResponseFunctionToolCall):
             self._called = True
-            call = self._items[event.output_index] = _Item("tool_call", content_index=self._new_block())
-            events.append(ToolCallStartEvent(content_index=call.content_index, id=item.call_id, name=item.name))
+            index = self._new_block()
+            self._items[event.output_index] = _Item("tool_call", content_index=index)
+            events.append(ToolCallStartEvent(content_index=index, id=item.call_id, name=item.name))
 
     def _delta(self, output_index: int, part: int, delta: str, events: list[StreamFrame]) -> None:
         item = self._items.get(output_index)
