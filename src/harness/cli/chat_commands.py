@@ -4,11 +4,10 @@ one more entry in the table a `ChatClient` is given), not a change to the chat l
 from __future__ import annotations
 
 import os
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
 
+from harness.cli.chat import ChatClient, ChatCommand, CommandRun
 from harness.cli.chat_view import entry_summary
 from harness.cli.config import model_name, parse_model, usable_model
 from harness.cli.render import branch_oldest_first
@@ -16,25 +15,8 @@ from harness.cli.session_refs import local_time, named_sessions
 from harness.cli.terminal_text import escape
 from harness.errors import InvalidInput
 
-if TYPE_CHECKING:
-    from harness.cli.chat import ChatClient
-
-CommandRun = Callable[["ChatClient", str], Awaitable[None]]
-"""Runs a command with the text after its name (stripped; empty when none was given)."""
-
 TREE_SHOWN = 40
 """How many of the branch's newest entries `/tree` lists."""
-
-
-@dataclass(frozen=True)
-class ChatCommand:
-    """A slash command: `/name ARGS`. One that is not `while_busy` waits for the turn to end."""
-
-    name: str
-    usage: str
-    summary: str
-    run: CommandRun
-    while_busy: bool = False
 
 
 COMMANDS: dict[str, ChatCommand] = {}
