@@ -204,7 +204,7 @@ def test_tab_completes_a_command_and_thinking_needs_a_model_that_thinks(
     chat.send_line("/thinking high")
     chat.expect("openai/gpt-4o does not think: its only thinking level is off")
     chat.send_line("/thinking")
-    chat.expect("(one of off, ")
+    chat.expect("(levels on openai/gpt-4o: off)")
     assert "thinking: off" in screen_text(chat)
     assert chat.leave() == 0
 

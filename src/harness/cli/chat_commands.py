@@ -68,17 +68,18 @@ async def _model(client: ChatClient, argument: str) -> None:
 async def _thinking(client: ChatClient, argument: str) -> None:
     """Refuses a level the lane's model does not take, rather than let the lane keep it and each
     step send the nearest one (`Lane.set_thinking_level`): a person who asked for it is here to be told."""
-    identity = client.lane.config.model
-    levels = client.registry.model(identity).thinking_levels()
+    name = model_name(client.lane.config.model)
+    levels = client.registry.model(client.lane.config.model).thinking_levels()
     if not argument:
-        client.screen.print(f"thinking: [bold]{client.lane.config.thinking_level}[/] [dim]("
-                            f"{escape(model_name(identity))} takes {', '.join(levels)})[/]")
+        client.screen.print(f"thinking: [bold]{client.lane.config.thinking_level}[/] [dim](levels on "
+                            f"{escape(name)}: {', '.join(levels)})[/]")
         return
     level = next((known for known in levels if known == argument), None)
+    if level is None and levels == ("off",):
+        raise InvalidInput(f"{name} does not think: its only thinking level is off (/model switches to one that "
+                           "does)", level=argument)
     if level is None:
-        way_out = " (/model switches to one that thinks)" if levels == ("off",) else ""
-        raise InvalidInput(f"{model_name(identity)} takes the thinking levels {', '.join(levels)}, not {argument!r}"
-                           f"{way_out}", level=argument)
+        raise InvalidInput(f"{name} takes the thinking levels {', '.join(levels)}, not {argument!r}", level=argument)
     await client.lane.set_thinking_level(level, client.context)
 
 
