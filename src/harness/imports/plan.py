@@ -174,18 +174,22 @@ def first_user_name(entries: list[EntryPayload]) -> str | None:
 
 
 @dataclass(frozen=True)
-class _Counts:
+class BranchCounts:
+    """What an `ImportReport` counts on a branch (see its fields)."""
+
     messages: int
     tool_calls: int
     unanswered: int
     compactions: int
 
 
-def _count(entries: list[EntryPayload]) -> _Counts:
+def count_branch(entries: list[EntryPayload]) -> BranchCounts:
+    """The messages, tool calls (and how many of them no result answers) and compactions of a
+    branch of payloads, oldest first."""
     messages = [p.message for p in entries if isinstance(p, MessagePayload)]
     calls = [call.id for m in messages if isinstance(m, AssistantMessage) for call in m.tool_calls]
     answered = {m.tool_call_id for m in messages if isinstance(m, ToolResultMessage)}
-    return _Counts(
+    return BranchCounts(
         messages=len(messages),
         tool_calls=len(calls),
         unanswered=sum(1 for call in calls if call not in answered),
@@ -221,7 +225,7 @@ async def write_plan(store: Store, plan: ImportPlan, context: Context) -> Import
         return tip
 
     await session.mutate(write, context)
-    counts = _count(plan.entries)
+    counts = count_branch(plan.entries)
     return ImportReport(
         session_id=session.id,
         source_format=plan.source_format,

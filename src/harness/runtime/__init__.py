@@ -73,7 +73,7 @@ from harness.runtime.harness import AgentHarness, AgentHarnessOptions
 from harness.runtime.lane import AbortRequest, AcceptedRun, Lane, LaneWatch
 from harness.runtime.requests import PromptRequest, PromptTemplate, RunRequest, Skill, SkillRequest, TemplateRequest
 from harness.runtime.snapshot import reduce_lane_snapshot
-from harness.runtime.tools import AgentTool, ToolOutput
+from harness.runtime.tools import AgentTool, ProgressCallback, ToolOutput
 from harness.runtime.types import (
     CurrentOperationInfo,
     DeferredInfo,
@@ -142,6 +142,7 @@ __all__ = [
     "OperationMismatch",
     "OperationStatus",
     "PendingWrite",
+    "ProgressCallback",
     "PromptRequest",
     "PromptTemplate",
     "PromptTooLarge",
