@@ -42,50 +42,46 @@ from harness.messages import (
     ToolResultMessage,
     UserMessage,
 )
-from harness.providers import FAUX_MODEL, ToolSpec
+from harness.providers import FAUX_MODEL, StartEvent, TextDeltaEvent, TextStartEvent, ToolSpec
 from harness.providers.faux import FauxReply, FauxRequest, FauxToolCall, deferred, delay, failure, reply, tool_call
-from harness.providers.protocol import StartEvent, TextDeltaEvent, TextStartEvent
 from harness.runtime import (
     AgentTool,
+    Block,
+    DriveSettings,
     EntryAdded,
     InvalidMessage,
     Lane,
-    OperationAbort,
-    PromptRequest,
-    QueuedItem,
-    RetryInfo,
-    RunningTool,
-    ToolOutput,
-    reduce_lane_snapshot,
-)
-from harness.runtime.drive_types import (
-    Block,
-    DriveSettings,
-    RetryPolicy,
-    RunHooks,
-    Settled,
-    Suspended,
-    ToolCallRequest,
-    WaitingRetry,
-)
-from harness.runtime.errors import OperationMismatch
-from harness.runtime.events import (
     MessageEnd,
     MessageUpdate,
+    OperationAbort,
+    OperationMismatch,
+    ProgressCallback,
+    PromptRequest,
+    QueuedItem,
     RetryEnd,
+    RetryInfo,
+    RetryPolicy,
     RetryScheduled,
     RetryStart,
     RunEnd,
+    RunHooks,
+    RunningTool,
     RunResume,
     RunSuspend,
+    Settled,
+    Suspended,
+    ToolCallRequest,
     ToolEnd,
+    ToolOutput,
     ToolStart,
     TurnEnd,
     TurnStart,
     UsageRecorded,
+    WaitingRetry,
+    reduce_lane_snapshot,
 )
-from harness.runtime.tools import ProgressCallback
 from harness.session import (
+    AppendList,
     AssistantEffectPending,
     CustomPayload,
     DeferredEffectPending,
@@ -102,7 +98,6 @@ from harness.session import (
     ToolCallState,
     addresses,
 )
-from harness.session.backend import AppendList
 from harness_helpers import recording as recording_store
 from harness_helpers import said
 

@@ -1,4 +1,6 @@
-"""The model registry: built-ins, models.toml, keys from the environment, resolution (HA-23)."""
+"""The model registry: built-ins, models.toml, keys from the environment, resolution (HA-23).
+
+White-box in one test: it loads the models.toml example written in `providers.models`' docstring."""
 
 from __future__ import annotations
 
@@ -8,14 +10,19 @@ import pytest
 
 from harness.errors import ModelUnavailable
 from harness.messages import THINKING_LEVELS, ModelIdentity
-from harness.providers import Model, models
-from harness.providers.anthropic_messages import AnthropicMessagesProvider
-from harness.providers.embedded import EmbeddedProvider
+from harness.providers import (
+    EMBEDDED_IDENTITY,
+    AnthropicMessagesProvider,
+    ApiName,
+    EmbeddedProvider,
+    Model,
+    ModelRegistry,
+    ModelsFileInvalid,
+    OpenAIChatProvider,
+    OpenAIResponsesProvider,
+    models,
+)
 from harness.providers.faux import FAUX_MODEL, FauxProvider
-from harness.providers.models import EMBEDDED_IDENTITY, ModelRegistry, ModelsFileInvalid
-from harness.providers.openai_chat import OpenAIChatProvider
-from harness.providers.openai_responses import OpenAIResponsesProvider
-from harness.providers.protocol import ApiName
 
 
 def identity(provider: str, model_id: str) -> ModelIdentity:

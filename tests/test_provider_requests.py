@@ -1,6 +1,9 @@
 """Requests built from hostile histories: through every adapter's `build_request_params`, checked
 by each API's validator (tests/request_validators.py), plus `prepare_history` on its own and the
-real transcripts of ../shared/fixtures/transcripts read back from the journal."""
+real transcripts of ../shared/fixtures/transcripts read back from the journal.
+
+White-box: it calls each adapter's pure `build_request_params` and `transform.prepare_history`
+directly, which `harness.providers` does not offer."""
 
 from __future__ import annotations
 
@@ -28,8 +31,15 @@ from harness.messages import (
     ToolResultMessage,
     UserMessage,
 )
-from harness.providers import anthropic_messages, openai_chat, openai_responses
-from harness.providers.protocol import Model, ProviderRequest, StreamOptions, ToolSpec
+from harness.providers import (
+    Model,
+    ProviderRequest,
+    StreamOptions,
+    ToolSpec,
+    anthropic_messages,
+    openai_chat,
+    openai_responses,
+)
 from harness.providers.transform import INVALID_ARGUMENTS_TEXT, MISSING_RESULT_TEXT, prepare_history
 from harness.session import BranchSummaryPayload, CompactionPayload, CustomMessagePayload, Entry, MessagePayload, Store
 from journal_helpers import lane_branch
