@@ -32,6 +32,7 @@ test: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/mypy
+	$(BIN)/lint-imports
 
 # Modules, not scripts: a script's folder would shadow the `harness` package.
 bench: $(STAMP)

@@ -27,17 +27,25 @@ from pathlib import Path
 
 from harness.context import Context
 from harness.messages import UserMessage
-from harness.providers import DoneEvent, ErrorEvent, Model, Provider, ProviderRequest, StreamOptions, ToolSpec
-from harness.providers.models import EMBEDDED_IDENTITY, ModelRegistry
-from harness.providers.protocol import StreamEvent
-from harness.tools.builtin import SPECS
-from harness.tools.workspace import Workspace
+from harness.providers import (
+    EMBEDDED_IDENTITY,
+    DoneEvent,
+    ErrorEvent,
+    Model,
+    ModelRegistry,
+    Provider,
+    ProviderRequest,
+    StreamEvent,
+    StreamOptions,
+    ToolSpec,
+)
+from harness.tools import Workspace, builtin_tools, system_prompt
 
 FIRST_TEXT_GOAL_S = 2.0
 CANCEL_GOAL_S = 1.0
 HELLO = "Hello! Who are you?"
 GREEDY = StreamOptions(temperature=0.0, seed=42)
-TOOLS = tuple(SPECS.values())
+TOOLS = tuple(tool.spec for tool in builtin_tools(Workspace(root=Path("/tmp"), output_dir=Path("/tmp"))))
 # About 2,000 tokens: reading it takes the model several seconds.
 LONG_PROMPT = "Summarize the following notes.\n" + "The harness writes every turn to its journal. " * 220
 
@@ -48,8 +56,6 @@ def request(text: str, tools: tuple[ToolSpec, ...] = ()) -> ProviderRequest:
     """One user turn with the chat's system prompt, in a working directory no earlier turn used."""
     global _runs
     _runs += 1
-    from harness.tools.builtin import system_prompt
-
     workspace = Workspace(root=Path(f"/tmp/bench-embedded-{_runs}"), output_dir=Path("/tmp"))
     return ProviderRequest(system_prompt=system_prompt(workspace), messages=(UserMessage(content=text),), tools=tools)
 

@@ -16,6 +16,9 @@ nothing and each side sees the same server.
    reply fold, with no HTTP: microseconds per item and events per second. This is the part of
    section 1's difference the adapter itself spends.
 
+White-box: it measures the adapters' own request builders and stream parsers, which
+`harness.providers` does not offer.
+
 Run: `.venv/bin/python -m bench.providers [--streams N]` (default 300 streams per side per body).
 """
 
@@ -39,8 +42,16 @@ import openai
 from bench.streams import PROJECT_STREAMS, RECORDED_STREAMS, has_recorded_streams
 from harness.context import Context
 from harness.messages import UserMessage
-from harness.providers import anthropic_messages, openai_chat, openai_responses
-from harness.providers.protocol import ApiName, Model, Provider, ProviderRequest, StreamOptions
+from harness.providers import (
+    ApiName,
+    Model,
+    Provider,
+    ProviderRequest,
+    StreamOptions,
+    anthropic_messages,
+    openai_chat,
+    openai_responses,
+)
 from harness.providers.streaming import Reply, StreamParser
 
 BLOCK = 20  # streams per side per round of the alternation

@@ -56,6 +56,7 @@ from harness.session import (
     LaneState,
     MessagePayload,
     OperationMeta,
+    RunIntent,
     RunStarting,
     Session,
     SessionMutator,
@@ -64,7 +65,6 @@ from harness.session import (
     connect,
     new_id,
 )
-from harness.session.records import RunIntent
 
 LANE = "main"
 DEFAULT_POSTGRES = "postgresql://postgres@127.0.0.1:5432/test"

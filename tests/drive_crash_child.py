@@ -10,6 +10,10 @@ process kills itself. It exits 0 only if the point was never reached, which the 
 Shared with the tests: the two recording tools (`ledger`, replay `never`; `lookup`, replay `safe`),
 the scripted model, the drive settings, and `check_journal`, the invariants every settled drive
 must leave in the journal whatever happened to the processes that drove it.
+
+White-box: it kills itself at the runtime's `fault_points`, and checks the journal with the
+runtime's own context projection (`branch_context`), summary prompt and each adapter's
+`build_request_params`.
 """
 
 from __future__ import annotations
@@ -52,14 +56,16 @@ from harness.runtime import (
     AgentHarness,
     AgentHarnessOptions,
     AgentTool,
+    CompactionSettings,
+    DriveSettings,
     HarnessEvent,
     OpenOperation,
+    RetryPolicy,
     RunStart,
+    ToolEnd,
     ToolOutput,
 )
 from harness.runtime.branch_context import branch_entries, context_messages
-from harness.runtime.drive_types import CompactionSettings, DriveSettings, RetryPolicy
-from harness.runtime.events import ToolEnd
 from harness.runtime.fault_points import ENVIRONMENT_VARIABLE, FaultPoint
 from harness.runtime.summary import SUMMARY_SYSTEM_PROMPT
 from harness.session import (

@@ -28,12 +28,13 @@ from harness.runtime import (
     AgentHarness,
     AgentHarnessOptions,
     AgentTool,
+    DriveSettings,
     HarnessEvent,
     Lane,
     OpenOperation,
+    RunHooks,
     ToolOutput,
 )
-from harness.runtime.drive_types import DriveSettings, RunHooks
 from harness.session import (
     CustomMessagePayload,
     Entry,
@@ -42,12 +43,12 @@ from harness.session import (
     MessagePayload,
     OperationMeta,
     OperationState,
+    RunIntent,
     Session,
     SessionMutator,
     Store,
     addresses,
 )
-from harness.session.records import RunIntent
 
 T = TypeVar("T")
 E = TypeVar("E", bound=HarnessEvent)

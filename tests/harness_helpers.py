@@ -8,8 +8,7 @@ from typing import Any, Literal
 from harness.context import Context
 from harness.messages import UserMessage
 from harness.runtime import AgentHarness, AgentHarnessOptions, HarnessEvent, OpenOperation
-from harness.session import Session, Store
-from harness.session.backend import Backend, Claim, CommitResult, EntryRow, ValueRow, Write
+from harness.session import Backend, Claim, CommitResult, EntryRow, Session, Store, ValueRow, Write
 from journal_helpers import CONFIG
 
 

@@ -2,7 +2,9 @@
 
 Actions: `commit-and-hang` (stage a commit, then stop inside its transaction and wait to be
 killed), `attach-and-hang` (own the session and wait to be killed), `append TEXT` (append one
-entry to lane main and exit), `try-attach` (print `owned` or `attached`)."""
+entry to lane main and exit), `try-attach` (print `owned` or `attached`).
+
+White-box: `commit-and-hang` stops inside a commit through the backends' `_commit_barrier` seam."""
 
 from __future__ import annotations
 

@@ -19,15 +19,15 @@ import pytest
 
 from harness.context import Context
 from harness.messages import AssistantContent, ThinkingContent, UserMessage
-from harness.providers.anthropic_messages import AnthropicMessagesProvider
-from harness.providers.openai_chat import OpenAIChatProvider
-from harness.providers.openai_responses import OpenAIResponsesProvider
-from harness.providers.protocol import (
+from harness.providers import (
+    AnthropicMessagesProvider,
     ApiName,
     DoneEvent,
     ErrorEvent,
     Model,
     ModelCost,
+    OpenAIChatProvider,
+    OpenAIResponsesProvider,
     Provider,
     ProviderErrorInfo,
     ProviderRequest,

@@ -34,7 +34,7 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from harness.providers.protocol import Model
+from harness.providers import Model
 
 _ANTHROPIC_TOOL_ID = re.compile(r"[a-zA-Z0-9_-]+")
 _ANTHROPIC_IMAGE_TYPES = {"image/jpeg", "image/png", "image/gif", "image/webp"}

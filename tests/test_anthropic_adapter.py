@@ -1,6 +1,8 @@
 """The Anthropic Messages adapter beyond the recorded fixtures, over real HTTP through the real SDK
 to the replay server: aborts, dropped connections, in-stream errors, every stop reason, usage and
-cost, and what the SDK actually sent."""
+cost, and what the SDK actually sent.
+
+White-box where it checks the request alone: it calls the adapter's `build_request_params`."""
 
 from __future__ import annotations
 
@@ -22,8 +24,7 @@ from harness.messages import (
     ToolResultMessage,
     UserMessage,
 )
-from harness.providers.anthropic_messages import AnthropicMessagesProvider, build_request_params
-from harness.providers.protocol import (
+from harness.providers import (
     DoneEvent,
     ErrorEvent,
     Model,
@@ -34,6 +35,7 @@ from harness.providers.protocol import (
     TextDeltaEvent,
     ToolSpec,
 )
+from harness.providers.anthropic_messages import AnthropicMessagesProvider, build_request_params
 from harness.providers.replay import Hold, ReplayResponse, ReplayServer
 from request_validators import problems
 

@@ -14,8 +14,17 @@ from harness.context import Context
 from harness.messages import ModelIdentity, TextContent, ToolResultMessage
 from harness.providers import FAUX_MODEL, FauxProvider, ModelRegistry
 from harness.providers.faux import reply, tool_call
-from harness.runtime import AgentHarness, AgentHarnessOptions, AgentTool, LaneConfig, ToolOutput
-from harness.runtime.drive_types import Block, RunHooks, Settled, ToolCallRequest
+from harness.runtime import (
+    AgentHarness,
+    AgentHarnessOptions,
+    AgentTool,
+    Block,
+    LaneConfig,
+    RunHooks,
+    Settled,
+    ToolCallRequest,
+    ToolOutput,
+)
 from harness.session import MessagePayload, Store
 from harness.tools import (
     ALLOW_FOR_SESSION,

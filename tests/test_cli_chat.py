@@ -475,6 +475,27 @@ def test_think_collapses_thinking_to_one_line(chats: list[Chat], dirs: tuple[Pat
     assert "A long private deliberation." not in chat.log_path.read_text(encoding="utf-8")
 
 
+def test_thinking_refuses_a_level_the_model_does_not_take(chats: list[Chat], dirs: tuple[Path, Path],
+                                                         server: ReplayServer) -> None:
+    """Issue 12: /thinking xhigh on a model that stops at high is refused with its code and the
+    levels the model takes; a level it takes is set and sent with the next prompt."""
+    server.enqueue(text_reply("Thought about it."))
+    chat = start(chats, dirs, server)
+
+    chat.send_line("/model openai/gpt-5")
+    chat.expect("model → openai/gpt-5")
+    chat.send_line("/thinking xhigh")
+    chat.expect("error [invalid_input]: openai/gpt-5 takes the thinking levels off, minimal, low, medium, high, "
+                "not 'xhigh'")
+    chat.send_line("/thinking high")
+    chat.expect("thinking level → high")
+    chat.send_line("question")
+    chat.expect("turn completed")
+
+    assert [request.json().get("reasoning_effort") for request in server.requests] == ["high"]
+    assert chat.leave() == 0
+
+
 def test_rename_and_sessions_commands(chats: list[Chat], dirs: tuple[Path, Path], server: ReplayServer) -> None:
     """/rename names the session; /sessions lists it with that name."""
     chat = start(chats, dirs, server)

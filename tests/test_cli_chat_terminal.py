@@ -2,7 +2,8 @@
 """What `harness chat` puts on the terminal: outside text shown but never obeyed, Markdown, the
 approval question, rows that fit the width, completion, and a shell command that ends with the
 chat. The real command in a pseudo-terminal against the local replay server, as in
-`test_cli_chat.py`, whose helpers these tests share.
+`test_cli_chat.py`, whose helpers these tests share. White-box in one test, which checks
+`cli.terminal_text` on every control character at once.
 """
 
 from __future__ import annotations
@@ -204,7 +205,7 @@ def test_tab_completes_a_command_and_thinking_needs_a_model_that_thinks(
     chat.send_line("/thinking high")
     chat.expect("openai/gpt-4o does not think: its only thinking level is off")
     chat.send_line("/thinking")
-    chat.expect("(one of off, ")
+    chat.expect("(levels on openai/gpt-4o: off)")
     assert "thinking: off" in screen_text(chat)
     assert chat.leave() == 0
 

@@ -19,7 +19,7 @@ from pydantic import TypeAdapter
 
 from conftest import SHARED_FIXTURES, backend_url, needs_shared_fixtures
 from harness.messages import ModelIdentity, TextContent
-from harness.providers.models import BUILTIN_MODELS, ModelRegistry
+from harness.providers import BUILTIN_MODELS, ModelRegistry
 from harness.providers.replay import Hold, ReplayResponse, ReplayServer
 from harness.runtime import HarnessEvent
 from request_validators import problems

@@ -1,6 +1,7 @@
 """The session commands as a person runs them: `sessions`, `show`, `export`, `delete` and `abort` as
 real subprocesses on a SQLite store under a temporary HARNESS_HOME, a SESSION given by id, id
-prefix or name, and a journal damaged on disk."""
+prefix or name, and a journal damaged on disk. White-box in one test: the doctor's store check is
+called in-process (`cli.config.check_store`), since `harness doctor` also runs the embedded model."""
 
 from __future__ import annotations
 

@@ -1,7 +1,8 @@
 """Crash at every fault point, then recover: a child process drives a run on a durable store and
 SIGKILLs itself at one `FaultPoint`; a new harness reopens the store, finds the operation open,
 resumes it, and the journal holds every tool result once, no repeated `never` effect, no frames,
-valid requests for every wire format, and an idle lane with the operation's result (issue 5)."""
+valid requests for every wire format, and an idle lane with the operation's result (issue 5).
+White-box: it names the runtime's `fault_points`."""
 
 from __future__ import annotations
 
@@ -30,8 +31,7 @@ from drive_crash_child import (
 from harness.context import Context
 from harness.messages import TextContent, ToolResultMessage
 from harness.providers import FauxProvider
-from harness.runtime import AgentHarness, OpenOperation
-from harness.runtime.drive_types import Settled
+from harness.runtime import AgentHarness, OpenOperation, Settled
 from harness.runtime.fault_points import ENVIRONMENT_VARIABLE, FaultPoint
 from harness.session import AssistantEffectPending, SessionOwned, Store, addresses, connect
 

@@ -1,5 +1,8 @@
 """Providers and tools that break their promises, and closing mid-tool: the run stays in-band and
-the journal stays replayable (issue 5 items 2, 3 and 8; HA-25)."""
+the journal stays replayable (issue 5 items 2, 3 and 8; HA-25).
+
+White-box: "replayable" is checked by building each adapter's request (`build_request_params`)
+from the context the runtime would send (`runtime.branch_context.context_messages`)."""
 
 from __future__ import annotations
 
@@ -19,13 +22,14 @@ from harness.providers import (
     StartEvent,
     StreamEvent,
     StreamOptions,
+    TextDeltaEvent,
+    TextStartEvent,
     ToolSpec,
     anthropic_messages,
     openai_chat,
     openai_responses,
 )
 from harness.providers.faux import reply, tool_call
-from harness.providers.protocol import TextDeltaEvent, TextStartEvent
 from harness.runtime import AgentTool, Settled, ToolOutput
 from harness.runtime.branch_context import context_messages
 from harness.session import Store

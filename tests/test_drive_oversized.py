@@ -1,6 +1,9 @@
 """Input larger than the model's context window (issue 10, item 6): a prompt or queued message that
 cannot fit even alone is refused before anything is stored, and a session whose branch no longer
-fits (an oversized entry an older version stored) fails with a named way out that works."""
+fits (an oversized entry an older version stored) fails with a named way out that works.
+
+White-box: it measures with the runtime's own token estimate and recognises its summary prefix
+and its does-not-fit message."""
 
 from __future__ import annotations
 

@@ -42,11 +42,11 @@ from harness.runtime import (
     LaneBusy,
     NoActiveOperation,
     PromptRequest,
+    RunEnd,
     RunStart,
+    Settled,
     ToolOutput,
 )
-from harness.runtime.drive_types import Settled
-from harness.runtime.events import RunEnd
 from harness.session import AssistantEffectPending, Session, Store, addresses, connect
 
 GUARD_S = 10.0  # a guard against a hang, never a wait: reaching it fails the example

@@ -42,50 +42,46 @@ from harness.messages import (
     ToolResultMessage,
     UserMessage,
 )
-from harness.providers import ToolSpec
+from harness.providers import FAUX_MODEL, StartEvent, TextDeltaEvent, TextStartEvent, ToolSpec
 from harness.providers.faux import FauxReply, FauxRequest, FauxToolCall, deferred, delay, failure, reply, tool_call
-from harness.providers.protocol import StartEvent, TextDeltaEvent, TextStartEvent
 from harness.runtime import (
     AgentTool,
+    Block,
+    DriveSettings,
     EntryAdded,
     InvalidMessage,
     Lane,
-    OperationAbort,
-    PromptRequest,
-    QueuedItem,
-    RetryInfo,
-    RunningTool,
-    ToolOutput,
-    reduce_lane_snapshot,
-)
-from harness.runtime.drive_types import (
-    Block,
-    DriveSettings,
-    RetryPolicy,
-    RunHooks,
-    Settled,
-    Suspended,
-    ToolCallRequest,
-    WaitingRetry,
-)
-from harness.runtime.errors import OperationMismatch
-from harness.runtime.events import (
     MessageEnd,
     MessageUpdate,
+    OperationAbort,
+    OperationMismatch,
+    ProgressCallback,
+    PromptRequest,
+    QueuedItem,
     RetryEnd,
+    RetryInfo,
+    RetryPolicy,
     RetryScheduled,
     RetryStart,
     RunEnd,
+    RunHooks,
+    RunningTool,
     RunResume,
     RunSuspend,
+    Settled,
+    Suspended,
+    ToolCallRequest,
     ToolEnd,
+    ToolOutput,
     ToolStart,
     TurnEnd,
     TurnStart,
     UsageRecorded,
+    WaitingRetry,
+    reduce_lane_snapshot,
 )
-from harness.runtime.tools import ProgressCallback
 from harness.session import (
+    AppendList,
     AssistantEffectPending,
     CustomPayload,
     DeferredEffectPending,
@@ -102,7 +98,6 @@ from harness.session import (
     ToolCallState,
     addresses,
 )
-from harness.session.backend import AppendList
 from harness_helpers import recording as recording_store
 from harness_helpers import said
 
@@ -829,6 +824,23 @@ async def test_an_active_tool_without_an_implementation_fails_the_run_in_band(st
     assert rig.faux.requests == []
     await rig.harness.close(ctx)
     assert await rig.session.usage_ledger(ctx) == []
+
+
+async def test_a_thinking_level_the_model_does_not_take_still_runs(store: Store, ctx: Context) -> None:
+    """Issue 12: `xhigh` on a model without reasoning is kept as set and the run settles
+    `completed`, its operation closed: the request carries the level and the adapter sends what the
+    model takes (here, nothing)."""
+    rig = await start_rig(store, ctx, ["thought enough"])
+    await rig.lane.set_thinking_level("xhigh", ctx)
+
+    outcome = settled(await within(rig.lane.prompt("go", None, ctx)))
+
+    assert outcome.result.outcome == "completed"
+    assert (await rig.lane.inspect_execution(ctx)).current is None
+    assert shape(await messages(rig.lane, ctx)) == ["user:go", "assistant:thought enough"]
+    assert [request.options.thinking_level for request in rig.faux.requests] == ["xhigh"]
+    assert FAUX_MODEL.nearest_thinking_level("xhigh") == "off"
+    await rig.harness.close(ctx)
 
 
 # -- step ceiling -------------------------------------------------------------------------------

@@ -1,5 +1,6 @@
 """Compaction and navigation as operations: manual, at a token threshold, on overflow, the circuit
-breaker, and moving the tip with and without a branch summary (issue 5, item 6)."""
+breaker, and moving the tip with and without a branch summary (issue 5, item 6).
+White-box: a summary is recognised by the runtime's `branch_context.SUMMARY_PREFIX`."""
 
 from __future__ import annotations
 
@@ -12,16 +13,18 @@ from harness.context import Context
 from harness.providers import FAUX_MODEL
 from harness.providers.faux import FauxReply, delay, failure, reply, tool_call
 from harness.runtime import (
+    CompactionEnd,
     CompactionSettings,
+    CompactionStart,
     DriveSettings,
     HarnessClosed,
     LaneBusy,
+    NavigationEnd,
     NothingToCompact,
     PromptRequest,
     Settled,
 )
 from harness.runtime.branch_context import SUMMARY_PREFIX
-from harness.runtime.events import CompactionEnd, CompactionStart, NavigationEnd
 from harness.session import BranchSummaryPayload, CompactionPayload, Store, UnknownEntry, addresses
 from harness_helpers import said
 

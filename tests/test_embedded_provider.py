@@ -9,10 +9,21 @@ import pytest
 
 from harness.context import Context
 from harness.messages import AssistantMessage, TextContent, ToolCall, ToolResultMessage, UserMessage
-from harness.providers import DoneEvent, ErrorEvent, Model, Provider, ProviderRequest, StreamOptions, ToolSpec
-from harness.providers.embedded import EmbeddedProvider, EmbeddedRuntimeMissing, EmbeddedWeightsMissing
-from harness.providers.models import EMBEDDED_IDENTITY, ModelRegistry
-from harness.providers.protocol import StreamEvent
+from harness.providers import (
+    EMBEDDED_IDENTITY,
+    DoneEvent,
+    EmbeddedProvider,
+    EmbeddedRuntimeMissing,
+    EmbeddedWeightsMissing,
+    ErrorEvent,
+    Model,
+    ModelRegistry,
+    Provider,
+    ProviderRequest,
+    StreamEvent,
+    StreamOptions,
+    ToolSpec,
+)
 
 # Deterministic: greedy decoding with a fixed seed gives the same reply every run.
 GREEDY = StreamOptions(temperature=0.0, seed=42)

@@ -29,8 +29,17 @@ from harness.messages import (
 )
 from harness.providers import FAUX_MODEL, FauxProvider, ModelRegistry, ToolSpec
 from harness.providers.faux import reply, tool_call
-from harness.runtime import AgentHarness, AgentHarnessOptions, AgentTool, LaneConfig, PromptRequest, ToolOutput
-from harness.runtime.drive_types import CompactionSettings, DriveSettings, Settled
+from harness.runtime import (
+    AgentHarness,
+    AgentHarnessOptions,
+    AgentTool,
+    CompactionSettings,
+    DriveSettings,
+    LaneConfig,
+    PromptRequest,
+    Settled,
+    ToolOutput,
+)
 from harness.session import (
     BranchSummaryPayload,
     CompactionPayload,

@@ -9,7 +9,16 @@ import pytest
 
 from harness.context import Context
 from harness.messages import AssistantMessage, TextContent, ThinkingContent, ToolCall, Usage, UserMessage
-from harness.providers import DeferredProvider, DoneEvent, ErrorEvent, Model, ModelCost, ProviderRequest, StreamOptions
+from harness.providers import (
+    DeferredProvider,
+    DoneEvent,
+    ErrorEvent,
+    Model,
+    ModelCost,
+    ProviderRequest,
+    StreamEvent,
+    StreamOptions,
+)
 from harness.providers.faux import (
     FAUX_MODEL,
     FauxProvider,
@@ -22,7 +31,6 @@ from harness.providers.faux import (
     thinking,
     tool_call,
 )
-from harness.providers.protocol import StreamEvent
 
 REQUEST = ProviderRequest(system_prompt="Be brief.", messages=(UserMessage(content="hello", timestamp=1),))
 OPTIONS = StreamOptions(temperature=0.0)

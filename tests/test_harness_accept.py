@@ -32,18 +32,20 @@ from harness.runtime import (
 from harness.session import (
     CancelRequested,
     CustomMessagePayload,
+    DeleteValue,
     InboxItem,
+    InsertEntry,
     LaneState,
     MessagePayload,
     OperationMeta,
+    RunIntent,
     RunStarting,
+    SetValue,
     Store,
     StoreUnavailable,
     UnknownEntry,
     addresses,
 )
-from harness.session.backend import DeleteValue, InsertEntry, SetValue
-from harness.session.records import RunIntent
 from harness_helpers import RecordingBackend, attach, harness_with_lane, record_events, recording, said
 from journal_helpers import CONFIG, new_session_with_lane
 

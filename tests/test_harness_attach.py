@@ -26,6 +26,7 @@ from harness.runtime import (
 from harness.session import (
     AssistantReady,
     CancelRequested,
+    CompactionIntent,
     FailureDrain,
     FailureProvenance,
     GenerationContext,
@@ -37,6 +38,7 @@ from harness.session import (
     OperationMeta,
     OperationState,
     PendingMessage,
+    RunIntent,
     RunStarting,
     SessionMutator,
     SessionOwned,
@@ -44,7 +46,6 @@ from harness.session import (
     Store,
     addresses,
 )
-from harness.session.records import CompactionIntent, RunIntent
 from harness_helpers import attach, recording, said
 from journal_helpers import CONFIG, append_chain, new_session_with_lane
 

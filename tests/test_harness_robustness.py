@@ -22,8 +22,7 @@ from harness.runtime import (
     PromptRequest,
     WatchOverflow,
 )
-from harness.session import SessionMutator, StorageCorruption, Store, addresses, connect
-from harness.session.backend import Claim, CommitResult, Write
+from harness.session import Claim, CommitResult, SessionMutator, StorageCorruption, Store, Write, addresses, connect
 from harness_helpers import RecordingBackend, attach, harness_with_lane, record_events, said
 from journal_helpers import CONFIG, append_chain, new_session_with_lane
 

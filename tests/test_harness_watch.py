@@ -1,6 +1,9 @@
 """Watch and event publication: snapshot plus gap-free events, listeners off the session line, the
 bounded read set on written durable state, isolation, and the close and fault lifecycle
-(HA-7 to HA-15, HA-22, HA-28)."""
+(HA-7 to HA-15, HA-22, HA-28).
+
+White-box in the tests that say so: they read the bus's watchers, present live state and commit
+through the lane's internal `_command` and `Decision`, which nothing public offers."""
 
 from __future__ import annotations
 
@@ -22,9 +25,9 @@ from harness.messages import (
     UserMessage,
     now_ms,
 )
-from harness.providers import StreamFrame
-from harness.providers.protocol import (
+from harness.providers import (
     StartEvent,
+    StreamFrame,
     TextDeltaEvent,
     TextEndEvent,
     TextStartEvent,
@@ -45,6 +48,7 @@ from harness.runtime import (
     Lane,
     LaneSnapshot,
     LaneWatch,
+    MessageUpdate,
     PendingWrite,
     PromptRequest,
     QueuedItem,
@@ -55,7 +59,6 @@ from harness.runtime import (
     SnapshotOperation,
     reduce_lane_snapshot,
 )
-from harness.runtime.events import MessageUpdate
 from harness.runtime.lane import Decision
 from harness.runtime.snapshot import LanePresentation
 from harness.session import (
@@ -78,6 +81,7 @@ from harness.session import (
     PendingCustom,
     PendingEntry,
     PendingMessage,
+    RunIntent,
     RunStarting,
     RunTools,
     Session,
@@ -88,7 +92,6 @@ from harness.session import (
     ToolCallState,
     addresses,
 )
-from harness.session.records import RunIntent
 from harness_helpers import RecordingBackend, attach, harness_with_lane, record_events, recording, said
 from journal_helpers import CONFIG, append_chain, new_session_with_lane
 

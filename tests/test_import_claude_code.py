@@ -12,7 +12,6 @@ from typer.testing import CliRunner
 
 from conftest import SHARED_FIXTURES, needs_shared_fixtures
 from harness.cli import app
-from harness.cli import commands as _commands  # noqa: F401  (registers the commands on `app`)
 from harness.context import Context
 from harness.errors import UnsupportedFormat
 from harness.imports import import_claude_code_session

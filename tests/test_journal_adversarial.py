@@ -1,5 +1,6 @@
 """Adversarial journal tests, from a review that tried to break the journal: regressions (each
-docstring says what used to go wrong and why it matters) and properties that held but were untested."""
+docstring says what used to go wrong and why it matters) and properties that held but were untested.
+White-box: they stop commits through the backends' `_commit_barrier` seam and read the SQLite schema."""
 
 from __future__ import annotations
 

@@ -1,4 +1,6 @@
-"""The model registry: built-ins, models.toml, keys from the environment, resolution (HA-23)."""
+"""The model registry: built-ins, models.toml, keys from the environment, resolution (HA-23).
+
+White-box in one test: it loads the models.toml example written in `providers.models`' docstring."""
 
 from __future__ import annotations
 
@@ -7,15 +9,20 @@ from pathlib import Path
 import pytest
 
 from harness.errors import ModelUnavailable
-from harness.messages import ModelIdentity
-from harness.providers import Model, models
-from harness.providers.anthropic_messages import AnthropicMessagesProvider
-from harness.providers.embedded import EmbeddedProvider
+from harness.messages import THINKING_LEVELS, ModelIdentity
+from harness.providers import (
+    EMBEDDED_IDENTITY,
+    AnthropicMessagesProvider,
+    ApiName,
+    EmbeddedProvider,
+    Model,
+    ModelRegistry,
+    ModelsFileInvalid,
+    OpenAIChatProvider,
+    OpenAIResponsesProvider,
+    models,
+)
 from harness.providers.faux import FAUX_MODEL, FauxProvider
-from harness.providers.models import EMBEDDED_IDENTITY, ModelRegistry, ModelsFileInvalid
-from harness.providers.openai_chat import OpenAIChatProvider
-from harness.providers.openai_responses import OpenAIResponsesProvider
-from harness.providers.protocol import ApiName
 
 
 def identity(provider: str, model_id: str) -> ModelIdentity:
@@ -145,6 +152,17 @@ def test_models_toml_settings_apply_to_built_in_models_of_that_provider(tmp_path
     assert (gpt_5.api, gpt_5.base_url) == ("openai-responses", "https://proxy.example/v1")
     assert (qwen.api, qwen.path, qwen.max_tool_steps) == ("embedded", "/models/qwen.gguf", 8)
     assert registry.model(EMBEDDED_IDENTITY).path is None
+
+
+def test_a_model_takes_the_thinking_levels_up_to_its_max(tmp_path: Path) -> None:
+    """Issue 12: a reasoning model takes the levels up to `high` unless models.toml raises its
+    `max_thinking_level`; a model without reasoning takes only `off`."""
+    registry = load(tmp_path, '[providers.openai]\n[[providers.openai.models]]\nid = "gpt-5.2"\n'
+                              'reasoning = true\nmax_thinking_level = "xhigh"\n')
+
+    assert registry.model(identity("openai", "gpt-5.2")).thinking_levels() == THINKING_LEVELS
+    assert registry.model(identity("openai", "gpt-5")).thinking_levels() == ("off", "minimal", "low", "medium", "high")
+    assert registry.model(identity("openai", "gpt-4o")).thinking_levels() == ("off",)
 
 
 def test_models_toml_default_names_the_default_model(tmp_path: Path) -> None:

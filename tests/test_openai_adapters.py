@@ -1,6 +1,9 @@
 """The OpenAI adapters beyond the recorded fixtures, over real HTTP through the real SDK: aborts by
 the caller's Context, dropped connections, retry-after, tool-call streaming edge cases, and the
-request the SDK actually sent. Streams here are written by hand in the servers' formats."""
+request the SDK actually sent. Streams here are written by hand in the servers' formats.
+
+White-box where it checks a request or an error alone: it calls the adapters'
+`build_request_params` and `providers.errors`' classifiers."""
 
 from __future__ import annotations
 
@@ -20,15 +23,12 @@ import pytest
 from conftest import PROJECT_STREAMS
 from harness.context import Context
 from harness.messages import AssistantMessage, TextContent, ThinkingContent, ToolCall, ToolResultMessage, UserMessage
-from harness.providers.errors import classify_exception, is_context_overflow
-from harness.providers.openai_chat import OpenAIChatProvider
-from harness.providers.openai_chat import build_request_params as build_chat_params
-from harness.providers.openai_responses import OpenAIResponsesProvider
-from harness.providers.openai_responses import build_request_params as build_responses_params
-from harness.providers.protocol import (
+from harness.providers import (
     DoneEvent,
     ErrorEvent,
     Model,
+    OpenAIChatProvider,
+    OpenAIResponsesProvider,
     Provider,
     ProviderRequest,
     StreamEvent,
@@ -38,6 +38,9 @@ from harness.providers.protocol import (
     ToolCallStartEvent,
     ToolSpec,
 )
+from harness.providers.errors import classify_exception, is_context_overflow
+from harness.providers.openai_chat import build_request_params as build_chat_params
+from harness.providers.openai_responses import build_request_params as build_responses_params
 from harness.providers.replay import Hold, ReplayResponse, ReplayServer
 
 OPTIONS = StreamOptions(api_key="replay-key")

@@ -2,6 +2,7 @@
 commits from several stores coexist, and text the driver or server could mangle round-trips.
 
 Runs only with HARNESS_TEST_POSTGRES_URL set; each test gets a private schema (`postgres_schema_url`).
+White-box: it drives `PostgresBackend` itself and reads an attached session's claim.
 """
 
 from __future__ import annotations
@@ -14,16 +15,18 @@ import pytest
 from conftest import POSTGRES_URL
 from harness.context import Context
 from harness.session import (
+    InsertEntry,
+    InvalidWrite,
+    OwnershipLost,
     Session,
     SessionMutator,
     SessionOwned,
     SessionOwnership,
+    SetValue,
     Store,
     addresses,
     connect,
 )
-from harness.session.backend import InsertEntry, SetValue
-from harness.session.errors import InvalidWrite, OwnershipLost
 from harness.session.postgres import PostgresBackend, PostgresClaim
 from journal_helpers import append_chain, new_session_with_lane, text_of, user
 

@@ -23,7 +23,7 @@ import pytest
 from conftest import HAS_SHARED_FIXTURES, SHARED_FIXTURES
 from harness.context import Context
 from harness.messages import TextContent, ThinkingContent, ToolCall
-from harness.providers.protocol import ProviderErrorInfo
+from harness.providers import ProviderErrorInfo
 from harness.providers.replay import ReplayServer
 from replayed_streams import (
     Expected,

@@ -1,6 +1,9 @@
 """Requests built from hostile histories: through every adapter's `build_request_params`, checked
 by each API's validator (tests/request_validators.py), plus `prepare_history` on its own and the
-real transcripts of ../shared/fixtures/transcripts read back from the journal."""
+real transcripts of ../shared/fixtures/transcripts read back from the journal.
+
+White-box: it calls each adapter's pure `build_request_params` and `transform.prepare_history`
+directly, which `harness.providers` does not offer."""
 
 from __future__ import annotations
 
@@ -23,12 +26,20 @@ from harness.messages import (
     StopReason,
     TextContent,
     ThinkingContent,
+    ThinkingLevel,
     ToolCall,
     ToolResultMessage,
     UserMessage,
 )
-from harness.providers import anthropic_messages, openai_chat, openai_responses
-from harness.providers.protocol import Model, ProviderRequest, StreamOptions, ThinkingLevel, ToolSpec
+from harness.providers import (
+    Model,
+    ProviderRequest,
+    StreamOptions,
+    ToolSpec,
+    anthropic_messages,
+    openai_chat,
+    openai_responses,
+)
 from harness.providers.transform import INVALID_ARGUMENTS_TEXT, MISSING_RESULT_TEXT, prepare_history
 from harness.session import BranchSummaryPayload, CompactionPayload, CustomMessagePayload, Entry, MessagePayload, Store
 from journal_helpers import lane_branch
@@ -383,6 +394,42 @@ def test_a_hostile_history_gives_a_valid_request(
     assert len(wire.results) == 5  # answered, answered, invalid arguments, answered, synthetic
     assert "from nowhere" not in wire.texts
     assert "partial" not in wire.texts
+
+
+THINKING_SENT: dict[str, Callable[[dict[str, Any]], Any]] = {
+    "anthropic-messages": lambda params: params.get("thinking"),
+    "openai-chat": lambda params: params.get("reasoning_effort"),
+    "openai-responses": lambda params: params.get("reasoning"),
+}
+"""Where each api's request says how hard to think (None: it does not)."""
+
+
+@pytest.mark.parametrize("api", APIS)
+def test_a_thinking_level_the_model_does_not_take_is_sent_as_the_nearest_it_does(api: str) -> None:
+    """Issue 12: a lane keeps any level; each adapter sends the nearest level the model takes:
+    `xhigh` as `high` to a model that stops at `high`, as no thinking to one without reasoning."""
+    thinking = VISION[api].model_copy(update={"reasoning": True})
+    plain = VISION[api].model_copy(update={"reasoning": False})
+    sent = THINKING_SENT[api]
+
+    assert sent(build(thinking, [user("think hard")], thinking_level="xhigh")) == sent(
+        build(thinking, [user("think hard")], thinking_level="high")) is not None
+    assert sent(build(plain, [user("think hard")], thinking_level="xhigh")) is None
+
+
+@pytest.mark.parametrize(("api", "expected"), [
+    ("anthropic-messages", {"type": "enabled", "budget_tokens": 62_976}),  # 64,000 less 1,024 kept for the answer
+    ("openai-chat", "xhigh"),
+    ("openai-responses", {"effort": "xhigh", "summary": "auto"}),
+])
+def test_a_model_declared_to_take_xhigh_is_asked_for_it(api: str, expected: Any) -> None:
+    """`max_thinking_level = "xhigh"` (for the few models that take it) lets `xhigh` through."""
+    model = VISION[api].model_copy(update={"reasoning": True, "max_thinking_level": "xhigh"})
+
+    params = build(model, [user("think hard")], thinking_level="xhigh")
+
+    assert problems(api, params, model) == []
+    assert THINKING_SENT[api](params) == expected
 
 
 # prepare_history on its own.

@@ -20,7 +20,7 @@ import pytest
 from conftest import PROJECT_STREAMS
 from harness.context import Context
 from harness.messages import TextContent, ThinkingContent, ToolCall
-from harness.providers.protocol import ProviderErrorInfo
+from harness.providers import ProviderErrorInfo
 from harness.providers.replay import ReplayServer
 from replayed_streams import Expected, Tokens, anthropic_signature, check_replayed_reply, responses_encrypted_content
 

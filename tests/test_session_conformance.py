@@ -1,4 +1,7 @@
-"""One conformance suite for the journal, run on memory, SQLite and PostgreSQL."""
+"""One conformance suite for the journal, run on memory, SQLite and PostgreSQL.
+
+White-box where it damages stored rows: for the memory backend, which has no SQL, it edits the
+backend's sessions in place."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Messages and content blocks, usage, stop reasons and ModelIdentity: the shared vocabulary.
+"""Messages and content blocks, usage, stop reasons, ModelIdentity and ThinkingLevel: the shared vocabulary.
 
 Every type is a frozen pydantic model that round-trips through JSON exactly. Text entering the
 system is cleaned at the boundary: a lone UTF-16 surrogate, which UTF-8 cannot carry, becomes
@@ -11,7 +11,7 @@ import json
 import math
 import re
 import time
-from typing import Annotated, Any, Literal, NoReturn, TypeAlias
+from typing import Annotated, Any, Literal, NoReturn, TypeAlias, get_args
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, JsonValue, TypeAdapter
 
@@ -81,6 +81,15 @@ class ModelIdentity(_Record):
 
     provider: CleanStr
     model_id: CleanStr
+
+
+ThinkingLevel: TypeAlias = Literal["off", "minimal", "low", "medium", "high", "xhigh"]
+"""How hard a model is asked to think, as a lane configures it and a request carries it. A model
+takes a prefix of `THINKING_LEVELS`; its adapter sends the nearest level it takes
+(`Model.nearest_thinking_level`)."""
+
+THINKING_LEVELS: tuple[ThinkingLevel, ...] = get_args(ThinkingLevel)
+"""Every thinking level, lowest first."""
 
 
 class TextContent(_Record):

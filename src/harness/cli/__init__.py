@@ -1,5 +1,12 @@
-"""The `harness` command."""
+"""The `harness` command: the application with every command module registered on it."""
 
-from harness.cli.app import app, main
+from harness.cli import commands, session_commands  # noqa: F401  (importing them registers their commands)
+from harness.cli.app import app
+
+
+def main() -> None:
+    """Run `harness` on the process's arguments."""
+    app()
+
 
 __all__ = ["app", "main"]

@@ -1,4 +1,4 @@
-"""The `harness` command line: the typer application and its shared options."""
+"""The typer application that the command modules register on, and the options they share."""
 
 from __future__ import annotations
 
@@ -66,9 +66,3 @@ def run_with_store(store_url: str | None, body: Callable[[Store, Context], Await
     except HarnessError as error:
         typer.echo(f"error [{error.code}]: {error.message}", err=True)
         raise typer.Exit(1) from error
-
-
-def main() -> None:
-    from harness.cli import chat, commands, session_commands  # noqa: F401  (registers the commands)
-
-    app()

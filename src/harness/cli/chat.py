@@ -1,13 +1,14 @@
-"""`harness chat`: an interactive terminal chat on a lane of a session.
+"""The client behind `harness chat` (the command is in `commands`): an interactive terminal chat
+on a lane of a session.
 
 The reply streams as it arrives; tool calls, retries, compaction and failures show as rows
 (`chat_view`). The prompt stays on screen during a turn (`chat_input`): Enter queues a steer
 message, Alt-Enter a follow-up, Ctrl-C requests a durable abort (cause `user`) and the turn ends
 once the run has settled; Ctrl-C twice or Ctrl-D at an idle prompt leaves. Write, edit and shell
 calls ask for approval in the `before_tool` hook (y / n / a for the session) unless `--yes`.
-Slash commands come from a table (`chat_commands`). A session whose process stopped mid-turn
-shows what was open and what had streamed, and is finished after asking (or at once with
-`--resume`).
+Slash commands come from the table the client is given (the built-ins are `chat_commands`). A
+session whose process stopped mid-turn shows what was open and what had streamed, and is finished
+after asking (or at once with `--resume`).
 """
 
 from __future__ import annotations
@@ -16,19 +17,15 @@ import asyncio
 import contextlib
 import os
 import signal
-import sys
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Annotated, TextIO
+from typing import TextIO
 
-import typer
 from rich.console import RenderableType
 
-from harness.cli.app import StoreOption, app, run_with_store
 from harness.cli.call_preview import call_preview
-from harness.cli.chat_commands import COMMANDS, ChatCommand
 from harness.cli.chat_input import Line, Terminal
 from harness.cli.chat_view import ChatView, Screen, clip, content_text
 from harness.cli.config import (
@@ -37,16 +34,13 @@ from harness.cli.config import (
     attach_client,
     model_name,
     no_tools_note,
-    parse_model,
     session_name_from,
     usable_model,
 )
 from harness.cli.render import branch_oldest_first, entry_lines
-from harness.cli.session_refs import latest_session, resolve_session
 from harness.cli.terminal_text import escape
 from harness.context import Context
 from harness.errors import HarnessError, ModelUnavailable
-from harness.home import harness_home
 from harness.messages import AssistantMessage, ModelIdentity, UserMessage
 from harness.providers import ModelRegistry
 from harness.runtime import Lane, LaneBusy, NoActiveOperation, PromptRequest, ResumeOutcome, Settled
@@ -79,17 +73,32 @@ class ChatSettings:
     """A new lane's tools: None for the model's default (`offers_tools`), True or False to decide."""
 
 
+CommandRun = Callable[["ChatClient", str], Awaitable[None]]
+"""Runs a slash command with the text after its name (stripped; empty when none was given)."""
+
+
+@dataclass(frozen=True)
+class ChatCommand:
+    """A slash command: `/name ARGS`. One that is not `while_busy` waits for the turn to end."""
+
+    name: str
+    usage: str
+    summary: str
+    run: CommandRun
+    while_busy: bool = False
+
+
 class ChatClient:
     """One interactive chat: a harness attached to a session, the screen, the prompt, the turn.
 
-    `commands` is the slash-command table (default `COMMANDS`); a caller may pass more."""
+    `commands` is the slash-command table by name (the built-ins are `chat_commands.COMMANDS`)."""
 
     def __init__(self, store: Store, settings: ChatSettings, registry: ModelRegistry, context: Context, *,
-                 out: TextIO, color: bool = True, commands: Mapping[str, ChatCommand] | None = None) -> None:
+                 commands: Mapping[str, ChatCommand], out: TextIO, color: bool = True) -> None:
         self.store, self.settings, self.registry, self.context = store, settings, registry, context
         self.screen = Screen(out, color=color)
         self.view = ChatView(self.screen, settings.lane)
-        self.commands: dict[str, ChatCommand] = dict(commands if commands is not None else COMMANDS)
+        self.commands: dict[str, ChatCommand] = dict(commands)
         self.terminal = Terminal(self.screen, busy=lambda: self.busy, status=self._status,
                                  on_interrupt=self._interrupt_turn, commands=lambda: [f"/{n}" for n in self.commands],
                                  history=settings.home / "chat-history")
@@ -544,50 +553,6 @@ class ChatClient:
         with contextlib.suppress(NoActiveOperation):
             await self.lane.request_abort("user", self.context)
         return await self.lane.resume(self.context)
-
-
-# -- the command ------------------------------------------------------------------------------------
-
-
-@app.command()
-def chat(
-    session: Annotated[str | None, typer.Argument(
-        metavar="[SESSION]", help="The session to continue (an id, a unique id prefix or its name); a new one when "
-                                  "omitted.")] = None,
-    continue_last: Annotated[bool, typer.Option(
-        "--continue", "-c", help="Continue the most recently updated session.")] = False,
-    lane: Annotated[str, typer.Option(help="The lane to chat on.")] = "main",
-    model: Annotated[str | None, typer.Option(
-        help="provider/id, e.g. openai/gpt-4o; default: the lane's model, else the first model whose API key is "
-             "set, else the embedded one.")] = None,
-    resume: Annotated[bool, typer.Option(
-        "--resume", help="Finish a turn that a stopped process left open, without asking.")] = False,
-    yes: Annotated[bool, typer.Option(
-        "--yes", "-y", help="Allow write, edit and shell calls for this chat without asking.")] = False,
-    tools: Annotated[bool, typer.Option(
-        "--tools", help="Give a new lane the built-in tools even on the tiny embedded model, which gets none by "
-                        "default.")] = False,
-    store: StoreOption = None,
-) -> None:
-    """Chat with an agent in the terminal; every turn is journaled, so a stopped chat can be resumed."""
-    if not (sys.stdin.isatty() and sys.stdout.isatty()):
-        typer.echo("harness chat needs a terminal; for one prompt from a script use `harness run`", err=True)
-        raise typer.Exit(2)
-
-    if continue_last and session is not None:
-        raise typer.BadParameter("give a SESSION or --continue, not both", param_hint="--continue")
-
-    async def body(s: Store, context: Context) -> int:
-        session_id = (await latest_session(s, context) if continue_last
-                      else await resolve_session(s, session, context) if session is not None else None)
-        settings = ChatSettings(home=harness_home(), cwd=Path.cwd(), session_id=session_id, lane=lane,
-                                model=parse_model(model) if model else None, approve_all=yes, resume=resume,
-                                tools=True if tools else None)
-        registry = ModelRegistry.load(home=settings.home)
-        client = ChatClient(s, settings, registry, context, out=sys.stdout, color="NO_COLOR" not in os.environ)
-        return await client.run()
-
-    raise typer.Exit(run_with_store(store, body))
 
 
 def _sources(rows: list[RenderableType]) -> list[object]:

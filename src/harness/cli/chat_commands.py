@@ -4,38 +4,19 @@ one more entry in the table a `ChatClient` is given), not a change to the chat l
 from __future__ import annotations
 
 import os
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, get_args
 
+from harness.cli.chat import ChatClient, ChatCommand, CommandRun
 from harness.cli.chat_view import entry_summary
 from harness.cli.config import model_name, parse_model, usable_model
 from harness.cli.render import branch_oldest_first
 from harness.cli.session_refs import local_time, named_sessions
 from harness.cli.terminal_text import escape
 from harness.errors import InvalidInput
-from harness.session.records import ThinkingLevel
-
-if TYPE_CHECKING:
-    from harness.cli.chat import ChatClient
-
-CommandRun = Callable[["ChatClient", str], Awaitable[None]]
-"""Runs a command with the text after its name (stripped; empty when none was given)."""
 
 TREE_SHOWN = 40
 """How many of the branch's newest entries `/tree` lists."""
-
-
-@dataclass(frozen=True)
-class ChatCommand:
-    """A slash command: `/name ARGS`. One that is not `while_busy` waits for the turn to end."""
-
-    name: str
-    usage: str
-    summary: str
-    run: CommandRun
-    while_busy: bool = False
 
 
 COMMANDS: dict[str, ChatCommand] = {}
@@ -85,18 +66,20 @@ async def _model(client: ChatClient, argument: str) -> None:
 
 @command("thinking", "/thinking [level]", "show or set the thinking level", while_busy=True)
 async def _thinking(client: ChatClient, argument: str) -> None:
-    levels: tuple[ThinkingLevel, ...] = get_args(ThinkingLevel)
+    """Refuses a level the lane's model does not take, rather than let the lane keep it and each
+    step send the nearest one (`Lane.set_thinking_level`): a person who asked for it is here to be told."""
+    name = model_name(client.lane.config.model)
+    levels = client.registry.model(client.lane.config.model).thinking_levels()
     if not argument:
-        client.screen.print(f"thinking: [bold]{client.lane.config.thinking_level}[/] [dim](one of "
-                            f"{', '.join(levels)})[/]")
+        client.screen.print(f"thinking: [bold]{client.lane.config.thinking_level}[/] [dim](levels on "
+                            f"{escape(name)}: {', '.join(levels)})[/]")
         return
     level = next((known for known in levels if known == argument), None)
+    if level is None and levels == ("off",):
+        raise InvalidInput(f"{name} does not think: its only thinking level is off (/model switches to one that "
+                           "does)", level=argument)
     if level is None:
-        raise InvalidInput(f"a thinking level is one of {', '.join(levels)}, not {argument!r}", level=argument)
-    model = client.registry.model(client.lane.config.model)
-    if level != "off" and not model.reasoning:
-        raise InvalidInput(f"{model_name(client.lane.config.model)} does not think: its only thinking level is off "
-                           "(/model switches to one that does)", level=level)
+        raise InvalidInput(f"{name} takes the thinking levels {', '.join(levels)}, not {argument!r}", level=argument)
     await client.lane.set_thinking_level(level, client.context)
 
 

@@ -36,18 +36,21 @@ from harness.messages import (
     UserContent,
     UserMessage,
 )
-from harness.runtime import INTERRUPTED_REPLY, HarnessEvent, LaneLastResult, Queues
-from harness.runtime.events import (
+from harness.runtime import (
+    INTERRUPTED_REPLY,
     CompactionEnd,
     CompactionStart,
     ConfigUpdate,
     Fault,
     HandlerError,
+    HarnessEvent,
+    LaneLastResult,
     MessageEnd,
     MessageStart,
     MessageUpdate,
     NavigationEnd,
     OperationAbort,
+    Queues,
     QueueUpdate,
     RetryScheduled,
     RunEnd,

@@ -1,8 +1,9 @@
-"""The commands of `harness`, registered on the application."""
+"""The commands of `harness` but the session ones (`session_commands`), registered on the application."""
 
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
@@ -12,6 +13,8 @@ from typing import Annotated
 import typer
 
 from harness.cli.app import StoreOption, app, default_store_url, run_with_store
+from harness.cli.chat import ChatClient, ChatSettings
+from harness.cli.chat_commands import COMMANDS
 from harness.cli.config import (
     Check,
     LaneHasTools,
@@ -25,7 +28,7 @@ from harness.cli.config import (
 )
 from harness.cli.render import print_branch
 from harness.cli.run import EXIT_INTERRUPTED, RunTurn, run_turn
-from harness.cli.session_refs import SessionArgument, resolve_session
+from harness.cli.session_refs import SessionArgument, latest_session, resolve_session
 from harness.context import Context
 from harness.errors import HarnessError, InvalidInput
 from harness.home import harness_home
@@ -47,6 +50,48 @@ import_app = typer.Typer(
 app.add_typer(import_app)
 
 ImportFile = Annotated[Path, typer.Argument(help="The session file (JSONL) to import.")]
+
+
+@app.command()
+def chat(
+    session: Annotated[str | None, typer.Argument(
+        metavar="[SESSION]", help="The session to continue (an id, a unique id prefix or its name); a new one when "
+                                  "omitted.")] = None,
+    continue_last: Annotated[bool, typer.Option(
+        "--continue", "-c", help="Continue the most recently updated session.")] = False,
+    lane: Annotated[str, typer.Option(help="The lane to chat on.")] = "main",
+    model: Annotated[str | None, typer.Option(
+        help="provider/id, e.g. openai/gpt-4o; default: the lane's model, else the first model whose API key is "
+             "set, else the embedded one.")] = None,
+    resume: Annotated[bool, typer.Option(
+        "--resume", help="Finish a turn that a stopped process left open, without asking.")] = False,
+    yes: Annotated[bool, typer.Option(
+        "--yes", "-y", help="Allow write, edit and shell calls for this chat without asking.")] = False,
+    tools: Annotated[bool, typer.Option(
+        "--tools", help="Give a new lane the built-in tools even on the tiny embedded model, which gets none by "
+                        "default.")] = False,
+    store: StoreOption = None,
+) -> None:
+    """Chat with an agent in the terminal; every turn is journaled, so a stopped chat can be resumed."""
+    if not (sys.stdin.isatty() and sys.stdout.isatty()):
+        typer.echo("harness chat needs a terminal; for one prompt from a script use `harness run`", err=True)
+        raise typer.Exit(2)
+
+    if continue_last and session is not None:
+        raise typer.BadParameter("give a SESSION or --continue, not both", param_hint="--continue")
+
+    async def body(s: Store, context: Context) -> int:
+        session_id = (await latest_session(s, context) if continue_last
+                      else await resolve_session(s, session, context) if session is not None else None)
+        settings = ChatSettings(home=harness_home(), cwd=Path.cwd(), session_id=session_id, lane=lane,
+                                model=parse_model(model) if model else None, approve_all=yes, resume=resume,
+                                tools=True if tools else None)
+        registry = ModelRegistry.load(home=settings.home)
+        client = ChatClient(s, settings, registry, context, commands=COMMANDS, out=sys.stdout,
+                            color="NO_COLOR" not in os.environ)
+        return await client.run()
+
+    raise typer.Exit(run_with_store(store, body))
 
 
 @app.command()

@@ -23,6 +23,8 @@ from harness.context import Context
 from harness.errors import HarnessError, InvalidInput, ModelUnavailable
 from harness.messages import ModelIdentity, TextContent, UserMessage
 from harness.providers import (
+    BUILTIN_MODELS,
+    EMBEDDED_IDENTITY,
     DoneEvent,
     ErrorEvent,
     Model,
@@ -30,9 +32,16 @@ from harness.providers import (
     ProviderRequest,
     StreamOptions,
 )
-from harness.providers.models import BUILTIN_MODELS, EMBEDDED_IDENTITY
-from harness.runtime import AgentHarness, AgentHarnessOptions, Lane, LaneConfig, Listener, OpenOperation
-from harness.runtime.drive_types import DriveSettings, RunHooks
+from harness.runtime import (
+    AgentHarness,
+    AgentHarnessOptions,
+    DriveSettings,
+    Lane,
+    LaneConfig,
+    Listener,
+    OpenOperation,
+    RunHooks,
+)
 from harness.session import (
     Session,
     SessionMutator,

@@ -27,18 +27,25 @@ from harness.cli.terminal_text import escape, visible
 from harness.context import Context
 from harness.messages import AssistantMessage, ModelIdentity, TextContent, ThinkingContent
 from harness.providers import ModelRegistry
-from harness.runtime import HarnessEvent, Lane, LaneBusy, NoActiveOperation, NothingToResume, PromptRequest
-from harness.runtime.drive_types import ResumeOutcome, Settled, Suspended
-from harness.runtime.events import (
+from harness.runtime import (
     CompactionEnd,
     CompactionStart,
     Fault,
+    HarnessEvent,
+    Lane,
+    LaneBusy,
     MessageEnd,
     MessageStart,
     MessageUpdate,
+    NoActiveOperation,
+    NothingToResume,
     OperationAbort,
+    PromptRequest,
+    ResumeOutcome,
     RetryScheduled,
     RunEnd,
+    Settled,
+    Suspended,
     ToolEnd,
     ToolStart,
 )

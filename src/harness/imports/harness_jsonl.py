@@ -30,7 +30,7 @@ from typing import Literal, TextIO
 from pydantic import BaseModel, ConfigDict, JsonValue, ValidationError
 
 from harness.context import Context
-from harness.imports.plan import ImportPlan, ImportReport, Raw, _count, read_jsonl
+from harness.imports.plan import ImportPlan, ImportReport, Raw, count_branch, read_jsonl
 from harness.messages import Usage
 from harness.session import (
     Entry,
@@ -222,7 +222,7 @@ async def import_harness_session(store: Store, path: str | Path, context: Contex
 
     await session.mutate(write, context)
     branch = _main_branch(parsed)
-    counts = _count(branch)
+    counts = count_branch(branch)
     return ImportReport(session_id=session.id, source_format="harness", messages=counts.messages,
                         tool_calls=counts.tool_calls, unanswered_tool_calls=counts.unanswered,
                         compactions=counts.compactions, entries=len(parsed.entries), skipped={},

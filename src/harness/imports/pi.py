@@ -40,7 +40,6 @@ from pydantic import JsonValue
 
 from harness.context import Context
 from harness.imports.plan import (
-    THINKING_LEVELS,
     ImportPlan,
     ImportReport,
     Raw,
@@ -50,7 +49,7 @@ from harness.imports.plan import (
     read_jsonl,
     write_plan,
 )
-from harness.messages import MESSAGE_ADAPTER, CustomMessage, Message, ModelIdentity
+from harness.messages import MESSAGE_ADAPTER, THINKING_LEVELS, CustomMessage, Message, ModelIdentity
 from harness.session import (
     BranchSummaryPayload,
     CompactionPayload,

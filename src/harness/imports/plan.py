@@ -10,7 +10,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any, get_args
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
@@ -20,6 +20,7 @@ from harness.messages import (
     AssistantMessage,
     ModelIdentity,
     TextContent,
+    ThinkingLevel,
     ToolResultMessage,
     UserContent,
     UserMessage,
@@ -40,7 +41,6 @@ LANE = "main"
 NAME_LIMIT = 80
 # A lane must name a model; a file that names none gets this, with a warning, rather than a guess.
 UNKNOWN_MODEL = ModelIdentity(provider="unknown", model_id="unknown")
-THINKING_LEVELS: frozenset[str] = frozenset(get_args(LaneConfig.model_fields["thinking_level"].annotation))
 
 Raw = dict[str, Any]
 
@@ -79,7 +79,7 @@ class ImportPlan:
     labels: dict[int, str] = field(default_factory=dict)
     name: str | None = None
     model: ModelIdentity | None = None
-    thinking_level: str = "off"
+    thinking_level: ThinkingLevel = "off"
     skipped: Counter[str] = field(default_factory=Counter)
     warnings: list[str] = field(default_factory=list)
 
@@ -174,18 +174,22 @@ def first_user_name(entries: list[EntryPayload]) -> str | None:
 
 
 @dataclass(frozen=True)
-class _Counts:
+class BranchCounts:
+    """What an `ImportReport` counts on a branch (see its fields)."""
+
     messages: int
     tool_calls: int
     unanswered: int
     compactions: int
 
 
-def _count(entries: list[EntryPayload]) -> _Counts:
+def count_branch(entries: list[EntryPayload]) -> BranchCounts:
+    """The messages, tool calls (and how many of them no result answers) and compactions of a
+    branch of payloads, oldest first."""
     messages = [p.message for p in entries if isinstance(p, MessagePayload)]
     calls = [call.id for m in messages if isinstance(m, AssistantMessage) for call in m.tool_calls]
     answered = {m.tool_call_id for m in messages if isinstance(m, ToolResultMessage)}
-    return _Counts(
+    return BranchCounts(
         messages=len(messages),
         tool_calls=len(calls),
         unanswered=sum(1 for call in calls if call not in answered),
@@ -221,7 +225,7 @@ async def write_plan(store: Store, plan: ImportPlan, context: Context) -> Import
         return tip
 
     await session.mutate(write, context)
-    counts = _count(plan.entries)
+    counts = count_branch(plan.entries)
     return ImportReport(
         session_id=session.id,
         source_format=plan.source_format,

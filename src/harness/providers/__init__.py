@@ -1,7 +1,9 @@
 """Model access: the provider protocol, the model registry and the adapters (see DESIGN.md).
 
 The protocol is imported at once; the registry and the adapters, which bring the provider SDKs
-(seconds to import), load on first use, so the runtime and the CLI start fast.
+(seconds to import), load on first use, so the runtime and the CLI start fast. Two modules are
+offered whole, for tests: `faux` (a scripted provider and the builders of its script) and `replay`
+(a local HTTP server that serves recorded streams to the real SDKs).
 """
 
 from __future__ import annotations
@@ -9,7 +11,9 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from harness.providers.errors import classify_exception
 from harness.providers.protocol import (
+    ApiName,
     AssistantStreamAccumulator,
     DeferredProvider,
     DoneEvent,
@@ -23,13 +27,25 @@ from harness.providers.protocol import (
     StreamEvent,
     StreamFrame,
     StreamOptions,
+    TextDeltaEvent,
+    TextEndEvent,
+    TextStartEvent,
+    ThinkingDeltaEvent,
+    ThinkingEndEvent,
+    ThinkingStartEvent,
+    ToolCallDeltaEvent,
+    ToolCallEndEvent,
+    ToolCallStartEvent,
     ToolSpec,
+    UsageEvent,
 )
 
 __all__ = [
+    "BUILTIN_MODELS",
     "EMBEDDED_IDENTITY",
     "FAUX_MODEL",
     "AnthropicMessagesProvider",
+    "ApiName",
     "AssistantStreamAccumulator",
     "ConfiguredModel",
     "DeferredProvider",
@@ -52,7 +68,20 @@ __all__ = [
     "StreamEvent",
     "StreamFrame",
     "StreamOptions",
+    "TextDeltaEvent",
+    "TextEndEvent",
+    "TextStartEvent",
+    "ThinkingDeltaEvent",
+    "ThinkingEndEvent",
+    "ThinkingStartEvent",
+    "ToolCallDeltaEvent",
+    "ToolCallEndEvent",
+    "ToolCallStartEvent",
     "ToolSpec",
+    "UsageEvent",
+    "classify_exception",
+    "faux",
+    "replay",
 ]
 
 _LAZY = {
@@ -62,6 +91,7 @@ _LAZY = {
     "EmbeddedWeightsMissing": "embedded",
     "FAUX_MODEL": "faux",
     "FauxProvider": "faux",
+    "BUILTIN_MODELS": "models",
     "EMBEDDED_IDENTITY": "models",
     "ConfiguredModel": "models",
     "ModelRegistry": "models",
@@ -71,10 +101,17 @@ _LAZY = {
 }
 
 if TYPE_CHECKING:
+    from harness.providers import faux, replay
     from harness.providers.anthropic_messages import AnthropicMessagesProvider
     from harness.providers.embedded import EmbeddedProvider, EmbeddedRuntimeMissing, EmbeddedWeightsMissing
     from harness.providers.faux import FAUX_MODEL, FauxProvider
-    from harness.providers.models import EMBEDDED_IDENTITY, ConfiguredModel, ModelRegistry, ModelsFileInvalid
+    from harness.providers.models import (
+        BUILTIN_MODELS,
+        EMBEDDED_IDENTITY,
+        ConfiguredModel,
+        ModelRegistry,
+        ModelsFileInvalid,
+    )
     from harness.providers.openai_chat import OpenAIChatProvider
     from harness.providers.openai_responses import OpenAIResponsesProvider
 

@@ -38,6 +38,7 @@ from harness.messages import (
     Message,
     TextContent,
     ThinkingContent,
+    ThinkingLevel,
     ToolCall,
     ToolResultMessage,
     Usage,
@@ -55,7 +56,6 @@ from harness.providers.protocol import (
     TextStartEvent,
     ThinkingDeltaEvent,
     ThinkingEndEvent,
-    ThinkingLevel,
     ThinkingStartEvent,
     ToolCallDeltaEvent,
     ToolCallEndEvent,
@@ -69,12 +69,16 @@ from harness.providers.transform import prepare_history, rename_tool_call_ids
 API = "anthropic-messages"
 
 # Thinking budget in tokens per level, for models that take a budget; the API's minimum is 1,024.
-THINKING_BUDGETS: dict[ThinkingLevel, int] = {"minimal": 1_024, "low": 4_096, "medium": 10_240, "high": 32_768}
+THINKING_BUDGETS: dict[ThinkingLevel, int] = {
+    "minimal": 1_024, "low": 4_096, "medium": 10_240, "high": 32_768, "xhigh": 64_000,
+}
 MIN_THINKING_BUDGET = 1_024
 # Output tokens kept for the answer itself when a budget has to shrink to fit under max_tokens.
 MIN_ANSWER_TOKENS = 1_024
 # Effort per level, for models with adaptive thinking (`Model.adaptive_thinking`).
-THINKING_EFFORTS: dict[ThinkingLevel, str] = {"minimal": "low", "low": "low", "medium": "medium", "high": "high"}
+THINKING_EFFORTS: dict[ThinkingLevel, str] = {
+    "minimal": "low", "low": "low", "medium": "medium", "high": "high", "xhigh": "max",
+}
 
 IMAGE_MEDIA_TYPES = frozenset({"image/jpeg", "image/png", "image/gif", "image/webp"})
 _TOOL_ID = re.compile(r"[a-zA-Z0-9_-]{1,64}")
@@ -138,7 +142,8 @@ def build_request_params(model: Model, request: ProviderRequest, options: Stream
     - `system`: the system prompt as one text block with a cache breakpoint;
     - `tools`: name, description and `input_schema`;
     - `max_tokens`: `options.max_tokens`, else `model.max_tokens`;
-    - `thinking` for a reasoning model at a level other than `off`: an effort (`output_config`) for
+    - `thinking` at the nearest level the model takes (`Model.nearest_thinking_level`), unless that
+      is `off`: an effort (`output_config`) for
       `model.adaptive_thinking`, else a budget from `THINKING_BUDGETS`, shrunk to leave
       `MIN_ANSWER_TOKENS` under `max_tokens` and left out below the API's 1,024 or when the
       assistant turn the request continues (its tool results are last) has no thinking to start
@@ -173,7 +178,8 @@ def build_request_params(model: Model, request: ProviderRequest, options: Stream
 def _thinking_params(
     model: Model, level: ThinkingLevel, max_tokens: int, messages: list[dict[str, Any]]
 ) -> dict[str, Any]:
-    if not model.reasoning or level == "off":
+    level = model.nearest_thinking_level(level)
+    if level == "off":
         return {}
     if model.adaptive_thinking:
         return {

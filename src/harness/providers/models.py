@@ -18,6 +18,7 @@ context_window = 131072             # tokens; default 128000
 max_tokens = 32768                  # output tokens per reply; default 16384
 input = ["text"]                    # "text" and/or "image"; default ["text"]
 reasoning = false                   # emits thinking; default false
+max_thinking_level = "high"         # the highest thinking level it takes ("xhigh" for the few that do); default high
 cost = { input = 0.59, output = 0.79, cache_read = 0.0, cache_write = 0.0 }  # US dollars per million tokens
 
 [providers.gpu-box]
@@ -69,7 +70,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from harness.errors import HarnessError, ModelUnavailable
 from harness.home import harness_home
-from harness.messages import ModelIdentity
+from harness.messages import ModelIdentity, ThinkingLevel
 from harness.providers.protocol import ApiName, InputModality, Model, ModelCost, Provider
 
 
@@ -369,6 +370,7 @@ class _FileModel(BaseModel):
     path: str | None = None
     max_tool_steps: int | None = None
     adaptive_thinking: bool | None = None
+    max_thinking_level: ThinkingLevel | None = None
 
 
 class _FileProvider(BaseModel):

@@ -121,9 +121,9 @@ def build_request_params(model: Model, request: ProviderRequest, options: Stream
     message carries text only. Streaming asks for usage (`stream_options.include_usage`).
     `options.tool_choice` forces that tool. `max_tokens` is sent only when `options.max_tokens`
     is set (as `max_completion_tokens` to OpenAI itself); `reasoning_effort` only for a reasoning
-    model with thinking on; `temperature` not to OpenAI's reasoning models, which refuse it;
-    `prompt_cache_key` (from `options.session_id`) only to OpenAI.
-    `extra_headers` merges `model.headers` and `options.headers`.
+    model with thinking on, at the nearest level the model takes (`Model.nearest_thinking_level`);
+    `temperature` not to OpenAI's reasoning models, which refuse it; `prompt_cache_key` (from
+    `options.session_id`) only to OpenAI. `extra_headers` merges `model.headers` and `options.headers`.
     """
     messages: list[dict[str, Any]] = []
     if request.system_prompt:
@@ -145,8 +145,8 @@ def build_request_params(model: Model, request: ProviderRequest, options: Stream
         params["temperature"] = options.temperature
     if options.seed is not None:
         params["seed"] = options.seed
-    if model.reasoning and options.thinking_level != "off":
-        params["reasoning_effort"] = options.thinking_level
+    if (effort := model.nearest_thinking_level(options.thinking_level)) != "off":
+        params["reasoning_effort"] = effort
     if options.session_id and is_openai_endpoint(model):
         params["prompt_cache_key"] = options.session_id
     headers = {**model.headers, **options.headers}

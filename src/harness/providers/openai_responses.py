@@ -129,7 +129,8 @@ def build_request_params(model: Model, request: ProviderRequest, options: Stream
     holds encrypted content), `message` items for its text, and `function_call` items (arguments
     as JSON text, `{}` for malformed ones); each tool result as a `function_call_output`. Always
     `store=False`; a reasoning model also gets `include=["reasoning.encrypted_content"]` and, with
-    thinking on, `reasoning={"effort", "summary": "auto"}`. The system prompt is `instructions`;
+    thinking on, `reasoning={"effort", "summary": "auto"}` at the nearest level the model takes
+    (`Model.nearest_thinking_level`). The system prompt is `instructions`;
     `options.tool_choice` forces that tool; `max_output_tokens` only when `options.max_tokens` is
     set; `temperature` not to OpenAI's reasoning models, which refuse it; `prompt_cache_key` (from
     `options.session_id`) only to OpenAI; `extra_headers` merges `model.headers` and
@@ -145,8 +146,8 @@ def build_request_params(model: Model, request: ProviderRequest, options: Stream
         params["instructions"] = request.system_prompt
     if model.reasoning:
         params["include"] = ["reasoning.encrypted_content"]
-        if options.thinking_level != "off":
-            params["reasoning"] = {"effort": options.thinking_level, "summary": "auto"}
+        if (effort := model.nearest_thinking_level(options.thinking_level)) != "off":
+            params["reasoning"] = {"effort": effort, "summary": "auto"}
     if request.tools:
         params["tools"] = [
             {
@@ -357,8 +358,9 @@ class ResponsesStreamParser:
             self._items[event.output_index] = _Item("text")
         elif isinstance(item, ResponseFunctionToolCall):
             self._called = True
-            call = self._items[event.output_index] = _Item("tool_call", content_index=self._new_block())
-            events.append(ToolCallStartEvent(content_index=call.content_index, id=item.call_id, name=item.name))
+            index = self._new_block()
+            self._items[event.output_index] = _Item("tool_call", content_index=index)
+            events.append(ToolCallStartEvent(content_index=index, id=item.call_id, name=item.name))
 
     def _delta(self, output_index: int, part: int, delta: str, events: list[StreamFrame]) -> None:
         item = self._items.get(output_index)

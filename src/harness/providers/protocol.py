@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, JsonValue
 
 from harness.context import Context
 from harness.messages import (
+    THINKING_LEVELS,
     AssistantContent,
     AssistantMessage,
     CleanJsonObject,
@@ -22,6 +23,7 @@ from harness.messages import (
     Message,
     TextContent,
     ThinkingContent,
+    ThinkingLevel,
     ToolCall,
     Usage,
     clean_json,
@@ -31,7 +33,6 @@ from harness.messages import (
 
 ApiName: TypeAlias = Literal["openai-chat", "openai-responses", "anthropic-messages", "faux", "embedded"]
 InputModality: TypeAlias = Literal["text", "image"]
-ThinkingLevel: TypeAlias = Literal["off", "minimal", "low", "medium", "high"]
 
 
 class _Frozen(BaseModel):
@@ -55,7 +56,9 @@ class Model(_Frozen):
     holding its key (None: no key needed); `path` is a local weights file for the embedded api;
     `max_tool_steps` caps the steps with tool calls in one run for a model too weak to be trusted with
     more (None: no cap); `adaptive_thinking` marks a reasoning model that takes an effort level
-    instead of a thinking budget in tokens (Anthropic's Opus 4.7 refuses a budget; 4.6 deprecates it).
+    instead of a thinking budget in tokens (Anthropic's Opus 4.7 refuses a budget; 4.6 deprecates it);
+    `max_thinking_level` is the highest thinking level a reasoning model takes (`xhigh` only for the
+    few that do, such as OpenAI's gpt-5.2).
     """
 
     id: str
@@ -73,6 +76,21 @@ class Model(_Frozen):
     path: str | None = None
     max_tool_steps: int | None = None
     adaptive_thinking: bool = False
+    max_thinking_level: ThinkingLevel = "high"
+
+    def thinking_levels(self) -> tuple[ThinkingLevel, ...]:
+        """The thinking levels this model takes, lowest first: only `off` without `reasoning`, else
+        every level up to `max_thinking_level`."""
+        if not self.reasoning:
+            return ("off",)
+        return THINKING_LEVELS[: THINKING_LEVELS.index(self.max_thinking_level) + 1]
+
+    def nearest_thinking_level(self, level: ThinkingLevel) -> ThinkingLevel:
+        """The level an adapter sends for a lane set to `level`: `level` if this model takes it,
+        else the highest level it takes, which is the nearest (the levels taken are the lowest ones).
+        A lane keeps its level as set, so it may outlive a switch to a model that does not take it."""
+        taken = self.thinking_levels()
+        return level if level in taken else taken[-1]
 
 
 def usage_with_cost(model: Model, usage: Usage) -> Usage:

@@ -1,6 +1,6 @@
 """The harness: attach to a session, accept runs atomically, inspect and watch lanes (HA-1 to HA-30)."""
 
-from harness.messages import ModelIdentity
+from harness.messages import ModelIdentity, ThinkingLevel
 from harness.runtime.bus import Listener
 from harness.runtime.drive_types import (
     INTERRUPTED_REPLY,
@@ -73,7 +73,7 @@ from harness.runtime.harness import AgentHarness, AgentHarnessOptions
 from harness.runtime.lane import AbortRequest, AcceptedRun, Lane, LaneWatch
 from harness.runtime.requests import PromptRequest, PromptTemplate, RunRequest, Skill, SkillRequest, TemplateRequest
 from harness.runtime.snapshot import reduce_lane_snapshot
-from harness.runtime.tools import AgentTool, ToolOutput
+from harness.runtime.tools import AgentTool, ProgressCallback, ToolOutput
 from harness.runtime.types import (
     CurrentOperationInfo,
     DeferredInfo,
@@ -89,7 +89,6 @@ from harness.runtime.types import (
     SnapshotOperation,
 )
 from harness.session import LaneConfig, LaneLastResult
-from harness.session.records import ThinkingLevel
 
 __all__ = [
     "INTERRUPTED_REPLY",
@@ -143,6 +142,7 @@ __all__ = [
     "OperationMismatch",
     "OperationStatus",
     "PendingWrite",
+    "ProgressCallback",
     "PromptRequest",
     "PromptTemplate",
     "PromptTooLarge",

@@ -12,9 +12,9 @@ from typing import Annotated, Literal, TypeAlias
 from pydantic import BaseModel, ConfigDict, Field, JsonValue
 
 from harness.context import Context
-from harness.messages import AssistantMessage, Message, ModelIdentity, ToolResultMessage, Usage
+from harness.messages import AssistantMessage, Message, ModelIdentity, ThinkingLevel, ToolResultMessage, Usage
 from harness.session import AbortCause, Entry, LaneConfig, LaneLastResult, OperationErrorRecord
-from harness.session.records import OperationKind, ThinkingLevel
+from harness.session.records import OperationKind
 
 
 class _Event(BaseModel):

@@ -15,7 +15,7 @@ from pydantic_core import PydanticSerializationError
 
 from harness.context import Context
 from harness.errors import InvalidInput, ModelUnavailable
-from harness.messages import CustomMessage, ImageContent, Message, ModelIdentity, now_ms
+from harness.messages import CustomMessage, ImageContent, Message, ModelIdentity, ThinkingLevel, now_ms
 from harness.runtime.branch_context import BranchContext, branch_entries, estimate_tokens
 from harness.runtime.bus import Watcher
 from harness.runtime.drive_types import ResumeOutcome, Settled
@@ -76,7 +76,7 @@ from harness.session import (
     addresses,
     new_id,
 )
-from harness.session.records import CompactionIntent, NavigationIntent, RunIntent, ThinkingLevel
+from harness.session.records import CompactionIntent, NavigationIntent, RunIntent
 
 if TYPE_CHECKING:
     from harness.runtime.drive import RunDriver
@@ -625,6 +625,14 @@ class Lane:
         await self._configure(self._config.model_copy(update={"model": model}), "model", context)
 
     async def set_thinking_level(self, level: ThinkingLevel, context: Context) -> None:
+        """Configure how hard the lane's model thinks from its next step on.
+
+        Every `ThinkingLevel` is kept as set, even one the lane's model does not take: the model is
+        resolved only when a step executes (HA-23) and may be switched after this call, so each step's
+        adapter sends the nearest level that step's model takes (`Model.nearest_thinking_level`: `off`
+        for a model without reasoning, its highest level for one above it, as `xhigh` is for most).
+        A caller that can tell a person (the chat) refuses such a level up front instead. Raises
+        `InvalidInput` for a value that is not a `ThinkingLevel`; nothing is written then."""
         await self._configure(self._config.model_copy(update={"thinking_level": level}), "thinking_level", context)
 
     async def set_active_tools(self, tools: Sequence[str], context: Context) -> None:

@@ -7,9 +7,8 @@ from typing import Annotated, Literal, TypeAlias
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from harness.messages import CleanJson, CleanStr, Message, ModelIdentity, Usage
+from harness.messages import CleanJson, CleanStr, Message, ModelIdentity, ThinkingLevel, Usage
 
-ThinkingLevel: TypeAlias = Literal["off", "minimal", "low", "medium", "high", "xhigh"]
 OperationKind: TypeAlias = Literal["run", "compaction", "navigation"]
 
 

@@ -441,8 +441,9 @@ class Session(SessionReader):
             self._owner = owner
         return SessionOwnership(self, owner)
 
-    async def _detach(self, owner: object | None, context: Context) -> None:
-        """Release the claim of `owner` (None: of whoever holds it)."""
+    async def detach(self, context: Context, *, owner: object | None = None) -> None:
+        """Release the claim of `owner`, or of whoever holds it when None (as closing the store
+        does for each open session); idempotent, and nothing happens if `owner` does not hold it."""
         async with self._line:
             if self._claim is None or (owner is not None and self._owner is not owner):
                 return
@@ -538,4 +539,4 @@ class SessionOwnership:
 
     async def detach(self, context: Context) -> None:
         """Release the claim; idempotent."""
-        await self.session._detach(self.owner, context)
+        await self.session.detach(context, owner=self.owner)

@@ -137,7 +137,7 @@ class Store:
         self._closed = True
         try:
             for session in list(self._open.values()):
-                await session._detach(None, context or Context())
+                await session.detach(context or Context())
         finally:
             await self.backend.close()
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pydantic import JsonValue
 
 from harness.context import Context
-from harness.runtime.drive_types import Block, ToolCallRequest
+from harness.runtime import Block, ToolCallRequest
 from harness.tools.workspace import plural
 
 NEEDS_APPROVAL: frozenset[str] = frozenset({"write", "edit", "shell"})

@@ -11,8 +11,7 @@ from pydantic import JsonValue
 from harness.context import Context
 from harness.errors import HarnessError
 from harness.providers import ToolSpec
-from harness.runtime import AgentTool, ToolOutput
-from harness.runtime.tools import ProgressCallback
+from harness.runtime import AgentTool, ProgressCallback, ToolOutput
 from harness.tools.files import edit_file, grep, list_directory, read_file, text_output, write_file
 from harness.tools.shell import run_shell
 from harness.tools.workspace import ToolFailure, Workspace

@@ -14,8 +14,7 @@ from pathlib import Path
 from pydantic import JsonValue
 
 from harness.context import Context
-from harness.runtime import ToolOutput
-from harness.runtime.tools import ProgressCallback
+from harness.runtime import ProgressCallback, ToolOutput
 from harness.tools.files import text_output
 from harness.tools.workspace import LimitedOutput, ToolFailure, Workspace, env_for_tools
 
