@@ -19,7 +19,7 @@ from harness.providers import FAUX_MODEL
 from harness.providers.faux import FauxScript, failure
 from harness.runtime import PromptRequest, PromptTooLarge, Settled
 from harness.runtime.branch_context import SUMMARY_PREFIX, estimate_tokens
-from harness.runtime.drive import DOES_NOT_FIT
+from harness.runtime.drive.settlement import DOES_NOT_FIT
 from harness.session import LaneConfig, MessagePayload, Session, SessionMutator, Store, addresses
 from harness_helpers import recording, said
 

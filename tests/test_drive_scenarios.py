@@ -1063,6 +1063,27 @@ async def test_prompt_has_exactly_two_call_shapes(store: Store, ctx: Context) ->
     assert len(rig.faux.requests) == 4
 
 
+async def test_prompt_takes_its_two_shapes_by_name_too(store: Store, ctx: Context) -> None:
+    """HA-30 with keywords: `text=` (images may be left out), `messages=`, or positions then names;
+    naming both shapes at once is refused before anything is written."""
+    rig = await start_rig(store, ctx, ["one", "two", "three", "four"])
+    for outcome in [
+        await within(rig.lane.prompt(text="by name", context=ctx)),
+        await within(rig.lane.prompt(text="with images", images=None, context=ctx)),
+        await within(rig.lane.prompt("by position", None, context=ctx)),
+        await within(rig.lane.prompt(messages=said("a message by name"), context=ctx)),
+    ]:
+        assert settled(outcome).result.outcome == "completed"
+    assert [shape(request)[-1] for request in rig.requests()] == [
+        "user:by name", "user:with images", "user:by position", "user:a message by name"]
+    tip = rig.lane.tip_id
+    with pytest.raises(InvalidMessage):
+        await rig.lane.prompt(text="both", messages=said("shapes"), context=ctx)  # type: ignore[call-overload]
+    with pytest.raises(InvalidMessage):
+        await rig.lane.prompt("twice", text="named", context=ctx)  # type: ignore[call-overload]
+    assert rig.lane.tip_id == tip
+
+
 # -- watch (HA-14) ------------------------------------------------------------------------------
 
 

@@ -3,7 +3,7 @@ bounded read set on written durable state, isolation, and the close and fault li
 (HA-7 to HA-15, HA-22, HA-28).
 
 White-box in the tests that say so: they read the bus's watchers, present live state and commit
-through the lane's internal `_command` and `Decision`, which nothing public offers."""
+through the harness's internal session line and `Decision`, which nothing public offers."""
 
 from __future__ import annotations
 
@@ -59,7 +59,7 @@ from harness.runtime import (
     SnapshotOperation,
     reduce_lane_snapshot,
 )
-from harness.runtime.lane import Decision
+from harness.runtime.commit import Decision
 from harness.runtime.snapshot import LanePresentation
 from harness.session import (
     AssistantEffectPending,
@@ -963,7 +963,7 @@ async def test_a_live_update_during_capture_is_only_a_buffered_event_after_the_c
 
     live = _streaming("Hello, wor")
     live_context = Context({"emitter": "drive"})
-    await lane._present(_show(live), [MessageUpdate(lane="main", message=live)], live_context)
+    await lane.present(_show(live), [MessageUpdate(lane="main", message=live)], live_context)
     backend.proceed.set()
     watch = await watching
 
@@ -984,7 +984,7 @@ async def test_a_frame_commit_queues_behind_the_capture(store: Store, ctx: Conte
     """HA-14: a frame page commit is a lane job: started while a watch captures, it lands after
     the capture's reads, so the snapshot holds the frames before it and the watch buffers its event.
 
-    Uses the harness's internal `_command` (the path drive will use to commit frames) and
+    Uses the harness's internal session line (the path drive will use to commit frames) and
     `Decision`; no public call commits frames before drive exists."""
     harness, backend = await _gated_effect_pending(store, ctx)
     lane = harness.lane("main")
@@ -998,7 +998,7 @@ async def test_a_frame_commit_queues_behind_the_capture(store: Store, ctx: Conte
     backend.proceed = asyncio.Event()
     watching = start(lane.watch(ctx))
     await backend.scanning.wait()
-    committing = start(harness._command(commit_frames, ctx))
+    committing = start(harness._line.run(commit_frames, ctx))
     backend.proceed.set()
     watch, _ = await asyncio.gather(watching, committing)
 

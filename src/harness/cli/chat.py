@@ -43,7 +43,7 @@ from harness.context import Context
 from harness.errors import HarnessError, ModelUnavailable
 from harness.messages import AssistantMessage, ModelIdentity, UserMessage
 from harness.providers import ModelRegistry
-from harness.runtime import Lane, LaneBusy, NoActiveOperation, PromptRequest, ResumeOutcome, Settled
+from harness.runtime import DriveOutcome, Lane, LaneBusy, NoActiveOperation, PromptRequest, Settled
 from harness.session import SessionMutator, Store, addresses, connect
 from harness.tools import ALLOW_FOR_SESSION, ALLOW_ONCE, DENY, Approval, ApprovalPolicy, ApprovalRequest, describe_call
 
@@ -216,7 +216,7 @@ class ChatClient:
 
     # -- turns ------------------------------------------------------------------------------------
 
-    def start_turn(self, work: Callable[[], Awaitable[ResumeOutcome]]) -> None:
+    def start_turn(self, work: Callable[[], Awaitable[DriveOutcome]]) -> None:
         """Drive `work` (an operation to its settlement) in the background; the prompt steers meanwhile."""
         self._abort_wanted = False
         self.view.aborting = False
@@ -229,8 +229,8 @@ class ChatClient:
         if self._turn is not None:
             await asyncio.shield(self._turn)
 
-    async def _run_turn(self, work: Callable[[], Awaitable[ResumeOutcome]]) -> None:
-        outcome: ResumeOutcome | None = None
+    async def _run_turn(self, work: Callable[[], Awaitable[DriveOutcome]]) -> None:
+        outcome: DriveOutcome | None = None
         try:
             outcome = await work()
         except LaneBusy as error:
@@ -291,7 +291,7 @@ class ChatClient:
             return None
         return f"model {model_name(identity)} is not usable: {reason}; /model to switch"
 
-    async def _prompt(self, text: str) -> ResumeOutcome:
+    async def _prompt(self, text: str) -> DriveOutcome:
         await self.save_draft()
         accepted = await self.lane.accept(PromptRequest(text=text), self.context)
         if self._abort_wanted:  # Ctrl-C came before the run existed
@@ -549,7 +549,7 @@ class ChatClient:
             return
         self.start_turn(lambda: self.lane.resume(self.context))
 
-    async def _abort_and_settle(self) -> ResumeOutcome:
+    async def _abort_and_settle(self) -> DriveOutcome:
         with contextlib.suppress(NoActiveOperation):
             await self.lane.request_abort("user", self.context)
         return await self.lane.resume(self.context)

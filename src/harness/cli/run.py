@@ -30,6 +30,7 @@ from harness.providers import ModelRegistry
 from harness.runtime import (
     CompactionEnd,
     CompactionStart,
+    DriveOutcome,
     Fault,
     HarnessEvent,
     Lane,
@@ -41,7 +42,6 @@ from harness.runtime import (
     NothingToResume,
     OperationAbort,
     PromptRequest,
-    ResumeOutcome,
     RetryScheduled,
     RunEnd,
     Settled,
@@ -243,7 +243,7 @@ async def run_turn(store: Store, turn: RunTurn, registry: ModelRegistry, context
     interrupt = _Interrupts(attached.lane, context, status)
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGINT, interrupt.on_signal)
-    outcome: ResumeOutcome | None = None
+    outcome: DriveOutcome | None = None
     try:
         if turn.resume:
             await interrupt.accepted()
@@ -274,7 +274,7 @@ async def run_turn(store: Store, turn: RunTurn, registry: ModelRegistry, context
     return EXIT_FAILED
 
 
-def _settled(outcome: ResumeOutcome, *outcomes: str) -> bool:
+def _settled(outcome: DriveOutcome, *outcomes: str) -> bool:
     return isinstance(outcome, Settled) and outcome.result.outcome in outcomes
 
 

@@ -1,20 +1,8 @@
 """The harness: attach to a session, accept runs atomically, inspect and watch lanes (HA-1 to HA-30)."""
 
 from harness.messages import ModelIdentity, ThinkingLevel
+from harness.runtime.agent_tool import AgentTool, ProgressCallback, ToolOutput
 from harness.runtime.bus import Listener
-from harness.runtime.drive_types import (
-    INTERRUPTED_REPLY,
-    Block,
-    CompactionSettings,
-    DriveSettings,
-    ResumeOutcome,
-    RetryPolicy,
-    RunHooks,
-    Settled,
-    Suspended,
-    ToolCallRequest,
-    WaitingRetry,
-)
 from harness.runtime.errors import (
     HarnessClosed,
     HarnessFault,
@@ -70,10 +58,12 @@ from harness.runtime.events import (
     event_lane,
 )
 from harness.runtime.harness import AgentHarness, AgentHarnessOptions
+from harness.runtime.hooks import Block, RunHooks, ToolCallRequest
 from harness.runtime.lane import AbortRequest, AcceptedRun, Lane, LaneWatch
+from harness.runtime.outcomes import INTERRUPTED_REPLY, DriveOutcome, Settled, Suspended, WaitingRetry
 from harness.runtime.requests import PromptRequest, PromptTemplate, RunRequest, Skill, SkillRequest, TemplateRequest
+from harness.runtime.settings import CompactionSettings, DriveSettings, RetryPolicy
 from harness.runtime.snapshot import reduce_lane_snapshot
-from harness.runtime.tools import AgentTool, ProgressCallback, ToolOutput
 from harness.runtime.types import (
     CurrentOperationInfo,
     DeferredInfo,
@@ -106,6 +96,7 @@ __all__ = [
     "DeferredHandle",
     "DeferredInfo",
     "DrainedQueues",
+    "DriveOutcome",
     "DriveSettings",
     "EntryAdded",
     "EventDelivery",
@@ -150,7 +141,6 @@ __all__ = [
     "QueuedItem",
     "Queues",
     "RebaseRequired",
-    "ResumeOutcome",
     "RetryEnd",
     "RetryInfo",
     "RetryPolicy",

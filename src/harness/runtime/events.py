@@ -13,8 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, JsonValue
 
 from harness.context import Context
 from harness.messages import AssistantMessage, Message, ModelIdentity, ThinkingLevel, ToolResultMessage, Usage
-from harness.session import AbortCause, Entry, LaneConfig, LaneLastResult, OperationErrorRecord
-from harness.session.records import OperationKind
+from harness.session import AbortCause, Entry, LaneConfig, LaneLastResult, OperationErrorRecord, OperationKind
 
 
 class _Event(BaseModel):

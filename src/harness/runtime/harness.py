@@ -2,19 +2,22 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, TypeVar
 
 from harness.context import Context
+from harness.runtime.agent_tool import AgentTool
 from harness.runtime.bus import EventBus, Listener
-from harness.runtime.drive_types import DriveSettings, RunHooks
-from harness.runtime.errors import HarnessClosed, HarnessFault, ListenerReentry
-from harness.runtime.events import Fault, HarnessEvent, LaneCreated, ValueUpdate
-from harness.runtime.lane import Decision, Lane
+from harness.runtime.commit import Decision, SessionLine, nothing_to_publish
+from harness.runtime.drive import DriveEnvironment, OperationDriver
+from harness.runtime.errors import HarnessFault, ListenerReentry
+from harness.runtime.events import LaneCreated, ValueUpdate
+from harness.runtime.hooks import RunHooks
+from harness.runtime.lane import Lane, LaneCore
+from harness.runtime.projection import LaneProjection
 from harness.runtime.requests import PromptTemplate, Skill
-from harness.runtime.tools import AgentTool
+from harness.runtime.settings import DriveSettings
 from harness.runtime.types import LaneInfo, OpenOperation
 from harness.session import (
     PHASES_OF_KIND,
@@ -25,7 +28,6 @@ from harness.session import (
     OwnershipLost,
     Session,
     SessionMutator,
-    SessionOwnership,
     StorageCorruption,
     UnknownEntry,
     UnknownLane,
@@ -33,7 +35,7 @@ from harness.session import (
 )
 
 if TYPE_CHECKING:
-    from harness.providers.models import ModelRegistry
+    from harness.providers import ModelRegistry
 
 R = TypeVar("R")
 
@@ -63,17 +65,23 @@ class AgentHarness:
     def __init__(self, options: AgentHarnessOptions) -> None:
         self.options = options
         self.session = options.session
-        self._skills = {skill.name: skill for skill in options.skills}
-        self._templates = {template.name: template for template in options.prompt_templates}
-        self._tools = {tool.name: tool for tool in options.tools}
         self._bus = EventBus()
+        self._line = SessionLine(self._bus)
         self._lanes: dict[str, Lane] = {}
-        self._ownership: SessionOwnership | None = None
-        self._closed = False
-        self._faulted = False
-        self._persistence_failure: Exception | None = None
+        self._environment = DriveEnvironment(
+            models=options.models, tools={tool.name: tool for tool in options.tools},
+            system_prompt=options.system_prompt, settings=options.drive, hooks=options.hooks,
+            session_id=options.session.id)
+        self._core = LaneCore(
+            line=self._line, bus=self._bus, models=options.models, system_prompt=options.system_prompt,
+            settings=options.drive, skills={skill.name: skill for skill in options.skills},
+            templates={template.name: template for template in options.prompt_templates},
+            watch_buffer_limit=options.watch_buffer_limit, start_drive=self._start_drive)
         for listener in options.listeners:
             self._bus.add_listener(listener)
+
+    def _start_drive(self, lane: Lane, operation_id: str, context: Context) -> OperationDriver:
+        return OperationDriver(lane, operation_id, context, self._environment)
 
     @classmethod
     async def create(cls, options: AgentHarnessOptions, context: Context) -> tuple[AgentHarness, list[OpenOperation]]:
@@ -85,15 +93,15 @@ class AgentHarness:
         harness (here or in another process) holds the session, and `StorageCorruption` (after
         releasing it) if the projection is missing or contradictory."""
         harness = cls(options)
-        harness._ownership = await options.session.attach(harness, context)
+        ownership = harness._line.ownership = await options.session.attach(harness, context)
         try:
-            await harness._ownership.mutate(harness._restore, context)
+            await ownership.mutate(lambda m: harness._restore(m, context), context)
         except BaseException:
-            await harness._ownership.detach(context)
+            await ownership.detach(context)
             raise
         open_operations = []
         for lane in harness._lanes.values():
-            meta, state = lane._meta, lane._operation_state
+            meta, state = lane.projection.meta, lane.projection.operation_state
             if meta is not None and state is not None:
                 open_operations.append(OpenOperation(
                     lane=lane.name, operation_id=meta.operation_id, kind=meta.intent.kind,
@@ -101,8 +109,7 @@ class AgentHarness:
                 ))
         return harness, open_operations
 
-    async def _restore(self, m: SessionMutator) -> None:
-        context = m._context
+    async def _restore(self, m: SessionMutator, context: Context) -> None:
         for name in await m.lanes(context):
             tip = await m.get_record(addresses.branch_tip(name), context)
             config = await m.get(addresses.lane_config(name), context)
@@ -125,8 +132,8 @@ class AgentHarness:
                     raise StorageCorruption(
                         f"operation {operation_id} is a {meta.intent.kind} in phase {operation_state.phase}",
                         lane=name, operation_id=operation_id)
-            self._lanes[name] = Lane(self, name, tip_id=tip.value, config=config, state=state,
-                                     last_result=last_result, meta=meta, operation_state=operation_state)
+            projection = LaneProjection(name, tip.value, config, state, last_result, meta, operation_state)
+            self._lanes[name] = Lane(self._core, projection)
 
     # -- lanes ----------------------------------------------------------------------------------
 
@@ -144,19 +151,18 @@ class AgentHarness:
     async def create_lane(self, name: str, config: LaneConfig, context: Context, *, at: str | None = None) -> Lane:
         """Create lane `name` starting at entry `at` (None: an empty branch); emits `lane_created`
         in the commit continuation (HA-15). `LaneExists`, `UnknownEntry` on bad input."""
-        self._check_usable()
+        self._line.check_usable()
         config = config.model_copy(deep=True)
-        lane = Lane(self, name, tip_id=at, config=config, state=LaneState(), last_result=None, meta=None,
-                    operation_state=None)
+        lane = Lane(self._core, LaneProjection(name, at, config, LaneState()))
 
         def on_committed(result: CommitResult) -> Awaitable[None]:
             self._lanes[name] = lane
             return self._bus.emit_batch([LaneCreated(lane=name, config=config, at=at)], context)
 
         try:
-            await self._owner().create_lane(name, config, context, at=at, on_committed=on_committed)
+            await self._line.owner().create_lane(name, config, context, at=at, on_committed=on_committed)
         except OwnershipLost as error:
-            self._fault(error.code, error.message, context)
+            self._line.fault(error.code, error.message, context)
             raise HarnessFault(f"the harness lost its session: {error.message}") from error
         return lane
 
@@ -172,14 +178,14 @@ class AgentHarness:
                 m.set(addresses.session_name(), name)
             return Decision(None, lambda _: [ValueUpdate(key="session_name", value=name)])
 
-        await self._command(plan, context)
+        await self._line.run(plan, context)
 
     async def session_name(self, context: Context) -> str | None:
         async def plan(m: SessionMutator) -> Decision[str | None]:
             name: str | None = await m.get(addresses.session_name(), context)
-            return Decision(name, lambda _: [])
+            return Decision(name, nothing_to_publish)
 
-        return await self._command(plan, context)
+        return await self._line.run(plan, context)
 
     async def set_entry_label(self, entry_id: str, label: str | None, context: Context) -> None:
         """Label entry `entry_id` (None clears it); `UnknownEntry` if it does not exist."""
@@ -193,21 +199,21 @@ class AgentHarness:
                 m.set(addresses.entry_label(entry_id), label)
             return Decision(None, lambda _: [ValueUpdate(key="entry_label", entry_id=entry_id, value=label)])
 
-        await self._command(plan, context)
+        await self._line.run(plan, context)
 
     async def entry_label(self, entry_id: str, context: Context) -> str | None:
         async def plan(m: SessionMutator) -> Decision[str | None]:
             label: str | None = await m.get(addresses.entry_label(entry_id), context)
-            return Decision(label, lambda _: [])
+            return Decision(label, nothing_to_publish)
 
-        return await self._command(plan, context)
+        return await self._line.run(plan, context)
 
     @property
     def persistence_failure(self) -> Exception | None:
         """The first commit this harness saw refused, if any; it stays set until the session is
         attached again. A caller that owns an acknowledgement checks it before and after counting
         a write as durable (CE-3)."""
-        return self._persistence_failure
+        return self._line.persistence_failure
 
     # -- events ---------------------------------------------------------------------------------
 
@@ -221,75 +227,25 @@ class AgentHarness:
     async def close(self, context: Context) -> None:
         """Let earlier jobs finish, refuse later ones (`HarnessClosed`), end every watch, deliver
         what was emitted and release the session. Idempotent."""
+        line = self._line
         if self._bus.delivering:
             raise ListenerReentry("a listener must not close the harness; it would wait on itself")
-        if self._closed:
+        if line.closed:
             return
 
         async def mark_closed(m: SessionMutator) -> None:
-            self._closed = True
+            line.closed = True
 
         # Drives stop where they are, as a crash would leave them: the durable phase is resumed by
         # the next attachment. Their effects are cancelled, nothing is settled on the way out.
-        drives = [lane._drive for lane in self._lanes.values() if lane._drive is not None]
-        for drive in drives:
-            drive.halt()
-        await asyncio.gather(*(drive.task for drive in drives if drive.task is not None),
-                             *(task for drive in drives for task in drive.effect_tasks), return_exceptions=True)
+        stopping = [lane.active_drive.halt() for lane in self._lanes.values() if lane.active_drive is not None]
+        for stopped in stopping:
+            await stopped
         try:
-            if not self._faulted:
-                await self._owner().mutate(mark_closed, context)
+            if not line.faulted:
+                await line.owner().mutate(mark_closed, context)
         finally:
-            self._closed = True
+            line.closed = True
             self._bus.end_watches()
             await self._bus.drained()
-            await self._owner().detach(context)
-
-    def _owner(self) -> SessionOwnership:
-        assert self._ownership is not None, "use AgentHarness.create"
-        return self._ownership
-
-    def _check_usable(self) -> None:
-        if self._bus.delivering:
-            raise ListenerReentry("a listener must not call harness operations; it would wait on itself")
-        if self._faulted:
-            raise HarnessFault("the harness faulted; close it and attach again")
-        if self._closed:
-            raise HarnessClosed("the harness is closed")
-
-    async def _command(self, plan: Callable[[SessionMutator], Awaitable[Decision[R]]], context: Context) -> R:
-        """Run `plan` as one job on the session line: commit what it staged, then, without
-        yielding, its continuation publishes the projection and `emit_batch` binds recipients
-        (HA-12). The job returns without awaiting delivery; this call awaits it after release."""
-        self._check_usable()
-        delivered: list[asyncio.Future[None]] = []
-
-        async def job(m: SessionMutator) -> R:
-            self._check_usable()
-            decision = await plan(m)
-            try:
-                result = await m.commit() if m.staged else None
-            except Exception as error:
-                self._persistence_failure = self._persistence_failure or error
-                raise
-            events = decision.after(result)
-            if events:
-                delivered.append(self._bus.emit_batch(events, context))
-            return decision.value
-
-        try:
-            value = await self._owner().mutate(job, context)
-        except OwnershipLost as error:
-            self._fault(error.code, error.message, context)
-            raise HarnessFault(f"the harness lost its session: {error.message}") from error
-        for future in delivered:
-            await asyncio.shield(future)
-        return value
-
-    def _fault(self, code: str, message: str, context: Context) -> None:
-        if self._faulted:
-            return
-        self._faulted = True
-        events: list[HarnessEvent] = [Fault(code=code, message=message)]
-        self._bus.emit_batch(events, context)
-        self._bus.end_watches(HarnessFault(f"the harness faulted: {message}", code=code))
+            await line.owner().detach(context)

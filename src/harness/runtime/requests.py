@@ -9,10 +9,12 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import cast
 
 from pydantic import BaseModel, ValidationError
 from pydantic_core import PydanticSerializationError
 
+from harness.context import Context, check_context
 from harness.messages import (
     MESSAGE_ADAPTER,
     CustomMessage,
@@ -56,6 +58,38 @@ class PromptRequest:
     messages: Message | Sequence[Message] | None = None
     operation_id: str | None = None
     entry_ids: Sequence[str] | None = None
+
+
+PROMPT_SHAPES = "prompt takes (text, images, context) or (messages, context), by position or by name"
+
+_TEXT_SHAPE = ("text", "images", "context")
+_MESSAGES_SHAPE = ("messages", "context")
+
+
+def prompt_call(args: tuple[object, ...], kwargs: dict[str, object]) -> tuple[PromptRequest, Context]:
+    """The request and Context of a `Lane.prompt` call, bound as Python binds arguments to the
+    shape (text, images, context), images optional by name, or (messages, context) (HA-30).
+    Raises `InvalidMessage` for any other shape; nothing is written then."""
+    first = args[0] if args else kwargs.get("text", kwargs.get("messages"))
+    names = _TEXT_SHAPE if "text" in kwargs or isinstance(first, str) else _MESSAGES_SHAPE
+    if len(args) > len(names) or set(kwargs) - set(names) or set(kwargs) & set(names[:len(args)]):
+        raise InvalidMessage(PROMPT_SHAPES)
+    bound = {**dict(zip(names, args, strict=False)), **kwargs}
+    if "context" not in bound:
+        raise InvalidMessage(PROMPT_SHAPES)
+    context = bound["context"]
+    check_context(context)
+    assert isinstance(context, Context)
+    if names == _MESSAGES_SHAPE:
+        messages = bound.get("messages")
+        if not isinstance(messages, BaseModel | list | tuple):
+            raise InvalidMessage(PROMPT_SHAPES)
+        # Which kinds of message they are is checked at acceptance, as for any request.
+        return PromptRequest(messages=cast("Message | Sequence[Message]", messages)), context
+    text, images = bound.get("text"), bound.get("images")
+    if not isinstance(text, str) or not isinstance(images, list | tuple | None):
+        raise InvalidMessage(PROMPT_SHAPES)
+    return PromptRequest(text=text, images=tuple(images or ())), context
 
 
 @dataclass(frozen=True)

@@ -8,8 +8,7 @@ from pydantic import BaseModel, ConfigDict, JsonValue
 
 from harness.messages import AssistantMessage, ModelIdentity
 from harness.runtime.events import DeferredHandle, PendingWrite, QueuedItem, Queues
-from harness.session import Entry, LaneLastResult, OperationErrorRecord
-from harness.session.records import OperationKind
+from harness.session import Entry, LaneLastResult, OperationErrorRecord, OperationKind
 
 OperationStatus: TypeAlias = Literal["running", "open", "aborting"]
 """`running`: a drive in this process owns the operation; `open`: durable, no local owner;

@@ -12,13 +12,21 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 from jsonschema.validators import validator_for
 from pydantic import JsonValue, ValidationError
 
 from harness.messages import AssistantMessage, TextContent, ToolCall, ToolResultMessage
-from harness.runtime.drive_types import Block, ToolCallRequest
+from harness.runtime.agent_tool import AgentTool, ToolOutput
+from harness.runtime.commit import (
+    Decision,
+    Placement,
+    live_phase,
+    nothing_to_publish,
+    pending_payload,
+    publish_placement,
+)
+from harness.runtime.drive.operation import DrivenOperation
 from harness.runtime.events import (
     HarnessEvent,
     ToolEnd,
@@ -27,8 +35,8 @@ from harness.runtime.events import (
     TurnEnd,
 )
 from harness.runtime.fault_points import FaultPoint, reached
-from harness.runtime.lane import Decision, Placement, pending_payload
-from harness.runtime.tools import AgentTool, ToolOutput
+from harness.runtime.hooks import Block, ToolCallRequest
+from harness.runtime.snapshot import LanePresentation
 from harness.session import (
     CancelRequested,
     CommitResult,
@@ -44,9 +52,6 @@ from harness.session import (
     addresses,
 )
 
-if TYPE_CHECKING:
-    from harness.runtime.drive import RunDriver
-
 INTERRUPTED = ("The tool was interrupted before it reported a result, so whether its side effects "
                "happened is unknown.")
 NOT_RUN_ABORTED = "The run was aborted before this tool call started; it was not run."
@@ -58,29 +63,29 @@ BLOCKED = "The call was blocked: {reason}"
 
 
 class ToolBatchRunner:
-    def __init__(self, driver: RunDriver, state: RunTools) -> None:
-        self.driver, self.lane = driver, driver.lane
+    """Runs the batch of phase `run_tools` to its end: every call answered and placed."""
+
+    def __init__(self, op: DrivenOperation, state: RunTools, reply: AssistantMessage | None = None) -> None:
+        self.op, self.lane, self.projection = op, op.lane, op.projection
         self.batch = state.batch
-        self.tools = {name: driver.harness._tools[name] for name in self.batch.config.active_tools
-                      if name in driver.harness._tools}
+        tools = op.environment.tools
+        self.tools = {name: tools[name] for name in self.batch.config.active_tools if name in tools}
         self.tasks: dict[int, asyncio.Task[None]] = {}
-        self.message: AssistantMessage | None = None
+        self.message: AssistantMessage | None = reply
         self.placed_results: list[ToolResultMessage] = []  # every result this runner placed, for turn_end
 
     @property
     def aborting(self) -> bool:
-        state = self.lane._operation_state
-        return self.driver.abort_requested.is_set() or (
-            state is not None and isinstance(state.control, CancelRequested))
+        return self.op.aborting
 
     def _calls(self) -> list[ToolCallState]:
-        state = self.lane._operation_state
-        return state.batch.calls if isinstance(state, RunTools) else []
+        state = live_phase(self.projection, self.op.operation_id, RunTools)
+        return state.batch.calls if state is not None else []
 
     async def run(self) -> None:
         """Run the batch to the end (every call answered and placed), or, under an abort, answer
         every open call with an interrupted or not-run result within the grace period."""
-        message = self.message = await self._assistant_message()
+        message = self.message = self.message or await self._assistant_message()
         for index, call in enumerate(self.batch.calls):
             if self.aborting:
                 break
@@ -104,19 +109,19 @@ class ToolBatchRunner:
         """The reply whose calls run: the one the lane's cached branch holds (it was just settled),
         or, after a restart, the one the journal holds."""
         entry_id = self.batch.assistant_entry_id
-        cached = self.lane._cached_entry(entry_id)
+        cached = self.projection.cached_entry(entry_id)
         if cached is not None and isinstance(cached.payload, MessagePayload) and isinstance(
                 cached.payload.message, AssistantMessage):
             return cached.payload.message
 
         async def plan(m: SessionMutator) -> Decision[AssistantMessage]:
-            entry = await m.entry(entry_id, self.driver.context)
+            entry = await m.entry(entry_id, self.op.context)
             message = entry.payload.message if entry and isinstance(entry.payload, MessagePayload) else None
             if not isinstance(message, AssistantMessage):
                 raise StorageCorruption(f"entry {entry_id} should be the reply whose tools run", entry_id=entry_id)
-            return Decision(message, lambda _: [])
+            return Decision(message, nothing_to_publish)
 
-        return await self.lane._command(plan, self.driver.context)
+        return await self.op.run(plan)
 
     # -- one call -------------------------------------------------------------------------------
 
@@ -135,13 +140,14 @@ class ToolBatchRunner:
         return None
 
     async def _start(self, index: int, block: ToolCall, message: AssistantMessage) -> None:
+        op = self.op
         tool = self.tools.get(block.name)
         args: dict[str, JsonValue] = dict(block.arguments)
         problem = self._problem(block, tool, args, message)
-        if problem is None and tool is not None and self.driver.hooks.before_tool is not None:
-            request = ToolCallRequest(self.driver.operation_id, block.id, block.name, args)
+        if problem is None and tool is not None and op.hooks.before_tool is not None:
+            request = ToolCallRequest(op.operation_id, block.id, block.name, args)
             try:
-                decision = await self.driver.hooks.before_tool(request, self.driver.context)
+                decision = await op.hooks.before_tool(request, op.context)
             except Exception as error:  # approval fails closed
                 decision = Block(reason=f"the approval check failed: {error}")
             if self.aborting:
@@ -157,79 +163,74 @@ class ToolBatchRunner:
         if not await self._intent(index, block, tool, args):
             return
         reached(FaultPoint.TOOL_INTENT)
-        task = asyncio.get_running_loop().create_task(self._execute(index, block, tool, args))
-        self.tasks[index] = task
-        self.driver.effect_tasks.add(task)
-        task.add_done_callback(self.driver.effect_tasks.discard)
-        if self.driver.settings.tool_execution == "sequential":
+        task = self.tasks[index] = op.spawn(self._execute(index, block, tool, args))
+        if op.settings.tool_execution == "sequential":
             await asyncio.wait({task})
 
     async def _restore(self, index: int, block: ToolCall) -> None:
         """An effect that may have happened before a crash: run it again only if it is safe."""
+        op = self.op
         tool = self.tools.get(block.name)
         call = self._calls()[index]
-        address = addresses.tool_args(self.driver.operation_id, self.batch.turn_id, call.source_index)
+        address = addresses.tool_args(op.operation_id, self.batch.turn_id, call.source_index)
 
         async def read(m: SessionMutator) -> Decision[dict[str, JsonValue] | None]:
-            stored: dict[str, JsonValue] | None = await m.get(address, self.driver.context)
-            return Decision(stored, lambda _: [])
+            stored: dict[str, JsonValue] | None = await m.get(address, op.context)
+            return Decision(stored, nothing_to_publish)
 
-        args = await self.lane._command(read, self.driver.context)
+        args = await op.run(read)
         if tool is None or tool.replay != "safe" or call.replay != "safe" or args is None:
             await self._stage(index, block, await self._interrupted(block, call))
             return
-        self.lane._present(lambda p: None, [ToolStart(lane=self.lane.name, operation_id=self.driver.operation_id,
-                                                     turn_id=self.batch.turn_id, tool_call_id=block.id,
-                                                     tool_name=block.name, args=args)], self.driver.context)
-        task = asyncio.get_running_loop().create_task(self._execute(index, block, tool, args))
-        self.tasks[index] = task
-        self.driver.effect_tasks.add(task)
-        task.add_done_callback(self.driver.effect_tasks.discard)
+        self.lane.present(lambda _: None, [ToolStart(lane=self.lane.name, operation_id=op.operation_id,
+                                                    turn_id=self.batch.turn_id, tool_call_id=block.id,
+                                                    tool_name=block.name, args=args)], op.context)
+        self.tasks[index] = op.spawn(self._execute(index, block, tool, args))
 
     async def _intent(self, index: int, block: ToolCall, tool: AgentTool, args: dict[str, JsonValue]) -> bool:
-        lane, driver = self.lane, self.driver
-        address = addresses.tool_args(driver.operation_id, self.batch.turn_id, self.batch.calls[index].source_index)
+        op, projection = self.op, self.projection
+        address = addresses.tool_args(op.operation_id, self.batch.turn_id, self.batch.calls[index].source_index)
 
         async def plan(m: SessionMutator) -> Decision[bool]:
-            state = lane._operation_state
-            if not isinstance(state, RunTools) or isinstance(state.control, CancelRequested):
-                return Decision(False, lambda _: [])
+            state = live_phase(projection, op.operation_id, RunTools, intent=True)
+            if state is None:
+                return Decision(False, nothing_to_publish)
             calls = list(state.batch.calls)
             calls[index] = calls[index].model_copy(update={"status": "effect_pending", "replay": tool.replay})
             new_state = state.model_copy(update={"batch": state.batch.model_copy(update={"calls": calls})})
             m.set(address, args)
-            m.set(addresses.operation_state(driver.operation_id), new_state)
+            m.set(addresses.operation_state(op.operation_id), new_state)
 
             def after(result: CommitResult | None) -> Sequence[HarnessEvent]:
-                lane._operation_state = new_state
-                return [ToolStart(lane=lane.name, operation_id=driver.operation_id, turn_id=self.batch.turn_id,
+                projection.operation_state = new_state
+                return [ToolStart(lane=self.lane.name, operation_id=op.operation_id, turn_id=self.batch.turn_id,
                                   tool_call_id=block.id, tool_name=block.name, args=args)]
 
             return Decision(True, after)
 
-        return await lane._command(plan, driver.context)
+        return await op.run(plan)
 
     async def _execute(self, index: int, block: ToolCall, tool: AgentTool, args: dict[str, JsonValue]) -> None:
-        driver, lane = self.driver, self.lane
-        effect = driver.effect_context()
+        op, lane = self.op, self.lane
+        effect = op.effect_context()
         call = self.batch.calls[index]
-        checkpoint = addresses.tool_checkpoint(driver.operation_id, call.result_entry_id)
+        checkpoint = addresses.tool_checkpoint(op.operation_id, call.result_entry_id)
 
         async def on_update(partial: JsonValue, persist: bool) -> None:
             reached(FaultPoint.TOOL_EFFECT)  # progress means the effect is under way
-            def show(presentation: object) -> None:
-                lane._presentation.tool_progress[block.id] = partial
 
-            lane._present(show, [ToolUpdate(lane=lane.name, operation_id=driver.operation_id,
-                                            turn_id=self.batch.turn_id, tool_call_id=block.id,
-                                            partial_result=partial)], driver.context)
+            def show(presentation: LanePresentation) -> None:
+                presentation.tool_progress[block.id] = partial
+
+            lane.present(show, [ToolUpdate(lane=lane.name, operation_id=op.operation_id, turn_id=self.batch.turn_id,
+                                           tool_call_id=block.id, partial_result=partial)], op.context)
             if persist:
                 async def plan(m: SessionMutator) -> Decision[None]:
                     if self._calls()[index].status == "effect_pending":
                         m.set(checkpoint, partial)
-                    return Decision(None, lambda _: [])
+                    return Decision(None, nothing_to_publish)
 
-                await lane._command(plan, driver.context)
+                await op.run(plan)
 
         try:
             output = await tool.execute(block.id, args, on_update, effect)
@@ -242,28 +243,29 @@ class ToolBatchRunner:
         except BaseException as error:  # SystemExit, KeyboardInterrupt too: a tool's failure is its result
             output = _failure_output(error)
         finally:
-            driver.end_effect(effect)
-            lane._presentation.tool_progress.pop(block.id, None)
-        if driver.hooks.after_tool is not None and not self.aborting:
-            request = ToolCallRequest(driver.operation_id, block.id, block.name, args)
+            op.end_effect(effect)
+            lane.presentation.tool_progress.pop(block.id, None)
+        if op.hooks.after_tool is not None and not self.aborting:
+            request = ToolCallRequest(op.operation_id, block.id, block.name, args)
             try:
-                output = await driver.hooks.after_tool(request, output, driver.context) or output
+                output = await op.hooks.after_tool(request, output, op.context) or output
             except Exception as error:
                 output = ToolOutput(content=[TextContent(text=f"after_tool failed: {error}")], is_error=True)
         result, terminate = _result_of(block, output)
-        if driver.halted:
+        if op.halted:
             return  # the harness is closing: like a crash, the effect's outcome is not recorded
         reached(FaultPoint.BEFORE_TOOL_STAGING)
         await self._stage(index, block, result, terminate=terminate)
 
     async def _interrupted(self, block: ToolCall, call: ToolCallState) -> ToolResultMessage:
         """An interruption result: the latest checkpoint, if any, and a note that the outcome is unknown."""
-        address = addresses.tool_checkpoint(self.driver.operation_id, call.result_entry_id)
+        op = self.op
+        address = addresses.tool_checkpoint(op.operation_id, call.result_entry_id)
 
         async def read(m: SessionMutator) -> Decision[JsonValue]:
-            return Decision(await m.get(address, self.driver.context), lambda _: [])
+            return Decision(await m.get(address, op.context), nothing_to_publish)
 
-        partial = await self.lane._command(read, self.driver.context)
+        partial = await op.run(read)
         text = INTERRUPTED if partial is None else f"{INTERRUPTED} Last progress it reported:\n{json.dumps(partial)}"
         return _error_result(block, text)
 
@@ -271,19 +273,19 @@ class ToolBatchRunner:
 
     async def _stage(self, index: int, block: ToolCall, result: ToolResultMessage, *, terminate: bool = False) -> None:
         """Stage `result` for call `index` and place every result whose earlier calls all have one."""
-        lane, driver = self.lane, self.driver
+        op, projection, lane = self.op, self.projection, self.lane.name
 
         async def plan(m: SessionMutator) -> Decision[None]:
-            state = lane._operation_state
-            if not isinstance(state, RunTools) or state.batch.calls[index].status not in ("planned", "effect_pending"):
-                return Decision(None, lambda _: [])  # a late result after an interruption: discarded
+            state = live_phase(projection, op.operation_id, RunTools)
+            if state is None or state.batch.calls[index].status not in ("planned", "effect_pending"):
+                return Decision(None, nothing_to_publish)  # a late result after an interruption: discarded
             call = state.batch.calls[index]
             calls = list(state.batch.calls)
             final_terminate = terminate and not isinstance(state.control, CancelRequested)
             calls[index] = call.model_copy(update={"status": "outcome_ready", "terminate": final_terminate})
-            m.set(addresses.pending_entry(call.result_entry_id), PendingMessage(message=result))
-            m.delete(addresses.tool_checkpoint(driver.operation_id, call.result_entry_id))
-            lane._pending[call.result_entry_id] = PendingMessage(message=result)
+            staged = PendingMessage(message=result)
+            m.set(addresses.pending_entry(call.result_entry_id), staged)
+            m.delete(addresses.tool_checkpoint(op.operation_id, call.result_entry_id))
             ready = []
             for position, candidate in enumerate(calls):
                 if candidate.status == "completed":
@@ -291,11 +293,14 @@ class ToolBatchRunner:
                 if candidate.status != "outcome_ready":
                     break
                 ready.append(position)
-            await lane._load_pending(m, [calls[i].result_entry_id for i in ready], driver.context)
-            placement = Placement(lane._tip_id)
+            earlier = [calls[i].result_entry_id for i in ready if i != index]
+            await projection.load_pending(m, earlier, op.context)
+            payloads = {**{entry_id: projection.pending[entry_id] for entry_id in earlier},
+                        call.result_entry_id: staged}
+            placement = Placement(projection.tip_id)
             for position in ready:
                 entry_id = calls[position].result_entry_id
-                placement.stage(m, entry_id, pending_payload(lane._pending[entry_id]))
+                placement.stage(m, entry_id, pending_payload(payloads[entry_id]))
                 m.delete(addresses.pending_entry(entry_id))
                 calls[position] = calls[position].model_copy(update={"status": "completed"})
             parent = placement.tip
@@ -303,43 +308,44 @@ class ToolBatchRunner:
             new_state: RunTools | RunCheckpoint
             if complete:
                 for c in calls:
-                    m.delete(addresses.tool_args(driver.operation_id, self.batch.turn_id, c.source_index))
+                    m.delete(addresses.tool_args(op.operation_id, self.batch.turn_id, c.source_index))
                 continuation = MayFinish() if all(c.terminate for c in calls) else NeedAssistant()
                 new_state = RunCheckpoint(continuation=continuation, trigger_entry_id=parent, steps=self.batch.step,
                                           control=state.control)
             else:
                 new_state = state.model_copy(update={"batch": state.batch.model_copy(update={"calls": calls})})
-            m.set(addresses.operation_state(driver.operation_id), new_state)
+            m.set(addresses.operation_state(op.operation_id), new_state)
             if placement.staged:
-                m.set(addresses.branch_tip(lane.name), parent)
+                m.set(addresses.branch_tip(lane), parent)
 
             def after(commit: CommitResult | None) -> Sequence[HarnessEvent]:
                 assert commit is not None
-                lane._operation_state = new_state
-                events: list[HarnessEvent] = [ToolEnd(lane=lane.name, operation_id=driver.operation_id,
+                projection.operation_state = new_state
+                projection.pending[call.result_entry_id] = staged
+                events: list[HarnessEvent] = [ToolEnd(lane=lane, operation_id=op.operation_id,
                                                       turn_id=self.batch.turn_id, tool_call_id=block.id,
                                                       result=result, terminate=final_terminate)]
-                events += lane._placed(placement, commit)
+                events += publish_placement(projection, placement, commit)
                 for entry_id, payload, _ in placement.staged:
-                    lane._pending.pop(entry_id, None)
+                    projection.pending.pop(entry_id, None)
                     if isinstance(payload, MessagePayload) and isinstance(payload.message, ToolResultMessage):
                         self.placed_results.append(payload.message)
                 if complete and self.message is not None:
-                    events.append(TurnEnd(lane=lane.name, operation_id=driver.operation_id,
-                                          turn_id=self.batch.turn_id, message=self.message,
-                                          tool_results=tuple(self.placed_results)))
+                    events.append(TurnEnd(lane=lane, operation_id=op.operation_id, turn_id=self.batch.turn_id,
+                                          message=self.message, tool_results=tuple(self.placed_results)))
                 return events
 
             return Decision(None, after)
 
-        await lane._command(plan, driver.context)
+        await op.run(plan)
 
     async def _finish(self) -> None:
         """Wait for the running effects; under an abort, give them the grace period, then answer
         every open call: interrupted if it started, not run if it did not."""
+        op = self.op
         pending = {task for task in self.tasks.values() if not task.done()}
         if pending:
-            abort_wait = asyncio.ensure_future(self.driver.abort_requested.wait())
+            abort_wait = asyncio.ensure_future(op.abort_signal.wait())
             try:
                 while pending and not self.aborting:
                     done, _ = await asyncio.wait(pending | {abort_wait}, return_when=asyncio.FIRST_COMPLETED)
@@ -347,7 +353,7 @@ class ToolBatchRunner:
             finally:
                 abort_wait.cancel()
         if self.aborting and pending:
-            _, late = await asyncio.wait(pending, timeout=self.driver.settings.abort_grace_s)
+            _, late = await asyncio.wait(pending, timeout=op.settings.abort_grace_s)
             for task in late:
                 task.cancel()
         failures = [task.exception() for task in self.tasks.values() if task.done() and not task.cancelled()]

@@ -1,0 +1,248 @@
+"""Committing on the session line: jobs, their decisions, entries placed as a chain, and the
+phase transitions of an operation, each check written once.
+
+Every lane and harness method is one job on the session line (DESIGN.md: session line). A job's
+plan reads the projection and stages writes; after the commit its continuation publishes the
+projection and returns the events, without yielding, and the line emits them as one batch (HA-12).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Generic, TypeVar
+
+from harness.context import Context
+from harness.messages import CustomMessage, Message
+from harness.runtime.bus import EventBus
+from harness.runtime.errors import HarnessClosed, HarnessFault, ListenerReentry
+from harness.runtime.events import EntryAdded, Fault, HarnessEvent, MessageEnd, MessageStart
+from harness.runtime.projection import LaneProjection
+from harness.session import (
+    CancelRequested,
+    CommitResult,
+    CustomMessagePayload,
+    CustomPayload,
+    Entry,
+    EntryPayload,
+    MessagePayload,
+    OperationState,
+    OwnershipLost,
+    PendingEntry,
+    PendingMessage,
+    SessionMutator,
+    SessionOwnership,
+    addresses,
+)
+
+R = TypeVar("R")
+
+AfterCommit = Callable[[CommitResult | None], Sequence[HarnessEvent]]
+"""Runs in the commit continuation, without yielding: publish the projection, return the events."""
+
+
+@dataclass
+class Decision(Generic[R]):
+    """What a job decided: the call's return value and its commit continuation."""
+
+    value: R
+    after: AfterCommit
+
+
+def nothing_to_publish(_: CommitResult | None) -> Sequence[HarnessEvent]:
+    """The continuation of a job that changes no projection and emits nothing."""
+    return ()
+
+
+class SessionLine:
+    """The harness's session line: runs jobs one at a time on its owned session, commits what
+    they staged and emits their events; remembers the first refused commit and faults the harness
+    when its ownership is lost."""
+
+    def __init__(self, bus: EventBus) -> None:
+        self.ownership: SessionOwnership | None = None  # set by the attachment
+        self.bus = bus
+        self.closed = False
+        self.faulted = False
+        self.persistence_failure: Exception | None = None
+
+    def owner(self) -> SessionOwnership:
+        assert self.ownership is not None, "use AgentHarness.create"
+        return self.ownership
+
+    def check_usable(self) -> None:
+        if self.bus.delivering:
+            raise ListenerReentry("a listener must not call harness operations; it would wait on itself")
+        if self.faulted:
+            raise HarnessFault("the harness faulted; close it and attach again")
+        if self.closed:
+            raise HarnessClosed("the harness is closed")
+
+    async def run(self, plan: Callable[[SessionMutator], Awaitable[Decision[R]]], context: Context) -> R:
+        """Run `plan` as one job: commit what it staged, then, without yielding, its continuation
+        publishes the projection and `emit_batch` binds recipients (HA-12). The job returns
+        without awaiting delivery; this call awaits it after the line is released."""
+        self.check_usable()
+        delivered: list[asyncio.Future[None]] = []
+
+        async def job(m: SessionMutator) -> R:
+            self.check_usable()
+            decision = await plan(m)
+            try:
+                result = await m.commit() if m.staged else None
+            except Exception as error:
+                self.persistence_failure = self.persistence_failure or error
+                raise
+            events = decision.after(result)
+            if events:
+                delivered.append(self.bus.emit_batch(events, context))
+            return decision.value
+
+        try:
+            value = await self.owner().mutate(job, context)
+        except OwnershipLost as error:
+            self.fault(error.code, error.message, context)
+            raise HarnessFault(f"the harness lost its session: {error.message}") from error
+        for future in delivered:
+            await asyncio.shield(future)
+        return value
+
+    def fault(self, code: str, message: str, context: Context) -> None:
+        """Stop the harness for good: emit `fault` and end every watch with `HarnessFault`."""
+        if self.faulted:
+            return
+        self.faulted = True
+        events: list[HarnessEvent] = [Fault(code=code, message=message)]
+        self.bus.emit_batch(events, context)
+        self.bus.end_watches(HarnessFault(f"the harness faulted: {message}", code=code))
+
+
+# -- entries placed on a branch ----------------------------------------------------------------
+
+
+def payload_of(message: Message) -> EntryPayload:
+    if isinstance(message, CustomMessage):
+        return CustomMessagePayload(message=message)
+    return MessagePayload(message=message)
+
+
+def pending_payload(pending: PendingEntry) -> EntryPayload:
+    """The entry a queued message or custom write becomes when it is placed."""
+    if isinstance(pending, PendingMessage):
+        return payload_of(pending.message)
+    return CustomPayload(custom_type=pending.custom_type, data=pending.data)
+
+
+@dataclass
+class Placement:
+    """Entries staged in one commit as a chain from `parent`, each with its index among the
+    commit's writes, so its `entry_added` carries its own seq."""
+
+    parent: str | None
+    staged: list[tuple[str, EntryPayload, int]] = field(default_factory=list)
+
+    @property
+    def tip(self) -> str | None:
+        return self.staged[-1][0] if self.staged else self.parent
+
+    def stage(self, m: SessionMutator, entry_id: str, payload: EntryPayload) -> None:
+        position = m.staged
+        m.insert_entry(payload, parent_id=self.tip, entry_id=entry_id)
+        self.staged.append((entry_id, payload, position))
+
+    def entries(self, result: CommitResult | None) -> list[Entry]:
+        """The staged entries as committed by `result`, oldest first."""
+        entries: list[Entry] = []
+        parent = self.parent
+        for entry_id, payload, position in self.staged:
+            assert result is not None
+            entries.append(Entry(id=entry_id, parent_id=parent, seq=result.seqs[position], timestamp=result.timestamp,
+                                 payload=payload))
+            parent = entry_id
+        return entries
+
+
+def placed_events(lane: str, entries: Sequence[Entry]) -> list[HarnessEvent]:
+    """`message_start`, `message_end` (for messages) and `entry_added` per placed entry."""
+    events: list[HarnessEvent] = []
+    for entry in entries:
+        if isinstance(entry.payload, MessagePayload | CustomMessagePayload):
+            events += [MessageStart(lane=lane, message=entry.payload.message),
+                       MessageEnd(lane=lane, message=entry.payload.message, entry_id=entry.id)]
+        events.append(EntryAdded(lane=lane, entry=entry))
+    return events
+
+
+def publish_placement(projection: LaneProjection, placement: Placement,
+                      result: CommitResult | None) -> list[HarnessEvent]:
+    """In a commit continuation: the tip moves to the end of `placement` and the cached branch
+    grows by its entries; returns their events."""
+    entries = placement.entries(result)
+    projection.move_tip(placement.tip, entries)
+    return placed_events(projection.name, entries)
+
+
+# -- operation phases ----------------------------------------------------------------------------
+
+S = TypeVar("S")
+
+
+def current_phase(projection: LaneProjection, operation_id: str, *, intent: bool = False) -> OperationState | None:
+    """The current phase of operation `operation_id` while it is still the lane's current one; with
+    `intent`, None once an abort was requested too: an intent is not committed under an abort,
+    while an outcome always is, since admitted work must settle."""
+    state, meta = projection.operation_state, projection.meta
+    if state is None or meta is None or meta.operation_id != operation_id:
+        return None
+    if intent and isinstance(state.control, CancelRequested):
+        return None
+    return state
+
+
+def live_phase(projection: LaneProjection, operation_id: str, phase: type[S], *, intent: bool = False) -> S | None:
+    """`current_phase`, when it is of type `phase`."""
+    state = current_phase(projection, operation_id, intent=intent)
+    return state if isinstance(state, phase) else None
+
+
+def abort_requested(projection: LaneProjection) -> bool:
+    """True when the lane's current operation carries a durable abort request."""
+    state = projection.operation_state
+    return state is not None and isinstance(state.control, CancelRequested)
+
+
+@dataclass(frozen=True)
+class Transition:
+    """An operation's next phase as a value: `state` (or a function of the current one) replaces
+    the whole phase, keeping its control field, committed with `stage`'s writes; `events` are
+    emitted after. An `intent` (the commit before an effect) is refused under an abort."""
+
+    state: OperationState | Callable[[OperationState], OperationState]
+    stage: Callable[[SessionMutator], None] | None = None
+    events: Callable[[CommitResult | None], Sequence[HarnessEvent]] | None = None
+    intent: bool = False
+
+
+async def commit_transition(line: SessionLine, projection: LaneProjection, operation_id: str,
+                            transition: Transition, context: Context) -> bool:
+    """Commit `transition` for operation `operation_id`; False (nothing written) when the
+    operation is no longer current, or for an intent, once an abort was requested."""
+
+    async def plan(m: SessionMutator) -> Decision[bool]:
+        current = current_phase(projection, operation_id, intent=transition.intent)
+        if current is None:
+            return Decision(False, nothing_to_publish)
+        make = transition.state
+        new_state = (make(current) if callable(make) else make).model_copy(update={"control": current.control})
+        if transition.stage is not None:
+            transition.stage(m)  # first, so an entry it inserts is write 0 of the commit
+        m.set(addresses.operation_state(operation_id), new_state)
+
+        def after(result: CommitResult | None) -> Sequence[HarnessEvent]:
+            projection.operation_state = new_state
+            return transition.events(result) if transition.events is not None else ()
+
+        return Decision(True, after)
+
+    return await line.run(plan, context)

@@ -1,0 +1,111 @@
+"""The checkpoint between steps: the between-step hook, placing queued input, the step ceiling,
+a threshold compaction, and then the next step, or the end of the run."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from harness.messages import Message
+from harness.runtime.commit import (
+    Decision,
+    Placement,
+    Transition,
+    nothing_to_publish,
+    payload_of,
+    pending_payload,
+    publish_placement,
+)
+from harness.runtime.drive.operation import DrivenOperation
+from harness.runtime.drive.provider_step import generate
+from harness.runtime.drive.settlement import settle
+from harness.runtime.drive.structural import threshold_compaction
+from harness.runtime.events import HarnessEvent
+from harness.runtime.outcomes import DriveOutcome
+from harness.session import (
+    AssistantReady,
+    CommitResult,
+    GenerationContext,
+    MayFinish,
+    NeedAssistant,
+    RunCheckpoint,
+    SessionMutator,
+    addresses,
+    new_id,
+)
+
+
+async def checkpoint(op: DrivenOperation, state: RunCheckpoint) -> DriveOutcome | Transition | None:
+    """Place what is queued; then ask the model again, or, when the run may finish and nothing was
+    placed (the before-run-end hook included), settle it completed."""
+    hooks = op.hooks
+    extra: Sequence[Message] = ()
+    if hooks.between_steps is not None and isinstance(state.continuation, NeedAssistant) and state.steps > 0:
+        extra = await hooks.between_steps(op.lane, op.context)
+    placed = await place(op, extra, include_follow_up=isinstance(state.continuation, MayFinish))
+    if placed or isinstance(state.continuation, NeedAssistant):
+        return await _next_step(op, state)
+    if hooks.before_run_end is not None:
+        await hooks.before_run_end(op.lane, op.context)
+        if await place(op, (), include_follow_up=True):
+            return await _next_step(op, state)
+    return await settle(op, state, "completed")
+
+
+async def _next_step(op: DrivenOperation, state: RunCheckpoint) -> Transition | None:
+    if state.steps >= op.settings.step_ceiling:
+        await op.lane.request_abort("step_ceiling", op.context)
+        return None
+    overflow_used = isinstance(state.continuation, NeedAssistant) and state.continuation.overflow_recovery_used
+    # The model is asked next, whatever this checkpoint placed (a follow-up included): a compaction
+    # first, completed or failed, resumes to ask it, never to finish the run.
+    asking = state.model_copy(update={"continuation": NeedAssistant(overflow_recovery_used=overflow_used)})
+    compaction = await threshold_compaction(op, asking)
+    if compaction is not None:
+        return compaction
+    retry = op.settings.retry
+    generation = GenerationContext(
+        step_id=new_id(), trigger_entry_id=op.projection.tip_id, config=op.projection.config, step=state.steps + 1,
+        max_attempts=retry.max_retries + 1, base_delay_ms=retry.base_delay_ms, overflow_recovery_used=overflow_used,
+    )
+    # `run_checkpoint` and `assistant_ready` are not committed on the way: the step's intent is
+    # the commit a restart needs, and before it the durable phase leads back here.
+    return await generate(op, AssistantReady(generation=generation))
+
+
+async def place(op: DrivenOperation, extra: Sequence[Message], *, include_follow_up: bool) -> bool:
+    """Place pending writes and steer items (and follow-ups when the run would finish) plus `extra`
+    on the branch, in one commit; True if any of them is a message the model reads."""
+    projection, lane = op.projection, op.lane.name
+
+    async def plan(m: SessionMutator) -> Decision[bool]:
+        kinds = {"write", "steer"} | ({"follow_up"} if include_follow_up else set())
+        items = [item for item in projection.state.inbox if item.kind in kinds]
+        if not items and not extra:
+            return Decision(False, nothing_to_publish)
+        await projection.load_inbox(m, op.context)
+        placement = Placement(projection.tip_id)
+        for item in items:
+            placement.stage(m, item.entry_id, pending_payload(projection.pending[item.entry_id]))
+        for message in extra:
+            placement.stage(m, new_id(), payload_of(message))
+        for item in items:
+            m.delete(addresses.pending_entry(item.entry_id))
+        taken = {item.entry_id for item in items}
+        lane_state = projection.state.model_copy(
+            update={"inbox": [i for i in projection.state.inbox if i.entry_id not in taken]})
+        m.set(addresses.branch_tip(lane), placement.tip)
+        m.set(addresses.lane_state(lane), lane_state)
+        reads = any(payload.type in ("message", "custom_message") for _, payload, _ in placement.staged)
+
+        def after(result: CommitResult | None) -> Sequence[HarnessEvent]:
+            projection.state = lane_state
+            events = publish_placement(projection, placement, result)
+            for entry_id in taken:
+                projection.pending.pop(entry_id, None)
+            if items:
+                events.append(projection.queue_update())
+            return events
+
+        return Decision(reads, after)
+
+    return await op.run(plan)

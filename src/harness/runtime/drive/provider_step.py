@@ -1,0 +1,387 @@
+"""The provider step: the intent, the streamed reply (presented live, persisted in frame pages),
+and its settlement, which classifies the reply into the next phase; and the retry wait."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable, Sequence
+
+from pydantic import JsonValue
+
+from harness.errors import ModelUnavailable, ToolsUnavailable
+from harness.messages import AssistantMessage, TextContent, ThinkingContent, ToolCall
+from harness.providers import (
+    AssistantStreamAccumulator,
+    DoneEvent,
+    ErrorEvent,
+    Model,
+    ProviderErrorInfo,
+    ProviderRequest,
+    StartEvent,
+    StreamEvent,
+    classify_exception,
+)
+from harness.runtime.commit import Decision, Transition, nothing_to_publish
+from harness.runtime.drive.operation import DrivenOperation
+from harness.runtime.drive.settlement import DOES_NOT_FIT, failure
+from harness.runtime.events import (
+    CompactionStart,
+    DeferredHandle,
+    EntryAdded,
+    HarnessEvent,
+    MessageEnd,
+    MessageStart,
+    MessageUpdate,
+    RetryEnd,
+    RetryScheduled,
+    RetryStart,
+    RunSuspend,
+    TurnEnd,
+    TurnStart,
+    UsageRecorded,
+)
+from harness.runtime.fault_points import FaultPoint, reached
+from harness.runtime.outcomes import INTERRUPTED_REPLY, DriveOutcome, WaitingRetry
+from harness.runtime.snapshot import LanePresentation, frames_message
+from harness.session import (
+    AssistantEffectPending,
+    AssistantReady,
+    AssistantRetryWait,
+    CommitResult,
+    DeferredEffectPending,
+    DeferredSuspended,
+    Entry,
+    FailureDrain,
+    FailureProvenance,
+    MayFinish,
+    MessagePayload,
+    NeedAssistant,
+    OperationErrorRecord,
+    OperationState,
+    RunCheckpoint,
+    RunTools,
+    SessionMutator,
+    SummaryPending,
+    SummaryTask,
+    ToolBatch,
+    ToolCallState,
+    addresses,
+    new_id,
+)
+
+EffectPending = AssistantEffectPending | DeferredEffectPending
+
+
+async def generate(op: DrivenOperation, state: AssistantReady) -> Transition | None:
+    """Commit the step's intent, stream the reply, and return its settlement (HA-24: the reply's
+    entry and usage ids are reserved by the intent, before the request is sent); None when the
+    intent was refused (an abort came first: the pass settles it)."""
+    generation = state.generation
+    try:
+        model, provider = op.resolve(generation.config.model, generation.config.active_tools)
+    except (ModelUnavailable, ToolsUnavailable) as unavailable:
+        return failure(unavailable.code, unavailable.message, unavailable.details, "configuration")
+    intent = AssistantEffectPending(generation=generation, attempt=state.next_attempt,
+                                    response_entry_id=new_id(), usage_id=new_id())
+    lane, operation_id = op.lane.name, op.operation_id
+    turn = TurnStart(lane=lane, operation_id=operation_id, turn_id=generation.step_id)
+    retry: list[HarnessEvent] = [] if intent.attempt == 1 else [
+        RetryStart(lane=lane, operation_id=operation_id, attempt=intent.attempt)]
+    # The request is built before the intent commits, so a failing hook leaves the phase as it was.
+    messages = list((await op.branch()).messages)
+    if op.hooks.transform_context is not None:
+        messages = await op.hooks.transform_context(messages, op.context)
+    tools = tuple(op.environment.tools[name].spec for name in generation.config.active_tools)
+    if model.max_tool_steps is not None and generation.step > model.max_tool_steps:
+        tools = ()  # a model too small to trust with more tool steps answers in text now
+    request = ProviderRequest(system_prompt=op.environment.system_prompt, messages=tuple(messages), tools=tools)
+    if not await op.commit(Transition(intent, events=lambda _: [turn, *retry], intent=True)):
+        return None
+    reached(FaultPoint.ASSISTANT_INTENT)
+    effect = op.effect_context()
+    try:
+        options = op.stream_options(model, generation)
+        message, error = await consume(op, lambda: provider.stream(model, request, options, effect), intent, model)
+    finally:
+        op.end_effect(effect)
+    reached(FaultPoint.BEFORE_REPLY_SETTLEMENT)
+    return settle_reply(op, intent, message, error)
+
+
+async def consume(
+    op: DrivenOperation, open_stream: Callable[[], AsyncIterator[StreamEvent]], intent: EffectPending, model: Model
+) -> tuple[AssistantMessage, ProviderErrorInfo | None]:
+    """Read the reply, publishing it live and persisting frames without awaiting storage in the
+    loop (HA-14); returns the final message and, for a failure, its classification."""
+    lane = op.lane
+    accumulator = AssistantStreamAccumulator(api=model.api, provider=model.provider, model=model.id)
+    frames = FrameWriter(op, intent)
+    final: AssistantMessage | None = None
+    error: ProviderErrorInfo | None = None
+    loop = asyncio.get_running_loop()
+    published_at = 0.0
+    started = False
+    trailing: asyncio.TimerHandle | None = None
+
+    def publish() -> None:
+        nonlocal started, published_at, trailing
+        trailing = None
+        partial = accumulator.message("stop")
+        update: HarnessEvent = (MessageUpdate(lane=lane.name, message=partial) if started
+                                else MessageStart(lane=lane.name, message=partial))
+        started, published_at = True, loop.time()
+        lane.present(_showing(partial), [update], op.context)
+
+    try:
+        async for event in open_stream():
+            if final is not None:
+                break  # nothing counts after the stream's end
+            if isinstance(event, DoneEvent):
+                final = event.message
+                continue
+            if isinstance(event, ErrorEvent):
+                final, error = event.message, event.error
+                continue
+            if isinstance(event, StartEvent):
+                event = event.model_copy(update={"timestamp": accumulator.timestamp})
+            accumulator.apply(event)
+            frames.add(event.model_dump(mode="json"))
+            # Building the partial reply costs O(its length): publish at a bounded rate, and what
+            # a pause in the stream holds back is published when the interval is over.
+            wait = published_at + op.settings.presentation_interval_s - loop.time()
+            if not started or wait <= 0:
+                if trailing is not None:
+                    trailing.cancel()
+                publish()
+            elif trailing is None:
+                trailing = loop.call_later(wait, publish)
+    except Exception as failed:  # a provider that breaks its promise not to raise fails in-band
+        error = classify_exception(failed)
+        final = accumulator.message("error", error_message=error.message)
+    finally:
+        if trailing is not None:
+            trailing.cancel()
+        await frames.close()
+    if final is None:
+        error = ProviderErrorInfo(kind="other", message="the provider stream ended without a final message")
+        final = accumulator.message("error", error_message=error.message)
+    return final, error
+
+
+async def interrupted_reply(op: DrivenOperation, state: EffectPending) -> AssistantMessage:
+    """The partial reply a crash left, rebuilt from its persisted frames (HA-24)."""
+
+    async def plan(m: SessionMutator) -> Decision[AssistantMessage | None]:
+        return Decision(await frames_message(m, op.operation_id, state, op.context), nothing_to_publish)
+
+    partial = await op.run(plan)
+    if partial is None:
+        return nothing_streamed(state)
+    return partial.model_copy(update={"stop_reason": "error", "error_message": INTERRUPTED_REPLY})
+
+
+def interruption() -> ProviderErrorInfo:
+    """How an interrupted reply is classified: retryable, under the interruption's message."""
+    return ProviderErrorInfo(kind="retryable", message=INTERRUPTED_REPLY)
+
+
+def settle_reply(op: DrivenOperation, intent: EffectPending, message: AssistantMessage,
+                 error: ProviderErrorInfo | None) -> Transition:
+    """The reply under its reserved ids and the next phase, as one commit."""
+    lane, projection, generation = op.lane.name, op.projection, intent.generation
+    message = _well_formed_calls(message)
+    aborting = op.aborting
+    retrying = (not aborting and error is not None and error.kind == "retryable"
+                and isinstance(intent, AssistantEffectPending) and intent.attempt < generation.max_attempts)
+    empty_abort = message.stop_reason == "aborted" and _says_nothing(message)
+    # A failed attempt that is retried or compacted away stays a side entry, out of context.
+    side = retrying or (not aborting and _recovers_overflow(op, intent, error))
+    on_branch = not side and not empty_abort
+    entry_id, parent = intent.response_entry_id, projection.tip_id
+    payload = MessagePayload(message=message)
+    next_state = _after_reply(op, intent, message, error, aborting, retrying)
+
+    def stage(m: SessionMutator) -> None:
+        if not empty_abort:
+            m.insert_entry(payload, parent_id=parent, entry_id=entry_id)
+        m.insert_usage(message.usage, usage_id=intent.usage_id, entry_id=None if empty_abort else entry_id)
+        if on_branch:
+            m.set(addresses.branch_tip(lane), entry_id)
+        m.delete_list(addresses.assistant_frames(op.operation_id, entry_id))
+
+    def events(result: CommitResult | None) -> Sequence[HarnessEvent]:
+        assert result is not None
+        op.lane.presentation.streaming_message = None
+        out: list[HarnessEvent] = [MessageEnd(lane=lane, message=message, entry_id=None if empty_abort else entry_id)]
+        if on_branch:
+            entry = Entry(id=entry_id, parent_id=parent, seq=result.seqs[0], timestamp=result.timestamp,
+                          payload=payload)
+            projection.move_tip(entry_id, [entry])
+            out.append(EntryAdded(lane=lane, entry=entry))
+        out.append(UsageRecorded(lane=lane, usage_id=intent.usage_id, usage=message.usage,
+                                 entry_id=None if empty_abort else entry_id))
+        if isinstance(next_state, AssistantRetryWait):
+            out.append(RetryScheduled(lane=lane, operation_id=op.operation_id, attempt=next_state.next_attempt,
+                                      max_attempts=generation.max_attempts, not_before=next_state.not_before,
+                                      error_message=next_state.error_message))
+        elif isinstance(intent, AssistantEffectPending) and intent.attempt > 1:
+            out.append(RetryEnd(lane=lane, operation_id=op.operation_id, attempt=intent.attempt,
+                                success=error is None, final_error=error.message if error else None))
+        if isinstance(next_state, SummaryPending):
+            out.append(CompactionStart(lane=lane, operation_id=op.operation_id, reason="overflow"))
+        if isinstance(next_state, DeferredSuspended):
+            out.append(RunSuspend(lane=lane, operation_id=op.operation_id, deferred=DeferredHandle(
+                id=message.deferred_id or "", provider=message.provider, model_id=message.model,
+                api=message.api), poll=next_state.poll))
+        elif not isinstance(next_state, RunTools | AssistantRetryWait | SummaryPending):
+            out.append(TurnEnd(lane=lane, operation_id=op.operation_id, turn_id=generation.step_id, message=message))
+        return out
+
+    return Transition(next_state, stage, events)
+
+
+def _after_reply(op: DrivenOperation, intent: EffectPending, message: AssistantMessage,
+                 error: ProviderErrorInfo | None, aborting: bool, retrying: bool) -> OperationState:
+    """Classify the reply into the next phase (first match wins)."""
+    generation = intent.generation
+    written = not (message.stop_reason == "aborted" and _says_nothing(message))  # an empty abort writes none
+    finish = RunCheckpoint(continuation=MayFinish(include_final_assistant=written),
+                           trigger_entry_id=intent.response_entry_id if written else op.projection.tip_id,
+                           steps=generation.step)
+    calls = [i for i, block in enumerate(message.content) if block.type == "tool_call"]
+    if aborting and not (calls and message.stop_reason != "aborted"):
+        return finish  # the pass then sees the abort request and settles aborted
+    if retrying:
+        assert error is not None
+        assert isinstance(intent, AssistantEffectPending)
+        delay = op.settings.retry.delay_ms(intent.attempt, error.retry_after_ms)
+        return AssistantRetryWait(generation=generation, next_attempt=intent.attempt + 1,
+                                  not_before=op.settings.clock() + delay, error_message=error.message)
+    if _recovers_overflow(op, intent, error):
+        assert isinstance(intent, AssistantEffectPending)
+        resume = RunCheckpoint(continuation=NeedAssistant(overflow_recovery_used=True),
+                               trigger_entry_id=generation.trigger_entry_id, steps=generation.step - 1)
+        task = SummaryTask(task_id=new_id(), reason="overflow", resume_after=resume)
+        return SummaryPending(task=task, config=generation.config, result_entry_id=new_id(),
+                              max_attempts=generation.max_attempts)
+    if error is not None or message.stop_reason in ("error", "aborted"):
+        text = error.message if error else (message.error_message or "the provider reported an error")
+        code = "context_overflow" if error is not None and error.kind == "context_overflow" else "assistant_error"
+        text = f"{text}; {DOES_NOT_FIT}" if code == "context_overflow" else text
+        return FailureDrain(error=OperationErrorRecord(code=code, message=text),
+                            provenance=FailureProvenance(kind="provider"))
+    if message.stop_reason == "deferred":
+        if not message.deferred_id:
+            return FailureDrain(error=OperationErrorRecord(code="assistant_error",
+                                                           message="a deferred reply came without a handle"),
+                                provenance=FailureProvenance(kind="provider"))
+        poll = intent.poll if isinstance(intent, DeferredEffectPending) else 0
+        return DeferredSuspended(generation=generation, source_entry_id=intent.response_entry_id, poll=poll)
+    if calls:  # under an abort too: the batch answers each call with "not run"
+        batch = ToolBatch(assistant_entry_id=intent.response_entry_id, turn_id=generation.step_id,
+                          config=generation.config, step=generation.step,
+                          calls=[ToolCallState(source_index=i, result_entry_id=new_id()) for i in calls])
+        return RunTools(batch=batch)
+    return finish
+
+
+def _recovers_overflow(op: DrivenOperation, intent: EffectPending, error: ProviderErrorInfo | None) -> bool:
+    """A context overflow is compacted away once per step chain, then retried."""
+    return (error is not None and error.kind == "context_overflow" and isinstance(intent, AssistantEffectPending)
+            and not intent.generation.overflow_recovery_used and op.settings.compaction.enabled)
+
+
+async def wait_retry(op: DrivenOperation, state: AssistantRetryWait) -> DriveOutcome | Transition | None:
+    """Wait out a retry's backoff, then make the attempt; or hand the wait back to the caller."""
+    if not op.wait_for_retry:
+        return WaitingRetry(operation_id=op.operation_id, not_before=state.not_before)
+    if await op.wait_until(state.not_before):
+        return await generate(op, AssistantReady(generation=state.generation, next_attempt=state.next_attempt))
+    return None
+
+
+class FrameWriter:
+    """Persists a streaming reply in pages, at most one page write in flight, never awaited by the
+    stream loop (HA-14). Each page waits `frame_interval_s` first, so a reply that ends within
+    one interval writes none, and closing cancels that wait: the settlement, which supersedes
+    the frames, waits on no timer. A page lands only while its response is still effect-pending."""
+
+    def __init__(self, op: DrivenOperation, intent: EffectPending) -> None:
+        self.op, self.intent = op, intent
+        self._buffer: list[JsonValue] = []
+        self._wakeup = asyncio.Event()
+        self._closed = asyncio.Event()
+        self._task = asyncio.get_running_loop().create_task(self._write())
+
+    def add(self, frame: JsonValue) -> None:
+        self._buffer.append(frame)
+        self._wakeup.set()
+
+    async def close(self) -> None:
+        """Stop writing; waits only for a page write already on the line."""
+        self._closed.set()
+        self._wakeup.set()
+        await self._task
+
+    async def _write(self) -> None:
+        op, response_entry_id = self.op, self.intent.response_entry_id
+        address = addresses.assistant_frames(op.operation_id, response_entry_id)
+        while True:
+            await self._wakeup.wait()
+            if not await op.pause(op.settings.frame_interval_s, self._closed):
+                return
+            self._wakeup.clear()
+            page, self._buffer = self._buffer, []
+
+            async def plan(m: SessionMutator, page: list[JsonValue] = page) -> Decision[None]:
+                if getattr(op.projection.operation_state, "response_entry_id", None) == response_entry_id:
+                    frames: dict[str, JsonValue] = {"frames": list(page)}
+                    m.append(address, frames)
+                return Decision(None, nothing_to_publish)
+
+            await op.run(plan)
+            reached(FaultPoint.MID_STREAM)
+
+
+def nothing_streamed(state: EffectPending) -> AssistantMessage:
+    """The interrupted reply of a step whose streamed frames are absent (or unreadable)."""
+    model = state.generation.config.model
+    return AssistantMessage(content=[], api="", provider=model.provider, model=model.model_id,
+                            stop_reason="error", error_message=INTERRUPTED_REPLY)
+
+
+def _showing(message: AssistantMessage) -> Callable[[LanePresentation], None]:
+    def show(presentation: LanePresentation) -> None:
+        presentation.streaming_message = message
+
+    return show
+
+
+def _says_nothing(message: AssistantMessage) -> bool:
+    """True when a reply holds nothing worth keeping: no tool call, no signed or non-blank
+    thinking, no non-blank text (an abort right after a block started)."""
+    for block in message.content:
+        if isinstance(block, TextContent) and block.text.strip():
+            return False
+        if not isinstance(block, TextContent) and not isinstance(block, ThinkingContent):
+            return False
+        if isinstance(block, ThinkingContent) and (block.thinking.strip() or block.signature):
+            return False
+    return True
+
+
+def _well_formed_calls(message: AssistantMessage) -> AssistantMessage:
+    """The reply with every tool call answerable: an empty or repeated call id gets a fresh one and
+    an empty name a placeholder (answered as an unknown tool), so no later request that replays
+    the journal is one a provider would refuse."""
+    seen: set[str] = set()
+    content = []
+    for block in message.content:
+        if isinstance(block, ToolCall):
+            call_id = block.id if block.id and block.id not in seen else f"call_{new_id()}"
+            name = block.name or "unnamed_tool"
+            if (call_id, name) != (block.id, block.name):
+                block = block.model_copy(update={"id": call_id, "name": name})
+            seen.add(call_id)
+        content.append(block)
+    return message if content == message.content else message.model_copy(update={"content": content})

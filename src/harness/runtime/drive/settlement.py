@@ -1,0 +1,147 @@
+"""Failure drain and settlement: the terminal commit of an operation, and the way into
+`failure_drain` with a machine-readable error (HA-23, HA-26)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from enum import Enum
+
+from pydantic import JsonValue
+
+from harness.messages import now_ms
+from harness.runtime.commit import Decision, Placement, Transition, pending_payload, placed_events
+from harness.runtime.drive.operation import DrivenOperation
+from harness.runtime.events import HarnessEvent, RunEnd
+from harness.runtime.fault_points import FaultPoint, reached
+from harness.runtime.outcomes import Settled
+from harness.runtime.snapshot import queued_item
+from harness.session import (
+    CancelRequested,
+    CommitResult,
+    FailureDrain,
+    FailureProvenance,
+    LaneLastResult,
+    MayFinish,
+    OperationErrorRecord,
+    OperationState,
+    RunCheckpoint,
+    SessionMutator,
+    addresses,
+)
+
+DOES_NOT_FIT = ("the conversation no longer fits the model's context window: go back to an entry before the "
+                "largest one, or to the start of the session (in the chat: /tree, where 0 is the start), or "
+                "fork the session from an earlier entry (/fork)")
+"""The way out a run names when its context cannot be made to fit: moving the tip back
+(navigation) to before the entry that is too big; compacting again cannot remove the latest turn."""
+
+
+class KeepTip(Enum):
+    """The settlement leaves the tip where it is (a tip of None is the empty branch)."""
+
+    KEEP = "keep"
+
+
+def failure(code: str, message: str, details: dict[str, JsonValue] | None, provenance: str) -> Transition:
+    """Into `failure_drain` with a machine-readable error and its provenance (HA-23, HA-26)."""
+    return Transition(FailureDrain(error=OperationErrorRecord(code=code, message=message, details=details),
+                                   provenance=FailureProvenance.model_validate({"kind": provenance})))
+
+
+async def settle(
+    op: DrivenOperation,
+    state: OperationState,
+    outcome: str,
+    *,
+    error: OperationErrorRecord | None = None,
+    abort_cause: str | None = None,
+    stage: Callable[[SessionMutator], None] | None = None,
+    tip: str | KeepTip | None = KeepTip.KEEP,
+    events_before: Callable[[CommitResult], Sequence[HarnessEvent]] | None = None,
+) -> Settled | None:
+    """The terminal commit: `stage`'s final writes (moving the tip to `tip`, where None is the
+    empty branch before the session's first entry), clean up the operation, drain steer and
+    follow-up items that were not placed, write the lane's last result, go idle; emits
+    `events_before`, then `run_end`.
+
+    Decided on the line from the current projection: an abort requested meanwhile makes a
+    completion `aborted`; steer or follow-up input that arrived since the last boundary makes
+    it not settle at all (None: the run goes on to place it)."""
+    reached(FaultPoint.BEFORE_TERMINAL_SETTLEMENT)
+    projection, lane_name = op.projection, op.lane.name
+    meta = projection.meta
+    assert meta is not None
+    final_assistant = _final_assistant(state)
+
+    async def plan(m: SessionMutator) -> Decision[Settled | None]:
+        nonlocal outcome, abort_cause
+        current = projection.operation_state
+        control = current.control if current is not None else state.control
+        if isinstance(control, CancelRequested) and outcome == "completed":
+            outcome, abort_cause = "aborted", control.cause
+        lane_state = projection.state
+        queued_steer, queued_follow = lane_state.ids_of("steer"), lane_state.ids_of("follow_up")
+        if outcome == "completed" and meta.intent.kind == "run" and (queued_steer or queued_follow):
+            return Decision(None, lambda _: [])
+        drained_steer = list(control.drained_steer) if isinstance(control, CancelRequested) else []
+        drained_follow = list(control.drained_follow_up) if isinstance(control, CancelRequested) else []
+        drained_steer += queued_steer  # never left behind for a run that did not ask for them
+        drained_follow += queued_follow
+        await projection.load_inbox(m, op.context, [*drained_steer, *drained_follow])
+        if stage is not None:
+            stage(m)
+        # Pending writes are never stranded: whatever arrived after the last boundary is placed
+        # by the terminal commit.
+        writes = [item.entry_id for item in lane_state.inbox if item.kind == "write"]
+        placement = Placement(projection.tip_id if tip is KeepTip.KEEP else tip)
+        for entry_id in writes:
+            placement.stage(m, entry_id, pending_payload(projection.pending[entry_id]))
+            m.delete(addresses.pending_entry(entry_id))
+        new_tip = placement.tip
+        if writes:
+            m.set(addresses.branch_tip(lane_name), new_tip)
+        result = LaneLastResult.model_validate({
+            "operation_id": op.operation_id, "kind": meta.intent.kind, "outcome": outcome,
+            "tip_id": new_tip, "final_assistant_entry_id": final_assistant,
+            "error": error.model_dump() if error else None, "abort_cause": abort_cause,
+            "started_at": meta.started_at, "ended_at": now_ms(),
+        })
+        drained = set(drained_steer) | set(drained_follow)
+        removed = drained | set(writes)
+        idle = lane_state.model_copy(update={
+            "current_operation_id": None,
+            "inbox": [i for i in lane_state.inbox if i.entry_id not in removed],
+        })
+        m.delete(addresses.operation_meta(op.operation_id))
+        m.delete(addresses.operation_state(op.operation_id))
+        for entry_id in drained:
+            m.delete(addresses.pending_entry(entry_id))
+        m.set(addresses.lane_last_result(lane_name), result)
+        m.set(addresses.lane_state(lane_name), idle)
+        steer = tuple(queued_item(i, projection.pending[i]) for i in drained_steer)
+        follow_up = tuple(queued_item(i, projection.pending[i]) for i in drained_follow)
+        settled = Settled(operation_id=op.operation_id, result=result, steer=steer, follow_up=follow_up)
+
+        def after(commit: CommitResult | None) -> Sequence[HarnessEvent]:
+            assert commit is not None
+            projection.meta = projection.operation_state = None
+            projection.state, projection.last_result = idle, result
+            placed = placement.entries(commit)
+            projection.move_tip(new_tip, placed)
+            events: list[HarnessEvent] = list(events_before(commit)) if events_before else []
+            events += placed_events(lane_name, placed)
+            if any(projection.pending.pop(i, None) is not None for i in removed):
+                events.append(projection.queue_update())
+            events.append(RunEnd(lane=lane_name, operation_id=op.operation_id, result=result))
+            return events
+
+        return Decision(settled, after)
+
+    return await op.run(plan)
+
+
+def _final_assistant(state: OperationState) -> str | None:
+    if (isinstance(state, RunCheckpoint) and isinstance(state.continuation, MayFinish)
+            and state.continuation.include_final_assistant):
+        return state.trigger_entry_id
+    return None

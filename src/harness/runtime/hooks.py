@@ -1,0 +1,59 @@
+"""The hooks a harness calls while it drives a run: around each tool call, on each request's
+messages, between steps and before a run ends."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+
+from pydantic import JsonValue
+
+from harness.context import Context
+from harness.messages import Message
+from harness.runtime.agent_tool import ToolOutput
+from harness.runtime.lane import Lane
+
+
+@dataclass(frozen=True)
+class ToolCallRequest:
+    """A tool call about to run, as `before_tool` and `after_tool` see it."""
+
+    operation_id: str
+    tool_call_id: str
+    tool_name: str
+    args: dict[str, JsonValue]
+
+
+@dataclass(frozen=True)
+class Block:
+    """`before_tool`'s refusal: the call gets an error result with `reason` and does not run."""
+
+    reason: str
+    terminate: bool = False
+
+
+BeforeTool = Callable[[ToolCallRequest, Context], Awaitable[Block | dict[str, JsonValue] | None]]
+"""Return None to run the call, replacement args to run it with those, or a `Block`. Raising
+blocks it too: approval fails closed."""
+
+AfterTool = Callable[[ToolCallRequest, ToolOutput, Context], Awaitable[ToolOutput | None]]
+"""Return a replacement output, or None to keep it."""
+
+TransformContext = Callable[[list[Message], Context], Awaitable[list[Message]]]
+"""Rewrite the messages of one request (not stored); errored and aborted replies are still in them."""
+
+BetweenSteps = Callable[[Lane, Context], Awaitable[Sequence[Message]]]
+"""Awaited after a tool batch settles and before the next request: it may append entries (they are
+placed at this boundary) and return messages that are placed and sent in that very request."""
+
+BeforeRunEnd = Callable[[Lane, Context], Awaitable[None]]
+"""Awaited when a run would finish, before it settles: entries it appends are placed first."""
+
+
+@dataclass(frozen=True)
+class RunHooks:
+    before_tool: BeforeTool | None = None
+    after_tool: AfterTool | None = None
+    transform_context: TransformContext | None = None
+    between_steps: BetweenSteps | None = None
+    before_run_end: BeforeRunEnd | None = None
