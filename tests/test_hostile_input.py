@@ -14,7 +14,15 @@ from harness.context import Context, NotAContext
 from harness.errors import HarnessError, InvalidInput
 from harness.messages import TextContent, UserMessage
 from harness.runtime import InvalidMessage, Lane, Settled
-from harness.session import MessagePayload, SessionMutator, SessionNotFound, Store
+from harness.session import (
+    MAX_RECORD_BYTES,
+    CustomPayload,
+    MessagePayload,
+    RecordTooLarge,
+    SessionMutator,
+    SessionNotFound,
+    Store,
+)
 from harness_helpers import said
 
 BAD_IDS = ["a\ud800", "a\x00b", "", 123]
@@ -103,3 +111,21 @@ async def test_the_journal_refuses_a_message_its_reader_would_refuse(store: Stor
     with pytest.raises(InvalidInput):
         await session.mutate(write, ctx)
     assert await session.read_entries(ctx) == []
+
+async def test_the_journal_refuses_a_record_over_its_bound(store: Store, ctx: Context) -> None:
+    """Issue 11: nothing bounded a record, so a writer could store one no reader decodes without
+    ballooning (SQLite took up to 1e9 bytes, PostgreSQL 1 GB). Whoever writes it, a record over
+    `MAX_RECORD_BYTES` is refused on every backend and nothing of the job is written."""
+    session = await store.create_session(ctx)
+
+    async def write(m: SessionMutator) -> None:
+        m.insert_entry(CustomPayload(custom_type="note", data="small"), parent_id=None)
+        m.insert_entry(CustomPayload(custom_type="dump", data="x" * MAX_RECORD_BYTES), parent_id=None)
+
+    with pytest.raises(RecordTooLarge) as refused:
+        await session.mutate(write, ctx)
+
+    assert refused.value.code == "record_too_large"
+    assert refused.value.details["limit_bytes"] == MAX_RECORD_BYTES
+    assert await session.read_entries(ctx) == []
+

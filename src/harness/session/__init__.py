@@ -18,6 +18,7 @@ from harness.session.errors import (
     InvalidWrite,
     LaneExists,
     OwnershipLost,
+    RecordTooLarge,
     ReentrantMutation,
     SessionNotFound,
     SessionOwned,
@@ -72,6 +73,7 @@ from harness.session.records import (
     UsageRow,
 )
 from harness.session.session import (
+    MAX_RECORD_BYTES,
     ListItem,
     Session,
     SessionMutator,
@@ -83,6 +85,7 @@ from harness.session.store import Store, connect
 
 __all__ = [
     "DATA_MIGRATIONS",
+    "MAX_RECORD_BYTES",
     "PHASES_OF_KIND",
     "AbortCause",
     "AssistantEffectPending",
@@ -125,6 +128,7 @@ __all__ = [
     "PendingCustom",
     "PendingEntry",
     "PendingMessage",
+    "RecordTooLarge",
     "ReentrantMutation",
     "RunCheckpoint",
     "RunStarting",
