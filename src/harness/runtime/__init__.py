@@ -71,7 +71,15 @@ from harness.runtime.events import (
 )
 from harness.runtime.harness import AgentHarness, AgentHarnessOptions
 from harness.runtime.lane import AbortRequest, AcceptedRun, Lane, LaneWatch
-from harness.runtime.requests import PromptRequest, PromptTemplate, RunRequest, Skill, SkillRequest, TemplateRequest
+from harness.runtime.requests import (
+    MAX_INPUT_BYTES,
+    PromptRequest,
+    PromptTemplate,
+    RunRequest,
+    Skill,
+    SkillRequest,
+    TemplateRequest,
+)
 from harness.runtime.snapshot import reduce_lane_snapshot
 from harness.runtime.tools import AgentTool, ToolOutput
 from harness.runtime.types import (
@@ -93,6 +101,7 @@ from harness.session.records import ThinkingLevel
 
 __all__ = [
     "INTERRUPTED_REPLY",
+    "MAX_INPUT_BYTES",
     "AbortRequest",
     "AcceptedRun",
     "AgentHarness",

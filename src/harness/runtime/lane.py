@@ -43,7 +43,14 @@ from harness.runtime.events import (
     QueueUpdate,
     RunStart,
 )
-from harness.runtime.requests import PromptRequest, RunRequest, check_input_message, describe_invalid, normalize_request
+from harness.runtime.requests import (
+    PromptRequest,
+    RunRequest,
+    check_input_message,
+    check_input_size,
+    describe_invalid,
+    normalize_request,
+)
 from harness.runtime.snapshot import LanePresentation, LaneView, capture_snapshot, queued_item, queues_of
 from harness.runtime.summary import estimate_tokens, plan_compaction
 from harness.runtime.types import CurrentOperationInfo, LaneExecutionInfo, LaneInfo, LaneSnapshot, OperationStatus
@@ -302,7 +309,9 @@ class Lane:
     async def append_message(self, message: Message, context: Context) -> str:
         """Append `message` to the lane and return its entry id. Idle, it is placed at once;
         while an operation is open it becomes a pending write, placed at the next safe point and
-        shown in the snapshot's pending writes (CE-4)."""
+        shown in the snapshot's pending writes (CE-4). Raises `PromptTooLarge` for a message over
+        `MAX_INPUT_BYTES`."""
+        check_input_size([message], "message")
         return await self._append(PendingMessage(message=owned(message)), context)
 
     async def append_custom(self, custom_type: str, data: JsonValue, context: Context) -> str:
