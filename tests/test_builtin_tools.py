@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import os
+import resource
+import signal
 import time
+import tracemalloc
 from pathlib import Path
 
 import pytest
@@ -67,6 +70,10 @@ async def call(workspace: Workspace, name: str, args: dict[str, JsonValue], cont
 
 def content(path: Path) -> str:
     return path.read_text()
+
+
+def content_bytes(path: Path) -> bytes:
+    return path.read_bytes()
 
 
 def text(output: ToolOutput) -> str:
@@ -387,6 +394,94 @@ async def test_a_long_shell_output_keeps_its_tail_and_the_whole_output_on_disk(r
     assert "showing the last 5 of 1000 lines" in shown
     assert str(full) in shown
     assert content(full) == "".join(f"{i}\n" for i in range(1, 1001))
+
+
+async def test_a_huge_shell_output_is_kept_on_disk_byte_exact_while_memory_holds_only_its_tail(
+    root: Path, tmp_path: Path
+) -> None:
+    """Issue 11: 50 MB of output cost 477 MB, and 20 MB of short lines peaked at 79 MB of Python
+    memory (a 4 MB tail held, then split into a million lines). Only the tail the model is shown
+    is held now; the note counts the whole output, and the file holds every byte."""
+    workspace = Workspace(root=root, output_dir=tmp_path / "out")  # the default cut: 30,000 characters
+    tracemalloc.start()
+    try:
+        output = await call(workspace, "shell", {"command": "yes abc | head -c 20000000"})
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+    assert peak < 2_000_000, f"{peak:,} bytes at the peak for 30,000 characters shown"
+    shown = text(output)
+    assert "showing the last 2000 of 5000000 lines (8000 of 20000000 characters)" in shown
+    assert shown.endswith("\n\n" + "abc\n" * 2000)
+    full = Path(str(details(output)["full_output"]))
+    assert content_bytes(full) == b"abc\n" * 5_000_000
+    assert details(output)["bytes"] == 20_000_000
+
+
+async def test_one_output_keeps_at_most_max_kept_bytes_on_disk_and_says_so(root: Path, tmp_path: Path) -> None:
+    workspace = Workspace(root=root, output_dir=tmp_path / "out", max_lines=5, max_kept_bytes=1_000)
+
+    output = await call(workspace, "shell", {"command": "seq 1 2000"})
+
+    full = Path(str(details(output)["full_output"]))
+    assert content_bytes(full) == "".join(f"{i}\n" for i in range(1, 2001)).encode()[:1_000]
+    assert f"only its first 1,000 bytes are in {full} (1,000 bytes is the most one output keeps)" in text(output)
+    assert text(output).endswith("1996\n1997\n1998\n1999\n2000\n")
+
+
+async def test_a_failing_disk_stops_the_file_not_the_command(root: Path, tmp_path: Path) -> None:
+    """Issue 11, failing storage: a write of the full output that fails (here the file-size limit,
+    as a full disk would) ends the file, the command runs on, and the model is told what is kept."""
+    workspace = Workspace(root=root, output_dir=tmp_path / "out", max_lines=5)
+    limits = resource.getrlimit(resource.RLIMIT_FSIZE)
+    ignored = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # so the write fails instead of killing us
+    resource.setrlimit(resource.RLIMIT_FSIZE, (5_000, limits[1]))
+    try:
+        output = await call(workspace, "shell", {"command": "seq 1 2000"})
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, limits)
+        signal.signal(signal.SIGXFSZ, ignored)
+
+    full = Path(str(details(output)["full_output"]))
+    assert not output.is_error
+    assert content_bytes(full) == "".join(f"{i}\n" for i in range(1, 2001)).encode()[:5_000]
+    assert f"only its first 5,000 bytes are in {full} (writing more failed: File too large)" in text(output)
+    assert text(output).endswith("1999\n2000\n")
+
+
+def _old_outputs(directory: Path, sizes: list[int]) -> list[Path]:
+    """Files in `directory` as earlier calls left them, oldest first (a minute apart)."""
+    directory.mkdir(parents=True)
+    files = []
+    for age, size in enumerate(sizes):
+        file = directory / f"old-{age}.log"
+        file.write_bytes(b"x" * size)
+        os.utime(file, (1_700_000_000 + 60 * age, 1_700_000_000 + 60 * age))
+        files.append(file)
+    return files
+
+
+async def test_kept_outputs_do_not_pile_up_beyond_max_kept_files(root: Path, tmp_path: Path) -> None:
+    """Nobody asked for these files: a new one deletes the oldest, so there are at most
+    `max_kept_files` with it."""
+    old = _old_outputs(tmp_path / "out", [10, 10, 10, 10])
+    workspace = Workspace(root=root, output_dir=tmp_path / "out", max_lines=5, max_kept_files=3)
+
+    output = await call(workspace, "shell", {"command": "seq 1 100"})
+
+    full = Path(str(details(output)["full_output"]))
+    assert sorted((tmp_path / "out").iterdir()) == sorted([old[2], old[3], full])
+
+
+async def test_kept_outputs_do_not_pile_up_beyond_max_kept_bytes(root: Path, tmp_path: Path) -> None:
+    old = _old_outputs(tmp_path / "out", [600, 300, 300, 300])
+    workspace = Workspace(root=root, output_dir=tmp_path / "out", max_lines=5, max_kept_bytes=1_000)
+
+    output = await call(workspace, "shell", {"command": "seq 1 100"})
+
+    full = Path(str(details(output)["full_output"]))
+    assert sorted((tmp_path / "out").iterdir()) == sorted([old[1], old[2], old[3], full])
 
 
 async def test_shell_reports_progress_and_persists_a_checkpoint(workspace: Workspace) -> None:
