@@ -8,6 +8,7 @@ import resource
 import signal
 import time
 import tracemalloc
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import pytest
@@ -279,6 +280,64 @@ async def test_the_kept_full_output_can_be_read_back_with_the_read_tool(root: Pa
 
     assert not output.is_error
     assert text(output).startswith("big.txt:49:match 48\n")
+
+
+def _peak_of(run: Callable[[], Awaitable[ToolOutput]]) -> Callable[[], Awaitable[tuple[ToolOutput, int]]]:
+    async def measured() -> tuple[ToolOutput, int]:
+        tracemalloc.start()
+        try:
+            output = await run()
+            return output, tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+
+    return measured
+
+
+async def test_read_counts_and_pages_lines_across_megabytes(workspace: Workspace, root: Path) -> None:
+    """Lines outside the page are counted a megabyte at a time: the count and the page are exact
+    across those chunks, a last line without a line end included."""
+    (root / "numbers.txt").write_text("".join(f"line {i}\n" for i in range(1, 300_000)) + "line 300000")
+
+    output = await call(workspace, "read", {"path": "numbers.txt", "offset": 250_000, "limit": 2})
+    end = await call(workspace, "read", {"path": "numbers.txt", "offset": 300_000})
+
+    assert text(output) == ("line 250000\nline 250001\n\n"
+                            "[showing lines 250000-250001 of 300000; continue with offset=250002]")
+    assert text(end) == "line 300000"
+    assert details(end)["total_lines"] == 300_000
+
+
+async def test_read_pages_a_huge_kept_line_in_a_few_megabytes(workspace: Workspace) -> None:
+    """Issue 11: read held a whole line, so a shell output of one 20 MB line (kept whole, and the
+    note sends the model to read it) cost 40 MB at the peak. It reads no further than it shows."""
+    workspace.output_dir.mkdir(parents=True)
+    kept = workspace.output_dir / "call-1.log"
+    kept.write_bytes(b"a" * 20_000_000)
+
+    output, peak = await _peak_of(lambda: call(workspace, "read", {"path": str(kept)}))()
+
+    assert peak < 5_000_000, f"{peak:,} bytes at the peak"
+    assert text(output) == "a" * 30_000 + "\n\n[line 1 is longer than 30000 characters and was cut]"
+    assert details(output)["total_lines"] == 1
+
+
+async def test_grep_searches_a_named_file_whatever_its_size_and_collects_at_most_its_match_limit(
+    workspace: Workspace
+) -> None:
+    """Files over 10 MB are skipped in a tree, and were skipped when named too: grep found
+    nothing in a large kept output it had been sent to search. A file that matches on every line
+    collected every match before the 5,000 limit applied."""
+    workspace.output_dir.mkdir(parents=True)
+    kept = workspace.output_dir / "call-1.log"
+    kept.write_bytes((b"x" * 99 + b"\n") * 110_000 + b"needle\n")  # 11 MB
+
+    needle = await call(workspace, "grep", {"pattern": "needle", "path": str(kept)})
+    every, peak = await _peak_of(lambda: call(workspace, "grep", {"pattern": "x", "path": str(kept)}))()
+
+    assert text(needle) == f"{workspace.show(kept)}:110001:needle"
+    assert details(every)["matches"] == 5_001  # 5,000 and the note saying it stopped
+    assert peak < 5_000_000, f"{peak:,} bytes at the peak"
 
 
 async def test_truncation_by_characters_cuts_a_single_huge_line(root: Path, tmp_path: Path) -> None:
