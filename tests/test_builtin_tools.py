@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import os
+import resource
+import signal
 import time
+import tracemalloc
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import pytest
@@ -76,6 +80,10 @@ async def call(workspace: Workspace, name: str, args: dict[str, JsonValue], cont
 
 def content(path: Path) -> str:
     return path.read_text()
+
+
+def content_bytes(path: Path) -> bytes:
+    return path.read_bytes()
 
 
 def text(output: ToolOutput) -> str:
@@ -283,6 +291,64 @@ async def test_the_kept_full_output_can_be_read_back_with_the_read_tool(root: Pa
     assert text(output).startswith("big.txt:49:match 48\n")
 
 
+def _peak_of(run: Callable[[], Awaitable[ToolOutput]]) -> Callable[[], Awaitable[tuple[ToolOutput, int]]]:
+    async def measured() -> tuple[ToolOutput, int]:
+        tracemalloc.start()
+        try:
+            output = await run()
+            return output, tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+
+    return measured
+
+
+async def test_read_counts_and_pages_lines_across_megabytes(workspace: Workspace, root: Path) -> None:
+    """Lines outside the page are counted a megabyte at a time: the count and the page are exact
+    across those chunks, a last line without a line end included."""
+    (root / "numbers.txt").write_text("".join(f"line {i}\n" for i in range(1, 300_000)) + "line 300000")
+
+    output = await call(workspace, "read", {"path": "numbers.txt", "offset": 250_000, "limit": 2})
+    end = await call(workspace, "read", {"path": "numbers.txt", "offset": 300_000})
+
+    assert text(output) == ("line 250000\nline 250001\n\n"
+                            "[showing lines 250000-250001 of 300000; continue with offset=250002]")
+    assert text(end) == "line 300000"
+    assert details(end)["total_lines"] == 300_000
+
+
+async def test_read_pages_a_huge_kept_line_in_a_few_megabytes(workspace: Workspace) -> None:
+    """Issue 11: read held a whole line, so a shell output of one 20 MB line (kept whole, and the
+    note sends the model to read it) cost 40 MB at the peak. It reads no further than it shows."""
+    workspace.output_dir.mkdir(parents=True)
+    kept = workspace.output_dir / "call-1.log"
+    kept.write_bytes(b"a" * 20_000_000)
+
+    output, peak = await _peak_of(lambda: call(workspace, "read", {"path": str(kept)}))()
+
+    assert peak < 5_000_000, f"{peak:,} bytes at the peak"
+    assert text(output) == "a" * 30_000 + "\n\n[line 1 is longer than 30000 characters and was cut]"
+    assert details(output)["total_lines"] == 1
+
+
+async def test_grep_searches_a_named_file_whatever_its_size_and_collects_at_most_its_match_limit(
+    workspace: Workspace
+) -> None:
+    """Files over 10 MB are skipped in a tree, and were skipped when named too: grep found
+    nothing in a large kept output it had been sent to search. A file that matches on every line
+    collected every match before the 5,000 limit applied."""
+    workspace.output_dir.mkdir(parents=True)
+    kept = workspace.output_dir / "call-1.log"
+    kept.write_bytes((b"x" * 99 + b"\n") * 110_000 + b"needle\n")  # 11 MB
+
+    needle = await call(workspace, "grep", {"pattern": "needle", "path": str(kept)})
+    every, peak = await _peak_of(lambda: call(workspace, "grep", {"pattern": "x", "path": str(kept)}))()
+
+    assert text(needle) == f"{workspace.show(kept)}:110001:needle"
+    assert details(every)["matches"] == 5_001  # 5,000 and the note saying it stopped
+    assert peak < 5_000_000, f"{peak:,} bytes at the peak"
+
+
 async def test_truncation_by_characters_cuts_a_single_huge_line(root: Path, tmp_path: Path) -> None:
     workspace = Workspace(root=root, output_dir=tmp_path / "out", max_chars=100)
     (root / "min.js").write_text("x" * 5_000)
@@ -396,6 +462,94 @@ async def test_a_long_shell_output_keeps_its_tail_and_the_whole_output_on_disk(r
     assert "showing the last 5 of 1000 lines" in shown
     assert str(full) in shown
     assert content(full) == "".join(f"{i}\n" for i in range(1, 1001))
+
+
+async def test_a_huge_shell_output_is_kept_on_disk_byte_exact_while_memory_holds_only_its_tail(
+    root: Path, tmp_path: Path
+) -> None:
+    """Issue 11: 50 MB of output cost 477 MB, and 20 MB of short lines peaked at 79 MB of Python
+    memory (a 4 MB tail held, then split into a million lines). Only the tail the model is shown
+    is held now; the note counts the whole output, and the file holds every byte."""
+    workspace = Workspace(root=root, output_dir=tmp_path / "out")  # the default cut: 30,000 characters
+    tracemalloc.start()
+    try:
+        output = await call(workspace, "shell", {"command": "yes abc | head -c 20000000"})
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+    assert peak < 2_000_000, f"{peak:,} bytes at the peak for 30,000 characters shown"
+    shown = text(output)
+    assert "showing the last 2000 of 5000000 lines (8000 of 20000000 characters)" in shown
+    assert shown.endswith("\n\n" + "abc\n" * 2000)
+    full = Path(str(details(output)["full_output"]))
+    assert content_bytes(full) == b"abc\n" * 5_000_000
+    assert details(output)["bytes"] == 20_000_000
+
+
+async def test_one_output_keeps_at_most_max_kept_bytes_on_disk_and_says_so(root: Path, tmp_path: Path) -> None:
+    workspace = Workspace(root=root, output_dir=tmp_path / "out", max_lines=5, max_kept_bytes=1_000)
+
+    output = await call(workspace, "shell", {"command": "seq 1 2000"})
+
+    full = Path(str(details(output)["full_output"]))
+    assert content_bytes(full) == "".join(f"{i}\n" for i in range(1, 2001)).encode()[:1_000]
+    assert f"only its first 1,000 bytes are in {full} (1,000 bytes is the most one output keeps)" in text(output)
+    assert text(output).endswith("1996\n1997\n1998\n1999\n2000\n")
+
+
+async def test_a_failing_disk_stops_the_file_not_the_command(root: Path, tmp_path: Path) -> None:
+    """Issue 11, failing storage: a write of the full output that fails (here the file-size limit,
+    as a full disk would) ends the file, the command runs on, and the model is told what is kept."""
+    workspace = Workspace(root=root, output_dir=tmp_path / "out", max_lines=5)
+    limits = resource.getrlimit(resource.RLIMIT_FSIZE)
+    ignored = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # so the write fails instead of killing us
+    resource.setrlimit(resource.RLIMIT_FSIZE, (5_000, limits[1]))
+    try:
+        output = await call(workspace, "shell", {"command": "seq 1 2000"})
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, limits)
+        signal.signal(signal.SIGXFSZ, ignored)
+
+    full = Path(str(details(output)["full_output"]))
+    assert not output.is_error
+    assert content_bytes(full) == "".join(f"{i}\n" for i in range(1, 2001)).encode()[:5_000]
+    assert f"only its first 5,000 bytes are in {full} (writing more failed: File too large)" in text(output)
+    assert text(output).endswith("1999\n2000\n")
+
+
+def _old_outputs(directory: Path, sizes: list[int]) -> list[Path]:
+    """Files in `directory` as earlier calls left them, oldest first (a minute apart)."""
+    directory.mkdir(parents=True)
+    files = []
+    for age, size in enumerate(sizes):
+        file = directory / f"old-{age}.log"
+        file.write_bytes(b"x" * size)
+        os.utime(file, (1_700_000_000 + 60 * age, 1_700_000_000 + 60 * age))
+        files.append(file)
+    return files
+
+
+async def test_kept_outputs_do_not_pile_up_beyond_max_kept_files(root: Path, tmp_path: Path) -> None:
+    """Nobody asked for these files: a new one deletes the oldest, so there are at most
+    `max_kept_files` with it."""
+    old = _old_outputs(tmp_path / "out", [10, 10, 10, 10])
+    workspace = Workspace(root=root, output_dir=tmp_path / "out", max_lines=5, max_kept_files=3)
+
+    output = await call(workspace, "shell", {"command": "seq 1 100"})
+
+    full = Path(str(details(output)["full_output"]))
+    assert sorted((tmp_path / "out").iterdir()) == sorted([old[2], old[3], full])
+
+
+async def test_kept_outputs_do_not_pile_up_beyond_max_kept_bytes(root: Path, tmp_path: Path) -> None:
+    old = _old_outputs(tmp_path / "out", [600, 300, 300, 300])
+    workspace = Workspace(root=root, output_dir=tmp_path / "out", max_lines=5, max_kept_bytes=1_000)
+
+    output = await call(workspace, "shell", {"command": "seq 1 100"})
+
+    full = Path(str(details(output)["full_output"]))
+    assert sorted((tmp_path / "out").iterdir()) == sorted([old[1], old[2], old[3], full])
 
 
 async def test_shell_reports_progress_and_persists_a_checkpoint(workspace: Workspace) -> None:

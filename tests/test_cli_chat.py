@@ -641,6 +641,36 @@ def test_a_prompt_sent_while_a_run_is_left_open_is_answered_when_it_is_finished(
     assert chat.leave() == 0
 
 
+def test_a_prompt_too_large_while_a_run_is_left_open_is_refused_and_the_chat_goes_on(
+        chats: list[Chat], dirs: tuple[Path, Path], server: ReplayServer) -> None:
+    """A prompt queued as a follow-up of a run left open, and refused as too large (by the window
+    here, by `MAX_INPUT_BYTES` alike), ended the chat with the error instead of showing it."""
+    (dirs[0] / "models.toml").write_text('[providers.openai]\n[[providers.openai.models]]\n'
+                                         'id = "gpt-4o"\ncontext_window = 600\n')
+    hold = Hold()
+    server.enqueue(text_reply("A partial line\n", "never sent", hold=hold))
+    first = start(chats, dirs, server)
+    first.send_line("the first question")
+    first.expect("A partial line")
+    session_id = first.session_id()
+    wait_until_persisted(first.store_url, session_id, "A partial line")
+    first.kill()
+
+    server.enqueue(text_reply("The first answer, whole."))
+    chat = start(chats, dirs, server, session_id)
+    chat.expect("Finish it now?")
+    chat.send_line("n")
+    chat.expect("prompts you send meanwhile are queued as follow-ups")
+    chat.send_line("paste " * 250)  # about 380 tokens: more than the window leaves
+    chat.expect("error [prompt_too_large]: this follow-up is too large")
+    chat.send_line("/resume")
+    chat.expect("The first answer, whole.")
+    chat.expect("turn completed")
+
+    assert len(server.requests) == 2
+    assert chat.leave() == 0
+
+
 def test_reopening_after_a_double_ctrl_c_asks_to_finish_the_abort_and_enter_does(
         chats: list[Chat], dirs: tuple[Path, Path], server: ReplayServer) -> None:
     """Ctrl-C requests a durable abort and a second Ctrl-C leaves before it settles: the chat says

@@ -21,7 +21,7 @@ from conftest import SHARED_FIXTURES, backend_url, needs_shared_fixtures
 from harness.messages import ModelIdentity, TextContent
 from harness.providers import BUILTIN_MODELS, ModelRegistry
 from harness.providers.replay import Hold, ReplayResponse, ReplayServer
-from harness.runtime import HarnessEvent
+from harness.runtime import MAX_INPUT_BYTES, HarnessEvent
 from request_validators import problems
 
 STREAMS = SHARED_FIXTURES / "provider-streams"
@@ -65,10 +65,10 @@ def json_lines(stdout: str) -> tuple[dict[str, object], list[HarnessEvent]]:
     return json.loads(first), [EVENTS.validate_json(line) for line in rest]
 
 
-def harness(home: Path, work: Path, *args: str, env: dict[str, str] | None = None, timeout: float = TIMEOUT_S
-            ) -> subprocess.CompletedProcess[str]:
+def harness(home: Path, work: Path, *args: str, env: dict[str, str] | None = None, timeout: float = TIMEOUT_S,
+            stdin: str | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "harness.cli", *args], cwd=work, env=environment(home, **(env or {})),
-                          capture_output=True, text=True, timeout=timeout, check=False)
+                          input=stdin, capture_output=True, text=True, timeout=timeout, check=False)
 
 
 def openai_env(server: ReplayServer) -> dict[str, str]:
@@ -416,6 +416,15 @@ def test_a_model_that_cannot_run_is_refused_before_anything_is_written(home: Pat
     assert "missing_api_key" in keyless.stderr
     assert "OPENAI_API_KEY" in keyless.stderr
     assert sessions.stdout == ""
+
+
+def test_a_prompt_on_stdin_over_the_input_bound_is_refused_without_reading_it_all(home: Path, work: Path) -> None:
+    """Issue 11: `run -` read stdin whole before anything could refuse it. It reads one character
+    past `MAX_INPUT_BYTES` and no further, and the run is refused with `prompt_too_large`."""
+    refused = harness(home, work, "run", "-", stdin="a" * (3 * MAX_INPUT_BYTES))
+
+    assert refused.returncode == 1
+    assert f"error [prompt_too_large]: this prompt takes at least {MAX_INPUT_BYTES + 1:,} bytes" in refused.stderr
 
 
 def test_the_embedded_model_answers_offline(home: Path, work: Path) -> None:

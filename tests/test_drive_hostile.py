@@ -30,7 +30,7 @@ from harness.providers import (
     openai_responses,
 )
 from harness.providers.faux import reply, tool_call
-from harness.runtime import AgentTool, Settled, ToolOutput
+from harness.runtime import MAX_INPUT_BYTES, AgentTool, Settled, ToolOutput
 from harness.runtime.branch_context import context_messages
 from harness.session import Store
 from request_validators import problems
@@ -147,6 +147,28 @@ async def test_a_tool_returning_something_unstorable_answers_with_an_error_resul
         [result] = [m for m in messages if isinstance(m, ToolResultMessage)]
         assert result.is_error
         assert result.details is None
+
+
+async def test_a_tool_result_over_the_input_bound_becomes_an_error_result_and_the_run_goes_on(
+    store: Store, ctx: Context
+) -> None:
+    """Issue 11: a tool's output of any size was journaled whole, then decoded on every read of the
+    branch and sent in every later request. One over `MAX_INPUT_BYTES` is answered with an error
+    result saying how large it was; the journal keeps that, not the output."""
+    huge = ToolOutput(content=[TextContent(text="x" * MAX_INPUT_BYTES)], details={"note": "y" * 1000})
+    rig = await start_rig(store, ctx, [reply(tool_call("odd", {})), "after"], tools=[returning(huge)])
+
+    outcome = settled(await within(rig.lane.prompt("go", None, ctx)))
+
+    assert outcome.result.outcome == "completed"
+    entries = await branch(rig.lane, ctx)
+    [result] = [m for m in context_messages(entries) if isinstance(m, ToolResultMessage)]
+    assert result.is_error
+    [block] = result.content
+    assert isinstance(block, TextContent)
+    assert f"more than one result may take ({MAX_INPUT_BYTES:,})" in block.text
+    assert len(block.text) < 200
+    assert [m.role for m in rig.requests()[-1]] == ["user", "assistant", "tool_result"]
 
 
 async def test_closing_during_a_tool_call_records_no_outcome_and_the_restart_replays_safely(

@@ -12,10 +12,18 @@ import pytest
 from drive_helpers import branch, start_rig, within
 from harness.context import Context, NotAContext
 from harness.errors import HarnessError, InvalidInput
-from harness.messages import TextContent, UserMessage
-from harness.runtime import InvalidMessage, Lane, Settled
-from harness.session import MessagePayload, SessionMutator, SessionNotFound, Store
-from harness_helpers import said
+from harness.messages import ModelIdentity, TextContent, UserMessage
+from harness.runtime import MAX_INPUT_BYTES, InvalidMessage, Lane, PromptRequest, PromptTooLarge, Settled
+from harness.session import (
+    MAX_RECORD_BYTES,
+    CustomPayload,
+    MessagePayload,
+    RecordTooLarge,
+    SessionMutator,
+    SessionNotFound,
+    Store,
+)
+from harness_helpers import recording, said
 
 BAD_IDS = ["a\ud800", "a\x00b", "", 123]
 
@@ -103,3 +111,92 @@ async def test_the_journal_refuses_a_message_its_reader_would_refuse(store: Stor
     with pytest.raises(InvalidInput):
         await session.mutate(write, ctx)
     assert await session.read_entries(ctx) == []
+
+
+async def test_the_journal_refuses_a_record_over_its_bound(store: Store, ctx: Context) -> None:
+    """Issue 11: nothing bounded a record, so a writer could store one no reader decodes without
+    ballooning (SQLite took up to 1e9 bytes, PostgreSQL 1 GB). Whoever writes it, a record over
+    `MAX_RECORD_BYTES` is refused on every backend and nothing of the job is written."""
+    session = await store.create_session(ctx)
+
+    async def write(m: SessionMutator) -> None:
+        m.insert_entry(CustomPayload(custom_type="note", data="small"), parent_id=None)
+        m.insert_entry(CustomPayload(custom_type="dump", data="x" * MAX_RECORD_BYTES), parent_id=None)
+
+    with pytest.raises(RecordTooLarge) as refused:
+        await session.mutate(write, ctx)
+
+    assert refused.value.code == "record_too_large"
+    assert refused.value.details["limit_bytes"] == MAX_RECORD_BYTES
+    assert await session.read_entries(ctx) == []
+
+
+# -- input over the byte bound, whatever the model (issue 11, item 10) ------------------------------
+
+HALF = "x" * (MAX_INPUT_BYTES // 2)
+UNMEASURED = ModelIdentity(provider="elsewhere", model_id="big-window")
+"""A model the registry does not know: no window check applies, only the byte bound."""
+
+
+def _open_run(lane: Lane, ctx: Context) -> Awaitable[object]:
+    return lane.accept(PromptRequest(text="go"), ctx)
+
+
+OVERSIZED: dict[str, tuple[bool, Call]] = {  # (needs an open run, the call)
+    "prompt text": (False, lambda lane, ctx: lane.prompt("x" * (MAX_INPUT_BYTES + 1), None, ctx)),
+    # Fewer characters than the bound, more bytes: the bound is what the journal stores, in UTF-8.
+    "prompt text over in bytes only": (False, lambda lane, ctx: lane.prompt("é" * (MAX_INPUT_BYTES // 2 + 1), None,
+                                                                            ctx)),
+    "prompt messages that fit alone, not together": (False, lambda lane, ctx: lane.prompt([said(HALF), said(HALF)],
+                                                                                          ctx)),
+    "steer": (True, lambda lane, ctx: lane.steer(said(HALF + HALF), ctx)),
+    "follow-up": (True, lambda lane, ctx: lane.follow_up(said(HALF + HALF), ctx)),
+    "next-run message": (False, lambda lane, ctx: lane.queue_next_run(said(HALF + HALF), ctx)),
+    "appended message": (False, lambda lane, ctx: lane.append_message(said(HALF + HALF), ctx)),
+}
+
+
+@pytest.mark.parametrize("case", list(OVERSIZED))
+async def test_input_over_the_byte_bound_is_refused_and_nothing_is_written(
+    store: Store, ctx: Context, case: str
+) -> None:
+    """A 10 MB prompt cost 100 to 154 MB of resident memory, and without a registry that knew the
+    model's window nothing refused it. Every door now refuses input over `MAX_INPUT_BYTES` with
+    `prompt_too_large`, whatever the model, before the lane commits anything."""
+    needs_run, call = OVERSIZED[case]
+    watched, backend = recording(store)
+    rig = await start_rig(watched, ctx, model=UNMEASURED)
+    if needs_run:
+        await _open_run(rig.lane, ctx)
+    commits = len(backend.commits)
+
+    with pytest.raises(PromptTooLarge) as refused:
+        await call(rig.lane, ctx)
+
+    error = refused.value
+    assert error.code == "prompt_too_large"
+    assert error.details["limit_bytes"] == MAX_INPUT_BYTES
+    size = error.details["bytes"]
+    assert isinstance(size, int)
+    assert size > MAX_INPUT_BYTES
+    assert f"{size:,} bytes" in error.message
+    assert len(backend.commits) == commits
+    watch = await rig.lane.watch(ctx)
+    watch.close()
+    queues = watch.snapshot.queues
+    assert (queues.steer, queues.follow_up, queues.next_run, watch.snapshot.pending_writes) == ((), (), (), ())
+    await rig.harness.close(ctx)
+
+
+async def test_input_just_under_the_byte_bound_is_accepted_and_stored_whole(store: Store, ctx: Context) -> None:
+    """The bound is the journal's size of the message, not less: a prompt a few bytes under it is
+    stored and reads back as sent."""
+    rig = await start_rig(store, ctx, model=UNMEASURED)
+    text = "x" * (MAX_INPUT_BYTES - 100)  # the message's JSON adds about 50 bytes
+
+    await rig.lane.accept(PromptRequest(text=text), ctx)
+
+    [entry] = await branch(rig.lane, ctx)
+    assert isinstance(entry.payload, MessagePayload)
+    assert entry.payload.message.content == text
+    await rig.harness.close(ctx)

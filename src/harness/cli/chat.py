@@ -264,7 +264,11 @@ class ChatClient:
                 self.screen.print(f"[yellow]{what} comes first: /resume finishes it[/]")
                 self.terminal.give_back(text)
                 return
-            await self.lane.follow_up(UserMessage(content=text), self.context)
+            try:
+                await self.lane.follow_up(UserMessage(content=text), self.context)
+            except HarnessError as error:  # refused (too large): nothing was queued
+                self.error(error)
+                return
             self.screen.print("[dim]queued as follow-up: the open run answers it once finished (/resume)[/]")
             return
         if (notice := self.model_notice()) is not None:

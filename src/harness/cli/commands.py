@@ -40,6 +40,7 @@ from harness.imports import (
     import_pi_session,
 )
 from harness.providers import ModelRegistry
+from harness.runtime import MAX_INPUT_BYTES
 from harness.session import Store
 
 import_app = typer.Typer(
@@ -140,7 +141,9 @@ def run(
                                  param_hint="--resume")
     if prompt is None and not resume:
         raise typer.BadParameter("a prompt is needed (or --resume with --session)", param_hint="PROMPT")
-    text = sys.stdin.read() if prompt == "-" else prompt
+    # One character past the bound is enough for the run to be refused (prompt_too_large): a pipe
+    # of gigabytes is not read whole first.
+    text = sys.stdin.read(MAX_INPUT_BYTES + 1) if prompt == "-" else prompt
     if text is not None and not text.strip():
         raise typer.BadParameter("the prompt is empty", param_hint="PROMPT")
     try:

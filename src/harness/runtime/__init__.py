@@ -61,7 +61,15 @@ from harness.runtime.harness import AgentHarness, AgentHarnessOptions
 from harness.runtime.hooks import Block, RunHooks, ToolCallRequest
 from harness.runtime.lane import AbortRequest, AcceptedRun, Lane, LaneWatch
 from harness.runtime.outcomes import INTERRUPTED_REPLY, DriveOutcome, Settled, Suspended, WaitingRetry
-from harness.runtime.requests import PromptRequest, PromptTemplate, RunRequest, Skill, SkillRequest, TemplateRequest
+from harness.runtime.requests import (
+    MAX_INPUT_BYTES,
+    PromptRequest,
+    PromptTemplate,
+    RunRequest,
+    Skill,
+    SkillRequest,
+    TemplateRequest,
+)
 from harness.runtime.settings import CompactionSettings, DriveSettings, RetryPolicy
 from harness.runtime.snapshot import reduce_lane_snapshot
 from harness.runtime.types import (
@@ -82,6 +90,7 @@ from harness.session import LaneConfig, LaneLastResult
 
 __all__ = [
     "INTERRUPTED_REPLY",
+    "MAX_INPUT_BYTES",
     "AbortRequest",
     "AcceptedRun",
     "AgentHarness",

@@ -28,9 +28,11 @@ class UnknownTemplate(HarnessError):
 
 
 class PromptTooLarge(HarnessError):
-    """Input that cannot fit the lane's model's context window even alone: it was refused before
-    anything was written (details: `estimated_tokens`, `room_tokens` (the window less the reply's
-    reserve and the system prompt), `context_window`, `model`)."""
+    """Input too large to accept; it was refused before anything was written. Either it takes more
+    than `MAX_INPUT_BYTES`, whatever the model (details: `bytes`, `limit_bytes`), or it cannot fit
+    the lane's model's context window even alone (details: `estimated_tokens`, `room_tokens` (the
+    window less the reply's reserve and the system prompt), `context_window`, `model`). One code
+    for both: either way the sender's remedy is the same, a shorter input."""
 
     code = "prompt_too_large"
 

@@ -54,6 +54,7 @@ from harness.runtime.requests import (
     RunRequest,
     Skill,
     check_input_message,
+    check_input_size,
     describe_invalid,
     normalize_request,
     prompt_call,
@@ -283,7 +284,9 @@ class Lane:
     async def append_message(self, message: Message, context: Context) -> str:
         """Append `message` to the lane and return its entry id. Idle, it is placed at once;
         while an operation is open it becomes a pending write, placed at the next safe point and
-        shown in the snapshot's pending writes (CE-4)."""
+        shown in the snapshot's pending writes (CE-4). Raises `PromptTooLarge` for a message over
+        `MAX_INPUT_BYTES`."""
+        check_input_size([message], "message")
         return await self._append(PendingMessage(message=owned(message)), context)
 
     async def append_custom(self, custom_type: str, data: JsonValue, context: Context) -> str:

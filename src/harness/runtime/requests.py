@@ -24,7 +24,15 @@ from harness.messages import (
     UserContent,
     UserMessage,
 )
-from harness.runtime.errors import InvalidMessage, UnknownSkill, UnknownTemplate
+from harness.runtime.errors import InvalidMessage, PromptTooLarge, UnknownSkill, UnknownTemplate
+
+MAX_INPUT_BYTES = 4 * 1024 * 1024
+"""The most one input from outside the model may take as the journal stores it (UTF-8 JSON): a
+prompt's messages together, one queued or appended message, one tool result. 4 MiB is the text
+that fills the largest window the built-in registry knows (gpt-4.1's 1,047,576 tokens at four
+bytes a token) and leaves room for a 3 MB photo; whatever the model, more is refused
+(`PromptTooLarge`) before anything is written, since every copy the journal, the request and the
+provider adapter make of it is held at once (issue 11: a 10 MB prompt cost 150 MB)."""
 
 
 @dataclass(frozen=True)
@@ -148,29 +156,31 @@ def normalize_request(
 ) -> NormalizedRequest:
     """Turn a request into the messages it places (HA-17). Raises `InvalidMessage` for an assistant
     or tool result in a prompt, mismatched `entry_ids`, or both text and messages; `UnknownSkill`
-    and `UnknownTemplate` for names not configured. An empty prompt gives no messages: acceptance
+    and `UnknownTemplate` for names not configured; `PromptTooLarge` for messages that take more
+    than `MAX_INPUT_BYTES` together. An empty prompt gives no messages: acceptance
     allows that only when queued next-run input supplies some (HA-18)."""
     for supplied in [request.operation_id, *(getattr(request, "entry_ids", None) or [])]:
         if supplied is not None:
             check_supplied_id(supplied)
+    entry_ids: tuple[str, ...] | None = None
     match request:
         case SkillRequest():
             skill = skills.get(request.name)
             if skill is None:
                 raise UnknownSkill(f"no skill named {request.name!r}", name=request.name)
-            text = format_skill(skill, request.additional_instructions)
-            return NormalizedRequest((UserMessage(content=text),), request.operation_id, None)
+            messages: tuple[Message, ...] = (UserMessage(content=format_skill(skill, request.additional_instructions)),)
         case TemplateRequest():
             template = templates.get(request.name)
             if template is None:
                 raise UnknownTemplate(f"no prompt template named {request.name!r}", name=request.name)
-            text = expand_template(template.content, request.args)
-            return NormalizedRequest((UserMessage(content=text),), request.operation_id, None)
-    messages = _prompt_messages(request)
-    entry_ids = tuple(request.entry_ids) if request.entry_ids is not None else None
-    if entry_ids is not None and (len(entry_ids) != len(messages) or len(set(entry_ids)) != len(entry_ids)):
-        raise InvalidMessage(f"entry_ids must name each of the {len(messages)} messages once",
-                             entry_ids=list(entry_ids))
+            messages = (UserMessage(content=expand_template(template.content, request.args)),)
+        case _:
+            messages = _prompt_messages(request)
+            entry_ids = tuple(request.entry_ids) if request.entry_ids is not None else None
+            if entry_ids is not None and (len(entry_ids) != len(messages) or len(set(entry_ids)) != len(entry_ids)):
+                raise InvalidMessage(f"entry_ids must name each of the {len(messages)} messages once",
+                                     entry_ids=list(entry_ids))
+    check_input_size(messages, "prompt")
     return NormalizedRequest(messages, request.operation_id, entry_ids)
 
 
@@ -219,7 +229,8 @@ def check_input_message(message: object) -> None:
 
     The message is read back through its JSON form, as the journal will read it: an instance
     built with `model_construct` or `model_copy(update=...)` skipped validation and may hold
-    anything. Raises `InvalidMessage`."""
+    anything. Raises `InvalidMessage`, or `PromptTooLarge` when it takes more than
+    `MAX_INPUT_BYTES`."""
     if not isinstance(message, UserMessage | CustomMessage):
         role = getattr(message, "role", None)
         if isinstance(message, BaseModel) and isinstance(role, str):
@@ -227,10 +238,51 @@ def check_input_message(message: object) -> None:
                                  role=role)
         raise InvalidMessage(f"a message must be a UserMessage or CustomMessage, not {type(message).__name__}",
                              given=type(message).__name__)
+    _refuse_if_over(_text_length(message), "message")  # before encoding: a huge one is refused uncopied
     try:
-        MESSAGE_ADAPTER.validate_json(MESSAGE_ADAPTER.dump_json(message, warnings="error"))
+        encoded = MESSAGE_ADAPTER.dump_json(message, warnings="error")
+        MESSAGE_ADAPTER.validate_json(encoded)
     except (ValidationError, PydanticSerializationError, RecursionError) as error:
         raise InvalidMessage(f"the {message.role} message is not valid: {describe_invalid(error)}") from None
+    _refuse_if_over(len(encoded), "message")
+
+
+def check_input_size(messages: Sequence[Message], what: str) -> None:
+    """Refuse `messages` (valid ones) that take more than `MAX_INPUT_BYTES` together as the journal
+    stores them, with `PromptTooLarge` naming `what` they are (details: `bytes`, at least their
+    size as `input_bytes` finds it, and `limit_bytes`)."""
+    _refuse_if_over(input_bytes(messages), what)
+
+
+def input_bytes(messages: Sequence[Message]) -> int:
+    """The bytes `messages` take together as the journal stores them (UTF-8 JSON); when their text
+    alone is longer than `MAX_INPUT_BYTES`, that length instead, found without encoding them."""
+    length = sum(_text_length(message) for message in messages)
+    if length > MAX_INPUT_BYTES:
+        return length
+    try:
+        return sum(len(MESSAGE_ADAPTER.dump_json(message, warnings=False)) for message in messages)
+    except (PydanticSerializationError, RecursionError):
+        return length  # not storable at all: the journal refuses it when it is written (InvalidInput)
+
+
+def _text_length(message: object) -> int:
+    """The characters of a message's text and image data: never more than its JSON's bytes, and
+    read without copying anything. Tolerates a message built without validation."""
+    content = getattr(message, "content", None)
+    if isinstance(content, str):
+        return len(content)
+    blocks = content if isinstance(content, list) else []
+    return sum(len(value) for block in blocks
+               if isinstance(value := getattr(block, "text", getattr(block, "data", None)), str))
+
+
+def _refuse_if_over(size: int, what: str) -> None:
+    if size > MAX_INPUT_BYTES:
+        raise PromptTooLarge(
+            f"this {what} takes at least {size:,} bytes and the most one input may take is {MAX_INPUT_BYTES:,} "
+            f"({MAX_INPUT_BYTES // 2**20} MiB); shorten it, send it in parts, or save it to a file and "
+            "refer to that", bytes=size, limit_bytes=MAX_INPUT_BYTES)
 
 
 def describe_invalid(error: ValidationError | PydanticSerializationError | RecursionError) -> str:

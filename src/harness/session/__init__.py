@@ -38,6 +38,7 @@ from harness.session.errors import (
     InvalidWrite,
     LaneExists,
     OwnershipLost,
+    RecordTooLarge,
     ReentrantMutation,
     SessionNotFound,
     SessionOwned,
@@ -97,6 +98,7 @@ from harness.session.records import (
     UsageRow,
 )
 from harness.session.session import (
+    MAX_RECORD_BYTES,
     ListItem,
     Session,
     SessionMutator,
@@ -108,6 +110,7 @@ from harness.session.store import Store, connect
 
 __all__ = [
     "DATA_MIGRATIONS",
+    "MAX_RECORD_BYTES",
     "PHASES_OF_KIND",
     "AbortCause",
     "AppendList",
@@ -162,6 +165,7 @@ __all__ = [
     "PendingCustom",
     "PendingEntry",
     "PendingMessage",
+    "RecordTooLarge",
     "ReentrantMutation",
     "RunCheckpoint",
     "RunIntent",

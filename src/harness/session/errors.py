@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from harness.errors import HarnessError
+from harness.errors import HarnessError, InvalidInput
 
 
 class StorageCorruption(HarnessError):
@@ -44,6 +44,13 @@ class InvalidWrite(HarnessError):
     after commit); nothing of the job was written."""
 
     code = "invalid_write"
+
+
+class RecordTooLarge(InvalidInput):
+    """A write's record (an entry's payload, a value or a list item) would take more than
+    `MAX_RECORD_BYTES` as stored; nothing of the job was written (details: `bytes`, `limit_bytes`)."""
+
+    code = "record_too_large"
 
 
 class LaneExists(HarnessError):

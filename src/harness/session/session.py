@@ -38,6 +38,7 @@ from harness.session.entries import ENTRY_PAYLOAD_ADAPTER, BranchPage, Entry, En
 from harness.session.errors import (
     InvalidWrite,
     LaneExists,
+    RecordTooLarge,
     ReentrantMutation,
     SessionOwned,
     StorageCorruption,
@@ -69,18 +70,31 @@ class ListItem(Generic[T]):
     seq: int
 
 
+MAX_RECORD_BYTES = 64 * 1024 * 1024
+"""The most one record (an entry's payload, a value, a list item) may take as stored (UTF-8 JSON),
+on every backend: whatever a writer hands the journal, no reader has to decode more than this at
+once. Sixteen times the largest input the runtime accepts, so a compaction's verbatim tail of
+recent messages with their images fits; far below what SQLite (1e9 bytes) and PostgreSQL (1 GB)
+could store, which no process would read back without ballooning."""
+
+
 def encode(adapter: TypeAdapter[T], value: T) -> str:
-    """Validate (cleaning text) and encode `value` as JSON text; a Context inside fails loudly."""
+    """Validate (cleaning text) and encode `value` as JSON text; a Context inside fails loudly,
+    and a value whose JSON takes more than `MAX_RECORD_BYTES` is refused (`RecordTooLarge`)."""
     if _contains_context(value):
         raise ContextNotStorable("a Context is per-invocation and is never written to the journal (HA-22)")
     try:
         validated = adapter.validate_python(value)
         try:
-            text = adapter.dump_json(validated, warnings="error").decode()
+            encoded = adapter.dump_json(validated, warnings="error")
         except PydanticSerializationError:
             # A type of the application's that does not clean its text: clean the JSON form.
             cleaned = clean_json(adapter.dump_python(validated, mode="json", warnings=False))
-            text = adapter.dump_json(adapter.validate_python(cleaned), warnings="error").decode()
+            encoded = adapter.dump_json(adapter.validate_python(cleaned), warnings="error")
+        if len(encoded) > MAX_RECORD_BYTES:
+            raise RecordTooLarge(f"the record would take {len(encoded):,} bytes; the journal keeps at most "
+                                 f"{MAX_RECORD_BYTES:,} in one", bytes=len(encoded), limit_bytes=MAX_RECORD_BYTES)
+        text = encoded.decode()
         # Model instances are not revalidated (one built with `model_construct` or
         # `model_copy(update=...)` can hold anything): read the text back as every reader will,
         # so a write never stores what its own reader refuses.

@@ -9,6 +9,7 @@ import io
 import os
 import re
 import stat
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
@@ -26,6 +27,7 @@ SKIPPED_DIRS = frozenset({".git", ".hg", ".svn", "node_modules", "__pycache__", 
 dependencies, rarely what a question is about and often huge."""
 
 _SNIFF_BYTES = 8_192
+_SKIP_CHUNK = 1_048_576
 _GREP_MAX_FILE_BYTES = 10_000_000
 _GREP_MAX_MATCHES = 5_000
 _GREP_LINE_CHARS = 300
@@ -90,28 +92,33 @@ def _read(workspace: Workspace, path: Path, offset: int, limit: int, context: Co
             return text_output(f"{shown_path} is a binary file ({size} bytes); it is not shown",
                                {"path": shown_path, "binary": True, "bytes": size})
         raw.seek(0)
-        return _read_lines(workspace, shown_path, io.TextIOWrapper(raw, encoding="utf-8", errors="replace",
-                                                                   newline=""), offset, limit, context)
+        return _read_lines(workspace, shown_path, raw, offset, limit, context)
 
 
-def _read_lines(workspace: Workspace, shown_path: str, file: io.TextIOWrapper, offset: int, limit: int,
+def _read_lines(workspace: Workspace, shown_path: str, raw: BinaryIO, offset: int, limit: int,
                 context: Context) -> ToolOutput:
+    """The page of lines `offset`.. of `raw` and the file's line count (lines end with `\\n`).
+
+    Lines outside the page are counted a megabyte at a time, not read one by one, and a line is
+    read no further than the page can show: a kept shell output of 50 MB, one line or millions,
+    is paged in a moment and in a few megabytes."""
+    total = _skip_lines(raw, offset - 1, context)
     kept: list[str] = []
-    chars, total, cut_line = 0, 0, False
-    for number, line in enumerate(file, start=1):
-        total = number
-        if number % 10_000 == 0 and context.cancelled:
-            raise ToolFailure("cancelled")
-        if number < offset or len(kept) >= limit or chars >= workspace.max_chars:
-            continue
+    chars, cut_line = 0, False
+    widest = 4 * workspace.max_chars + 1  # bytes enough for `max_chars` characters and a line end
+    while len(kept) < limit and chars < workspace.max_chars and (data := raw.readline(widest)):
+        total += 1
+        if not data.endswith(b"\n") and len(data) == widest:
+            _skip_lines(raw, 1, context)  # the rest of a line too long to show
+        line = data.decode("utf-8", errors="replace")
         room = workspace.max_chars - chars
         if len(line) > room:
             if kept:  # the next whole line does not fit: stop before it
-                chars = workspace.max_chars
-                continue
+                break
             line, cut_line = line[:room] + "\n", True
         kept.append(line)
         chars += len(line)
+    total += _skip_lines(raw, sys.maxsize, context)
     if total == 0:
         return text_output(f"{shown_path} is empty", {"path": shown_path, "total_lines": 0, "truncated": False})
     if offset > total:
@@ -128,6 +135,29 @@ def _read_lines(workspace: Workspace, shown_path: str, file: io.TextIOWrapper, o
     details: dict[str, JsonValue] = {"path": shown_path, "first_line": offset, "last_line": last,
                                      "total_lines": total, "truncated": bool(notes)}
     return text_output(text, details)
+
+
+def _skip_lines(raw: BinaryIO, count: int, context: Context) -> int:
+    """Move past the next `count` lines of `raw` (a last line without a line end counts) and
+    return how many there were: `count`, or fewer at the end of the file."""
+    skipped, partial = 0, False
+    while skipped < count:
+        if context.cancelled:
+            raise ToolFailure("cancelled")
+        start = raw.tell()
+        chunk = raw.read(_SKIP_CHUNK)
+        if not chunk:
+            return skipped + partial
+        ends = chunk.count(b"\n")
+        if skipped + ends >= count:
+            at = -1
+            for _ in range(count - skipped):
+                at = chunk.index(b"\n", at + 1)
+            raw.seek(start + at + 1)
+            return count
+        skipped += ends
+        partial = not chunk.endswith(b"\n")
+    return skipped
 
 
 # -- write and edit -------------------------------------------------------------------------------
@@ -248,8 +278,9 @@ def _walk_listing(root: Path, depth: int, context: Context) -> Iterator[str]:
 
 async def grep(workspace: Workspace, tool_call_id: str, args: dict[str, JsonValue], context: Context) -> ToolOutput:
     """Lines matching a regular expression in the files under `path` (or in one file), as
-    `path:line:text`, files in sorted order; `glob` filters file names; binary files, files over
-    10 MB and `SKIPPED_DIRS` are skipped."""
+    `path:line:text`, files in sorted order, at most 5,000; `glob` filters file names; binary
+    files, `SKIPPED_DIRS` and, below a directory, files over 10 MB are skipped (a file named as
+    `path`, such as a kept tool output, is searched whatever its size)."""
     pattern_text = _string(args, "pattern")
     flags = re.IGNORECASE if args.get("ignore_case") is True else 0
     try:
@@ -273,7 +304,8 @@ async def grep(workspace: Workspace, tool_call_id: str, args: dict[str, JsonValu
                 workspace.resolve(str(file), reading=True)
             except PathOutsideWorkspace:
                 continue
-            found = _grep_file(file, pattern, workspace.show(file))
+            found = _grep_file(file, pattern, workspace.show(file), context, most=_GREP_MAX_MATCHES - len(matches),
+                               any_size=file == path)
             if found is None:
                 not_regular.append(workspace.show(file))
             elif found:
@@ -310,25 +342,32 @@ def _files(path: Path, glob: str | None, context: Context) -> Iterator[Path]:
                 yield Path(directory) / name
 
 
-def _grep_file(file: Path, pattern: re.Pattern[str], shown: str) -> list[str] | None:
-    """The matching lines of `file`; None if it is not a regular file (never read: see
-    `open_regular_file`)."""
+def _grep_file(file: Path, pattern: re.Pattern[str], shown: str, context: Context, *, most: int,
+               any_size: bool) -> list[str] | None:
+    """The first `most` matching lines of `file` ([] for a binary file, or one over 10 MB unless
+    `any_size`); None if it is not a regular file (never read: see `open_regular_file`)."""
     try:
         raw = open_regular_file(file)
         if raw is None:
             return None
         with raw:
-            if os.fstat(raw.fileno()).st_size > _GREP_MAX_FILE_BYTES or is_binary(raw.read(_SNIFF_BYTES)):
+            too_large = not any_size and os.fstat(raw.fileno()).st_size > _GREP_MAX_FILE_BYTES
+            if too_large or is_binary(raw.read(_SNIFF_BYTES)):
                 return []
             raw.seek(0)
-            return _matches(io.TextIOWrapper(raw, encoding="utf-8", errors="replace"), pattern, shown)
+            return _matches(io.TextIOWrapper(raw, encoding="utf-8", errors="replace"), pattern, shown, most, context)
     except OSError:
         return []  # unreadable files (permissions, vanished) are not matches
 
 
-def _matches(text: io.TextIOWrapper, pattern: re.Pattern[str], shown: str) -> list[str]:
-    found = []
+def _matches(text: io.TextIOWrapper, pattern: re.Pattern[str], shown: str, most: int,
+             context: Context) -> list[str]:
+    found: list[str] = []
     for number, line in enumerate(text, start=1):
+        if len(found) >= most:  # a file of millions of matches is not collected whole
+            break
+        if number % 10_000 == 0 and context.cancelled:  # a kept output may have millions of lines
+            raise ToolFailure("cancelled")
         if pattern.search(line):
             line = line.rstrip("\r\n")
             if len(line) > _GREP_LINE_CHARS:

@@ -8,7 +8,6 @@ import contextlib
 import os
 import signal
 import time
-from collections import deque
 from pathlib import Path
 
 from pydantic import JsonValue
@@ -16,7 +15,7 @@ from pydantic import JsonValue
 from harness.context import Context
 from harness.runtime import ProgressCallback, ToolOutput
 from harness.tools.files import text_output
-from harness.tools.workspace import LimitedOutput, ToolFailure, Workspace, env_for_tools
+from harness.tools.workspace import OutputCapture, ToolFailure, Workspace, env_for_tools
 
 SHELL = "/bin/bash" if Path("/bin/bash").exists() else "/bin/sh"
 PROGRESS_INTERVAL_S = 0.5
@@ -35,10 +34,11 @@ async def run_shell(workspace: Workspace, tool_call_id: str, args: dict[str, Jso
                     on_update: ProgressCallback, context: Context) -> ToolOutput:
     """Run `command` with `SHELL -c` in `workspace.root`, stdin closed, stdout and stderr merged.
 
-    The output streams to a file in `workspace.output_dir` as it arrives; the model gets its tail
-    (cut to the workspace's limits, with a note naming the file) and the file is removed when
-    nothing was cut. Progress (`{output, bytes, elapsed_s}`) goes to `on_update` every
-    `PROGRESS_INTERVAL_S` while there is new output, persisted every `CHECKPOINT_INTERVAL_S`.
+    The output streams to a file in `workspace.output_dir` as it arrives, and only its tail is
+    held in memory (see `OutputCapture`); the model gets that tail (cut to the workspace's limits,
+    with a note naming the file and how much was cut) and the file is removed when nothing was
+    cut. Progress (`{output, bytes, elapsed_s}`) goes to `on_update` every `PROGRESS_INTERVAL_S`
+    while there is new output, persisted every `CHECKPOINT_INTERVAL_S`.
     On timeout or cancellation of `context` the process group gets SIGTERM, then SIGKILL after
     `KILL_GRACE_S`; the result is an error either way, as is a non-zero exit status."""
     command = args.get("command")
@@ -50,7 +50,7 @@ async def run_shell(workspace: Workspace, tool_call_id: str, args: dict[str, Jso
     timeout = min(float(timeout), workspace.max_shell_timeout_s)
     context.raise_if_cancelled()
 
-    spill = workspace.new_output_file(tool_call_id, ".log")
+    capture = workspace.capture(tool_call_id, ".log")
     guard = await _GroupGuard.start()
     started = time.monotonic()
     try:
@@ -60,12 +60,12 @@ async def run_shell(workspace: Workspace, tool_call_id: str, args: dict[str, Jso
             start_new_session=True,  # its own process group, so a kill reaches every child
         )
     except BaseException:
+        capture.close()
         await guard.release()
         raise
     guard.watch(process.pid)
-    capture = _Capture(spill)
     assert process.stdout is not None
-    reader = asyncio.ensure_future(capture.read(process.stdout))
+    reader = asyncio.ensure_future(_read(process.stdout, capture))
     exited = asyncio.ensure_future(_exit_of(process))
     cancelled = asyncio.ensure_future(context.wait_cancelled())
     ended_by: str | None = None
@@ -87,7 +87,7 @@ async def run_shell(workspace: Workspace, tool_call_id: str, args: dict[str, Jso
                 persist = time.monotonic() - checkpointed >= CHECKPOINT_INTERVAL_S
                 if persist:
                     checkpointed = time.monotonic()
-                await on_update(capture.progress(time.monotonic() - started), persist)
+                await on_update(_progress(capture, time.monotonic() - started), persist)
         if ended_by is not None:
             await _kill_group(process, exited)
         await _drain(reader)
@@ -95,23 +95,17 @@ async def run_shell(workspace: Workspace, tool_call_id: str, args: dict[str, Jso
         # The task itself was cancelled (an abort past its grace) or something broke: leave nothing running.
         _signal_group(process, signal.SIGKILL)
         reader.cancel()
+        capture.close()
         raise
     finally:
         cancelled.cancel()
-        capture.close()
         await guard.release()
 
     elapsed = time.monotonic() - started
     exit_code = process.returncode
-    output = capture.text()
+    limited = capture.finish(hint="read it with the read tool (offset/limit) or grep it")
     footer = _footer(ended_by, exit_code, timeout)
-    limited = workspace.limit(output, tool_call_id, keep="tail", full_output=spill,
-                              hint="read it with the read tool (offset/limit) or grep it")
-    if not limited.truncated:
-        with contextlib.suppress(OSError):
-            spill.unlink()
-        limited = LimitedOutput(limited.text, truncated=False, full_output=None)
-    text = limited.text if output else "(no output)"
+    text = limited.text if capture.bytes else "(no output)"
     if footer:
         text = f"{text.rstrip(chr(10))}\n\n[{footer}]"
     details: dict[str, JsonValue] = {
@@ -132,44 +126,13 @@ def _footer(ended_by: str | None, exit_code: int | None, timeout: float) -> str:
     return ""
 
 
-class _Capture:
-    """The command's output: every byte to the spill file, a bounded tail in memory."""
+async def _read(stream: asyncio.StreamReader, capture: OutputCapture) -> None:
+    while chunk := await stream.read(_READ_CHUNK):
+        capture.write(chunk)
 
-    def __init__(self, spill: Path) -> None:
-        self._file = spill.open("wb")
-        self._tail: deque[bytes] = deque()
-        self._tail_bytes = 0
-        self._limit = 4 * 1024 * 1024  # enough for any tail the model is shown
-        self.bytes = 0
-        self.truncated_in_memory = False
 
-    async def read(self, stream: asyncio.StreamReader) -> None:
-        while chunk := await stream.read(_READ_CHUNK):
-            self._file.write(chunk)
-            self._file.flush()
-            self.bytes += len(chunk)
-            self._tail.append(chunk)
-            self._tail_bytes += len(chunk)
-            while self._tail_bytes - len(self._tail[0]) >= self._limit:
-                self._tail_bytes -= len(self._tail.popleft())
-                self.truncated_in_memory = True
-
-    def text(self) -> str:
-        data = b"".join(self._tail).decode("utf-8", errors="replace")
-        if self.truncated_in_memory:
-            # Only the tail is in memory; mark the head as missing so the note's counts are honest.
-            data = f"[… {self.bytes - self._tail_bytes} earlier bytes are only in the file]\n{data}"
-        return data
-
-    def progress(self, elapsed_s: float) -> JsonValue:
-        tail = self._tail[-1] if self._tail else b""
-        if len(tail) < _PROGRESS_TAIL_CHARS and len(self._tail) > 1:
-            tail = b"".join(list(self._tail)[-4:])
-        return {"output": tail[-_PROGRESS_TAIL_CHARS:].decode("utf-8", errors="replace"), "bytes": self.bytes,
-                "elapsed_s": round(elapsed_s, 1)}
-
-    def close(self) -> None:
-        self._file.close()
+def _progress(capture: OutputCapture, elapsed_s: float) -> JsonValue:
+    return {"output": capture.last(_PROGRESS_TAIL_CHARS), "bytes": capture.bytes, "elapsed_s": round(elapsed_s, 1)}
 
 
 async def _exit_of(process: asyncio.subprocess.Process) -> int:

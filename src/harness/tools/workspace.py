@@ -3,12 +3,14 @@ keep a truncated output whole."""
 
 from __future__ import annotations
 
+import codecs
+import contextlib
 import os
 import re
 import secrets
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import BinaryIO, Literal
 
 from pydantic import JsonValue
 
@@ -28,6 +30,8 @@ class ToolFailure(Exception):
 
 DEFAULT_MAX_CHARS = 30_000
 DEFAULT_MAX_LINES = 2_000
+DEFAULT_MAX_KEPT_FILES = 100
+DEFAULT_MAX_KEPT_BYTES = 1024 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -38,16 +42,21 @@ class Workspace:
     `allow_outside=False` (the default) every path must resolve inside it, `..` and symlinks
     followed first, so a link pointing out is refused like `../x` is. `read` may also open the
     files in `output_dir`, where outputs longer than `max_chars` characters or `max_lines` lines
-    are kept whole (the model gets a truncated copy and a note naming the file). The shell tool
-    runs with `root` as its working directory but is not confined by it: a shell can go anywhere,
-    which is why it needs approval. `shell_timeout_s` is a shell command's default time limit and
-    `max_shell_timeout_s` the most a call may ask for."""
+    are kept whole (the model gets a truncated copy and a note naming the file). Nobody asked for
+    those files, so they do not pile up: `output_dir` keeps the newest `max_kept_files` of them,
+    the oldest deleted when a new one is made until the rest take at most `max_kept_bytes`, and
+    one output keeps at most `max_kept_bytes` (its note says so when the rest was not kept). The
+    shell tool runs with `root` as its working directory but is not confined by it: a shell can
+    go anywhere, which is why it needs approval. `shell_timeout_s` is a shell command's default
+    time limit and `max_shell_timeout_s` the most a call may ask for."""
 
     root: Path
     output_dir: Path
     allow_outside: bool = False
     max_chars: int = DEFAULT_MAX_CHARS
     max_lines: int = DEFAULT_MAX_LINES
+    max_kept_files: int = DEFAULT_MAX_KEPT_FILES
+    max_kept_bytes: int = DEFAULT_MAX_KEPT_BYTES
     shell_timeout_s: float = 120.0
     max_shell_timeout_s: float = 1_800.0
 
@@ -82,31 +91,135 @@ class Workspace:
     # -- outputs ----------------------------------------------------------------------------------
 
     def new_output_file(self, tool_call_id: str, suffix: str = ".txt") -> Path:
-        """A fresh file in `output_dir` for one call's full output (the directory is created)."""
+        """A fresh file in `output_dir` for one call's full output (the directory is created),
+        after deleting the oldest kept outputs beyond `max_kept_files` and `max_kept_bytes`."""
         self.output_dir.mkdir(parents=True, exist_ok=True)
+        self._make_room()
         safe = re.sub(r"[^A-Za-z0-9_.-]", "_", tool_call_id)[:80] or "call"
         return self.output_dir / f"{safe}-{secrets.token_hex(4)}{suffix}"
 
-    def limit(self, text: str, tool_call_id: str, *, keep: Literal["head", "tail"] = "head",
-              full_output: Path | None = None, hint: str = "") -> LimitedOutput:
-        """`text` cut to `max_lines` lines and `max_chars` characters, keeping its head or tail.
+    def _make_room(self) -> None:
+        """Delete the oldest files of `output_dir` until, with the one about to be made, there are
+        at most `max_kept_files` and the others take at most `max_kept_bytes`."""
+        kept: list[tuple[float, int, str]] = []
+        with os.scandir(self.output_dir) as entries:
+            for entry in entries:
+                with contextlib.suppress(OSError):  # another process may be deleting it too
+                    if entry.is_file(follow_symlinks=False):
+                        info = entry.stat(follow_symlinks=False)
+                        kept.append((info.st_mtime, info.st_size, entry.path))
+        kept.sort(reverse=True)  # newest first
+        total = 0
+        for position, (_, size, path) in enumerate(kept):
+            total += size
+            if position + 1 >= self.max_kept_files or total > self.max_kept_bytes:
+                with contextlib.suppress(OSError):
+                    os.unlink(path)
 
-        When it is cut, the whole text is written to a new file in `output_dir` (unless
-        `full_output` already holds it) and a note naming that file, and `hint` on how to see more,
-        is appended to what the model reads."""
-        cut, total_lines = _cut(text, self.max_lines, self.max_chars, keep)
-        if cut is None:
-            return LimitedOutput(text, truncated=False, full_output=full_output)
-        if full_output is None:
-            full_output = self.new_output_file(tool_call_id)
-            full_output.write_text(text, encoding="utf-8", errors="replace")
-        shown_lines = cut.count("\n") + (0 if cut.endswith("\n") or not cut else 1)
-        which = "first" if keep == "head" else "last"
-        note = (f"[output truncated: showing the {which} {shown_lines} of {total_lines} lines "
-                f"({len(cut)} of {len(text)} characters); the full output is in {full_output}"
-                f"{'; ' + hint if hint else ''}]")
-        shown = f"{cut.rstrip(chr(10))}\n\n{note}" if keep == "head" else f"{note}\n\n{cut}"
-        return LimitedOutput(shown, truncated=True, full_output=full_output)
+    def limit(self, text: str, tool_call_id: str, *, hint: str = "") -> LimitedOutput:
+        """`text` cut to `max_lines` lines and `max_chars` characters, keeping its head.
+
+        When it is cut, the whole text is written to a new file in `output_dir` and a note naming
+        that file, and `hint` on how to see more, is appended to what the model reads."""
+        total_lines = _count_lines(text)
+        if total_lines <= self.max_lines and len(text) <= self.max_chars:
+            return LimitedOutput(text, truncated=False, full_output=None)
+        full_output = self.new_output_file(tool_call_id)
+        full_output.write_text(text, encoding="utf-8", errors="replace")
+        cut = _cut(text, self.max_lines, self.max_chars, "head")
+        note = _note("first", cut, total_lines, len(text), f"the full output is in {full_output}", hint)
+        return LimitedOutput(f"{cut.rstrip(chr(10))}\n\n{note}", truncated=True, full_output=full_output)
+
+    def capture(self, tool_call_id: str, suffix: str = ".txt") -> OutputCapture:
+        """A capture of one call's output as it streams: see `OutputCapture`."""
+        return OutputCapture(self, self.new_output_file(tool_call_id, suffix))
+
+
+class OutputCapture:
+    """One call's output as it streams (`write` its bytes, then `finish`): every byte goes to a
+    file in the workspace's `output_dir`, up to `max_kept_bytes`, and only the tail the model can
+    be shown stays in memory (the last `max_chars` characters), with the whole output's counts
+    (`bytes` so far). So memory stays a small multiple of what the model reads, however long the
+    output."""
+
+    def __init__(self, workspace: Workspace, path: Path) -> None:
+        self._workspace = workspace
+        self.path = path
+        self._file: BinaryIO | None = path.open("wb")
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._tail = ""
+        self._chars = 0
+        self._newlines = 0
+        self.bytes = 0
+        self._kept_bytes = 0
+        self._not_kept: str | None = None  # why the file holds only the output's beginning
+
+    def write(self, chunk: bytes) -> None:
+        """Add `chunk` of output: to the file, and to the counts and the tail."""
+        self.bytes += len(chunk)
+        self._keep(chunk)
+        self._add(self._decoder.decode(chunk))
+
+    def last(self, chars: int) -> str:
+        """The last `chars` characters of the output so far (at most `max_chars` of them)."""
+        return self._tail[-chars:]
+
+    def finish(self, *, hint: str = "") -> LimitedOutput:
+        """What the model reads: the output's tail cut to `max_lines` lines and `max_chars`
+        characters, after a note naming the file with all of it and `hint` on how to see more.
+        When nothing was cut there is no note and the file is deleted."""
+        self._add(self._decoder.decode(b"", final=True))
+        self._close()
+        workspace, text = self._workspace, self._tail
+        total_lines = self._newlines + (0 if text.endswith("\n") or not text else 1)
+        if total_lines <= workspace.max_lines and self._chars <= workspace.max_chars:
+            with contextlib.suppress(OSError):
+                self.path.unlink()
+            return LimitedOutput(text, truncated=False, full_output=None)
+        cut = _cut(text, workspace.max_lines, workspace.max_chars, "tail")
+        where = f"the full output is in {self.path}"
+        if self._not_kept is not None:
+            kept = self.path.stat().st_size if self.path.exists() else 0
+            where = f"only its first {kept:,} bytes are in {self.path} ({self._not_kept})"
+        note = _note("last", cut, total_lines, self._chars, where, hint)
+        return LimitedOutput(f"{note}\n\n{cut}", truncated=True, full_output=self.path)
+
+    def close(self) -> None:
+        """Close the file (kept as it is); `finish` closes it too."""
+        self._close()
+
+    def _add(self, text: str) -> None:
+        self._chars += len(text)
+        self._newlines += text.count("\n")
+        # Joined then cut: a copy of at most `max_chars` plus one chunk, never of the output. One
+        # character more than is shown, so a cut can tell a whole first line from a partial one.
+        self._tail = (self._tail + text)[-(self._workspace.max_chars + 1):]
+
+    def _keep(self, chunk: bytes) -> None:
+        if self._file is None:
+            return
+        room = self._workspace.max_kept_bytes - self._kept_bytes
+        try:
+            self._file.write(chunk[:room])
+            self._kept_bytes += min(len(chunk), room)
+        except OSError as error:  # a full disk, say: the output goes on, only the file stops
+            self._stop(f"writing more failed: {error.strerror or error}")
+            return
+        if len(chunk) > room:
+            self._stop(f"{self._workspace.max_kept_bytes:,} bytes is the most one output keeps")
+
+    def _stop(self, why: str) -> None:
+        self._not_kept = why
+        self._close()
+
+    def _close(self) -> None:
+        if self._file is None:
+            return
+        file, self._file = self._file, None
+        try:
+            file.close()
+        except OSError as error:  # the last buffered bytes did not reach the disk
+            self._not_kept = self._not_kept or f"writing more failed: {error.strerror or error}"
 
 
 @dataclass(frozen=True)
@@ -126,25 +239,46 @@ def _within(path: Path, root: Path) -> bool:
     return path == root or path.is_relative_to(root)
 
 
-def _cut(text: str, max_lines: int, max_chars: int, keep: Literal["head", "tail"]) -> tuple[str | None, int]:
-    """The kept part of `text` (None when nothing had to go) and its total line count."""
-    lines = text.splitlines(keepends=True)
-    total = len(lines)
-    if total <= max_lines and len(text) <= max_chars:
-        return None, total
-    kept = lines[:max_lines] if keep == "head" else lines[-max_lines:]
-    joined = "".join(kept)
-    if len(joined) > max_chars:
-        if keep == "head":
-            joined = joined[:max_chars]
-            # Keep whole lines when at least one fits; a single huge line is cut mid-line.
-            if "\n" in joined:
-                joined = joined[: joined.rindex("\n") + 1]
-        else:
-            joined = joined[-max_chars:]
-            if "\n" in joined[:-1]:
-                joined = joined[joined.index("\n") + 1:]
-    return joined, total
+def _count_lines(text: str) -> int:
+    """Lines as `\\n` ends them; a last line without one counts too."""
+    return text.count("\n") + (0 if text.endswith("\n") or not text else 1)
+
+
+def _cut(text: str, max_lines: int, max_chars: int, keep: Literal["head", "tail"]) -> str:
+    """The first (or last) `max_lines` lines of `text`, then at most `max_chars` characters of
+    them: whole lines when at least one fits, else one huge line cut mid-line. Found by searching
+    for line ends, so a text of many short lines is never split into a list of them."""
+    if keep == "head":
+        end = 0
+        for _ in range(max_lines):
+            found = text.find("\n", end)
+            if found < 0:
+                end = len(text)
+                break
+            end = found + 1
+        kept = text[:end]
+        if len(kept) > max_chars:
+            kept = kept[:max_chars]
+            if "\n" in kept:
+                kept = kept[: kept.rindex("\n") + 1]
+        return kept
+    start = len(text) - (1 if text.endswith("\n") else 0)
+    for _ in range(max_lines):
+        start = text.rfind("\n", 0, start)
+        if start < 0:
+            break
+    kept = text[start + 1:]
+    if len(kept) > max_chars:
+        kept = kept[-max_chars:]
+        if "\n" in kept[:-1]:
+            kept = kept[kept.index("\n") + 1:]
+    return kept
+
+
+def _note(which: str, cut: str, total_lines: int, total_chars: int, where: str, hint: str) -> str:
+    shown_lines = _count_lines(cut)
+    return (f"[output truncated: showing the {which} {shown_lines} of {total_lines} lines "
+            f"({len(cut)} of {total_chars} characters); {where}{'; ' + hint if hint else ''}]")
 
 
 def is_binary(sample: bytes) -> bool:

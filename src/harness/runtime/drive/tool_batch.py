@@ -36,6 +36,7 @@ from harness.runtime.events import (
 )
 from harness.runtime.fault_points import FaultPoint, reached
 from harness.runtime.hooks import Block, ToolCallRequest
+from harness.runtime.requests import MAX_INPUT_BYTES, input_bytes
 from harness.runtime.snapshot import LanePresentation
 from harness.session import (
     CancelRequested,
@@ -384,12 +385,15 @@ def _error_result(block: ToolCall, text: str) -> ToolResultMessage:
 
 def _result_of(block: ToolCall, output: object) -> tuple[ToolResultMessage, bool]:
     """The result message of what a tool returned, and its `terminate`; a value that is not a
-    storable `ToolOutput` becomes an error result: a tool's failure is its result, not the run's."""
+    storable `ToolOutput`, or one over `MAX_INPUT_BYTES`, becomes an error result: a tool's failure
+    is its result, not the run's."""
     if isinstance(output, ToolOutput):
         try:
             result = ToolResultMessage(tool_call_id=block.id, tool_name=block.name, content=output.content,
                                        details=output.details, is_error=output.is_error)
-            return result, output.terminate
+            if (size := input_bytes([result])) <= MAX_INPUT_BYTES:
+                return result, output.terminate
+            problem = f"its output takes {size:,} bytes, more than one result may take ({MAX_INPUT_BYTES:,})"
         except ValidationError as error:
             problem = f"its output is not storable ({error.errors()[0]['msg']})"
     else:
