@@ -67,10 +67,16 @@ def text_reply(*parts: str, thinking: str | None = None, hold: Hold | None = Non
 
 def tool_reply(name: str, arguments: dict[str, Any], call_id: str = "call_1") -> ReplayResponse:
     """A streamed reply that is one tool call."""
-    start = {"index": 0, "id": call_id, "type": "function", "function": {"name": name, "arguments": ""}}
-    args = {"index": 0, "function": {"arguments": json.dumps(arguments)}}
-    body = [_chunk({"role": "assistant", "content": None}), _chunk({"tool_calls": [start]}),
-            _chunk({"tool_calls": [args]})]
+    return tool_calls_reply((name, arguments, call_id))
+
+
+def tool_calls_reply(*calls: tuple[str, dict[str, Any], str]) -> ReplayResponse:
+    """A streamed reply holding the tool `calls` (name, arguments, call id), in order."""
+    body = [_chunk({"role": "assistant", "content": None})]
+    for index, (name, arguments, call_id) in enumerate(calls):
+        start = {"index": index, "id": call_id, "type": "function", "function": {"name": name, "arguments": ""}}
+        args = {"index": index, "function": {"arguments": json.dumps(arguments)}}
+        body += [_chunk({"tool_calls": [start]}), _chunk({"tool_calls": [args]})]
     return ReplayResponse.sse(*body, *_end("tool_calls"))
 
 
@@ -382,6 +388,28 @@ def test_ctrl_c_at_an_approval_question_refuses_and_aborts(chats: list[Chat], di
 
     assert not (dirs[1] / "never.txt").exists()
     assert len(server.requests) == 1
+    assert chat.leave() == 0
+
+
+def test_ctrl_c_at_an_approval_question_asks_no_later_call_of_the_batch(chats: list[Chat], dirs: tuple[Path, Path],
+                                                                       server: ReplayServer) -> None:
+    """Issue 12: Ctrl-C answered the question at once but only scheduled the abort, so the next
+    call's question was asked before the abort committed. The abort commits first now."""
+    server.enqueue(tool_calls_reply(("write", {"path": "one.txt", "content": "1"}, "call_1"),
+                                    ("write", {"path": "two.txt", "content": "2"}, "call_2")))
+    chat = start(chats, dirs, server)
+
+    chat.send_line("write two files")
+    chat.expect("one.txt")
+    chat.expect("needs approval")
+    chat.process.sendcontrol("c")
+    chat.expect("turn aborted (user)")
+
+    after_ctrl_c = str(chat.process.before)
+    assert "needs approval" not in after_ctrl_c  # no question for two.txt
+    assert "it was not run" in after_ctrl_c
+    assert not (dirs[1] / "one.txt").exists()
+    assert not (dirs[1] / "two.txt").exists()
     assert chat.leave() == 0
 
 

@@ -29,6 +29,7 @@ from test_cli_chat import (  # noqa: F401  (chats, dirs and server are fixtures)
     chats,
     dirs,
     server,
+    sent_messages,
     start,
     text_reply,
     tool_reply,
@@ -258,6 +259,33 @@ def test_manual_compaction_shows_one_completion_row(chats: list[Chat], dirs: tup
     chat.expect("this list")
 
     assert screen_text(chat).count("compaction completed") == 1
+    assert chat.leave() == 0
+
+
+def test_a_line_typed_during_a_compaction_is_sent_when_it_ends(chats: list[Chat], dirs: tuple[Path, Path],
+                                                              server: ReplayServer) -> None:
+    """Issue 12: a line typed while /compact ran was queued as a steer and handed back unsent
+    ("not sent: ...") when it ended. It is kept for the next run, which starts when it ends."""
+    long_answer = "word " * 12_000
+    hold = Hold()
+    server.enqueue(text_reply(long_answer), text_reply("Second."), text_reply(long_answer), text_reply("Fourth."),
+                   text_reply("A summary", " of everything.", hold=hold), text_reply("About the queued line."))
+    chat = start(chats, dirs, server)
+    for question in ("one", "two", "three", "four"):
+        chat.send_line(question)
+        chat.expect("turn completed")
+
+    chat.send_line("/compact")
+    chat.expect("compacting the context")
+    chat.send_line("what did we decide?")
+    chat.expect("queued: sent when the compaction ends")
+    hold.release()
+    chat.expect("compaction completed")
+    chat.expect("About the queued line.")
+    chat.expect("turn completed")
+
+    assert "not sent" not in screen_text(chat)
+    assert sent_messages(server.requests[-1])[-1] == {"role": "user", "content": "what did we decide?"}
     assert chat.leave() == 0
 
 

@@ -20,6 +20,7 @@ from harness.runtime import (
     HarnessClosed,
     LaneBusy,
     NavigationEnd,
+    NotARun,
     NothingToCompact,
     PromptRequest,
     Settled,
@@ -240,6 +241,36 @@ async def test_an_abort_during_a_compaction_settles_it_aborted_without_an_entry(
     state = await rig.session.get(addresses.lane_state("main"), ctx)
     assert state is not None
     assert state.current_operation_id is None
+
+
+async def test_input_sent_during_a_compaction_is_refused_up_front_or_kept_for_the_next_run(
+        store: Store, ctx: Context) -> None:
+    """Issue 12: a steer sent while a compaction ran was accepted, then handed back unsent when it
+    ended. A compaction reads no messages, so a steer or follow-up is refused (`not_a_run`,
+    nothing written) and a next-run message waits for the run that follows."""
+    rig = await start_rig(store, ctx, [reply(LONG), reply(LONG)], drive=KEEP_LITTLE)
+    await rig.lane.prompt("first", None, ctx)
+    await rig.lane.prompt("second", None, ctx)
+    release = asyncio.Event()
+    held = delay(release)
+    rig.faux.push(reply("the summary", held), reply("answered"))
+    task = asyncio.ensure_future(rig.lane.compact(ctx))
+    await within(held.reached.wait())
+
+    for send in (rig.lane.steer, rig.lane.follow_up):
+        with pytest.raises(NotARun) as refused:
+            await send(said("during the compaction"), ctx)
+        assert refused.value.code == "not_a_run"
+    await rig.lane.queue_next_run(said("kept for the next run"), ctx)
+    release.set()
+    compacted = settled(await within(task))
+    assert compacted.result.outcome == "completed"
+    assert compacted.steer == compacted.follow_up == ()
+
+    answered = settled(await within(rig.lane.prompt("", None, ctx)))
+    assert answered.result.outcome == "completed"
+    assert shape(rig.requests()[-1])[-1] == "user:kept for the next run"
+    assert "during the compaction" not in [text(m) for m in await messages(rig.lane, ctx)]
 
 
 async def test_a_turn_too_large_to_compact_goes_ahead_without_looping(store: Store, ctx: Context) -> None:

@@ -43,7 +43,7 @@ from harness.context import Context
 from harness.errors import HarnessError, ModelUnavailable
 from harness.messages import AssistantMessage, ModelIdentity, UserMessage
 from harness.providers import ModelRegistry
-from harness.runtime import DriveOutcome, Lane, LaneBusy, NoActiveOperation, PromptRequest, Settled
+from harness.runtime import DriveOutcome, Lane, LaneBusy, NoActiveOperation, NotARun, PromptRequest, Settled
 from harness.session import SessionMutator, Store, addresses, connect
 from harness.tools import ALLOW_FOR_SESSION, ALLOW_ONCE, DENY, Approval, ApprovalPolicy, ApprovalRequest, describe_call
 
@@ -113,6 +113,7 @@ class ChatClient:
         self._leave_now = False
         self._named = False
         self._background: set[asyncio.Task[None]] = set()
+        self._run_queued = False
         self._draft: Store | None = None
         """A new chat's session lives in this memory store until `save_draft`, so that a chat left
         with nothing said leaves nothing in the store."""
@@ -252,6 +253,9 @@ class ChatClient:
                 text = clip(content_text(item.message.content)) if isinstance(item.message, UserMessage) else ""
                 self.screen.print(f"[dim]not sent: {escape(text)}[/]")
             self.view.outcome_row(outcome.result)
+        if self._run_queued:  # input typed during a compaction or navigation: its run starts now
+            self._run_queued = False
+            self.start_turn(lambda: self._prompt(""))
 
     async def _send(self, text: str) -> None:
         """A prompt at the idle prompt: a new turn; while a stopped process's run is left open, a
@@ -321,6 +325,11 @@ class ChatClient:
             await self.wait_turn()
             self.start_turn(lambda: self._prompt(text))
             return
+        except NotARun as error:  # a compaction or navigation: kept for the run that follows it
+            await self.lane.queue_next_run(message, self.context)
+            self._run_queued = True
+            self.screen.print(f"[dim]queued: sent when the {error.details['kind']} ends[/]")
+            return
         except HarnessError as error:  # refused (too large for the model's window): nothing was queued
             self.error(error)
             return
@@ -389,6 +398,9 @@ class ChatClient:
             case "n":
                 return DENY
             case _:
+                # Ctrl-C asked for an abort: it commits before this answer, so the batch asks no
+                # later call of this turn for approval.
+                await asyncio.gather(*self._background)
                 return Approval(allow=False, reason="the person interrupted the turn")
 
     # -- attachment -------------------------------------------------------------------------------

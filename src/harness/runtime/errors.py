@@ -43,6 +43,14 @@ class NoActiveOperation(HarnessError):
     code = "no_active_operation"
 
 
+class NotARun(HarnessError):
+    """A steer or follow-up while the lane's open operation is a compaction or navigation, which
+    reads no messages: it is refused rather than accepted and handed back unsent when the
+    operation ends; `queue_next_run` keeps it for the next run. Nothing was written."""
+
+    code = "not_a_run"
+
+
 class OperationIdTaken(HarnessError):
     """A supplied operation or entry id is already used in this session; nothing was written."""
 

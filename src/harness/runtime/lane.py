@@ -32,6 +32,7 @@ from harness.runtime.errors import (
     InvalidMessage,
     LaneBusy,
     NoActiveOperation,
+    NotARun,
     NothingToCompact,
     NothingToResume,
     OperationIdTaken,
@@ -338,6 +339,10 @@ class Lane:
             if needs_operation and self.projection.state.current_operation_id is None:
                 raise NoActiveOperation(f"lane {self.name} has no open operation to {kind.replace('_', '-')}",
                                         lane=self.name)
+            meta = self.projection.meta
+            if needs_operation and meta is not None and meta.intent.kind != "run":
+                raise NotARun(f"lane {self.name} is running a {meta.intent.kind}, which reads no messages: "
+                              f"queue this for the next run instead", lane=self.name, kind=meta.intent.kind)
             self._refuse_if_too_large(_INPUT_NAMES[kind], [message])
             await self.projection.load_inbox(m, context)
             return self._enqueue(m, entry_id, kind, PendingMessage(message=owned(message)))
@@ -346,11 +351,13 @@ class Lane:
 
     async def steer(self, message: Message, context: Context) -> str:
         """Queue `message` for the open run's next boundary (after the current tool batch, before
-        the next request); returns its pre-minted entry id. `NoActiveOperation` when idle."""
+        the next request); returns its pre-minted entry id. `NoActiveOperation` when idle,
+        `NotARun` while a compaction or navigation runs."""
         return await self._queue("steer", message, context, needs_operation=True)
 
     async def follow_up(self, message: Message, context: Context) -> str:
-        """Queue `message` for when the open run would otherwise finish; `NoActiveOperation` when idle."""
+        """Queue `message` for when the open run would otherwise finish; `NoActiveOperation` when idle,
+        `NotARun` while a compaction or navigation runs."""
         return await self._queue("follow_up", message, context, needs_operation=True)
 
     async def queue_next_run(self, message: Message, context: Context) -> str:
