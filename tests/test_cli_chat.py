@@ -617,18 +617,25 @@ def test_a_session_on_an_unknown_model_opens_and_says_so(chats: list[Chat], dirs
     assert chat.leave() == 0
 
 
+def killed_mid_reply(chats: list[Chat], dirs: tuple[Path, Path], server: ReplayServer, question: str,
+                     line: str) -> str:
+    """A chat asked `question` and killed with -9 once the reply's first `line` is stored: the
+    session it leaves with its run open."""
+    server.enqueue(text_reply(f"{line}\n", "never sent", hold=Hold()))
+    first = start(chats, dirs, server)
+    first.send_line(question)
+    first.expect(line)
+    session_id = first.session_id()
+    wait_until_persisted(first.store_url, session_id, line)
+    first.kill()
+    return session_id
+
+
 def test_an_open_run_on_a_missing_key_can_be_aborted_but_not_finished(
         chats: list[Chat], dirs: tuple[Path, Path], server: ReplayServer) -> None:
     """A run a killed chat left open, reopened without its key: the chat says it cannot be
     finished until the model is usable and offers to abort it; y aborts it."""
-    hold = Hold()
-    server.enqueue(text_reply("Half of it\n", "never sent", hold=hold))
-    first = start(chats, dirs, server)
-    first.send_line("a question")
-    first.expect("Half of it")
-    session_id = first.session_id()
-    wait_until_persisted(first.store_url, session_id, "Half of it")
-    first.kill()
+    session_id = killed_mid_reply(chats, dirs, server, "a question", "Half of it")
 
     chat = start(chats, dirs, server, session_id, api_key=False)
     chat.expect("the open run cannot be finished until model openai/gpt-4o is usable (OPENAI_API_KEY is not set)")
@@ -643,14 +650,7 @@ def test_a_prompt_sent_while_a_run_is_left_open_is_answered_when_it_is_finished(
         chats: list[Chat], dirs: tuple[Path, Path], server: ReplayServer) -> None:
     """n at "Finish it now?" leaves the run open; a prompt typed then is queued durably as a
     follow-up and answered by the run once /resume finishes it."""
-    hold = Hold()
-    server.enqueue(text_reply("A partial line\n", "never sent", hold=hold))
-    first = start(chats, dirs, server)
-    first.send_line("the first question")
-    first.expect("A partial line")
-    session_id = first.session_id()
-    wait_until_persisted(first.store_url, session_id, "A partial line")
-    first.kill()
+    session_id = killed_mid_reply(chats, dirs, server, "the first question", "A partial line")
 
     server.enqueue(text_reply("The first answer, whole."), text_reply("And the second one."))
     chat = start(chats, dirs, server, session_id)
@@ -675,14 +675,7 @@ def test_a_prompt_too_large_while_a_run_is_left_open_is_refused_and_the_chat_goe
     here, by `MAX_INPUT_BYTES` alike), ended the chat with the error instead of showing it."""
     (dirs[0] / "models.toml").write_text('[providers.openai]\n[[providers.openai.models]]\n'
                                          'id = "gpt-4o"\ncontext_window = 600\n')
-    hold = Hold()
-    server.enqueue(text_reply("A partial line\n", "never sent", hold=hold))
-    first = start(chats, dirs, server)
-    first.send_line("the first question")
-    first.expect("A partial line")
-    session_id = first.session_id()
-    wait_until_persisted(first.store_url, session_id, "A partial line")
-    first.kill()
+    session_id = killed_mid_reply(chats, dirs, server, "the first question", "A partial line")
 
     server.enqueue(text_reply("The first answer, whole."))
     chat = start(chats, dirs, server, session_id)

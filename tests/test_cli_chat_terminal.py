@@ -28,8 +28,8 @@ from test_cli_chat import (  # noqa: F401  (chats, dirs and server are fixtures)
     _end,
     chats,
     dirs,
-    server,
     sent_messages,
+    server,
     start,
     text_reply,
     tool_reply,
@@ -242,16 +242,24 @@ def test_text_that_arrives_after_ctrl_c_is_not_shown(chats: list[Chat], dirs: tu
     assert chat.leave() == 0
 
 
-def test_manual_compaction_shows_one_completion_row(chats: list[Chat], dirs: tuple[Path, Path],
-                                                   server: ReplayServer) -> None:
-    """/compact ends with one row saying it completed, not two."""
-    long_answer = "word " * 12_000  # two of them hold more than the 20,000 tokens a compaction keeps
+def long_conversation(chats: list[Chat], dirs: tuple[Path, Path], server: ReplayServer,
+                      *then: ReplayResponse) -> Chat:
+    """A chat after four turns long enough to compact (two answers hold more than the 20,000
+    tokens a compaction keeps), with the replies `then` queued after them."""
+    long_answer = "word " * 12_000
     server.enqueue(text_reply(long_answer), text_reply("Second."), text_reply(long_answer), text_reply("Fourth."),
-                   text_reply("A summary of everything."))
+                   *then)
     chat = start(chats, dirs, server)
     for question in ("one", "two", "three", "four"):
         chat.send_line(question)
         chat.expect("turn completed")
+    return chat
+
+
+def test_manual_compaction_shows_one_completion_row(chats: list[Chat], dirs: tuple[Path, Path],
+                                                   server: ReplayServer) -> None:
+    """/compact ends with one row saying it completed, not two."""
+    chat = long_conversation(chats, dirs, server, text_reply("A summary of everything."))
 
     chat.send_line("/compact")
     chat.expect("compaction completed")
@@ -266,14 +274,9 @@ def test_a_line_typed_during_a_compaction_is_sent_when_it_ends(chats: list[Chat]
                                                               server: ReplayServer) -> None:
     """Issue 12: a line typed while /compact ran was queued as a steer and handed back unsent
     ("not sent: ...") when it ended. It is kept for the next run, which starts when it ends."""
-    long_answer = "word " * 12_000
     hold = Hold()
-    server.enqueue(text_reply(long_answer), text_reply("Second."), text_reply(long_answer), text_reply("Fourth."),
-                   text_reply("A summary", " of everything.", hold=hold), text_reply("About the queued line."))
-    chat = start(chats, dirs, server)
-    for question in ("one", "two", "three", "four"):
-        chat.send_line(question)
-        chat.expect("turn completed")
+    chat = long_conversation(chats, dirs, server, text_reply("A summary", " of everything.", hold=hold),
+                             text_reply("About the queued line."))
 
     chat.send_line("/compact")
     chat.expect("compacting the context")
