@@ -59,7 +59,7 @@ from harness.runtime.events import (
     event_lane,
 )
 from harness.runtime.harness import AgentHarness, AgentHarnessOptions
-from harness.runtime.hooks import Block, RunHooks, ToolCallRequest
+from harness.runtime.hooks import Block, OperationEnding, RunHooks, SettlementMessages, ToolCallRequest
 from harness.runtime.lane import AbortRequest, AcceptedRun, Lane, LaneWatch
 from harness.runtime.outcomes import INTERRUPTED_REPLY, DriveOutcome, Settled, Suspended, WaitingRetry
 from harness.runtime.requests import (
@@ -139,6 +139,7 @@ __all__ = [
     "NothingToResume",
     "OpenOperation",
     "OperationAbort",
+    "OperationEnding",
     "OperationError",
     "OperationIdTaken",
     "OperationMismatch",
@@ -165,6 +166,7 @@ __all__ = [
     "RunSuspend",
     "RunningTool",
     "Settled",
+    "SettlementMessages",
     "Skill",
     "SkillRequest",
     "SnapshotOperation",

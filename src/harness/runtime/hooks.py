@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 from pydantic import JsonValue
 
@@ -12,6 +13,7 @@ from harness.context import Context
 from harness.messages import Message
 from harness.runtime.agent_tool import ToolOutput
 from harness.runtime.lane import Lane
+from harness.session import AbortCause, OperationErrorRecord, OperationKind
 
 
 @dataclass(frozen=True)
@@ -51,9 +53,29 @@ BeforeRunEnd = Callable[[Lane, Context], Awaitable[None]]
 
 
 @dataclass(frozen=True)
+class OperationEnding:
+    """How an operation is about to settle, as `settlement_messages` sees it."""
+
+    lane: str
+    operation_id: str
+    kind: OperationKind
+    outcome: Literal["completed", "failed", "aborted"]
+    error: OperationErrorRecord | None
+    abort_cause: AbortCause | None
+
+
+SettlementMessages = Callable[[OperationEnding], Sequence[Message]]
+"""Called inside an operation's terminal commit, on the session line, without awaiting: the
+messages it returns are placed at the end of the branch in that very commit, so they are durable
+and published before `run_end` (the conversation layer's interrupted and error rows, CE-7, CE-9).
+It must be quick and must not raise; an exception fails the commit."""
+
+
+@dataclass(frozen=True)
 class RunHooks:
     before_tool: BeforeTool | None = None
     after_tool: AfterTool | None = None
     transform_context: TransformContext | None = None
     between_steps: BetweenSteps | None = None
     before_run_end: BeforeRunEnd | None = None
+    settlement_messages: SettlementMessages | None = None

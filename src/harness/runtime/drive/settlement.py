@@ -5,17 +5,20 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from enum import Enum
+from typing import Literal
 
 from pydantic import JsonValue
 
 from harness.messages import now_ms
-from harness.runtime.commit import Decision, Placement, Transition, pending_payload, placed_events
+from harness.runtime.commit import Decision, Placement, Transition, payload_of, pending_payload, placed_events
 from harness.runtime.drive.operation import DrivenOperation
 from harness.runtime.events import HarnessEvent, RunEnd
 from harness.runtime.fault_points import FaultPoint, reached
+from harness.runtime.hooks import OperationEnding
 from harness.runtime.outcomes import Settled
 from harness.runtime.snapshot import queued_item
 from harness.session import (
+    AbortCause,
     CancelRequested,
     CommitResult,
     FailureDrain,
@@ -27,6 +30,7 @@ from harness.session import (
     RunCheckpoint,
     SessionMutator,
     addresses,
+    new_id,
 )
 
 DOES_NOT_FIT = ("the conversation no longer fits the model's context window: go back to an entry before the "
@@ -51,10 +55,10 @@ def failure(code: str, message: str, details: dict[str, JsonValue] | None, prove
 async def settle(
     op: DrivenOperation,
     state: OperationState,
-    outcome: str,
+    outcome: Literal["completed", "failed", "aborted"],
     *,
     error: OperationErrorRecord | None = None,
-    abort_cause: str | None = None,
+    abort_cause: AbortCause | None = None,
     stage: Callable[[SessionMutator], None] | None = None,
     tip: str | KeepTip | None = KeepTip.KEEP,
     events_before: Callable[[CommitResult], Sequence[HarnessEvent]] | None = None,
@@ -97,8 +101,13 @@ async def settle(
         for entry_id in writes:
             placement.stage(m, entry_id, pending_payload(projection.pending[entry_id]))
             m.delete(addresses.pending_entry(entry_id))
+        if op.hooks.settlement_messages is not None:
+            ending = OperationEnding(lane=lane_name, operation_id=op.operation_id, kind=meta.intent.kind,
+                                     outcome=outcome, error=error, abort_cause=abort_cause)
+            for message in op.hooks.settlement_messages(ending):
+                placement.stage(m, new_id(), payload_of(message))
         new_tip = placement.tip
-        if writes:
+        if placement.staged:
             m.set(addresses.branch_tip(lane_name), new_tip)
         result = LaneLastResult.model_validate({
             "operation_id": op.operation_id, "kind": meta.intent.kind, "outcome": outcome,

@@ -91,12 +91,14 @@ async def summarize(op: DrivenOperation, state: SummaryPending) -> Step:
         leaving = await _leaving_branch(op, navigation.target_id)
         if not leaving:
             return await finish_navigation(op, navigation, None)
-        request = summary_request(leaving, BRANCH_SUMMARY_REQUEST, task.custom_instructions, room)
+        request = summary_request(await _as_sent(op, leaving), BRANCH_SUMMARY_REQUEST, task.custom_instructions,
+                                  room)
     else:
         plan = plan_compaction(entries, fitted.keep_recent_tokens)
         if plan is None:
             return await _summary_declined(op, state)
-        request = summary_request(plan.summarized, SUMMARY_REQUEST, task.custom_instructions, room)
+        request = summary_request(await _as_sent(op, plan.summarized), SUMMARY_REQUEST, task.custom_instructions,
+                                  room)
     intent = state.model_copy(update={"attempt": state.attempt + 1, "usage_id": new_id()})
     if not await op.commit(Transition(intent, intent=True)):
         return None
@@ -245,6 +247,14 @@ async def finish_navigation(op: DrivenOperation, intent: NavigationIntent,
     current = projection.operation_state
     assert current is not None
     return await settle(op, current, "completed", stage=stage, tip=tip, events_before=events)
+
+
+async def _as_sent(op: DrivenOperation, messages: Sequence[Message]) -> list[Message]:
+    """`messages` as a step would send them: through the `transform_context` hook, so a summary
+    reads what the model read (the conversation layer's replayed replies, CE-8)."""
+    if op.hooks.transform_context is None:
+        return list(messages)
+    return await op.hooks.transform_context(list(messages), op.context)
 
 
 def _reason(task: SummaryTask) -> Literal["manual", "threshold", "overflow"]:
