@@ -1,0 +1,85 @@
+"""Adversarial tests of the rebuilt run loop: a cached branch, fewer commits, paced frames.
+Each test names the promise it checks; each failed on main before its fix (or is marked xfail)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+import pytest
+
+from drive_helpers import Rig, messages, shape, start_rig, within
+from harness.context import Context
+from harness.messages import Message, UserMessage
+from harness.providers.faux import delay, reply
+from harness.runtime import CompactionSettings, DriveSettings, RunHooks, Settled
+from harness.session import Store
+
+
+def settled(outcome: object) -> Settled:
+    assert isinstance(outcome, Settled), outcome
+    return outcome
+
+
+async def test_follow_up_placed_before_a_close_is_answered_on_resume(store: Store, ctx: Context) -> None:
+    """A follow-up placed when the run would finish makes the run go on (DESIGN: queues). The
+    harness closing (as a crash) after that placement but before the next step's intent must not
+    turn the resume into a completion that leaves the placed follow-up unanswered."""
+    reached_second = asyncio.Event()
+    never = asyncio.Event()
+    calls = 0
+    lane_box: list[object] = []
+
+    async def transform(items: list[Message], context: Context) -> list[Message]:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            await lane_box[0].follow_up(UserMessage(content="and then?"), context)  # type: ignore[attr-defined]
+        elif calls == 2:
+            reached_second.set()
+            await never.wait()
+        return items
+
+    rig = await start_rig(store, ctx, ["first answer"], hooks=RunHooks(transform_context=transform))
+    lane_box.append(rig.lane)
+    prompt = asyncio.ensure_future(rig.lane.prompt("hi", None, ctx))
+    await within(reached_second.wait())
+    await rig.harness.close(ctx)
+    with pytest.raises(Exception):
+        await prompt
+
+    again = await start_rig(store, ctx, ["second answer"], session=rig.session)
+    assert [op.lane for op in again.open] == ["main"]
+    outcome = settled(await within(again.lane.resume(ctx)))
+    assert outcome.result.outcome == "completed"
+    assert shape(await messages(again.lane, ctx)) == [
+        "user:hi", "assistant:first answer", "user:and then?", "assistant:second answer"]
+    await again.harness.close(ctx)
+
+
+KEEP_LITTLE = DriveSettings(compaction=CompactionSettings(keep_recent_tokens=40))
+LONG = "word " * 60  # about 75 tokens: more than KEEP_LITTLE keeps
+
+
+async def test_write_appended_during_a_manual_compaction_stays_on_the_branch(store: Store, ctx: Context) -> None:
+    """A message appended while a compaction runs is a pending write that its settlement places
+    after the compaction entry (CE-11); the lane's tip is then that write, and the next request
+    and the journal both hold it."""
+    hold = asyncio.Event()
+    pause = delay(hold)
+    rig = await start_rig(store, ctx, [reply(LONG), reply(LONG), reply(pause, "SUMMARY"), "after"],
+                          drive=KEEP_LITTLE)
+    await rig.lane.prompt("first", None, ctx)
+    await rig.lane.prompt("second", None, ctx)
+    compaction = asyncio.ensure_future(rig.lane.compact(ctx))
+    await within(pause.reached.wait())
+    written = await rig.lane.append_message(UserMessage(content="noted meanwhile"), ctx)
+    hold.set()
+    assert settled(await within(compaction)).result.outcome == "completed"
+    assert rig.lane.tip_id == written
+    await rig.lane.prompt("third", None, ctx)
+
+    assert shape(rig.requests()[3])[-2:] == ["user:noted meanwhile", "user:third"]
+    journal = shape(await messages(rig.lane, ctx))
+    assert journal[-3:] == ["user:noted meanwhile", "user:third", "assistant:after"]
+    await rig.harness.close(ctx)
