@@ -4,15 +4,13 @@ Each test names the promise it checks; each failed on main before its fix (or is
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
-
 import pytest
 
-from drive_helpers import Rig, messages, shape, start_rig, within
+from drive_helpers import ProbeTool, messages, shape, start_rig, within
 from harness.context import Context
-from harness.messages import Message, UserMessage
-from harness.providers.faux import delay, reply
-from harness.runtime import CompactionSettings, DriveSettings, RunHooks, Settled
+from harness.messages import CustomMessage, Message, UserMessage
+from harness.providers.faux import delay, reply, tool_call
+from harness.runtime import CompactionSettings, DriveSettings, HarnessClosed, Lane, RunHooks, Settled
 from harness.session import Store
 
 
@@ -83,3 +81,40 @@ async def test_write_appended_during_a_manual_compaction_stays_on_the_branch(sto
     journal = shape(await messages(rig.lane, ctx))
     assert journal[-3:] == ["user:noted meanwhile", "user:third", "assistant:after"]
     await rig.harness.close(ctx)
+
+
+async def test_between_steps_messages_placed_before_a_close_are_not_placed_twice(store: Store, ctx: Context) -> None:
+    """The between-step hook's messages are placed once, at the boundary after the tool batch. A
+    close (as a crash) after that placement and before the next step's intent must not place them
+    a second time when the run resumes: the journal and the request hold one copy."""
+    probe = ProbeTool()
+    blocked = asyncio.Event()
+    never = asyncio.Event()
+    requests = 0
+
+    async def between(lane: Lane, context: Context) -> list[Message]:
+        return [CustomMessage(custom_type="note", content="the build is green", display=False)]
+
+    async def transform(items: list[Message], context: Context) -> list[Message]:
+        nonlocal requests
+        requests += 1
+        if requests == 2:
+            blocked.set()
+            await never.wait()
+        return items
+
+    rig = await start_rig(store, ctx, [reply(tool_call("probe", {"key": "a"}, id="call-a"))], tools=[probe.tool],
+                          hooks=RunHooks(between_steps=between, transform_context=transform))
+    prompt = asyncio.ensure_future(rig.lane.prompt("go", None, ctx))
+    await within(blocked.wait())
+    await rig.harness.close(ctx)
+    with pytest.raises(HarnessClosed):
+        await prompt
+
+    again = await start_rig(store, ctx, ["Noted."], session=rig.session, tools=[probe.tool],
+                            hooks=RunHooks(between_steps=between))
+    settled(await within(again.lane.resume(ctx)))
+    expected = ["user:go", "assistant:+probe", "result:call-a", "custom:the build is green"]
+    assert shape(again.requests()[0]) == expected
+    assert shape(await messages(again.lane, ctx)) == [*expected, "assistant:Noted."]
+    await again.harness.close(ctx)
