@@ -10,7 +10,8 @@ from drive_helpers import ProbeTool, messages, shape, start_rig, within
 from harness.context import Context
 from harness.messages import CustomMessage, Message, UserMessage
 from harness.providers.faux import delay, reply, tool_call
-from harness.runtime import CompactionSettings, DriveSettings, HarnessClosed, Lane, RunHooks, Settled
+from harness.providers import FAUX_MODEL
+from harness.runtime import CompactionSettings, CompactionStart, DriveSettings, HarnessClosed, Lane, RunHooks, Settled
 from harness.session import Store
 
 
@@ -118,3 +119,35 @@ async def test_between_steps_messages_placed_before_a_close_are_not_placed_twice
     assert shape(again.requests()[0]) == expected
     assert shape(await messages(again.lane, ctx)) == [*expected, "assistant:Noted."]
     await again.harness.close(ctx)
+
+
+async def test_between_steps_messages_are_placed_once_across_a_threshold_compaction(
+        store: Store, ctx: Context) -> None:
+    """The between-step hook runs once per boundary: when the boundary's placement pushes the
+    context over the threshold and the run compacts, the checkpoint it resumes to must not call
+    the hook again and place its messages a second time. (On main each compaction's resume placed
+    another copy, which defeated the "nothing new since the last compaction" guard: the run
+    compacted again and again, here until the script ran out.)"""
+    probe = ProbeTool()
+    hook_calls = 0
+
+    async def between(lane: Lane, context: Context) -> list[Message]:
+        nonlocal hook_calls
+        hook_calls += 1
+        return [CustomMessage(custom_type="note", content="the build is green", display=False)]
+
+    settings = DriveSettings(compaction=CompactionSettings(reserve_tokens=10, keep_recent_tokens=40))
+    rig = await start_rig(store, ctx, ["hi", reply("word " * 300, tool_call("probe", {"key": "a"}, id="call-a")),
+                                       "SUMMARY", "done"],
+                          drive=settings, tools=[probe.tool], hooks=RunHooks(between_steps=between))
+    registry = rig.harness.options.models
+    assert registry is not None
+    registry.register_model(FAUX_MODEL.model_copy(update={"context_window": 400}))
+    await rig.lane.prompt("hello", None, ctx)
+    outcome = settled(await within(rig.lane.prompt("go", None, ctx)))
+
+    assert outcome.result.outcome == "completed"
+    assert [s.reason for s in rig.events.of(CompactionStart)] == ["threshold"]
+    assert hook_calls == 1
+    assert shape(rig.requests()[-1]).count("custom:the build is green") == 1
+    await rig.harness.close(ctx)
