@@ -40,7 +40,8 @@ async def checkpoint(op: DrivenOperation, state: RunCheckpoint) -> DriveOutcome 
     placed (the before-run-end hook included), settle it completed."""
     hooks = op.hooks
     extra: Sequence[Message] = ()
-    if hooks.between_steps is not None and isinstance(state.continuation, NeedAssistant) and state.steps > 0:
+    if (hooks.between_steps is not None and isinstance(state.continuation, NeedAssistant) and state.steps > 0
+            and not state.boundary_done):
         extra = await hooks.between_steps(op.lane, op.context)
     placed, ready = await place(op, extra, include_follow_up=isinstance(state.continuation, MayFinish), then=state)
     if placed or isinstance(state.continuation, NeedAssistant):
@@ -72,7 +73,8 @@ async def _next_step(op: DrivenOperation, state: RunCheckpoint, ready: Assistant
     overflow_used = isinstance(state.continuation, NeedAssistant) and state.continuation.overflow_recovery_used
     # The model is asked next, whatever this checkpoint placed (a follow-up included): a compaction
     # first, completed or failed, resumes to ask it, never to finish the run.
-    asking = state.model_copy(update={"continuation": NeedAssistant(overflow_recovery_used=overflow_used)})
+    asking = state.model_copy(update={"continuation": NeedAssistant(overflow_recovery_used=overflow_used),
+                                      "boundary_done": True})
     compaction = await threshold_compaction(op, asking)
     if compaction is not None:
         return compaction
