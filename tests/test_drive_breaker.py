@@ -4,13 +4,14 @@ Each test names the promise it checks; each failed on main before its fix (or is
 from __future__ import annotations
 
 import asyncio
+
 import pytest
 
 from drive_helpers import ProbeTool, messages, shape, start_rig, within
 from harness.context import Context
 from harness.messages import CustomMessage, Message, UserMessage
-from harness.providers.faux import delay, reply, tool_call
 from harness.providers import FAUX_MODEL
+from harness.providers.faux import delay, reply, tool_call
 from harness.runtime import CompactionSettings, CompactionStart, DriveSettings, HarnessClosed, Lane, RunHooks, Settled
 from harness.session import Store
 
@@ -27,13 +28,13 @@ async def test_follow_up_placed_before_a_close_is_answered_on_resume(store: Stor
     reached_second = asyncio.Event()
     never = asyncio.Event()
     calls = 0
-    lane_box: list[object] = []
+    lane_box: list[Lane] = []
 
     async def transform(items: list[Message], context: Context) -> list[Message]:
         nonlocal calls
         calls += 1
         if calls == 1:
-            await lane_box[0].follow_up(UserMessage(content="and then?"), context)  # type: ignore[attr-defined]
+            await lane_box[0].follow_up(UserMessage(content="and then?"), context)
         elif calls == 2:
             reached_second.set()
             await never.wait()
@@ -44,7 +45,7 @@ async def test_follow_up_placed_before_a_close_is_answered_on_resume(store: Stor
     prompt = asyncio.ensure_future(rig.lane.prompt("hi", None, ctx))
     await within(reached_second.wait())
     await rig.harness.close(ctx)
-    with pytest.raises(Exception):
+    with pytest.raises(HarnessClosed):
         await prompt
 
     again = await start_rig(store, ctx, ["second answer"], session=rig.session)
