@@ -169,6 +169,9 @@ class RunCheckpoint(_Phase):
     trigger_entry_id: str | None
     steps: int = 0
     compaction_failures: int = 0
+    boundary_done: bool = False
+    """The between-step hook already ran at this boundary: a checkpoint resumed after a compaction
+    inside the run asks the model without placing the hook's messages again."""
 
 
 class AssistantReady(_Phase):

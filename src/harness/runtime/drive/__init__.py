@@ -1,7 +1,8 @@
 """Driving an operation: the phases of a run, a compaction and a navigation, one group per file.
 
 A run's durable phases and the commits between them (the arrows; `*` marks a transition that is
-not committed, because a restart before the next commit resumes from the phase before it):
+not committed, because a restart before the next commit resumes from the phase before it; a
+checkpoint that places queued input commits `assistant_ready` with that placement):
 
     starting ──*──▶ checkpoint (checkpoint.py: place queued input, step ceiling, threshold)
                       │  ├──▶ summary_pending ─▶ (structural.py) ─▶ checkpoint

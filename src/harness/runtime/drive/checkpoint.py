@@ -10,6 +10,7 @@ from harness.runtime.commit import (
     Decision,
     Placement,
     Transition,
+    current_phase,
     nothing_to_publish,
     payload_of,
     pending_payload,
@@ -39,49 +40,66 @@ async def checkpoint(op: DrivenOperation, state: RunCheckpoint) -> DriveOutcome 
     placed (the before-run-end hook included), settle it completed."""
     hooks = op.hooks
     extra: Sequence[Message] = ()
-    if hooks.between_steps is not None and isinstance(state.continuation, NeedAssistant) and state.steps > 0:
+    if (hooks.between_steps is not None and isinstance(state.continuation, NeedAssistant) and state.steps > 0
+            and not state.boundary_done):
         extra = await hooks.between_steps(op.lane, op.context)
-    placed = await place(op, extra, include_follow_up=isinstance(state.continuation, MayFinish))
+    placed, ready = await place(op, extra, include_follow_up=isinstance(state.continuation, MayFinish), then=state)
     if placed or isinstance(state.continuation, NeedAssistant):
-        return await _next_step(op, state)
+        return await _next_step(op, state, ready)
     if hooks.before_run_end is not None:
         await hooks.before_run_end(op.lane, op.context)
-        if await place(op, (), include_follow_up=True):
-            return await _next_step(op, state)
+        placed, ready = await place(op, (), include_follow_up=True, then=state)
+        if placed:
+            return await _next_step(op, state, ready)
     return await settle(op, state, "completed")
 
 
-async def _next_step(op: DrivenOperation, state: RunCheckpoint) -> Transition | None:
+def _ready(op: DrivenOperation, state: RunCheckpoint, trigger_entry_id: str | None) -> AssistantReady:
+    """The next step of a run at checkpoint `state`, asked from `trigger_entry_id`."""
+    overflow_used = isinstance(state.continuation, NeedAssistant) and state.continuation.overflow_recovery_used
+    retry = op.settings.retry
+    generation = GenerationContext(
+        step_id=new_id(), trigger_entry_id=trigger_entry_id, config=op.projection.config, step=state.steps + 1,
+        max_attempts=retry.max_retries + 1, base_delay_ms=retry.base_delay_ms, overflow_recovery_used=overflow_used,
+    )
+    return AssistantReady(generation=generation)
+
+
+async def _next_step(op: DrivenOperation, state: RunCheckpoint, ready: AssistantReady | None = None
+                     ) -> Transition | None:
     if state.steps >= op.settings.step_ceiling:
         await op.lane.request_abort("step_ceiling", op.context)
         return None
     overflow_used = isinstance(state.continuation, NeedAssistant) and state.continuation.overflow_recovery_used
     # The model is asked next, whatever this checkpoint placed (a follow-up included): a compaction
     # first, completed or failed, resumes to ask it, never to finish the run.
-    asking = state.model_copy(update={"continuation": NeedAssistant(overflow_recovery_used=overflow_used)})
+    asking = state.model_copy(update={"continuation": NeedAssistant(overflow_recovery_used=overflow_used),
+                                      "boundary_done": True})
     compaction = await threshold_compaction(op, asking)
     if compaction is not None:
         return compaction
-    retry = op.settings.retry
-    generation = GenerationContext(
-        step_id=new_id(), trigger_entry_id=op.projection.tip_id, config=op.projection.config, step=state.steps + 1,
-        max_attempts=retry.max_retries + 1, base_delay_ms=retry.base_delay_ms, overflow_recovery_used=overflow_used,
-    )
-    # `run_checkpoint` and `assistant_ready` are not committed on the way: the step's intent is
-    # the commit a restart needs, and before it the durable phase leads back here.
-    return await generate(op, AssistantReady(generation=generation))
+    # `run_checkpoint` and `assistant_ready` are not committed on the way when nothing was placed:
+    # the step's intent is the commit a restart needs, and before it the durable phase leads back
+    # here. A placement commits `assistant_ready` with it (see `place`).
+    return await generate(op, ready or _ready(op, state, op.projection.tip_id))
 
 
-async def place(op: DrivenOperation, extra: Sequence[Message], *, include_follow_up: bool) -> bool:
+async def place(op: DrivenOperation, extra: Sequence[Message], *, include_follow_up: bool,
+                then: RunCheckpoint) -> tuple[bool, AssistantReady | None]:
     """Place pending writes and steer items (and follow-ups when the run would finish) plus `extra`
-    on the branch, in one commit; True if any of them is a message the model reads."""
+    on the branch, in one commit; True if any of them is a message the model reads.
+
+    When one is, the same commit moves the run from checkpoint `then` to `assistant_ready` for the
+    step that answers it (returned), unless an abort was requested or the step ceiling is reached:
+    a restart after this commit must neither finish the run with a placed follow-up unanswered
+    nor place the between-step hook's messages again."""
     projection, lane = op.projection, op.lane.name
 
-    async def plan(m: SessionMutator) -> Decision[bool]:
+    async def plan(m: SessionMutator) -> Decision[tuple[bool, AssistantReady | None]]:
         kinds = {"write", "steer"} | ({"follow_up"} if include_follow_up else set())
         items = [item for item in projection.state.inbox if item.kind in kinds]
         if not items and not extra:
-            return Decision(False, nothing_to_publish)
+            return Decision((False, None), nothing_to_publish)
         await projection.load_inbox(m, op.context)
         placement = Placement(projection.tip_id)
         for item in items:
@@ -96,9 +114,16 @@ async def place(op: DrivenOperation, extra: Sequence[Message], *, include_follow
         m.set(addresses.branch_tip(lane), placement.tip)
         m.set(addresses.lane_state(lane), lane_state)
         reads = any(payload.type in ("message", "custom_message") for _, payload, _ in placement.staged)
+        ready: AssistantReady | None = None
+        current = current_phase(projection, op.operation_id, intent=True)
+        if reads and current is not None and then.steps < op.settings.step_ceiling:
+            ready = _ready(op, then, placement.tip).model_copy(update={"control": current.control})
+            m.set(addresses.operation_state(op.operation_id), ready)
 
         def after(result: CommitResult | None) -> Sequence[HarnessEvent]:
             projection.state = lane_state
+            if ready is not None:
+                projection.operation_state = ready
             events = publish_placement(projection, placement, result)
             for entry_id in taken:
                 projection.pending.pop(entry_id, None)
@@ -106,6 +131,6 @@ async def place(op: DrivenOperation, extra: Sequence[Message], *, include_follow
                 events.append(projection.queue_update())
             return events
 
-        return Decision(reads, after)
+        return Decision((reads, ready), after)
 
     return await op.run(plan)

@@ -260,7 +260,8 @@ def _after_reply(op: DrivenOperation, intent: EffectPending, message: AssistantM
     if _recovers_overflow(op, intent, error):
         assert isinstance(intent, AssistantEffectPending)
         resume = RunCheckpoint(continuation=NeedAssistant(overflow_recovery_used=True),
-                               trigger_entry_id=generation.trigger_entry_id, steps=generation.step - 1)
+                               trigger_entry_id=generation.trigger_entry_id, steps=generation.step - 1,
+                               boundary_done=True)
         task = SummaryTask(task_id=new_id(), reason="overflow", resume_after=resume)
         return SummaryPending(task=task, config=generation.config, result_entry_id=new_id(),
                               max_attempts=generation.max_attempts)

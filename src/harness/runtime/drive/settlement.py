@@ -135,9 +135,11 @@ async def settle(
             assert commit is not None
             projection.meta = projection.operation_state = None
             projection.state, projection.last_result = idle, result
+            # `events_before` first: it may publish what `stage` placed (a compaction entry), and
+            # the writes placed here continue that, so the tip ends at the last of them.
+            events: list[HarnessEvent] = list(events_before(commit)) if events_before else []
             placed = placement.entries(commit)
             projection.move_tip(new_tip, placed)
-            events: list[HarnessEvent] = list(events_before(commit)) if events_before else []
             events += placed_events(lane_name, placed)
             if any(projection.pending.pop(i, None) is not None for i in removed):
                 events.append(projection.queue_update())
