@@ -15,6 +15,7 @@ from harness.context import Context
 from harness.conversation import (
     CHAT_EVENT_TYPE,
     ChatEventPublished,
+    CompactionStopped,
     Conversation,
     ConversationService,
     ConversationSetup,
@@ -31,7 +32,7 @@ from harness.conversation import (
 from harness.messages import AssistantMessage, CustomMessage, Message, ModelIdentity
 from harness.providers import FAUX_MODEL, FauxProvider, ModelRegistry
 from harness.providers.faux import FauxScript, delay, failure, reply, thinking, tool_call
-from harness.runtime import DriveSettings, EntryAdded, RunEnd, Settled
+from harness.runtime import CompactionSettings, DriveSettings, EntryAdded, RunEnd, Settled
 from harness.session import CustomMessagePayload, LaneConfig, MessagePayload, Store
 
 ALICE, BOB = "alice", "bob"
@@ -220,6 +221,28 @@ async def test_a_failed_turn_leaves_one_error_row_with_public_text(store: Store,
     assert "<" not in row.text
     assert len(row.text) <= 600
     assert last_turn_error_text(messages) == row.text
+    await conversations.close_all(ctx)
+
+
+async def test_a_compaction_circuit_breaker_stop_leaves_an_error_row_with_its_stop_report(
+        store: Store, ctx: Context) -> None:
+    """CE-9: after three failed compactions in a row the run goes on without compacting, and one
+    error row, whose notice is the typed stop report, is placed at the run's next boundary."""
+    broken = failure("invalid_request", "summaries are refused")
+    faux = FauxProvider([reply("x " * 200), broken, broken, broken, "done"])
+    registry = ModelRegistry([FAUX_MODEL.model_copy(update={"context_window": 100})], providers={"faux": faux})
+    settings = DriveSettings(frame_interval_s=0,
+                             compaction=CompactionSettings(reserve_tokens=10, keep_recent_tokens=30))
+    conversations = ConversationService(store, ConversationSetup(models=registry, drive=settings))
+    conversation = await conversations.create(ALICE, CONFIG, ctx)
+    settled(await within(conversation.lane.prompt("first", None, ctx)))
+    assert settled(await within(conversation.lane.prompt("y " * 100, None, ctx))).result.outcome == "completed"
+    await conversations.close(ALICE, conversation.id, ctx)
+
+    reopened = await conversations.open(ALICE, conversation.id, ctx)
+    [row] = rows(await transcript(reopened, ctx))
+    assert isinstance(row, ErrorDetails)
+    assert row.notice == CompactionStopped(failures=3, last_error="compaction_failed")
     await conversations.close_all(ctx)
 
 

@@ -8,6 +8,7 @@ conversation's owner (`Forbidden`, nothing changed).
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal
@@ -17,7 +18,7 @@ from pydantic import BaseModel, ConfigDict
 from harness.context import Context
 from harness.conversation.chat_events import ChatEventDetails, ChatEventView, Renamed, chat_event_of
 from harness.conversation.recording import MAIN_LANE, record_chat_event, record_cold_chat_event
-from harness.conversation.turn_rows import replay_interrupted_replies, turn_end_rows
+from harness.conversation.turn_rows import public_error, replay_interrupted_replies, turn_end_rows
 from harness.errors import HarnessError
 from harness.messages import Message
 from harness.providers import ModelRegistry
@@ -25,6 +26,7 @@ from harness.runtime import (
     AgentHarness,
     AgentHarnessOptions,
     AgentTool,
+    CompactionEnd,
     DriveSettings,
     EntryAdded,
     HarnessEvent,
@@ -130,6 +132,24 @@ class Conversation:
         self.harness = harness
         self.lane = harness.lane(MAIN_LANE)
         self.open_operations = open_operations
+        self._recording: set[asyncio.Task[bool]] = set()
+        harness.add_listener(self._on_event)
+
+    def _on_event(self, event: HarnessEvent, context: Context) -> None:
+        # A listener may not call the harness (it runs as events are delivered): the row of a
+        # compaction circuit-breaker stop is recorded by a task, as a pending write of the run
+        # that goes on without compacting (CE-9).
+        if isinstance(event, CompactionEnd) and event.error is not None and event.error.code == "compaction_stopped":
+            task = asyncio.get_running_loop().create_task(self.record(public_error(event.error), context))
+            self._recording.add(task)
+            task.add_done_callback(self._recording.discard)
+
+    async def dispose(self, context: Context) -> None:
+        """Finish recording what is under way, then detach the harness (the conversation stays in
+        the journal)."""
+        if self._recording:
+            await asyncio.wait(list(self._recording))
+        await self.harness.close(context)
 
     @property
     def id(self) -> str:
@@ -193,7 +213,7 @@ class ConversationService:
         await self._owned(user, conversation_id, context)
         live = self._live.pop(conversation_id, None)
         if live is not None:
-            await live.harness.close(context)
+            await live.dispose(context)
 
     async def record(self, user: str, conversation_id: str, details: ChatEventDetails, context: Context) -> bool:
         """Record a chat event on the conversation, live here or cold (CE-3, CE-10)."""
@@ -222,7 +242,7 @@ class ConversationService:
         """Dispose every live conversation of this service."""
         for conversation_id in list(self._live):
             live = self._live.pop(conversation_id)
-            await live.harness.close(context)
+            await live.dispose(context)
 
     # -- internals --------------------------------------------------------------------------------
 
