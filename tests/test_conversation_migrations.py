@@ -1,10 +1,12 @@
 """The retirement of the error-notice codes `image-refused` and `provider-timeout` (CE-25) on a
 journal written as version 1 wrote it, on every backend: the migration removes only those notices,
-runs once and is recorded. The `harness` command applies it when it opens a store."""
+runs once and is recorded; afterwards the vocabulary refuses the codes, to a reader and a writer.
+The `harness` command applies it when it opens a store."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import sqlite3
 import subprocess
 import sys
@@ -12,7 +14,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pydantic import ValidationError
 
+import harness.conversation
 from harness.context import Context
 from harness.conversation import (
     CHAT_EVENT_TYPE,
@@ -21,6 +25,8 @@ from harness.conversation import (
     ContextOverflow,
     ErrorDetails,
     ModelSwitchFailed,
+    chat_event_message,
+    chat_event_of,
     parse_chat_event_details,
 )
 from harness.messages import CustomMessage, ModelIdentity, UserMessage
@@ -200,7 +206,7 @@ def raw_payloads(kind: str, url: str) -> dict[str, str]:
 
 async def test_the_migration_is_recorded_and_runs_once(store_url: str, store: Store, ctx: Context) -> None:
     """CE-25: once recorded, opening the store again leaves even a row written afterwards with a
-    retired code as it is."""
+    retired code as it is (the parser refuses that row, next test)."""
     sessions, _ = await write_v1_journal(store, ctx)
     after_store = await migrated(store_url, store, ctx)
     session = await after_store.open_session(next(iter(sessions.values())), ctx)
@@ -222,7 +228,45 @@ async def test_the_migration_is_recorded_and_runs_once(store_url: str, store: St
     assert entry.payload == retired("provider-timeout", 12)
 
 
-# -- the list --------------------------------------------------------------------------------------
+# -- the vocabulary after it -----------------------------------------------------------------------
+
+@pytest.mark.parametrize("code", RETIRED)
+async def test_a_stored_retired_code_no_longer_parses(
+        code: str, store_url: str, store: Store, ctx: Context, caplog: pytest.LogCaptureFixture) -> None:
+    """CE-25, CE-5: a row that still carries a retired code after the migration (written past the
+    writer) renders nothing, and the refusal is logged."""
+    after_store = await migrated(store_url, store, ctx)
+    try:
+        session = await new_session_with_lane(after_store, ctx)
+
+        async def bypass_the_writer(m: SessionMutator) -> str:
+            return m.insert_entry(retired(code, 13), parent_id=None)
+
+        entry = await session.entry(await session.mutate(bypass_the_writer, ctx), ctx)
+    finally:
+        await after_store.close()
+    assert entry is not None
+    assert isinstance(entry.payload, CustomMessagePayload)
+
+    with caplog.at_level(logging.ERROR, logger="harness.conversation"):
+        assert chat_event_of(entry.payload.message) is None
+    assert [r.levelno for r in caplog.records] == [logging.ERROR]
+
+
+@pytest.mark.parametrize("code", RETIRED)
+def test_a_writer_cannot_construct_a_retired_notice(code: str) -> None:
+    """CE-25: the notice types of the retired codes are gone, and the details refuse the codes."""
+    with pytest.raises(ValidationError):
+        ErrorDetails.model_validate({"text": V1_NOTICE_TEXT[code], "notice": {"code": code}})
+    assert not {"ImageRefused", "ProviderTimeout"} & set(harness.conversation.__all__)
+
+
+def test_the_notices_that_stay_still_parse() -> None:
+    """CE-5: the codes version 2 keeps read and write as before."""
+    for notice in (ContextOverflow(), ModelSwitchFailed(requested=ModelIdentity(provider="p", model_id="m"))):
+        details = ErrorDetails(text="failed", notice=notice)
+        assert parse_chat_event_details(chat_event_message(details).details) == details
+
 
 def test_the_journal_list_appends_to_the_sessions() -> None:
     """CE-25: the session layer's own migrations run first, in their order; this layer's after."""
