@@ -17,6 +17,7 @@ import pytest
 from pydantic import ValidationError
 
 import harness.conversation
+from conftest import backend_url
 from harness.context import Context
 from harness.conversation import (
     CHAT_EVENT_TYPE,
@@ -172,8 +173,6 @@ async def test_a_migrated_row_keeps_every_other_byte(
         kind: str, tmp_path: Path, request: pytest.FixtureRequest, ctx: Context) -> None:
     """CE-25: the stored JSON text of a migrated row is the version-1 text less its notice; an
     untouched row is not rewritten at all."""
-    from conftest import backend_url
-
     url = backend_url(kind, tmp_path, request)
     store = await connect(url, ctx)
     sessions, changing = await write_v1_journal(store, ctx)
