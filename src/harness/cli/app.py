@@ -10,6 +10,7 @@ from typing import Annotated, TypeVar
 import typer
 
 from harness.context import Context
+from harness.conversation import JOURNAL_DATA_MIGRATIONS
 from harness.errors import HarnessError
 from harness.home import harness_home
 from harness.session import Store, connect
@@ -50,12 +51,12 @@ def default_store_url() -> str:
 
 
 def run_with_store(store_url: str | None, body: Callable[[Store, Context], Awaitable[T]]) -> T:
-    """Open the store, run `body`, close the store; a `HarnessError` becomes a one-line message
-    with its code and exit status 1."""
+    """Open the store (applying every journal data migration, CE-25), run `body`, close the
+    store; a `HarnessError` becomes a one-line message with its code and exit status 1."""
 
     async def go() -> T:
         context = Context({"cli": True})
-        store = await connect(store_url or default_store_url(), context)
+        store = await connect(store_url or default_store_url(), context, data_migrations=JOURNAL_DATA_MIGRATIONS)
         try:
             return await body(store, context)
         finally:

@@ -20,6 +20,7 @@ from typing import Literal
 import httpx
 
 from harness.context import Context
+from harness.conversation import JOURNAL_DATA_MIGRATIONS
 from harness.errors import HarnessError, InvalidInput, ModelUnavailable
 from harness.messages import ModelIdentity, TextContent, UserMessage
 from harness.providers import (
@@ -284,10 +285,11 @@ _DOCTOR_VALUE = value_address("cli.doctor", "last_check")
 
 
 async def check_store(store_url: str, context: Context) -> list[Check]:
-    """Connect to the store, write a value in a scratch session, read it back and delete the
-    session again, so the store holds nothing of doctor's afterwards."""
+    """Connect to the store as every other command does (applying the journal data migrations,
+    CE-25), write a value in a scratch session, read it back and delete the session again, so the
+    store holds nothing of doctor's afterwards."""
     try:
-        store = await connect(store_url, context)
+        store = await connect(store_url, context, data_migrations=JOURNAL_DATA_MIGRATIONS)
     except HarnessError as error:
         return [Check("store", "fail", f"cannot open {store_url}: {error.message}")]
     checks = [Check("store", "ok", f"connected to {store_url}")]

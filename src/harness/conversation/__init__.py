@@ -18,14 +18,12 @@ from harness.conversation.chat_events import (
     ErrorDetails,
     FastOutcome,
     GoalStatus,
-    ImageRefused,
     Interrupted,
     ModelOutcome,
     ModelSwitched,
     ModelSwitchFailed,
     ModeOutcome,
     ModeSelected,
-    ProviderTimeout,
     ReasoningChanged,
     Renamed,
     RenameOutcome,
@@ -37,6 +35,7 @@ from harness.conversation.chat_events import (
     parse_chat_event_details,
     render_chat_event_for_model,
 )
+from harness.conversation.migrations import JOURNAL_DATA_MIGRATIONS, RETIRE_CHAT_ERROR_NOTICES
 from harness.conversation.recording import MAIN_LANE, record_chat_event, record_cold_chat_event
 from harness.conversation.service import (
     ChatEventPublished,
@@ -54,8 +53,10 @@ from harness.conversation.turn_rows import clean_public_text, public_error, repl
 
 __all__ = [
     "CHAT_EVENT_TYPE",
+    "JOURNAL_DATA_MIGRATIONS",
     "MAIN_LANE",
     "RETIRED_NOTICE_CODES",
+    "RETIRE_CHAT_ERROR_NOTICES",
     "ChatErrorNotice",
     "ChatEventDetails",
     "ChatEventPublished",
@@ -77,14 +78,12 @@ __all__ = [
     "FastOutcome",
     "Forbidden",
     "GoalStatus",
-    "ImageRefused",
     "Interrupted",
     "ModeOutcome",
     "ModeSelected",
     "ModelOutcome",
     "ModelSwitchFailed",
     "ModelSwitched",
-    "ProviderTimeout",
     "ReasoningChanged",
     "RenameOutcome",
     "Renamed",

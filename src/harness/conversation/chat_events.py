@@ -51,26 +51,17 @@ class ContextOverflow(_Fact):
     code: Literal["context-overflow"] = "context-overflow"
 
 
-class ImageRefused(_Fact):
-    """Version 1 only: the provider refused an image. Retired by the `retire-chat-error-notices`
-    journal migration (CE-25), after which the parser refuses it."""
-
-    code: Literal["image-refused"] = "image-refused"
-
-
-class ProviderTimeout(_Fact):
-    """Version 1 only: the provider did not answer in time. Retired like `image-refused` (CE-25)."""
-
-    code: Literal["provider-timeout"] = "provider-timeout"
-
-
 ChatErrorNotice: TypeAlias = Annotated[
-    ModelSwitchFailed | CompactionStopped | ContextOverflow | ImageRefused | ProviderTimeout,
+    ModelSwitchFailed | CompactionStopped | ContextOverflow,
     Field(discriminator="code"),
 ]
+"""Version 2 of the notice vocabulary. Version 1 also had `image-refused` and `provider-timeout`;
+the `retire-chat-error-notices` journal migration removed them from stored rows, and a row that
+still carries one no longer parses, nor can one be written (CE-25)."""
 
 RETIRED_NOTICE_CODES = frozenset({"image-refused", "provider-timeout"})
-"""Notice codes of vocabulary version 1 that the journal migration removes (CE-25)."""
+"""The notice codes of vocabulary version 1 that version 2 dropped and the journal migration
+removes from stored rows (CE-25)."""
 
 
 # -- command outcomes: what a typed command did, in codes and values (CE-5, CE-16) ------------------
