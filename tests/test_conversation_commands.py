@@ -43,7 +43,7 @@ from harness.messages import CustomMessage, Message, ModelIdentity, UserMessage
 from harness.providers import FAUX_MODEL, FauxProvider, ModelRegistry
 from harness.providers.faux import FauxScript, reply
 from harness.runtime import CompactionSettings, DriveOutcome, DriveSettings, Settled
-from harness.session import CompactionPayload, CustomMessagePayload, LaneConfig, MessagePayload, Store
+from harness.session import CompactionPayload, CustomMessagePayload, LaneConfig, MessagePayload, Store, addresses
 
 ALICE, BOB = "alice", "bob"
 FAST = ModelIdentity(provider="faux", model_id="faux-fast")
@@ -144,6 +144,18 @@ async def test_run_command_refuses_another_users_conversation_before_running(sto
         await conversations.run_command(BOB, conversation, CommandInvocation(name="x"), run, lambda _: None, ctx)
     assert ran == []
     assert await rows(conversation, ctx) == []
+    await conversations.close_all(ctx)
+
+
+async def test_a_session_value_of_the_harness_itself_cannot_be_written_by_an_application(
+        store: Store, ctx: Context) -> None:
+    conversations, _ = service(store, [])
+    conversation = await conversations.create(ALICE, CONFIG, ctx)
+
+    with pytest.raises(InvalidInput):
+        await conversation.harness.set_value(addresses.session_name(), "sneaked in", ctx)
+
+    assert await conversation.harness.session_name(ctx) is None
     await conversations.close_all(ctx)
 
 
