@@ -67,11 +67,13 @@ removes from stored rows (CE-25)."""
 # -- command outcomes: what a typed command did, in codes and values (CE-5, CE-16) ------------------
 
 class CompactOutcome(_Fact):
-    """What `/compact` did: `compacted`, or why nothing was (`nothing_old_enough`, `failed`)."""
+    """What `/compact` did: `compacted`, or why nothing was (`nothing_old_enough`, `failed` with the
+    public text of why, `aborted` when it was stopped)."""
 
     command: Literal["compact"] = "compact"
-    result: Literal["compacted", "nothing_old_enough", "failed"]
+    result: Literal["compacted", "nothing_old_enough", "failed", "aborted"]
     tokens_before: int | None = None
+    error: CleanStr | None = None
 
 
 class FastOutcome(_Fact):
@@ -315,8 +317,10 @@ def _outcome_text(outcome: CommandOutcome | None) -> str:
             return " The conversation was compacted."
         case CompactOutcome(result="nothing_old_enough"):
             return " Nothing was old enough to compact."
+        case CompactOutcome(result="aborted"):
+            return " The compaction was stopped."
         case CompactOutcome():
-            return " The compaction failed."
+            return f" The compaction failed: {outcome.error}." if outcome.error else " The compaction failed."
         case FastOutcome(on=True):
             return f" Fast mode is on: {_model_name(outcome.model)} at reasoning level {outcome.thinking_level}."
         case FastOutcome():

@@ -9,18 +9,19 @@ conversation's owner (`Forbidden`, nothing changed).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Literal
+from typing import Literal, TypeAlias, TypeVar
 
 from pydantic import BaseModel, ConfigDict
 
 from harness.context import Context
-from harness.conversation.chat_events import ChatEventDetails, ChatEventView, Renamed, chat_event_of
+from harness.conversation.chat_events import ChatEventDetails, ChatEventView, CommandOutcome, Renamed, chat_event_of
+from harness.conversation.command_rows import CommandInvocation, command_failed, command_ran, shell_ran
 from harness.conversation.recording import MAIN_LANE, record_chat_event, record_cold_chat_event
 from harness.conversation.turn_rows import public_error, replay_interrupted_replies, turn_end_rows
 from harness.errors import HarnessError
-from harness.messages import Message
+from harness.messages import Message, ModelIdentity, ThinkingLevel
 from harness.providers import ModelRegistry
 from harness.runtime import (
     AgentHarness,
@@ -51,6 +52,12 @@ OWNER = addresses.value_address("conversation", "owner", str)
 """The user id a conversation belongs to, written when it is created."""
 
 
+T = TypeVar("T")
+
+RecordNow: TypeAlias = Callable[[CommandOutcome | None], Awaitable[bool]]
+"""`record_now(outcome)`: record a running command's row at once (see `ConversationService.run_command`)."""
+
+
 class Forbidden(HarnessError):
     """The conversation belongs to another user; nothing was read or changed."""
 
@@ -68,6 +75,10 @@ class ConversationSetup:
     drive: DriveSettings = field(default_factory=DriveSettings)
     hooks: RunHooks = field(default_factory=RunHooks)
     listeners: Sequence[Listener] = ()
+    fast_model: ModelIdentity | None = None
+    """The model `/fast` switches to; None: `/fast` is refused (`NoFastModel`)."""
+    fast_thinking_level: ThinkingLevel = "low"
+    """The reasoning level `/fast` lowers to (a lower level already set is kept)."""
 
 
 @dataclass(frozen=True)
@@ -237,6 +248,48 @@ class ConversationService:
             return await record_chat_event(harness, Renamed(name=name), context)
         finally:
             await harness.close(context)
+
+    async def run_command(self, user: str, conversation: Conversation, invocation: CommandInvocation | None,
+                          run: Callable[[RecordNow], Awaitable[T]], outcome_of: Callable[[T], CommandOutcome | None],
+                          context: Context) -> T:
+        """Run one command on `user`'s live `conversation` and return what `run` returns (CE-16).
+
+        With an `invocation` (the person typed it) one `CommandRan` row is recorded: after `run`
+        returns, with `outcome_of(result)`; or, when `run` raises a `HarnessError`, with that
+        error's exact message, and the error is raised on. `run` gets `record_now(outcome)` to
+        record the row earlier, so it can sit above a turn the command starts or be durable before
+        the command ends its conversation; the row is recorded once. Without an invocation (a
+        program's call) nothing is recorded and `record_now` does nothing. `record_now` says
+        whether the append was accepted (True when there is nothing to record); a refusal is
+        logged, and the command's own effect stands. Other exceptions are not the caller's answer
+        and are raised unrecorded. Raises `Forbidden` before anything runs."""
+        if conversation.info.owner != user:
+            raise Forbidden(f"conversation {conversation.id} belongs to another user", conversation_id=conversation.id)
+        recorded = False
+
+        async def record_now(outcome: CommandOutcome | None) -> bool:
+            nonlocal recorded
+            if invocation is None or recorded:
+                return True
+            recorded = True
+            return await conversation.record(command_ran(invocation, outcome), context)
+
+        try:
+            result = await run(record_now)
+        except HarnessError as error:
+            if invocation is not None and not recorded:
+                recorded = True
+                await conversation.record(command_failed(invocation, error), context)
+            raise
+        await record_now(outcome_of(result))
+        return result
+
+    async def record_local_shell(self, user: str, conversation_id: str, command: str, exit_code: int | None,
+                                 output: str, context: Context) -> bool:
+        """Record a shell command the person's terminal ran itself (`!cmd`) as one `ShellRan` row,
+        its output cut to its end (`SHELL_OUTPUT_CHARS`); live or cold, like `record` (CE-17).
+        Nothing is sent: the person's next message goes as typed, after this row."""
+        return await self.record(user, conversation_id, shell_ran(command, exit_code, output), context)
 
     async def close_all(self, context: Context) -> None:
         """Dispose every live conversation of this service."""

@@ -1,0 +1,222 @@
+"""The built-in commands a person types in a conversation (`/compact`, `/fast`, `/model`, `/rename`,
+`/mode`, `/restart`), each built on `ConversationService.run_command` so that every door records
+the same row (CE-16, CE-17).
+
+Each takes `(service, user, conversation, args, context)` and `typed`: True when the person typed
+it (one `CommandRan` row is recorded), False for a program's call (nothing is). Each returns its
+typed outcome; a refusal is a `HarnessError`, recorded with its exact text and raised on.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, Protocol, TypeVar
+
+from pydantic import BaseModel, ConfigDict
+
+from harness.context import Context
+from harness.conversation.chat_events import (
+    CommandOutcome,
+    CompactOutcome,
+    FastOutcome,
+    ModelOutcome,
+    ModeOutcome,
+    RenameOutcome,
+    RestartOutcome,
+)
+from harness.conversation.command_rows import CommandInvocation, compact_outcome, fast_outcome
+from harness.conversation.service import Conversation, ConversationService, RecordNow
+from harness.errors import HarnessError, InvalidInput
+from harness.messages import THINKING_LEVELS, ModelIdentity, ThinkingLevel
+from harness.runtime import AgentTool, NothingToCompact, Settled
+from harness.session import CompactionPayload, addresses
+
+Outcome = TypeVar("Outcome", bound=CommandOutcome)
+
+
+class NoFastModel(HarnessError):
+    """`/fast` was asked for, but the service's setup names no fast model; nothing changed."""
+
+    code = "no_fast_model"
+
+
+class UnknownCommand(HarnessError):
+    """A typed line names no built-in command; nothing ran and nothing was recorded."""
+
+    code = "unknown_command"
+
+
+class FastBefore(BaseModel):
+    """The model and reasoning level `/fast` switched away from, to switch back to."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    model: ModelIdentity
+    thinking_level: ThinkingLevel
+
+
+FAST_BEFORE = addresses.value_address("conversation", "fast_before", FastBefore)
+"""Present while fast mode is on: what `/fast` again restores. A session value, so fast mode
+survives a restart and a restore from the journal."""
+
+
+class BuiltInCommand(Protocol):
+    async def __call__(self, service: ConversationService, user: str, conversation: Conversation, args: str | None,
+                       context: Context, *, typed: bool = True) -> CommandOutcome: ...
+
+
+def _invocation(name: str, args: str | None, typed: bool) -> CommandInvocation | None:
+    return CommandInvocation(name=name, args=args or None) if typed else None
+
+
+def _itself(outcome: Outcome) -> Outcome:
+    return outcome
+
+
+async def compact(service: ConversationService, user: str, conversation: Conversation, args: str | None,
+                  context: Context, *, typed: bool = True) -> CompactOutcome:
+    """`/compact [instructions]`: summarize the older part of the conversation (`args` steer the
+    summary). Nothing old enough, a failed or a stopped compaction are outcomes, not errors. The
+    row is recorded after the compaction entry, so the model reads that it happened (CE-17).
+    Raises `LaneBusy` while a turn runs."""
+
+    async def run(record_now: RecordNow) -> CompactOutcome:
+        before = conversation.lane.tip_id
+        try:
+            outcome = await conversation.lane.compact(context, custom_instructions=args or None)
+        except NothingToCompact as refused:
+            return compact_outcome(refused, None)
+        assert isinstance(outcome, Settled)  # a summary never defers, and `compact` waits out its retries
+        tip = outcome.result.tip_id
+        written = None
+        if tip is not None and tip != before:
+            entry = await conversation.harness.session.entry(tip, context)
+            written = entry.payload if entry is not None and isinstance(entry.payload, CompactionPayload) else None
+        return compact_outcome(outcome.result, written)
+
+    return await service.run_command(user, conversation, _invocation("compact", args, typed), run, _itself, context)
+
+
+async def fast(service: ConversationService, user: str, conversation: Conversation, args: str | None,
+               context: Context, *, typed: bool = True) -> FastOutcome:
+    """`/fast`: switch the next turns to the setup's `fast_model` at its `fast_thinking_level` (or
+    the current level if that is lower), remembering what was set in `FAST_BEFORE`; `/fast` again
+    switches back to it. Raises `NoFastModel` when none is configured and `ModelUnavailable` when
+    the service's registry cannot run it; nothing changed then."""
+
+    async def run(record_now: RecordNow) -> FastOutcome:
+        harness, lane = conversation.harness, conversation.lane
+        before = await harness.session.get(FAST_BEFORE, context)
+        if before is not None:
+            # Configure first, forget last: a crash between them leaves fast mode on, and `/fast` again finishes.
+            await lane.set_model(before.model, context)
+            await lane.set_thinking_level(before.thinking_level, context)
+            await harness.set_value(FAST_BEFORE, None, context)
+            return fast_outcome(False, lane.config)
+        target = service.setup.fast_model
+        if target is None:
+            raise NoFastModel("no fast model is configured for this conversation")
+        _check_usable(service, target)
+        config = lane.config
+        level = min(config.thinking_level, service.setup.fast_thinking_level, key=THINKING_LEVELS.index)
+        # Remember first: a crash after it leaves fast mode remembered, and `/fast` switches back.
+        await harness.set_value(FAST_BEFORE, FastBefore(model=config.model, thinking_level=config.thinking_level),
+                                context)
+        await lane.set_model(target, context)
+        await lane.set_thinking_level(level, context)
+        return fast_outcome(True, lane.config)
+
+    return await service.run_command(user, conversation, _invocation("fast", args, typed), run, _itself, context)
+
+
+async def model(service: ConversationService, user: str, conversation: Conversation, args: str | None,
+                context: Context, *, typed: bool = True) -> ModelOutcome:
+    """`/model provider/id`: the model of the next turns (the id may contain `/`). Raises
+    `InvalidInput` for anything else and `ModelUnavailable` when the service's registry cannot run
+    it; nothing changed then."""
+
+    async def run(record_now: RecordNow) -> ModelOutcome:
+        provider, _, model_id = (args or "").strip().partition("/")
+        if not provider or not model_id:
+            raise InvalidInput(f"a model is provider/id (e.g. openai/gpt-4o), not {args or ''!r}", model=args)
+        identity = ModelIdentity(provider=provider, model_id=model_id)
+        _check_usable(service, identity)
+        await conversation.lane.set_model(identity, context)
+        return ModelOutcome(model=identity)
+
+    return await service.run_command(user, conversation, _invocation("model", args, typed), run, _itself, context)
+
+
+async def rename(service: ConversationService, user: str, conversation: Conversation, args: str | None,
+                 context: Context, *, typed: bool = True) -> RenameOutcome:
+    """`/rename NAME`: name the conversation; without a name, clear it. The command's row is the
+    rename's one record (CE-6): no separate `Renamed` row."""
+
+    async def run(record_now: RecordNow) -> RenameOutcome:
+        name = (args or "").strip() or None
+        await conversation.harness.set_session_name(name, context)
+        return RenameOutcome(name=name)
+
+    return await service.run_command(user, conversation, _invocation("rename", args, typed), run, _itself, context)
+
+
+def mode_tools(tools: list[AgentTool], mode: Literal["build", "plan"]) -> list[str]:
+    """The tools a mode offers: `build` every one, `plan` those safe to run again (`replay="safe"`),
+    which is how a tool declares that it only reads."""
+    return [tool.name for tool in tools if mode == "build" or tool.replay == "safe"]
+
+
+_MODES: dict[str, Literal["build", "plan"]] = {"build": "build", "plan": "plan"}
+
+
+async def mode(service: ConversationService, user: str, conversation: Conversation, args: str | None,
+               context: Context, *, typed: bool = True) -> ModeOutcome:
+    """`/mode build|plan`: the tools of the next turns (`mode_tools` of the setup's tools). Raises
+    `InvalidInput` for another mode; nothing changed then."""
+
+    async def run(record_now: RecordNow) -> ModeOutcome:
+        typed_mode = (args or "").strip()
+        chosen = _MODES.get(typed_mode)
+        if chosen is None:
+            raise InvalidInput(f"a mode is build or plan, not {typed_mode!r}", mode=typed_mode)
+        await conversation.lane.set_active_tools(mode_tools(list(service.setup.tools), chosen), context)
+        return ModeOutcome(mode=chosen)
+
+    return await service.run_command(user, conversation, _invocation("mode", args, typed), run, _itself, context)
+
+
+async def restart(service: ConversationService, user: str, conversation: Conversation, args: str | None,
+                  context: Context, *, typed: bool = True) -> RestartOutcome:
+    """`/restart`: dispose the live conversation and reopen it from its journal; `service.open`
+    then gives the reopened one (whose `open_operations` list what a running turn left open). The
+    row is recorded before the restart, so it is durable whatever the restart does."""
+
+    async def run(record_now: RecordNow) -> RestartOutcome:
+        outcome = RestartOutcome()
+        await record_now(outcome)
+        await service.close(user, conversation.id, context)
+        await service.open(user, conversation.id, context)
+        return outcome
+
+    return await service.run_command(user, conversation, _invocation("restart", args, typed), run, _itself, context)
+
+
+def _check_usable(service: ConversationService, identity: ModelIdentity) -> None:
+    """Refuse a model the service's registry cannot run (`ModelUnavailable`), before anything changes."""
+    if service.setup.models is not None:
+        service.setup.models.model(identity)
+
+
+BUILT_IN_COMMANDS: dict[str, BuiltInCommand] = {
+    "compact": compact, "fast": fast, "model": model, "rename": rename, "mode": mode, "restart": restart}
+"""Every built-in command by the name a person types after `/`."""
+
+
+async def run_typed_command(service: ConversationService, user: str, conversation: Conversation, line: str,
+                            context: Context) -> CommandOutcome:
+    """Run the built-in command a person typed as `line` (`/name args`), recorded (CE-16). Raises
+    `UnknownCommand` (nothing recorded) for a name no built-in has, and what the command raises."""
+    name, _, args = line.strip().removeprefix("/").partition(" ")
+    command = BUILT_IN_COMMANDS.get(name)
+    if command is None:
+        raise UnknownCommand(f"there is no command /{name}", name=name)
+    return await command(service, user, conversation, args.strip() or None, context)
