@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, TypeVar
 
 from harness.context import Context
+from harness.errors import InvalidInput
 from harness.runtime.agent_tool import AgentTool
 from harness.runtime.bus import EventBus, Listener
 from harness.runtime.commit import Decision, SessionLine, nothing_to_publish
@@ -38,6 +39,7 @@ if TYPE_CHECKING:
     from harness.providers import ModelRegistry
 
 R = TypeVar("R")
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -207,6 +209,23 @@ class AgentHarness:
             return Decision(label, nothing_to_publish)
 
         return await self._line.run(plan, context)
+
+    async def set_value(self, address: addresses.ValueAddress[T], value: T | None, context: Context) -> None:
+        """Write an application value of the session (None deletes it) in one commit on the session
+        line, which a caller cannot do directly while the harness owns the session (HA-4); emits
+        nothing. Raises `InvalidInput` for a reserved `harness.` address: only the harness's own
+        calls write those."""
+        if address.reserved:
+            raise InvalidInput(f"{address.namespace} is reserved for the harness", namespace=address.namespace)
+
+        async def plan(m: SessionMutator) -> Decision[None]:
+            if value is None:
+                m.delete(address)
+            else:
+                m.set(address, value)
+            return Decision(None, nothing_to_publish)
+
+        await self._line.run(plan, context)
 
     @property
     def persistence_failure(self) -> Exception | None:
