@@ -228,8 +228,10 @@ async def test_a_failed_turn_leaves_one_error_row_with_public_text(store: Store,
 
 async def test_renaming_a_closed_conversation_appends_one_row_the_next_restore_reads(
         store: Store, ctx: Context) -> None:
-    conversations, _ = service(store, [])
+    """Spoken in first: before the first message a rename records no row (CE-13)."""
+    conversations, _ = service(store, ["hi"])
     conversation = await conversations.create(ALICE, CONFIG, ctx)
+    settled(await within(conversation.lane.prompt("hello", None, ctx)))
     await conversations.close(ALICE, conversation.id, ctx)
 
     assert await conversations.rename(ALICE, conversation.id, "a better name", ctx) is True
