@@ -93,7 +93,7 @@ class HeldTurn:
     def __init__(self, conversations: ConversationService, conversation: Conversation, step: FauxDelay,
                  ctx: Context) -> None:
         assert step.until is not None
-        self.step, self.gate = step, step.until
+        self.gate = step.until
         self.task = asyncio.ensure_future(conversations.send(ALICE, conversation.id, "a long one", ctx))
 
     async def release(self) -> None:
