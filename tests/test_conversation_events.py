@@ -251,8 +251,10 @@ async def test_a_compaction_circuit_breaker_stop_leaves_an_error_row_with_its_st
 
 async def test_renaming_a_closed_conversation_appends_one_row_the_next_restore_reads(
         store: Store, ctx: Context) -> None:
-    conversations, _ = service(store, [])
+    """Spoken in first: before the first message a rename records no row (CE-13)."""
+    conversations, _ = service(store, ["hi"])
     conversation = await conversations.create(ALICE, CONFIG, ctx)
+    settled(await within(conversation.lane.prompt("hello", None, ctx)))
     await conversations.close(ALICE, conversation.id, ctx)
 
     assert await conversations.rename(ALICE, conversation.id, "a better name", ctx) is True

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field, replace
 from typing import Literal, TypeAlias, TypeVar
 
@@ -19,18 +20,21 @@ from harness.context import Context
 from harness.conversation.chat_events import ChatEventDetails, ChatEventView, CommandOutcome, Renamed, chat_event_of
 from harness.conversation.command_rows import CommandInvocation, command_failed, command_ran, shell_ran
 from harness.conversation.recording import MAIN_LANE, record_chat_event, record_cold_chat_event
+from harness.conversation.settings import MODEL_SWITCH_ACK_S, ConversationSettings, ModelSwitch, WorkMode
 from harness.conversation.turn_rows import public_error, replay_interrupted_replies, turn_end_rows
 from harness.errors import HarnessError
-from harness.messages import Message, ModelIdentity, ThinkingLevel
+from harness.messages import ImageContent, Message, ModelIdentity, ThinkingLevel
 from harness.providers import ModelRegistry
 from harness.runtime import (
     AgentHarness,
     AgentHarnessOptions,
     AgentTool,
     CompactionEnd,
+    DriveOutcome,
     DriveSettings,
     EntryAdded,
     HarnessEvent,
+    LaneBusy,
     LaneSnapshot,
     LaneWatch,
     Listener,
@@ -143,6 +147,7 @@ class Conversation:
         self.harness = harness
         self.lane = harness.lane(MAIN_LANE)
         self.open_operations = open_operations
+        self.settings = ConversationSettings(harness)
         self._recording: set[asyncio.Task[bool]] = set()
         harness.add_listener(self._on_event)
 
@@ -158,6 +163,7 @@ class Conversation:
     async def dispose(self, context: Context) -> None:
         """Finish recording what is under way, then detach the harness (the conversation stays in
         the journal)."""
+        self.settings.dispose()
         if self._recording:
             await asyncio.wait(list(self._recording))
         await self.harness.close(context)
@@ -235,19 +241,59 @@ class ConversationService:
         return await record_cold_chat_event(session, details, context)
 
     async def rename(self, user: str, conversation_id: str, name: str | None, context: Context) -> bool:
-        """Name the conversation (None clears it) and record the rename row, live or closed; the
-        next restore reads both from the journal (CE-10, CE-15)."""
+        """Name the conversation (None clears it) and record the rename row, live or closed, unless
+        nobody has spoken in it yet; the next restore reads both from the journal (CE-10, CE-13,
+        CE-15). The result is `record_setting`'s."""
+        async with self._settings_of(user, conversation_id, context) as settings:
+            await settings.harness.set_session_name(name, context)
+            return await settings.record_setting(Renamed(name=name), context)
+
+    async def record_setting(self, user: str, conversation_id: str, details: ChatEventDetails,
+                             context: Context) -> bool:
+        """Record a setting change the door applied (e.g. a `DirectoryMoved` after `/cd`), live or
+        cold: nothing for a setting kind while nobody has spoken in the conversation (True then),
+        else as `record` (CE-10, CE-13)."""
+        async with self._settings_of(user, conversation_id, context) as settings:
+            return await settings.record_setting(details, context)
+
+    async def select_mode(self, user: str, conversation_id: str, mode: WorkMode, context: Context) -> bool:
+        """Switch the conversation to work mode `mode` (`build`: every tool; `plan`: the read-only
+        ones) and record `ModeSelected` at once, even before the first message (CE-13). The result
+        is whether the row was accepted (CE-3)."""
+        async with self._settings_of(user, conversation_id, context) as settings:
+            return await settings.select_mode(mode, context)
+
+    async def switch_model(self, user: str, conversation_id: str, model: ModelIdentity, context: Context, *,
+                           wait_for_completion: bool = False,
+                           acknowledge_after_s: float = MODEL_SWITCH_ACK_S) -> ModelSwitch:
+        """Switch the conversation's model under its turn lock (CE-12).
+
+        Live here: `ConversationSettings.switch_model` (immediate, or queued behind the running turn
+        and acknowledged after `acknowledge_after_s`; `ModelSwitchRefused` for a superseded or
+        closed wait). Cold: applied under the session lock and always recorded, or `LaneBusy`
+        when a stopped process left a turn open, which nobody here would end (resume it first)."""
         session = await self._owned(user, conversation_id, context)
         live = self._live.get(conversation_id)
         if live is not None:
-            await live.harness.set_session_name(name, context)
-            return await live.record(Renamed(name=name), context)
-        harness, _ = await AgentHarness.create(AgentHarnessOptions(session=session), context)
-        try:
-            await harness.set_session_name(name, context)
-            return await record_chat_event(harness, Renamed(name=name), context)
-        finally:
-            await harness.close(context)
+            return await live.settings.switch_model(model, context, wait_for_completion=wait_for_completion,
+                                                    acknowledge_after_s=acknowledge_after_s)
+        async with self._temporary_settings(session, context) as settings:
+            if (operation := settings.lane.info().operation) is not None:
+                raise LaneBusy(f"conversation {conversation_id} has a turn open; resume or abort it first",
+                               lane=MAIN_LANE, operation_id=operation.id)
+            async with settings.turn_lock:
+                await settings.apply_model(model, context, always_record=True)
+        return ModelSwitch(model=model, queued=False)
+
+    async def send(self, user: str, conversation_id: str, text: str, context: Context, *,
+                   images: Sequence[ImageContent] = ()) -> DriveOutcome:
+        """Send a prompt and drive its turn (opening the conversation here if needed): admitted
+        under the turn lock after any queued model switch, with a `ReasoningChanged` row above it
+        when the reasoning level differs from the previous turn's (CE-14). Raises what
+        `ConversationSettings.admit` and `Lane.drive` raise."""
+        conversation = await self.open(user, conversation_id, context)
+        accepted = await conversation.settings.admit(text, images, context)
+        return await conversation.lane.drive(accepted.operation_id, context)
 
     async def run_command(self, user: str, conversation: Conversation, invocation: CommandInvocation | None,
                           run: Callable[[RecordNow], Awaitable[T]], outcome_of: Callable[[T], CommandOutcome | None],
@@ -307,6 +353,30 @@ class ConversationService:
         if owner != user:
             raise Forbidden(f"conversation {conversation_id} belongs to another user", conversation_id=conversation_id)
         return session
+
+    @asynccontextmanager
+    async def _settings_of(self, user: str, conversation_id: str, context: Context) -> AsyncIterator[
+            ConversationSettings]:
+        """The settings of the live conversation, or of a temporary attachment of a cold one."""
+        session = await self._owned(user, conversation_id, context)
+        live = self._live.get(conversation_id)
+        if live is not None:
+            yield live.settings
+            return
+        async with self._temporary_settings(session, context) as settings:
+            yield settings
+
+    @asynccontextmanager
+    async def _temporary_settings(self, session: Session, context: Context) -> AsyncIterator[ConversationSettings]:
+        # Attaching takes the session lock (`SessionOwned` while another process holds it), so a
+        # cold change is made under it, as CE-10 asks; the harness runs nothing and is closed after.
+        setup = self.setup
+        harness, _ = await AgentHarness.create(
+            AgentHarnessOptions(session=session, models=setup.models, tools=setup.tools), context)
+        try:
+            yield ConversationSettings(harness)
+        finally:
+            await harness.close(context)
 
     async def _attach(self, session: Session, user: str, context: Context) -> Conversation:
         setup = self.setup

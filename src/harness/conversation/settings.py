@@ -1,0 +1,326 @@
+"""Setting changes as chat events: the model switch (queued behind a running turn), work modes, the
+reasoning level announced at turn admission, and the rule that a conversation nobody has spoken in
+records none of them (CE-10 to CE-14).
+
+A conversation's turn lock is an `asyncio.Lock` its turn admissions and model switches take; a
+switch holding it also waits for the `main` lane to be idle, so it lands between two turns and
+the turn it waited for runs to its end on the model it started with. Each live conversation has one
+`ConversationSettings`, disposed with it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal, TypeAlias
+
+from pydantic import BaseModel, ConfigDict
+
+from harness.context import Context
+from harness.conversation.chat_events import (
+    ChatEventDetails,
+    ErrorDetails,
+    ModelSwitched,
+    ModelSwitchFailed,
+    ModeSelected,
+    ReasoningChanged,
+    chat_event_message,
+    chat_event_of,
+    logger,
+)
+from harness.conversation.recording import MAIN_LANE, record_chat_event
+from harness.conversation.turn_rows import clean_public_text
+from harness.errors import HarnessError
+from harness.messages import ImageContent, Message, ModelIdentity, TextContent, ThinkingLevel, UserContent, UserMessage
+from harness.runtime import (
+    AcceptedRun,
+    AgentHarness,
+    HarnessEvent,
+    InvalidMessage,
+    Lane,
+    PromptRequest,
+    RunEnd,
+)
+from harness.session import CustomMessagePayload, Entry, MessagePayload, SessionReader, addresses
+
+MODEL_SWITCH_ACK_S = 1.5
+"""How long `switch_model` waits for the turn lock before it acknowledges a queued switch (CE-12)."""
+
+SETTING_EVENT_KINDS = frozenset({"model", "rename", "cwd", "reasoning"})
+"""The chat-event kinds that a conversation nobody has spoken in does not record (CE-13)."""
+
+WorkMode: TypeAlias = Literal["build", "plan"]
+
+READ_ONLY_TOOLS = frozenset({"read", "list", "grep"})
+"""The tools plan mode keeps: the built-in ones that only read. Tools declare no such property
+(`replay="safe"` says a call may run twice, not that it changes nothing), so this is the one list."""
+
+
+class TurnBaseline(BaseModel):
+    """The reasoning level of the last admitted turn, and the entry its admission ended at: rows
+    after that entry that announced a level count as the baseline too (CE-14)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    level: ThinkingLevel
+    entry_id: str
+
+
+TURN_BASELINE = addresses.value_address("conversation", "turn_baseline", TurnBaseline)
+"""The conversation's `TurnBaseline`, written at each turn admission."""
+
+
+class ModelSwitchRefused(HarnessError):
+    """A switch waiting for the turn lock never applied: a later pick superseded it
+    (`reason="superseded"`) or its conversation was closed (`"closed"`); details
+    `{reason, provider, model_id}`. The caller must not go on as if the model were switched (CE-12)."""
+
+    code = "model_switch_refused"
+
+
+class SettingNotRecorded(HarnessError):
+    """The setting was applied but its chat event was not recorded (the store refused it, CE-3);
+    details `{kind}`. The caller must not report success."""
+
+    code = "setting_not_recorded"
+
+
+class ModelSwitch(BaseModel):
+    """`switch_model`'s answer: `queued` True is an acknowledgement (the switch waits for the
+    running turn and the model is not active yet); False means it applied (CE-12)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    model: ModelIdentity
+    queued: bool
+
+
+@dataclass(eq=False)
+class _Pick:
+    """A model switch waiting for the turn lock."""
+
+    model: ModelIdentity
+    outcome: asyncio.Future[None]
+    task: asyncio.Task[None] | None = None
+    acknowledged: bool = False  # the caller was answered `queued`: a failure is recorded, not raised
+
+
+class ConversationSettings:
+    """The setting changes of one live conversation attached as `harness` (CE-10 to CE-14)."""
+
+    def __init__(self, harness: AgentHarness) -> None:
+        self.harness = harness
+        self.lane: Lane = harness.lane(MAIN_LANE)
+        self.turn_lock = asyncio.Lock()
+        self._turn_ended = asyncio.Event()
+        self._pick: _Pick | None = None
+        harness.add_listener(self._on_event)
+
+    def _on_event(self, event: HarnessEvent, context: Context) -> None:
+        if isinstance(event, RunEnd) and event.lane == self.lane.name:
+            self._turn_ended.set()
+
+    @property
+    def waiting_model(self) -> ModelIdentity | None:
+        """The model a queued switch will apply, while it waits; it is not active yet (CE-12)."""
+        return self._pick.model if self._pick is not None else None
+
+    # -- recording ------------------------------------------------------------------------------
+
+    async def record_setting(self, details: ChatEventDetails, context: Context) -> bool:
+        """Record a setting change, unless nobody has spoken in the conversation yet (CE-13: then
+        nothing is recorded and this is True); any other kind records always. The result is
+        `record_chat_event`'s."""
+        if details.kind in SETTING_EVENT_KINDS and not await has_spoken(self.harness.session, self.lane.tip_id,
+                                                                         context):
+            return True
+        return await record_chat_event(self.harness, details, context)
+
+    # -- work modes (CE-13) ---------------------------------------------------------------------
+
+    async def select_mode(self, mode: WorkMode, context: Context) -> bool:
+        """Set the lane's active tools for `mode` (`build`: every tool of the harness; `plan`: those
+        in `READ_ONLY_TOOLS`) and record `ModeSelected` at once, even before the first message.
+        While a turn runs, the tools change from its next step and the row waits for the boundary."""
+        names = [tool.name for tool in self.harness.options.tools]
+        await self.lane.set_active_tools(names if mode == "build" else
+                                         [name for name in names if name in READ_ONLY_TOOLS], context)
+        return await record_chat_event(self.harness, ModeSelected(mode=mode), context)
+
+    # -- the model switch (CE-12) ---------------------------------------------------------------
+
+    async def switch_model(self, model: ModelIdentity, context: Context, *, wait_for_completion: bool = False,
+                           acknowledge_after_s: float = MODEL_SWITCH_ACK_S) -> ModelSwitch:
+        """Switch the lane to `model` under the turn lock.
+
+        Immediate (the lock free, the lane idle, no switch waiting): applied now, a row recorded
+        only when provider or model id changed (and someone has spoken), errors raised here
+        (`ModelUnavailable` when the registry cannot serve `model`, `SettingNotRecorded`).
+        Otherwise queued: it supersedes a waiting pick (which fails with `ModelSwitchRefused`),
+        waits for the lock and the running turn's end, and its completion always records a
+        `ModelSwitched` row. Answered `queued=False` if it applied within `acknowledge_after_s`
+        (its errors raised), else `queued=True` while the wait goes on: a later failure is logged
+        and recorded as an error row with a `ModelSwitchFailed` notice. `wait_for_completion`
+        waits to the end instead of acknowledging."""
+        if not self.turn_lock.locked() and self._pick is None and self.lane.info().operation is None:
+            async with self.turn_lock:
+                await self.apply_model(model, context, always_record=False)
+            return ModelSwitch(model=model, queued=False)
+        pick = _Pick(model, asyncio.get_running_loop().create_future())
+        pick.outcome.add_done_callback(_retrieve)
+        if self._pick is not None:
+            self._refuse(self._pick, "superseded")
+        self._pick = pick
+        pick.task = asyncio.create_task(self._complete(pick, Context(context.attributes)))
+        await asyncio.wait({pick.outcome}, timeout=None if wait_for_completion else acknowledge_after_s)
+        if pick.outcome.done():
+            pick.outcome.result()
+            return ModelSwitch(model=model, queued=False)
+        pick.acknowledged = True
+        return ModelSwitch(model=model, queued=True)
+
+    async def apply_model(self, model: ModelIdentity, context: Context, *, always_record: bool) -> None:
+        """Configure `model` and record the switch: always with `always_record` (a queued switch's
+        completion, a cold conversation), else only for a real change in a spoken conversation.
+        The caller holds the turn lock with the lane idle. Raises `ModelUnavailable` before
+        anything is written when the harness's registry cannot serve `model`."""
+        registry = self.harness.options.models
+        if registry is not None:
+            registry.model(model)
+        previous = self.lane.config.model
+        await self.lane.set_model(model, context)
+        details = ModelSwitched(previous=previous, model=model)
+        if always_record:
+            recorded = await record_chat_event(self.harness, details, context)
+        elif (previous.provider, previous.model_id) != (model.provider, model.model_id):
+            recorded = await self.record_setting(details, context)
+        else:
+            return
+        if not recorded:
+            raise SettingNotRecorded(f"the switch to {_name(model)} applied, but its row was not recorded",
+                                     kind=details.kind)
+
+    async def _complete(self, pick: _Pick, context: Context) -> None:
+        try:
+            async with self.turn_lock:
+                await self._wait_idle()
+                self._pick = None
+                await self.apply_model(pick.model, context, always_record=True)
+        except asyncio.CancelledError:
+            raise  # superseded or closed: `_refuse` answered its caller
+        except Exception as error:
+            if not pick.acknowledged:
+                pick.outcome.set_exception(error)
+                return
+            await self._record_failure(pick.model, error, context)
+            pick.outcome.set_result(None)
+        else:
+            pick.outcome.set_result(None)
+
+    async def _record_failure(self, model: ModelIdentity, error: Exception, context: Context) -> None:
+        reason = error.message if isinstance(error, HarnessError) else f"{type(error).__name__}: {error}"
+        logger.error("the queued switch to %s failed after its acknowledgement: %s", _name(model), reason)
+        text = clean_public_text(f"the switch to {_name(model)} failed: {reason}")
+        await record_chat_event(self.harness, ErrorDetails(text=text, notice=ModelSwitchFailed(requested=model)),
+                                context)
+
+    async def _wait_idle(self) -> None:
+        while self.lane.info().operation is not None:
+            self._turn_ended.clear()
+            await self._turn_ended.wait()
+
+    def _refuse(self, pick: _Pick, reason: Literal["superseded", "closed"]) -> None:
+        if pick.task is not None:
+            pick.task.cancel()
+        if not pick.outcome.done():
+            pick.outcome.set_exception(ModelSwitchRefused(
+                f"the switch to {_name(pick.model)} did not apply: "
+                + ("a later pick superseded it" if reason == "superseded" else "the conversation was closed"),
+                reason=reason, provider=pick.model.provider, model_id=pick.model.model_id))
+        if self._pick is pick:
+            self._pick = None
+
+    # -- turn admission (CE-14) -----------------------------------------------------------------
+
+    async def admit(self, text: str, images: Sequence[ImageContent], context: Context) -> AcceptedRun:
+        """Accept a turn of `text` (and `images`) under the turn lock, after any queued switch.
+
+        If the lane's reasoning level differs from the baseline (the previous admitted turn's
+        level, or a level a row announced since), a `ReasoningChanged` row is accepted in the same
+        commit, right above the prompt; the baseline is then written. Raises `InvalidMessage` for
+        an empty prompt and whatever `Lane.accept` raises (`LaneBusy`, `PromptTooLarge`)."""
+        if not text and not images:
+            raise InvalidMessage("nothing to send: the prompt is empty")
+        content: str | list[UserContent] = [TextContent(text=text), *images] if images else text
+        async with self.turn_lock:
+            level = self.lane.config.thinking_level
+            baseline = await self._reasoning_baseline(context)
+            messages: list[Message] = []
+            if baseline is not None and baseline != level:
+                messages.append(chat_event_message(ReasoningChanged(previous=baseline, level=level)))
+            messages.append(UserMessage(content=content))
+            accepted = await self.lane.accept(PromptRequest(messages=messages), context)
+            await self.harness.set_value(TURN_BASELINE, TurnBaseline(level=level, entry_id=accepted.entry_ids[-1]),
+                                         context)
+        return accepted
+
+    async def _reasoning_baseline(self, context: Context) -> ThinkingLevel | None:
+        """The stored baseline, or the level of a row announced after it: such a row was written by
+        an admission whose baseline write did not happen, and must not be announced again."""
+        stored = await self.harness.session.get(TURN_BASELINE, context)
+        tip = self.lane.tip_id
+        if tip is None:
+            return stored.level if stored is not None else None
+        announced: list[ThinkingLevel] = []
+
+        def visit(entry: Entry) -> bool:
+            if stored is not None and entry.id == stored.entry_id:
+                return False
+            details = chat_event_of(entry.payload.message) if isinstance(entry.payload, CustomMessagePayload) else None
+            if isinstance(details, ReasoningChanged):
+                announced.append(details.level)
+                return False
+            return True
+
+        await self.harness.session.scan_branch(tip, visit, context)
+        if announced:
+            return announced[0]
+        return stored.level if stored is not None else None
+
+    # -- lifecycle ------------------------------------------------------------------------------
+
+    def dispose(self) -> None:
+        """Drop the waiting pick (its caller gets `ModelSwitchRefused`, reason `closed`): the
+        conversation is being closed, and the switch will not apply (CE-12)."""
+        if self._pick is not None:
+            self._refuse(self._pick, "closed")
+
+
+async def has_spoken(session: SessionReader, tip: str | None, context: Context) -> bool:
+    """Whether the branch ending at `tip` holds a user message (CE-13). Reads back to the newest
+    user message, or to the newest compaction (which only a spoken conversation has)."""
+    if tip is None:
+        return False
+    found: list[Entry] = []
+
+    def visit(entry: Entry) -> bool:
+        if entry.payload.type == "compaction" or (isinstance(entry.payload, MessagePayload)
+                                                  and entry.payload.message.role == "user"):
+            found.append(entry)
+            return False
+        return True
+
+    await session.scan_branch(tip, visit, context)
+    return bool(found)
+
+
+def _retrieve(outcome: asyncio.Future[None]) -> None:
+    # A refused or failed pick nobody awaits any longer must not log "exception never retrieved".
+    if not outcome.cancelled():
+        outcome.exception()
+
+
+def _name(model: ModelIdentity) -> str:
+    return f"{model.provider}/{model.model_id}"
+
