@@ -54,7 +54,6 @@ from harness.conversation.commands import (
     compact,
     fast,
     mode,
-    mode_tools,
     model,
     rename,
     restart,
@@ -87,6 +86,7 @@ from harness.conversation.settings import (
     TurnBaseline,
     WorkMode,
     has_spoken,
+    mode_tools,
 )
 from harness.conversation.turn_rows import clean_public_text, public_error, replay_interrupted_replies, turn_end_rows
 

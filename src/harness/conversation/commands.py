@@ -25,9 +25,10 @@ from harness.conversation.chat_events import (
 )
 from harness.conversation.command_rows import CommandInvocation, compact_outcome, fast_outcome
 from harness.conversation.service import Conversation, ConversationService, RecordNow
+from harness.conversation.settings import mode_tools
 from harness.errors import HarnessError, InvalidInput
 from harness.messages import THINKING_LEVELS, ModelIdentity, ThinkingLevel
-from harness.runtime import AgentTool, NothingToCompact, Settled
+from harness.runtime import NothingToCompact, Settled
 from harness.session import CompactionPayload, addresses
 
 Outcome = TypeVar("Outcome", bound=CommandOutcome)
@@ -159,26 +160,21 @@ async def rename(service: ConversationService, user: str, conversation: Conversa
     return await service.run_command(user, conversation, _invocation("rename", args, typed), run, _itself, context)
 
 
-def mode_tools(tools: list[AgentTool], mode: Literal["build", "plan"]) -> list[str]:
-    """The tools a mode offers: `build` every one, `plan` those safe to run again (`replay="safe"`),
-    which is how a tool declares that it only reads."""
-    return [tool.name for tool in tools if mode == "build" or tool.replay == "safe"]
-
-
 _MODES: dict[str, Literal["build", "plan"]] = {"build": "build", "plan": "plan"}
 
 
 async def mode(service: ConversationService, user: str, conversation: Conversation, args: str | None,
                context: Context, *, typed: bool = True) -> ModeOutcome:
-    """`/mode build|plan`: the tools of the next turns (`mode_tools` of the setup's tools). Raises
-    `InvalidInput` for another mode; nothing changed then."""
+    """`/mode build|plan`: the tools of the next turns (`mode_tools` of the setup's tools); its
+    command row is the mode's record. Raises `InvalidInput` for another mode; nothing changed then."""
 
     async def run(record_now: RecordNow) -> ModeOutcome:
         typed_mode = (args or "").strip()
         chosen = _MODES.get(typed_mode)
         if chosen is None:
             raise InvalidInput(f"a mode is build or plan, not {typed_mode!r}", mode=typed_mode)
-        await conversation.lane.set_active_tools(mode_tools(list(service.setup.tools), chosen), context)
+        await conversation.lane.set_active_tools(mode_tools([tool.name for tool in service.setup.tools], chosen),
+                                                 context)
         return ModeOutcome(mode=chosen)
 
     return await service.run_command(user, conversation, _invocation("mode", args, typed), run, _itself, context)

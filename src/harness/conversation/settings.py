@@ -53,6 +53,11 @@ SETTING_EVENT_KINDS = frozenset({"model", "rename", "cwd", "reasoning"})
 WorkMode: TypeAlias = Literal["build", "plan"]
 
 READ_ONLY_TOOLS = frozenset({"read", "list", "grep"})
+
+
+def mode_tools(names: Sequence[str], mode: WorkMode) -> list[str]:
+    """The tools a work mode offers of `names`: `build` every one, `plan` the read-only ones."""
+    return list(names) if mode == "build" else [name for name in names if name in READ_ONLY_TOOLS]
 """The tools plan mode keeps: the built-in ones that only read. Tools declare no such property
 (`replay="safe"` says a call may run twice, not that it changes nothing), so this is the one list."""
 
@@ -143,9 +148,7 @@ class ConversationSettings:
         """Set the lane's active tools for `mode` (`build`: every tool of the harness; `plan`: those
         in `READ_ONLY_TOOLS`) and record `ModeSelected` at once, even before the first message.
         While a turn runs, the tools change from its next step and the row waits for the boundary."""
-        names = [tool.name for tool in self.harness.options.tools]
-        await self.lane.set_active_tools(names if mode == "build" else
-                                         [name for name in names if name in READ_ONLY_TOOLS], context)
+        await self.lane.set_active_tools(mode_tools([tool.name for tool in self.harness.options.tools], mode), context)
         return await record_chat_event(self.harness, ModeSelected(mode=mode), context)
 
     # -- the model switch (CE-12) ---------------------------------------------------------------
