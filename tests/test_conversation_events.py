@@ -14,6 +14,7 @@ from drive_helpers import FAUX, ProbeTool, text, within
 from harness.context import Context
 from harness.conversation import (
     CHAT_EVENT_TYPE,
+    Alert,
     ChatEventPublished,
     CompactionStopped,
     Conversation,
@@ -21,9 +22,12 @@ from harness.conversation import (
     ConversationSetup,
     ErrorDetails,
     Forbidden,
+    InstanceEvent,
     Interrupted,
     ModelSwitched,
+    Presence,
     Renamed,
+    TurnActivity,
     chat_event_of,
     last_turn_error_text,
     parse_chat_event_details,
@@ -302,4 +306,33 @@ async def test_the_live_stream_types_chat_event_rows_when_their_append_commits(s
     published = [event for event in seen if isinstance(event, ChatEventPublished)]
     assert [event.row.details for event in published] == [Renamed(name="streamed")]
     assert seen.index(published[0]) == len(seen) - 2
+    await conversations.close_all(ctx)
+
+
+async def test_the_instance_feed_carries_activity_and_presence_and_no_chat_events(store: Store, ctx: Context) -> None:
+    """CE-26: the service's feed says which conversations are live and what their turns do, with
+    a failed turn's public error text as its row stores it (CE-9), and never a chat-event row."""
+    conversations, _ = service(store, ["fine", failure("other", "<b>quota</b> exceeded")])
+    feed = conversations.feed.watch()
+    conversation = await conversations.create(ALICE, CONFIG, ctx)
+    settled(await within(conversation.lane.prompt("one", None, ctx)))
+    settled(await within(conversation.lane.prompt("two", None, ctx)))
+    assert await conversation.record(Renamed(name="renamed"), ctx)
+    await conversations.close(ALICE, conversation.id, ctx)
+
+    seen: list[InstanceEvent] = []
+    async for event in feed:
+        seen.append(event)
+        if isinstance(event, Presence) and not event.live:
+            break
+    feed.close()
+    assert all(isinstance(event, TurnActivity | Presence | Alert) for event in seen)
+    assert [(type(e).__name__, getattr(e, "running", None), getattr(e, "outcome", None)) for e in seen] == [
+        ("Presence", None, None), ("TurnActivity", True, None), ("TurnActivity", False, "completed"),
+        ("TurnActivity", True, None), ("TurnActivity", False, "failed"), ("Presence", None, None)]
+    failed = seen[4]
+    assert isinstance(failed, TurnActivity)
+    reopened = await conversations.open(ALICE, conversation.id, ctx)
+    assert failed.error_text == last_turn_error_text(await transcript(reopened, ctx))
+    assert failed.error_text == "quota exceeded"
     await conversations.close_all(ctx)

@@ -59,6 +59,7 @@ from harness.conversation.commands import (
     restart,
     run_typed_command,
 )
+from harness.conversation.feed import Alert, FeedWatch, InstanceEvent, InstanceFeed, Presence, TurnActivity
 from harness.conversation.migrations import JOURNAL_DATA_MIGRATIONS, RETIRE_CHAT_ERROR_NOTICES
 from harness.conversation.recording import MAIN_LANE, record_chat_event, record_cold_chat_event
 from harness.conversation.service import (
@@ -103,6 +104,7 @@ __all__ = [
     "SETTING_EVENT_KINDS",
     "SHELL_OUTPUT_CHARS",
     "TURN_BASELINE",
+    "Alert",
     "BuiltInCommand",
     "ChatErrorNotice",
     "ChatEventDetails",
@@ -126,8 +128,11 @@ __all__ = [
     "ErrorDetails",
     "FastBefore",
     "FastOutcome",
+    "FeedWatch",
     "Forbidden",
     "GoalStatus",
+    "InstanceEvent",
+    "InstanceFeed",
     "Interrupted",
     "ModeOutcome",
     "ModeSelected",
@@ -137,6 +142,7 @@ __all__ = [
     "ModelSwitchRefused",
     "ModelSwitched",
     "NoFastModel",
+    "Presence",
     "ReasoningChanged",
     "RecordNow",
     "RenameOutcome",
@@ -144,6 +150,7 @@ __all__ = [
     "RestartOutcome",
     "SettingNotRecorded",
     "ShellRan",
+    "TurnActivity",
     "TurnBaseline",
     "UnknownCommand",
     "WorkMode",

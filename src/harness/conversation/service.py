@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict
 from harness.context import Context
 from harness.conversation.chat_events import ChatEventDetails, ChatEventView, CommandOutcome, Renamed, chat_event_of
 from harness.conversation.command_rows import CommandInvocation, command_failed, command_ran, shell_ran
+from harness.conversation.feed import Alert, InstanceFeed, Presence, TurnActivity
 from harness.conversation.recording import MAIN_LANE, record_chat_event, record_cold_chat_event
 from harness.conversation.settings import MODEL_SWITCH_ACK_S, ConversationSettings, ModelSwitch, WorkMode
 from harness.conversation.turn_rows import public_error, replay_interrupted_replies, turn_end_rows
@@ -33,13 +34,16 @@ from harness.runtime import (
     DriveOutcome,
     DriveSettings,
     EntryAdded,
+    Fault,
     HarnessEvent,
     LaneBusy,
     LaneSnapshot,
     LaneWatch,
     Listener,
     OpenOperation,
+    RunEnd,
     RunHooks,
+    RunStart,
 )
 from harness.session import (
     CustomMessagePayload,
@@ -142,14 +146,17 @@ class ConversationWatch:
 class Conversation:
     """A live conversation: its attached harness and the lane that talks to the person."""
 
-    def __init__(self, info: ConversationInfo, harness: AgentHarness, open_operations: list[OpenOperation]) -> None:
+    def __init__(self, info: ConversationInfo, harness: AgentHarness, open_operations: list[OpenOperation],
+                 feed: InstanceFeed) -> None:
         self.info = info
         self.harness = harness
         self.lane = harness.lane(MAIN_LANE)
         self.open_operations = open_operations
         self.settings = ConversationSettings(harness)
+        self._feed = feed
         self._recording: set[asyncio.Task[bool]] = set()
         harness.add_listener(self._on_event)
+        feed.publish(Presence(conversation_id=info.id, live=True))
 
     def _on_event(self, event: HarnessEvent, context: Context) -> None:
         # A listener may not call the harness (it runs as events are delivered): the row of a
@@ -159,6 +166,15 @@ class Conversation:
             task = asyncio.get_running_loop().create_task(self.record(public_error(event.error), context))
             self._recording.add(task)
             task.add_done_callback(self._recording.discard)
+        elif isinstance(event, RunStart) and event.lane == MAIN_LANE and event.kind == "run":
+            self._feed.publish(TurnActivity(conversation_id=self.id, running=True))
+        elif isinstance(event, RunEnd) and event.lane == MAIN_LANE and event.result.kind == "run":
+            result = event.result
+            error_text = public_error(result.error).text if result.outcome == "failed" and result.error else None
+            self._feed.publish(TurnActivity(conversation_id=self.id, running=False, outcome=result.outcome,
+                                            error_text=error_text))
+        elif isinstance(event, Fault):
+            self._feed.publish(Alert(conversation_id=self.id, code=event.code, message=event.message))
 
     async def dispose(self, context: Context) -> None:
         """Finish recording what is under way, then detach the harness (the conversation stays in
@@ -167,6 +183,7 @@ class Conversation:
         if self._recording:
             await asyncio.wait(list(self._recording))
         await self.harness.close(context)
+        self._feed.publish(Presence(conversation_id=self.id, live=False))
 
     @property
     def id(self) -> str:
@@ -192,6 +209,8 @@ class ConversationService:
         self.store = store
         self.setup = setup or ConversationSetup()
         self._live: dict[str, Conversation] = {}
+        self.feed = InstanceFeed()
+        """Activity, presence and alerts of this service's conversations; no chat events (CE-26)."""
 
     # -- conversations ----------------------------------------------------------------------------
 
@@ -386,7 +405,7 @@ class ConversationService:
         harness, open_operations = await AgentHarness.create(options, context)
         info = ConversationInfo(id=session.id, owner=user, name=await _name(session, context),
                                 created_at=session.info.created_at, updated_at=session.info.updated_at)
-        conversation = self._live[session.id] = Conversation(info, harness, open_operations)
+        conversation = self._live[session.id] = Conversation(info, harness, open_operations, self.feed)
         return conversation
 
 
