@@ -13,7 +13,6 @@ from typing import Any
 from harness.errors import InvalidInput
 from harness.messages import parse_json_text
 from harness.session.entries import ENTRY_PAYLOAD_ADAPTER
-from harness.session.errors import StorageCorruption
 
 PayloadMigration = Callable[[dict[str, Any]], dict[str, Any] | None]
 
@@ -28,12 +27,14 @@ class DataMigration:
 
     def apply(self, entry_id: str, payload_text: str) -> str | None:
         """The migrated payload of entry `entry_id` as JSON text, or None if unchanged. A stored
-        payload that does not parse raises `StorageCorruption` naming the entry, and an invalid
-        result raises `InvalidInput`: either way the migration's transaction rolls back."""
+        payload that does not parse is left as it is: no reader can read it either (it raises
+        `StorageCorruption` where it is read), and a migration that refused it would make every
+        command on the store fail, `harness abort` of the run it blocks included. An invalid
+        result raises `InvalidInput`, and the migration's transaction rolls back."""
         try:
             stored = parse_json_text(payload_text)
-        except ValueError as error:
-            raise StorageCorruption(f"entry {entry_id} does not decode: {error}", entry_id=entry_id) from error
+        except ValueError:
+            return None
         changed = self.migrate(stored)
         if changed is None:
             return None

@@ -545,7 +545,11 @@ class SqliteBackend:
                 for session_id, entry_id, raw in db.execute(
                     "SELECT session_id, id, CAST(payload AS BLOB) FROM entries"
                 ):
-                    new_payload = migration.apply(entry_id, _text(raw, f"entry {entry_id}", entry_id=entry_id))
+                    try:
+                        stored = _text(raw, f"entry {entry_id}", entry_id=entry_id)
+                    except StorageCorruption:
+                        continue  # damaged bytes are left as they are (see DataMigration.apply)
+                    new_payload = migration.apply(entry_id, stored)
                     if new_payload is not None:
                         changed.append((new_payload, session_id, entry_id))
                 db.executemany("UPDATE entries SET payload = ? WHERE session_id = ? AND id = ?", changed)
