@@ -47,6 +47,7 @@ from harness.conversation.service import (
     ConversationWatch,
     Forbidden,
     chat_event_rows,
+    conversation_events,
     conversation_hooks,
 )
 from harness.conversation.turn_rows import clean_public_text, public_error, replay_interrupted_replies, turn_end_rows
@@ -93,6 +94,7 @@ __all__ = [
     "chat_event_of",
     "chat_event_rows",
     "clean_public_text",
+    "conversation_events",
     "conversation_hooks",
     "last_turn_error_text",
     "parse_chat_event_details",
