@@ -324,7 +324,8 @@ def test_ctrl_c_mid_stream_aborts_durably_and_the_prompt_returns(chats: list[Cha
     chat.send_line("count slowly")
     chat.expect("Counting: one two three")
     chat.process.sendcontrol("c")
-    chat.expect("turn aborted (user)")
+    chat.expect("■ interrupted by you")
+    chat.expect("✗ turn aborted")
 
     assert hold.disconnected.wait(TIMEOUT_S)
     chat.send_line("again")
@@ -384,7 +385,8 @@ def test_ctrl_c_at_an_approval_question_refuses_and_aborts(chats: list[Chat], di
     chat.send_line("write something")
     chat.expect("needs approval")
     chat.process.sendcontrol("c")
-    chat.expect("turn aborted (user)")
+    chat.expect("■ interrupted by you")
+    chat.expect("✗ turn aborted")
 
     assert not (dirs[1] / "never.txt").exists()
     assert len(server.requests) == 1
@@ -403,9 +405,10 @@ def test_ctrl_c_at_an_approval_question_asks_no_later_call_of_the_batch(chats: l
     chat.expect("one.txt")
     chat.expect("needs approval")
     chat.process.sendcontrol("c")
-    chat.expect("turn aborted (user)")
-
+    chat.expect("■ interrupted by you")
     after_ctrl_c = str(chat.process.before)
+    chat.expect("✗ turn aborted")
+
     assert "needs approval" not in after_ctrl_c  # no question for two.txt
     assert "it was not run" in after_ctrl_c
     assert not (dirs[1] / "one.txt").exists()
@@ -467,8 +470,9 @@ def test_tree_navigates_and_fork_starts_a_new_session(chats: list[Chat], dirs: t
 
 def test_retry_and_failure_show_as_status_lines(chats: list[Chat], dirs: tuple[Path, Path],
                                                server: ReplayServer) -> None:
-    """A rate limit is retried (a status line says so); a refused request fails the turn (a
-    status line with the error), and the prompt is usable again."""
+    """A rate limit is retried (a status line says so); a refused request fails the turn (its
+    error row with the provider's text, then the outcome row with the code), and the prompt is
+    usable again."""
     server.enqueue(
         ReplayResponse.json({"error": {"message": "Rate limit reached", "type": "rate_limit_error"}}, status=429),
         ReplayResponse.json({"error": {"message": "Invalid value for messages", "type": "invalid_request_error"}},
@@ -479,8 +483,8 @@ def test_retry_and_failure_show_as_status_lines(chats: list[Chat], dirs: tuple[P
     chat.send_line("hello")
     chat.expect("retrying in")
     chat.expect("Rate limit reached")
-    chat.expect("turn failed")
-    chat.expect("Invalid value for messages")
+    chat.expect("✗ Invalid value for messages")  # the error row, with the provider's text
+    chat.expect("✗ turn failed [assistant_error]")
 
     assert len(server.requests) == 2
     assert chat.leave() == 0
@@ -641,7 +645,8 @@ def test_an_open_run_on_a_missing_key_can_be_aborted_but_not_finished(
     chat.expect("the open run cannot be finished until model openai/gpt-4o is usable (OPENAI_API_KEY is not set)")
     chat.expect("Abort it now? [y/N]")
     chat.send_line("y")
-    chat.expect("turn aborted (user)")
+    chat.expect("■ interrupted by you")
+    chat.expect("✗ turn aborted")
     assert len(server.requests) == 1
     assert chat.leave() == 0
 
@@ -712,7 +717,8 @@ def test_reopening_after_a_double_ctrl_c_asks_to_finish_the_abort_and_enter_does
     chat.expect("abort requested")
     chat.expect("Finish the abort now? [Y/n]")
     chat.process.send("\r")
-    chat.expect("turn aborted (user)")
+    chat.expect("■ interrupted by you")
+    chat.expect("✗ turn aborted")
     assert "Finish it now?" not in printed_since(chat, 0)
     assert len(server.requests) == 1
     assert chat.leave() == 0
@@ -860,8 +866,8 @@ def test_a_session_whose_first_entry_no_longer_fits_fails_naming_tree_0_and_tree
     chat = start(chats, dirs, server, session_id)
 
     chat.send_line("hello")
+    chat.process.expect(r"no\s+longer\s+fits.*?/tree\s+goes\s+back.*?0:\s+the\s+start")  # worded from its notice
     chat.expect("turn failed [context_overflow]")
-    chat.process.expect(r"no\s+longer\s+fits.*?/tree,\s+where\s+0\s+is\s+the\s+start")
     chat.send_line("/tree")
     chat.expect("the start of the session")
     chat.expect("go to entry")

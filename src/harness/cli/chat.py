@@ -27,7 +27,7 @@ from rich.console import RenderableType
 
 from harness.cli.call_preview import call_preview
 from harness.cli.chat_input import Line, Terminal
-from harness.cli.chat_view import ChatView, Screen, clip, content_text
+from harness.cli.chat_view import ChatView, Screen, UsageMeter, clip, content_text
 from harness.cli.config import (
     Attached,
     MissingApiKey,
@@ -170,7 +170,7 @@ class ChatClient:
                 os._exit(EXIT_LEFT_RUNNING)  # the journal holds the open run; nothing here must outlive it
         finally:
             if self._turn is None:
-                await self.attached.harness.close(self.context)
+                await self.attached.conversation.dispose(self.context)
         await self._say_how_to_come_back()
         return 0
 
@@ -358,12 +358,23 @@ class ChatClient:
             self.error(error)
 
     def _status(self) -> str:
+        """The toolbar: what the session has spent and how full the context is, then what the lane
+        is doing and the keys that do something now."""
+        usage = self.view.meter.text(self.context_window())
         if not self.busy:
-            return f"/help: commands · Tab completes them · Alt-Enter: new line · Ctrl-D: leave · {self.approvals()}"
+            return (f"{usage} · /help: commands · Tab completes them · Alt-Enter: new line · Ctrl-D: leave · "
+                    f"{self.approvals()}")
         status = self.view.status()
         keys = ("Ctrl-C again: leave now (the abort ends on reopening)" if self._abort_wanted
                 else "Enter: steer · Alt-Enter: follow-up · Ctrl-C: abort")
-        return f"{status} · {keys}" if status else keys
+        return " · ".join(part for part in (usage, status, keys) if part)
+
+    def context_window(self) -> int | None:
+        """The lane's model's context window in tokens; None when no provider here offers the model."""
+        try:
+            return self.registry.model(self.lane.config.model).context_window
+        except ModelUnavailable:
+            return None
 
     # -- approval ---------------------------------------------------------------------------------
 
@@ -406,17 +417,19 @@ class ChatClient:
     # -- attachment -------------------------------------------------------------------------------
 
     async def _attach(self, session_id: str | None, *, model: ModelIdentity | None = None) -> Attached:
-        return await attach_client(
+        attached = await attach_client(
             self._draft or self.store, session_id, self.context, registry=self.registry, home=self.settings.home,
             cwd=self.cwd, approval=self.approval, model=model, lane=self.settings.lane, listeners=[self.view],
             require_model=False, tools=self.settings.tools,
         )
+        self.view.meter = await UsageMeter.read(attached.harness.session, self.context)
+        return attached
 
     async def switch_session(self, session_id: str) -> None:
         """Detach from this session and attach to `session_id` (the chat must be idle); on failure
         the chat stays on the old session and the error is raised."""
         previous = self.attached.harness.session.id
-        await self.attached.harness.close(self.context)
+        await self.attached.conversation.dispose(self.context)
         try:
             self._attached = await self._attach(session_id)
         except HarnessError:
@@ -431,9 +444,9 @@ class ChatClient:
         draft = self._draft
         if draft is None:
             return
-        harness, lane = self.attached.harness, self.lane
-        name = await harness.session_name(self.context)
-        session = await self.store.create_session(self.context, session_id=harness.session.id)
+        drafted, lane = self.attached.conversation, self.lane
+        name = await drafted.harness.session_name(self.context)
+        session = await self.store.create_session(self.context, session_id=drafted.id)
         await session.create_lane(lane.name, lane.config, self.context)
         if name is not None:
             async def keep_name(m: SessionMutator) -> None:
@@ -447,7 +460,7 @@ class ChatClient:
             self._draft = draft
             await self.store.delete_session(session.id, self.context)
             raise
-        await harness.close(self.context)
+        await drafted.dispose(self.context)
         await draft.close(self.context)
         self._attached, self._saved_draft_id = attached, session.id
 

@@ -2,8 +2,9 @@
 line drawn live in the prompt area) and the view that turns harness events into rows.
 
 Rows are chosen by event type from `ChatView.rows`, a table of `RowRenderer`s: a new kind of row
-(the conversation layer's chat events, say) is one more entry in the table, not a change here. An
-event type with no entry renders nothing.
+is one more entry in the table, not a change here. An event type with no entry renders nothing.
+The view takes the conversation's live stream (`conversation_events`): a chat-event row is drawn
+from its `ChatEventPublished`, worded by `chat_rows`, never from the text the model reads.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import json
 import re
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
@@ -22,8 +23,10 @@ from prompt_toolkit.formatted_text import ANSI, StyleAndTextTuples, to_formatted
 from rich.console import Console, RenderableType
 from rich.padding import Padding
 
+from harness.cli.chat_rows import chat_row
 from harness.cli.terminal_text import escape, markdown
 from harness.context import Context
+from harness.conversation import CHAT_EVENT_TYPE, ChatEventPublished, chat_event_rows, conversation_events
 from harness.messages import (
     AssistantMessage,
     CustomMessage,
@@ -33,6 +36,7 @@ from harness.messages import (
     ThinkingContent,
     ToolCall,
     ToolResultMessage,
+    Usage,
     UserContent,
     UserMessage,
 )
@@ -62,8 +66,11 @@ from harness.runtime import (
     ValueUpdate,
     event_lane,
 )
-from harness.session import Entry
+from harness.session import Entry, SessionReader, UsageRow
 from harness.tools import describe_call
+
+USAGE_PAGE = 1000
+"""Usage ledger rows read at a time when a chat attaches."""
 
 ROW_LIMIT = 160
 """Characters of a tool result or queued message shown on its one-line row."""
@@ -215,6 +222,54 @@ _FENCE = re.compile(r"^\s{0,3}(`{3,}|~{3,})(.*)$")
 """A Markdown code fence line: its marker and what follows it (a language, or nothing on a closing fence)."""
 
 
+# -- the usage meter --------------------------------------------------------------------------------
+
+
+@dataclass
+class UsageMeter:
+    """What the session has spent, and how full the latest reply found the context window: the
+    toolbar's `tokens · cost · context` part. Counted from the usage ledger at attachment, then
+    from each `usage` event."""
+
+    tokens: int = 0
+    cost: float = 0.0
+    context_tokens: int | None = None
+    """What the latest reply read and wrote, in tokens; None before any, and after a compaction or
+    a move of the branch until the next reply says again."""
+
+    @classmethod
+    def of(cls, rows: Sequence[UsageRow]) -> UsageMeter:
+        """The meter after the ledger `rows`, in commit order; an adjustment counts in the totals
+        but says nothing of the context."""
+        meter = cls()
+        for usage_row in rows:
+            meter.add(usage_row.usage, reply=not usage_row.adjustment)
+        return meter
+
+    @classmethod
+    async def read(cls, session: SessionReader, context: Context) -> UsageMeter:
+        """The meter after `session`'s whole usage ledger, read page by page."""
+        rows: list[UsageRow] = []
+        while page := await session.usage_ledger(context, after_seq=rows[-1].seq if rows else None,
+                                                 limit=USAGE_PAGE):
+            rows += page
+        return cls.of(rows)
+
+    def add(self, usage: Usage, *, reply: bool = True) -> None:
+        self.tokens += usage.total_tokens
+        self.cost += usage.cost.total
+        if reply:
+            self.context_tokens = usage.input + usage.cache_read + usage.cache_write + usage.output
+
+    def text(self, context_window: int | None) -> str:
+        """E.g. `1,234 tokens · $0.0123 · context 12% of 128,000`; the context part only when both
+        the window and a reply's usage are known."""
+        parts = [f"{self.tokens:,} tokens", f"${self.cost:.4f}"]
+        if context_window and self.context_tokens is not None:
+            parts.append(f"context {100 * self.context_tokens / context_window:.0f}% of {context_window:,}")
+        return " · ".join(parts)
+
+
 # -- the view ---------------------------------------------------------------------------------------
 
 RowRenderer = Callable[["ChatView", Any], None]
@@ -236,12 +291,13 @@ def row(*event_types: str) -> Callable[[RowRenderer], RowRenderer]:
 
 @dataclass
 class ChatView:
-    """A harness listener drawing one lane's events as rows on `screen`.
+    """A harness listener drawing one lane's events, as the conversation's live stream types
+    them, as rows on `screen`.
 
     `rows` maps an event type to its renderer (a copy of `DEFAULT_ROWS`; add or replace entries
     to show more). `queued` names the entry ids of queued steer and follow-up messages (from
     any client), so their placement is shown; the typed prompt is not echoed twice.
-    `running_tools`, `queues` and `aborting` feed the prompt's status line."""
+    `running_tools`, `queues`, `aborting` and `meter` feed the prompt's status line."""
 
     screen: Screen
     lane: str
@@ -250,6 +306,7 @@ class ChatView:
     running_tools: dict[str, str] = field(default_factory=dict)
     queues: Queues = field(default_factory=Queues)
     aborting: bool = False
+    meter: UsageMeter = field(default_factory=UsageMeter)
     show_thinking: bool = True  # `/think` collapses thinking to one line per block, or expands it
     calls: dict[str, ToolCall] = field(default_factory=dict)
     """The tool calls of this chat's replies by id, so a call refused before it ran still shows its row."""
@@ -262,9 +319,10 @@ class ChatView:
         lane = event_lane(event)
         if lane is not None and lane != self.lane:
             return
-        render = self.rows.get(event.type)
-        if render is not None:
-            render(self, event)
+        for typed in conversation_events(event):
+            render = self.rows.get(typed.type)
+            if render is not None:
+                render(self, typed)
 
     def begin_run(self) -> None:
         """A run starts (or resumes) here: its time and tokens are counted from now."""
@@ -301,27 +359,29 @@ class ChatView:
         self.calls.update((block.id, block) for block in message.content if isinstance(block, ToolCall))
         self.screen.end_stream()
         self._shown = {}
+        # A stopped or failed reply has no row of its own: the run's `interrupted` or `error` row
+        # says so, or the retry row when the reply is asked again.
         if message.stop_reason == "error" and message.error_message == INTERRUPTED_REPLY:
             self._cut_off_text = _says_something(message)  # not a failure: the retry row says what follows
-        elif message.stop_reason == "error":
-            self.screen.print(f"[red]✗ {escape(message.error_message or 'the reply failed')}[/]")
-        elif message.stop_reason == "aborted":
-            self.screen.print("[yellow](reply stopped)[/]")
         elif message.stop_reason == "length":
             self.screen.print("[yellow](reply cut off at the output limit)[/]")
 
     def outcome_row(self, result: LaneLastResult) -> None:
-        """The row saying how an operation settled: completed (with time and tokens), aborted, failed."""
-        what = "turn" if result.kind == "run" else result.kind
+        """The row saying how an operation settled: completed (with time and tokens), aborted, failed.
+        A run's why (its abort cause, its error's text) is its `interrupted` or `error` row, shown
+        before this one (CE-7, CE-9); a compaction or navigation has no such row, so it is said here."""
+        run = result.kind == "run"
+        what = "turn" if run else result.kind
         elapsed = time.monotonic() - self._run_started if self._run_started else 0.0
         tokens = f", {self._run_tokens} tokens" if self._run_tokens else ""
         if result.outcome == "completed":
             self.screen.print(f"[dim]✓ {what} completed ({elapsed:.1f} s{tokens})[/]")
         elif result.outcome == "aborted":
-            self.screen.print(f"[yellow]✗ {what} aborted ({result.abort_cause or 'unknown cause'})[/]")
+            cause = "" if run else f" ({result.abort_cause or 'unknown cause'})"
+            self.screen.print(f"[yellow]✗ {what} aborted{cause}[/]")
         else:
             error = result.error
-            detail = f" [{error.code}]: {error.message}" if error is not None else ""
+            detail = "" if error is None else f" [{error.code}]" if run else f" [{error.code}]: {error.message}"
             self.screen.print(f"[red]✗ {what} failed{escape(detail)}[/]")
 
     # -- the prompt's status line -----------------------------------------------------------------
@@ -361,7 +421,8 @@ def _message_end(view: ChatView, event: MessageEnd) -> None:
     elif isinstance(message, UserMessage) and event.entry_id in view.queued:
         kind = view.queued.pop(event.entry_id)
         view.screen.print(f"[cyan]› {escape(clip(content_text(message.content)))}[/] [dim]({kind} sent)[/]")
-    elif isinstance(message, CustomMessage) and message.display:
+    elif isinstance(message, CustomMessage) and message.display and message.custom_type != CHAT_EVENT_TYPE:
+        # A chat event's text is the model's; its row is drawn from its details (`chat_event`).
         text = escape(clip(content_text(message.content)))
         view.screen.print(f"[yellow]\\[{escape(message.custom_type)}][/] {text}")
 
@@ -407,8 +468,16 @@ def _compaction_start(view: ChatView, event: CompactionStart) -> None:
     view.screen.print(f"[dim]compacting the context ({event.reason})…[/]")
 
 
+@row("chat_event")
+def _chat_event(view: ChatView, event: ChatEventPublished) -> None:
+    view.screen.end_stream()
+    view.screen.print(chat_row(event.row.details))
+
+
 @row("compaction_end")
 def _compaction_end(view: ChatView, event: CompactionEnd) -> None:
+    if event.status == "completed":
+        view.meter.context_tokens = None  # the summary's usage is not the context's: the next reply says
     if event.reason == "manual" and event.status != "declined":
         return  # a /compact of this chat: its outcome row says how it ended (not why it did nothing)
     detail = f": {event.error.message}" if event.error is not None else ""
@@ -419,6 +488,7 @@ def _compaction_end(view: ChatView, event: CompactionEnd) -> None:
 @row("navigation_end")
 def _navigation_end(view: ChatView, event: NavigationEnd) -> None:
     if event.status == "completed":
+        view.meter.context_tokens = None
         view.screen.print(f"[dim]moved to entry {escape(event.tip_id or '(the empty branch)')}[/]")
     else:
         view.screen.print(f"[yellow]navigation {event.status}[/]")
@@ -441,6 +511,7 @@ def _run_suspend(view: ChatView, event: RunSuspend) -> None:
 @row("usage")
 def _usage(view: ChatView, event: UsageRecorded) -> None:
     view._run_tokens += event.usage.total_tokens
+    view.meter.add(event.usage)
 
 
 @row("run_end")
@@ -527,6 +598,8 @@ def entry_summary(entry: Entry, limit: int = 100) -> str:
                 shown += (" " if shown else "") + f"→ {', '.join(calls)}"
             return f"[green]assistant[/]: {escape(shown or '(' + message.stop_reason + ')')}"
         case "custom_message":
+            if payload.message.custom_type == CHAT_EVENT_TYPE:
+                return " ".join(chat_row(r.details).split("\n", 1)[0] for r in chat_event_rows([entry]))
             text = clip(content_text(payload.message.content), limit)
             return f"[yellow]\\[{escape(payload.message.custom_type)}][/] {escape(text)}"
         case "custom":

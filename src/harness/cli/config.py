@@ -1,16 +1,19 @@
 """How a terminal client is set up: the models it may use, the workspace of the built-in tools, and a
-harness attached to a session with both; plus the checks `harness doctor` runs.
+conversation of the local account opened with both through `ConversationService`; plus the checks
+`harness doctor` runs.
 
-`harness run` uses these, and `harness chat` is meant to: each piece is a plain function of its
-inputs, with no typer in it.
+`harness chat` and `harness run` use these: each piece is a plain function of its inputs, with no
+typer in it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import getpass
 import importlib
 import importlib.util
+import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -20,7 +23,7 @@ from typing import Literal
 import httpx
 
 from harness.context import Context
-from harness.conversation import JOURNAL_DATA_MIGRATIONS
+from harness.conversation import JOURNAL_DATA_MIGRATIONS, Conversation, ConversationService, ConversationSetup
 from harness.errors import HarnessError, InvalidInput, ModelUnavailable
 from harness.messages import ModelIdentity, TextContent, UserMessage
 from harness.providers import (
@@ -35,7 +38,6 @@ from harness.providers import (
 )
 from harness.runtime import (
     AgentHarness,
-    AgentHarnessOptions,
     DriveSettings,
     Lane,
     LaneConfig,
@@ -44,7 +46,6 @@ from harness.runtime import (
     RunHooks,
 )
 from harness.session import (
-    Session,
     SessionMutator,
     SessionNotFound,
     SessionOwned,
@@ -180,17 +181,33 @@ def session_name_from(prompt: str) -> str | None:
     return None
 
 
+def local_user() -> str:
+    """The user a terminal client's conversations belong to: the local account's login name (the
+    uid as text where the account has none, as in some containers)."""
+    try:
+        return getpass.getuser()
+    except (OSError, KeyError):  # no LOGNAME/USER and no passwd entry for the uid
+        return str(os.getuid())
+
+
 @dataclass(frozen=True)
 class Attached:
-    """A harness attached to a session for a terminal client, the lane it works on, and the
-    operations a crashed process left open (inventory, not yet resumed)."""
+    """A conversation opened live for a terminal client, the lane it works on, and the operations a
+    crashed process left open (inventory, not yet resumed)."""
 
-    harness: AgentHarness
+    conversation: Conversation
     lane: Lane
-    open_operations: list[OpenOperation]
     model: Model | None
     """The lane's model, resolved; None when it is not usable (see `attach_client`'s `require_model`)."""
     created_session: bool
+
+    @property
+    def harness(self) -> AgentHarness:
+        return self.conversation.harness
+
+    @property
+    def open_operations(self) -> list[OpenOperation]:
+        return self.conversation.open_operations
 
 
 async def attach_client(
@@ -209,9 +226,14 @@ async def attach_client(
     drive: DriveSettings | None = None,
     tools: bool | None = None,
     require_model: bool = True,
+    user: str | None = None,
 ) -> Attached:
-    """Open session `session_id` (a new one when None) and attach a harness to it with the built-in
-    tools working in `cwd` and `approval` as the `before_tool` hook.
+    """Open conversation `session_id` of `user` (default `local_user()`; a new one when None)
+    through a `ConversationService`, its harness running the built-in tools in `cwd` with
+    `approval` as the `before_tool` hook: the service's own hooks (turn-end rows, the replay of
+    cut replies, CE-7 to CE-9) apply to every turn. A session without an owner (made before
+    conversations had owners, imported, forked, or a chat's saved draft) is adopted by `user`
+    first, once; one of another user is `Forbidden`. Close it with `Attached.conversation.dispose`.
 
     The model is `model` when given (the lane is switched to it), else the lane's configured
     model, else the registry's default (the embedded model when no key is configured). It is
@@ -223,7 +245,7 @@ async def attach_client(
     read it, or switch its model), with `Attached.model` None; a `model` given here must be usable
     all the same. Also raises
     `SessionNotFound` and `SessionOwned` (another process holds the session)."""
-    session: Session | None = None
+    user = user if user is not None else local_user()
     configured: LaneConfig | None = None
     if session_id is not None:
         session = await store.open_session(session_id, context)
@@ -241,29 +263,31 @@ async def attach_client(
         if require_model or model is not None or configured is None:
             raise
     workspace = tool_workspace(cwd, home, resolved)
-    created = session is None
-    if session is None:
-        session = await store.create_session(context)
-    options = AgentHarnessOptions(
-        session=session, models=registry, tools=builtin_tools(workspace), system_prompt=system_prompt(workspace),
-        listeners=listeners, hooks=RunHooks(before_tool=approval), drive=drive or DriveSettings(),
-    )
-    harness, open_operations = await AgentHarness.create(options, context)
+    # The setup follows the working directory and the model (the tools' output limit), so each
+    # attachment has a service of its own; what conversations share is the journal.
+    service = ConversationService(store, ConversationSetup(
+        models=registry, tools=builtin_tools(workspace), system_prompt=system_prompt(workspace),
+        drive=drive or DriveSettings(), hooks=RunHooks(before_tool=approval), listeners=listeners))
+    offered = offers_tools(identity) if tools is None else tools
+    config = LaneConfig(model=identity, active_tools=list(BUILTIN_TOOL_NAMES) if offered else [])
+    if session_id is None:
+        name = session_name_from(name_from) if name_from else None
+        conversation = await service.create(user, config, context, name=name)
+    else:
+        await service.adopt(user, session_id, context)
+        conversation = await service.open(user, session_id, context)
+    harness = conversation.harness
     try:
-        if configured is None:
-            offered = offers_tools(identity) if tools is None else tools
-            config = LaneConfig(model=identity, active_tools=list(BUILTIN_TOOL_NAMES) if offered else [])
+        if lane not in {info.name for info in harness.lanes}:  # a new conversation has its `main` already
             lane_handle = await harness.create_lane(lane, config, context)
         else:
             lane_handle = harness.lane(lane)
             if lane_handle.config.model != identity:
                 await lane_handle.set_model(identity, context)
-        if created and name_from and (name := session_name_from(name_from)):
-            await harness.set_session_name(name, context)
     except BaseException:
-        await harness.close(context)
+        await conversation.dispose(context)
         raise
-    return Attached(harness, lane_handle, open_operations, resolved, created)
+    return Attached(conversation, lane_handle, resolved, session_id is None)
 
 
 # -- doctor ---------------------------------------------------------------------------------------

@@ -7,8 +7,10 @@ import json
 from pydantic import JsonValue
 from rich.console import Console, RenderableType
 
+from harness.cli.chat_rows import chat_row
 from harness.cli.terminal_text import escape, markdown
 from harness.context import Context
+from harness.conversation import CHAT_EVENT_TYPE, chat_event_rows
 from harness.messages import (
     AssistantMessage,
     CustomMessage,
@@ -59,6 +61,8 @@ def entry_lines(entry: Entry, limit: int | None) -> list[RenderableType]:
             return _assistant_lines(message, limit)
         case "custom_message":
             custom: CustomMessage = payload.message
+            if custom.custom_type == CHAT_EVENT_TYPE:  # worded from its details; an unknown shape shows nothing (CE-5)
+                return [chat_row(row.details) for row in chat_event_rows([entry])]
             text = escape(_user_content(custom.content, limit))
             return [f"[yellow]\\[{escape(custom.custom_type)}][/] {text}"]
         case "custom":
@@ -98,7 +102,7 @@ def _assistant_lines(message: AssistantMessage, limit: int | None) -> list[Rende
                                                                                           ensure_ascii=False)
             args = _clip(sent, limit)  # as the model sent them: text that was not a JSON object stays text
             lines.append(f"  [magenta]→ {escape(block.name)}[/] {escape(args)}")
-    if message.error_message:
+    if message.error_message and message.stop_reason != "aborted":  # the head says it; the `interrupted` row why
         lines.append(f"[red]{escape(message.error_message)}[/]")
     return lines
 

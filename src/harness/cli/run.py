@@ -264,7 +264,7 @@ async def run_turn(store: Store, turn: RunTurn, registry: ModelRegistry, context
     finally:
         loop.remove_signal_handler(signal.SIGINT)
         await interrupt.settle()
-        await attached.harness.close(context)
+        await attached.conversation.dispose(context)
     if isinstance(outcome, Suspended):
         status.print(f"[yellow]the provider will answer later (deferred {outcome.deferred.id}); the run stays "
                      f"open in session {session_id}[/]")

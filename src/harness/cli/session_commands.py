@@ -8,10 +8,12 @@ from typing import Annotated, get_args
 import typer
 
 from harness.cli.app import StoreOption, app, run_with_store
+from harness.cli.config import local_user
 from harness.cli.session_refs import SessionArgument, local_time, named_sessions, resolve_session
 from harness.cli.terminal_text import visible
 from harness.context import Context
-from harness.runtime import AgentHarness, AgentHarnessOptions, NoActiveOperation, Settled
+from harness.conversation import ConversationService
+from harness.runtime import NoActiveOperation, Settled
 from harness.session import AbortCause, Store, addresses
 
 
@@ -76,26 +78,29 @@ def abort(
         raise typer.BadParameter(f"one of {', '.join(causes)}", param_hint="--cause")
 
     async def body(s: Store, context: Context) -> None:
-        opened = await s.open_session(await resolve_session(s, session, context), context)
+        session_id = await resolve_session(s, session, context)
+        # Through the conversation service, so the settled run leaves its `interrupted` row (CE-7).
         # No models and no tools: settling an abort answers open tool calls without running
         # them and calls no provider, so a missing key or an unknown model cannot block it.
-        harness, _ = await AgentHarness.create(AgentHarnessOptions(session=opened), context)
+        conversations, user = ConversationService(s), local_user()
+        await conversations.adopt(user, session_id, context)
+        conversation = await conversations.open(user, session_id, context)
         try:
-            handle = harness.lane(lane)
+            handle = conversation.harness.lane(lane)
             try:
                 await handle.request_abort(chosen, context)
             except NoActiveOperation:
-                typer.echo(f"nothing to abort: lane {lane} of session {opened.id} has no open operation")
+                typer.echo(f"nothing to abort: lane {lane} of session {session_id} has no open operation")
                 return
             outcome = await handle.resume(context)
         finally:
-            await harness.close(context)
+            await conversation.dispose(context)
         if isinstance(outcome, Settled):
             result = outcome.result
             why = f" ({result.abort_cause})" if result.abort_cause else ""
-            typer.echo(f"{result.kind} {result.operation_id} on lane {lane} of session {opened.id}: "
+            typer.echo(f"{result.kind} {result.operation_id} on lane {lane} of session {session_id}: "
                        f"{result.outcome}{why}")
         else:
-            typer.echo(f"operation {outcome.operation_id} on lane {lane} of session {opened.id} did not settle")
+            typer.echo(f"operation {outcome.operation_id} on lane {lane} of session {session_id} did not settle")
 
     run_with_store(store, body)

@@ -73,6 +73,7 @@ from harness.conversation.service import (
     Forbidden,
     RecordNow,
     chat_event_rows,
+    conversation_events,
     conversation_hooks,
 )
 from harness.conversation.settings import (
@@ -162,6 +163,7 @@ __all__ = [
     "command_ran",
     "compact",
     "compact_outcome",
+    "conversation_events",
     "conversation_hooks",
     "fast",
     "fast_outcome",

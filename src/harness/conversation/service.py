@@ -124,6 +124,15 @@ def chat_event_rows(entries: Sequence[Entry]) -> list[ChatEventView]:
     return rows
 
 
+def conversation_events(event: HarnessEvent) -> list[ConversationEvent]:
+    """`event` as the conversation's live stream carries it: an entry that is a chat-event row
+    is preceded by its `ChatEventPublished`; any other event is itself alone (CE-2, CE-26). For a
+    door that takes the harness's events as a listener rather than a watch."""
+    if isinstance(event, EntryAdded) and (row := chat_event_rows([event.entry])):
+        return [ChatEventPublished(lane=event.lane, row=row[0]), event]
+    return [event]
+
+
 class ConversationWatch:
     """A conversation's snapshot, then every later event with chat-event rows typed (CE-26)."""
 
@@ -134,10 +143,8 @@ class ConversationWatch:
 
     async def __aiter__(self) -> AsyncIterator[ConversationEvent]:
         async for delivery in self._watch:
-            event = delivery.event
-            if isinstance(event, EntryAdded) and (row := chat_event_rows([event.entry])):
-                yield ChatEventPublished(lane=event.lane, row=row[0])
-            yield event
+            for event in conversation_events(delivery.event):
+                yield event
 
     def close(self) -> None:
         self._watch.close()
@@ -226,6 +233,29 @@ class ConversationService:
         await session.mutate(own, context)
         await session.create_lane(MAIN_LANE, config, context)
         return await self._attach(session, user, context)
+
+    async def adopt(self, user: str, conversation_id: str, context: Context) -> bool:
+        """Make a session that has no owner `user`'s conversation; True when this call did.
+
+        A session without an owner was made before conversations had owners, imported, forked or
+        saved by a door that writes none; a door whose person owns the whole store (the terminal's
+        local account) adopts it before `open`. The owner is read and written in one job on the
+        session line, so of two adopters one wins and the other gets `Forbidden` (the owner is
+        then recorded once). Owned by `user` already: False, nothing written; by another user:
+        `Forbidden`. Raises `SessionNotFound` for no such session, `SessionOwned` while another
+        harness holds it."""
+        session = await self.store.open_session(conversation_id, context)
+
+        async def claim(m: SessionMutator) -> str | None:
+            owner = await m.get(OWNER, context)
+            if owner is None:
+                m.set(OWNER, user)
+            return owner
+
+        owner = await session.mutate(claim, context)
+        if owner is not None and owner != user:
+            raise Forbidden(f"conversation {conversation_id} belongs to another user", conversation_id=conversation_id)
+        return owner is None
 
     async def list(self, user: str, context: Context) -> list[ConversationInfo]:
         """`user`'s conversations, most recently updated first."""

@@ -1,0 +1,137 @@
+"""How the terminal words a chat-event row: one line of rich markup per typed fact, live (from
+`ChatEventPublished`) and in history (from the transcript's rows) alike.
+
+Every word a person reads here comes from the row's details, never from the English text the
+model reads (CE-5); outside text in them (an error's public text, a name, a command) is made
+visible, not obeyed (`terminal_text.escape`).
+"""
+
+from __future__ import annotations
+
+from harness.cli.terminal_text import escape
+from harness.conversation import (
+    ChatErrorNotice,
+    ChatEventDetails,
+    CommandOutcome,
+    CommandRan,
+    Compacted,
+    CompactionStopped,
+    CompactOutcome,
+    ContextOverflow,
+    DirectoryMoved,
+    ErrorDetails,
+    FastOutcome,
+    GoalStatus,
+    Interrupted,
+    ModelOutcome,
+    ModelSwitched,
+    ModelSwitchFailed,
+    ModeOutcome,
+    ModeSelected,
+    ReasoningChanged,
+    Renamed,
+    RenameOutcome,
+    RestartOutcome,
+    ShellRan,
+)
+from harness.messages import ModelIdentity
+from harness.session import AbortCause
+
+SHELL_OUTPUT_CHARS = 160
+"""Characters of a `!cmd`'s recorded output shown on its row (its end, where the result is)."""
+
+_STOPPED: dict[AbortCause, str] = {
+    "user": "interrupted by you",
+    "user_during_tool": "interrupted by you during a tool call",
+    "step_ceiling": "stopped: the turn reached its limit of steps",
+    "parent": "stopped by the agent that delegated it",
+    "deleted": "stopped: the conversation was deleted",
+    "probe": "stopped by an internal probe",
+}
+
+_MODES = {"build": "build (every tool)", "plan": "plan (read-only tools)"}
+
+
+def chat_row(details: ChatEventDetails) -> str:
+    """The row for `details`, as rich markup on one line (a `!cmd` row may add its output's end)."""
+    match details:
+        case Interrupted():
+            return f"[yellow]■ {_STOPPED[details.cause]}[/]"
+        case ErrorDetails():
+            return f"[red]✗ {escape(_error_text(details.text, details.notice))}[/]"
+        case ModelSwitched():
+            before = f"{_model(details.previous)} -> " if details.previous is not None else ""
+            return f"[dim]model: {escape(before + _model(details.model))}[/]"
+        case Renamed():
+            return f"[dim]renamed: {escape(details.name)}[/]" if details.name else "[dim]name cleared[/]"
+        case DirectoryMoved():
+            where = f"project {details.project} ({details.path})" if details.project else details.path
+            who = "the agent moved to" if details.by == "agent" else "working directory:"
+            return f"[dim]{who} {escape(where)}[/]"
+        case ModeSelected():
+            return f"[dim]mode: {_MODES[details.mode]}[/]"
+        case ReasoningChanged():
+            return f"[dim]reasoning: {details.previous} -> {details.level}[/]"
+        case CommandRan():
+            invocation = escape(f"/{details.name}" + (f" {details.args}" if details.args else ""))
+            if details.error is not None:
+                return f"[red]{invocation}: failed: {escape(details.error)}[/]"
+            said = _outcome_text(details.outcome)
+            return f"[dim]{invocation}{': ' + escape(said) if said else ''}[/]"
+        case ShellRan():
+            status = "could not finish" if details.exit_code is None else f"exit {details.exit_code}"
+            row = f"[dim]! {escape(details.command)} · {status}[/]"
+            output = " ".join(details.output.split())
+            if not output:
+                return row
+            cut = details.truncated or len(output) > SHELL_OUTPUT_CHARS
+            return f"{row}\n[dim]  {'…' if cut else ''}{escape(output[-SHELL_OUTPUT_CHARS:])}[/]"
+        case Compacted():
+            before = f", {details.tokens_before} tokens before" if details.tokens_before is not None else ""
+            return f"[dim]compacted ({details.reason}{before})[/]"
+        case GoalStatus():
+            return f"[dim]goal {escape(details.title)}: {details.status}[/]"
+
+
+def _model(model: ModelIdentity) -> str:
+    return f"{model.provider}/{model.model_id}"
+
+
+def _error_text(text: str, notice: ChatErrorNotice | None) -> str:
+    """A notice is worded from its type; without one the text is the provider's or an exception's
+    own, shown verbatim (CE-5)."""
+    match notice:
+        case None:
+            return text
+        case ContextOverflow():
+            return ("the conversation no longer fits the model's context window, even compacted: /tree goes back "
+                    "to an entry before the largest one (0: the start of the session), /fork starts a new "
+                    "session from an earlier entry")
+        case CompactionStopped():
+            return (f"compaction stopped after {notice.failures} failures in a row "
+                    f"(the last: {notice.last_error}); the turn goes on without compacting")
+        case ModelSwitchFailed():
+            return f"could not switch the model to {_model(notice.requested)}"
+
+
+def _outcome_text(outcome: CommandOutcome | None) -> str:
+    match outcome:
+        case None:
+            return ""
+        case CompactOutcome(result="compacted"):
+            return "compacted"
+        case CompactOutcome(result="nothing_old_enough"):
+            return "nothing old enough to compact"
+        case CompactOutcome():
+            return "the compaction failed"
+        case FastOutcome():
+            state = "on" if outcome.on else "off"
+            return f"fast mode {state}: {_model(outcome.model)}, reasoning {outcome.thinking_level}"
+        case ModelOutcome():
+            return f"model {_model(outcome.model)}"
+        case RenameOutcome():
+            return f"named {outcome.name}" if outcome.name else "name cleared"
+        case ModeOutcome():
+            return f"mode {_MODES[outcome.mode]}"
+        case RestartOutcome():
+            return "restarted from the journal"

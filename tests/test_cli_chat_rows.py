@@ -1,0 +1,142 @@
+"""How the terminal words chat-event rows (issue 13 item 8): one wording per typed fact, from its
+details and never from the model's text (CE-5), the same live and in history; and the toolbar's
+usage meter."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+from rich.text import Text
+
+from harness.cli.chat_rows import chat_row
+from harness.cli.chat_view import UsageMeter, entry_summary
+from harness.cli.render import entry_lines
+from harness.conversation import (
+    CHAT_EVENT_TYPE,
+    ChatEventDetails,
+    CommandRan,
+    Compacted,
+    CompactionStopped,
+    CompactOutcome,
+    ContextOverflow,
+    DirectoryMoved,
+    ErrorDetails,
+    FastOutcome,
+    GoalStatus,
+    Interrupted,
+    ModelOutcome,
+    ModelSwitched,
+    ModelSwitchFailed,
+    ModeOutcome,
+    ModeSelected,
+    ReasoningChanged,
+    Renamed,
+    RenameOutcome,
+    RestartOutcome,
+    ShellRan,
+    chat_event_message,
+)
+from harness.messages import Cost, CustomMessage, ModelIdentity, Usage
+from harness.session import CustomMessagePayload, Entry, UsageRow
+
+GPT_4O = ModelIdentity(provider="openai", model_id="gpt-4o")
+SONNET = ModelIdentity(provider="anthropic", model_id="claude-sonnet-4-5")
+
+
+def shown(details: ChatEventDetails) -> str:
+    """The row as a person reads it (markup applied)."""
+    return Text.from_markup(chat_row(details)).plain
+
+
+def entry_of(message: CustomMessage) -> Entry:
+    return Entry(id="e1", parent_id=None, seq=1, timestamp=0, payload=CustomMessagePayload(message=message))
+
+
+@pytest.mark.parametrize(("details", "row"), [
+    (Interrupted(cause="user"), "■ interrupted by you"),
+    (Interrupted(cause="user_during_tool"), "■ interrupted by you during a tool call"),
+    (Interrupted(cause="step_ceiling"), "■ stopped: the turn reached its limit of steps"),
+    (Interrupted(cause="parent"), "■ stopped by the agent that delegated it"),
+    (ErrorDetails(text="Invalid value for messages"), "✗ Invalid value for messages"),
+    (ErrorDetails(text="runtime text", notice=ContextOverflow()),
+     "✗ the conversation no longer fits the model's context window, even compacted: /tree goes back to an entry "
+     "before the largest one (0: the start of the session), /fork starts a new session from an earlier entry"),
+    (ErrorDetails(text="runtime text", notice=CompactionStopped(failures=3, last_error="overloaded")),
+     "✗ compaction stopped after 3 failures in a row (the last: overloaded); the turn goes on without compacting"),
+    (ErrorDetails(text="runtime text", notice=ModelSwitchFailed(requested=SONNET)),
+     "✗ could not switch the model to anthropic/claude-sonnet-4-5"),
+    (ModelSwitched(previous=GPT_4O, model=SONNET), "model: openai/gpt-4o -> anthropic/claude-sonnet-4-5"),
+    (ModelSwitched(previous=None, model=SONNET), "model: anthropic/claude-sonnet-4-5"),
+    (Renamed(name="[b]plans[/b]"), "renamed: [b]plans[/b]"),  # outside text is shown, not taken as markup
+    (Renamed(name=None), "name cleared"),
+    (DirectoryMoved(path="/src/app"), "working directory: /src/app"),
+    (DirectoryMoved(path="/src/app", by="agent", project="app"), "the agent moved to project app (/src/app)"),
+    (ModeSelected(mode="plan"), "mode: plan (read-only tools)"),
+    (ModeSelected(mode="build"), "mode: build (every tool)"),
+    (ReasoningChanged(previous="off", level="high"), "reasoning: off -> high"),
+    (CommandRan(name="compact", outcome=CompactOutcome(result="compacted", tokens_before=9000)),
+     "/compact: compacted"),
+    (CommandRan(name="compact", outcome=CompactOutcome(result="nothing_old_enough")),
+     "/compact: nothing old enough to compact"),
+    (CommandRan(name="compact", outcome=CompactOutcome(result="failed")), "/compact: the compaction failed"),
+    (CommandRan(name="fast", outcome=FastOutcome(on=True, model=GPT_4O, thinking_level="low")),
+     "/fast: fast mode on: openai/gpt-4o, reasoning low"),
+    (CommandRan(name="model", args="anthropic/claude-sonnet-4-5", outcome=ModelOutcome(model=SONNET)),
+     "/model anthropic/claude-sonnet-4-5: model anthropic/claude-sonnet-4-5"),
+    (CommandRan(name="rename", args="plans", outcome=RenameOutcome(name="plans")), "/rename plans: named plans"),
+    (CommandRan(name="mode", args="plan", outcome=ModeOutcome(mode="plan")),
+     "/mode plan: mode plan (read-only tools)"),
+    (CommandRan(name="restart", outcome=RestartOutcome()), "/restart: restarted from the journal"),
+    (CommandRan(name="model", args="nope", error="a model is provider/id"),
+     "/model nope: failed: a model is provider/id"),
+    (CommandRan(name="sessions"), "/sessions"),
+    (ShellRan(command="ls", exit_code=0, output=""), "! ls · exit 0"),
+    (ShellRan(command="make", exit_code=2, output="error: no rule\n"), "! make · exit 2\n  error: no rule"),
+    (ShellRan(command="yes", exit_code=None, output="y\ny", truncated=True), "! yes · could not finish\n  …y y"),
+    (Compacted(reason="threshold", tokens_before=120_000), "compacted (threshold, 120000 tokens before)"),
+    (GoalStatus(goal_id="g1", status="done", title="ship it"), "goal ship it: done"),
+])
+def test_each_kind_of_row_is_worded_from_its_details(details: ChatEventDetails, row: str) -> None:
+    assert shown(details) == row
+
+
+def test_a_row_in_history_is_worded_from_its_details_not_the_model_text() -> None:
+    """CE-5: the entry's content is the model's English sentence; neither `harness show` (and the
+    chat's history) nor `/tree` shows it."""
+    entry = entry_of(chat_event_message(Interrupted(cause="user")))
+
+    lines = [Text.from_markup(str(line)).plain for line in entry_lines(entry, None)]
+
+    assert lines == ["■ interrupted by you"]
+    assert Text.from_markup(entry_summary(entry)).plain == "■ interrupted by you"
+    assert "The person interrupted" not in " ".join(lines)
+
+
+def test_a_row_of_a_shape_this_version_does_not_know_shows_nothing(caplog: pytest.LogCaptureFixture) -> None:
+    """CE-5: an unknown kind renders nothing (and logs an error), never the model text."""
+    message = CustomMessage(custom_type=CHAT_EVENT_TYPE, content="[The model's text.]",
+                            details={"kind": "from_the_future", "v": 1})
+
+    with caplog.at_level(logging.ERROR, logger="harness.conversation"):
+        lines = entry_lines(entry_of(message), None)
+
+    assert lines == []
+    assert caplog.records
+
+
+def usage(input_tokens: int, output_tokens: int, cost: float) -> Usage:
+    return Usage(input=input_tokens, output=output_tokens, total_tokens=input_tokens + output_tokens,
+                 cost=Cost(total=cost))
+
+
+def test_the_usage_meter_sums_the_ledger_and_reads_the_context_from_the_latest_reply() -> None:
+    rows = [UsageRow(id="u1", seq=1, usage=usage(900, 100, 0.01)),
+            UsageRow(id="u2", seq=2, usage=usage(1_500, 500, 0.02)),
+            UsageRow(id="u3", seq=3, usage=usage(0, 0, 0.5), adjustment=True)]  # a correction, not a reply
+
+    meter = UsageMeter.of(rows)
+
+    assert meter.text(8_000) == "3,000 tokens · $0.5300 · context 25% of 8,000"
+    assert meter.text(None) == "3,000 tokens · $0.5300"
+    assert UsageMeter().text(8_000) == "0 tokens · $0.0000"  # no reply yet: the context is not known
