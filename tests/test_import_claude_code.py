@@ -111,7 +111,7 @@ async def test_every_conversation_record_is_imported_in_file_order(
 ) -> None:
     records = read_jsonl(path)
 
-    report = await import_claude_code_session(store, path, ctx)
+    report = await import_claude_code_session(store, path, "user", ctx)
 
     entries = await lane_branch(store, report.session_id, ctx)
     assert imported_story(entries) == expected_story(records)
@@ -132,7 +132,7 @@ async def test_tool_results_follow_their_calls_with_no_other_message_between(
                and isinstance(r["message"]["content"], list) for b in r["message"]["content"]
                if b["type"] == "tool_result"}
 
-    report = await import_claude_code_session(store, path, ctx)
+    report = await import_claude_code_session(store, path, "user", ctx)
 
     entries = await lane_branch(store, report.session_id, ctx)
     imported = [e.payload.message for e in entries if isinstance(e.payload, MessagePayload)]
@@ -156,7 +156,7 @@ async def test_one_reply_split_over_five_records_is_joined_with_its_five_parts(
     assert len({r["message"]["id"] for r in records}) == 1
     parts = [r["message"]["content"][0] for r in records]
 
-    report = await import_claude_code_session(store, REJECTED, ctx)
+    report = await import_claude_code_session(store, REJECTED, "user", ctx)
 
     [reply] = [m for m in (e.payload.message for e in await lane_branch(store, report.session_id, ctx)
                            if isinstance(e.payload, MessagePayload)) if isinstance(m, AssistantMessage)]
@@ -180,7 +180,7 @@ async def test_one_reply_split_over_five_records_is_joined_with_its_five_parts(
 async def test_rejected_calls_keep_their_error_results_and_the_interruption_stays_user_text(
     store: Store, ctx: Context
 ) -> None:
-    report = await import_claude_code_session(store, REJECTED, ctx)
+    report = await import_claude_code_session(store, REJECTED, "user", ctx)
 
     entries = await lane_branch(store, report.session_id, ctx)
     imported = [e.payload.message for e in entries if isinstance(e.payload, MessagePayload)]
@@ -198,7 +198,7 @@ async def test_local_command_output_is_kept_with_its_ansi_escapes(store: Store, 
     raw = [r["content"] for r in read_jsonl(REJECTED) if r["type"] == "system"]
     assert any("\x1b[1m" in text for text in raw)
 
-    report = await import_claude_code_session(store, REJECTED, ctx)
+    report = await import_claude_code_session(store, REJECTED, "user", ctx)
 
     rows = [e.payload for e in await lane_branch(store, report.session_id, ctx)
             if isinstance(e.payload, CustomPayload) and e.payload.custom_type == "import.claude_code.system"]
@@ -213,7 +213,7 @@ async def test_interruptions_meta_rows_and_skipped_records(store: Store, ctx: Co
                            if r["type"] in ("progress", "file-history-snapshot", "queue-operation"))
     [meta_record] = [r for r in records if r.get("isMeta") and r["type"] == "user"]
 
-    report = await import_claude_code_session(store, INTERRUPTS, ctx)
+    report = await import_claude_code_session(store, INTERRUPTS, "user", ctx)
 
     entries = await lane_branch(store, report.session_id, ctx)
     texts = [joined_text(e.payload.message.content) for e in entries
@@ -236,7 +236,7 @@ async def test_compact_boundary_and_summary_become_one_compaction_and_the_dangli
     boundary, summary = records[0], records[1]
     assert (boundary["subtype"], summary["isCompactSummary"]) == ("compact_boundary", True)
 
-    report = await import_claude_code_session(store, EXCERPT, ctx)
+    report = await import_claude_code_session(store, EXCERPT, "user", ctx)
 
     entries = await lane_branch(store, report.session_id, ctx)
     compaction = entries[1].payload
@@ -277,7 +277,7 @@ async def test_synthetic_rewind_keeps_the_last_path_and_reports_a_dangling_paren
                isApiErrorMessage=True),
     ]), encoding="utf-8")
 
-    report = await import_claude_code_session(store, path, ctx)
+    report = await import_claude_code_session(store, path, "user", ctx)
 
     entries = await lane_branch(store, report.session_id, ctx)
     imported = [e.payload.message for e in entries if isinstance(e.payload, MessagePayload)]
@@ -308,7 +308,7 @@ async def test_unsupported_files_are_refused_and_nothing_is_written(
     path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
 
     with pytest.raises(UnsupportedFormat, match=message):
-        await import_claude_code_session(store, path, ctx)
+        await import_claude_code_session(store, path, "user", ctx)
 
     assert await store.list_sessions(ctx) == []
 

@@ -26,7 +26,7 @@ async def test_an_imported_transcript_continues_with_a_valid_request_in_every_fo
     store: Store, ctx: Context, path: Path
 ) -> None:
     importer = import_pi_session if path.name.startswith("pi-") else import_claude_code_session
-    report = await importer(store, path, ctx)
+    report = await importer(store, path, "user", ctx)
     session = await store.open_session(report.session_id, ctx)
     rig = await start_rig(store, ctx, ["Continuing from here."], session=session)
     await rig.lane.set_model(FAUX, ctx)

@@ -82,9 +82,10 @@ _STOP_REASONS = {"end_turn": "stop", "stop_sequence": "stop", "pause_turn": "sto
                  "tool_use": "tool_use", "max_tokens": "length"}
 
 
-async def import_claude_code_session(store: Store, path: str | Path, context: Context) -> ImportReport:
-    """Read the Claude Code transcript at `path` into a new session of `store` whose lane `main`
-    holds its branch, and return what was written (dangling parent links among the warnings).
+async def import_claude_code_session(store: Store, path: str | Path, user: str, context: Context) -> ImportReport:
+    """Read the Claude Code transcript at `path` into a new conversation of `user` in `store` whose
+    lane `main` holds its branch, and return what was written (dangling parent links among the
+    warnings).
 
     The whole file is read and checked before anything is written. Raises `UnsupportedFormat`
     (nothing written) when the file is not a Claude Code transcript (a pi session, or no user or
@@ -94,7 +95,7 @@ async def import_claude_code_session(store: Store, path: str | Path, context: Co
     plan = ImportPlan("claude-code", Path(path))
     records = await read_jsonl(plan.path, plan)
     _ClaudeCodePlanner(plan).run([_Record(line, raw) for line, raw in records])
-    return await write_plan(store, plan, context)
+    return await write_plan(store, plan, user, context)
 
 
 @dataclass(frozen=True, eq=False)

@@ -68,9 +68,9 @@ _STOP_REASONS = {"stop": "stop", "length": "length", "toolUse": "tool_use", "err
 _SETTING_TYPES = frozenset({"label", "session_info"})
 
 
-async def import_pi_session(store: Store, path: str | Path, context: Context) -> ImportReport:
-    """Read the pi session file at `path` into a new session of `store` whose lane `main` holds
-    its branch, and return what was written.
+async def import_pi_session(store: Store, path: str | Path, user: str, context: Context) -> ImportReport:
+    """Read the pi session file at `path` into a new conversation of `user` in `store` whose lane
+    `main` holds its branch, and return what was written.
 
     The whole file is read and checked before anything is written. Raises `UnsupportedFormat`
     (nothing written) when the first line is not a pi `session` header, its version is not 1, 2
@@ -79,7 +79,7 @@ async def import_pi_session(store: Store, path: str | Path, context: Context) ->
     plan = ImportPlan("pi", Path(path))
     records = await read_jsonl(plan.path, plan)
     _PiPlanner(plan).run(records)
-    return await write_plan(store, plan, context)
+    return await write_plan(store, plan, user, context)
 
 
 @dataclass(frozen=True)
