@@ -15,7 +15,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from harness.context import Context
-from harness.conversation import OWNER
+from harness.conversation import OWNER, ChatEventDetails, chat_event_message
 from harness.errors import InvalidInput, UnsupportedFormat
 from harness.messages import (
     AssistantMessage,
@@ -29,6 +29,7 @@ from harness.messages import (
 )
 from harness.session import (
     CompactionPayload,
+    CustomMessagePayload,
     EntryPayload,
     LaneConfig,
     LaneState,
@@ -146,6 +147,15 @@ def iso_ms(value: object) -> int | None:
         return int(datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp() * 1000)
     except ValueError:
         return None
+
+
+def chat_event_row(details: ChatEventDetails, timestamp: int | None) -> CustomMessagePayload:
+    """The chat-event entry of `details` (CE-1), stamped with the source's own time when it has one
+    (Unix ms), so an imported row sits at the moment the person saw it happen."""
+    message = chat_event_message(details)
+    if timestamp is not None:
+        message = message.model_copy(update={"timestamp": timestamp})
+    return CustomMessagePayload(message=message)
 
 
 def clip_name(text: str) -> str | None:
