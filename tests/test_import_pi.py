@@ -71,8 +71,11 @@ async def test_real_v1_file_keeps_every_message_in_file_order(
     entries = await lane_branch(store, report.session_id, ctx)
     assert [our_signature(m) for m in messages(entries)] == expected
     assert report.messages == len(expected)
-    # One entry per record after the header, plus the root entry that keeps the header.
-    assert report.entries == len(entries) == len(raw)
+    # One entry per record after the header, plus the root entry that keeps the header, plus the
+    # row after each stopped or failed reply.
+    stopped = [line["message"] for line in raw if line["type"] == "message"
+               and line["message"].get("stopReason") in ("aborted", "error")]
+    assert report.entries == len(entries) == len(raw) + len(stopped)
     assert entries[0].payload == CustomPayload(
         custom_type="import.source",
         data={"format": "pi", "version": 1, "file": path.name, "header": raw[0]},
@@ -192,11 +195,15 @@ async def test_v1_compaction_keeps_from_first_kept_index_counting_the_header(
     assert raw[first]["message"]["role"] == "user"
     kept = [signature(line["message"]) for line in raw[first:at] if line["type"] == "message"]
 
+    stopped_before = sum(1 for line in raw[:at] if line["type"] == "message"
+                         and line["message"].get("stopReason") in ("aborted", "error"))
+
     report = await import_pi_session(store, COMPACTION, "user", ctx)
 
     entries = await lane_branch(store, report.session_id, ctx)
     [(position, payload)] = [(i, e.payload) for i, e in enumerate(entries) if isinstance(e.payload, CompactionPayload)]
-    assert position == at  # the header's entry stands where the header stood
+    # The header's entry stands where the header stood; each stopped reply before has its row.
+    assert position == at + stopped_before
     assert payload.summary == compaction["summary"]
     assert payload.tokens_before == compaction["tokensBefore"]
     assert [our_signature(m) for m in payload.retained_tail] == kept
