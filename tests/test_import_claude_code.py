@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,7 @@ from typer.testing import CliRunner
 from conftest import SHARED_FIXTURES, needs_shared_fixtures
 from harness.cli import app
 from harness.context import Context
+from harness.conversation import CommandRan, Compacted, ErrorDetails, Interrupted, chat_event_of, chat_event_rows
 from harness.errors import UnsupportedFormat
 from harness.imports import import_claude_code_session
 from harness.messages import (
@@ -55,12 +57,39 @@ def joined_text(content: str | list[UserContent]) -> str:
         b.text for b in content if isinstance(b, TextContent))
 
 
+# What Claude Code writes for what a person saw, as its transcripts show it.
+INTERRUPT_CAUSES = {"[Request interrupted by user]": "user",
+                    "[Request interrupted by user for tool use]": "user_during_tool"}
+COMMAND = re.compile(r"<command-name>/([\w-]+)</command-name>")
+
+
+def shown(text: str) -> tuple[str, ...]:
+    """What a person's text or a system record is: an interruption, a local command, a command's
+    output, or itself."""
+    if text in INTERRUPT_CAUSES:
+        return ("interrupted", INTERRUPT_CAUSES[text])
+    if command := COMMAND.search(text):
+        return ("command", command.group(1))
+    if text.startswith("<local-command-stdout>"):
+        return ("output",)
+    return ("text", text)
+
+
 def expected_story(records: list[dict[str, Any]]) -> list[tuple[str, ...]]:
     """What the file says happened, in file order, read straight from the JSON: an assistant
-    message once per `message.id`, each tool result, user text, meta rows, system rows, and one
-    compaction per summary (its boundary record is folded into it)."""
+    message once per `message.id`, each tool result, user text, meta rows, system rows, one
+    compaction per summary (its boundary record is folded into it) and its `compacted` row, an
+    `interrupted` row per interruption, and a `command` row per local command (its output record
+    folded into it)."""
     story: list[tuple[str, ...]] = []
     seen_replies: set[str] = set()
+
+    def said(text: str, kind: str) -> None:
+        what = shown(text)
+        if what == ("output",) and story and story[-1][0] == "command":
+            return
+        story.append((kind, text) if what[0] in ("text", "output") else what)
+
     for record in records:
         kind, message = record["type"], record.get("message", {})
         if kind == "assistant" and message["id"] not in seen_replies:
@@ -68,17 +97,18 @@ def expected_story(records: list[dict[str, Any]]) -> list[tuple[str, ...]]:
             story.append(("assistant", message["id"]))
         elif kind == "user" and record.get("isCompactSummary"):
             story.append(("compaction",))
+            story.append(("compacted",))
         elif kind == "user" and record.get("isMeta"):
             story.append(("meta",))
         elif kind == "user" and isinstance(message["content"], str):
-            story.append(("user", message["content"]))
+            said(message["content"], "user")
         elif kind == "user":
             blocks = message["content"]
             story.extend(("tool_result", b["tool_use_id"]) for b in blocks if b["type"] == "tool_result")
             if texts := [b["text"] for b in blocks if b["type"] == "text"]:
-                story.append(("user", "\n".join(texts)))
+                said("\n".join(texts), "user")
         elif kind == "system" and record["subtype"] != "compact_boundary":
-            story.append(("system", record["content"]))
+            said(record["content"], "system")
     return story
 
 
@@ -95,7 +125,15 @@ def imported_story(entries: list[Entry]) -> list[tuple[str, ...]]:
             else:
                 story.append(("user", joined_text(message.content)))
         elif isinstance(payload, CustomMessagePayload):
-            story.append(("meta",))
+            match chat_event_of(payload.message):
+                case Interrupted(cause=cause):
+                    story.append(("interrupted", cause))
+                case CommandRan(name=name):
+                    story.append(("command", name))
+                case Compacted():
+                    story.append(("compacted",))
+                case None:
+                    story.append(("meta",))
         elif isinstance(payload, CustomPayload):
             assert isinstance(payload.data, dict)
             story.append(("system", str(payload.data["text"])))
@@ -111,7 +149,7 @@ async def test_every_conversation_record_is_imported_in_file_order(
 ) -> None:
     records = read_jsonl(path)
 
-    report = await import_claude_code_session(store, path, ctx)
+    report = await import_claude_code_session(store, path, "user", ctx)
 
     entries = await lane_branch(store, report.session_id, ctx)
     assert imported_story(entries) == expected_story(records)
@@ -132,7 +170,7 @@ async def test_tool_results_follow_their_calls_with_no_other_message_between(
                and isinstance(r["message"]["content"], list) for b in r["message"]["content"]
                if b["type"] == "tool_result"}
 
-    report = await import_claude_code_session(store, path, ctx)
+    report = await import_claude_code_session(store, path, "user", ctx)
 
     entries = await lane_branch(store, report.session_id, ctx)
     imported = [e.payload.message for e in entries if isinstance(e.payload, MessagePayload)]
@@ -156,7 +194,7 @@ async def test_one_reply_split_over_five_records_is_joined_with_its_five_parts(
     assert len({r["message"]["id"] for r in records}) == 1
     parts = [r["message"]["content"][0] for r in records]
 
-    report = await import_claude_code_session(store, REJECTED, ctx)
+    report = await import_claude_code_session(store, REJECTED, "user", ctx)
 
     [reply] = [m for m in (e.payload.message for e in await lane_branch(store, report.session_id, ctx)
                            if isinstance(e.payload, MessagePayload)) if isinstance(m, AssistantMessage)]
@@ -177,10 +215,11 @@ async def test_one_reply_split_over_five_records_is_joined_with_its_five_parts(
 
 
 @needs_shared_fixtures
-async def test_rejected_calls_keep_their_error_results_and_the_interruption_stays_user_text(
+async def test_rejected_calls_keep_their_error_results_and_the_interruption_is_an_interrupted_row(
     store: Store, ctx: Context
 ) -> None:
-    report = await import_claude_code_session(store, REJECTED, ctx)
+    """CE-7: the stop during the rejected tool calls is one `interrupted` row after their results."""
+    report = await import_claude_code_session(store, REJECTED, "user", ctx)
 
     entries = await lane_branch(store, report.session_id, ctx)
     imported = [e.payload.message for e in entries if isinstance(e.payload, MessagePayload)]
@@ -188,38 +227,56 @@ async def test_rejected_calls_keep_their_error_results_and_the_interruption_stay
     assert [(m.tool_name, m.is_error, m.details) for m in results] == [
         ("Bash", True, "User rejected tool use"), ("Glob", True, "User rejected tool use")]
     assert joined_text(results[0].content).startswith("The user doesn't want to proceed")
-    last = imported[-1]
-    assert isinstance(last, UserMessage)
-    assert joined_text(last.content) == "[Request interrupted by user for tool use]"
+    assert isinstance(imported[-1], ToolResultMessage)
+    [row, _command] = chat_event_rows(entries)
+    assert row.details == Interrupted(cause="user_during_tool")
+    assert entries.index(next(e for e in entries if e.id == row.id)) == len(entries) - 2
 
 
 @needs_shared_fixtures
-async def test_local_command_output_is_kept_with_its_ansi_escapes(store: Store, ctx: Context) -> None:
-    raw = [r["content"] for r in read_jsonl(REJECTED) if r["type"] == "system"]
-    assert any("\x1b[1m" in text for text in raw)
+async def test_a_local_command_and_its_output_are_one_command_row_with_its_ansi_escapes(
+    store: Store, ctx: Context
+) -> None:
+    """CE-16: the `/model` record and the stdout record after it are one `CommandRan` row."""
+    command, output = [r["content"] for r in read_jsonl(REJECTED) if r["type"] == "system"]
+    assert "<command-name>/model</command-name>" in command
+    assert "\x1b[1m" in output
 
-    report = await import_claude_code_session(store, REJECTED, ctx)
+    report = await import_claude_code_session(store, REJECTED, "user", ctx)
 
-    rows = [e.payload for e in await lane_branch(store, report.session_id, ctx)
-            if isinstance(e.payload, CustomPayload) and e.payload.custom_type == "import.claude_code.system"]
-    assert [row.data for row in rows] == [{"subtype": "local_command", "level": "info", "text": text}
-                                          for text in raw]
+    entries = await lane_branch(store, report.session_id, ctx)
+    assert not [e for e in entries if isinstance(e.payload, CustomPayload)
+                and e.payload.custom_type == "import.claude_code.system"]
+    row = chat_event_rows(entries)[-1]
+    assert row.id == entries[-1].id
+    assert row.details == CommandRan(name="model", output=output.removeprefix("<local-command-stdout>")
+                                     .removesuffix("</local-command-stdout>"))
 
 
 @needs_shared_fixtures
 async def test_interruptions_meta_rows_and_skipped_records(store: Store, ctx: Context) -> None:
+    """CE-7, CE-16: two interruptions and two `/mcp` runs become rows; the caveat stays a meta row."""
     records = read_jsonl(INTERRUPTS)
     not_messages = Counter(r["type"] for r in records
                            if r["type"] in ("progress", "file-history-snapshot", "queue-operation"))
     [meta_record] = [r for r in records if r.get("isMeta") and r["type"] == "user"]
 
-    report = await import_claude_code_session(store, INTERRUPTS, ctx)
+    report = await import_claude_code_session(store, INTERRUPTS, "user", ctx)
 
     entries = await lane_branch(store, report.session_id, ctx)
     texts = [joined_text(e.payload.message.content) for e in entries
              if isinstance(e.payload, MessagePayload) and isinstance(e.payload.message, UserMessage)]
-    assert texts.count("[Request interrupted by user]") == 2
-    [meta] = [e.payload.message for e in entries if isinstance(e.payload, CustomMessagePayload)]
+    assert texts == ["start phoenix in background", next(
+        r["message"]["content"] for r in records if r["type"] == "user" and str(r["message"]["content"])
+        .startswith("scrolling back"))]
+    assert [row.details for row in chat_event_rows(entries)] == [
+        Interrupted(cause="user"),
+        CommandRan(name="mcp", output="Reconnected to tidewave."),  # the user-record form
+        CommandRan(name="mcp", output="MCP dialog dismissed"),  # the system-record form
+        Interrupted(cause="user"),
+    ]
+    [meta] = [e.payload.message for e in entries if isinstance(e.payload, CustomMessagePayload)
+              and e.payload.message.custom_type == "claude_code.meta"]
     assert (meta.custom_type, meta.display, meta.content) == (
         "claude_code.meta", False, meta_record["message"]["content"])
     assert report.skipped == dict(not_messages)
@@ -236,7 +293,7 @@ async def test_compact_boundary_and_summary_become_one_compaction_and_the_dangli
     boundary, summary = records[0], records[1]
     assert (boundary["subtype"], summary["isCompactSummary"]) == ("compact_boundary", True)
 
-    report = await import_claude_code_session(store, EXCERPT, ctx)
+    report = await import_claude_code_session(store, EXCERPT, "user", ctx)
 
     entries = await lane_branch(store, report.session_id, ctx)
     compaction = entries[1].payload
@@ -277,15 +334,15 @@ async def test_synthetic_rewind_keeps_the_last_path_and_reports_a_dangling_paren
                isApiErrorMessage=True),
     ]), encoding="utf-8")
 
-    report = await import_claude_code_session(store, path, ctx)
+    report = await import_claude_code_session(store, path, "user", ctx)
 
     entries = await lane_branch(store, report.session_id, ctx)
     imported = [e.payload.message for e in entries if isinstance(e.payload, MessagePayload)]
     assert [joined_text(m.content) if isinstance(m, UserMessage) else m.role for m in imported] == [
-        "first", "assistant", "rewritten", "assistant"]
-    last = imported[-1]
-    assert isinstance(last, AssistantMessage)
-    assert (last.stop_reason, last.error_message) == ("error", "three")
+        "first", "assistant", "rewritten"]
+    # Claude Code's API error message is no reply of the model's: it is the turn's error row (CE-9).
+    assert [(row.id, row.details) for row in chat_event_rows(entries)] == [
+        (entries[-1].id, ErrorDetails(text="three"))]
     assert report.skipped == {"assistant record off the branch": 1, "user record off the branch": 1}
     assert report.warnings == ["line 1: user record u1 names parentUuid missing, which is not in the file"]
 
@@ -308,7 +365,7 @@ async def test_unsupported_files_are_refused_and_nothing_is_written(
     path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
 
     with pytest.raises(UnsupportedFormat, match=message):
-        await import_claude_code_session(store, path, ctx)
+        await import_claude_code_session(store, path, "user", ctx)
 
     assert await store.list_sessions(ctx) == []
 

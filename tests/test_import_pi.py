@@ -66,13 +66,16 @@ async def test_real_v1_file_keeps_every_message_in_file_order(
     raw = read_jsonl(path)
     expected = [signature(line["message"]) for line in raw if line["type"] == "message"]
 
-    report = await import_pi_session(store, path, ctx)
+    report = await import_pi_session(store, path, "user", ctx)
 
     entries = await lane_branch(store, report.session_id, ctx)
     assert [our_signature(m) for m in messages(entries)] == expected
     assert report.messages == len(expected)
-    # One entry per record after the header, plus the root entry that keeps the header.
-    assert report.entries == len(entries) == len(raw)
+    # One entry per record after the header, plus the root entry that keeps the header, plus the
+    # row after each stopped or failed reply.
+    stopped = [line["message"] for line in raw if line["type"] == "message"
+               and line["message"].get("stopReason") in ("aborted", "error")]
+    assert report.entries == len(entries) == len(raw) + len(stopped)
     assert entries[0].payload == CustomPayload(
         custom_type="import.source",
         data={"format": "pi", "version": 1, "file": path.name, "header": raw[0]},
@@ -88,7 +91,7 @@ async def test_tool_calls_are_followed_by_their_results_and_unanswered_ones_stay
     calls = [b["id"] for m in raw if m["role"] == "assistant" for b in m["content"] if b["type"] == "toolCall"]
     answered = {m["toolCallId"] for m in raw if m["role"] == "toolResult"}
 
-    report = await import_pi_session(store, path, ctx)
+    report = await import_pi_session(store, path, "user", ctx)
 
     imported = messages(await lane_branch(store, report.session_id, ctx))
     call_at = {c.id: i for i, m in enumerate(imported) if isinstance(m, AssistantMessage) for c in m.tool_calls}
@@ -106,7 +109,7 @@ async def test_error_terminated_reply_keeps_its_16_unanswered_calls_and_nothing_
 ) -> None:
     raw_last = read_jsonl(ERROR_TERMINATED)[-1]["message"]
 
-    report = await import_pi_session(store, ERROR_TERMINATED, ctx)
+    report = await import_pi_session(store, ERROR_TERMINATED, "user", ctx)
 
     imported = messages(await lane_branch(store, report.session_id, ctx))
     last = imported[-1]
@@ -125,7 +128,7 @@ async def test_aborted_reply_is_kept_as_it_was_with_usage_total_computed(store: 
     raw_reply = raw[3]  # the first answered reply; its usage has no totalTokens (old shape)
     assert "totalTokens" not in raw_reply["usage"]
 
-    report = await import_pi_session(store, ERROR_TERMINATED, ctx)
+    report = await import_pi_session(store, ERROR_TERMINATED, "user", ctx)
 
     imported = messages(await lane_branch(store, report.session_id, ctx))
     aborted = imported[1]
@@ -147,7 +150,7 @@ async def test_model_change_is_recorded_on_the_branch_and_configures_the_lane(
 ) -> None:
     change = next(line for line in read_jsonl(ERROR_TERMINATED) if line["type"] == "model_change")
 
-    report = await import_pi_session(store, ERROR_TERMINATED, ctx)
+    report = await import_pi_session(store, ERROR_TERMINATED, "user", ctx)
 
     entries = await lane_branch(store, report.session_id, ctx)
     assert [e.payload for e in entries if isinstance(e.payload, CustomPayload)][1:] == [
@@ -168,7 +171,7 @@ async def test_thinking_level_changes_are_entries_and_the_last_one_configures_th
     levels = [line["thinkingLevel"] for line in read_jsonl(COMPACTION) if line["type"] == "thinking_level_change"]
     assert len(levels) == 4
 
-    report = await import_pi_session(store, COMPACTION, ctx)
+    report = await import_pi_session(store, COMPACTION, "user", ctx)
 
     entries = await lane_branch(store, report.session_id, ctx)
     recorded = [e.payload.data for e in entries
@@ -192,11 +195,15 @@ async def test_v1_compaction_keeps_from_first_kept_index_counting_the_header(
     assert raw[first]["message"]["role"] == "user"
     kept = [signature(line["message"]) for line in raw[first:at] if line["type"] == "message"]
 
-    report = await import_pi_session(store, COMPACTION, ctx)
+    stopped_before = sum(1 for line in raw[:at] if line["type"] == "message"
+                         and line["message"].get("stopReason") in ("aborted", "error"))
+
+    report = await import_pi_session(store, COMPACTION, "user", ctx)
 
     entries = await lane_branch(store, report.session_id, ctx)
     [(position, payload)] = [(i, e.payload) for i, e in enumerate(entries) if isinstance(e.payload, CompactionPayload)]
-    assert position == at  # the header's entry stands where the header stood
+    # The header's entry stands where the header stood; each stopped reply before has its row.
+    assert position == at + stopped_before
     assert payload.summary == compaction["summary"]
     assert payload.tokens_before == compaction["tokensBefore"]
     assert [our_signature(m) for m in payload.retained_tail] == kept
@@ -211,7 +218,7 @@ async def test_import_through_sqlite_reads_back_after_reopening(tmp_path: Path, 
     url = f"sqlite:///{tmp_path / 'journal.db'}?synchronous=NORMAL"
     writer = await connect(url, ctx)
     try:
-        report = await import_pi_session(writer, HEAD25, ctx)
+        report = await import_pi_session(writer, HEAD25, "user", ctx)
     finally:
         await writer.close()
 
@@ -310,7 +317,7 @@ async def test_synthetic_v3_follows_the_leaf_path_with_tree_entries(
          "name": "Synthetic tree"},
     ])
 
-    report = await import_pi_session(store, path, ctx)
+    report = await import_pi_session(store, path, "user", ctx)
 
     entries = await lane_branch(store, report.session_id, ctx)
     kinds = [e.type for e in entries]
@@ -349,7 +356,7 @@ async def test_synthetic_v2_reads_hook_messages_and_reports_a_dangling_parent(
          "provider": "openai", "modelId": "gpt-x"},
     ])
 
-    report = await import_pi_session(store, path, ctx)
+    report = await import_pi_session(store, path, "user", ctx)
 
     entries = await lane_branch(store, report.session_id, ctx)
     assert [e.type for e in entries] == ["custom", "message", "custom_message", "custom"]
@@ -384,7 +391,7 @@ async def test_unsupported_files_are_refused_and_nothing_is_written(
     path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
 
     with pytest.raises(UnsupportedFormat, match=message):
-        await import_pi_session(store, path, ctx)
+        await import_pi_session(store, path, "user", ctx)
 
     assert await store.list_sessions(ctx) == []
 
@@ -393,6 +400,6 @@ async def test_unsupported_files_are_refused_and_nothing_is_written(
 async def test_a_claude_code_file_is_not_a_pi_session(store: Store, ctx: Context) -> None:
     with pytest.raises(UnsupportedFormat, match="first line is not a `session` header"):
         await import_pi_session(store, FIXTURES / "transcripts" / "claude-code-after-compaction-excerpt.jsonl",
-                                ctx)
+                                "user", ctx)
 
     assert await store.list_sessions(ctx) == []

@@ -575,7 +575,7 @@ async def test_real_transcript_read_back_from_the_journal_gives_a_valid_request(
     store: Store, ctx: Context, path: Path, api: str
 ) -> None:
     importer = import_pi_session if path.name.startswith("pi-") else import_claude_code_session
-    report = await importer(store, path, ctx)
+    report = await importer(store, path, "user", ctx)
     messages = context_messages(await lane_branch(store, report.session_id, ctx))
     assert messages
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import getpass
 import os
 import sys
 from collections.abc import Awaitable, Callable
@@ -266,14 +267,15 @@ def import_harness(file: ImportFile, store: StoreOption = None) -> None:
 
 @import_app.command("pi")
 def import_pi(file: ImportFile, store: StoreOption = None) -> None:
-    """Import a pi coding-agent session file (format v1, v2 or v3)."""
-    _import(store, lambda s, context: import_pi_session(s, file, context))
+    """Import a pi coding-agent session file (format v1, v2 or v3) as a conversation of the local
+    account."""
+    _import(store, lambda s, context: import_pi_session(s, file, getpass.getuser(), context))
 
 
 @import_app.command("claude-code")
 def import_claude_code(file: ImportFile, store: StoreOption = None) -> None:
-    """Import a Claude Code session transcript."""
-    _import(store, lambda s, context: import_claude_code_session(s, file, context))
+    """Import a Claude Code session transcript as a conversation of the local account."""
+    _import(store, lambda s, context: import_claude_code_session(s, file, getpass.getuser(), context))
 
 
 def _import(store: str | None, run: Callable[[Store, Context], Awaitable[ImportReport]]) -> None:

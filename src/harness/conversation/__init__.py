@@ -63,6 +63,7 @@ from harness.conversation.feed import Alert, FeedWatch, InstanceEvent, InstanceF
 from harness.conversation.migrations import JOURNAL_DATA_MIGRATIONS, RETIRE_CHAT_ERROR_NOTICES
 from harness.conversation.recording import MAIN_LANE, record_chat_event, record_cold_chat_event
 from harness.conversation.service import (
+    OWNER,
     ChatEventPublished,
     Conversation,
     ConversationEvent,
@@ -99,6 +100,7 @@ __all__ = [
     "JOURNAL_DATA_MIGRATIONS",
     "MAIN_LANE",
     "MODEL_SWITCH_ACK_S",
+    "OWNER",
     "READ_ONLY_TOOLS",
     "RETIRED_NOTICE_CODES",
     "RETIRE_CHAT_ERROR_NOTICES",

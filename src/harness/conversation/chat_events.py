@@ -169,7 +169,9 @@ class ReasoningChanged(_Fact):
 
 
 class CommandRan(_Fact):
-    """A typed command with its outcome, or the exact error text its caller was answered with."""
+    """A typed command with its outcome, or the exact error text its caller was answered with;
+    `output` is the text it printed when no typed outcome says what it did (another tool's
+    command, read from its transcript), shown verbatim."""
 
     kind: Literal["command"] = "command"
     v: Literal[1] = 1
@@ -177,6 +179,7 @@ class CommandRan(_Fact):
     args: CleanStr | None = None
     outcome: CommandOutcome | None = None
     error: CleanStr | None = None
+    output: CleanStr | None = None
 
 
 class ShellRan(_Fact):
@@ -299,7 +302,8 @@ def render_chat_event_for_model(details: ChatEventDetails) -> str:
             invocation = f"/{details.name}" + (f" {details.args}" if details.args else "")
             if details.error is not None:
                 return f"[The person ran {invocation}; it failed: {details.error}]"
-            return f"[The person ran {invocation}.{_outcome_text(details.outcome)}]"
+            printed = f" Output:\n{details.output}" if details.output else ""
+            return f"[The person ran {invocation}.{_outcome_text(details.outcome)}{printed}]"
         case ShellRan():
             status = "could not finish" if details.exit_code is None else f"exited with {details.exit_code}"
             cut = " (the output's end)" if details.truncated else ""

@@ -1,5 +1,5 @@
 """Import of Claude Code session transcripts (the JSONL files under `~/.claude/projects`) into a
-new session.
+new conversation.
 
 Which records form the branch. Claude Code links records by `uuid` and `parentUuid` (a compact
 boundary, which starts a new root, by `logicalParentUuid`), and a rewind leaves the abandoned path
@@ -11,26 +11,42 @@ written just before it, so the other parts of an assistant message on the chain 
 other conversation records are counted as skipped. A parent link to a record that is not in the
 file is reported in the warnings, never guessed.
 
-How records map, nothing invented:
+How records map, nothing invented. What Claude Code showed the person as a stopped or failed
+turn, a local command or a compaction becomes a chat-event row (`chat_event_message`, CE-1), stamped
+with the record's time:
+
+| Claude Code records | chat-event row |
+|---|---|
+| user text `[Request interrupted by user]` | `Interrupted(cause="user")` |
+| user text `[Request interrupted by user for tool use]` | `Interrupted(cause="user_during_tool")` |
+| an `isApiErrorMessage` assistant message (Claude Code's, not the model's) | `ErrorDetails(text)`, cleaned |
+| a `<command-name>/NAME</command-name>` record (system or user) | `CommandRan(name, args)` |
+| then, right after it, `<local-command-stdout>` / `-stderr>` | that row's `output` / `error` |
+| a `compact_boundary` with `compactMetadata.trigger` `auto` / `manual` | `Compacted(reason, tokens_before)` |
+
+Error text is cleaned by `clean_public_text` and has no notice (Claude Code wrote it, not this
+runtime). Command output keeps its ANSI escapes: they are data. The `Compacted` row (reason
+`threshold` for `auto`) goes after the compaction entry (CE-17). A bash-mode command
+(`<bash-input>`) stays user text: Claude Code records no exit code for it, which a `ShellRan` row
+needs. Everything else keeps the source's own shape:
 - Assistant records are joined per `message.id` into one assistant message, placed where its first
   record is, content blocks in file order: text; thinking with its signature; redacted thinking
   (its opaque data as the signature); `tool_use` as a tool call. Provider `anthropic`, api
   `anthropic-messages`, the record's model, usage from its last record, `response_id` the
   message id. Claude Code writes no stop reason on streamed records; a missing one is `tool_use`
-  when the message holds tool calls, else `stop`. An API error message (`isApiErrorMessage`) gets
-  stop reason `error` with its text as `error_message`.
-- User records: text becomes a user message as it was (`[Request interrupted by user]` too);
-  `tool_result` blocks become tool results (`is_error` and text kept; the record's `toolUseResult`
-  side object as details); text beside them becomes a user message after them.
+  when the message holds tool calls, else `stop`.
+- User records: text becomes a user message as it was; `tool_result` blocks become tool results
+  (`is_error` and text kept, so a rejected call stays an error result; the record's
+  `toolUseResult` side object as details); text beside them becomes a user message (or a row, as
+  above) after them.
 - `isMeta` user records (caveats and expansions Claude Code sends the model but does not show a
   person) become `custom_message` entries `claude_code.meta` with `display` False: the model
   still reads them as Claude Code's model did, surfaces do not show them.
 - A system `compact_boundary` and the `isCompactSummary` user message after it become one
   compaction entry: the summary text, `tokens_before` from `compactMetadata.preTokens`, an empty
   retained tail (Claude Code keeps nothing verbatim across a compaction).
-- Other system records (local command output and the like) become `custom` entries
-  `import.claude_code.system` with `{subtype, level, text}`: what a person saw, which the model
-  never read. ANSI escapes are data and are kept.
+- Other system records become `custom` entries `import.claude_code.system` with
+  `{subtype, level, text}`: what a person saw, which the model never read.
 - `progress`, `file-history-snapshot`, `queue-operation`, sidechain records and record types this
   module does not know become no entry and are counted in `skipped`; the last `summary` record
   names the session (else the first user text, else the file name).
@@ -42,15 +58,18 @@ level stays `off`, since Claude Code records a token budget, not a level.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from harness.context import Context
+from harness.conversation import CommandRan, Compacted, ErrorDetails, Interrupted, clean_public_text
 from harness.imports.plan import (
     ImportPlan,
     ImportReport,
     Raw,
+    chat_event_row,
     clip_name,
     first_user_name,
     iso_ms,
@@ -65,6 +84,7 @@ from harness.messages import (
     UserMessage,
 )
 from harness.session import (
+    AbortCause,
     CompactionPayload,
     CustomMessagePayload,
     CustomPayload,
@@ -80,11 +100,20 @@ SYNTHETIC_MODEL = "<synthetic>"
 _CONVERSATION = frozenset({"user", "assistant", "system"})
 _STOP_REASONS = {"end_turn": "stop", "stop_sequence": "stop", "pause_turn": "stop", "refusal": "stop",
                  "tool_use": "tool_use", "max_tokens": "length"}
+# The user text Claude Code writes when the person stops a turn (Esc), and what it says of when.
+_INTERRUPTS: dict[str, AbortCause] = {"[Request interrupted by user]": "user",
+                                      "[Request interrupted by user for tool use]": "user_during_tool"}
+# What started a compaction, by the boundary's `compactMetadata.trigger`.
+_COMPACTION_REASONS: dict[str, Literal["threshold", "manual"]] = {"auto": "threshold", "manual": "manual"}
+_COMMAND_NAME = re.compile(r"<command-name>/?([^<]*)</command-name>")
+_COMMAND_ARGS = re.compile(r"<command-args>(.*?)</command-args>", re.DOTALL)
+_COMMAND_OUTPUT = re.compile(r"<local-command-(stdout|stderr)>(.*)</local-command-\1>", re.DOTALL)
 
 
-async def import_claude_code_session(store: Store, path: str | Path, context: Context) -> ImportReport:
-    """Read the Claude Code transcript at `path` into a new session of `store` whose lane `main`
-    holds its branch, and return what was written (dangling parent links among the warnings).
+async def import_claude_code_session(store: Store, path: str | Path, user: str, context: Context) -> ImportReport:
+    """Read the Claude Code transcript at `path` into a new conversation of `user` in `store` whose
+    lane `main` holds its branch, and return what was written (dangling parent links among the
+    warnings).
 
     The whole file is read and checked before anything is written. Raises `UnsupportedFormat`
     (nothing written) when the file is not a Claude Code transcript (a pi session, or no user or
@@ -94,7 +123,7 @@ async def import_claude_code_session(store: Store, path: str | Path, context: Co
     plan = ImportPlan("claude-code", Path(path))
     records = await read_jsonl(plan.path, plan)
     _ClaudeCodePlanner(plan).run([_Record(line, raw) for line, raw in records])
-    return await write_plan(store, plan, context)
+    return await write_plan(store, plan, user, context)
 
 
 @dataclass(frozen=True, eq=False)
@@ -142,26 +171,29 @@ class _AssistantDraft:
     last: _Record
     blocks: list[Raw] = field(default_factory=list)
 
-    def build(self) -> AssistantMessage:
+    def build(self) -> EntryPayload:
+        """The assistant message; or, for the message Claude Code writes in place of a reply when
+        the API failed, the error row (that message is no reply of the model's, so it is not
+        replayed to it)."""
+        ms = iso_ms(self.first.raw.get("timestamp"))
+        if self.first.raw.get("isApiErrorMessage") or self.last.raw.get("isApiErrorMessage"):
+            text = "\n".join(b["text"] for b in self.blocks if b["type"] == "text")
+            return chat_event_row(ErrorDetails(text=clean_public_text(text)), ms)
         message = self.last.raw["message"]
         usage = message.get("usage") or {}
         counts = {ours: int(usage.get(theirs) or 0) for ours, theirs in
                   (("input", "input_tokens"), ("output", "output_tokens"),
                    ("cache_read", "cache_read_input_tokens"), ("cache_write", "cache_creation_input_tokens"))}
         has_calls = any(block["type"] == "tool_call" for block in self.blocks)
-        stop_reason = _STOP_REASONS.get(message.get("stop_reason") or "", "tool_use" if has_calls else "stop")
-        error_message = None
-        if self.first.raw.get("isApiErrorMessage") or self.last.raw.get("isApiErrorMessage"):
-            stop_reason = "error"
-            error_message = "\n".join(b["text"] for b in self.blocks if b["type"] == "text")
         data: Raw = {
             "content": self.blocks, "api": API, "provider": PROVIDER, "model": message["model"],
-            "usage": {**counts, "total_tokens": sum(counts.values())}, "stop_reason": stop_reason,
-            "error_message": error_message, "response_id": message.get("id"),
+            "usage": {**counts, "total_tokens": sum(counts.values())},
+            "stop_reason": _STOP_REASONS.get(message.get("stop_reason") or "", "tool_use" if has_calls else "stop"),
+            "response_id": message.get("id"),
         }
-        if (ms := iso_ms(self.first.raw.get("timestamp"))) is not None:
+        if ms is not None:
             data["timestamp"] = ms
-        return AssistantMessage.model_validate(data, strict=False)
+        return MessagePayload(message=AssistantMessage.model_validate(data, strict=False))
 
 
 @dataclass
@@ -172,15 +204,35 @@ class _CompactionDraft:
     tokens_before: int = 0
     summary: str | None = None
     details: dict[str, Any] = field(default_factory=dict)
+    compacted: Compacted | None = None
+    """The row saying so, when the boundary says what started the compaction."""
+    timestamp: int | None = None
 
-    def build(self, plan: ImportPlan) -> CompactionPayload:
+    def build(self, plan: ImportPlan) -> list[EntryPayload]:
         if self.summary is None:
             plan.warn(self.line, "compact boundary without a summary message; its summary is empty")
-        return CompactionPayload(summary=self.summary or "", tokens_before=self.tokens_before,
-                                 details=self.details or None)
+        compaction = CompactionPayload(summary=self.summary or "", tokens_before=self.tokens_before,
+                                       details=self.details or None)
+        # After the compaction entry, so the model reads that the conversation was compacted (CE-17).
+        return [compaction] if self.compacted is None else [compaction, chat_event_row(self.compacted, self.timestamp)]
 
 
-_Slot = EntryPayload | _AssistantDraft | _CompactionDraft
+@dataclass
+class _CommandDraft:
+    """A local command (`<command-name>` record) waiting for the output record that follows it."""
+
+    name: str
+    args: str | None
+    timestamp: int | None
+    output: str | None = None
+    error: str | None = None
+
+    def build(self) -> EntryPayload:
+        return chat_event_row(CommandRan(name=self.name, args=self.args, output=self.output, error=self.error),
+                              self.timestamp)
+
+
+_Slot = EntryPayload | _AssistantDraft | _CompactionDraft | _CommandDraft
 
 
 class _ClaudeCodePlanner:
@@ -189,6 +241,7 @@ class _ClaudeCodePlanner:
         self.slots: list[_Slot] = []
         self.assistants: dict[str, _AssistantDraft] = {}
         self.open_compaction: _CompactionDraft | None = None
+        self.open_command: _CommandDraft | None = None
         self.tool_names: dict[str, str] = {}
 
     def run(self, records: list[_Record]) -> None:
@@ -216,9 +269,12 @@ class _ClaudeCodePlanner:
         for slot in self.slots:
             if isinstance(slot, _AssistantDraft):
                 with plan.reading(slot.first.line):
-                    plan.add(MessagePayload(message=slot.build()))
+                    plan.add(slot.build())
             elif isinstance(slot, _CompactionDraft):
-                plan.add(slot.build(plan))
+                for payload in slot.build(plan):
+                    plan.add(payload)
+            elif isinstance(slot, _CommandDraft):
+                plan.add(slot.build())
             else:
                 plan.add(slot)
         models = [d.last.raw["message"]["model"] for d in self.assistants.values()]
@@ -279,25 +335,49 @@ class _ClaudeCodePlanner:
 
     def _place(self, record: _Record) -> None:
         raw = record.raw
+        # A compaction takes the summary, and a command the output, only from the very next record.
+        compaction, self.open_compaction = self.open_compaction, None
+        command, self.open_command = self.open_command, None
         if record.kind == "assistant":
-            self.open_compaction = None
             self._assistant(record)
         elif record.kind == "system" and raw.get("subtype") == "compact_boundary":
             metadata = raw.get("compactMetadata") or {}
+            reason = _COMPACTION_REASONS.get(str(metadata.get("trigger")))
             self.open_compaction = _CompactionDraft(
                 record.line, tokens_before=int(metadata.get("preTokens") or 0),
                 details={"compact_metadata": metadata, "boundary_text": raw.get("content")},
+                compacted=Compacted(reason=reason, tokens_before=metadata.get("preTokens")) if reason else None,
+                timestamp=iso_ms(raw.get("timestamp")),
             )
             self.slots.append(self.open_compaction)
         elif record.kind == "system":
-            self.open_compaction = None
-            self.slots.append(CustomPayload(custom_type="import.claude_code.system", data={
-                "subtype": raw.get("subtype"), "level": raw.get("level"), "text": raw.get("content")}))
+            text = raw.get("content")
+            if not (isinstance(text, str) and self._local_command(text, command, iso_ms(raw.get("timestamp")))):
+                self.slots.append(CustomPayload(custom_type="import.claude_code.system", data={
+                    "subtype": raw.get("subtype"), "level": raw.get("level"), "text": text}))
         elif raw.get("isCompactSummary"):
-            self._compact_summary(record)
+            self._compact_summary(record, compaction)
         else:
-            self.open_compaction = None
-            self._user(record)
+            self._user(record, command)
+
+    def _local_command(self, text: str, command: _CommandDraft | None, timestamp: int | None) -> bool:
+        """Place `text` as part of a local command's `CommandRan` row, if it is one: a
+        `<command-name>` record opens the row, a `<local-command-stdout>` (or `-stderr`) record
+        right after it gives the row its output (or error). Returns whether it was placed."""
+        if (name := _COMMAND_NAME.search(text)) is not None:
+            args = _COMMAND_ARGS.search(text)
+            self.open_command = _CommandDraft(name=name.group(1).strip(), timestamp=timestamp,
+                                              args=(args.group(1).strip() or None) if args else None)
+            self.slots.append(self.open_command)
+            return True
+        output = _COMMAND_OUTPUT.fullmatch(text.strip())
+        if output is None or command is None:
+            return False
+        if output.group(1) == "stderr":
+            command.error = output.group(2)
+        else:
+            command.output = output.group(2)
+        return True
 
     def _assistant(self, record: _Record) -> None:
         draft = self.assistants.get(record.message_id)
@@ -307,18 +387,18 @@ class _ClaudeCodePlanner:
         draft.last = record
         draft.blocks.extend(_assistant_block(block) for block in record.raw["message"]["content"])
 
-    def _compact_summary(self, record: _Record) -> None:
+    def _compact_summary(self, record: _Record, compaction: _CompactionDraft | None) -> None:
         summary = _text(record.raw["message"]["content"])
-        if self.open_compaction is None:
+        if compaction is None:
             self.slots.append(_CompactionDraft(record.line, summary=summary))
         else:
-            self.open_compaction.summary = summary
-        self.open_compaction = None
+            compaction.summary = summary
 
-    def _user(self, record: _Record) -> None:
+    def _user(self, record: _Record, command: _CommandDraft | None) -> None:
         raw = record.raw
         content = raw["message"]["content"]
-        timestamp = {"timestamp": ms} if (ms := iso_ms(raw.get("timestamp"))) is not None else {}
+        ms = iso_ms(raw.get("timestamp"))
+        timestamp = {"timestamp": ms} if ms is not None else {}
         if raw.get("isMeta"):
             meta = CustomMessage.model_validate(
                 {"custom_type": "claude_code.meta", "content": _user_content(content), "display": False,
@@ -326,8 +406,7 @@ class _ClaudeCodePlanner:
             self.slots.append(CustomMessagePayload(message=meta))
             return
         if isinstance(content, str):
-            self.slots.append(MessagePayload(message=UserMessage.model_validate(
-                {"content": content, **timestamp}, strict=False)))
+            self._user_text(content, content, command, ms)
             return
         results = [block for block in content if block["type"] == "tool_result"]
         details = raw.get("toolUseResult")
@@ -344,8 +423,18 @@ class _ClaudeCodePlanner:
                 "is_error": bool(block.get("is_error", False)), **timestamp}, strict=False)))
         rest = [block for block in content if block["type"] != "tool_result"]
         if rest or not results:
+            self._user_text(_only_text(rest), _user_blocks(rest), command, ms)
+
+    def _user_text(self, text: str | None, content: str | list[Raw], command: _CommandDraft | None,
+                   timestamp: int | None) -> None:
+        """A person's text: the interrupted row or a local command's row when it is Claude Code's
+        marker of one (`text`, when the content is text only), else a user message of `content`."""
+        if text is not None and (cause := _INTERRUPTS.get(text.strip())) is not None:
+            self.slots.append(chat_event_row(Interrupted(cause=cause), timestamp))
+        elif text is None or not self._local_command(text, command, timestamp):
+            stamp = {"timestamp": timestamp} if timestamp is not None else {}
             self.slots.append(MessagePayload(message=UserMessage.model_validate(
-                {"content": _user_blocks(rest), **timestamp}, strict=False)))
+                {"content": content, **stamp}, strict=False)))
 
 
 def _assistant_block(block: Raw) -> Raw:
@@ -384,6 +473,13 @@ def _result_content(content: Any) -> list[Raw]:
     if isinstance(content, str):
         return [{"type": "text", "text": content}]
     return _user_blocks(content)
+
+
+def _only_text(blocks: list[Raw]) -> str | None:
+    """The text of `blocks` when they are text blocks only (and some), else None."""
+    if not blocks or any(block["type"] != "text" for block in blocks):
+        return None
+    return "\n".join(block["text"] for block in blocks)
 
 
 def _text(content: Any) -> str:

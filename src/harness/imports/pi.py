@@ -1,4 +1,4 @@
-"""Import of pi coding-agent session files (JSONL) into a new session.
+"""Import of pi coding-agent session files (JSONL) into a new conversation.
 
 Formats. v1 (a `session` header without `version`, entries without ids, one linear branch in file
 order) is what pi wrote until late 2025 and what the real fixtures hold. v2 (entries with
@@ -6,7 +6,19 @@ order) is what pi wrote until late 2025 and what the real fixtures hold. v2 (ent
 branch is the path from the file's last entry (pi's leaf) back to the root, and entries on other
 paths are counted as skipped. Any other header or version raises `UnsupportedFormat`.
 
-How records map, nothing invented:
+How records map, nothing invented. pi writes no record of its own for a stopped or failed turn: it
+shows the person the assistant message's stop reason (and error text). So the row that says so is
+added right after that message (a chat-event row, `chat_event_message`, CE-1, with its time), and
+the message itself is kept as it was, for the next request to replay its text (CE-8):
+
+| pi records | chat-event row after it |
+|---|---|
+| an assistant message with `stopReason: "aborted"` | `Interrupted(cause="user")` (pi aborts on the person's Esc) |
+| an assistant message with `stopReason: "error"` | `ErrorDetails(text)`, `errorMessage` cleaned, no notice |
+
+Error text is cleaned by `clean_public_text` (pi's own or the provider's text, so no notice). A
+`compaction` gets no `Compacted` row: pi does not record whether it was asked for or automatic.
+Everything else keeps the source's own shape:
 - `message`: `user`, `assistant` and `toolResult` become conversation messages with the same
   content (`toolUse` becomes stop reason `tool_use`; a usage without `totalTokens` gets the sum of
   its counts; a tool call's `partialJson`, the unparsed text of `arguments` left over from
@@ -16,8 +28,8 @@ How records map, nothing invented:
   `custom` entry when pi keeps it out of the model's context.
 - `model_change` and `thinking_level_change` become `custom` entries `import.model_change` and
   `import.thinking_level_change`; the lane config takes the last values (else the header's).
-- `compaction` becomes a compaction entry whose `retained_tail` copies the messages from the first
-  kept entry up to the compaction; the branch itself still holds every message before it. v1
+- `compaction` becomes a compaction entry whose `retained_tail` copies the messages (rows
+  included) from the first kept entry up to the compaction; the branch itself still holds every message before it. v1
   `firstKeptEntryIndex` counts the file's records from its first line, the header being 0, as pi's
   own v1-to-v2 migration reads it (the real file's index lands on the user message that opens a
   turn); v2 and v3 name the entry (`firstKeptEntryId`).
@@ -39,17 +51,26 @@ from typing import Any
 from pydantic import JsonValue
 
 from harness.context import Context
+from harness.conversation import ChatEventDetails, ErrorDetails, Interrupted, clean_public_text
 from harness.imports.plan import (
     ImportPlan,
     ImportReport,
     Raw,
+    chat_event_row,
     clip_name,
     first_user_name,
     iso_ms,
     read_jsonl,
     write_plan,
 )
-from harness.messages import MESSAGE_ADAPTER, THINKING_LEVELS, CustomMessage, Message, ModelIdentity
+from harness.messages import (
+    MESSAGE_ADAPTER,
+    THINKING_LEVELS,
+    AssistantMessage,
+    CustomMessage,
+    Message,
+    ModelIdentity,
+)
 from harness.session import (
     BranchSummaryPayload,
     CompactionPayload,
@@ -68,9 +89,9 @@ _STOP_REASONS = {"stop": "stop", "length": "length", "toolUse": "tool_use", "err
 _SETTING_TYPES = frozenset({"label", "session_info"})
 
 
-async def import_pi_session(store: Store, path: str | Path, context: Context) -> ImportReport:
-    """Read the pi session file at `path` into a new session of `store` whose lane `main` holds
-    its branch, and return what was written.
+async def import_pi_session(store: Store, path: str | Path, user: str, context: Context) -> ImportReport:
+    """Read the pi session file at `path` into a new conversation of `user` in `store` whose lane
+    `main` holds its branch, and return what was written.
 
     The whole file is read and checked before anything is written. Raises `UnsupportedFormat`
     (nothing written) when the first line is not a pi `session` header, its version is not 1, 2
@@ -79,7 +100,7 @@ async def import_pi_session(store: Store, path: str | Path, context: Context) ->
     plan = ImportPlan("pi", Path(path))
     records = await read_jsonl(plan.path, plan)
     _PiPlanner(plan).run(records)
-    return await write_plan(store, plan, context)
+    return await write_plan(store, plan, user, context)
 
 
 @dataclass(frozen=True)
@@ -214,6 +235,10 @@ class _PiPlanner:
         if item.id is not None:
             self.position_of[item.id] = position
         self.placed.append(_Placed(item, message))
+        if isinstance(message, AssistantMessage) and (details := _turn_end(message)) is not None:
+            row = chat_event_row(details, message.timestamp)
+            self.plan.add(row)
+            self.placed.append(_Placed(item, row.message))
 
     def _message(self, item: _Item) -> tuple[EntryPayload, Message | None]:
         message = item.raw["message"]
@@ -274,6 +299,15 @@ class _PiPlanner:
         else:
             self.plan.warn(line, f"unknown thinking level {level!r}; the lane keeps "
                                  f"{self.plan.thinking_level!r}")
+
+
+def _turn_end(reply: AssistantMessage) -> ChatEventDetails | None:
+    """The row pi's stopped or failed `reply` shows the person (see the module docstring)."""
+    if reply.stop_reason == "aborted":
+        return Interrupted(cause="user")
+    if reply.stop_reason == "error":
+        return ErrorDetails(text=clean_public_text(reply.error_message or ""))
+    return None
 
 
 def _conversation_message(message: Raw, timestamp: object) -> Raw:

@@ -1,5 +1,5 @@
 """What both importers share: reading a JSONL file, the in-memory plan of the session it becomes,
-and writing that plan into a new session."""
+and writing that plan into a new conversation of the importing user."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from harness.context import Context
+from harness.conversation import OWNER, ChatEventDetails, chat_event_message
 from harness.errors import InvalidInput, UnsupportedFormat
 from harness.messages import (
     AssistantMessage,
@@ -28,6 +29,7 @@ from harness.messages import (
 )
 from harness.session import (
     CompactionPayload,
+    CustomMessagePayload,
     EntryPayload,
     LaneConfig,
     LaneState,
@@ -147,6 +149,15 @@ def iso_ms(value: object) -> int | None:
         return None
 
 
+def chat_event_row(details: ChatEventDetails, timestamp: int | None) -> CustomMessagePayload:
+    """The chat-event entry of `details` (CE-1), stamped with the source's own time when it has one
+    (Unix ms), so an imported row sits at the moment the person saw it happen."""
+    message = chat_event_message(details)
+    if timestamp is not None:
+        message = message.model_copy(update={"timestamp": timestamp})
+    return CustomMessagePayload(message=message)
+
+
 def clip_name(text: str) -> str | None:
     """A session name from free text: its first non-blank line, clipped to `NAME_LIMIT` characters."""
     for line in text.splitlines():
@@ -197,9 +208,10 @@ def count_branch(entries: list[EntryPayload]) -> BranchCounts:
     )
 
 
-async def write_plan(store: Store, plan: ImportPlan, context: Context) -> ImportReport:
-    """Create a new session holding `plan`: every entry, labels, name and lane `main` at the last
-    entry in one transaction, so no reader ever sees a partial branch."""
+async def write_plan(store: Store, plan: ImportPlan, user: str, context: Context) -> ImportReport:
+    """Create a new session holding `plan`: every entry, labels, name, lane `main` at the last
+    entry and `user` as its owner, in one transaction, so no reader ever sees a partial branch and
+    `ConversationService.open(user, session_id)` opens it as a conversation."""
     if plan.model is None:
         plan.warn(None, f"the file names no model; lane {LANE} is configured with "
                         f"{UNKNOWN_MODEL.provider}/{UNKNOWN_MODEL.model_id}")
@@ -219,6 +231,7 @@ async def write_plan(store: Store, plan: ImportPlan, context: Context) -> Import
             m.set(addresses.entry_label(ids[position]), label)
         if plan.name:
             m.set(addresses.session_name(), plan.name)
+        m.set(OWNER, user)
         m.set(addresses.branch_tip(LANE), tip)
         m.set(addresses.lane_config(LANE), config)
         m.set(addresses.lane_state(LANE), LaneState())
