@@ -126,3 +126,33 @@ def test_the_toolbar_shows_tokens_cost_and_the_context_used_also_after_reopening
     second = start(chats, dirs, server, session_id, cursor_reports=True)
     second.expect_reporting("120 tokens · $0.1200 · context 12% of 1,000")
     assert second.leave() == 0
+
+
+def test_mode_shell_and_command_rows_are_shown_and_reach_the_model(
+        chats: list[Chat], dirs: tuple[Path, Path], server: ReplayServer) -> None:
+    """CE-13, CE-16, CE-17 at the terminal: `/mode plan` leaves the read-only tools and a command
+    row; Shift+Tab switches back with a mode row; `!cmd` shows its output and a shell row; the next
+    prompt is sent as typed, after the rows, with the tools the mode offers."""
+    server.enqueue(text_reply("Noted."))
+    chat = start(chats, dirs, server)
+    chat.send_line("/mode plan")
+    chat.expect("/mode plan: mode plan")
+    chat.process.send("\x1b[Z")  # Shift+Tab
+    chat.expect("mode: build")
+    chat.send_line("/mode plan")
+    chat.expect("/mode plan: mode plan")
+    chat.send_line("!echo shell-said-this")
+    chat.expect("shell-said-this")
+    chat.expect("! echo shell-said-this · exit 0")
+    chat.send_line("what did the shell say?")
+    chat.expect("Noted.")
+    chat.expect("turn completed")
+
+    request = server.requests[-1].json()
+    assert sorted(tool["function"]["name"] for tool in request["tools"]) == ["grep", "list", "read"]
+    messages = request["messages"]
+    assert messages[-1] == {"role": "user", "content": "what did the shell say?"}
+    assert "shell-said-this" in str(messages[-2]["content"])
+    # Rows recorded before anyone spoke moved with the chat's draft into the store.
+    assert sum("/mode plan" in str(message["content"]) for message in messages) == 2
+    assert chat.leave() == 0

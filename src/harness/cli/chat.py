@@ -40,6 +40,7 @@ from harness.cli.config import (
 from harness.cli.render import branch_oldest_first, entry_lines
 from harness.cli.terminal_text import escape
 from harness.context import Context
+from harness.conversation import Conversation, ConversationService, WorkMode, mode_tools
 from harness.errors import HarnessError, ModelUnavailable
 from harness.messages import AssistantMessage, ModelIdentity, UserMessage
 from harness.providers import ModelRegistry
@@ -101,7 +102,7 @@ class ChatClient:
         self.commands: dict[str, ChatCommand] = dict(commands)
         self.terminal = Terminal(self.screen, busy=lambda: self.busy, status=self._status,
                                  on_interrupt=self._interrupt_turn, commands=lambda: [f"/{n}" for n in self.commands],
-                                 history=settings.home / "chat-history")
+                                 history=settings.home / "chat-history", on_shift_tab=self._toggle_mode_soon)
         # One policy for the whole chat, so `a` (allow for the session) survives /cd and /fork.
         self.approval = (ApprovalPolicy.allow_all() if settings.approve_all else ApprovalPolicy(self.ask_approval))
         self.cwd = settings.cwd
@@ -114,6 +115,7 @@ class ChatClient:
         self._named = False
         self._background: set[asyncio.Task[None]] = set()
         self._run_queued = False
+        self._side_tasks: set[asyncio.Task[None]] = set()  # Shift+Tab's mode switches
         self._draft: Store | None = None
         """A new chat's session lives in this memory store until `save_draft`, so that a chat left
         with nothing said leaves nothing in the store."""
@@ -129,6 +131,18 @@ class ChatClient:
     @property
     def lane(self) -> Lane:
         return self.attached.lane
+
+    def command_door(self) -> tuple[ConversationService, str, Conversation]:
+        """The service, user and conversation a conversation command takes: every door of a command
+        records the same row (CE-16)."""
+        return self.attached.service, self.attached.user, self.attached.conversation
+
+    @property
+    def mode(self) -> WorkMode:
+        """`plan` when the lane offers only read-only tools of the ones a build would, else `build`."""
+        active = set(self.lane.config.active_tools)
+        every = {tool.name for tool in self.attached.service.setup.tools}
+        return "plan" if active and active == set(mode_tools(sorted(every), "plan")) and active != every else "build"
 
     @property
     def busy(self) -> bool:
@@ -195,6 +209,8 @@ class ChatClient:
             return
         if text.startswith("/"):
             await self.run_command(text)
+        elif text.startswith("!") and len(text) > 1:
+            await self.run_local_shell(text[1:].strip())
         elif self.busy:
             await self._queue(text, follow_up=line.follow_up)
         else:
@@ -215,9 +231,39 @@ class ChatClient:
         except HarnessError as error:
             self.error(error)
 
+    async def run_local_shell(self, command: str) -> None:
+        """`!cmd`: run `command` here, in the chat's directory, show its output, and record it as a
+        shell row the model reads with the next message, which is sent as typed (CE-17)."""
+        process = await asyncio.create_subprocess_shell(command, cwd=self.cwd, stdin=asyncio.subprocess.DEVNULL,
+                                                        stdout=asyncio.subprocess.PIPE,
+                                                        stderr=asyncio.subprocess.STDOUT)
+        output, _ = await process.communicate()
+        text = output.decode("utf-8", errors="replace")
+        if text:
+            self.screen.print(escape(text.rstrip("\n")))
+        service, user, conversation = self.command_door()
+        await service.record_local_shell(user, conversation.id, command, process.returncode, text, self.context)
+
+    def _toggle_mode_soon(self) -> None:
+        task = asyncio.create_task(self._toggle_mode_shown())
+        self._side_tasks.add(task)
+        task.add_done_callback(self._side_tasks.discard)
+
+    async def _toggle_mode_shown(self) -> None:
+        try:
+            await self.toggle_mode()
+        except HarnessError as error:
+            self.error(error)
+
+    async def toggle_mode(self) -> None:
+        """Shift+Tab: build to plan and back, recorded as a mode row at once (CE-13)."""
+        service, user, conversation = self.command_door()
+        await service.select_mode(user, conversation.id, "plan" if self.mode == "build" else "build", self.context)
+        self.terminal.invalidate()
+
     # -- turns ------------------------------------------------------------------------------------
 
-    def start_turn(self, work: Callable[[], Awaitable[DriveOutcome]]) -> None:
+    def start_turn(self, work: Callable[[], Awaitable[DriveOutcome | None]]) -> None:
         """Drive `work` (an operation to its settlement) in the background; the prompt steers meanwhile."""
         self._abort_wanted = False
         self.view.aborting = False
@@ -230,7 +276,7 @@ class ChatClient:
         if self._turn is not None:
             await asyncio.shield(self._turn)
 
-    async def _run_turn(self, work: Callable[[], Awaitable[DriveOutcome]]) -> None:
+    async def _run_turn(self, work: Callable[[], Awaitable[DriveOutcome | None]]) -> None:
         outcome: DriveOutcome | None = None
         try:
             outcome = await work()
@@ -362,8 +408,8 @@ class ChatClient:
         is doing and the keys that do something now."""
         usage = self.view.meter.text(self.context_window())
         if not self.busy:
-            return (f"{usage} · /help: commands · Tab completes them · Alt-Enter: new line · Ctrl-D: leave · "
-                    f"{self.approvals()}")
+            return (f"{usage} · {self.mode} mode (Shift+Tab) · /help: commands · Tab completes them · "
+                    f"Alt-Enter: new line · Ctrl-D: leave · {self.approvals()}")
         status = self.view.status()
         keys = ("Ctrl-C again: leave now (the abort ends on reopening)" if self._abort_wanted
                 else "Enter: steer · Alt-Enter: follow-up · Ctrl-C: abort")
@@ -446,13 +492,21 @@ class ChatClient:
             return
         drafted, lane = self.attached.conversation, self.lane
         name = await drafted.harness.session_name(self.context)
+        # What was recorded before anyone spoke (command and mode rows) moves with the draft.
+        tip = lane.tip_id
+        rows = [] if tip is None else (await drafted.harness.session.read_branch(tip, self.context)).entries
         session = await self.store.create_session(self.context, session_id=drafted.id)
         await session.create_lane(lane.name, lane.config, self.context)
-        if name is not None:
-            async def keep_name(m: SessionMutator) -> None:
-                m.set(addresses.session_name(), name)
 
-            await session.mutate(keep_name, self.context)
+        async def keep(m: SessionMutator) -> None:
+            if name is not None:
+                m.set(addresses.session_name(), name)
+            for entry in reversed(rows):
+                m.insert_entry(entry.payload, parent_id=entry.parent_id, entry_id=entry.id)
+            if rows:
+                m.set(addresses.branch_tip(lane.name), tip)
+
+        await session.mutate(keep, self.context)
         self._draft = None
         try:
             attached = await self._attach(session.id)

@@ -7,6 +7,7 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
+import harness.conversation as conversation
 from harness.cli.chat import ChatClient, ChatCommand, CommandRun
 from harness.cli.chat_view import entry_summary
 from harness.cli.config import model_name, parse_model, usable_model
@@ -14,6 +15,7 @@ from harness.cli.render import branch_oldest_first
 from harness.cli.session_refs import local_time, named_sessions
 from harness.cli.terminal_text import escape
 from harness.errors import InvalidInput
+from harness.runtime import DriveOutcome, Settled
 
 TREE_SHOWN = 40
 """How many of the branch's newest entries `/tree` lists."""
@@ -53,9 +55,8 @@ async def _help(client: ChatClient, argument: str) -> None:
 async def _model(client: ChatClient, argument: str) -> None:
     current = client.lane.config.model
     if argument:
-        identity = parse_model(argument)
-        usable_model(client.registry, identity)
-        await client.lane.set_model(identity, client.context)
+        usable_model(client.registry, parse_model(argument))
+        await conversation.model(*client.command_door(), argument, client.context)
         return
     client.screen.print(f"model: [bold]{escape(model_name(current))}[/]")
     for row in client.registry.configured():
@@ -94,7 +95,15 @@ async def _rename(client: ChatClient, argument: str) -> None:
     if not argument:
         raise InvalidInput("/rename needs the new name")
     await client.save_draft()  # a session worth naming is worth keeping
-    await client.attached.harness.set_session_name(argument, client.context)
+    await conversation.rename(*client.command_door(), argument, client.context)
+
+
+@command("mode", "/mode [build|plan]", "show or switch the work mode (Shift+Tab toggles it)", while_busy=True)
+async def _mode(client: ChatClient, argument: str) -> None:
+    if not argument:
+        client.screen.print(f"mode: [bold]{client.mode}[/] [dim](build: every tool; plan: read-only tools)[/]")
+        return
+    await conversation.mode(*client.command_door(), argument, client.context)
 
 
 @command("compact", "/compact [instructions]", "summarize the older part of the conversation")
@@ -102,7 +111,15 @@ async def _compact(client: ChatClient, argument: str) -> None:
     if (notice := client.model_notice()) is not None:  # the summary is the model's to write
         client.screen.print(f"[yellow]{escape(notice)}[/]")
         return
-    client.start_turn(lambda: client.lane.compact(client.context, custom_instructions=argument or None))
+
+    async def compaction() -> DriveOutcome | None:
+        outcome = await conversation.compact(*client.command_door(), argument or None, client.context)
+        if outcome.result == "nothing_old_enough":
+            return None  # its command row says so; no operation ran
+        last = (await client.lane.inspect_execution(client.context)).last_result
+        return Settled(operation_id=last.operation_id, result=last) if last is not None else None
+
+    client.start_turn(compaction)
 
 
 @command("sessions", "/sessions", "list the sessions in the store", while_busy=True)

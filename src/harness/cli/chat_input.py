@@ -63,11 +63,12 @@ class Terminal:
 
     def __init__(self, screen: Screen, *, busy: Callable[[], bool], status: Callable[[], str],
                  on_interrupt: Callable[[], None], commands: Callable[[], list[str]] = list,
-                 history: Path | None = None) -> None:
+                 history: Path | None = None, on_shift_tab: Callable[[], None] | None = None) -> None:
         self._screen = screen
         self._busy = busy
         self._status = status
         self._on_interrupt = on_interrupt
+        self._on_shift_tab = on_shift_tab
         self._questions: list[_Question] = []
         self._lines: asyncio.Queue[Line | None] = asyncio.Queue()
         self._stashed: str | None = None
@@ -222,6 +223,11 @@ class Terminal:
         @bindings.add("c-c", eager=True)
         def _(event: KeyPressEvent) -> None:
             self.interrupt()
+
+        @bindings.add("s-tab", filter=Condition(lambda: self._on_shift_tab is not None and not self._questions))
+        def _(event: KeyPressEvent) -> None:
+            if self._on_shift_tab is not None:
+                self._on_shift_tab()
 
         @bindings.add("c-d", filter=empty, eager=True)
         def _(event: KeyPressEvent) -> None:

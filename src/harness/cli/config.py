@@ -200,6 +200,9 @@ class Attached:
     model: Model | None
     """The lane's model, resolved; None when it is not usable (see `attach_client`'s `require_model`)."""
     created_session: bool
+    service: ConversationService
+    """The service the conversation was opened through: commands and `!cmd` rows go through it."""
+    user: str
 
     @property
     def harness(self) -> AgentHarness:
@@ -287,7 +290,7 @@ async def attach_client(
     except BaseException:
         await conversation.dispose(context)
         raise
-    return Attached(conversation, lane_handle, resolved, session_id is None)
+    return Attached(conversation, lane_handle, resolved, session_id is None, service, user)
 
 
 # -- doctor ---------------------------------------------------------------------------------------
