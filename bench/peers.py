@@ -18,8 +18,8 @@ Systems (`--systems`, comma-separated; a system whose packages are missing is sk
   `durability="sync"`; once with the plain `add_messages` state, once with the messages in a
   `DeltaChannel` (LangGraph 1.2 and later; skipped, saying so, on a version without it).
 - `agents-session`: the OpenAI Agents SDK's `SQLiteSession`, one `add_items` per message.
-- `agents-loop`: the Agents SDK's own loop (`Runner.run` per turn) on that session, with the SDK's
-  `ScriptedModel` scripted to the same replies and a function tool.
+- `agents-loop`: the Agents SDK's own loop (`Runner.run` per turn) on that session, with a fake
+  `Model` scripted to the same replies and a function tool.
 - `psycopg`, `journal-pg`, `harness-pg`: bare `psycopg` (one INSERT and COMMIT per message), the
   journal and the agent loop on PostgreSQL, when a server answers at `--postgres URL` or
   `$HARNESS_TEST_POSTGRES_URL`; each run gets a private schema, dropped after.
@@ -499,21 +499,33 @@ async def agents_session(target: Target, script: list[Turn]) -> Written:
 
 
 async def agents_loop(target: Target, script: list[Turn]) -> Written:
-    from agents import Agent, RunConfig, Runner, function_tool
-    from agents.testing import ScriptedModel, assistant_message, function_call
+    from agents import Agent, Model, ModelResponse, RunConfig, Runner, Usage, function_tool
+    from agents.testing import assistant_message, function_call
 
     session_class = agents_session_class()
     current = Current()
+
+    class Scripted(Model):
+        """Answers a prompt with the turn's tool call and the tool's output with the turn's reply,
+        keeping nothing: the SDK's own ScriptedModel deep-copies every request twice to record it,
+        which took half of this loop's time at 250 turns."""
+
+        async def get_response(self, *, input: list[dict[str, Any]], **_: Any) -> ModelResponse:
+            # Runner passes every argument by keyword; only the input decides the answer here.
+            if input[-1].get("type") == "function_call_output":
+                output = assistant_message(current.turn.reply, item_id=f"msg_{current.turn.call_id}")
+            else:
+                output = function_call(TOOL, dict(current.turn.arguments), call_id=current.turn.call_id)
+            return ModelResponse(output=[output], usage=Usage(), response_id=None)
+
+        def stream_response(self, **_: Any) -> Any:
+            raise TypeError("the benchmark runs Runner.run, which does not stream")
 
     def lookup(path: str, query: str) -> str:
         """Look a question up in the code."""
         return current.turn.result
 
-    steps = []
-    for turn in script:
-        steps.append([function_call(TOOL, dict(turn.arguments), call_id=turn.call_id)])
-        steps.append([assistant_message(turn.reply, item_id=f"msg_{turn.call_id}")])
-    agent = Agent(name="bench", model=ScriptedModel(steps), tools=[function_tool(lookup, name_override=TOOL)])
+    agent = Agent(name="bench", model=Scripted(), tools=[function_tool(lookup, name_override=TOOL)])
     run_config = RunConfig(tracing_disabled=True)
     path = target.folder / "agents.db"
 
@@ -649,39 +661,66 @@ def figures(measured: Measured) -> dict[str, float]:
             "store": measured.store_bytes / 1024}
 
 
-@dataclass
-class Row:
-    """A system's figures in every round, and their ratios to a floor measured in the same round."""
-
-    system: System
-    rounds: list[dict[str, float]]
-
-    def median(self, figure: str) -> float:
-        return statistics.median(r[figure] for r in self.rounds)
-
-    def drift(self) -> float:
-        """Last tenth over first tenth, per message (the median over rounds)."""
-        return statistics.median(r["last"] / r["first"] for r in self.rounds)
-
-    def ratio(self, figure: str, floor: Row) -> float:
-        return statistics.median(mine[figure] / theirs[figure]
-                                 for mine, theirs in zip(self.rounds, floor.rounds, strict=True))
+FLOORS = ("sqlite3", "psycopg")
 
 
-def print_table(rows: list[Row], floor: Row, title: str) -> None:
+@dataclass(frozen=True)
+class Run:
+    """One child's figures."""
+
+    name: str
+    figures: dict[str, float]
+
+
+class Timeline:
+    """Every run in the order it happened. A floor runs just before each other system and once
+    more at the end, so each run's ratio is to the floor measured on either side of it."""
+
+    def __init__(self) -> None:
+        self.runs: list[Run] = []
+
+    def of(self, name: str) -> list[int]:
+        return [index for index, run in enumerate(self.runs) if run.name == name]
+
+    def median(self, name: str, figure: str) -> float:
+        return statistics.median(self.runs[index].figures[figure] for index in self.of(name))
+
+    def drift(self, name: str) -> float:
+        """Last tenth over first tenth, per message (the median over its runs)."""
+        return statistics.median(self.runs[i].figures["last"] / self.runs[i].figures["first"] for i in self.of(name))
+
+    def around(self, index: int, floor: str, figure: str) -> float:
+        """`floor`'s `figure`: the mean of its nearest run before run `index` and its nearest after."""
+        before = [run for run in self.runs[:index] if run.name == floor][-1:]
+        after = [run for run in self.runs[index + 1:] if run.name == floor][:1]
+        return statistics.fmean(run.figures[figure] for run in before + after)
+
+    def ratio(self, name: str, figure: str, floor: str) -> float:
+        """`name`'s `figure` over the floor's around each of its runs (the median over its runs)."""
+        if name == floor:
+            return 1.0
+        return statistics.median(self.runs[i].figures[figure] / self.around(i, floor, figure) for i in self.of(name))
+
+    def paired(self, name: str, other: str) -> float:
+        """`name`'s time per message over `other`'s, round by round (the median over rounds)."""
+        return statistics.median(self.runs[mine].figures["all"] / self.runs[theirs].figures["all"]
+                                 for mine, theirs in zip(self.of(name), self.of(other), strict=True))
+
+
+def print_table(timeline: Timeline, systems: list[System], floor: System, title: str) -> None:
     print(f"\n{title}")
     print(f"{'':<35}{'ms per message':^25}{'last/':>7}{'reload':>9}{'store':>9}   "
-          f"{'ratio to ' + floor.system.label:^35}")
+          f"{'ratio to ' + floor.label:^35}")
     print(f"{'system':<26}{'store':<9}{'all':>8}{'first10':>9}{'last10':>8}{'first':>7}{'ms':>9}{'KiB':>9}   "
           f"{'all':>7}{'first':>7}{'last':>7}{'reload':>7}{'store':>7}")
-    for row in rows:
-        m = {figure: row.median(figure) for figure in FIGURES}
-        ratios = "".join(f"{row.ratio(figure, floor):>6.2f}x" for figure in FIGURES)
-        print(f"{row.system.label:<26}{row.system.backend:<9}{m['all']:>8.3f}{m['first']:>9.3f}"
-              f"{m['last']:>8.3f}{row.drift():>6.2f}x{m['reload']:>9.1f}{m['store']:>9.0f}   {ratios}")
+    for system in systems:
+        m = {figure: timeline.median(system.name, figure) for figure in FIGURES}
+        ratios = "".join(f"{timeline.ratio(system.name, figure, floor.name):>6.2f}x" for figure in FIGURES)
+        print(f"{system.label:<26}{system.backend:<9}{m['all']:>8.3f}{m['first']:>9.3f}{m['last']:>8.3f}"
+              f"{timeline.drift(system.name):>6.2f}x{m['reload']:>9.1f}{m['store']:>9.0f}   {ratios}")
 
 
-def print_goals(rows: dict[str, Row]) -> None:
+def print_goals(timeline: Timeline, measured: set[str]) -> None:
     """The goals of issue 12 that this run measured, each met or not."""
     goals: list[tuple[str, str, str | None, float]] = [
         # (goal, system, compared with (None: its own first tenth), at most)
@@ -693,10 +732,15 @@ def print_goals(rows: dict[str, Row]) -> None:
     ]
     print("\ngoals (issue 12)")
     for goal, name, other, limit in goals:
-        if name not in rows or (other is not None and other not in rows):
+        if name not in measured or (other is not None and other not in measured):
             print(f"  {goal:<68} not measured in this run")
             continue
-        value = rows[name].drift() if other is None else rows[name].ratio("all", rows[other])
+        if other is None:
+            value = timeline.drift(name)
+        elif other in FLOORS:
+            value = timeline.ratio(name, "all", other)
+        else:
+            value = timeline.paired(name, other)
         print(f"  {goal:<68} {value:>6.2f}x  {'met' if value <= limit else 'NOT met'}")
 
 
@@ -751,7 +795,7 @@ def main(turns: int, rounds: int, names: list[str], postgres: str | None) -> Non
     runnable = []
     for system in chosen:
         if missing := missing_modules(system):
-            print(f"skipped {system.name}: {', '.join(missing)} not installed")
+            print(f"skipped {system.name}: no {', '.join(missing)} here")
         else:
             runnable.append(system)
     if any(system.backend == "postgres" for system in runnable):
@@ -763,30 +807,40 @@ def main(turns: int, rounds: int, names: list[str], postgres: str | None) -> Non
         else:
             print(f"postgres: {settings}")
     print("durability: SQLite WAL + synchronous=FULL on every connection; PostgreSQL as the server is set")
-    for backend in ("sqlite", "postgres"):
-        floor = "sqlite3" if backend == "sqlite" else "psycopg"
-        if any(s.backend == backend for s in runnable) and floor not in [s.name for s in runnable]:
-            runnable.insert(0, SYSTEMS[floor])  # every ratio needs its floor measured in the same round
     if not runnable:
-        sys.exit("nothing to run")
+        sys.exit("nothing to run: every system asked for was skipped")
+    # Every row is set against bare sqlite3, and the PostgreSQL rows against bare psycopg too.
+    floors = [name for name in FLOORS if name == "sqlite3" or any(s.backend == "postgres" for s in runnable)]
+    runnable = [SYSTEMS[name] for name in floors] + [system for system in runnable if system.name not in floors]
 
-    results: dict[str, list[dict[str, float]]] = {system.name: [] for system in runnable}
+    timeline = Timeline()
+
+    def run(system: System, round_: int) -> None:
+        started = time.perf_counter()
+        measured = run_child(system.name, turns, postgres)
+        timeline.runs.append(Run(system.name, figures(measured)))
+        print(f"  round {round_}: {system.name:<16} {time.perf_counter() - started:7.1f} s, "
+              f"{measured.read_back} messages read back", flush=True)
+
+    others = [system for system in runnable if system.name not in FLOORS]
     for round_ in range(rounds):
-        shift = round_ % len(runnable)
-        for system in runnable[shift:] + runnable[:shift]:
-            started = time.perf_counter()
-            measured = run_child(system.name, turns, postgres)
-            results[system.name].append(figures(measured))
-            print(f"  round {round_ + 1}: {system.name:<16} {time.perf_counter() - started:7.1f} s, "
-                  f"{measured.read_back} messages read back", flush=True)
+        shift = round_ % max(1, len(others))
+        for system in others[shift:] + others[:shift]:
+            run(SYSTEMS[system.baseline], round_ + 1)
+            run(system, round_ + 1)
+        if not others:
+            for name in floors:
+                run(SYSTEMS[name], round_ + 1)
+    for name in floors:
+        run(SYSTEMS[name], rounds)
 
-    rows = {system.name: Row(system, results[system.name]) for system in runnable}
-    print_table(list(rows.values()), rows["sqlite3"],
+    runnable = [system for system in SYSTEMS.values() if system in runnable]  # the table's order
+    print_table(timeline, runnable, SYSTEMS["sqlite3"],
                 f"ms per message (median of {rounds} round(s)); last/first: last tenth over first tenth of turns")
-    if "psycopg" in rows:
-        print_table([row for row in rows.values() if row.system.backend == "postgres"], rows["psycopg"],
+    if "psycopg" in [system.name for system in runnable]:
+        print_table(timeline, [system for system in runnable if system.backend == "postgres"], SYSTEMS["psycopg"],
                     "PostgreSQL rows against bare psycopg")
-    print_goals(rows)
+    print_goals(timeline, {system.name for system in runnable})
 
 
 def cli() -> None:
