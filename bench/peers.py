@@ -24,12 +24,15 @@ Systems (`--systems`, comma-separated; a system whose packages are missing is sk
   journal and the agent loop on PostgreSQL, when a server answers at `--postgres URL` or
   `$HARNESS_TEST_POSTGRES_URL`; each run gets a private schema, dropped after.
 
-Each run of a system is a fresh child process with a fresh store; the systems run interleaved
-(round-robin, the first of each round moving on by one; `--rounds` repeats), so a noisy machine
-slows all of them alike. Per system it prints the write time per message over the whole
-conversation, over its first and its last tenth of turns, the reload (median of three), the size
-of the store, and each figure as a ratio to bare `sqlite3` in the same round (PostgreSQL rows also
-to bare `psycopg`), the median over rounds. Then the goals of issue 12, each met or not.
+Each run of a system is a fresh child process that first writes a short conversation to a scratch
+store (imports and first-call set-up are not the first tenth's), then the measured one to a fresh
+store. The systems run interleaved, round-robin (`--rounds` repeats, the first of each round moving
+on by one), with a run of the bare floor of the same backend before each of them and one of each
+floor at the end. Per system it prints the write time per message over the whole conversation,
+over its first and its last tenth of turns, the reload (median of three), the size of the store,
+and each figure as a ratio to bare `sqlite3` (PostgreSQL rows also to bare `psycopg`) measured on
+either side of it: a noisy machine slows a system and its floor alike. Figures and ratios are the
+medians over rounds. Then the goals of issue 12, each met or not.
 
 Run: `.venv/bin/python -m bench.peers [--turns N] [--rounds N] [--systems a,b] [--postgres URL]`;
 `make bench-peers` installs the peers (the `bench` extra) in a venv of their own and runs it.
@@ -707,17 +710,23 @@ class Timeline:
                                  for mine, theirs in zip(self.of(name), self.of(other), strict=True))
 
 
+def times(ratio: float) -> str:
+    """`ratio` as `1.23x`, `12.3x` or `123x`: three significant digits, seven characters."""
+    digits = 2 if ratio < 10 else 1 if ratio < 100 else 0
+    return f"{ratio:>6.{digits}f}x"
+
+
 def print_table(timeline: Timeline, systems: list[System], floor: System, title: str) -> None:
     print(f"\n{title}")
-    print(f"{'':<35}{'ms per message':^25}{'last/':>7}{'reload':>9}{'store':>9}   "
+    print(f"{'':<35}{'ms per message':^25}{'last/':>7}{'reload':>9}{'store':>9}  "
           f"{'ratio to ' + floor.label:^35}")
-    print(f"{'system':<26}{'store':<9}{'all':>8}{'first10':>9}{'last10':>8}{'first':>7}{'ms':>9}{'KiB':>9}   "
+    print(f"{'system':<26}{'store':<9}{'all':>8}{'first10':>9}{'last10':>8}{'first':>7}{'ms':>9}{'KiB':>9}  "
           f"{'all':>7}{'first':>7}{'last':>7}{'reload':>7}{'store':>7}")
     for system in systems:
         m = {figure: timeline.median(system.name, figure) for figure in FIGURES}
-        ratios = "".join(f"{timeline.ratio(system.name, figure, floor.name):>6.2f}x" for figure in FIGURES)
+        ratios = "".join(times(timeline.ratio(system.name, figure, floor.name)) for figure in FIGURES)
         print(f"{system.label:<26}{system.backend:<9}{m['all']:>8.3f}{m['first']:>9.3f}{m['last']:>8.3f}"
-              f"{timeline.drift(system.name):>6.2f}x{m['reload']:>9.1f}{m['store']:>9.0f}   {ratios}")
+              f"{times(timeline.drift(system.name))}{m['reload']:>9.1f}{m['store']:>9.0f}  {ratios}")
 
 
 def print_goals(timeline: Timeline, measured: set[str]) -> None:
@@ -741,7 +750,7 @@ def print_goals(timeline: Timeline, measured: set[str]) -> None:
             value = timeline.ratio(name, "all", other)
         else:
             value = timeline.paired(name, other)
-        print(f"  {goal:<68} {value:>6.2f}x  {'met' if value <= limit else 'NOT met'}")
+        print(f"  {goal:<68}{times(value)}  {'met' if value <= limit else 'NOT met'}")
 
 
 # ---------------------------------------------------------------------------------------------
