@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint bench soak
+.PHONY: run test lint bench bench-peers soak
 
 # llama-cpp-python has no wheel on PyPI: the first install compiles llama.cpp (about 5 minutes on
 # 2 cores; pip caches the wheel). These flags build a portable binary as fast as a native one.
@@ -41,6 +41,22 @@ bench: $(STAMP)
 	$(BIN)/python -m bench.runtime
 	$(BIN)/python -m bench.drive
 	$(BIN)/python -m bench.embedded
+
+# Harness beside its peers (LangGraph, the Agents SDK), e.g. `make bench-peers ARGS="--turns 60"`.
+# The peers live in a venv of their own, .venv-peers, with the harness installed editable beside
+# them and no embedded model: in .venv they could move what requirements.lock pins under the tests,
+# and `make lint` would type-check bench/peers.py against packages the project does not depend on.
+# The peers are pinned in pyproject.toml's `bench` extra; the rest resolves when the venv is made.
+PEERS_VENV := .venv-peers
+PEERS_STAMP := $(PEERS_VENV)/.installed
+
+$(PEERS_STAMP): pyproject.toml
+	$(PYTHON) -m venv $(PEERS_VENV)
+	$(PEERS_VENV)/bin/pip install --quiet -e '.[bench]'
+	touch $(PEERS_STAMP)
+
+bench-peers: $(PEERS_STAMP)
+	$(PEERS_VENV)/bin/python -m bench.peers $(ARGS)
 
 # The long crash campaign: 300 random-time SIGKILLs per backend (the suite runs 2); minutes, not a test.
 soak: $(STAMP)
