@@ -339,7 +339,12 @@ async def harness_loop(target: Target, script: list[Turn]) -> Written:
 
     tool = AgentTool(spec=ToolSpec(name=TOOL, description="Look a question up in the code.",
                                    parameters=TOOL_PARAMETERS), execute=lookup, replay="safe")
-    registry = ModelRegistry([FAUX_MODEL], providers={"faux": FauxProvider(answer)})
+    # The peers keep every message and never compact; the faux model's default window (128,000
+    # tokens) would make the Harness loop compact from about turn 150 on, each attempt a summary
+    # request the script answers with a tool call. A window that holds the whole conversation
+    # measures the same work on every side.
+    registry = ModelRegistry([FAUX_MODEL.model_copy(update={"context_window": 10_000_000})],
+                             providers={"faux": FauxProvider(answer)})
 
     async def write(turn: Turn) -> None:
         current.turn = turn
