@@ -46,5 +46,5 @@ def test_without_the_shared_folder_everything_collects_and_its_tests_skip_with_a
     last = lines[next(i for i, line in enumerate(lines) if " short test summary info " in line) - 1]
     assert last == f"Tests of the shared recorded fixtures were skipped: {shared} is not beside this checkout."
     reason = f"the recorded corpus {shared} is not beside this checkout"
-    assert [line.split(": ", 1)[1] for line in lines if line.startswith("SKIPPED")] == [reason, reason]
-    assert lines[-1].startswith("1 passed, 4 skipped, "), lines[-1]
+    assert [line.split(": ", 1)[1] for line in lines if line.startswith("SKIPPED")] == [reason, reason, reason]
+    assert lines[-1].startswith("7 passed, 11 skipped, "), lines[-1]
