@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from harness.context import Context
-from harness.messages import AssistantMessage, TextContent, ThinkingContent, ToolCall, Usage, UserMessage
+from harness.messages import AssistantMessage, Message, TextContent, ThinkingContent, ToolCall, Usage, UserMessage
 from harness.providers import (
     DeferredProvider,
     DoneEvent,
@@ -60,6 +60,18 @@ async def test_text_streams_word_by_word_and_ends_with_stop(ctx: Context) -> Non
     assert (message.stop_reason, message.api, message.provider, message.model) == ("stop", "faux", "faux", "faux")
     assert message.usage.output == 4
     assert message.usage.input == len(REQUEST.model_dump_json()) // 4
+
+
+async def test_input_tokens_stay_the_requests_json_length_as_a_conversation_grows(ctx: Context) -> None:
+    """Each message is serialized once per provider; the estimate is still the whole request's."""
+    faux = FauxProvider(["one", "two", "three"])
+    messages: tuple[Message, ...] = ()
+    for said in ("first", "second", "third"):
+        messages = (*messages, UserMessage(content=said, timestamp=1))
+        request = ProviderRequest(system_prompt="Be brief.", messages=messages)
+        message = final(await collect(faux.stream(FAUX_MODEL, request, OPTIONS, ctx)))
+        assert message.usage.input == len(request.model_dump_json()) // 4
+        messages = (*messages, message)
 
 
 async def test_thinking_keeps_its_signature_and_tool_arguments_arrive_in_pieces(ctx: Context) -> None:

@@ -29,7 +29,7 @@ from typing import Literal, TypeAlias
 from pydantic import JsonValue
 
 from harness.context import Context
-from harness.messages import Usage
+from harness.messages import MESSAGE_ADAPTER, Message, Usage
 from harness.providers.protocol import (
     DoneEvent,
     ErrorKind,
@@ -203,6 +203,10 @@ class FauxProvider:
         self.polls: list[FauxPoll] = []
         self.cancelled: list[str] = []
         self._count = 0
+        # JSON length of each message seen, by identity (the message is kept, so its id is not
+        # reused): a conversation's requests repeat its messages, and serializing all of them
+        # again for every request would make the scripted model's cost grow with history.
+        self._message_chars: dict[int, tuple[Message, int]] = {}
 
     def push(self, *replies: FauxReply | str) -> None:
         """Append replies to a list script."""
@@ -227,9 +231,19 @@ class FauxProvider:
         else:
             scripted = self._replies.popleft() if self._replies else None
         missing = f"faux provider: no scripted reply for request {recorded.number}"
-        input_tokens = len(request.model_dump_json()) // 4
+        input_tokens = self._request_chars(request) // 4
         async for event in _play(recorded.number, model, scripted, missing, input_tokens, context):
             yield event
+
+    def _request_chars(self, request: ProviderRequest) -> int:
+        """`len(request.model_dump_json())`, serializing each message once per provider."""
+        total = len(request.model_copy(update={"messages": ()}).model_dump_json()) + max(len(request.messages) - 1, 0)
+        for message in request.messages:
+            known = self._message_chars.get(id(message))
+            if known is None or known[0] is not message:
+                known = self._message_chars[id(message)] = (message, len(MESSAGE_ADAPTER.dump_json(message)))
+            total += known[1]
+        return total
 
     async def poll(
         self, model: Model, deferred_id: str, options: StreamOptions, context: Context
