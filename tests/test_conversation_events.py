@@ -146,6 +146,23 @@ async def test_a_row_recorded_during_a_tool_call_waits_for_its_result(store: Sto
     await conversations.close_all(ctx)
 
 
+async def test_a_row_recorded_while_the_final_reply_streams_starts_no_step(store: Store, ctx: Context) -> None:
+    """CE-3: the row waits for the run's end and is placed there; the model is not asked again."""
+    release = asyncio.Event()
+    held = delay(release)
+    conversations, faux = service(store, [reply("the answer", held)])
+    conversation = await conversations.create(ALICE, CONFIG, ctx)
+    running = asyncio.ensure_future(conversation.lane.prompt("a question", None, ctx))
+    await within(held.reached.wait())
+    assert await conversation.record(Renamed(name="while it answers"), ctx)
+    release.set()
+    assert settled(await within(running)).result.outcome == "completed"
+
+    assert len(faux.requests) == 1
+    assert [m.role for m in await transcript(conversation, ctx)] == ["user", "assistant", "custom"]
+    await conversations.close_all(ctx)
+
+
 def test_a_shape_this_version_does_not_know_renders_nothing_and_logs_an_error(
         caplog: pytest.LogCaptureFixture) -> None:
     """CE-5."""

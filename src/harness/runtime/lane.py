@@ -234,7 +234,9 @@ class Lane:
                 raise InvalidMessage("nothing to run: the prompt is empty and no next-run input is queued")
             operation_id = normalized.operation_id or new_id()
             request_ids = list(normalized.entry_ids or [new_id() for _ in normalized.messages])
-            await self._check_unused(m, operation_id, request_ids, context)
+            if normalized.operation_id is not None or normalized.entry_ids is not None:
+                # Only ids a caller supplied can be taken: minted ones are new by construction.
+                await self._check_unused(m, operation_id, request_ids, context)
             placement = Placement(self.projection.tip_id)
             for entry_id, message in zip([*captured, *request_ids], messages, strict=True):
                 placement.stage(m, entry_id, payload_of(message))

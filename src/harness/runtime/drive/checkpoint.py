@@ -21,7 +21,7 @@ from harness.runtime.drive.provider_step import generate
 from harness.runtime.drive.settlement import settle
 from harness.runtime.drive.structural import threshold_compaction
 from harness.runtime.events import HarnessEvent
-from harness.runtime.outcomes import DriveOutcome
+from harness.runtime.outcomes import DriveOutcome, Settled
 from harness.session import (
     AssistantReady,
     CommitResult,
@@ -66,7 +66,7 @@ def _ready(op: DrivenOperation, state: RunCheckpoint, trigger_entry_id: str | No
 
 
 async def _next_step(op: DrivenOperation, state: RunCheckpoint, ready: AssistantReady | None = None
-                     ) -> Transition | None:
+                     ) -> Transition | Settled | None:
     if state.steps >= op.settings.step_ceiling:
         await op.lane.request_abort("step_ceiling", op.context)
         return None
@@ -87,16 +87,19 @@ async def _next_step(op: DrivenOperation, state: RunCheckpoint, ready: Assistant
 async def place(op: DrivenOperation, extra: Sequence[Message], *, include_follow_up: bool,
                 then: RunCheckpoint) -> tuple[bool, AssistantReady | None]:
     """Place pending writes and steer items (and follow-ups when the run would finish) plus `extra`
-    on the branch, in one commit; True if any of them is a message the model reads.
+    on the branch, in one commit; True if any of them asks the model to answer (a steer item, a
+    follow-up or one of `extra`).
 
     When one is, the same commit moves the run from checkpoint `then` to `assistant_ready` for the
     step that answers it (returned), unless an abort was requested or the step ceiling is reached:
     a restart after this commit must neither finish the run with a placed follow-up unanswered
     nor place the between-step hook's messages again."""
     projection, lane = op.projection, op.lane.name
+    kinds = {"write", "steer"} | ({"follow_up"} if include_follow_up else set())
+    if not extra and not any(item.kind in kinds for item in projection.state.inbox):
+        return False, None  # nothing queued now: what arrives later waits for the next boundary, as it would
 
     async def plan(m: SessionMutator) -> Decision[tuple[bool, AssistantReady | None]]:
-        kinds = {"write", "steer"} | ({"follow_up"} if include_follow_up else set())
         items = [item for item in projection.state.inbox if item.kind in kinds]
         if not items and not extra:
             return Decision((False, None), nothing_to_publish)
@@ -113,7 +116,9 @@ async def place(op: DrivenOperation, extra: Sequence[Message], *, include_follow
             update={"inbox": [i for i in projection.state.inbox if i.entry_id not in taken]})
         m.set(addresses.branch_tip(lane), placement.tip)
         m.set(addresses.lane_state(lane), lane_state)
-        reads = any(payload.type in ("message", "custom_message") for _, payload, _ in placement.staged)
+        # A steer, a follow-up or the hook's messages ask the model to answer; a pending write (a
+        # chat-event row, say) is placed and read with the next request, and starts no step (CE-3).
+        reads = bool(extra) or any(item.kind != "write" for item in items)
         ready: AssistantReady | None = None
         current = current_phase(projection, op.operation_id, intent=True)
         if reads and current is not None and then.steps < op.settings.step_ceiling:

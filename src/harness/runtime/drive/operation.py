@@ -72,6 +72,11 @@ class DrivenOperation:
 
     async def branch(self) -> BranchContext:
         """The lane's branch since the newest compaction: cached, or read once on the line."""
+        cached = self.projection.branch
+        if cached is not None and cached.tip == self.projection.tip_id:
+            # Only commit continuations change it, without yielding: reading it between two of
+            # them sees what a job on the line would.
+            return cached
 
         async def plan(m: SessionMutator) -> Decision[BranchContext]:
             return Decision(await self.projection.branch_context(m, self.context), nothing_to_publish)
