@@ -156,3 +156,32 @@ def test_mode_shell_and_command_rows_are_shown_and_reach_the_model(
     # Rows recorded before anyone spoke moved with the chat's draft into the store.
     assert sum("/mode plan" in str(message["content"]) for message in messages) == 2
     assert chat.leave() == 0
+
+
+def test_a_reasoning_level_changed_between_turns_is_announced_once_at_the_next_prompt(
+        chats: list[Chat], dirs: tuple[Path, Path], server: ReplayServer) -> None:
+    """CE-14 at the terminal: the chat admits its turns through the service, so a level changed
+    since the last turn is one row right above the next prompt; cycling away and back says nothing."""
+    server.enqueue(text_reply("First."), text_reply("Second."), text_reply("Third."))
+    chat = start(chats, dirs, server)
+    chat.send_line("/model openai/gpt-5")
+    chat.expect("openai/gpt-5")
+    chat.send_line("one")
+    chat.expect("turn completed")
+    chat.send_line("/thinking high")
+    chat.expect("thinking level → high")
+    chat.send_line("two")
+    chat.expect("reasoning: off -> high")
+    chat.expect("turn completed")
+    chat.send_line("/thinking low")
+    chat.expect("thinking level → low")
+    chat.send_line("/thinking high")
+    chat.expect("thinking level → high")
+    chat.send_line("three")
+    chat.expect("turn completed")
+
+    assert "reasoning:" not in str(chat.process.before)  # the third turn, after low and back to high
+    sent = sent_messages(server.requests[1])
+    assert sent[-1] == {"role": "user", "content": "two"}
+    assert "reasoning level changed from off to high" in str(sent[-2]["content"])
+    assert chat.leave() == 0

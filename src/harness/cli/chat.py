@@ -347,7 +347,13 @@ class ChatClient:
 
     async def _prompt(self, text: str) -> DriveOutcome:
         await self.save_draft()
-        accepted = await self.lane.accept(PromptRequest(text=text), self.context)
+        conversation = self.attached.conversation
+        if text and self.lane is conversation.lane:
+            # Admitted as the service admits a turn: after a queued model switch, with the row of
+            # a reasoning level changed since the last turn right above it (CE-14).
+            accepted = await conversation.settings.admit(text, (), self.context)
+        else:  # the next-run input a compaction kept, or another lane of the session
+            accepted = await self.lane.accept(PromptRequest(text=text), self.context)
         if self._abort_wanted:  # Ctrl-C came before the run existed
             await self._request_abort()
         await self._name_session(text)
