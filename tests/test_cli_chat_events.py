@@ -185,3 +185,28 @@ def test_a_reasoning_level_changed_between_turns_is_announced_once_at_the_next_p
     assert sent[-1] == {"role": "user", "content": "two"}
     assert "reasoning level changed from off to high" in str(sent[-2]["content"])
     assert chat.leave() == 0
+
+
+def test_cd_is_a_row_the_model_reads_once_someone_has_spoken(
+        chats: list[Chat], dirs: tuple[Path, Path], server: ReplayServer) -> None:
+    """CE-10, CE-13: /cd before the first message records nothing; after it, one row that the next
+    request carries before the prompt."""
+    server.enqueue(text_reply("Hello."), text_reply("Moved."))
+    (dirs[1] / "first").mkdir()
+    (dirs[1] / "second").mkdir()
+    chat = start(chats, dirs, server)
+    chat.send_line("/cd first")
+    chat.expect("working directory: ")
+    chat.send_line("hi")
+    chat.expect("turn completed")
+    chat.send_line("/cd ../second")
+    chat.expect("working directory: ")
+    chat.send_line("where are we?")
+    chat.expect("turn completed")
+
+    first, second = sent_messages(server.requests[0]), sent_messages(server.requests[1])
+    assert [m["role"] for m in first] == ["system", "user"]
+    moved = second[-2]
+    assert moved["role"] == "user"
+    assert str(dirs[1] / "second") in str(moved["content"])
+    assert chat.leave() == 0

@@ -183,6 +183,9 @@ async def _cd(client: ChatClient, argument: str) -> None:
         os.chdir(target)
         client.cwd = target
         await client.switch_session(client.attached.harness.session.id)  # the tools move with it
+        service, user, moved = client.command_door()
+        # The model learns of the move from the row the person sees (nothing before anyone spoke, CE-13).
+        await service.record_setting(user, moved.id, conversation.DirectoryMoved(path=str(target)), client.context)
     client.screen.print(f"working directory: {escape(str(client.cwd))}")
 
 
