@@ -8,6 +8,7 @@ from collections.abc import Sequence
 
 import pytest
 
+from conversation_helpers import faux_service, rows, transcript
 from drive_helpers import FAUX, ProbeTool, text, within
 from harness.context import Context
 from harness.conversation import (
@@ -17,7 +18,6 @@ from harness.conversation import (
     CommandInvocation,
     CommandRan,
     CompactOutcome,
-    Conversation,
     ConversationService,
     ConversationSetup,
     FastOutcome,
@@ -39,38 +39,17 @@ from harness.conversation import (
     run_typed_command,
 )
 from harness.errors import InvalidInput, ModelUnavailable
-from harness.messages import CustomMessage, Message, ModelIdentity, UserMessage
-from harness.providers import FAUX_MODEL, FauxProvider, ModelRegistry
+from harness.messages import CustomMessage, ModelIdentity, UserMessage
+from harness.providers import FAUX_MODEL, FauxProvider
 from harness.providers.faux import FauxScript, reply
 from harness.runtime import CompactionSettings, DriveOutcome, DriveSettings, Settled
-from harness.session import CompactionPayload, CustomMessagePayload, LaneConfig, MessagePayload, Store, addresses
+from harness.session import CompactionPayload, LaneConfig, Store, addresses
 
 ALICE, BOB = "alice", "bob"
 FAST = ModelIdentity(provider="faux", model_id="faux-fast")
 CONFIG = LaneConfig(model=FAUX, thinking_level="high")
 KEEP_LITTLE = DriveSettings(frame_interval_s=0, compaction=CompactionSettings(keep_recent_tokens=40))
 LONG = "word " * 60  # about 75 tokens: more than KEEP_LITTLE keeps
-
-
-def service(store: Store, script: FauxScript, *, tools: Sequence[ProbeTool] = (),
-            drive: DriveSettings | None = None) -> tuple[ConversationService, FauxProvider]:
-    faux = FauxProvider(script)
-    models = ModelRegistry([FAUX_MODEL, FAUX_MODEL.model_copy(update={"id": FAST.model_id})], providers={"faux": faux})
-    setup = ConversationSetup(models=models, tools=[probe.tool for probe in tools],
-                              drive=drive or DriveSettings(frame_interval_s=0), fast_model=FAST)
-    return ConversationService(store, setup), faux
-
-
-async def branch_messages(conversation: Conversation, ctx: Context) -> list[Message]:
-    watch = await conversation.watch(ctx)
-    watch.close()
-    return [entry.payload.message for entry in watch.snapshot.transcript
-            if isinstance(entry.payload, MessagePayload | CustomMessagePayload)]
-
-
-async def rows(conversation: Conversation, ctx: Context) -> list[object]:
-    return [details for message in await branch_messages(conversation, ctx)
-            if (details := chat_event_of(message)) is not None]
 
 
 def settled(outcome: DriveOutcome) -> Settled:
@@ -124,7 +103,7 @@ async def test_a_command_can_record_its_row_above_the_turn_it_starts(store: Stor
     invocation = CommandInvocation(name="review", args="the diff")
     settled(await within(conversations.run_command(ALICE, conversation, invocation, kick_off, lambda _: None, ctx)))
 
-    messages = await branch_messages(conversation, ctx)
+    messages = await transcript(conversation, ctx)
     assert [chat_event_of(messages[0]), messages[1].role, messages[2].role] == [
         CommandRan(name="review", args="the diff"), "user", "assistant"]
     assert len(messages) == 3
@@ -324,3 +303,11 @@ async def test_long_shell_output_keeps_its_end_on_a_closed_conversation(store: S
     assert await rows(reopened, ctx) == [
         ShellRan(command="make", exit_code=None, output=output[-SHELL_OUTPUT_CHARS:], truncated=True)]
     await conversations.close_all(ctx)
+
+
+def service(store: Store, script: FauxScript, *, tools: Sequence[ProbeTool] = (),
+            drive: DriveSettings | None = None) -> tuple[ConversationService, FauxProvider]:
+    """A service with a fast model (`FAST`, served by the faux provider too) for `/fast`."""
+    setup = ConversationSetup(drive=drive or DriveSettings(frame_interval_s=0), fast_model=FAST)
+    return faux_service(store, script, tools=tools, models=[FAUX_MODEL.model_copy(update={"id": FAST.model_id})],
+                        setup=setup)

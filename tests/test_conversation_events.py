@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
 
 import pytest
 
+from conversation_helpers import faux_service as service
+from conversation_helpers import rows_of, transcript
 from drive_helpers import FAUX, ProbeTool, text, within
 from harness.context import Context
 from harness.conversation import (
@@ -17,7 +18,6 @@ from harness.conversation import (
     Alert,
     ChatEventPublished,
     CompactionStopped,
-    Conversation,
     ConversationService,
     ConversationSetup,
     ErrorDetails,
@@ -33,34 +33,15 @@ from harness.conversation import (
     parse_chat_event_details,
     render_chat_event_for_model,
 )
-from harness.messages import AssistantMessage, CustomMessage, Message, ModelIdentity
+from harness.messages import AssistantMessage, CustomMessage, ModelIdentity
 from harness.providers import FAUX_MODEL, FauxProvider, ModelRegistry
-from harness.providers.faux import FauxScript, delay, failure, reply, thinking, tool_call
+from harness.providers.faux import delay, failure, reply, thinking, tool_call
 from harness.runtime import CompactionSettings, DriveSettings, EntryAdded, RunEnd, Settled
-from harness.session import CustomMessagePayload, LaneConfig, MessagePayload, Store
+from harness.session import LaneConfig, Store
 
 ALICE, BOB = "alice", "bob"
 CONFIG = LaneConfig(model=FAUX)
 OTHER_MODEL = ModelIdentity(provider="openai", model_id="gpt-4o")
-
-
-def service(store: Store, script: FauxScript, *, tools: Sequence[ProbeTool] = ()) -> tuple[ConversationService,
-                                                                                      FauxProvider]:
-    faux = FauxProvider(script)
-    setup = ConversationSetup(models=ModelRegistry([FAUX_MODEL], providers={"faux": faux}),
-                              tools=[probe.tool for probe in tools], drive=DriveSettings(frame_interval_s=0))
-    return ConversationService(store, setup), faux
-
-
-async def transcript(conversation: Conversation, ctx: Context) -> list[Message]:
-    watch = await conversation.watch(ctx)
-    watch.close()
-    return [entry.payload.message for entry in watch.snapshot.transcript
-            if isinstance(entry.payload, MessagePayload | CustomMessagePayload)]
-
-
-def rows(messages: list[Message]) -> list[object]:
-    return [details for message in messages if (details := chat_event_of(message)) is not None]
 
 
 def settled(outcome: object) -> Settled:
@@ -198,7 +179,7 @@ async def test_an_aborted_turn_leaves_one_interrupted_row_published_before_its_e
     assert kinds.index("ChatEventPublished") < kinds.index("RunEnd")
     row = next(event for event in published if isinstance(event, ChatEventPublished))
     assert row.row.details == Interrupted(cause="user")
-    assert rows(await transcript(conversation, ctx)) == [Interrupted(cause="user")]
+    assert rows_of(await transcript(conversation, ctx)) == [Interrupted(cause="user")]
 
     settled(await within(conversation.lane.prompt("go on", None, ctx)))
     sent = list(faux.requests[-1].request.messages)
@@ -222,7 +203,7 @@ async def test_a_run_aborted_for_a_deleted_conversation_or_a_probe_records_nothi
         await within(held.reached.wait())
         await conversation.lane.request_abort(cause, ctx)
         assert settled(await within(running)).result.abort_cause == cause
-        assert rows(await transcript(conversation, ctx)) == []
+        assert rows_of(await transcript(conversation, ctx)) == []
         await conversations.close_all(ctx)
 
 
@@ -235,7 +216,7 @@ async def test_a_failed_turn_leaves_one_error_row_with_public_text(store: Store,
     assert settled(await within(conversation.lane.prompt("hi", None, ctx))).result.outcome == "failed"
 
     messages = await transcript(conversation, ctx)
-    [row] = rows(messages)
+    [row] = rows_of(messages)
     assert isinstance(row, ErrorDetails)
     assert row.notice is None
     assert row.text.startswith("502 Bad Gateway upstream said no")
@@ -261,7 +242,7 @@ async def test_a_compaction_circuit_breaker_stop_leaves_an_error_row_with_its_st
     await conversations.close(ALICE, conversation.id, ctx)
 
     reopened = await conversations.open(ALICE, conversation.id, ctx)
-    [row] = rows(await transcript(reopened, ctx))
+    [row] = rows_of(await transcript(reopened, ctx))
     assert isinstance(row, ErrorDetails)
     assert row.notice == CompactionStopped(failures=3, last_error="compaction_failed")
     await conversations.close_all(ctx)
@@ -281,7 +262,7 @@ async def test_renaming_a_closed_conversation_appends_one_row_the_next_restore_r
     assert await conversations.rename(ALICE, conversation.id, "a better name", ctx) is True
     reopened = await conversations.open(ALICE, conversation.id, ctx)
     assert reopened.info.name == "a better name"
-    assert rows(await transcript(reopened, ctx)) == [Renamed(name="a better name")]
+    assert rows_of(await transcript(reopened, ctx)) == [Renamed(name="a better name")]
     await conversations.close_all(ctx)
 
 

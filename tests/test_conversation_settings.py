@@ -11,6 +11,7 @@ from collections.abc import Sequence
 
 import pytest
 
+from conversation_helpers import faux_service, rows, transcript
 from drive_helpers import FAUX, ProbeTool, within
 from harness.context import Context
 from harness.conversation import (
@@ -19,7 +20,6 @@ from harness.conversation import (
     ChatEventPublished,
     Conversation,
     ConversationService,
-    ConversationSetup,
     DirectoryMoved,
     ErrorDetails,
     ModelSwitch,
@@ -30,14 +30,13 @@ from harness.conversation import (
     ReasoningChanged,
     Renamed,
     TurnBaseline,
-    chat_event_of,
 )
 from harness.errors import ModelUnavailable
-from harness.messages import Message, ModelIdentity
-from harness.providers import FAUX_MODEL, FauxProvider, ModelRegistry
+from harness.messages import ModelIdentity
+from harness.providers import FAUX_MODEL, FauxProvider
 from harness.providers.faux import FauxDelay, FauxScript, delay, reply, tool_call
-from harness.runtime import DriveSettings, LaneBusy, Settled
-from harness.session import CustomMessagePayload, LaneConfig, MessagePayload, Store
+from harness.runtime import LaneBusy, Settled
+from harness.session import LaneConfig, Store
 
 ALICE = "alice"
 CONFIG = LaneConfig(model=FAUX)
@@ -46,27 +45,6 @@ FAUX_2 = ModelIdentity(provider="faux", model_id="faux-2")
 THIRD = FAUX_MODEL.model_copy(update={"id": "faux-3"})
 FAUX_3 = ModelIdentity(provider="faux", model_id="faux-3")
 NOWHERE = ModelIdentity(provider="nowhere", model_id="absent")
-
-
-def service(store: Store, script: FauxScript, *, tools: Sequence[ProbeTool] = ()) -> tuple[ConversationService,
-                                                                                      FauxProvider]:
-    faux = FauxProvider(script)
-    registry = ModelRegistry([FAUX_MODEL, SECOND, THIRD], providers={"faux": faux})
-    setup = ConversationSetup(models=registry, tools=[probe.tool for probe in tools],
-                              drive=DriveSettings(frame_interval_s=0))
-    return ConversationService(store, setup), faux
-
-
-async def transcript(conversation: Conversation, ctx: Context) -> list[Message]:
-    watch = await conversation.watch(ctx)
-    watch.close()
-    return [entry.payload.message for entry in watch.snapshot.transcript
-            if isinstance(entry.payload, MessagePayload | CustomMessagePayload)]
-
-
-async def rows(conversation: Conversation, ctx: Context) -> list[object]:
-    return [details for message in await transcript(conversation, ctx)
-            if (details := chat_event_of(message)) is not None]
 
 
 async def roles(conversation: Conversation, ctx: Context) -> list[str]:
@@ -447,3 +425,9 @@ async def test_a_change_announced_by_an_admission_whose_baseline_was_lost_is_not
     settled(await within(conversations.send(ALICE, conversation.id, "once more", ctx)))
     assert await rows(conversation, ctx) == [ReasoningChanged(previous="off", level="medium")]
     await conversations.close_all(ctx)
+
+
+def service(store: Store, script: FauxScript, *, tools: Sequence[ProbeTool] = ()) -> tuple[ConversationService,
+                                                                                      FauxProvider]:
+    """A service whose registry also holds the second and third faux models."""
+    return faux_service(store, script, tools=tools, models=[SECOND, THIRD])
