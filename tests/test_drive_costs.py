@@ -50,7 +50,7 @@ async def prompt(rig: Rig, words: str, ctx: Context) -> Settled:
     return outcome
 
 
-async def test_a_turn_of_two_steps_and_one_tool_call_commits_seven_times_and_reads_no_branch_twice(
+async def test_a_turn_of_two_steps_and_one_tool_call_commits_eight_times_and_reads_no_branch_twice(
         store: Store, ctx: Context, monkeypatch: pytest.MonkeyPatch) -> None:
     # Accept; per step an intent and its settlement; the tool's intent and result; the terminal
     # commit. Frames are paced at an hour here, so a reply as quick as these writes none.
@@ -60,11 +60,11 @@ async def test_a_turn_of_two_steps_and_one_tool_call_commits_seven_times_and_rea
     calls = Calls(store, monkeypatch, "commit", "walk_branch")
 
     await prompt(rig, "first", ctx)
-    assert calls.take() == {"commit": 7, "walk_branch": 1}  # the branch is read once, on the first step
+    assert calls.take() == {"commit": 8, "walk_branch": 1}  # the branch is read once, on the first step
 
     for n in (1, 2):
         await prompt(rig, f"turn {n}", ctx)
-        assert calls.take() == {"commit": 7, "walk_branch": 0}
+        assert calls.take() == {"commit": 8, "walk_branch": 0}
     assert 3600 in clock.sleeps  # each reply started its frame pause, and the settlement did not wait it out
 
 

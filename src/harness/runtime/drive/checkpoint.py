@@ -21,7 +21,7 @@ from harness.runtime.drive.provider_step import generate
 from harness.runtime.drive.settlement import settle
 from harness.runtime.drive.structural import threshold_compaction
 from harness.runtime.events import HarnessEvent
-from harness.runtime.outcomes import DriveOutcome, Settled
+from harness.runtime.outcomes import DriveOutcome
 from harness.session import (
     AssistantReady,
     CommitResult,
@@ -66,7 +66,7 @@ def _ready(op: DrivenOperation, state: RunCheckpoint, trigger_entry_id: str | No
 
 
 async def _next_step(op: DrivenOperation, state: RunCheckpoint, ready: AssistantReady | None = None
-                     ) -> Transition | Settled | None:
+                     ) -> Transition | None:
     if state.steps >= op.settings.step_ceiling:
         await op.lane.request_abort("step_ceiling", op.context)
         return None

@@ -23,7 +23,7 @@ from harness.providers import (
 )
 from harness.runtime.commit import Decision, Transition, nothing_to_publish
 from harness.runtime.drive.operation import DrivenOperation
-from harness.runtime.drive.settlement import DOES_NOT_FIT, failure, settle
+from harness.runtime.drive.settlement import DOES_NOT_FIT, failure
 from harness.runtime.events import (
     CompactionStart,
     DeferredHandle,
@@ -41,7 +41,7 @@ from harness.runtime.events import (
     UsageRecorded,
 )
 from harness.runtime.fault_points import FaultPoint, reached
-from harness.runtime.outcomes import INTERRUPTED_REPLY, DriveOutcome, Settled, WaitingRetry
+from harness.runtime.outcomes import INTERRUPTED_REPLY, DriveOutcome, WaitingRetry
 from harness.runtime.snapshot import LanePresentation, frames_message
 from harness.session import (
     AssistantEffectPending,
@@ -72,7 +72,7 @@ from harness.session import (
 EffectPending = AssistantEffectPending | DeferredEffectPending
 
 
-async def generate(op: DrivenOperation, state: AssistantReady) -> Transition | Settled | None:
+async def generate(op: DrivenOperation, state: AssistantReady) -> Transition | None:
     """Commit the step's intent, stream the reply, and return its settlement (HA-24: the reply's
     entry and usage ids are reserved by the intent, before the request is sent); None when the
     intent was refused (an abort came first: the pass settles it)."""
@@ -105,22 +105,7 @@ async def generate(op: DrivenOperation, state: AssistantReady) -> Transition | S
     finally:
         op.end_effect(effect)
     reached(FaultPoint.BEFORE_REPLY_SETTLEMENT)
-    settlement = settle_reply(op, intent, message, error)
-    final = settlement.state
-    if isinstance(final, RunCheckpoint) and _ends_the_run(op, final):
-        # A final reply with nothing left to place: the reply and the run's end in one commit.
-        settled = await settle(op, final, "completed", stage=settlement.stage, tip=intent.response_entry_id,
-                               events_before=settlement.events)
-        if settled is not None:
-            return settled
-    return settlement
-
-
-def _ends_the_run(op: DrivenOperation, final: RunCheckpoint) -> bool:
-    """Whether the checkpoint after a reply settled into `final` would settle the run at once: the
-    reply may finish it, no abort, nothing queued and no hook to ask before the end."""
-    return (isinstance(final.continuation, MayFinish) and final.continuation.include_final_assistant
-            and not op.aborting and op.hooks.before_run_end is None and not op.projection.state.inbox)
+    return settle_reply(op, intent, message, error)
 
 
 async def consume(
