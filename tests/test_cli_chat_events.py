@@ -156,6 +156,8 @@ def test_mode_shell_and_command_rows_are_shown_and_reach_the_model(
     # Rows recorded before anyone spoke moved with the chat's draft into the store.
     assert sum("/mode plan" in str(message["content"]) for message in messages) == 2
     assert chat.leave() == 0
+    again = start(chats, dirs, server, "-c")
+    assert "only tools that change nothing" in str(again.process.before)  # plan mode: nothing to approve
 
 
 def test_a_reasoning_level_changed_between_turns_is_announced_once_at_the_next_prompt(

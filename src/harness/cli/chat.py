@@ -436,6 +436,8 @@ class ChatClient:
         if not active:
             return "no tools"
         gated = sorted(self.approval.gated & active)
+        if not gated:
+            return "only tools that change nothing"  # plan mode, say: nothing to approve
         asking = [name for name in gated if self.approval.needs_approval(name)]
         allowed = [name for name in gated if name not in asking]
         if not asking:
