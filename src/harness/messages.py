@@ -15,6 +15,8 @@ from typing import Annotated, Any, Literal, NoReturn, TypeAlias, get_args
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, JsonValue, TypeAdapter
 
+from harness.errors import InvalidInput
+
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
@@ -81,6 +83,16 @@ class ModelIdentity(_Record):
 
     provider: CleanStr
     model_id: CleanStr
+
+    @classmethod
+    def parse(cls, spec: str) -> ModelIdentity:
+        """`provider/id` as an identity; the id may itself contain `/` (e.g.
+        `openrouter/moonshotai/kimi-k2`). Raises `InvalidInput` for anything else."""
+        provider, separator, model_id = spec.partition("/")
+        if not separator or not provider or not model_id:
+            raise InvalidInput(f"a model is provider/id (e.g. openai/gpt-4o or embedded/smollm2-135m), not {spec!r}",
+                               model=spec)
+        return cls(provider=provider, model_id=model_id)
 
 
 ThinkingLevel: TypeAlias = Literal["off", "minimal", "low", "medium", "high", "xhigh"]

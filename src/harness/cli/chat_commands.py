@@ -10,11 +10,12 @@ from pathlib import Path
 import harness.conversation as conversation
 from harness.cli.chat import ChatClient, ChatCommand, CommandRun
 from harness.cli.chat_view import entry_summary
-from harness.cli.config import model_name, parse_model, usable_model
+from harness.cli.config import model_name, usable_model
 from harness.cli.render import branch_oldest_first
 from harness.cli.session_refs import local_time, named_sessions
 from harness.cli.terminal_text import escape
 from harness.errors import InvalidInput
+from harness.messages import ModelIdentity
 from harness.runtime import DriveOutcome, Settled
 
 TREE_SHOWN = 40
@@ -55,7 +56,7 @@ async def _help(client: ChatClient, argument: str) -> None:
 async def _model(client: ChatClient, argument: str) -> None:
     current = client.lane.config.model
     if argument:
-        usable_model(client.registry, parse_model(argument))
+        usable_model(client.registry, ModelIdentity.parse(argument))
         await conversation.model(*client.command_door(), argument, client.context)
         return
     client.screen.print(f"model: [bold]{escape(model_name(current))}[/]")

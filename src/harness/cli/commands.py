@@ -25,7 +25,6 @@ from harness.cli.config import (
     check_readiness,
     check_store,
     model_name,
-    parse_model,
 )
 from harness.cli.render import print_branch
 from harness.cli.run import EXIT_INTERRUPTED, RunTurn, run_turn
@@ -40,6 +39,7 @@ from harness.imports import (
     import_harness_session,
     import_pi_session,
 )
+from harness.messages import ModelIdentity
 from harness.providers import ModelRegistry
 from harness.runtime import MAX_INPUT_BYTES
 from harness.session import Store
@@ -86,7 +86,7 @@ def chat(
         session_id = (await latest_session(s, context) if continue_last
                       else await resolve_session(s, session, context) if session is not None else None)
         settings = ChatSettings(home=harness_home(), cwd=Path.cwd(), session_id=session_id, lane=lane,
-                                model=parse_model(model) if model else None, approve_all=yes, resume=resume,
+                                model=ModelIdentity.parse(model) if model else None, approve_all=yes, resume=resume,
                                 tools=True if tools else None)
         registry = ModelRegistry.load(home=settings.home)
         client = ChatClient(s, settings, registry, context, commands=COMMANDS, out=sys.stdout,
@@ -148,7 +148,7 @@ def run(
     if text is not None and not text.strip():
         raise typer.BadParameter("the prompt is empty", param_hint="PROMPT")
     try:
-        identity = parse_model(model) if model is not None else None
+        identity = ModelIdentity.parse(model) if model is not None else None
     except InvalidInput as error:
         raise typer.BadParameter(error.message, param_hint="--model") from error
     turn = RunTurn(prompt=text, cwd=Path.cwd(), home=harness_home(), session_id=session, lane=lane, model=identity,

@@ -24,7 +24,7 @@ import httpx
 
 from harness.context import Context
 from harness.conversation import JOURNAL_DATA_MIGRATIONS, Conversation, ConversationService, ConversationSetup
-from harness.errors import HarnessError, InvalidInput, ModelUnavailable
+from harness.errors import HarnessError, ModelUnavailable
 from harness.messages import ModelIdentity, TextContent, UserMessage
 from harness.providers import (
     BUILTIN_MODELS,
@@ -70,16 +70,6 @@ class LaneHasTools(HarnessError):
     setting, kept across runs); details `{lane, tools}`. Nothing was written."""
 
     code = "lane_has_tools"
-
-
-def parse_model(spec: str) -> ModelIdentity:
-    """`provider/id` as a `ModelIdentity`; the id may itself contain `/` (e.g.
-    `openrouter/moonshotai/kimi-k2`). Raises `InvalidInput` for anything else."""
-    provider, separator, model_id = spec.partition("/")
-    if not separator or not provider or not model_id:
-        raise InvalidInput(f"a model is provider/id (e.g. openai/gpt-4o or embedded/smollm2-135m), not {spec!r}",
-                           model=spec)
-    return ModelIdentity(provider=provider, model_id=model_id)
 
 
 def model_name(identity: ModelIdentity) -> str:

@@ -136,10 +136,7 @@ async def model(service: ConversationService, user: str, conversation: Conversat
     it; nothing changed then."""
 
     async def run(record_now: RecordNow) -> ModelOutcome:
-        provider, _, model_id = (args or "").strip().partition("/")
-        if not provider or not model_id:
-            raise InvalidInput(f"a model is provider/id (e.g. openai/gpt-4o), not {args or ''!r}", model=args)
-        identity = ModelIdentity(provider=provider, model_id=model_id)
+        identity = ModelIdentity.parse((args or "").strip())
         _check_usable(service, identity)
         await conversation.lane.set_model(identity, context)
         return ModelOutcome(model=identity)

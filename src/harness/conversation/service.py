@@ -196,11 +196,6 @@ class Conversation:
     def id(self) -> str:
         return self.info.id
 
-    @property
-    def busy(self) -> bool:
-        """The turn lock: held while the person's lane has an operation open."""
-        return self.lane.info().operation is not None
-
     async def record(self, details: ChatEventDetails, context: Context) -> bool:
         """Record a chat event here (see `record_chat_event`)."""
         return await record_chat_event(self.harness, details, context)

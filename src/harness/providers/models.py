@@ -68,7 +68,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from harness.errors import HarnessError, ModelUnavailable
+from harness.errors import HarnessError, InvalidInput, ModelUnavailable
 from harness.home import harness_home
 from harness.messages import ModelIdentity, ThinkingLevel
 from harness.providers.protocol import ApiName, InputModality, Model, ModelCost, Provider
@@ -408,11 +408,11 @@ def _read_models_file(path: Path) -> tuple[ModelIdentity | None, list[_Configure
         raise ModelsFileInvalid(f"cannot read {path}: {error}", path=str(path), problem=str(error)) from error
     default = None
     if parsed.default is not None:
-        provider, _, model_id = parsed.default.partition("/")
-        if not provider or not model_id:
+        try:
+            default = ModelIdentity.parse(parsed.default)
+        except InvalidInput:
             problem = f"default is provider/id (e.g. ollama/qwen2.5:7b), not {parsed.default!r}"
-            raise ModelsFileInvalid(f"cannot read {path}: {problem}", path=str(path), problem=problem)
-        default = ModelIdentity(provider=provider, model_id=model_id)
+            raise ModelsFileInvalid(f"cannot read {path}: {problem}", path=str(path), problem=problem) from None
     providers = []
     for name, entry in parsed.providers.items():
         preset = PROVIDER_PRESETS.get(entry.preset or name)
