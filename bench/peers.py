@@ -485,13 +485,12 @@ def response_items(turn: Turn) -> list[dict[str, Any]]:
     ]
 
 
-async def agents_session(target: Target, script: list[Turn]) -> Written:
+async def on_agents_session(target: Target, script: list[Turn],
+                            write: Callable[[Any, Turn], Awaitable[None]]) -> Written:
+    """The conversation written by `write(session, turn)` on an Agents SDK `SQLiteSession`, then
+    read back from a new session on the same file."""
     session_class = agents_session_class()
     path = target.folder / "agents.db"
-
-    async def write(turn: Turn) -> None:
-        for item in response_items(turn):
-            await session.add_items([item])
 
     async def read() -> int:
         again = session_class("bench", path)
@@ -502,17 +501,24 @@ async def agents_session(target: Target, script: list[Turn]) -> Written:
 
     session = session_class("bench", path)
     try:
-        turn_ns = await time_turns(script, write)
+        turn_ns = await time_turns(script, lambda turn: write(session, turn))
     finally:
         session.close()
     return await reloaded(script, turn_ns, read)
+
+
+async def agents_session(target: Target, script: list[Turn]) -> Written:
+    async def write(session: Any, turn: Turn) -> None:
+        for item in response_items(turn):
+            await session.add_items([item])
+
+    return await on_agents_session(target, script, write)
 
 
 async def agents_loop(target: Target, script: list[Turn]) -> Written:
     from agents import Agent, Model, ModelResponse, RunConfig, Runner, Usage, function_tool
     from agents.testing import assistant_message, function_call
 
-    session_class = agents_session_class()
     current = Current()
 
     class Scripted(Model):
@@ -537,27 +543,14 @@ async def agents_loop(target: Target, script: list[Turn]) -> Written:
 
     agent = Agent(name="bench", model=Scripted(), tools=[function_tool(lookup, name_override=TOOL)])
     run_config = RunConfig(tracing_disabled=True)
-    path = target.folder / "agents.db"
 
-    async def write(turn: Turn) -> None:
+    async def write(session: Any, turn: Turn) -> None:
         current.turn = turn
         result = await Runner.run(agent, turn.prompt, session=session, run_config=run_config)
         if result.final_output != turn.reply:
             raise RuntimeError(f"turn {turn.call_id} ended with {result.final_output!r}")
 
-    async def read() -> int:
-        again = session_class("bench", path)
-        try:
-            return len(await again.get_items())
-        finally:
-            again.close()
-
-    session = session_class("bench", path)
-    try:
-        turn_ns = await time_turns(script, write)
-    finally:
-        session.close()
-    return await reloaded(script, turn_ns, read)
+    return await on_agents_session(target, script, write)
 
 
 # ---------------------------------------------------------------------------------------------
