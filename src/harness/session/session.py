@@ -50,8 +50,10 @@ from harness.session.records import LaneConfig, LaneState, UsageRow
 T = TypeVar("T")
 R = TypeVar("R")
 
-# One query reads any branch a compaction leaves; bounded, so a parent cycle in a damaged file ends.
-_SCAN_PAGE = 10_000
+# A scan's first query reads a short page, so one that stops early (a turn back) reads little; each
+# next page is four times larger, up to the bound, so a whole branch takes a few queries. A page
+# read (`read_branch`) is one query. The bound makes a parent cycle in a damaged file end.
+_FIRST_PAGE, _LAST_PAGE = 256, 16_384
 _USAGE_ADAPTER: TypeAdapter[Usage] = TypeAdapter(Usage)
 _JSON_ADAPTER: TypeAdapter[JsonValue] = TypeAdapter(JsonValue)
 
@@ -275,9 +277,12 @@ class SessionReader:
         current: str | None = start
         remaining = limit
         seen: set[str] = set()
+        pages = _FIRST_PAGE
         while current is not None and (remaining is None or remaining > 0):
             context.raise_if_cancelled()
-            page_size = _SCAN_PAGE if remaining is None else min(_SCAN_PAGE, remaining)
+            # A page read asks for its whole page at once; a scan starts short and grows.
+            page_size = pages if remaining is None else min(remaining, _LAST_PAGE)
+            pages = min(pages * 4, _LAST_PAGE)
             rows = await self._backend.walk_branch(self.id, current, page_size, stop_at_compaction, context)
             if not rows and current == start:
                 raise UnknownEntry(f"entry {start} does not exist in session {self.id}", entry_id=start)
