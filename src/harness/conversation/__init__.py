@@ -61,7 +61,7 @@ from harness.conversation.commands import (
 )
 from harness.conversation.feed import Alert, FeedWatch, InstanceEvent, InstanceFeed, Presence, TurnActivity
 from harness.conversation.migrations import JOURNAL_DATA_MIGRATIONS, RETIRE_CHAT_ERROR_NOTICES
-from harness.conversation.recording import MAIN_LANE, record_chat_event, record_cold_chat_event
+from harness.conversation.recording import MAIN_LANE, record_chat_event
 from harness.conversation.service import (
     OWNER,
     ChatEventPublished,
@@ -177,7 +177,6 @@ __all__ = [
     "parse_chat_event_details",
     "public_error",
     "record_chat_event",
-    "record_cold_chat_event",
     "rename",
     "render_chat_event_for_model",
     "replay_interrupted_replies",

@@ -1,12 +1,12 @@
-"""Recording a chat event on a live conversation or a cold one (CE-3, CE-4, CE-10, CE-11)."""
+"""Recording a chat event on an attached conversation (CE-3, CE-4, CE-11); `ConversationService`
+attaches a closed one for it (CE-10)."""
 
 from __future__ import annotations
 
 from harness.context import Context
 from harness.conversation.chat_events import ChatEventDetails, chat_event_message, logger
 from harness.errors import HarnessError
-from harness.runtime import AgentHarness, AgentHarnessOptions
-from harness.session import Session
+from harness.runtime import AgentHarness
 
 MAIN_LANE = "main"
 """The lane of a conversation that talks to the person."""
@@ -30,15 +30,3 @@ async def record_chat_event(harness: AgentHarness, details: ChatEventDetails, co
         logger.warning("chat event %s not recorded: %s [%s]", details.kind, error.message, error.code)
         return False
     return harness.persistence_failure is None
-
-
-async def record_cold_chat_event(session: Session, details: ChatEventDetails, context: Context, *,
-                                 lane: str = MAIN_LANE) -> bool:
-    """`record_chat_event` on a conversation no harness of this process holds: attach (taking the
-    session's lock, so `SessionOwned` while another process holds it), record, detach. An
-    operation a dead process left open gets the row as a pending write, as a live one would."""
-    harness, _ = await AgentHarness.create(AgentHarnessOptions(session=session), context)
-    try:
-        return await record_chat_event(harness, details, context, lane=lane)
-    finally:
-        await harness.close(context)

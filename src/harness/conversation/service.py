@@ -20,7 +20,7 @@ from harness.context import Context
 from harness.conversation.chat_events import ChatEventDetails, ChatEventView, CommandOutcome, Renamed, chat_event_of
 from harness.conversation.command_rows import CommandInvocation, command_failed, command_ran, shell_ran
 from harness.conversation.feed import Alert, InstanceFeed, Presence, TurnActivity
-from harness.conversation.recording import MAIN_LANE, record_chat_event, record_cold_chat_event
+from harness.conversation.recording import MAIN_LANE, record_chat_event
 from harness.conversation.settings import MODEL_SWITCH_ACK_S, ConversationSettings, ModelSwitch, WorkMode
 from harness.conversation.turn_rows import public_error, replay_interrupted_replies, turn_end_rows
 from harness.errors import HarnessError
@@ -277,12 +277,11 @@ class ConversationService:
             await live.dispose(context)
 
     async def record(self, user: str, conversation_id: str, details: ChatEventDetails, context: Context) -> bool:
-        """Record a chat event on the conversation, live here or cold (CE-3, CE-10)."""
-        session = await self._owned(user, conversation_id, context)
-        live = self._live.get(conversation_id)
-        if live is not None:
-            return await live.record(details, context)
-        return await record_cold_chat_event(session, details, context)
+        """Record a chat event on the conversation, live here or cold: a closed one is attached
+        for the append, under its session lock (`SessionOwned` while another process holds it),
+        and an operation a dead process left open gets the row as a pending write (CE-3, CE-10)."""
+        async with self._settings_of(user, conversation_id, context) as settings:
+            return await record_chat_event(settings.harness, details, context)
 
     async def rename(self, user: str, conversation_id: str, name: str | None, context: Context) -> bool:
         """Name the conversation (None clears it) and record the rename row, live or closed, unless
