@@ -1,4 +1,5 @@
-"""The durable journal: sessions, entries and records, on memory, SQLite or PostgreSQL.
+"""The durable journal: sessions, entries and records, on memory, SQLite or PostgreSQL, and the
+images kept beside them (`Store.images`).
 
 Also offered: the storage seam a `Store` is built on (`Store(backend, url)`): the `Backend`
 protocol, its `Claim`, the rows it returns and the `Write`s a commit passes, so a caller can wrap
