@@ -5,18 +5,25 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import replace
+from typing import Protocol
 
-from drive_helpers import ProbeTool
 from harness.context import Context
 from harness.conversation import ChatEventDetails, Conversation, ConversationService, ConversationSetup, chat_event_of
 from harness.messages import Message
 from harness.providers import FAUX_MODEL, FauxProvider, Model, ModelRegistry
 from harness.providers.faux import FauxScript
-from harness.runtime import DriveSettings
+from harness.runtime import AgentTool, DriveSettings
 from harness.session import CustomMessagePayload, MessagePayload, Store
 
 
-def faux_service(store: Store, script: FauxScript, *, tools: Sequence[ProbeTool] = (),
+class OffersTool(Protocol):
+    """A test's tool: `ProbeTool` and the like, each offering its `AgentTool`."""
+
+    @property
+    def tool(self) -> AgentTool: ...
+
+
+def faux_service(store: Store, script: FauxScript, *, tools: Sequence[OffersTool] = (),
                  models: Sequence[Model] = (), setup: ConversationSetup | None = None,
                  ) -> tuple[ConversationService, FauxProvider]:
     """A service whose registry holds the faux model (and `models`, served by the same faux

@@ -401,6 +401,35 @@ async def test_after_tool_replaces_the_output(store: Store, ctx: Context) -> Non
     assert text(results(rig.requests()[1])[0]) == "[redacted]"
 
 
+async def test_after_tool_sees_an_output_that_lands_during_an_abort(store: Store, ctx: Context) -> None:
+    """Issue 14 item 3: a tool that finishes within the abort's grace period has its output
+    stored, so `after_tool` still sees it first (the conversation layer keeps image bytes out of
+    the journal there, CE-22)."""
+    started, release = asyncio.Event(), asyncio.Event()
+
+    async def slow(call_id: str, args: dict[str, JsonValue], on_update: object, context: Context) -> ToolOutput:
+        started.set()
+        await release.wait()
+        return ToolOutput(content=[TextContent(text="raw")], details={"secret": True})
+
+    async def after(request: ToolCallRequest, output: ToolOutput, context: Context) -> ToolOutput | None:
+        return ToolOutput(content=[TextContent(text="[cleaned]")])
+
+    tool = AgentTool(spec=ToolSpec(name="slow", description="finishes when released", parameters=KEY_SCHEMA),
+                     execute=slow)
+    rig = await start_rig(store, ctx, [reply(call("a", "slow")), "never asked"], tools=[tool],
+                          hooks=RunHooks(after_tool=after))
+    task = start(rig, "go", ctx)
+    await within(started.wait())
+    await rig.lane.request_abort("user", ctx)
+    release.set()
+    outcome = settled(await within(task))
+
+    assert outcome.result.outcome == "aborted"
+    (result,) = results(await messages(rig.lane, ctx))
+    assert (text(result), result.details) == ("[cleaned]", None)
+
+
 # -- abort --------------------------------------------------------------------------------------
 
 

@@ -348,6 +348,22 @@ def test_malformed_arguments_go_back_as_an_empty_object_answered_as_invalid(api:
 
 
 @pytest.mark.parametrize("api", APIS)
+def test_a_results_details_and_its_blocks_are_never_sent(api: str) -> None:
+    """CE-22: a tool result carrying `details.blocks` (cards with image refs) builds the same
+    request, byte for byte, as the same result without details."""
+    model = VISION[api]
+    bare = result("call_1", "three cards")
+    blocks = {"blocks": [{"key": "alpha", "title": "Alpha", "text": "a card", "link": "https://example.com",
+                          "image": {"ref": "ab" * 32}}]}
+    history: list[Message] = [user("cards?"), reply(model, call("call_1")), bare]
+    with_blocks = [*history[:-1], bare.model_copy(update={"details": blocks})]
+
+    sent = [json.dumps(build(model, messages), sort_keys=True) for messages in (history, with_blocks)]
+
+    assert sent[0] == sent[1]
+
+
+@pytest.mark.parametrize("api", APIS)
 def test_custom_messages_are_read_as_user_text(api: str) -> None:
     model = VISION[api]
     note = CustomMessage(custom_type="chat_event", content="The user renamed the chat.", timestamp=4)

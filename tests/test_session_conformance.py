@@ -21,6 +21,7 @@ from harness.context import Context
 from harness.errors import ContextNotStorable
 from harness.messages import Usage
 from harness.session import (
+    MAX_IMAGE_BYTES,
     CommitResult,
     CustomPayload,
     DataMigration,
@@ -35,8 +36,10 @@ from harness.session import (
     SessionOwned,
     StorageCorruption,
     Store,
+    UnsupportedImage,
     addresses,
     connect,
+    image_ref,
     list_address,
     value_address,
 )
@@ -785,3 +788,48 @@ async def test_read_entries_pages_through_every_entry_in_commit_order(store: Sto
 
     assert [entry_id for page in pages for entry_id in page] == [*first, side]
     assert [len(page) for page in pages] == [2, 2]
+
+
+# -- the image store (CE-22, CE-24) ----------------------------------------------------------------
+
+PNG = bytes.fromhex("89504e470d0a1a0a0000000d49484452000000010000000108060000001f15c489")
+WEBP = b"RIFF\x1a\x00\x00\x00WEBPVP8L\x0d\x00\x00\x00/\x00\x00\x00\x10\x07\x10\x11\x11\x88\x88\xfe\x07\x00"
+
+
+async def test_images_are_kept_once_by_content_and_named_by_sha256(store: Store, ctx: Context) -> None:
+    """Two puts of one picture keep one copy under its SHA-256; its media type is read from its
+    bytes; a ref that names nothing, or is no ref at all, reads as None."""
+    ref = await store.images.put(PNG, ctx)
+    assert await store.images.put(PNG, ctx) == ref == image_ref(PNG)
+    assert await store.images.put(WEBP, ctx) == image_ref(WEBP)
+
+    assert set(await store.images.stored(ctx)) == {ref, image_ref(WEBP)}
+    image = await store.images.get(ref, ctx)
+    assert image is not None
+    assert (image.mime_type, image.data) == ("image/png", PNG)
+    webp = await store.images.get(image_ref(WEBP), ctx)
+    assert webp is not None
+    assert webp.mime_type == "image/webp"
+    for missing in ("0" * 64, "../journal.db", ref.upper(), ""):
+        assert await store.images.get(missing, ctx) is None
+
+
+async def test_bytes_that_are_no_kept_image_are_refused(store: Store, ctx: Context) -> None:
+    """Only PNG, JPEG, GIF and WebP, told from their bytes, and at most `MAX_IMAGE_BYTES`."""
+    for data in (b"<svg xmlns='http://www.w3.org/2000/svg'/>", b"", b"RIFF\x00\x00\x00\x00WAVE",
+                 PNG + bytes(MAX_IMAGE_BYTES)):
+        with pytest.raises(UnsupportedImage) as refused:
+            await store.images.put(data, ctx)
+        assert refused.value.code == "unsupported_image"
+    assert await store.images.stored(ctx) == {}
+
+
+async def test_an_image_stored_again_since_a_cutoff_is_not_deleted(store: Store, ctx: Context) -> None:
+    """`delete(ref, stored_by)` deletes only an image last stored at or before `stored_by`."""
+    ref = await store.images.put(PNG, ctx)
+    stored_at = (await store.images.stored(ctx))[ref]
+
+    assert await store.images.delete(ref, stored_at - 1, ctx) is False
+    assert await store.images.delete(ref, stored_at, ctx) is True
+    assert await store.images.get(ref, ctx) is None
+    assert await store.images.delete(ref, stored_at, ctx) is False

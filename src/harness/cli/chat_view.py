@@ -26,7 +26,13 @@ from rich.padding import Padding
 from harness.cli.chat_rows import chat_row
 from harness.cli.terminal_text import escape, markdown
 from harness.context import Context
-from harness.conversation import CHAT_EVENT_TYPE, ChatEventPublished, chat_event_rows, conversation_events
+from harness.conversation import (
+    CHAT_EVENT_TYPE,
+    MESSAGE_BLOCKS_TYPE,
+    ChatEventPublished,
+    chat_event_rows,
+    conversation_events,
+)
 from harness.messages import (
     AssistantMessage,
     CustomMessage,
@@ -603,6 +609,8 @@ def entry_summary(entry: Entry, limit: int = 100) -> str:
             text = clip(content_text(payload.message.content), limit)
             return f"[yellow]\\[{escape(payload.message.custom_type)}][/] {escape(text)}"
         case "custom":
+            if payload.custom_type == MESSAGE_BLOCKS_TYPE:  # a node of the branch; its cards are not drawn (CE-24)
+                return "[dim](message blocks)[/]"
             data = clip(json.dumps(payload.data, ensure_ascii=False), limit)
             return f"[dim]({escape(payload.custom_type)}) {escape(data)}[/]"
         case "compaction":

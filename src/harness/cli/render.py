@@ -10,7 +10,7 @@ from rich.console import Console, RenderableType
 from harness.cli.chat_rows import chat_row
 from harness.cli.terminal_text import escape, markdown
 from harness.context import Context
-from harness.conversation import CHAT_EVENT_TYPE, chat_event_rows
+from harness.conversation import CHAT_EVENT_TYPE, MESSAGE_BLOCKS_TYPE, chat_event_rows
 from harness.messages import (
     AssistantMessage,
     CustomMessage,
@@ -66,6 +66,8 @@ def entry_lines(entry: Entry, limit: int | None) -> list[RenderableType]:
             text = escape(_user_content(custom.content, limit))
             return [f"[yellow]\\[{escape(custom.custom_type)}][/] {text}"]
         case "custom":
+            if payload.custom_type == MESSAGE_BLOCKS_TYPE:
+                return []  # cards are for surfaces that draw them; the terminal shows the reply alone (CE-24)
             return [f"[dim]({escape(payload.custom_type)}){_custom_data(payload.data)}[/]"]
         case "compaction":
             return [

@@ -17,14 +17,21 @@ from typing import Literal, TypeAlias, TypeVar
 from pydantic import BaseModel, ConfigDict
 
 from harness.context import Context
+from harness.conversation.blocks import (
+    message_blocks_at_run_end,
+    message_blocks_of,
+    normalize_tool_blocks,
+    referenced_images,
+)
 from harness.conversation.chat_events import ChatEventDetails, ChatEventView, CommandOutcome, Renamed, chat_event_of
 from harness.conversation.command_rows import CommandInvocation, command_failed, command_ran, shell_ran
+from harness.conversation.display import DISPLAY_PAGE, MAX_DISPLAY_PAGE, BlocksRow, DisplayPage, display_rows
 from harness.conversation.feed import Alert, InstanceFeed, Presence, TurnActivity
 from harness.conversation.recording import MAIN_LANE, record_chat_event
 from harness.conversation.settings import MODEL_SWITCH_ACK_S, ConversationSettings, ModelSwitch, WorkMode
 from harness.conversation.turn_rows import public_error, replay_interrupted_replies, turn_end_rows
 from harness.errors import HarnessError
-from harness.messages import ImageContent, Message, ModelIdentity, ThinkingLevel
+from harness.messages import ImageContent, Message, ModelIdentity, ThinkingLevel, now_ms
 from harness.providers import ModelRegistry
 from harness.runtime import (
     AgentHarness,
@@ -36,6 +43,7 @@ from harness.runtime import (
     EntryAdded,
     Fault,
     HarnessEvent,
+    Lane,
     LaneBusy,
     LaneSnapshot,
     LaneWatch,
@@ -44,16 +52,22 @@ from harness.runtime import (
     RunEnd,
     RunHooks,
     RunStart,
+    ToolCallRequest,
+    ToolOutput,
 )
 from harness.session import (
     CustomMessagePayload,
     Entry,
+    ImageStore,
     LaneConfig,
     Session,
     SessionMutator,
     SessionNotFound,
+    SessionReader,
     Store,
+    StoredImage,
     addresses,
+    is_image_ref,
 )
 
 OWNER = addresses.value_address("conversation", "owner", str)
@@ -66,10 +80,22 @@ RecordNow: TypeAlias = Callable[[CommandOutcome | None], Awaitable[bool]]
 """`record_now(outcome)`: record a running command's row at once (see `ConversationService.run_command`)."""
 
 
+IMAGE_SWEEP_GRACE_S = 3_600.0
+"""How long an image stays after its latest store even when no entry names it: a tool result that
+names it may not be committed yet (`ConversationService.sweep_images`)."""
+
+
 class Forbidden(HarnessError):
     """The conversation belongs to another user; nothing was read or changed."""
 
     code = "forbidden"
+
+
+class ImageNotFound(HarnessError):
+    """The conversation names no image under this ref, or the image is gone; nothing was read.
+    Details: `conversation_id`, `ref`."""
+
+    code = "image_not_found"
 
 
 @dataclass(frozen=True)
@@ -110,8 +136,20 @@ class ChatEventPublished(BaseModel):
     row: ChatEventView
 
 
-ConversationEvent = ChatEventPublished | HarnessEvent
-"""The conversation's live stream: its chat-event rows and the harness's own events (CE-26)."""
+class MessageBlocksPublished(BaseModel):
+    """A reply's blocks, published once their entry has committed; `row.id` is the entry's id,
+    the same as the display read's row, so a surface that has both drops the twin (CE-24)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    type: Literal["message_blocks"] = "message_blocks"
+    lane: str
+    row: BlocksRow
+
+
+ConversationEvent = ChatEventPublished | MessageBlocksPublished | HarnessEvent
+"""The conversation's live stream: its chat-event rows, its replies' blocks and the harness's own
+events (CE-24, CE-26)."""
 
 
 def chat_event_rows(entries: Sequence[Entry]) -> list[ChatEventView]:
@@ -126,15 +164,22 @@ def chat_event_rows(entries: Sequence[Entry]) -> list[ChatEventView]:
 
 def conversation_events(event: HarnessEvent) -> list[ConversationEvent]:
     """`event` as the conversation's live stream carries it: an entry that is a chat-event row
-    is preceded by its `ChatEventPublished`; any other event is itself alone (CE-2, CE-26). For a
-    door that takes the harness's events as a listener rather than a watch."""
-    if isinstance(event, EntryAdded) and (row := chat_event_rows([event.entry])):
-        return [ChatEventPublished(lane=event.lane, row=row[0]), event]
+    is preceded by its `ChatEventPublished`, a `harness.message-blocks` entry by its
+    `MessageBlocksPublished`; any other event is itself alone (CE-2, CE-24, CE-26). For a door
+    that takes the harness's events as a listener rather than a watch."""
+    if isinstance(event, EntryAdded):
+        entry = event.entry
+        if row := chat_event_rows([entry]):
+            return [ChatEventPublished(lane=event.lane, row=row[0]), event]
+        if (data := message_blocks_of(entry)) is not None:
+            blocks = BlocksRow(id=entry.id, assistant_id=entry.parent_id, blocks=data.blocks)
+            return [MessageBlocksPublished(lane=event.lane, row=blocks), event]
     return [event]
 
 
 class ConversationWatch:
-    """A conversation's snapshot, then every later event with chat-event rows typed (CE-26)."""
+    """A conversation's snapshot, then every later event, with chat-event rows and replies'
+    blocks typed (CE-24, CE-26)."""
 
     def __init__(self, watch: LaneWatch) -> None:
         self._watch = watch
@@ -380,6 +425,55 @@ class ConversationService:
         Nothing is sent: the person's next message goes as typed, after this row."""
         return await self.record(user, conversation_id, shell_ran(command, exit_code, output), context)
 
+    # -- display reads and images (CE-24) ----------------------------------------------------------
+
+    async def read_display(self, user: str, conversation_id: str, context: Context, *, before: str | None = None,
+                           limit: int = DISPLAY_PAGE) -> DisplayPage:
+        """One page of the conversation's rows for a person's surface, newest page first (CE-24):
+        the `limit` entries (at most `MAX_DISPLAY_PAGE`) of the main lane's branch before entry
+        `before` (None: up to its tip), shaped by `display_rows` and listed oldest first. Pass the
+        page's `next_before` for the older page. The only read that shows message blocks. Raises
+        `Forbidden` for another user's conversation, `UnknownEntry` for a `before` not in it."""
+        session = await self._owned(user, conversation_id, context)
+        tip = await session.get(addresses.branch_tip(MAIN_LANE), context)
+        if tip is None:
+            return DisplayPage(rows=[], next_before=None)
+        page = await session.read_branch(tip, context, before=before, limit=max(1, min(limit, MAX_DISPLAY_PAGE)))
+        return DisplayPage(rows=display_rows(page.entries[::-1]), next_before=page.next_before)
+
+    async def read_image(self, user: str, conversation_id: str, ref: str, context: Context) -> StoredImage:
+        """The image `ref` of a block in `user`'s conversation, with its sniffed media type
+        (CE-24). Served to the conversation's owner only: `Forbidden` for another user, and
+        `ImageNotFound` when no entry of the conversation names the ref (another conversation's
+        image included) or the image is gone. Reads the conversation's whole journal to check."""
+        session = await self._owned(user, conversation_id, context)
+        image = None
+        if is_image_ref(ref) and ref in await referenced_images(session, context):
+            image = await self.store.images.get(ref, context)
+        if image is None:
+            raise ImageNotFound(f"conversation {conversation_id} has no image {ref[:80]!r}",
+                                conversation_id=conversation_id, ref=ref[:80])
+        return image
+
+    async def sweep_images(self, context: Context, *, older_than_s: float = IMAGE_SWEEP_GRACE_S) -> tuple[str, ...]:
+        """Delete the images no session of the store names and that were last stored more than
+        `older_than_s` seconds ago; return their refs (CE-24). Every image an entry or a pending
+        entry of any session names is kept, whoever owns it. Reads every session's whole
+        journal. An image stored again while the sweep runs is kept; a fork or an import made
+        while it runs, of a session deleted meanwhile, may lose its pictures."""
+        stored_by = now_ms() - int(older_than_s * 1000)
+        unnamed = {ref for ref, stored_at in (await self.store.images.stored(context)).items()
+                   if stored_at <= stored_by}
+        for info in await self.store.list_sessions(context):
+            if not unnamed:
+                break
+            try:
+                session = await self.store.open_session(info.id, context)
+            except SessionNotFound:
+                continue  # deleted since the listing
+            unnamed -= await referenced_images(session, context)
+        return tuple([ref for ref in sorted(unnamed) if await self.store.images.delete(ref, stored_by, context)])
+
     async def close_all(self, context: Context) -> None:
         """Dispose every live conversation of this service."""
         for conversation_id in list(self._live):
@@ -425,7 +519,8 @@ class ConversationService:
         setup = self.setup
         options = AgentHarnessOptions(
             session=session, models=setup.models, tools=setup.tools, system_prompt=setup.system_prompt,
-            drive=setup.drive, hooks=conversation_hooks(setup.hooks), listeners=setup.listeners)
+            drive=setup.drive, hooks=conversation_hooks(setup.hooks, session, self.store.images),
+            listeners=setup.listeners)
         harness, open_operations = await AgentHarness.create(options, context)
         info = ConversationInfo(id=session.id, owner=user, name=await _name(session, context),
                                 created_at=session.info.created_at, updated_at=session.info.updated_at)
@@ -438,13 +533,28 @@ async def _name(session: Session, context: Context) -> str | None:
     return name
 
 
-def conversation_hooks(hooks: RunHooks) -> RunHooks:
-    """`hooks` with the conversation's own: interrupted replies replayed before the door's
-    transform (CE-8) and the turn-end rows placed in the terminal commit (CE-7, CE-9)."""
-    door_transform = hooks.transform_context
+def conversation_hooks(hooks: RunHooks, session: SessionReader, images: ImageStore) -> RunHooks:
+    """`hooks` (the door's) with the conversation's own, for a harness on `session`: interrupted
+    replies replayed before the door's transform (CE-8); tool results' blocks normalized into
+    `images` after the door's `after_tool` (CE-22); the reply's blocks appended at run end before
+    the door's `before_run_end` (CE-23); and the turn-end rows placed in the terminal commit
+    (CE-7, CE-9)."""
+    door_transform, door_after_tool, door_run_end = hooks.transform_context, hooks.after_tool, hooks.before_run_end
+    blocks_at_run_end = message_blocks_at_run_end(session)
 
     async def transform(messages: list[Message], context: Context) -> list[Message]:
         replayed = replay_interrupted_replies(messages)
         return await door_transform(replayed, context) if door_transform is not None else replayed
 
-    return replace(hooks, transform_context=transform, settlement_messages=turn_end_rows)
+    async def after_tool(request: ToolCallRequest, output: ToolOutput, context: Context) -> ToolOutput:
+        if door_after_tool is not None:
+            output = await door_after_tool(request, output, context) or output
+        return await normalize_tool_blocks(output, images, context)
+
+    async def before_run_end(lane: Lane, context: Context) -> None:
+        await blocks_at_run_end(lane, context)
+        if door_run_end is not None:
+            await door_run_end(lane, context)
+
+    return replace(hooks, transform_context=transform, after_tool=after_tool, before_run_end=before_run_end,
+                   settlement_messages=turn_end_rows)

@@ -39,7 +39,8 @@ BeforeTool = Callable[[ToolCallRequest, Context], Awaitable[Block | dict[str, Js
 blocks it too: approval fails closed."""
 
 AfterTool = Callable[[ToolCallRequest, ToolOutput, Context], Awaitable[ToolOutput | None]]
-"""Return a replacement output, or None to keep it."""
+"""Return a replacement output, or None to keep it. Called for every output a tool returns before
+it is stored, also while the run is being aborted."""
 
 TransformContext = Callable[[list[Message], Context], Awaitable[list[Message]]]
 """Rewrite the messages of one request (not stored); errored and aborted replies are still in them."""

@@ -1,4 +1,5 @@
-"""The durable journal: sessions, entries and records, on memory, SQLite or PostgreSQL.
+"""The durable journal: sessions, entries and records, on memory, SQLite or PostgreSQL, and the
+images kept beside them (`Store.images`).
 
 Also offered: the storage seam a `Store` is built on (`Store(backend, url)`): the `Backend`
 protocol, its `Claim`, the rows it returns and the `Write`s a commit passes, so a caller can wrap
@@ -53,6 +54,15 @@ from harness.session.errors import (
     UnsupportedStoreUrl,
 )
 from harness.session.ids import new_id
+from harness.session.images import (
+    MAX_IMAGE_BYTES,
+    ImageStore,
+    StoredImage,
+    UnsupportedImage,
+    image_ref,
+    is_image_ref,
+    sniff_image_type,
+)
 from harness.session.migrations import DATA_MIGRATIONS, DataMigration
 from harness.session.records import (
     PHASES_OF_KIND,
@@ -110,6 +120,7 @@ from harness.session.store import Store, connect
 
 __all__ = [
     "DATA_MIGRATIONS",
+    "MAX_IMAGE_BYTES",
     "MAX_RECORD_BYTES",
     "PHASES_OF_KIND",
     "AbortCause",
@@ -140,6 +151,7 @@ __all__ = [
     "FailureDrain",
     "FailureProvenance",
     "GenerationContext",
+    "ImageStore",
     "InboxItem",
     "InboxKind",
     "InsertEntry",
@@ -187,6 +199,7 @@ __all__ = [
     "StoreConnectionLost",
     "StoreFull",
     "StoreUnavailable",
+    "StoredImage",
     "StoredValue",
     "SummaryPending",
     "SummaryRetryWait",
@@ -195,6 +208,7 @@ __all__ = [
     "ToolCallState",
     "UnknownEntry",
     "UnknownLane",
+    "UnsupportedImage",
     "UnsupportedStoreUrl",
     "UsageRow",
     "UsageRowRaw",
@@ -203,7 +217,10 @@ __all__ = [
     "Write",
     "addresses",
     "connect",
+    "image_ref",
+    "is_image_ref",
     "list_address",
     "new_id",
+    "sniff_image_type",
     "value_address",
 ]

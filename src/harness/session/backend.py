@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Literal, Protocol
 
 from harness.context import Context
+from harness.session.images import ImageStore
 from harness.session.migrations import DataMigration
 
 
@@ -132,6 +133,11 @@ class Backend(Protocol):
 
     @property
     def kind(self) -> Literal["memory", "sqlite", "postgres"]: ...
+
+    @property
+    def images(self) -> ImageStore:
+        """The store's images, kept beside its sessions (see `harness.session.images`)."""
+        ...
 
     async def create_session(self, info: SessionInfo, context: Context, writes: Sequence[Write] = ()) -> None:
         """Create the session and apply `writes` to it, in one transaction (a fork is never half

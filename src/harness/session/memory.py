@@ -24,6 +24,7 @@ from harness.session.backend import (
     Write,
 )
 from harness.session.errors import InvalidWrite, OwnershipLost, SessionNotFound, SessionOwned, StoreClosed
+from harness.session.images import MemoryImages
 from harness.session.migrations import DataMigration
 
 
@@ -54,6 +55,7 @@ class MemoryBackend:
         self._sessions: dict[str, _MemorySession] = {}
         self._applied_migrations: set[str] = set()
         self._closed = False
+        self.images = MemoryImages()
 
     def _session(self, session_id: str) -> _MemorySession:
         if self._closed:

@@ -52,6 +52,7 @@ from harness.session.errors import (
     StoreFull,
     StoreUnavailable,
 )
+from harness.session.images import StoredImage, check_image, is_image_ref, stored_image
 from harness.session.migrations import DataMigration
 
 Connection = psycopg.AsyncConnection[TupleRow]
@@ -121,6 +122,14 @@ SCHEMA: tuple[tuple[int, tuple[str, ...]], ...] = (
         "UPDATE sessions SET updated_at = greatest(created_at, coalesce("
         "(SELECT max(timestamp) FROM entries WHERE entries.session_id = sessions.id), 0))",
     )),
+    # The image store (harness.session.images): one row per image, by the SHA-256 of its bytes.
+    (3, (
+        """CREATE TABLE images (
+            ref TEXT COLLATE "C" PRIMARY KEY,
+            data BYTEA NOT NULL,
+            stored_at BIGINT NOT NULL
+        )""",
+    )),
 )
 
 _WALK = """
@@ -164,6 +173,7 @@ class PostgresBackend:
         self._schema = schema
         self._claims: set[PostgresClaim] = set()
         self._closed = False
+        self.images = PostgresImages(self)
         # Test seam for crash tests: awaited inside the commit transaction, before COMMIT.
         self._commit_barrier: Callable[[], Awaitable[None]] | None = None
 
@@ -464,6 +474,40 @@ class PostgresBackend:
         for claim in claims:
             await claim.connection.close()
         await self._pool.close()
+
+
+class PostgresImages:
+    """Images in the store's `images` table, shared by every process on the database."""
+
+    def __init__(self, backend: PostgresBackend) -> None:
+        self._backend = backend
+
+    async def put(self, data: bytes, context: Context) -> str:
+        ref = check_image(data)
+        async with self._backend._connection() as conn:
+            await conn.execute(
+                "INSERT INTO images (ref, data, stored_at) VALUES (%s, %s, %s) "
+                "ON CONFLICT (ref) DO UPDATE SET stored_at = excluded.stored_at",
+                (ref, bytes(data), now_ms()),
+            )
+        return ref
+
+    async def get(self, ref: str, context: Context) -> StoredImage | None:
+        if not is_image_ref(ref):
+            return None
+        async with self._backend._connection() as conn:
+            row = await (await conn.execute("SELECT data FROM images WHERE ref = %s", (ref,))).fetchone()
+        return stored_image(ref, bytes(row[0])) if row is not None else None
+
+    async def stored(self, context: Context) -> dict[str, int]:
+        async with self._backend._connection() as conn:
+            rows = await (await conn.execute("SELECT ref, stored_at FROM images")).fetchall()
+        return {ref: stored_at for ref, stored_at in rows}
+
+    async def delete(self, ref: str, stored_by: int, context: Context) -> bool:
+        async with self._backend._connection() as conn:
+            cur = await conn.execute("DELETE FROM images WHERE ref = %s AND stored_at <= %s", (ref, stored_by))
+        return cur.rowcount > 0
 
 
 def driver_error(error: psycopg.OperationalError | psycopg.InterfaceError) -> HarnessError:

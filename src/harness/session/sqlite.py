@@ -55,6 +55,7 @@ from harness.session.errors import (
     StoreFull,
     StoreUnavailable,
 )
+from harness.session.images import FolderImages
 from harness.session.migrations import DataMigration
 
 T = TypeVar("T")
@@ -137,6 +138,11 @@ WITH RECURSIVE path(depth, id, parent_id, seq, timestamp, type, payload) AS (
 )
 SELECT id, parent_id, seq, timestamp, type, CAST(payload AS BLOB) FROM path ORDER BY depth
 """
+
+
+def image_folder(database: Path) -> Path:
+    """The folder beside the database file that holds its images (`harness.db.images`)."""
+    return database.with_name(database.name + ".images")
 
 
 def driver_error(error: sqlite3.DatabaseError, path: Path) -> HarnessError:
@@ -252,6 +258,7 @@ class SqliteBackend:
     def __init__(self, path: Path, executor: ThreadPoolExecutor, connection: sqlite3.Connection, mark: CommitMark,
                  identity: tuple[int, int]) -> None:
         self.path = path
+        self.images = FolderImages(image_folder(path))
         self._executor = executor
         self._db = connection
         self._mark = mark

@@ -23,6 +23,7 @@ from harness.session.errors import (
     UnsupportedStoreUrl,
 )
 from harness.session.ids import new_id
+from harness.session.images import ImageStore
 from harness.session.memory import MemoryBackend
 from harness.session.migrations import DATA_MIGRATIONS, DataMigration
 from harness.session.records import LaneState
@@ -41,6 +42,11 @@ class Store:
         self.url = url
         self._open: weakref.WeakValueDictionary[str, Session] = weakref.WeakValueDictionary()
         self._closed = False
+
+    @property
+    def images(self) -> ImageStore:
+        """The images kept beside this store's sessions, by content (`harness.session.images`)."""
+        return self.backend.images
 
     def _check_open(self) -> None:
         if self._closed:

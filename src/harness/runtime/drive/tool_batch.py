@@ -246,7 +246,9 @@ class ToolBatchRunner:
         finally:
             op.end_effect(effect)
             lane.presentation.tool_progress.pop(block.id, None)
-        if op.hooks.after_tool is not None and not self.aborting:
+        # Under an abort too: the output may still be stored, and the hook may be what keeps
+        # something out of the journal (the conversation layer's image bytes, CE-22).
+        if op.hooks.after_tool is not None:
             request = ToolCallRequest(op.operation_id, block.id, block.name, args)
             try:
                 output = await op.hooks.after_tool(request, output, op.context) or output
