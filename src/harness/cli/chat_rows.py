@@ -21,6 +21,7 @@ from harness.conversation import (
     DirectoryMoved,
     ErrorDetails,
     FastOutcome,
+    GoalOutcome,
     GoalStatus,
     Interrupted,
     ModelOutcome,
@@ -135,3 +136,5 @@ def _outcome_text(outcome: CommandOutcome | None) -> str:
             return f"mode {_MODES[outcome.mode]}"
         case RestartOutcome():
             return "restarted from the journal"
+        case GoalOutcome():
+            return f"goal {outcome.title} given to garden {outcome.garden}"

@@ -17,6 +17,7 @@ from harness.conversation.chat_events import (
     DirectoryMoved,
     ErrorDetails,
     FastOutcome,
+    GoalOutcome,
     GoalStatus,
     Interrupted,
     ModelOutcome,
@@ -60,6 +61,14 @@ from harness.conversation.commands import (
     run_typed_command,
 )
 from harness.conversation.feed import Alert, FeedWatch, InstanceEvent, InstanceFeed, Presence, TurnActivity
+from harness.conversation.garden_messages import (
+    GARDEN_MESSAGE_TYPE,
+    GardenMessage,
+    GardenMessageKind,
+    garden_message,
+    garden_message_of,
+)
+from harness.conversation.lifecycle import ENDED_AT, ConversationEnded
 from harness.conversation.migrations import JOURNAL_DATA_MIGRATIONS, RETIRE_CHAT_ERROR_NOTICES
 from harness.conversation.recording import MAIN_LANE, record_chat_event
 from harness.conversation.service import (
@@ -96,7 +105,9 @@ from harness.conversation.turn_rows import clean_public_text, public_error, repl
 __all__ = [
     "BUILT_IN_COMMANDS",
     "CHAT_EVENT_TYPE",
+    "ENDED_AT",
     "FAST_BEFORE",
+    "GARDEN_MESSAGE_TYPE",
     "JOURNAL_DATA_MIGRATIONS",
     "MAIN_LANE",
     "MODEL_SWITCH_ACK_S",
@@ -121,6 +132,7 @@ __all__ = [
     "CompactionStopped",
     "ContextOverflow",
     "Conversation",
+    "ConversationEnded",
     "ConversationEvent",
     "ConversationInfo",
     "ConversationService",
@@ -133,6 +145,9 @@ __all__ = [
     "FastOutcome",
     "FeedWatch",
     "Forbidden",
+    "GardenMessage",
+    "GardenMessageKind",
+    "GoalOutcome",
     "GoalStatus",
     "InstanceEvent",
     "InstanceFeed",
@@ -169,6 +184,8 @@ __all__ = [
     "conversation_hooks",
     "fast",
     "fast_outcome",
+    "garden_message",
+    "garden_message_of",
     "has_spoken",
     "last_turn_error_text",
     "mode",
