@@ -14,9 +14,9 @@ from garden_helpers import ANSWER, CONCLUDED, OWNER, SURVEY, conversation, conve
 from harness.context import Context
 from harness.conversation import (
     CommandRan,
+    Conversation,
     GardenMessage,
     GoalOutcome,
-    Conversation,
     GoalStatus,
     chat_event_of,
     garden_message_of,
@@ -62,7 +62,8 @@ async def test_a_garden_tends_concludes_a_goal_from_goal_and_answers_a_conversat
     command_row = next(i for i, m in enumerate(messages) if isinstance(chat_event_of(m), CommandRan))
     kickoff = next(i for i, m in enumerate(messages) if isinstance(m, UserMessage))
     assert command_row < kickoff  # CE-16: the goal row sits above the turn it starts
-    assert durable.origin is not None and durable.origin.conversation_id == talk.id
+    assert durable.origin is not None
+    assert durable.origin.conversation_id == talk.id
 
     asking = await conversation(service, ctx)
     question = await garden.add_goal("converse", "How much sun do tomatoes want?", ctx,
@@ -76,7 +77,8 @@ async def test_a_garden_tends_concludes_a_goal_from_goal_and_answers_a_conversat
     assert [(r.kind, r.transcript_policy, r.delivery_policy) for r in tend_records] == [
         ("tend_survey", "none", "out_of_band_note")]
     note = tend_records[0]
-    assert note.origin is None and note.conversation_message_id is None
+    assert note.origin is None
+    assert note.conversation_message_id is None
     assert note.delivery_path == f"inbox/allotment/notes/{note.emission_id}.md"
     assert (root.path / note.delivery_path).read_text() == SURVEY + "\n"
     assert (tend_event.goal_id, tend_event.status, tend_event.operator_note_written,
@@ -112,11 +114,14 @@ async def test_a_garden_tends_concludes_a_goal_from_goal_and_answers_a_conversat
     # Every record the code wrote passes the validator and the JSON Schema alike (OM-2, OM-3).
     for written in [*tend_records, *concluded]:
         line = written.model_dump(mode="json", exclude_none=True)
-        assert validate_operator_message_record(line).ok and schema_errors(line) == []
+        assert validate_operator_message_record(line).ok
+        assert schema_errors(line) == []
 
     # The feed carries the same, readable from the runtime root.
     feed = read_garden_events(root)
-    assert tend_event in feed and durable_event in feed and answer_event in feed
+    assert tend_event in feed
+    assert durable_event in feed
+    assert answer_event in feed
     assert [(e.goal_id, e.status) for e in feed if isinstance(e, GoalChanged)] == [
         (durable.id, "done"), (question.id, "done")]
 
