@@ -9,11 +9,11 @@ from conversation_helpers import faux_service
 from drive_helpers import FAUX, text
 from harness.context import Context
 from harness.conversation import Conversation, ConversationService
-from harness.garden import Garden, Gardener, GardenSetup
+from harness.garden import GARDENER, ConversationOrigin, Garden, Gardener, GardenSetup, Goal, GoalType, RunContext
 from harness.messages import ToolResultMessage, UserMessage
 from harness.providers import FauxProvider
 from harness.providers.faux import FauxReply, FauxRequest, reply, tool_call
-from harness.session import LaneConfig, Store
+from harness.session import LaneConfig, Store, new_id
 
 OWNER = "alice"
 SURVEY = "All beds watered; the roses need a person."
@@ -56,3 +56,15 @@ async def conversation(service: ConversationService, ctx: Context) -> Conversati
 def files_in(folder: Path) -> list[str]:
     """The names of the files directly in `folder`, sorted (none when it does not exist)."""
     return sorted(path.name for path in folder.iterdir() if path.is_file()) if folder.is_dir() else []
+
+
+async def in_run(garden: Garden, goal_type: GoalType, ctx: Context, *, origin: ConversationOrigin | None = None,
+                 caller: str = GARDENER) -> tuple[Goal, RunContext]:
+    """A goal of `goal_type` with a current run, as the driver leaves it while the run is driven,
+    and that run's context."""
+    goal = await garden.add_goal(goal_type, f"a {goal_type} goal", ctx, origin=origin)
+    run_id = new_id()
+    goal = goal.model_copy(update={"current_run_id": run_id})
+    garden.root.write_json(garden.root.goal_file(goal.id), goal.model_dump(mode="json"))
+    return goal, RunContext(garden=garden.name, root=garden.root.path, goal_id=goal.id, goal_type=goal_type,
+                            run_id=run_id, caller=caller, service=garden.setup.service)

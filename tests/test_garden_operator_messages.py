@@ -18,14 +18,13 @@ import pytest
 import harness.garden as garden_api
 from conversation_helpers import transcript
 from drive_helpers import within
-from garden_helpers import OWNER, conversation, conversations, files_in, make_garden
+from garden_helpers import OWNER, conversation, conversations, files_in, in_run, make_garden
 from harness.context import Context
 from harness.conversation import Conversation, ConversationService, garden_message_of
 from harness.garden import (
     GARDENER,
     ConversationOrigin,
     Garden,
-    Goal,
     GoalType,
     OperatorMessageRejected,
     RunContext,
@@ -61,18 +60,6 @@ async def service(store: Store) -> Any:
 @pytest.fixture
 async def garden(store: Store, service: ConversationService, tmp_path: Path, ctx: Context) -> Garden:
     return await make_garden(store, service, tmp_path / "root", ctx)
-
-
-async def in_run(garden: Garden, goal_type: GoalType, ctx: Context, *, origin: ConversationOrigin | None = None,
-                 caller: str = GARDENER) -> tuple[Goal, RunContext]:
-    """A goal of `goal_type` with a current run, as the driver leaves it while the run is driven,
-    and that run's context."""
-    goal = await garden.add_goal(goal_type, f"a {goal_type} goal", ctx, origin=origin)
-    run_id = new_id()
-    goal = goal.model_copy(update={"current_run_id": run_id})
-    garden.root.write_json(garden.root.goal_file(goal.id), goal.model_dump(mode="json"))
-    return goal, RunContext(garden=garden.name, root=garden.root.path, goal_id=goal.id, goal_type=goal_type,
-                            run_id=run_id, caller=caller, service=garden.setup.service)
 
 
 def origin_of(talk: Conversation) -> ConversationOrigin:
