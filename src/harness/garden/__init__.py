@@ -2,6 +2,7 @@
 the run context; the operator messages the gardener emits, with validated routing and durable
 per-run records (OM-1 to OM-10); and `/goal`."""
 
+from harness.garden.command import goal_command
 from harness.garden.errors import (
     ConversationNotFound,
     EmptyContent,
@@ -20,7 +21,6 @@ from harness.garden.errors import (
 )
 from harness.garden.events import GardenEvent, GoalChanged, RunFinished, RunStatus, TendFinished, read_garden_events
 from harness.garden.garden import Garden, GardenExists, GardenNotFound, GardenSetup, GoalNotFound, garden_names
-from harness.garden.goal_command import goal_command
 from harness.garden.operator_messages import (
     OperatorMessageRecord,
     emit_recently_concluded,
