@@ -4,17 +4,19 @@ the event feed and the conversation hold exactly what OM-1 to OM-9 say."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import pytest
 
-from conversation_helpers import rows, transcript
-from drive_helpers import within
+from conversation_helpers import faux_service, rows, transcript
+from drive_helpers import text, within
 from garden_helpers import ANSWER, CONCLUDED, OWNER, SURVEY, conversation, conversations, files_in, make_garden
 from harness.context import Context
 from harness.conversation import (
     CommandRan,
     Conversation,
+    ConversationEnded,
     GardenMessage,
     GoalOutcome,
     GoalStatus,
@@ -24,6 +26,7 @@ from harness.conversation import (
 )
 from harness.garden import (
     ConversationOrigin,
+    Garden,
     GoalChanged,
     RunFinished,
     TendFinished,
@@ -33,7 +36,9 @@ from harness.garden import (
     schema_errors,
     validate_operator_message_record,
 )
-from harness.messages import UserMessage
+from harness.messages import ToolResultMessage, UserMessage
+from harness.providers.faux import FauxReply, FauxRequest, reply, tool_call
+from harness.runtime import AgentHarness, RunEnd, ToolEnd
 from harness.session import Store
 
 
@@ -141,3 +146,64 @@ async def garden_messages(talk: Conversation, ctx: Context) -> list[tuple[str, G
         if (details := garden_message_of(message)) is not None:
             found.append((entry.id, details))
     return found
+
+
+async def test_the_gardeners_shell_commands_see_the_run_context(store: Store, tmp_path: Path, ctx: Context) -> None:
+    """Issue 15 item 3: around a run the driver puts `HARNESS_GARDEN_*` in its subprocesses' environment."""
+    def script(request: FauxRequest) -> FauxReply | str:
+        if isinstance(request.request.messages[-1], ToolResultMessage):
+            return "Seen."
+        return reply(tool_call("shell", {"command": "env | grep ^HARNESS_GARDEN_ | sort"}))
+
+    service, _ = faux_service(store, script)
+    garden = await make_garden(store, service, tmp_path / "root", ctx, builtin_tools=("shell",))
+    goal = await garden.add_goal("tend", "Look at the environment.", ctx)
+    seen: list[str] = []
+    harness = await garden_harness(garden, ctx)
+    harness.add_listener(lambda event, _: seen.append(text(event.result)) if isinstance(event, ToolEnd) else None)
+    event = await within(garden.pursue(goal.id, ctx))
+    assert isinstance(event, TendFinished)
+    assert event.operator_note_written is False  # no survey: nothing in the records, whatever the inbox holds
+    output = seen[0]
+    for line in ("HARNESS_GARDEN_NAME=allotment", f"HARNESS_GARDEN_GOAL_ID={goal.id}",
+                 "HARNESS_GARDEN_GOAL_TYPE=tend", f"HARNESS_GARDEN_RUN_ID={event.run_id}",
+                 "HARNESS_GARDEN_CALLER=gardener", f"HARNESS_GARDEN_ROOT={garden.root.path}"):
+        assert line in output
+    await garden.close(ctx)
+    await service.close_all(ctx)
+
+
+async def test_serve_tends_until_its_context_is_cancelled(store: Store, tmp_path: Path, ctx: Context) -> None:
+    """Issue 15 item 1: `serve` keeps a garden tending; a tend goal runs when its schedule is due."""
+    service, _ = conversations(store)
+    garden = await make_garden(store, service, tmp_path / "root", ctx)
+    goal = await garden.add_goal("tend", "Water the beds.", ctx, every_s=3600)
+    ran = asyncio.Event()
+    (await garden_harness(garden, ctx)).add_listener(lambda event, _: ran.set() if isinstance(event, RunEnd) else None)
+    serving = Context({})
+    task = asyncio.ensure_future(garden.serve(serving, poll_s=0.05))
+    await within(ran.wait())
+    serving.cancel("test over")  # the pass under way finishes; serve stops before the next
+    await within(task)
+    runs = [e for e in read_garden_events(garden.root) if isinstance(e, TendFinished)]
+    assert [(e.goal_id, e.operator_note_written) for e in runs] == [(goal.id, True)]  # once: not due again
+    await garden.close(ctx)
+    await service.close_all(ctx)
+
+
+async def test_an_ended_conversation_takes_no_turn(store: Store, ctx: Context) -> None:
+    """OM-7's "still open": an ended conversation refuses a new turn, and ending twice writes nothing."""
+    service, _ = conversations(store)
+    talk = await conversation(service, ctx)
+    assert await service.is_open(OWNER, talk.id, ctx)
+    assert await service.end(OWNER, talk.id, ctx)
+    assert not await service.end(OWNER, talk.id, ctx)
+    with pytest.raises(ConversationEnded):
+        await service.send(OWNER, talk.id, "hello?", ctx)
+    assert not await service.is_open(OWNER, talk.id, ctx)
+    await service.close_all(ctx)
+
+
+async def garden_harness(garden: Garden, ctx: Context) -> AgentHarness:
+    """The gardener's harness, attached by a first look at a lane (white-box: the test listens to it)."""
+    return await garden._gardener(ctx)
