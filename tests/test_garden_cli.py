@@ -4,17 +4,28 @@ coming from the garden, a note never as a reply (OM-5)."""
 
 from __future__ import annotations
 
+import io
 import subprocess
 import sys
 from pathlib import Path
 
-from garden_helpers import CONCLUDED, SURVEY, in_run
+from rich.text import Text
+
+from garden_helpers import ANSWER, CONCLUDED, SURVEY, in_run
+from harness.cli.chat_view import ChatView, Screen, entry_summary
 from harness.cli.render import entry_lines
 from harness.context import Context
-from harness.conversation import ConversationService, ConversationSetup, garden_message_of
+from harness.conversation import (
+    ConversationService,
+    ConversationSetup,
+    GardenMessage,
+    garden_message,
+    garden_message_of,
+)
 from harness.garden import ConversationOrigin, Garden, GardenSetup, emit_recently_concluded, emit_tend_survey, running
 from harness.messages import ModelIdentity
-from harness.session import CustomMessagePayload, LaneConfig, connect
+from harness.runtime import MessageEnd
+from harness.session import CustomMessagePayload, Entry, LaneConfig, connect
 from test_cli_run import environment
 
 TIMEOUT_S = 60
@@ -76,3 +87,16 @@ async def test_a_garden_is_made_given_goals_and_its_inbox_lists_replies_and_note
     assert f"garden allotment (recently concluded): {CONCLUDED}" in shown.stdout
     assert SURVEY not in shown.stdout
 
+
+
+def test_the_live_chat_shows_a_garden_message_as_the_gardens(ctx: Context) -> None:
+    """OM-5, issue 15 item 8: the chat's live view draws a garden message from its details, as from
+    the garden; `/tree` lists it so too."""
+    out = io.StringIO()
+    view = ChatView(Screen(out, color=False), "main")
+    message = garden_message(GardenMessage(garden="allotment", kind="reply", emission_id="e1", goal_id="g1",
+                                           run_id="r1", text=ANSWER))
+    view(MessageEnd(lane="main", entry_id="e1", message=message), ctx)
+    assert out.getvalue().strip() == f"garden allotment (answer): {ANSWER}"
+    entry = Entry(id="e1", parent_id=None, seq=1, timestamp=0, payload=CustomMessagePayload(message=message))
+    assert Text.from_markup(entry_summary(entry)).plain == f"garden allotment (answer): {ANSWER}"
