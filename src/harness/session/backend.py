@@ -6,7 +6,7 @@ NUL character, which is data here). Decoding and typing happen above, in `harnes
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
@@ -184,12 +184,15 @@ class Backend(Protocol):
         self, session_id: str, after_seq: int | None, limit: int, context: Context
     ) -> list[UsageRowRaw]: ...
 
-    async def commit(
+    def commit(
         self, session_id: str, writes: Sequence[Write], claim: Claim | None, context: Context
-    ) -> CommitResult:
+    ) -> Awaitable[CommitResult]:
         """Apply `writes` in order as one transaction. With `claim`, the claim's epoch must still
         be current (else `OwnershipLost`); without, no live owner may hold the session (else
-        `SessionOwned`). Checks id uniqueness and parent existence (`InvalidWrite`)."""
+        `SessionOwned`). Checks id uniqueness and parent existence (`InvalidWrite`).
+
+        An awaitable rather than a coroutine: a backend that runs on a thread hands back that
+        thread's future, which saves a task and a loop step on every commit."""
         ...
 
     async def claim(self, session_id: str, context: Context) -> Claim:

@@ -309,6 +309,10 @@ class SqliteBackend:
         return cls(path, executor, connection, mark, identity)
 
     async def _call(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        return await self._submit(fn)
+
+    def _submit(self, fn: Callable[[sqlite3.Connection], T]) -> asyncio.Future[T]:
+        """Run `fn` on the database thread; the thread's future, awaited by `_call` or handed out."""
         def guarded(db: sqlite3.Connection) -> T:
             # Checked on the thread too: a call queued behind close() must not meet a closed db.
             if self._closed:
@@ -328,7 +332,7 @@ class SqliteBackend:
 
         if self._closed:
             raise StoreClosed(f"the SQLite store {self.path} is closed")
-        return await asyncio.get_running_loop().run_in_executor(self._executor, guarded, self._db)
+        return asyncio.get_running_loop().run_in_executor(self._executor, guarded, self._db)
 
     async def create_session(self, info: SessionInfo, context: Context, writes: Sequence[Write] = ()) -> None:
         def run(db: sqlite3.Connection) -> None:
@@ -461,9 +465,9 @@ class SqliteBackend:
 
         return await self._call(run)
 
-    async def commit(
+    def commit(
         self, session_id: str, writes: Sequence[Write], claim: Claim | None, context: Context
-    ) -> CommitResult:
+    ) -> asyncio.Future[CommitResult]:
         def run(db: sqlite3.Connection) -> CommitResult:
             probe = None if claim is not None else self._lock(session_id, shared=True)
             try:
@@ -472,7 +476,7 @@ class SqliteBackend:
                 if probe is not None:
                     _unlock(probe)
 
-        return await self._call(run)
+        return self._submit(run)
 
     def _commit(
         self, db: sqlite3.Connection, session_id: str, writes: Sequence[Write], claim: Claim | None
