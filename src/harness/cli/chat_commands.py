@@ -11,10 +11,12 @@ import harness.conversation as conversation
 from harness.cli.chat import ChatClient, ChatCommand, CommandRun
 from harness.cli.chat_view import entry_summary
 from harness.cli.config import model_name, usable_model
+from harness.cli.garden_commands import local_garden
 from harness.cli.render import branch_oldest_first
 from harness.cli.session_refs import local_time, named_sessions
 from harness.cli.terminal_text import escape
 from harness.errors import InvalidInput
+from harness.garden import GardenSetup, goal_command
 from harness.messages import ModelIdentity
 from harness.runtime import DriveOutcome, Settled
 
@@ -121,6 +123,20 @@ async def _compact(client: ChatClient, argument: str) -> None:
         return Settled(operation_id=last.operation_id, result=last) if last is not None else None
 
     client.start_turn(compaction)
+
+
+@command("goal", "/goal TEXT", "give the garden a goal; it reports back here")
+async def _goal(client: ChatClient, argument: str) -> None:
+    await client.save_draft()  # the goal's origin must outlive the chat
+    garden = local_garden(GardenSetup(store=client.store, service=client.attached.service, models=client.registry))
+
+    async def kickoff() -> DriveOutcome | None:
+        service, user, talk = client.command_door()
+        await goal_command(garden)(service, user, talk, argument or None, client.context)
+        last = (await client.lane.inspect_execution(client.context)).last_result
+        return Settled(operation_id=last.operation_id, result=last) if last is not None else None
+
+    client.start_turn(kickoff)
 
 
 @command("sessions", "/sessions", "list the sessions in the store", while_busy=True)

@@ -21,6 +21,8 @@ from harness.conversation import (
     DirectoryMoved,
     ErrorDetails,
     FastOutcome,
+    GardenMessage,
+    GoalOutcome,
     GoalStatus,
     Interrupted,
     ModelOutcome,
@@ -93,6 +95,16 @@ def chat_row(details: ChatEventDetails) -> str:
             return f"[dim]goal {escape(details.title)}: {details.status}[/]"
 
 
+_GARDEN_KINDS = {"tend_survey": "tend survey", "recently_concluded": "recently concluded", "reply": "answer"}
+
+
+def garden_row(message: GardenMessage) -> str:
+    """A garden's message as the terminal shows it: from the garden, never as the person's or the
+    model's (OM-4, OM-5); its text is outside text, made visible."""
+    return f"[bold green]garden {escape(message.garden)}[/] [dim]({_GARDEN_KINDS[message.kind]})[/]: " \
+           f"{escape(message.text)}"
+
+
 def _model(model: ModelIdentity) -> str:
     return f"{model.provider}/{model.model_id}"
 
@@ -135,3 +147,5 @@ def _outcome_text(outcome: CommandOutcome | None) -> str:
             return f"mode {_MODES[outcome.mode]}"
         case RestartOutcome():
             return "restarted from the journal"
+        case GoalOutcome():
+            return f"goal {outcome.title} given to garden {outcome.garden}"

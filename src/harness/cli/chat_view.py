@@ -23,7 +23,7 @@ from prompt_toolkit.formatted_text import ANSI, StyleAndTextTuples, to_formatted
 from rich.console import Console, RenderableType
 from rich.padding import Padding
 
-from harness.cli.chat_rows import chat_row
+from harness.cli.chat_rows import chat_row, garden_row
 from harness.cli.terminal_text import escape, markdown
 from harness.context import Context
 from harness.conversation import (
@@ -32,6 +32,7 @@ from harness.conversation import (
     ChatEventPublished,
     chat_event_rows,
     conversation_events,
+    garden_message_of,
 )
 from harness.messages import (
     AssistantMessage,
@@ -427,6 +428,8 @@ def _message_end(view: ChatView, event: MessageEnd) -> None:
     elif isinstance(message, UserMessage) and event.entry_id in view.queued:
         kind = view.queued.pop(event.entry_id)
         view.screen.print(f"[cyan]› {escape(clip(content_text(message.content)))}[/] [dim]({kind} sent)[/]")
+    elif (garden := garden_message_of(message)) is not None:
+        view.screen.print(garden_row(garden))
     elif isinstance(message, CustomMessage) and message.display and message.custom_type != CHAT_EVENT_TYPE:
         # A chat event's text is the model's; its row is drawn from its details (`chat_event`).
         text = escape(clip(content_text(message.content)))
@@ -606,6 +609,8 @@ def entry_summary(entry: Entry, limit: int = 100) -> str:
         case "custom_message":
             if payload.message.custom_type == CHAT_EVENT_TYPE:
                 return " ".join(chat_row(r.details).split("\n", 1)[0] for r in chat_event_rows([entry]))
+            if (garden := garden_message_of(payload.message)) is not None:
+                return garden_row(garden.model_copy(update={"text": clip(garden.text, limit)}))
             text = clip(content_text(payload.message.content), limit)
             return f"[yellow]\\[{escape(payload.message.custom_type)}][/] {escape(text)}"
         case "custom":

@@ -7,10 +7,16 @@ import json
 from pydantic import JsonValue
 from rich.console import Console, RenderableType
 
-from harness.cli.chat_rows import chat_row
+from harness.cli.chat_rows import chat_row, garden_row
 from harness.cli.terminal_text import escape, markdown
 from harness.context import Context
-from harness.conversation import CHAT_EVENT_TYPE, MESSAGE_BLOCKS_TYPE, chat_event_rows
+from harness.conversation import (
+    CHAT_EVENT_TYPE,
+    GARDEN_MESSAGE_TYPE,
+    MESSAGE_BLOCKS_TYPE,
+    chat_event_rows,
+    garden_message_of,
+)
 from harness.messages import (
     AssistantMessage,
     CustomMessage,
@@ -63,6 +69,9 @@ def entry_lines(entry: Entry, limit: int | None) -> list[RenderableType]:
             custom: CustomMessage = payload.message
             if custom.custom_type == CHAT_EVENT_TYPE:  # worded from its details; an unknown shape shows nothing (CE-5)
                 return [chat_row(row.details) for row in chat_event_rows([entry])]
+            if custom.custom_type == GARDEN_MESSAGE_TYPE:  # from the garden; an unknown shape shows nothing
+                garden = garden_message_of(custom)
+                return [garden_row(garden.model_copy(update={"text": _clip(garden.text, limit)}))] if garden else []
             text = escape(_user_content(custom.content, limit))
             return [f"[yellow]\\[{escape(custom.custom_type)}][/] {text}"]
         case "custom":

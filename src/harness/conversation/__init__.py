@@ -32,6 +32,7 @@ from harness.conversation.chat_events import (
     DirectoryMoved,
     ErrorDetails,
     FastOutcome,
+    GoalOutcome,
     GoalStatus,
     Interrupted,
     ModelOutcome,
@@ -89,6 +90,14 @@ from harness.conversation.display import (
     display_rows,
 )
 from harness.conversation.feed import Alert, FeedWatch, InstanceEvent, InstanceFeed, Presence, TurnActivity
+from harness.conversation.garden_messages import (
+    GARDEN_MESSAGE_TYPE,
+    GardenMessage,
+    GardenMessageKind,
+    garden_message,
+    garden_message_of,
+)
+from harness.conversation.lifecycle import ENDED_AT, ConversationEnded
 from harness.conversation.migrations import JOURNAL_DATA_MIGRATIONS, RETIRE_CHAT_ERROR_NOTICES
 from harness.conversation.recording import MAIN_LANE, record_chat_event
 from harness.conversation.service import (
@@ -129,7 +138,9 @@ __all__ = [
     "BUILT_IN_COMMANDS",
     "CHAT_EVENT_TYPE",
     "DISPLAY_PAGE",
+    "ENDED_AT",
     "FAST_BEFORE",
+    "GARDEN_MESSAGE_TYPE",
     "IMAGE_SWEEP_GRACE_S",
     "JOURNAL_DATA_MIGRATIONS",
     "KEY_CHARS",
@@ -166,6 +177,7 @@ __all__ = [
     "CompactionStopped",
     "ContextOverflow",
     "Conversation",
+    "ConversationEnded",
     "ConversationEvent",
     "ConversationInfo",
     "ConversationService",
@@ -181,6 +193,9 @@ __all__ = [
     "FastOutcome",
     "FeedWatch",
     "Forbidden",
+    "GardenMessage",
+    "GardenMessageKind",
+    "GoalOutcome",
     "GoalStatus",
     "ImageNotFound",
     "InstanceEvent",
@@ -226,6 +241,8 @@ __all__ = [
     "display_rows",
     "fast",
     "fast_outcome",
+    "garden_message",
+    "garden_message_of",
     "has_spoken",
     "last_turn_error_text",
     "message_blocks_of",

@@ -104,8 +104,17 @@ class RestartOutcome(_Fact):
     command: Literal["restart"] = "restart"
 
 
+class GoalOutcome(_Fact):
+    """`/goal TEXT`: the durable goal it gave garden `garden`, whose origin is this conversation."""
+
+    command: Literal["goal"] = "goal"
+    garden: CleanStr
+    goal_id: CleanStr
+    title: CleanStr
+
+
 CommandOutcome: TypeAlias = Annotated[
-    CompactOutcome | FastOutcome | ModelOutcome | RenameOutcome | ModeOutcome | RestartOutcome,
+    CompactOutcome | FastOutcome | ModelOutcome | RenameOutcome | ModeOutcome | RestartOutcome | GoalOutcome,
     Field(discriminator="command"),
 ]
 
@@ -337,5 +346,7 @@ def _outcome_text(outcome: CommandOutcome | None) -> str:
             return f" The mode is now {outcome.mode}."
         case RestartOutcome():
             return " The conversation was restarted from its journal."
+        case GoalOutcome():
+            return f" The garden {outcome.garden} now pursues the goal {outcome.title!r} and will report here."
         case None:
             return ""

@@ -9,6 +9,7 @@ typed outcome; a refusal is a `HarnessError`, recorded with its exact text and r
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Literal, Protocol, TypeVar
 
 from pydantic import BaseModel, ConfigDict
@@ -205,11 +206,13 @@ BUILT_IN_COMMANDS: dict[str, BuiltInCommand] = {
 
 
 async def run_typed_command(service: ConversationService, user: str, conversation: Conversation, line: str,
-                            context: Context) -> CommandOutcome:
-    """Run the built-in command a person typed as `line` (`/name args`), recorded (CE-16). Raises
-    `UnknownCommand` (nothing recorded) for a name no built-in has, and what the command raises."""
+                            context: Context, *,
+                            commands: Mapping[str, BuiltInCommand] = BUILT_IN_COMMANDS) -> CommandOutcome:
+    """Run the command a person typed as `line` (`/name args`) from `commands` (a layer above may
+    add its own, e.g. the garden's `/goal`), recorded (CE-16). Raises `UnknownCommand` (nothing
+    recorded) for a name `commands` does not have, and what the command raises."""
     name, _, args = line.strip().removeprefix("/").partition(" ")
-    command = BUILT_IN_COMMANDS.get(name)
+    command = commands.get(name)
     if command is None:
         raise UnknownCommand(f"there is no command /{name}", name=name)
     return await command(service, user, conversation, args.strip() or None, context)

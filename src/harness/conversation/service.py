@@ -27,6 +27,8 @@ from harness.conversation.chat_events import ChatEventDetails, ChatEventView, Co
 from harness.conversation.command_rows import CommandInvocation, command_failed, command_ran, shell_ran
 from harness.conversation.display import DISPLAY_PAGE, MAX_DISPLAY_PAGE, BlocksRow, DisplayPage, display_rows
 from harness.conversation.feed import Alert, InstanceFeed, Presence, TurnActivity
+from harness.conversation.garden_messages import GardenMessage, garden_message, garden_message_of
+from harness.conversation.lifecycle import ENDED_AT, refuse_if_ended
 from harness.conversation.recording import MAIN_LANE, record_chat_event
 from harness.conversation.settings import MODEL_SWITCH_ACK_S, ConversationSettings, ModelSwitch, WorkMode
 from harness.conversation.turn_rows import public_error, replay_interrupted_replies, turn_end_rows
@@ -417,6 +419,46 @@ class ConversationService:
             raise
         await record_now(outcome_of(result))
         return result
+
+    async def end(self, user: str, conversation_id: str, context: Context) -> bool:
+        """End the conversation: from now on it takes no new turn and no garden message
+        (`ConversationEnded`); it can still be read, renamed and deleted. Live or cold, like
+        `record`. True when this call ended it, False when it already was (nothing written then)."""
+        async with self._settings_of(user, conversation_id, context) as settings:
+            if await settings.harness.session.get(ENDED_AT, context) is not None:
+                return False
+            await settings.harness.set_value(ENDED_AT, now_ms(), context)
+            return True
+
+    async def is_open(self, user: str, conversation_id: str, context: Context) -> bool:
+        """Whether `user`'s conversation takes turns and garden messages, i.e. was not ended.
+        Raises `SessionNotFound` when there is no such conversation, `Forbidden` for another
+        user's; reads only."""
+        session = await self._owned(user, conversation_id, context)
+        return await session.get(ENDED_AT, context) is None
+
+    async def post_garden_message(self, user: str, conversation_id: str, message: GardenMessage,
+                                  context: Context) -> str:
+        """Append a garden's message (sender `garden`) to the conversation's main lane, live or
+        cold like `record`, and return its entry id: the canonical record of what the garden said
+        there (OM-4). Idempotent by `message.emission_id`: when the branch or the pending writes
+        already hold a garden message of that emission, its id is returned and nothing is written,
+        so a retried emission never appends twice. Never starts a turn (CE-3). Raises
+        `ConversationEnded` for an ended conversation, `SessionOwned` while another process holds
+        it, `SessionNotFound`, `Forbidden`; nothing was written then."""
+        async with self._settings_of(user, conversation_id, context) as settings:
+            harness = settings.harness
+            await refuse_if_ended(harness.session, conversation_id, context)
+            lane = harness.lane(MAIN_LANE)
+            watch = await lane.watch(context)
+            watch.close()
+            placed = [(entry.id, entry.payload.message) for entry in watch.snapshot.transcript
+                      if isinstance(entry.payload, CustomMessagePayload)]
+            pending = [(write.entry_id, write.message) for write in watch.snapshot.pending_writes]
+            for entry_id, sent in [*placed, *pending]:
+                if (known := garden_message_of(sent)) is not None and known.emission_id == message.emission_id:
+                    return entry_id
+            return await lane.append_message(garden_message(message), context)
 
     async def record_local_shell(self, user: str, conversation_id: str, command: str, exit_code: int | None,
                                  output: str, context: Context) -> bool:

@@ -29,6 +29,7 @@ from harness.conversation.chat_events import (
     chat_event_of,
     logger,
 )
+from harness.conversation.lifecycle import refuse_if_ended
 from harness.conversation.recording import MAIN_LANE, record_chat_event
 from harness.conversation.turn_rows import clean_public_text
 from harness.errors import HarnessError
@@ -252,9 +253,11 @@ class ConversationSettings:
         If the lane's reasoning level differs from the baseline (the previous admitted turn's
         level, or a level a row announced since), a `ReasoningChanged` row is accepted in the same
         commit, right above the prompt; the baseline is then written. Raises `InvalidMessage` for
-        an empty prompt and whatever `Lane.accept` raises (`LaneBusy`, `PromptTooLarge`)."""
+        an empty prompt, `ConversationEnded` once the conversation was ended, and whatever
+        `Lane.accept` raises (`LaneBusy`, `PromptTooLarge`)."""
         if not text and not images:
             raise InvalidMessage("nothing to send: the prompt is empty")
+        await refuse_if_ended(self.harness.session, self.harness.session.id, context)
         content: str | list[UserContent] = [TextContent(text=text), *images] if images else text
         async with self.turn_lock:
             level = self.lane.config.thinking_level

@@ -13,7 +13,7 @@ from harness.tools.approval import (
     describe_call,
 )
 from harness.tools.builtin import BUILTIN_TOOL_NAMES, builtin_tools, system_prompt
-from harness.tools.workspace import LimitedOutput, PathOutsideWorkspace, Workspace
+from harness.tools.workspace import TOOL_ENVIRONMENT, LimitedOutput, PathOutsideWorkspace, Workspace
 
 __all__ = [
     "ALLOW_FOR_SESSION",
@@ -21,6 +21,7 @@ __all__ = [
     "BUILTIN_TOOL_NAMES",
     "DENY",
     "NEEDS_APPROVAL",
+    "TOOL_ENVIRONMENT",
     "Approval",
     "ApprovalPolicy",
     "ApprovalRequest",

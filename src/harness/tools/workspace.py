@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import codecs
 import contextlib
+import contextvars
 import os
 import re
 import secrets
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, Literal
@@ -286,10 +288,17 @@ def is_binary(sample: bytes) -> bool:
     return b"\x00" in sample
 
 
+TOOL_ENVIRONMENT: contextvars.ContextVar[Mapping[str, str] | None] = contextvars.ContextVar(
+    "harness_tool_environment", default=None)
+"""Variables added to the environment of the shell commands the current run starts (a garden's
+driver sets its run context here); set around a drive, the run's tool tasks inherit it."""
+
+
 def env_for_tools() -> dict[str, str]:
-    """The environment a shell command runs in: this process's, with pagers and prompts off, since
-    nobody can answer a pager or a prompt."""
+    """The environment a shell command runs in: this process's, plus `TOOL_ENVIRONMENT`, with
+    pagers and prompts off, since nobody can answer a pager or a prompt."""
     env = dict(os.environ)
+    env.update(TOOL_ENVIRONMENT.get() or {})
     env.update({"PAGER": "cat", "GIT_PAGER": "cat", "TERM": "dumb", "GIT_TERMINAL_PROMPT": "0"})
     return env
 

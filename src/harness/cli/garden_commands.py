@@ -1,0 +1,174 @@
+"""`harness garden`: make a garden, give it goals, tend it once or keep it tending, and read its
+inbox (replies and notes, apart, OM-5)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from harness.cli.app import StoreOption, app, default_store_url, run_with_store
+from harness.cli.config import local_user, model_name
+from harness.cli.terminal_text import visible
+from harness.context import Context
+from harness.conversation import ConversationService, ConversationSetup
+from harness.errors import InvalidInput
+from harness.garden import Garden, Gardener, GardenEvent, GardenSetup, GoalType, RunFinished, TendFinished, garden_names
+from harness.home import harness_home
+from harness.messages import ModelIdentity
+from harness.providers import ModelRegistry
+from harness.session import Store
+
+garden_app = typer.Typer(name="garden", help="Gardens: goals pursued by a background agent, the gardener.",
+                         no_args_is_help=True)
+app.add_typer(garden_app)
+
+NameArgument = Annotated[str, typer.Argument(help="The garden's name (a-z, 0-9, _ and -).")]
+RootOption = Annotated[Path | None, typer.Option(
+    "--root", help="The garden's runtime root (default: $HARNESS_HOME/gardens/NAME).")]
+
+
+def garden_setup(store: Store, store_url: str | None) -> GardenSetup:
+    """What a garden runs with from the terminal: the models of `models.toml` and the keys set, and
+    a conversation service on the same journal."""
+    registry = ModelRegistry.load(home=harness_home())
+    service = ConversationService(store, ConversationSetup(models=registry))
+    return GardenSetup(store=store, service=service, models=registry, store_url=store_url or default_store_url())
+
+
+def local_garden(setup: GardenSetup) -> Garden:
+    """The garden `/goal` gives goals to: the only one at its default root; `InvalidInput` when
+    there is none, or several."""
+    names = garden_names()
+    if len(names) != 1:
+        have = f"there are {len(names)} ({', '.join(names)})" if names else "there is none"
+        raise InvalidInput(f"/goal gives goals to the only garden under {harness_home() / 'gardens'}; {have}: "
+                           "`harness garden create NAME` makes one", gardens=list(names))
+    return Garden.open(names[0], setup)
+
+
+@garden_app.command("create")
+def create(
+    name: NameArgument,
+    model: Annotated[str | None, typer.Option(help="The gardener's model, provider/id (default: the default "
+                                                   "model).")] = None,
+    instructions: Annotated[str, typer.Option(help="The gardener's instructions (its system prompt).")] = "",
+    tools: Annotated[list[str] | None, typer.Option(
+        "--tool", help="A built-in tool the gardener may use, in the root's work/ folder (repeatable).")] = None,
+    root: RootOption = None,
+    store: StoreOption = None,
+) -> None:
+    """Make a garden; its messages go to your conversations."""
+
+    async def body(s: Store, context: Context) -> None:
+        setup = garden_setup(s, store)
+        assert setup.models is not None
+        identity = ModelIdentity.parse(model) if model else setup.models.default_identity()
+        gardener = Gardener(model=identity, instructions=instructions, builtin_tools=tuple(tools or ()))
+        garden = await Garden.create(name, gardener, setup, context, owner=local_user(), root=root)
+        typer.echo(f"garden {garden.name} at {garden.root.path} (gardener on {model_name(identity)})")
+
+    run_with_store(store, body)
+
+
+@garden_app.command("goal")
+def goal(
+    name: NameArgument,
+    text: Annotated[str, typer.Argument(help="The goal, in words.")],
+    goal_type: Annotated[str, typer.Option("--type", help="tend (recurs) or durable (until concluded).")] = "durable",
+    every: Annotated[float | None, typer.Option(help="A tend goal's schedule, in seconds.")] = None,
+    root: RootOption = None,
+    store: StoreOption = None,
+) -> None:
+    """Give a garden a goal with no conversation behind it (`/goal` in a chat gives one with)."""
+    if goal_type not in ("tend", "durable"):
+        raise typer.BadParameter("a goal given here is tend or durable; a converse goal comes from a conversation",
+                                 param_hint="--type")
+    chosen: GoalType = "tend" if goal_type == "tend" else "durable"
+
+    async def body(s: Store, context: Context) -> None:
+        garden = Garden.open(name, garden_setup(s, store), root=root)
+        added = await garden.add_goal(chosen, text, context, every_s=every)
+        typer.echo(added.id)
+
+    run_with_store(store, body)
+
+
+@garden_app.command("goals")
+def goals(name: NameArgument, root: RootOption = None, store: StoreOption = None) -> None:
+    """List a garden's goals: id, type, status, text."""
+
+    async def body(s: Store, context: Context) -> None:
+        for listed in Garden.open(name, garden_setup(s, store), root=root).goals():
+            typer.echo(f"{listed.id}  {listed.type:<8} {listed.status:<7} {listed.title}")
+
+    run_with_store(store, body)
+
+
+@garden_app.command("tend")
+def tend(name: NameArgument, root: RootOption = None, store: StoreOption = None) -> None:
+    """Tend a garden once, now: every active tend goal, and every durable or converse goal still open."""
+
+    async def body(s: Store, context: Context) -> None:
+        garden = Garden.open(name, garden_setup(s, store), root=root)
+        try:
+            for event in await garden.tend(context):
+                typer.echo(event_line(event))
+        finally:
+            await garden.close(context)
+            await garden.setup.service.close_all(context)
+
+    run_with_store(store, body)
+
+
+@garden_app.command("serve")
+def serve(
+    name: NameArgument,
+    poll: Annotated[float, typer.Option(help="Seconds between looks for new goals.")] = 30.0,
+    root: RootOption = None,
+    store: StoreOption = None,
+) -> None:
+    """Keep a garden tending, each tend goal on its schedule, until Ctrl-C; runs left open by Ctrl-C
+    are resumed by the next tending."""
+
+    async def body(s: Store, context: Context) -> None:
+        garden = Garden.open(name, garden_setup(s, store), root=root)
+        typer.echo(f"tending {garden.name} (Ctrl-C stops); its events: {garden.root.events_file}")
+        try:
+            await garden.serve(context, poll_s=poll)
+        finally:
+            await garden.close(context)
+            await garden.setup.service.close_all(context)
+
+    try:
+        run_with_store(store, body)
+    except KeyboardInterrupt:
+        raise typer.Exit(130) from None
+
+
+@garden_app.command("inbox")
+def inbox(name: NameArgument, root: RootOption = None, store: StoreOption = None) -> None:
+    """List a garden's inbox: the replies (copies of what it said in conversations) and, apart,
+    its notes (what it said to nobody in particular)."""
+
+    async def body(s: Store, context: Context) -> None:
+        garden = Garden.open(name, garden_setup(s, store), root=root)
+        for title, folder in (("replies", garden.root.reply_dir), ("notes", garden.root.notes_dir)):
+            files = sorted(folder.glob("*.md")) if folder.is_dir() else []
+            typer.echo(f"{title} ({garden.root.relative(folder)}/): {len(files)}")
+            for path in files:
+                first = next((line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()), "")
+                typer.echo(f"  {path.name}  {visible(first[:100])}")
+
+    run_with_store(store, body)
+
+
+def event_line(event: GardenEvent) -> str:
+    """One line for a run's end: the goal, the run, how it ended, and a tend run's note."""
+    if isinstance(event, TendFinished):
+        note = event.operator_note_path or "in the conversation" if event.operator_note_written else "no note"
+        return f"tend {event.goal_id} run {event.run_id}: {event.status}; {note}"
+    if isinstance(event, RunFinished):
+        return f"{event.goal_type} {event.goal_id} run {event.run_id}: {event.status}"
+    return f"goal {event.goal_id}: {event.status}"

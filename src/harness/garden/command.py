@@ -1,0 +1,54 @@
+"""`/goal TEXT`: a conversation's command that gives a garden a durable goal whose origin is that
+conversation, then starts the kickoff turn (CE-16)."""
+
+from __future__ import annotations
+
+from harness.context import Context
+from harness.conversation import (
+    BuiltInCommand,
+    CommandInvocation,
+    Conversation,
+    ConversationService,
+    GoalOutcome,
+    RecordNow,
+)
+from harness.errors import InvalidInput
+from harness.garden.garden import Garden
+from harness.garden.records import ConversationOrigin, Goal
+from harness.session import new_id
+
+
+def goal_command(garden: Garden) -> BuiltInCommand:
+    """`/goal TEXT` for `garden`, shaped as the conversation's built-in commands are (pass it to
+    `run_typed_command` in its `commands`).
+
+    Through `run_command` with early recording: the command's row (a `GoalOutcome`) is recorded
+    first, so it sits above the kickoff turn; then the turn is admitted with `TEXT` as the
+    person's message, the goal is given to the garden with that message as its origin, and the
+    turn is driven. The goal's later status changes come as goal rows (`Garden.set_status`).
+    Raises `InvalidInput` for an empty text (recorded as the command's error), and what admitting
+    the turn raises (`LaneBusy` while a turn runs, `ConversationEnded`)."""
+
+    async def goal(service: ConversationService, user: str, conversation: Conversation, args: str | None,
+                   context: Context, *, typed: bool = True) -> GoalOutcome:
+        text = (args or "").strip()
+
+        async def run(record_now: RecordNow) -> GoalOutcome:
+            if not text:
+                raise InvalidInput("/goal needs the goal: /goal TEXT")
+            goal_id = new_id()
+            outcome = GoalOutcome(garden=garden.name, goal_id=goal_id,
+                                  title=Goal(id=goal_id, type="durable", text=text, created_at=0).title)
+            await record_now(outcome)
+            accepted = await conversation.settings.admit(text, (), context)
+            origin = ConversationOrigin(conversation_id=conversation.id, message_id=accepted.entry_ids[-1])
+            try:
+                await garden.add_goal("durable", text, context, origin=origin, goal_id=goal_id)
+            finally:  # the person's message is answered either way
+                await conversation.lane.drive(accepted.operation_id, context)
+            return outcome
+
+        invocation = CommandInvocation(name="goal", args=args or None) if typed else None
+        return await service.run_command(user, conversation, invocation, run, lambda outcome: outcome, context)
+
+    return goal
