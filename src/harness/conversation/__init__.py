@@ -1,6 +1,6 @@
 """Conversations: a person's sessions with the agent, their chat events (something the person saw
-happen that is neither their message nor the reply) and the service every surface goes through
-(CE-1 to CE-17, CE-25, CE-26)."""
+happen that is neither their message nor the reply), the projects they run in, and the service
+every surface goes through (CE-1 to CE-17, CE-19 to CE-21, CE-25, CE-26)."""
 
 from harness.conversation.chat_events import (
     CHAT_EVENT_TYPE,
@@ -61,6 +61,23 @@ from harness.conversation.commands import (
 )
 from harness.conversation.feed import Alert, FeedWatch, InstanceEvent, InstanceFeed, Presence, TurnActivity
 from harness.conversation.migrations import JOURNAL_DATA_MIGRATIONS, RETIRE_CHAT_ERROR_NOTICES
+from harness.conversation.project_switch import (
+    PROJECT_SWITCH_REFUSED_TYPE,
+    PROJECT_TOOL,
+    ProjectSwitchRefused,
+    SwitchedBy,
+)
+from harness.conversation.projects import (
+    PROJECT_SELECTION,
+    PROJECTS_FILE,
+    ExecutionTarget,
+    ProjectSelection,
+    ProjectsFileInvalid,
+    SwitchableProject,
+    UnknownProject,
+    load_projects,
+    resolve_project_argument,
+)
 from harness.conversation.recording import MAIN_LANE, record_chat_event
 from harness.conversation.service import (
     OWNER,
@@ -101,6 +118,10 @@ __all__ = [
     "MAIN_LANE",
     "MODEL_SWITCH_ACK_S",
     "OWNER",
+    "PROJECTS_FILE",
+    "PROJECT_SELECTION",
+    "PROJECT_SWITCH_REFUSED_TYPE",
+    "PROJECT_TOOL",
     "READ_ONLY_TOOLS",
     "RETIRED_NOTICE_CODES",
     "RETIRE_CHAT_ERROR_NOTICES",
@@ -129,6 +150,7 @@ __all__ = [
     "ConversationWatch",
     "DirectoryMoved",
     "ErrorDetails",
+    "ExecutionTarget",
     "FastBefore",
     "FastOutcome",
     "FeedWatch",
@@ -146,6 +168,9 @@ __all__ = [
     "ModelSwitched",
     "NoFastModel",
     "Presence",
+    "ProjectSelection",
+    "ProjectSwitchRefused",
+    "ProjectsFileInvalid",
     "ReasoningChanged",
     "RecordNow",
     "RenameOutcome",
@@ -153,9 +178,12 @@ __all__ = [
     "RestartOutcome",
     "SettingNotRecorded",
     "ShellRan",
+    "SwitchableProject",
+    "SwitchedBy",
     "TurnActivity",
     "TurnBaseline",
     "UnknownCommand",
+    "UnknownProject",
     "WorkMode",
     "chat_event_message",
     "chat_event_of",
@@ -171,6 +199,7 @@ __all__ = [
     "fast_outcome",
     "has_spoken",
     "last_turn_error_text",
+    "load_projects",
     "mode",
     "mode_tools",
     "model",
@@ -180,6 +209,7 @@ __all__ = [
     "rename",
     "render_chat_event_for_model",
     "replay_interrupted_replies",
+    "resolve_project_argument",
     "restart",
     "run_typed_command",
     "shell_ran",
