@@ -1,4 +1,5 @@
-"""The built-in tools (read, write, edit, list, grep, shell) and the approval policy."""
+"""The built-in tools (read, write, edit, list, grep, shell) and the approval policy; background jobs
+are in test_tool_jobs."""
 
 from __future__ import annotations
 
@@ -99,12 +100,14 @@ def details(output: ToolOutput) -> dict[str, JsonValue]:
 
 
 def test_reads_are_replay_safe_and_changes_are_not(workspace: Workspace) -> None:
-    """A crash mid-call reruns read, list and grep; write, edit and shell get an interruption (HA-25)."""
+    """A crash mid-call reruns read, list, grep and jobs; write, edit and shell get an interruption
+    (HA-25)."""
     tools = {tool.name: tool for tool in builtin_tools(workspace)}
 
     assert tuple(tools) == BUILTIN_TOOL_NAMES
     assert {name: tool.replay for name, tool in tools.items()} == {
-        "read": "safe", "list": "safe", "grep": "safe", "write": "never", "edit": "never", "shell": "never"}
+        "read": "safe", "list": "safe", "grep": "safe", "jobs": "safe", "write": "never", "edit": "never",
+        "shell": "never"}
     for tool in tools.values():
         assert tool.spec.parameters["type"] == "object"
         assert tool.spec.parameters["additionalProperties"] is False

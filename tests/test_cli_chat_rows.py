@@ -71,7 +71,9 @@ def entry_of(message: CustomMessage) -> Entry:
     (Renamed(name="[b]plans[/b]"), "renamed: [b]plans[/b]"),  # outside text is shown, not taken as markup
     (Renamed(name=None), "name cleared"),
     (DirectoryMoved(path="/src/app"), "working directory: /src/app"),
-    (DirectoryMoved(path="/src/app", by="agent", project="app"), "the agent moved to project app (/src/app)"),
+    (DirectoryMoved(path="/src/app", by="agent"), "the agent moved to /src/app"),
+    (DirectoryMoved(path="/src/app", project="app"), "project: app (/src/app)"),
+    (DirectoryMoved(path="/src/app", by="agent", project="app"), "the agent switched to project app (/src/app)"),
     (ModeSelected(mode="plan"), "mode: plan (read-only tools)"),
     (ModeSelected(mode="build"), "mode: build (every tool)"),
     (ReasoningChanged(previous="off", level="high"), "reasoning: off -> high"),

@@ -40,13 +40,22 @@ from harness.cli.config import (
 from harness.cli.render import branch_oldest_first, entry_lines
 from harness.cli.terminal_text import escape
 from harness.context import Context
-from harness.conversation import Conversation, ConversationService, WorkMode, mode_tools
+from harness.conversation import PROJECT_SELECTION, Conversation, ConversationService, WorkMode, mode_tools
 from harness.errors import HarnessError, ModelUnavailable
 from harness.messages import AssistantMessage, ModelIdentity, UserMessage
 from harness.providers import ModelRegistry
 from harness.runtime import DriveOutcome, Lane, LaneBusy, NoActiveOperation, NotARun, PromptRequest, Settled
 from harness.session import SessionMutator, Store, addresses, connect
-from harness.tools import ALLOW_FOR_SESSION, ALLOW_ONCE, DENY, Approval, ApprovalPolicy, ApprovalRequest, describe_call
+from harness.tools import (
+    ALLOW_FOR_SESSION,
+    ALLOW_ONCE,
+    DENY,
+    Approval,
+    ApprovalPolicy,
+    ApprovalRequest,
+    BackgroundJobs,
+    describe_call,
+)
 
 EXIT_LEFT_RUNNING = 130
 """The exit status when the person leaves with a turn still open (Ctrl-C twice during a turn)."""
@@ -106,6 +115,10 @@ class ChatClient:
         # One policy for the whole chat, so `a` (allow for the session) survives /cd and /fork.
         self.approval = (ApprovalPolicy.allow_all() if settings.approve_all else ApprovalPolicy(self.ask_approval))
         self.cwd = settings.cwd
+        """The terminal's own directory (`/cd`, `!cmd`); the tools run in the conversation's project
+        when it has one (`Conversation.target`), else here."""
+        self.jobs = BackgroundJobs()
+        """The shell commands the agent started in the background; they end with the chat."""
         self.listing: list[str] = []
         """Entry ids of the last `/tree` listing, by number - 1 (for `/tree N` and `/fork N`)."""
         self._attached: Attached | None = None
@@ -141,13 +154,18 @@ class ChatClient:
     def mode(self) -> WorkMode:
         """`plan` when the lane offers only read-only tools of the ones a build would, else `build`."""
         active = set(self.lane.config.active_tools)
-        every = {tool.name for tool in self.attached.service.setup.tools}
+        every = {tool.name for tool in self.attached.harness.options.tools}
         return "plan" if active and active == set(mode_tools(sorted(every), "plan")) and active != every else "build"
 
     @property
     def busy(self) -> bool:
         """Whether a turn (a run, compaction or navigation driven from here) is under way."""
         return self._turn is not None
+
+    def where(self) -> str:
+        """Where the tools run, as the terminal says it: the project and its path, or the directory."""
+        selection = self.attached.conversation.target.selection
+        return f"project {selection.slug} ({selection.path})" if selection is not None else str(self.cwd)
 
     def error(self, error: HarnessError) -> None:
         """Show an error a person can act on: its stable code and message."""
@@ -185,6 +203,7 @@ class ChatClient:
         finally:
             if self._turn is None:
                 await self.attached.conversation.dispose(self.context)
+            await self.jobs.close()
         await self._say_how_to_come_back()
         return 0
 
@@ -449,7 +468,8 @@ class ChatClient:
         for the rest of the chat, n refuses. What a write or edit would change is shown first."""
         self.screen.end_stream()
         self.screen.print(f"[bold yellow]?[/] [magenta]{escape(request.summary)}[/] [dim]needs approval[/]")
-        for preview_row in call_preview(self.cwd, request.tool_name, request.args):
+        directory = self.attached.conversation.target.directory
+        for preview_row in call_preview(directory, request.tool_name, request.args):
             self.screen.print(preview_row)
         hint = f"y: allow once · a: allow {request.tool_name} for this chat · n: refuse · Ctrl-C: abort the turn"
         match await self.terminal.ask(f"allow {request.tool_name}? [y/n/a] ", hint, keys="yna"):
@@ -473,8 +493,8 @@ class ChatClient:
     async def _attach(self, session_id: str | None, *, model: ModelIdentity | None = None) -> Attached:
         attached = await attach_client(
             self._draft or self.store, session_id, self.context, registry=self.registry, home=self.settings.home,
-            cwd=self.cwd, approval=self.approval, model=model, lane=self.settings.lane, listeners=[self.view],
-            require_model=False, tools=self.settings.tools,
+            cwd=self.cwd, approval=self.approval, jobs=self.jobs, model=model, lane=self.settings.lane,
+            listeners=[self.view], require_model=False, tools=self.settings.tools,
         )
         self.view.meter = await UsageMeter.read(attached.harness.session, self.context)
         return attached
@@ -506,9 +526,13 @@ class ChatClient:
         session = await self.store.create_session(self.context, session_id=drafted.id)
         await session.create_lane(lane.name, lane.config, self.context)
 
+        selection = drafted.target.selection
+
         async def keep(m: SessionMutator) -> None:
             if name is not None:
                 m.set(addresses.session_name(), name)
+            if selection is not None:  # a project chosen before anyone spoke moves with the draft too
+                m.set(PROJECT_SELECTION, selection)
             for entry in reversed(rows):
                 m.insert_entry(entry.payload, parent_id=entry.parent_id, entry_id=entry.id)
             if rows:
@@ -534,7 +558,7 @@ class ChatClient:
         title = f" · {escape(name)}" if name else ""
         self.screen.print(f"[bold]harness chat[/] · session [cyan]{harness.session.id}[/]{title}")
         self.screen.print(f"[dim]lane {escape(lane.name)} · model {escape(model_name(lane.config.model))} · "
-                          f"{escape(str(self.cwd))} · {escape(self.approvals())}[/]")
+                          f"{escape(self.where())} · {escape(self.approvals())}[/]")
         if note := no_tools_note(lane.config):
             self.screen.print(f"[dim]{escape(note)}[/]")
         if not self.attached.created_session and lane.tip_id is not None:

@@ -193,17 +193,48 @@ async def _fork(client: ChatClient, argument: str) -> None:
                         f"[dim](the original, {escape(source.session.id)}, is unchanged)[/]")
 
 
-@command("cd", "/cd [DIR]", "show or change the directory the tools work in")
+@command("cd", "/cd [DIR]", "show or change this terminal's directory (the tools follow it unless in a project)")
 async def _cd(client: ChatClient, argument: str) -> None:
+    target = client.attached.conversation.target
     if argument:
-        target = _directory(client.cwd, argument)
-        os.chdir(target)
-        client.cwd = target
-        await client.switch_session(client.attached.harness.session.id)  # the tools move with it
-        service, user, moved = client.command_door()
-        # The model learns of the move from the row the person sees (nothing before anyone spoke, CE-13).
-        await service.record_setting(user, moved.id, conversation.DirectoryMoved(path=str(target)), client.context)
+        moved_to = _directory(client.cwd, argument)
+        os.chdir(moved_to)
+        client.cwd = target.default = moved_to
+        if target.selection is None:
+            service, user, moved = client.command_door()
+            # The model learns of the move from the row the person sees (nothing before anyone spoke, CE-13).
+            await service.record_setting(user, moved.id, conversation.DirectoryMoved(path=str(moved_to)),
+                                         client.context)
     client.screen.print(f"working directory: {escape(str(client.cwd))}")
+    if target.selection is not None:  # a local move never changes the execution target (CE-19)
+        client.screen.print(f"[dim]the tools stay in project {escape(target.selection.slug)} "
+                            f"({escape(target.selection.path)}); /project switches it[/]")
+
+
+@command("project", "/project [SLUG | ID]", "list the projects, or switch the one the tools work in", while_busy=True)
+async def _project(client: ChatClient, argument: str) -> None:
+    service, user, current = client.command_door()
+    listed = service.list_switchable_projects(user)
+    if not argument:
+        if not listed:
+            where = client.settings.home / conversation.PROJECTS_FILE
+            client.screen.print(f"[dim]no projects to switch to: list them in {escape(str(where))}[/]")
+            return
+        selected = current.target.selection
+        for row in listed:
+            mark = "●" if selected is not None and selected.execution_ref == row.execution_ref else " "
+            icon = f"{row.icon} " if row.icon else ""
+            client.screen.print(f" {mark} [bold]{row.id:>3}[/] {escape(icon + row.slug)} [dim]{escape(row.path)}[/]")
+        argument = (await client.terminal.ask("switch to (slug or id; Enter stays): ",
+                                               "the tools work in the project you pick from the next call on") or ""
+                    ).strip()
+        if not argument:
+            return
+    chosen = conversation.resolve_project_argument(listed, argument)
+    # Never a chdir: the terminal stays where it is, only the conversation's tools move (CE-21).
+    await service.select_project_execution(user, current.id, chosen.execution_ref, client.context)
+    client.screen.print(f"project: [bold]{escape(chosen.slug)}[/] [dim]the tools now work in {escape(chosen.path)}; "
+                        f"this terminal stays in {escape(str(client.cwd))}[/]")
 
 
 @command("resume", "/resume", "finish the lane's open operation (a stopped turn, a deferred reply)")

@@ -66,10 +66,13 @@ def chat_row(details: ChatEventDetails) -> str:
             return f"[dim]model: {escape(before + _model(details.model))}[/]"
         case Renamed():
             return f"[dim]renamed: {escape(details.name)}[/]" if details.name else "[dim]name cleared[/]"
+        case DirectoryMoved(project=str(project)):
+            where = escape(f"{project} ({details.path})")
+            return f"[dim]the agent switched to project {where}[/]" if details.by == "agent" else \
+                f"[dim]project: {where}[/]"
         case DirectoryMoved():
-            where = f"project {details.project} ({details.path})" if details.project else details.path
             who = "the agent moved to" if details.by == "agent" else "working directory:"
-            return f"[dim]{who} {escape(where)}[/]"
+            return f"[dim]{who} {escape(details.path)}[/]"
         case ModeSelected():
             return f"[dim]mode: {_MODES[details.mode]}[/]"
         case ReasoningChanged():

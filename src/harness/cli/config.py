@@ -23,7 +23,14 @@ from typing import Literal
 import httpx
 
 from harness.context import Context
-from harness.conversation import JOURNAL_DATA_MIGRATIONS, Conversation, ConversationService, ConversationSetup
+from harness.conversation import (
+    JOURNAL_DATA_MIGRATIONS,
+    PROJECT_TOOL,
+    PROJECTS_FILE,
+    Conversation,
+    ConversationService,
+    ConversationSetup,
+)
 from harness.errors import HarnessError, ModelUnavailable
 from harness.messages import ModelIdentity, TextContent, UserMessage
 from harness.providers import (
@@ -54,7 +61,7 @@ from harness.session import (
     connect,
     value_address,
 )
-from harness.tools import BUILTIN_TOOL_NAMES, ApprovalPolicy, Workspace, builtin_tools, system_prompt
+from harness.tools import BUILTIN_TOOL_NAMES, ApprovalPolicy, BackgroundJobs, Workspace, builtin_tools, system_prompt
 
 SESSION_NAME_LIMIT = 80
 
@@ -212,6 +219,7 @@ async def attach_client(
     home: Path,
     cwd: Path,
     approval: ApprovalPolicy,
+    jobs: BackgroundJobs,
     model: ModelIdentity | None = None,
     lane: str = "main",
     listeners: Sequence[Listener] = (),
@@ -222,9 +230,11 @@ async def attach_client(
     user: str | None = None,
 ) -> Attached:
     """Open conversation `session_id` of `user` (default `local_user()`; a new one when None)
-    through a `ConversationService`, its harness running the built-in tools in `cwd` with
-    `approval` as the `before_tool` hook: the service's own hooks (turn-end rows, the replay of
-    cut replies, CE-7 to CE-9) apply to every turn. A session without an owner (made before
+    through a `ConversationService`, its harness running the built-in tools in the conversation's
+    project, or in `cwd` while it has none, with `approval` as the `before_tool` hook, and its
+    background shell commands tracked in `jobs`: the service's own hooks (turn-end rows, the
+    replay of cut replies, the model's project switch, CE-7 to CE-9, CE-19) apply to every turn.
+    Projects are listed from `home/projects.toml`. A session without an owner (made before
     conversations had owners, imported, forked, or a chat's saved draft) is adopted by `user`
     first, once; one of another user is `Forbidden`. Close it with `Attached.conversation.dispose`.
 
@@ -256,13 +266,20 @@ async def attach_client(
         if require_model or model is not None or configured is None:
             raise
     workspace = tool_workspace(cwd, home, resolved)
+    projects_file = home / PROJECTS_FILE
     # The setup follows the working directory and the model (the tools' output limit), so each
     # attachment has a service of its own; what conversations share is the journal.
     service = ConversationService(store, ConversationSetup(
-        models=registry, tools=builtin_tools(workspace), system_prompt=system_prompt(workspace),
-        drive=drive or DriveSettings(), hooks=RunHooks(before_tool=approval), listeners=listeners))
+        models=registry, system_prompt=system_prompt(workspace), drive=drive or DriveSettings(),
+        hooks=RunHooks(before_tool=approval), listeners=listeners, directory=cwd, projects_file=projects_file,
+        running_jobs=jobs.running,
+        tools_for=lambda target: builtin_tools(workspace, directory=lambda: target.directory, jobs=jobs,
+                                               owner=target.conversation_id)))
     offered = offers_tools(identity) if tools is None else tools
-    config = LaneConfig(model=identity, active_tools=list(BUILTIN_TOOL_NAMES) if offered else [])
+    # The project tool only where projects are listed: elsewhere it would be one more description
+    # in every request for a call that can only say there is nothing to switch to.
+    active = [*BUILTIN_TOOL_NAMES, *([PROJECT_TOOL] if projects_file.exists() else [])] if offered else []
+    config = LaneConfig(model=identity, active_tools=active)
     if session_id is None:
         name = session_name_from(name_from) if name_from else None
         conversation = await service.create(user, config, context, name=name)

@@ -50,7 +50,7 @@ from harness.runtime import (
     ToolStart,
 )
 from harness.session import Store
-from harness.tools import ApprovalPolicy, describe_call
+from harness.tools import ApprovalPolicy, BackgroundJobs, describe_call
 
 EXIT_COMPLETED = 0
 EXIT_FAILED = 1
@@ -225,9 +225,10 @@ async def run_turn(store: Store, turn: RunTurn, registry: ModelRegistry, context
     status = status or Console(stderr=True, highlight=False, soft_wrap=True)
     printer = JsonEventPrinter(out) if turn.json_events else TextPrinter(out, status)
     approval = ApprovalPolicy.allow_all() if turn.approve_all else ApprovalPolicy(None, unavailable_reason=NO_APPROVER)
+    jobs = BackgroundJobs()  # what the run starts in the background ends with it
     attached = await attach_client(
         store, turn.session_id, context, registry=registry, home=turn.home, cwd=turn.cwd, approval=approval,
-        model=turn.model, lane=turn.lane, listeners=[printer], name_from=turn.prompt, tools=turn.tools,
+        jobs=jobs, model=turn.model, lane=turn.lane, listeners=[printer], name_from=turn.prompt, tools=turn.tools,
     )
     session_id = attached.harness.session.id
     if isinstance(printer, JsonEventPrinter):
@@ -265,6 +266,7 @@ async def run_turn(store: Store, turn: RunTurn, registry: ModelRegistry, context
         loop.remove_signal_handler(signal.SIGINT)
         await interrupt.settle()
         await attached.conversation.dispose(context)
+        await jobs.close()
     if isinstance(outcome, Suspended):
         status.print(f"[yellow]the provider will answer later (deferred {outcome.deferred.id}); the run stays "
                      f"open in session {session_id}[/]")

@@ -1,6 +1,7 @@
 """Conversations: a person's sessions with the agent, their chat events (something the person saw
-happen that is neither their message nor the reply), the blocks under a reply, the display read
-and the service every surface goes through (CE-1 to CE-17, CE-22 to CE-26)."""
+happen that is neither their message nor the reply), the projects they run in, the blocks under a
+reply, the display read and the service every surface goes through (CE-1 to CE-17, CE-19 to
+CE-26)."""
 
 from harness.conversation.blocks import (
     KEY_CHARS,
@@ -99,6 +100,23 @@ from harness.conversation.garden_messages import (
 )
 from harness.conversation.lifecycle import ENDED_AT, ConversationEnded
 from harness.conversation.migrations import JOURNAL_DATA_MIGRATIONS, RETIRE_CHAT_ERROR_NOTICES
+from harness.conversation.project_switch import (
+    PROJECT_SWITCH_REFUSED_TYPE,
+    PROJECT_TOOL,
+    ProjectSwitchRefused,
+    SwitchedBy,
+)
+from harness.conversation.projects import (
+    PROJECT_SELECTION,
+    PROJECTS_FILE,
+    ExecutionTarget,
+    ProjectSelection,
+    ProjectsFileInvalid,
+    SwitchableProject,
+    UnknownProject,
+    load_projects,
+    resolve_project_argument,
+)
 from harness.conversation.recording import MAIN_LANE, record_chat_event
 from harness.conversation.service import (
     IMAGE_SWEEP_GRACE_S,
@@ -152,6 +170,10 @@ __all__ = [
     "MESSAGE_BLOCKS_TYPE",
     "MODEL_SWITCH_ACK_S",
     "OWNER",
+    "PROJECTS_FILE",
+    "PROJECT_SELECTION",
+    "PROJECT_SWITCH_REFUSED_TYPE",
+    "PROJECT_TOOL",
     "READ_ONLY_TOOLS",
     "RETIRED_NOTICE_CODES",
     "RETIRE_CHAT_ERROR_NOTICES",
@@ -189,6 +211,7 @@ __all__ = [
     "DisplayRow",
     "ErrorDetails",
     "EventRow",
+    "ExecutionTarget",
     "FastBefore",
     "FastOutcome",
     "FeedWatch",
@@ -213,6 +236,9 @@ __all__ = [
     "ModelSwitched",
     "NoFastModel",
     "Presence",
+    "ProjectSelection",
+    "ProjectSwitchRefused",
+    "ProjectsFileInvalid",
     "ReasoningChanged",
     "RecordNow",
     "RenameOutcome",
@@ -221,11 +247,14 @@ __all__ = [
     "SenderRow",
     "SettingNotRecorded",
     "ShellRan",
+    "SwitchableProject",
+    "SwitchedBy",
     "ToolResultView",
     "ToolRow",
     "TurnActivity",
     "TurnBaseline",
     "UnknownCommand",
+    "UnknownProject",
     "UserRow",
     "WorkMode",
     "chat_event_message",
@@ -245,6 +274,7 @@ __all__ = [
     "garden_message_of",
     "has_spoken",
     "last_turn_error_text",
+    "load_projects",
     "message_blocks_of",
     "mode",
     "mode_tools",
@@ -256,6 +286,7 @@ __all__ = [
     "rename",
     "render_chat_event_for_model",
     "replay_interrupted_replies",
+    "resolve_project_argument",
     "restart",
     "run_typed_command",
     "select_message_blocks",

@@ -163,7 +163,7 @@ _MODES: dict[str, Literal["build", "plan"]] = {"build": "build", "plan": "plan"}
 
 async def mode(service: ConversationService, user: str, conversation: Conversation, args: str | None,
                context: Context, *, typed: bool = True) -> ModeOutcome:
-    """`/mode build|plan`: the tools of the next turns (`mode_tools` of the setup's tools); its
+    """`/mode build|plan`: the tools of the next turns (`mode_tools` of the conversation's tools); its
     command row is the mode's record. Raises `InvalidInput` for another mode; nothing changed then."""
 
     async def run(record_now: RecordNow) -> ModeOutcome:
@@ -171,8 +171,8 @@ async def mode(service: ConversationService, user: str, conversation: Conversati
         chosen = _MODES.get(typed_mode)
         if chosen is None:
             raise InvalidInput(f"a mode is build or plan, not {typed_mode!r}", mode=typed_mode)
-        await conversation.lane.set_active_tools(mode_tools([tool.name for tool in service.setup.tools], chosen),
-                                                 context)
+        names = [tool.name for tool in conversation.harness.options.tools]
+        await conversation.lane.set_active_tools(mode_tools(names, chosen), context)
         return ModeOutcome(mode=chosen)
 
     return await service.run_command(user, conversation, _invocation("mode", args, typed), run, _itself, context)

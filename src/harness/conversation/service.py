@@ -12,6 +12,7 @@ import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Literal, TypeAlias, TypeVar
 
 from pydantic import BaseModel, ConfigDict
@@ -23,12 +24,27 @@ from harness.conversation.blocks import (
     normalize_tool_blocks,
     referenced_images,
 )
-from harness.conversation.chat_events import ChatEventDetails, ChatEventView, CommandOutcome, Renamed, chat_event_of
+from harness.conversation.chat_events import (
+    ChatEventDetails,
+    ChatEventView,
+    CommandOutcome,
+    DirectoryMoved,
+    Renamed,
+    chat_event_of,
+)
 from harness.conversation.command_rows import CommandInvocation, command_failed, command_ran, shell_ran
 from harness.conversation.display import DISPLAY_PAGE, MAX_DISPLAY_PAGE, BlocksRow, DisplayPage, display_rows
 from harness.conversation.feed import Alert, InstanceFeed, Presence, TurnActivity
 from harness.conversation.garden_messages import GardenMessage, garden_message, garden_message_of
 from harness.conversation.lifecycle import ENDED_AT, refuse_if_ended
+from harness.conversation.project_switch import (
+    SwitchedBy,
+    project_boundary,
+    project_tool,
+    refuse_unknown,
+    switch_project,
+)
+from harness.conversation.projects import PROJECT_SELECTION, ExecutionTarget, SwitchableProject, load_projects
 from harness.conversation.recording import MAIN_LANE, record_chat_event
 from harness.conversation.settings import MODEL_SWITCH_ACK_S, ConversationSettings, ModelSwitch, WorkMode
 from harness.conversation.turn_rows import public_error, replay_interrupted_replies, turn_end_rows
@@ -39,6 +55,7 @@ from harness.runtime import (
     AgentHarness,
     AgentHarnessOptions,
     AgentTool,
+    BetweenSteps,
     CompactionEnd,
     DriveOutcome,
     DriveSettings,
@@ -115,6 +132,18 @@ class ConversationSetup:
     """The model `/fast` switches to; None: `/fast` is refused (`NoFastModel`)."""
     fast_thinking_level: ThinkingLevel = "low"
     """The reasoning level `/fast` lowers to (a lower level already set is kept)."""
+    tools_for: Callable[[ExecutionTarget], Sequence[AgentTool]] | None = None
+    """Tools made for each conversation, given where it runs (the built-in ones, which work in
+    its `ExecutionTarget.directory` as each call starts); beside `tools`, which every conversation
+    shares."""
+    directory: Path | None = None
+    """Where the tools run while no project is selected; None: this process's directory."""
+    projects_file: Path | None = None
+    """The `projects.toml` projects are listed from (read at each listing); None: no projects, and
+    no `project` tool."""
+    running_jobs: Callable[[str], int] | None = None
+    """How many tracked background jobs of a conversation (by id) still run and hold up a project
+    switch (CE-20); None: the tools start none."""
 
 
 @dataclass(frozen=True)
@@ -201,12 +230,12 @@ class Conversation:
     """A live conversation: its attached harness and the lane that talks to the person."""
 
     def __init__(self, info: ConversationInfo, harness: AgentHarness, open_operations: list[OpenOperation],
-                 feed: InstanceFeed) -> None:
+                 feed: InstanceFeed, target: ExecutionTarget) -> None:
         self.info = info
         self.harness = harness
         self.lane = harness.lane(MAIN_LANE)
         self.open_operations = open_operations
-        self.settings = ConversationSettings(harness)
+        self.settings = ConversationSettings(harness, target)
         self._feed = feed
         self._recording: set[asyncio.Task[bool]] = set()
         harness.add_listener(self._on_event)
@@ -242,6 +271,11 @@ class Conversation:
     @property
     def id(self) -> str:
         return self.info.id
+
+    @property
+    def target(self) -> ExecutionTarget:
+        """Where this conversation's tools run now (CE-19)."""
+        return self.settings.target
 
     async def record(self, details: ChatEventDetails, context: Context) -> bool:
         """Record a chat event here (see `record_chat_event`)."""
@@ -367,13 +401,42 @@ class ConversationService:
         if live is not None:
             return await live.settings.switch_model(model, context, wait_for_completion=wait_for_completion,
                                                     acknowledge_after_s=acknowledge_after_s)
-        async with self._temporary_settings(session, context) as settings:
+        async with self._temporary_settings(session, user, context) as settings:
             if (operation := settings.lane.info().operation) is not None:
                 raise LaneBusy(f"conversation {conversation_id} has a turn open; resume or abort it first",
                                lane=MAIN_LANE, operation_id=operation.id)
             async with settings.turn_lock:
                 await settings.apply_model(model, context, always_record=True)
         return ModelSwitch(model=model, queued=False)
+
+    def list_switchable_projects(self, user: str) -> Sequence[SwitchableProject]:
+        """The projects `user` may switch a conversation to, read from `setup.projects_file` at
+        each call (none without one): the one listing every door shows (CE-21). Raises
+        `ProjectsFileInvalid` naming the line and field of a bad file."""
+        return load_projects(self.setup.projects_file) if self.setup.projects_file is not None else []
+
+    async def select_project_execution(self, user: str, conversation_id: str, execution_ref: str, context: Context,
+                                       *, by: SwitchedBy = "user") -> DirectoryMoved:
+        """Switch the conversation, live here or cold, to the listed project `execution_ref` names:
+        its tools run in that project's directory from now on, and the selection is stored, so
+        a reopened conversation runs there too (CE-19 to CE-21). The door's own directory is not
+        touched.
+
+        A person's switch (`by="user"`, every door) records a `DirectoryMoved` row with user
+        wording (nothing while nobody has spoken, CE-13) and returns its details. `by="agent"` is
+        the model's between-step path: the row, by the agent, is returned for the next request
+        and not recorded. Raises `ProjectSwitchRefused`, before anything is stored, for an
+        unknown ref, while a turn runs (not for the agent's path), while another lane of the
+        conversation or a tracked background job of it still runs, or when the directory cannot
+        be entered; `ProjectsFileInvalid` for a bad projects file; `SettingNotRecorded` when the
+        switch applied but the store refused its row (CE-3)."""
+        project = next((row for row in self.list_switchable_projects(user) if row.execution_ref == execution_ref),
+                       None)
+        if project is None:
+            raise refuse_unknown(execution_ref)
+        running = self.setup.running_jobs(conversation_id) if self.setup.running_jobs is not None else 0
+        async with self._settings_of(user, conversation_id, context) as settings:
+            return await switch_project(settings, project, by, running, context)
 
     async def send(self, user: str, conversation_id: str, text: str, context: Context, *,
                    images: Sequence[ImageContent] = ()) -> DriveOutcome:
@@ -542,32 +605,51 @@ class ConversationService:
         if live is not None:
             yield live.settings
             return
-        async with self._temporary_settings(session, context) as settings:
+        async with self._temporary_settings(session, user, context) as settings:
             yield settings
 
     @asynccontextmanager
-    async def _temporary_settings(self, session: Session, context: Context) -> AsyncIterator[ConversationSettings]:
+    async def _temporary_settings(self, session: Session, user: str, context: Context
+                                  ) -> AsyncIterator[ConversationSettings]:
         # Attaching takes the session lock (`SessionOwned` while another process holds it), so a
         # cold change is made under it, as CE-10 asks; the harness runs nothing and is closed after.
-        setup = self.setup
-        harness, _ = await AgentHarness.create(
-            AgentHarnessOptions(session=session, models=setup.models, tools=setup.tools), context)
+        target = await self._target(session, context)
+        harness, _ = await AgentHarness.create(AgentHarnessOptions(
+            session=session, models=self.setup.models, tools=self._tools(user, target)), context)
         try:
-            yield ConversationSettings(harness)
+            yield ConversationSettings(harness, target)
         finally:
             await harness.close(context)
 
     async def _attach(self, session: Session, user: str, context: Context) -> Conversation:
         setup = self.setup
+        target = await self._target(session, context)
+
+        async def select(execution_ref: str, context: Context) -> DirectoryMoved:
+            return await self.select_project_execution(user, session.id, execution_ref, context, by="agent")
+
         options = AgentHarnessOptions(
-            session=session, models=setup.models, tools=setup.tools, system_prompt=setup.system_prompt,
-            drive=setup.drive, hooks=conversation_hooks(setup.hooks, session, self.store.images),
-            listeners=setup.listeners)
+            session=session, models=setup.models, tools=self._tools(user, target), system_prompt=setup.system_prompt,
+            drive=setup.drive, listeners=setup.listeners,
+            hooks=conversation_hooks(setup.hooks, session, self.store.images,
+                                     project_boundary(session, target, select)))
         harness, open_operations = await AgentHarness.create(options, context)
         info = ConversationInfo(id=session.id, owner=user, name=await _name(session, context),
                                 created_at=session.info.created_at, updated_at=session.info.updated_at)
-        conversation = self._live[session.id] = Conversation(info, harness, open_operations, self.feed)
+        conversation = self._live[session.id] = Conversation(info, harness, open_operations, self.feed, target)
         return conversation
+
+    async def _target(self, session: Session, context: Context) -> ExecutionTarget:
+        return ExecutionTarget(session.id, await session.get(PROJECT_SELECTION, context), self.setup.directory)
+
+    def _tools(self, user: str, target: ExecutionTarget) -> Sequence[AgentTool]:
+        """A conversation's tools: the shared ones, those made for where it runs, and the model's
+        `project` tool when projects are configured."""
+        setup = self.setup
+        tools = [*setup.tools, *(setup.tools_for(target) if setup.tools_for is not None else ())]
+        if setup.projects_file is not None:
+            tools.append(project_tool(lambda: self.list_switchable_projects(user), target))
+        return tools
 
 
 async def _name(session: Session, context: Context) -> str | None:
@@ -575,13 +657,16 @@ async def _name(session: Session, context: Context) -> str | None:
     return name
 
 
-def conversation_hooks(hooks: RunHooks, session: SessionReader, images: ImageStore) -> RunHooks:
+def conversation_hooks(hooks: RunHooks, session: SessionReader, images: ImageStore,
+                       boundary: BetweenSteps | None = None) -> RunHooks:
     """`hooks` (the door's) with the conversation's own, for a harness on `session`: interrupted
     replies replayed before the door's transform (CE-8); tool results' blocks normalized into
-    `images` after the door's `after_tool` (CE-22); the reply's blocks appended at run end before
-    the door's `before_run_end` (CE-23); and the turn-end rows placed in the terminal commit
-    (CE-7, CE-9)."""
+    `images` after the door's `after_tool` (CE-22); the `boundary` between steps (the model's
+    project switch, CE-19) before the door's; the reply's blocks appended at run end before the
+    door's `before_run_end` (CE-23); and the turn-end rows placed in the terminal commit (CE-7,
+    CE-9)."""
     door_transform, door_after_tool, door_run_end = hooks.transform_context, hooks.after_tool, hooks.before_run_end
+    door_between = hooks.between_steps
     blocks_at_run_end = message_blocks_at_run_end(session)
 
     async def transform(messages: list[Message], context: Context) -> list[Message]:
@@ -593,10 +678,14 @@ def conversation_hooks(hooks: RunHooks, session: SessionReader, images: ImageSto
             output = await door_after_tool(request, output, context) or output
         return await normalize_tool_blocks(output, images, context)
 
+    async def between_steps(lane: Lane, context: Context) -> Sequence[Message]:
+        placed = list(await boundary(lane, context)) if boundary is not None else []
+        return [*placed, *(await door_between(lane, context))] if door_between is not None else placed
+
     async def before_run_end(lane: Lane, context: Context) -> None:
         await blocks_at_run_end(lane, context)
         if door_run_end is not None:
             await door_run_end(lane, context)
 
     return replace(hooks, transform_context=transform, after_tool=after_tool, before_run_end=before_run_end,
-                   settlement_messages=turn_end_rows)
+                   between_steps=between_steps, settlement_messages=turn_end_rows)

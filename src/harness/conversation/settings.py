@@ -30,6 +30,7 @@ from harness.conversation.chat_events import (
     logger,
 )
 from harness.conversation.lifecycle import refuse_if_ended
+from harness.conversation.projects import ExecutionTarget
 from harness.conversation.recording import MAIN_LANE, record_chat_event
 from harness.conversation.turn_rows import clean_public_text
 from harness.errors import HarnessError
@@ -113,10 +114,12 @@ class _Pick:
 
 
 class ConversationSettings:
-    """The setting changes of one live conversation attached as `harness` (CE-10 to CE-14)."""
+    """The setting changes of one live conversation attached as `harness`, whose tools run at
+    `target` (CE-10 to CE-14, CE-19)."""
 
-    def __init__(self, harness: AgentHarness) -> None:
+    def __init__(self, harness: AgentHarness, target: ExecutionTarget) -> None:
         self.harness = harness
+        self.target = target
         self.lane: Lane = harness.lane(MAIN_LANE)
         self.turn_lock = asyncio.Lock()
         self._turn_ended = asyncio.Event()

@@ -1,5 +1,6 @@
-"""Built-in tools for working in a directory (read, write, edit, list, grep, shell) and the approval
-policy that asks before a call changes anything."""
+"""Built-in tools for working in a directory (read, write, edit, list, grep, shell, and jobs for the
+shell commands started in the background) and the approval policy that asks before a call changes
+anything."""
 
 from harness.tools.approval import (
     ALLOW_FOR_SESSION,
@@ -13,6 +14,7 @@ from harness.tools.approval import (
     describe_call,
 )
 from harness.tools.builtin import BUILTIN_TOOL_NAMES, builtin_tools, system_prompt
+from harness.tools.jobs import MAX_RUNNING_JOBS, BackgroundJobs, Job, JobMode, JobNotFound, TooManyJobs
 from harness.tools.workspace import TOOL_ENVIRONMENT, LimitedOutput, PathOutsideWorkspace, Workspace
 
 __all__ = [
@@ -20,14 +22,20 @@ __all__ = [
     "ALLOW_ONCE",
     "BUILTIN_TOOL_NAMES",
     "DENY",
+    "MAX_RUNNING_JOBS",
     "NEEDS_APPROVAL",
     "TOOL_ENVIRONMENT",
     "Approval",
     "ApprovalPolicy",
     "ApprovalRequest",
     "AskApproval",
+    "BackgroundJobs",
+    "Job",
+    "JobMode",
+    "JobNotFound",
     "LimitedOutput",
     "PathOutsideWorkspace",
+    "TooManyJobs",
     "Workspace",
     "builtin_tools",
     "describe_call",

@@ -103,6 +103,8 @@ class ApprovalPolicy:
 def describe_call(tool_name: str, args: dict[str, JsonValue], limit: int = 200) -> str:
     """One line saying what a call would do, for approval prompts and compact transcripts."""
     match tool_name, args:
+        case "shell", {"command": str(command), "background": str(mode)}:
+            text = f"shell ({mode} in the background): {' '.join(command.split())}"
         case "shell", {"command": str(command)}:
             text = f"shell: {' '.join(command.split())}"
         case "write", {"path": str(path), "content": str(content)}:

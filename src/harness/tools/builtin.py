@@ -4,6 +4,7 @@ wrapper that turns a tool's refusal into an error result."""
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Literal
 
 from pydantic import JsonValue
@@ -13,6 +14,7 @@ from harness.errors import HarnessError
 from harness.providers import ToolSpec
 from harness.runtime import AgentTool, ProgressCallback, ToolOutput
 from harness.tools.files import edit_file, grep, list_directory, read_file, text_output, write_file
+from harness.tools.jobs import BackgroundJobs, start_job, use_jobs
 from harness.tools.shell import run_shell
 from harness.tools.workspace import ToolFailure, Workspace
 
@@ -72,35 +74,67 @@ SPECS: dict[str, ToolSpec] = {
     "shell": ToolSpec(
         name="shell",
         description="Run a shell command in the working directory (bash -c). Returns its combined stdout and "
-                    "stderr and exit code. Nothing can be typed into it; it is killed after timeout seconds.",
+                    "stderr and exit code. Nothing can be typed into it; it is killed after timeout seconds. "
+                    "With background it starts and you get its job id at once (see the jobs tool).",
         parameters=_object({"command": {"type": "string", "description": "The command line."},
                             "timeout": {"type": "number", "exclusiveMinimum": 0,
-                                        "description": "Seconds before it is killed (default 120)."}},
+                                        "description": "Seconds before it is killed (default 120)."},
+                            "background": {"type": "string", "enum": ["job", "service"],
+                                           "description": "Run it in the background, with no time limit: job "
+                                                          "for work that ends (a build, a test run), service "
+                                                          "for one meant to keep running (a dev server), which "
+                                                          "does not hold up a project switch."}},
                            ["command"]),
+    ),
+    "jobs": ToolSpec(
+        name="jobs",
+        description="The shell commands you started in the background: list them, read one's output so far, "
+                    "or stop one. They end with the program running you.",
+        parameters=_object({"action": {"type": "string", "enum": ["list", "output", "stop"]},
+                            "job": {"type": "string", "description": "The job's id, for output and stop."}},
+                           ["action"]),
     ),
 }
 
 REPLAY: dict[str, Literal["never", "safe"]] = {
     "read": "safe", "list": "safe", "grep": "safe",  # reading again after a crash changes nothing
+    "jobs": "safe",  # the jobs ended with the crashed process: a rerun finds none, which is so
     "write": "never", "edit": "never", "shell": "never",  # may have happened: answered as interrupted
 }
 
 BUILTIN_TOOL_NAMES: tuple[str, ...] = tuple(SPECS)
 
 
-def builtin_tools(workspace: Workspace) -> list[AgentTool]:
-    """The built-in tools working in `workspace`: read, write, edit, list, grep and shell.
+def builtin_tools(workspace: Workspace, *, directory: Callable[[], Path] | None = None,
+                  jobs: BackgroundJobs | None = None, owner: str = "") -> list[AgentTool]:
+    """The built-in tools working in `workspace`: read, write, edit, list, grep, shell and jobs.
 
-    Reads declare `replay="safe"` (run again after a crash); write, edit and shell `"never"` (a
-    crash while they ran is answered with an interruption, HA-25). A tool that cannot do what it
-    was asked returns an error result the model reads; it never raises."""
+    Each call works in `directory()` when given (read as the call starts: a conversation's
+    current project, which may move between calls), else in `workspace.root`. A shell command
+    with `background` becomes a job of `owner` in `jobs` (a registry of its own when None), which
+    the jobs tool lists, reads and stops. Reads and jobs declare `replay="safe"` (run again after
+    a crash); write, edit and shell `"never"` (a crash while they ran is answered with an
+    interruption, HA-25). A tool that cannot do what it was asked returns an error result the
+    model reads; it never raises."""
+    registry = jobs if jobs is not None else BackgroundJobs()
+
+    def here() -> Workspace:
+        return workspace if directory is None else workspace.moved_to(directory())
+
+    async def shell(call_id: str, args: dict[str, JsonValue], on_update: ProgressCallback,
+                    context: Context) -> ToolOutput:
+        if args.get("background") is not None:
+            return await start_job(registry, owner, here(), args)
+        return await run_shell(here(), call_id, args, on_update, context)
+
     runs: dict[str, Run] = {
-        "read": lambda call_id, args, on_update, context: read_file(workspace, args, context),
-        "write": lambda call_id, args, on_update, context: write_file(workspace, args, context),
-        "edit": lambda call_id, args, on_update, context: edit_file(workspace, args, context),
-        "list": lambda call_id, args, on_update, context: list_directory(workspace, call_id, args, context),
-        "grep": lambda call_id, args, on_update, context: grep(workspace, call_id, args, context),
-        "shell": lambda call_id, args, on_update, context: run_shell(workspace, call_id, args, on_update, context),
+        "read": lambda call_id, args, on_update, context: read_file(here(), args, context),
+        "write": lambda call_id, args, on_update, context: write_file(here(), args, context),
+        "edit": lambda call_id, args, on_update, context: edit_file(here(), args, context),
+        "list": lambda call_id, args, on_update, context: list_directory(here(), call_id, args, context),
+        "grep": lambda call_id, args, on_update, context: grep(here(), call_id, args, context),
+        "shell": shell,
+        "jobs": lambda call_id, args, on_update, context: use_jobs(registry, owner, args),
     }
     return [AgentTool(spec=SPECS[name], execute=_reporting_failures(run), replay=REPLAY[name])
             for name, run in runs.items()]

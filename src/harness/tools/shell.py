@@ -51,22 +51,15 @@ async def run_shell(workspace: Workspace, tool_call_id: str, args: dict[str, Jso
     context.raise_if_cancelled()
 
     capture = workspace.capture(tool_call_id, ".log")
-    guard = await _GroupGuard.start()
     started = time.monotonic()
     try:
-        process = await asyncio.create_subprocess_exec(
-            SHELL, "-c", command, cwd=workspace.root, stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, env=env_for_tools(),
-            start_new_session=True,  # its own process group, so a kill reaches every child
-        )
+        process, guard = await start_command(command, workspace.root)
     except BaseException:
         capture.close()
-        await guard.release()
         raise
-    guard.watch(process.pid)
     assert process.stdout is not None
-    reader = asyncio.ensure_future(_read(process.stdout, capture))
-    exited = asyncio.ensure_future(_exit_of(process))
+    reader = asyncio.ensure_future(read_into(process.stdout, capture))
+    exited = asyncio.ensure_future(exit_of(process))
     cancelled = asyncio.ensure_future(context.wait_cancelled())
     ended_by: str | None = None
     try:
@@ -89,11 +82,11 @@ async def run_shell(workspace: Workspace, tool_call_id: str, args: dict[str, Jso
                     checkpointed = time.monotonic()
                 await on_update(_progress(capture, time.monotonic() - started), persist)
         if ended_by is not None:
-            await _kill_group(process, exited)
-        await _drain(reader)
+            await kill_group(process, exited)
+        await drain(reader)
     except BaseException:
         # The task itself was cancelled (an abort past its grace) or something broke: leave nothing running.
-        _signal_group(process, signal.SIGKILL)
+        signal_group(process, signal.SIGKILL)
         reader.cancel()
         capture.close()
         raise
@@ -116,6 +109,22 @@ async def run_shell(workspace: Workspace, tool_call_id: str, args: dict[str, Jso
     return text_output(text, details, is_error=ended_by is not None or exit_code != 0)
 
 
+async def start_command(command: str, cwd: Path) -> tuple[asyncio.subprocess.Process, GroupGuard]:
+    """`SHELL -c command` in `cwd`, stdin closed, stdout and stderr merged into one pipe, in a
+    process group of its own (so a kill reaches every child) that a `GroupGuard` ends if this
+    process dies first; release the guard once the command is over."""
+    guard = await GroupGuard.start()
+    try:
+        process = await asyncio.create_subprocess_exec(
+            SHELL, "-c", command, cwd=cwd, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT, env=env_for_tools(), start_new_session=True)
+    except BaseException:
+        await guard.release()
+        raise
+    guard.watch(process.pid)
+    return process, guard
+
+
 def _footer(ended_by: str | None, exit_code: int | None, timeout: float) -> str:
     if ended_by == "timeout":
         return f"timed out after {timeout:g} s; the command and its children were killed"
@@ -126,7 +135,7 @@ def _footer(ended_by: str | None, exit_code: int | None, timeout: float) -> str:
     return ""
 
 
-async def _read(stream: asyncio.StreamReader, capture: OutputCapture) -> None:
+async def read_into(stream: asyncio.StreamReader, capture: OutputCapture) -> None:
     while chunk := await stream.read(_READ_CHUNK):
         capture.write(chunk)
 
@@ -135,7 +144,7 @@ def _progress(capture: OutputCapture, elapsed_s: float) -> JsonValue:
     return {"output": capture.last(_PROGRESS_TAIL_CHARS), "bytes": capture.bytes, "elapsed_s": round(elapsed_s, 1)}
 
 
-async def _exit_of(process: asyncio.subprocess.Process) -> int:
+async def exit_of(process: asyncio.subprocess.Process) -> int:
     """The shell's exit status, as soon as the shell itself exits. (`Process.wait()` on Python
     3.11 also waits for its pipes to close, which a background child can hold open forever.)"""
     while process.returncode is None:  # noqa: ASYNC110 (no event exists for "the shell exited" here)
@@ -143,21 +152,21 @@ async def _exit_of(process: asyncio.subprocess.Process) -> int:
     return process.returncode
 
 
-def _signal_group(process: asyncio.subprocess.Process, sig: signal.Signals) -> None:
+def signal_group(process: asyncio.subprocess.Process, sig: signal.Signals) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(process.pid, sig)
 
 
-async def _kill_group(process: asyncio.subprocess.Process, exited: asyncio.Future[int]) -> None:
+async def kill_group(process: asyncio.subprocess.Process, exited: asyncio.Future[int]) -> None:
     """SIGTERM the group, SIGKILL it if the shell has not gone after `KILL_GRACE_S`."""
-    _signal_group(process, signal.SIGTERM)
+    signal_group(process, signal.SIGTERM)
     try:
         await asyncio.wait_for(asyncio.shield(exited), KILL_GRACE_S)
     except TimeoutError:
-        _signal_group(process, signal.SIGKILL)
+        signal_group(process, signal.SIGKILL)
         await exited
     # Children that ignored SIGTERM may outlive the shell; the group is ours to end.
-    _signal_group(process, signal.SIGKILL)
+    signal_group(process, signal.SIGKILL)
 
 
 _GUARD_SCRIPT = f"""trap '' HUP INT TERM
@@ -168,7 +177,7 @@ exit 0"""
 """The guard's script: read the group id, then exit on a second line, or end the group on EOF."""
 
 
-class _GroupGuard:
+class GroupGuard:
     """A small watcher process that ends a command's process group if this process dies before
     the command ends (a chat killed with SIGKILL, say), so no command outlives the harness
     unseen. It waits on a pipe whose write end only this process holds: the kernel closes it on
@@ -180,7 +189,7 @@ class _GroupGuard:
         self._watcher, self._write_end = watcher, write_end
 
     @classmethod
-    async def start(cls) -> _GroupGuard:
+    async def start(cls) -> GroupGuard:
         read_end, write_end = os.pipe()
         try:
             watcher = await asyncio.create_subprocess_exec(
@@ -206,7 +215,7 @@ class _GroupGuard:
         await self._watcher.wait()
 
 
-async def _drain(reader: asyncio.Future[None]) -> None:
+async def drain(reader: asyncio.Future[None]) -> None:
     """Let the reader reach the end of the output; a background child that keeps the pipe open
     past `_DRAIN_S` is left running, its later output not captured."""
     try:

@@ -10,7 +10,7 @@ import os
 import re
 import secrets
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import BinaryIO, Literal
 
@@ -136,6 +136,10 @@ class Workspace:
         """A capture of one call's output as it streams: see `OutputCapture`."""
         return OutputCapture(self, self.new_output_file(tool_call_id, suffix))
 
+    def moved_to(self, root: Path) -> Workspace:
+        """This workspace with `root` as its working directory (limits and `output_dir` kept)."""
+        return replace(self, root=root)
+
 
 class OutputCapture:
     """One call's output as it streams (`write` its bytes, then `finish`): every byte goes to a
@@ -167,16 +171,23 @@ class OutputCapture:
         return self._tail[-chars:]
 
     def finish(self, *, hint: str = "") -> LimitedOutput:
-        """What the model reads: the output's tail cut to `max_lines` lines and `max_chars`
-        characters, after a note naming the file with all of it and `hint` on how to see more.
-        When nothing was cut there is no note and the file is deleted."""
+        """The output is over: what the model reads of it (`view`); when nothing was cut the
+        file is deleted."""
         self._add(self._decoder.decode(b"", final=True))
         self._close()
+        limited = self.view(hint=hint)
+        if not limited.truncated:
+            with contextlib.suppress(OSError):
+                self.path.unlink()
+        return limited
+
+    def view(self, *, hint: str = "") -> LimitedOutput:
+        """What the model reads of the output so far: its tail cut to `max_lines` lines and
+        `max_chars` characters, after a note naming the file with all of it and `hint` on how to
+        see more (no note when nothing was cut). The capture goes on."""
         workspace, text = self._workspace, self._tail
         total_lines = self._newlines + (0 if text.endswith("\n") or not text else 1)
         if total_lines <= workspace.max_lines and self._chars <= workspace.max_chars:
-            with contextlib.suppress(OSError):
-                self.path.unlink()
             return LimitedOutput(text, truncated=False, full_output=None)
         cut = _cut(text, workspace.max_lines, workspace.max_chars, "tail")
         where = f"the full output is in {self.path}"
