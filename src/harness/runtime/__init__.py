@@ -71,7 +71,7 @@ from harness.runtime.requests import (
     SkillRequest,
     TemplateRequest,
 )
-from harness.runtime.settings import CompactionSettings, DriveSettings, RetryPolicy
+from harness.runtime.settings import CompactionSettings, DriveSettings, RetryPolicy, SystemPrompt
 from harness.runtime.snapshot import reduce_lane_snapshot
 from harness.runtime.types import (
     CurrentOperationInfo,
@@ -172,6 +172,7 @@ __all__ = [
     "SkillRequest",
     "SnapshotOperation",
     "Suspended",
+    "SystemPrompt",
     "TemplateRequest",
     "ThinkingLevel",
     "ToolCallRequest",

@@ -18,7 +18,7 @@ from harness.runtime.hooks import RunHooks
 from harness.runtime.lane import Lane, LaneCore
 from harness.runtime.projection import LaneProjection
 from harness.runtime.requests import PromptTemplate, Skill
-from harness.runtime.settings import DriveSettings
+from harness.runtime.settings import DriveSettings, SystemPrompt
 from harness.runtime.types import LaneInfo, OpenOperation
 from harness.session import (
     PHASES_OF_KIND,
@@ -47,7 +47,8 @@ class AgentHarnessOptions:
     """What a harness runs with. `models` and `tools` are needed only when a step executes, never
     by attachment, acceptance or inspection (HA-16); acceptance reads a model's context window
     from `models` only to refuse input that cannot fit it, when the registry knows the lane's
-    model. There is no default telemetry Context: every call takes its own (HA-22, HA-30)."""
+    model. `system_prompt` may be a function of the lane's name, asked at each request. There is
+    no default telemetry Context: every call takes its own (HA-22, HA-30)."""
 
     session: Session
     models: ModelRegistry | None = None
@@ -55,7 +56,7 @@ class AgentHarnessOptions:
     skills: Sequence[Skill] = ()
     prompt_templates: Sequence[PromptTemplate] = ()
     listeners: Sequence[Listener] = ()
-    system_prompt: str | None = None
+    system_prompt: SystemPrompt = None
     drive: DriveSettings = field(default_factory=DriveSettings)
     hooks: RunHooks = field(default_factory=RunHooks)
     watch_buffer_limit: int = 100_000  # events a watch may hold unread before it ends (WatchOverflow)

@@ -60,7 +60,7 @@ from harness.runtime.requests import (
     normalize_request,
     prompt_call,
 )
-from harness.runtime.settings import DriveSettings
+from harness.runtime.settings import DriveSettings, SystemPrompt, lane_system_prompt
 from harness.runtime.snapshot import LanePresentation, capture_snapshot, queued_item
 from harness.runtime.summary import plan_compaction
 from harness.runtime.types import LaneExecutionInfo, LaneInfo, LaneSnapshot
@@ -125,7 +125,7 @@ class LaneCore:
     line: SessionLine
     bus: EventBus
     models: ModelRegistry | None
-    system_prompt: str | None
+    system_prompt: SystemPrompt
     settings: DriveSettings
     skills: Mapping[str, Skill]
     templates: Mapping[str, PromptTemplate]
@@ -274,6 +274,9 @@ class Lane:
         if (await m.get_record(addresses.operation_meta(operation_id), context) is not None
                 or (last is not None and last.operation_id == operation_id)):
             raise OperationIdTaken(f"operation id {operation_id} is already used", operation_id=operation_id)
+        await self._check_unused_entries(m, entry_ids, context)
+
+    async def _check_unused_entries(self, m: SessionMutator, entry_ids: Sequence[str], context: Context) -> None:
         taken = set(await m.entries(entry_ids, context))
         for entry_id in entry_ids:  # a queued entry's pre-minted id is taken too
             if entry_id in self.projection.pending or await m.get_record(addresses.pending_entry(entry_id), context):
@@ -284,13 +287,14 @@ class Lane:
 
     # -- appends and queues ---------------------------------------------------------------------
 
-    async def append_message(self, message: Message, context: Context) -> str:
+    async def append_message(self, message: Message, context: Context, *, entry_id: str | None = None) -> str:
         """Append `message` to the lane and return its entry id. Idle, it is placed at once;
         while an operation is open it becomes a pending write, placed at the next safe point and
         shown in the snapshot's pending writes (CE-4). Raises `PromptTooLarge` for a message over
-        `MAX_INPUT_BYTES`."""
+        `MAX_INPUT_BYTES`. A supplied `entry_id` makes the append happen once: `OperationIdTaken`
+        when an entry or pending entry of that id exists already, and nothing is written."""
         check_input_size([message], "message")
-        return await self._append(PendingMessage(message=owned(message)), context)
+        return await self._append(PendingMessage(message=owned(message)), context, entry_id=entry_id)
 
     async def append_custom(self, custom_type: str, data: JsonValue, context: Context) -> str:
         """Append application state the model never reads; same placement rules as `append_message`.
@@ -301,21 +305,23 @@ class Lane:
             raise InvalidInput(f"custom entry data is not storable JSON: {error.errors()[0]['msg']}") from error
         return await self._append(pending, context)
 
-    async def _append(self, pending: PendingEntry, context: Context) -> str:
-        entry_id = new_id()
+    async def _append(self, pending: PendingEntry, context: Context, *, entry_id: str | None = None) -> str:
+        supplied, new_entry = entry_id is not None, entry_id or new_id()
 
         async def plan(m: SessionMutator) -> Decision[str]:
+            if supplied:
+                await self._check_unused_entries(m, [new_entry], context)
             if self.projection.state.current_operation_id is not None:
                 await self.projection.load_inbox(m, context)
-                return self._enqueue(m, entry_id, "write", pending)
+                return self._enqueue(m, new_entry, "write", pending)
             placement = Placement(self.projection.tip_id)
-            placement.stage(m, entry_id, pending_payload(pending))
-            m.set(addresses.branch_tip(self.name), entry_id)
+            placement.stage(m, new_entry, pending_payload(pending))
+            m.set(addresses.branch_tip(self.name), new_entry)
 
             def after(result: CommitResult | None) -> list[HarnessEvent]:
                 return publish_placement(self.projection, placement, result)
 
-            return Decision(entry_id, after)
+            return Decision(new_entry, after)
 
         return await self.core.line.run(plan, context)
 
@@ -547,7 +553,7 @@ class Lane:
             return
         window = model.context_window
         reserve = self.core.settings.compaction.for_window(window).reserve_tokens
-        system = estimate_tokens((), self.core.system_prompt or "")
+        system = estimate_tokens((), lane_system_prompt(self.core.system_prompt, self.name) or "")
         room, size = window - reserve - system, estimate_tokens(messages)
         if size <= room:
             return

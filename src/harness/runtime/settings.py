@@ -6,9 +6,18 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
-from typing import Literal
+from typing import Literal, TypeAlias
 
 from harness.messages import now_ms
+
+SystemPrompt: TypeAlias = str | Callable[[str], str | None] | None
+"""A harness's system prompt: one text for every lane, or a function of the lane's name asked at
+each request (a delegated child's lane runs with its agent's instructions), or none."""
+
+
+def lane_system_prompt(prompt: SystemPrompt, lane: str) -> str | None:
+    """The system prompt lane `lane` runs with."""
+    return prompt(lane) if callable(prompt) else prompt
 
 
 @dataclass(frozen=True)

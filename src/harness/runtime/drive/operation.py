@@ -19,7 +19,7 @@ from harness.runtime.errors import HarnessFault
 from harness.runtime.hooks import RunHooks
 from harness.runtime.lane import Lane
 from harness.runtime.outcomes import Settled
-from harness.runtime.settings import DriveSettings
+from harness.runtime.settings import DriveSettings, SystemPrompt
 from harness.session import GenerationContext, SessionMutator
 
 if TYPE_CHECKING:
@@ -35,7 +35,7 @@ class DriveEnvironment:
 
     models: ModelRegistry | None
     tools: Mapping[str, AgentTool]
-    system_prompt: str | None
+    system_prompt: SystemPrompt
     settings: DriveSettings
     hooks: RunHooks
     session_id: str

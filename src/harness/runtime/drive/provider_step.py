@@ -42,6 +42,7 @@ from harness.runtime.events import (
 )
 from harness.runtime.fault_points import FaultPoint, reached
 from harness.runtime.outcomes import INTERRUPTED_REPLY, DriveOutcome, WaitingRetry
+from harness.runtime.settings import lane_system_prompt
 from harness.runtime.snapshot import LanePresentation, frames_message
 from harness.session import (
     AssistantEffectPending,
@@ -94,7 +95,8 @@ async def generate(op: DrivenOperation, state: AssistantReady) -> Transition | N
     tools = tuple(op.environment.tools[name].spec for name in generation.config.active_tools)
     if model.max_tool_steps is not None and generation.step > model.max_tool_steps:
         tools = ()  # a model too small to trust with more tool steps answers in text now
-    request = ProviderRequest(system_prompt=op.environment.system_prompt, messages=tuple(messages), tools=tools)
+    system = lane_system_prompt(op.environment.system_prompt, lane)
+    request = ProviderRequest(system_prompt=system, messages=tuple(messages), tools=tools)
     if not await op.commit(Transition(intent, events=lambda _: [turn, *retry], intent=True)):
         return None
     reached(FaultPoint.ASSISTANT_INTENT)
