@@ -24,6 +24,8 @@ import httpx
 
 from harness.context import Context
 from harness.conversation import (
+    DEFAULT_AGENTS,
+    DELEGATION_TOOL_NAMES,
     JOURNAL_DATA_MIGRATIONS,
     PROJECT_TOOL,
     PROJECTS_FILE,
@@ -232,8 +234,9 @@ async def attach_client(
     """Open conversation `session_id` of `user` (default `local_user()`; a new one when None)
     through a `ConversationService`, its harness running the built-in tools in the conversation's
     project, or in `cwd` while it has none, with `approval` as the `before_tool` hook, and its
-    background shell commands tracked in `jobs`: the service's own hooks (turn-end rows, the
-    replay of cut replies, the model's project switch, CE-7 to CE-9, CE-19) apply to every turn.
+    background shell commands tracked in `jobs`, and the `general` agent to delegate to (CE-18):
+    the service's own hooks (turn-end rows, the replay of cut replies, the model's project switch,
+    CE-7 to CE-9, CE-19) apply to every turn, a sub-agent's too.
     Projects are listed from `home/projects.toml`. A session without an owner (made before
     conversations had owners, imported, forked, or a chat's saved draft) is adopted by `user`
     first, once; one of another user is `Forbidden`. Close it with `Attached.conversation.dispose`.
@@ -241,7 +244,7 @@ async def attach_client(
     The model is `model` when given (the lane is switched to it), else the lane's configured
     model, else the registry's default (the embedded model when no key is configured). It is
     checked before anything is written: `ModelUnavailable`, `MissingApiKey`. A new lane gets the
-    built-in tools as its active tools (when `offers_tools`; `tools` True or False decides instead;
+    built-in and delegation tools as its active tools (when `offers_tools`; `tools` True or False decides instead;
     `tools=False` raises `LaneHasTools` for an existing lane that has some). A new session is named
     from `name_from`. `drive` defaults to `DriveSettings()` (compaction fits itself to the model).
     With `require_model=False` a lane whose configured model is not usable is still attached (to
@@ -274,11 +277,13 @@ async def attach_client(
         hooks=RunHooks(before_tool=approval), listeners=listeners, directory=cwd, projects_file=projects_file,
         running_jobs=jobs.running,
         tools_for=lambda target: builtin_tools(workspace, directory=lambda: target.directory, jobs=jobs,
-                                               owner=target.conversation_id)))
+                                               owner=target.conversation_id),
+        agents=DEFAULT_AGENTS))
     offered = offers_tools(identity) if tools is None else tools
     # The project tool only where projects are listed: elsewhere it would be one more description
     # in every request for a call that can only say there is nothing to switch to.
-    active = [*BUILTIN_TOOL_NAMES, *([PROJECT_TOOL] if projects_file.exists() else [])] if offered else []
+    active = [*BUILTIN_TOOL_NAMES, *([PROJECT_TOOL] if projects_file.exists() else []),
+              *DELEGATION_TOOL_NAMES] if offered else []
     config = LaneConfig(model=identity, active_tools=active)
     if session_id is None:
         name = session_name_from(name_from) if name_from else None

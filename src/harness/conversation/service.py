@@ -18,6 +18,7 @@ from typing import Literal, TypeAlias, TypeVar
 from pydantic import BaseModel, ConfigDict
 
 from harness.context import Context
+from harness.conversation.agents import AgentRegistry
 from harness.conversation.blocks import (
     message_blocks_at_run_end,
     message_blocks_of,
@@ -33,6 +34,7 @@ from harness.conversation.chat_events import (
     chat_event_of,
 )
 from harness.conversation.command_rows import CommandInvocation, command_failed, command_ran, shell_ran
+from harness.conversation.delegation import Delegation, DelegationFinished, DelegationView, delegation_rows
 from harness.conversation.display import DISPLAY_PAGE, MAX_DISPLAY_PAGE, BlocksRow, DisplayPage, display_rows
 from harness.conversation.feed import Alert, InstanceFeed, Presence, TurnActivity
 from harness.conversation.garden_messages import GardenMessage, garden_message, garden_message_of
@@ -144,6 +146,10 @@ class ConversationSetup:
     running_jobs: Callable[[str], int] | None = None
     """How many tracked background jobs of a conversation (by id) still run and hold up a project
     switch (CE-20); None: the tools start none."""
+    agents: AgentRegistry | None = None
+    """The sub-agents the model may delegate to (CE-18): with a registry the harness gets the
+    `delegate` and `workflow` tools, offered on a lane whose active tools name them; None: no
+    delegation. `DEFAULT_AGENTS` is one general agent on the delegating lane's model and tools."""
 
 
 @dataclass(frozen=True)
@@ -178,9 +184,9 @@ class MessageBlocksPublished(BaseModel):
     row: BlocksRow
 
 
-ConversationEvent = ChatEventPublished | MessageBlocksPublished | HarnessEvent
-"""The conversation's live stream: its chat-event rows, its replies' blocks and the harness's own
-events (CE-24, CE-26)."""
+ConversationEvent = ChatEventPublished | MessageBlocksPublished | DelegationFinished | HarnessEvent
+"""The conversation's live stream: its chat-event rows, its replies' blocks, its delegation rows
+and the harness's own events (CE-18, CE-24, CE-26)."""
 
 
 def chat_event_rows(entries: Sequence[Entry]) -> list[ChatEventView]:
@@ -196,8 +202,9 @@ def chat_event_rows(entries: Sequence[Entry]) -> list[ChatEventView]:
 def conversation_events(event: HarnessEvent) -> list[ConversationEvent]:
     """`event` as the conversation's live stream carries it: an entry that is a chat-event row
     is preceded by its `ChatEventPublished`, a `harness.message-blocks` entry by its
-    `MessageBlocksPublished`; any other event is itself alone (CE-2, CE-24, CE-26). For a door
-    that takes the harness's events as a listener rather than a watch."""
+    `MessageBlocksPublished`, a subagent result with a finish marker by its `DelegationFinished`;
+    any other event is itself alone (CE-2, CE-18, CE-24, CE-26). For a door that takes the
+    harness's events as a listener rather than a watch."""
     if isinstance(event, EntryAdded):
         entry = event.entry
         if row := chat_event_rows([entry]):
@@ -205,6 +212,8 @@ def conversation_events(event: HarnessEvent) -> list[ConversationEvent]:
         if (data := message_blocks_of(entry)) is not None:
             blocks = BlocksRow(id=entry.id, assistant_id=entry.parent_id, blocks=data.blocks)
             return [MessageBlocksPublished(lane=event.lane, row=blocks), event]
+        if delegation := delegation_rows([entry]):
+            return [DelegationFinished(lane=event.lane, row=delegation[0]), event]
     return [event]
 
 
@@ -216,6 +225,7 @@ class ConversationWatch:
         self._watch = watch
         self.snapshot: LaneSnapshot = watch.snapshot
         self.rows = chat_event_rows(watch.snapshot.transcript)
+        self.delegations: list[DelegationView] = delegation_rows(watch.snapshot.transcript)
 
     async def __aiter__(self) -> AsyncIterator[ConversationEvent]:
         async for delivery in self._watch:
@@ -230,9 +240,12 @@ class Conversation:
     """A live conversation: its attached harness and the lane that talks to the person."""
 
     def __init__(self, info: ConversationInfo, harness: AgentHarness, open_operations: list[OpenOperation],
-                 feed: InstanceFeed, target: ExecutionTarget) -> None:
+                 feed: InstanceFeed, target: ExecutionTarget,
+                 delegation: Delegation | None = None) -> None:
         self.info = info
         self.harness = harness
+        self.delegation = delegation
+        """The conversation's sub-agents, when its setup has agents (CE-18)."""
         self.lane = harness.lane(MAIN_LANE)
         self.open_operations = open_operations
         self.settings = ConversationSettings(harness, target)
@@ -266,6 +279,8 @@ class Conversation:
         if self._recording:
             await asyncio.wait(list(self._recording))
         await self.harness.close(context)
+        if self.delegation is not None:
+            await self.delegation.close()
         self._feed.publish(Presence(conversation_id=self.id, live=False))
 
     @property
@@ -289,8 +304,12 @@ class ConversationService:
     """Conversations in `store`, each run with `setup` while live in this process."""
 
     def __init__(self, store: Store, setup: ConversationSetup | None = None) -> None:
+        """Raises `InvalidInput` when `setup.agents` names a tool the conversations cannot have."""
         self.store = store
         self.setup = setup or ConversationSetup()
+        if self.setup.agents is not None:
+            per_conversation = self.setup.tools_for is not None or self.setup.projects_file is not None
+            self.setup.agents.check_tools(None if per_conversation else [tool.name for tool in self.setup.tools])
         self._live: dict[str, Conversation] = {}
         self.feed = InstanceFeed()
         """Activity, presence and alerts of this service's conversations; no chat events (CE-26)."""
@@ -615,41 +634,55 @@ class ConversationService:
         # cold change is made under it, as CE-10 asks; the harness runs nothing and is closed after.
         target = await self._target(session, context)
         harness, _ = await AgentHarness.create(AgentHarnessOptions(
-            session=session, models=self.setup.models, tools=self._tools(user, target)), context)
+            session=session, models=self.setup.models, tools=self._tools(user, target, self._delegation())),
+            context)
         try:
             yield ConversationSettings(harness, target)
         finally:
             await harness.close(context)
 
+    def _delegation(self) -> Delegation | None:
+        agents = self.setup.agents
+        return Delegation(agents, self.setup.system_prompt) if agents is not None else None
+
     async def _attach(self, session: Session, user: str, context: Context) -> Conversation:
         setup = self.setup
         target = await self._target(session, context)
+        delegation = self._delegation()
 
         async def select(execution_ref: str, context: Context) -> DirectoryMoved:
             return await self.select_project_execution(user, session.id, execution_ref, context, by="agent")
 
         options = AgentHarnessOptions(
-            session=session, models=setup.models, tools=self._tools(user, target), system_prompt=setup.system_prompt,
+            session=session, models=setup.models, tools=self._tools(user, target, delegation),
+            system_prompt=delegation.system_prompt if delegation is not None else setup.system_prompt,
             drive=setup.drive, listeners=setup.listeners,
             hooks=conversation_hooks(setup.hooks, session, self.store.images,
                                      project_boundary(session, target, select)))
         harness, open_operations = await AgentHarness.create(options, context)
+        if delegation is not None:
+            try:
+                await delegation.start(harness, context)
+            except BaseException:
+                await harness.close(context)
+                raise
         info = ConversationInfo(id=session.id, owner=user, name=await _name(session, context),
                                 created_at=session.info.created_at, updated_at=session.info.updated_at)
-        conversation = self._live[session.id] = Conversation(info, harness, open_operations, self.feed, target)
+        conversation = self._live[session.id] = Conversation(info, harness, open_operations, self.feed, target,
+                                                             delegation)
         return conversation
 
     async def _target(self, session: Session, context: Context) -> ExecutionTarget:
         return ExecutionTarget(session.id, await session.get(PROJECT_SELECTION, context), self.setup.directory)
 
-    def _tools(self, user: str, target: ExecutionTarget) -> Sequence[AgentTool]:
-        """A conversation's tools: the shared ones, those made for where it runs, and the model's
-        `project` tool when projects are configured."""
+    def _tools(self, user: str, target: ExecutionTarget, delegation: Delegation | None) -> Sequence[AgentTool]:
+        """A conversation's tools: the shared ones, those made for where it runs, the model's
+        `project` tool when projects are configured, and the delegation tools when agents are."""
         setup = self.setup
         tools = [*setup.tools, *(setup.tools_for(target) if setup.tools_for is not None else ())]
         if setup.projects_file is not None:
             tools.append(project_tool(lambda: self.list_switchable_projects(user), target))
-        return tools
+        return [*tools, *(delegation.tools if delegation is not None else ())]
 
 
 async def _name(session: Session, context: Context) -> str | None:
