@@ -1,6 +1,6 @@
 """How the terminal words chat-event rows (issue 13 item 8): one wording per typed fact, from its
-details and never from the model's text (CE-5), the same live and in history; and the toolbar's
-usage meter."""
+details and never from the model's text (CE-5), the same live and in history; delegation rows from
+their finish marker (CE-18); and the toolbar's usage meter."""
 
 from __future__ import annotations
 
@@ -9,17 +9,20 @@ import logging
 import pytest
 from rich.text import Text
 
-from harness.cli.chat_rows import chat_row
+from harness.cli.chat_rows import chat_row, delegation_row
 from harness.cli.chat_view import UsageMeter, entry_summary
 from harness.cli.render import entry_lines
 from harness.conversation import (
     CHAT_EVENT_TYPE,
+    SUBAGENT_RESULT_TYPE,
+    AgentFinish,
     ChatEventDetails,
     CommandRan,
     Compacted,
     CompactionStopped,
     CompactOutcome,
     ContextOverflow,
+    DelegationFinish,
     DirectoryMoved,
     ErrorDetails,
     FastOutcome,
@@ -30,11 +33,14 @@ from harness.conversation import (
     ModelSwitchFailed,
     ModeOutcome,
     ModeSelected,
+    NodeTally,
     ReasoningChanged,
     Renamed,
     RenameOutcome,
     RestartOutcome,
     ShellRan,
+    SubagentResult,
+    WorkflowFinish,
     chat_event_message,
 )
 from harness.messages import Cost, CustomMessage, ModelIdentity, Usage
@@ -125,6 +131,33 @@ def test_a_row_of_a_shape_this_version_does_not_know_shows_nothing(caplog: pytes
 
     assert lines == []
     assert caplog.records
+
+
+@pytest.mark.parametrize(("finish", "row"), [
+    (AgentFinish(agent="general", task="Count the files", outcome="completed"),
+     "⇢ agent general finished: Count the files"),
+    (AgentFinish(agent="reader", task="Read [it]", outcome="failed"), "⇢ agent reader failed: Read [it]"),
+    (AgentFinish(agent="reader", task="Read", outcome="aborted"), "⇢ agent reader was stopped: Read"),
+    (WorkflowFinish(title="Survey", outcome="aborted", tally=NodeTally(completed=1, failed=1, aborted=1)),
+     "⇢ workflow Survey was stopped · 1 completed, 1 failed, 1 stopped"),
+])
+def test_a_delegation_row_is_worded_from_its_finish_marker(finish: DelegationFinish, row: str) -> None:
+    """CE-18: live and in history alike; the result's text for the model is never shown."""
+    message = CustomMessage(custom_type=SUBAGENT_RESULT_TYPE, content="[Background job j ended.]\n\nsecret",
+                            display=False, details=SubagentResult(job_id="j", finish=finish).model_dump(mode="json"))
+    lines = [Text.from_markup(str(line)).plain for line in entry_lines(entry_of(message), None)]
+
+    assert Text.from_markup(delegation_row(finish)).plain == row
+    assert lines == [row]
+    assert Text.from_markup(entry_summary(entry_of(message))).plain == row
+
+
+def test_a_subagent_result_without_a_finish_marker_has_no_row() -> None:
+    """CE-18: a result that is no job finishing (a steer notice, say) is drawn nowhere."""
+    message = CustomMessage(custom_type=SUBAGENT_RESULT_TYPE, content="[A notice.]", display=False,
+                            details=SubagentResult(job_id="j").model_dump(mode="json"))
+
+    assert entry_lines(entry_of(message), None) == []
 
 
 def usage(input_tokens: int, output_tokens: int, cost: float) -> Usage:

@@ -1,5 +1,6 @@
 """How the terminal words a chat-event row: one line of rich markup per typed fact, live (from
-`ChatEventPublished`) and in history (from the transcript's rows) alike.
+`ChatEventPublished`) and in history (from the transcript's rows) alike; and a delegation row from
+its finish marker (CE-18).
 
 Every word a person reads here comes from the row's details, never from the English text the
 model reads (CE-5); outside text in them (an error's public text, a name, a command) is made
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 from harness.cli.terminal_text import escape
 from harness.conversation import (
+    AgentFinish,
     ChatErrorNotice,
     ChatEventDetails,
     CommandOutcome,
@@ -18,6 +20,7 @@ from harness.conversation import (
     CompactionStopped,
     CompactOutcome,
     ContextOverflow,
+    DelegationFinish,
     DirectoryMoved,
     ErrorDetails,
     FastOutcome,
@@ -35,6 +38,7 @@ from harness.conversation import (
     RenameOutcome,
     RestartOutcome,
     ShellRan,
+    WorkflowFinish,
 )
 from harness.messages import ModelIdentity
 from harness.session import AbortCause
@@ -106,6 +110,21 @@ def garden_row(message: GardenMessage) -> str:
     model's (OM-4, OM-5); its text is outside text, made visible."""
     return f"[bold green]garden {escape(message.garden)}[/] [dim]({_GARDEN_KINDS[message.kind]})[/]: " \
            f"{escape(message.text)}"
+
+
+_FINISHED = {"completed": ("dim", "finished"), "failed": ("red", "failed"), "aborted": ("yellow", "was stopped")}
+
+
+def delegation_row(finish: DelegationFinish) -> str:
+    """The row where a delegated job's result reached this lane, worded from its finish marker."""
+    colour, ended = _FINISHED[finish.outcome]
+    match finish:
+        case AgentFinish():
+            return f"[{colour}]⇢ agent {escape(finish.agent)} {ended}: {escape(finish.task)}[/]"
+        case WorkflowFinish():
+            tally = finish.tally
+            return (f"[{colour}]⇢ workflow {escape(finish.title)} {ended} · {tally.completed} completed, "
+                    f"{tally.failed} failed, {tally.aborted} stopped[/]")
 
 
 def _model(model: ModelIdentity) -> str:

@@ -23,15 +23,18 @@ from prompt_toolkit.formatted_text import ANSI, StyleAndTextTuples, to_formatted
 from rich.console import Console, RenderableType
 from rich.padding import Padding
 
-from harness.cli.chat_rows import chat_row, garden_row
+from harness.cli.chat_rows import chat_row, delegation_row, garden_row
 from harness.cli.terminal_text import escape, markdown
 from harness.context import Context
 from harness.conversation import (
     CHAT_EVENT_TYPE,
     MESSAGE_BLOCKS_TYPE,
+    SUBAGENT_RESULT_TYPE,
     ChatEventPublished,
+    DelegationFinished,
     chat_event_rows,
     conversation_events,
+    delegation_rows,
     garden_message_of,
 )
 from harness.messages import (
@@ -483,6 +486,12 @@ def _chat_event(view: ChatView, event: ChatEventPublished) -> None:
     view.screen.print(chat_row(event.row.details))
 
 
+@row("delegation")
+def _delegation(view: ChatView, event: DelegationFinished) -> None:
+    view.screen.end_stream()
+    view.screen.print(delegation_row(event.row.finish))
+
+
 @row("compaction_end")
 def _compaction_end(view: ChatView, event: CompactionEnd) -> None:
     if event.status == "completed":
@@ -611,6 +620,8 @@ def entry_summary(entry: Entry, limit: int = 100) -> str:
                 return " ".join(chat_row(r.details).split("\n", 1)[0] for r in chat_event_rows([entry]))
             if (garden := garden_message_of(payload.message)) is not None:
                 return garden_row(garden.model_copy(update={"text": clip(garden.text, limit)}))
+            if payload.message.custom_type == SUBAGENT_RESULT_TYPE:
+                return " ".join(delegation_row(r.finish) for r in delegation_rows([entry]))
             text = clip(content_text(payload.message.content), limit)
             return f"[yellow]\\[{escape(payload.message.custom_type)}][/] {escape(text)}"
         case "custom":

@@ -7,14 +7,16 @@ import json
 from pydantic import JsonValue
 from rich.console import Console, RenderableType
 
-from harness.cli.chat_rows import chat_row, garden_row
+from harness.cli.chat_rows import chat_row, delegation_row, garden_row
 from harness.cli.terminal_text import escape, markdown
 from harness.context import Context
 from harness.conversation import (
     CHAT_EVENT_TYPE,
     GARDEN_MESSAGE_TYPE,
     MESSAGE_BLOCKS_TYPE,
+    SUBAGENT_RESULT_TYPE,
     chat_event_rows,
+    delegation_rows,
     garden_message_of,
 )
 from harness.messages import (
@@ -72,6 +74,8 @@ def entry_lines(entry: Entry, limit: int | None) -> list[RenderableType]:
             if custom.custom_type == GARDEN_MESSAGE_TYPE:  # from the garden; an unknown shape shows nothing
                 garden = garden_message_of(custom)
                 return [garden_row(garden.model_copy(update={"text": _clip(garden.text, limit)}))] if garden else []
+            if custom.custom_type == SUBAGENT_RESULT_TYPE:  # hidden: drawn only as its delegation row (CE-18)
+                return [delegation_row(row.finish) for row in delegation_rows([entry])]
             text = escape(_user_content(custom.content, limit))
             return [f"[yellow]\\[{escape(custom.custom_type)}][/] {text}"]
         case "custom":
