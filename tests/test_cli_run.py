@@ -149,7 +149,7 @@ def test_run_on_an_openai_endpoint_answers_every_recorded_tool_call(home: Path, 
     assert "← multiply error" in run.stderr
     first, second = (request.json() for request in server.requests)
     assert {tool["function"]["name"] for tool in first["tools"]} == {"read", "write", "edit", "list", "grep", "shell",
-                                                                  "jobs"}
+                                                                  "jobs", "delegate", "workflow"}
     assert second["messages"][-3]["tool_calls"][0]["id"] == "call_ehIWdjL1abZk1h8FWGLQ0Hie"
     calls = [call["id"] for call in second["messages"][-3]["tool_calls"]]
     answers = second["messages"][-2:]
@@ -191,7 +191,8 @@ def test_run_on_an_anthropic_endpoint_answers_every_recorded_tool_call(home: Pat
     assert run.returncode == 0, run.stderr
     assert run.stdout == "I'll add and multiply the numbers 2 and 3 for you.\nThose tools are not here.\n"
     first, second = (request.json() for request in server.requests)
-    assert [tool["name"] for tool in first["tools"]] == ["read", "write", "edit", "list", "grep", "shell", "jobs"]
+    assert [tool["name"] for tool in first["tools"]] == ["read", "write", "edit", "list", "grep", "shell", "jobs",
+                                                         "delegate", "workflow"]
     calls = [block["id"] for block in second["messages"][-2]["content"] if block["type"] == "tool_use"]
     answers = second["messages"][-1]["content"]
     assert calls == ["toolu_01UYxUYC2zRPY8wiutnF48eP", "toolu_01VaRx1jpWCvPhi7L4kywAcd"]
