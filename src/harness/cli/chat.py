@@ -40,7 +40,7 @@ from harness.cli.config import (
 from harness.cli.render import branch_oldest_first, entry_lines
 from harness.cli.terminal_text import escape
 from harness.context import Context
-from harness.conversation import PROJECT_SELECTION, Conversation, ConversationService, WorkMode, mode_tools
+from harness.conversation import CONVERSATION_VALUES, Conversation, ConversationService, WorkMode, mode_tools
 from harness.errors import HarnessError, ModelUnavailable
 from harness.messages import AssistantMessage, ModelIdentity, UserMessage
 from harness.providers import ModelRegistry
@@ -520,19 +520,19 @@ class ChatClient:
             return
         drafted, lane = self.attached.conversation, self.lane
         name = await drafted.harness.session_name(self.context)
-        # What was recorded before anyone spoke (command and mode rows) moves with the draft.
+        # What was recorded before anyone spoke (command and mode rows) moves with the draft, and
+        # so does what the conversation keeps of its own (a project chosen, fast mode).
         tip = lane.tip_id
         rows = [] if tip is None else (await drafted.harness.session.read_branch(tip, self.context)).entries
+        values = await drafted.harness.session.scan_values(CONVERSATION_VALUES, self.context)
         session = await self.store.create_session(self.context, session_id=drafted.id)
         await session.create_lane(lane.name, lane.config, self.context)
-
-        selection = drafted.target.selection
 
         async def keep(m: SessionMutator) -> None:
             if name is not None:
                 m.set(addresses.session_name(), name)
-            if selection is not None:  # a project chosen before anyone spoke moves with the draft too
-                m.set(PROJECT_SELECTION, selection)
+            for key, value in values:
+                m.set(addresses.value_address(CONVERSATION_VALUES.namespace, key), value)
             for entry in reversed(rows):
                 m.insert_entry(entry.payload, parent_id=entry.parent_id, entry_id=entry.id)
             if rows:

@@ -109,6 +109,20 @@ async def _mode(client: ChatClient, argument: str) -> None:
     await conversation.mode(*client.command_door(), argument, client.context)
 
 
+@command("fast", "/fast", "switch the next turns to the fast model at a lower reasoning level, or back")
+async def _fast(client: ChatClient, argument: str) -> None:
+    service, user, talking = client.command_door()
+    target = service.setup.fast_model
+    switching_on = await talking.harness.session.get(conversation.FAST_BEFORE, client.context) is None
+    if target is not None and switching_on:
+        usable_model(client.registry, target)  # a missing key is said before anything changes
+    try:
+        await conversation.fast(service, user, talking, argument or None, client.context)
+    except conversation.NoFastModel as error:
+        client.error(error)
+        client.screen.print('[dim]name one in models.toml: fast = "provider/id"[/]')
+
+
 @command("compact", "/compact [instructions]", "summarize the older part of the conversation")
 async def _compact(client: ChatClient, argument: str) -> None:
     if (notice := client.model_notice()) is not None:  # the summary is the model's to write

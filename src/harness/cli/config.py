@@ -231,10 +231,11 @@ async def attach_client(
 ) -> Attached:
     """Open conversation `session_id` of `user` (default `local_user()`; a new one when None)
     through a `ConversationService`, its harness running the built-in tools in the conversation's
-    project, or in `cwd` while it has none, with `approval` as the `before_tool` hook, and its
-    background shell commands tracked in `jobs`: the service's own hooks (turn-end rows, the
-    replay of cut replies, the model's project switch, CE-7 to CE-9, CE-19) apply to every turn.
-    Projects are listed from `home/projects.toml`. A session without an owner (made before
+    project, or in `cwd` while it has none, with `approval` as the `before_tool` hook, its
+    background shell commands tracked in `jobs`, and `/fast` switching to the registry's
+    `fast_identity`: the service's own hooks (turn-end rows, the replay of cut replies, the model's
+    project switch, CE-7 to CE-9, CE-19) apply to every turn. Projects are listed from
+    `home/projects.toml`. A session without an owner (made before
     conversations had owners, imported, forked, or a chat's saved draft) is adopted by `user`
     first, once; one of another user is `Forbidden`. Close it with `Attached.conversation.dispose`.
 
@@ -272,7 +273,7 @@ async def attach_client(
     service = ConversationService(store, ConversationSetup(
         models=registry, system_prompt=system_prompt(workspace), drive=drive or DriveSettings(),
         hooks=RunHooks(before_tool=approval), listeners=listeners, directory=cwd, projects_file=projects_file,
-        running_jobs=jobs.running,
+        running_jobs=jobs.running, fast_model=registry.fast_identity,
         tools_for=lambda target: builtin_tools(workspace, directory=lambda: target.directory, jobs=jobs,
                                                owner=target.conversation_id)))
     offered = offers_tools(identity) if tools is None else tools

@@ -117,7 +117,7 @@ from harness.conversation.projects import (
     load_projects,
     resolve_project_argument,
 )
-from harness.conversation.recording import MAIN_LANE, record_chat_event
+from harness.conversation.recording import CONVERSATION_VALUES, MAIN_LANE, record_chat_event
 from harness.conversation.service import (
     IMAGE_SWEEP_GRACE_S,
     OWNER,
@@ -155,6 +155,7 @@ from harness.conversation.turn_rows import clean_public_text, public_error, repl
 __all__ = [
     "BUILT_IN_COMMANDS",
     "CHAT_EVENT_TYPE",
+    "CONVERSATION_VALUES",
     "DISPLAY_PAGE",
     "ENDED_AT",
     "FAST_BEFORE",

@@ -25,6 +25,7 @@ from harness.conversation.chat_events import (
     RestartOutcome,
 )
 from harness.conversation.command_rows import CommandInvocation, compact_outcome, fast_outcome
+from harness.conversation.recording import CONVERSATION_VALUES
 from harness.conversation.service import Conversation, ConversationService, RecordNow
 from harness.conversation.settings import mode_tools
 from harness.errors import HarnessError, InvalidInput
@@ -56,7 +57,7 @@ class FastBefore(BaseModel):
     thinking_level: ThinkingLevel
 
 
-FAST_BEFORE = addresses.value_address("conversation", "fast_before", FastBefore)
+FAST_BEFORE = addresses.value_address(CONVERSATION_VALUES.namespace, "fast_before", FastBefore)
 """Present while fast mode is on: what `/fast` again restores. A session value, so fast mode
 survives a restart and a restore from the journal."""
 

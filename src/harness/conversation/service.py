@@ -45,7 +45,7 @@ from harness.conversation.project_switch import (
     switch_project,
 )
 from harness.conversation.projects import PROJECT_SELECTION, ExecutionTarget, SwitchableProject, load_projects
-from harness.conversation.recording import MAIN_LANE, record_chat_event
+from harness.conversation.recording import CONVERSATION_VALUES, MAIN_LANE, record_chat_event
 from harness.conversation.settings import MODEL_SWITCH_ACK_S, ConversationSettings, ModelSwitch, WorkMode
 from harness.conversation.turn_rows import public_error, replay_interrupted_replies, turn_end_rows
 from harness.errors import HarnessError
@@ -89,7 +89,7 @@ from harness.session import (
     is_image_ref,
 )
 
-OWNER = addresses.value_address("conversation", "owner", str)
+OWNER = addresses.value_address(CONVERSATION_VALUES.namespace, "owner", str)
 """The user id a conversation belongs to, written when it is created."""
 
 

@@ -31,7 +31,7 @@ from harness.conversation.chat_events import (
 )
 from harness.conversation.lifecycle import refuse_if_ended
 from harness.conversation.projects import ExecutionTarget
-from harness.conversation.recording import MAIN_LANE, record_chat_event
+from harness.conversation.recording import CONVERSATION_VALUES, MAIN_LANE, record_chat_event
 from harness.conversation.turn_rows import clean_public_text
 from harness.errors import HarnessError
 from harness.messages import ImageContent, Message, ModelIdentity, TextContent, ThinkingLevel, UserContent, UserMessage
@@ -74,7 +74,7 @@ class TurnBaseline(BaseModel):
     entry_id: str
 
 
-TURN_BASELINE = addresses.value_address("conversation", "turn_baseline", TurnBaseline)
+TURN_BASELINE = addresses.value_address(CONVERSATION_VALUES.namespace, "turn_baseline", TurnBaseline)
 """The conversation's `TurnBaseline`, written at each turn admission."""
 
 

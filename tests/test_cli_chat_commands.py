@@ -1,0 +1,45 @@
+# ruff: noqa: F811  (the fixtures shared with test_cli_chat are parameters here)
+"""The conversation commands at the terminal (issue 13 items 5 and 8), in a pseudo-terminal:
+`/fast` on the model `models.toml` names, `/restart` from the journal, and `/model` typed during a
+turn as the queued switch (CE-12, CE-16, CE-17)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from harness.providers.replay import ReplayServer
+from test_cli_chat import (  # noqa: F401  (chats, dirs and server are fixtures)
+    Chat,
+    chats,
+    dirs,
+    printed_since,
+    server,
+    start,
+    text_reply,
+)
+
+
+def test_fast_switches_to_the_configured_fast_model_and_back_and_without_one_is_refused(
+        chats: list[Chat], dirs: tuple[Path, Path], server: ReplayServer) -> None:
+    """CE-16, CE-17: `/fast` is the conversation's `fast` command on `models.toml`'s `fast` model;
+    with none configured it answers with the `no_fast_model` row and changes nothing."""
+    unconfigured = start(chats, dirs, server)
+    unconfigured.send_line("/fast")
+    unconfigured.expect("/fast: failed: no fast model is configured for this conversation")
+    unconfigured.expect('fast = "provider/id"')
+    assert unconfigured.leave() == 0
+
+    (dirs[0] / "models.toml").write_text('fast = "openai/gpt-4o-mini"\n')
+    server.enqueue(text_reply("Quick."), text_reply("Thorough."))
+    chat = start(chats, dirs, server)
+    chat.send_line("/fast")
+    chat.expect("/fast: fast mode on: openai/gpt-4o-mini, reasoning off")
+    chat.send_line("quick one")
+    chat.expect("turn completed")
+    chat.send_line("/fast")
+    chat.expect("/fast: fast mode off: openai/gpt-4o, reasoning off")
+    chat.send_line("thorough one")
+    chat.expect("turn completed")
+
+    assert [request.json()["model"] for request in server.requests] == ["gpt-4o-mini", "gpt-4o"]
+    assert chat.leave() == 0
