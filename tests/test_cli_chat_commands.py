@@ -13,6 +13,7 @@ from test_cli_chat import (  # noqa: F401  (chats, dirs and server are fixtures)
     chats,
     dirs,
     printed_since,
+    sent_messages,
     server,
     start,
     text_reply,
@@ -43,3 +44,26 @@ def test_fast_switches_to_the_configured_fast_model_and_back_and_without_one_is_
 
     assert [request.json()["model"] for request in server.requests] == ["gpt-4o-mini", "gpt-4o"]
     assert chat.leave() == 0
+
+
+def test_restart_writes_its_row_and_the_chat_goes_on_in_the_same_session(
+        chats: list[Chat], dirs: tuple[Path, Path], server: ReplayServer) -> None:
+    """CE-17: `/restart` reopens the conversation from the journal after its row is written; the
+    next prompt continues the same session, with the row and the turn before it."""
+    server.enqueue(text_reply("Hello."), text_reply("Still here."))
+    chat = start(chats, dirs, server)
+    chat.send_line("hello")
+    chat.expect("turn completed")
+    session_id = chat.session_id()
+    chat.send_line("/restart")
+    chat.expect("/restart: restarted from the journal")
+    chat.send_line("are you there?")
+    chat.expect("Still here.")
+    chat.expect("turn completed")
+
+    sent = sent_messages(server.requests[1])
+    assert [m["role"] for m in sent] == ["system", "user", "assistant", "user", "user"]
+    assert "restarted from its journal" in str(sent[-2]["content"])
+    assert sent[-1] == {"role": "user", "content": "are you there?"}
+    assert chat.leave() == 0
+    assert chat.session_id() == session_id

@@ -18,7 +18,7 @@ import contextlib
 import os
 import signal
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
 from typing import TextIO
@@ -41,6 +41,7 @@ from harness.cli.render import branch_oldest_first, entry_lines
 from harness.cli.terminal_text import escape
 from harness.context import Context
 from harness.conversation import CONVERSATION_VALUES, Conversation, ConversationService, WorkMode, mode_tools
+from harness.conversation import restart as restart_conversation
 from harness.errors import HarnessError, ModelUnavailable
 from harness.messages import AssistantMessage, ModelIdentity, UserMessage
 from harness.providers import ModelRegistry
@@ -262,6 +263,14 @@ class ChatClient:
             self.screen.print(escape(text.rstrip("\n")))
         service, user, conversation = self.command_door()
         await service.record_local_shell(user, conversation.id, command, process.returncode, text, self.context)
+
+    async def restart(self) -> None:
+        """`/restart`: the conversation's restart (its row written first, CE-17), after which this
+        chat goes on with the conversation reopened from the journal, in the same session."""
+        service, user, talking = self.command_door()
+        await restart_conversation(service, user, talking, None, self.context)
+        reopened = await service.open(user, talking.id, self.context)
+        self._attached = replace(self.attached, conversation=reopened, lane=reopened.harness.lane(self.lane.name))
 
     def _toggle_mode_soon(self) -> None:
         task = asyncio.create_task(self._toggle_mode_shown())

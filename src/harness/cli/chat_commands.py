@@ -153,6 +153,11 @@ async def _goal(client: ChatClient, argument: str) -> None:
     client.start_turn(kickoff)
 
 
+@command("restart", "/restart", "reopen this conversation from its journal")
+async def _restart(client: ChatClient, argument: str) -> None:
+    await client.restart()
+
+
 @command("sessions", "/sessions", "list the sessions in the store", while_busy=True)
 async def _sessions(client: ChatClient, argument: str) -> None:
     current = client.attached.harness.session.id
