@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from harness.providers.replay import ReplayServer
+from harness.providers.replay import Hold, ReplayServer
 from test_cli_chat import (  # noqa: F401  (chats, dirs and server are fixtures)
     Chat,
     chats,
@@ -67,3 +67,33 @@ def test_restart_writes_its_row_and_the_chat_goes_on_in_the_same_session(
     assert sent[-1] == {"role": "user", "content": "are you there?"}
     assert chat.leave() == 0
     assert chat.session_id() == session_id
+
+
+def test_model_typed_during_a_turn_is_queued_acknowledged_and_lands_before_the_next_turn(
+        chats: list[Chat], dirs: tuple[Path, Path], server: ReplayServer) -> None:
+    """CE-12 at the terminal: the running turn ends on its model; the switch is acknowledged as
+    queued after the delay, its row shows when it completes, and the next turn runs on it. Typed
+    at an idle prompt, `/model` switches at once (its command row)."""
+    hold = Hold()
+    server.enqueue(text_reply("Working ", "on it.", hold=hold), text_reply("Switched."), text_reply("Back."))
+    chat = start(chats, dirs, server)
+    chat.send_line("a long one")
+    chat.expect("Working")
+    chat.send_line("/model openai/gpt-4.1")
+    chat.expect("model openai/gpt-4.1 queued: the next turn starts on it")
+
+    assert "model: openai/gpt-4o -> openai/gpt-4.1" not in printed_since(chat, 0)
+    hold.release()
+    chat.expect("model: openai/gpt-4o -> openai/gpt-4.1")
+    chat.send_line("next")
+    chat.expect("Switched.")
+    chat.expect("turn completed")
+    chat.send_line("/model openai/gpt-4o")
+    chat.expect("/model openai/gpt-4o: model openai/gpt-4o")
+    chat.send_line("and back")
+    chat.expect("Back.")
+    chat.expect("turn completed")
+
+    assert [request.json()["model"] for request in server.requests] == ["gpt-4o", "gpt-4.1", "gpt-4o"]
+    assert "The person switched the model to openai/gpt-4.1" in str(sent_messages(server.requests[1]))
+    assert chat.leave() == 0

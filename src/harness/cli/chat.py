@@ -129,7 +129,7 @@ class ChatClient:
         self._named = False
         self._background: set[asyncio.Task[None]] = set()
         self._run_queued = False
-        self._side_tasks: set[asyncio.Task[None]] = set()  # Shift+Tab's mode switches
+        self._side_tasks: set[asyncio.Task[None]] = set()  # Shift+Tab's mode switches, queued model switches
         self._draft: Store | None = None
         """A new chat's session lives in this memory store until `save_draft`, so that a chat left
         with nothing said leaves nothing in the store."""
@@ -272,16 +272,30 @@ class ChatClient:
         reopened = await service.open(user, talking.id, self.context)
         self._attached = replace(self.attached, conversation=reopened, lane=reopened.harness.lane(self.lane.name))
 
-    def _toggle_mode_soon(self) -> None:
-        task = asyncio.create_task(self._toggle_mode_shown())
+    def beside_the_prompt(self, work: Callable[[], Awaitable[None]]) -> None:
+        """Run `work` in the background, its errors shown: the prompt takes input meanwhile."""
+
+        async def shown() -> None:
+            try:
+                await work()
+            except HarnessError as error:
+                self.error(error)
+
+        task = asyncio.create_task(shown())
         self._side_tasks.add(task)
         task.add_done_callback(self._side_tasks.discard)
 
-    async def _toggle_mode_shown(self) -> None:
-        try:
-            await self.toggle_mode()
-        except HarnessError as error:
-            self.error(error)
+    def _toggle_mode_soon(self) -> None:
+        self.beside_the_prompt(self.toggle_mode)
+
+    async def queue_model_switch(self, identity: ModelIdentity) -> None:
+        """`/model provider/id` typed during a turn: the conversation's queued switch (CE-12). The
+        turn runs to its end on its model; the switch is acknowledged here if it still waits after
+        the acknowledgement delay, and its `model` row shows when it lands, before the next turn."""
+        service, user, talking = self.command_door()
+        switch = await service.switch_model(user, talking.id, identity, self.context)
+        if switch.queued:
+            self.screen.print(f"[dim]model {escape(model_name(identity))} queued: the next turn starts on it[/]")
 
     async def toggle_mode(self) -> None:
         """Shift+Tab: build to plan and back, recorded as a mode row at once (CE-13)."""

@@ -54,12 +54,17 @@ async def _help(client: ChatClient, argument: str) -> None:
                         "a turn, twice leaves at once; Ctrl-D leaves.[/]")
 
 
-@command("model", "/model [provider/id]", "show the models, or switch this lane's model", while_busy=True)
+@command("model", "/model [provider/id]", "show the models, or switch this lane's model (during a turn: for the "
+         "next one)", while_busy=True)
 async def _model(client: ChatClient, argument: str) -> None:
     current = client.lane.config.model
     if argument:
-        usable_model(client.registry, ModelIdentity.parse(argument))
-        await conversation.model(*client.command_door(), argument, client.context)
+        identity = ModelIdentity.parse(argument)
+        usable_model(client.registry, identity)
+        if client.busy:  # queued behind the running turn, which ends on the model it started with
+            client.beside_the_prompt(lambda: client.queue_model_switch(identity))
+        else:
+            await conversation.model(*client.command_door(), argument, client.context)
         return
     client.screen.print(f"model: [bold]{escape(model_name(current))}[/]")
     for row in client.registry.configured():
