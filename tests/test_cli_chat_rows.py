@@ -75,7 +75,7 @@ def entry_of(message: CustomMessage) -> Entry:
     (DirectoryMoved(path="/src/app", project="app"), "project: app (/src/app)"),
     (DirectoryMoved(path="/src/app", by="agent", project="app"), "the agent switched to project app (/src/app)"),
     (ModeSelected(mode="plan"), "mode: plan (read-only tools)"),
-    (ModeSelected(mode="build"), "mode: build (every tool)"),
+    (ModeSelected(mode="build"), "mode: build (all of this session's tools)"),
     (ReasoningChanged(previous="off", level="high"), "reasoning: off -> high"),
     (CommandRan(name="compact", outcome=CompactOutcome(result="compacted", tokens_before=9000)),
      "/compact: compacted"),

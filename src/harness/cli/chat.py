@@ -40,7 +40,7 @@ from harness.cli.config import (
 from harness.cli.render import branch_oldest_first, entry_lines
 from harness.cli.terminal_text import escape
 from harness.context import Context
-from harness.conversation import CONVERSATION_VALUES, Conversation, ConversationService, WorkMode, mode_tools
+from harness.conversation import CONVERSATION_VALUES, Conversation, ConversationService, WorkMode
 from harness.conversation import restart as restart_conversation
 from harness.errors import HarnessError, ModelUnavailable
 from harness.messages import AssistantMessage, ModelIdentity, UserMessage
@@ -153,10 +153,8 @@ class ChatClient:
 
     @property
     def mode(self) -> WorkMode:
-        """`plan` when the lane offers only read-only tools of the ones a build would, else `build`."""
-        active = set(self.lane.config.active_tools)
-        every = {tool.name for tool in self.attached.harness.options.tools}
-        return "plan" if active and active == set(mode_tools(sorted(every), "plan")) and active != every else "build"
+        """The conversation's work mode."""
+        return self.attached.conversation.settings.mode
 
     @property
     def busy(self) -> bool:

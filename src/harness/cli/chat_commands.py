@@ -109,7 +109,8 @@ async def _rename(client: ChatClient, argument: str) -> None:
 @command("mode", "/mode [build|plan]", "show or switch the work mode (Shift+Tab toggles it)", while_busy=True)
 async def _mode(client: ChatClient, argument: str) -> None:
     if not argument:
-        client.screen.print(f"mode: [bold]{client.mode}[/] [dim](build: every tool; plan: read-only tools)[/]")
+        client.screen.print(f"mode: [bold]{client.mode}[/] [dim](build: all of this session's tools; plan: the "
+                            "read-only ones)[/]")
         return
     await conversation.mode(*client.command_door(), argument, client.context)
 

@@ -51,7 +51,7 @@ _STOPPED: dict[AbortCause, str] = {
     "probe": "stopped by an internal probe",
 }
 
-_MODES = {"build": "build (every tool)", "plan": "plan (read-only tools)"}
+_MODES = {"build": "build (all of this session's tools)", "plan": "plan (read-only tools)"}
 
 
 def chat_row(details: ChatEventDetails) -> str:

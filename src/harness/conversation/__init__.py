@@ -137,6 +137,7 @@ from harness.conversation.service import (
     conversation_hooks,
 )
 from harness.conversation.settings import (
+    BUILD_TOOLS,
     MODEL_SWITCH_ACK_S,
     READ_ONLY_TOOLS,
     SETTING_EVENT_KINDS,
@@ -153,6 +154,7 @@ from harness.conversation.settings import (
 from harness.conversation.turn_rows import clean_public_text, public_error, replay_interrupted_replies, turn_end_rows
 
 __all__ = [
+    "BUILD_TOOLS",
     "BUILT_IN_COMMANDS",
     "CHAT_EVENT_TYPE",
     "CONVERSATION_VALUES",

@@ -229,13 +229,13 @@ class ConversationWatch:
 class Conversation:
     """A live conversation: its attached harness and the lane that talks to the person."""
 
-    def __init__(self, info: ConversationInfo, harness: AgentHarness, open_operations: list[OpenOperation],
-                 feed: InstanceFeed, target: ExecutionTarget) -> None:
+    def __init__(self, info: ConversationInfo, settings: ConversationSettings, open_operations: list[OpenOperation],
+                 feed: InstanceFeed) -> None:
         self.info = info
-        self.harness = harness
+        self.harness = harness = settings.harness
         self.lane = harness.lane(MAIN_LANE)
         self.open_operations = open_operations
-        self.settings = ConversationSettings(harness, target)
+        self.settings = settings
         self._feed = feed
         self._recording: set[asyncio.Task[bool]] = set()
         harness.add_listener(self._on_event)
@@ -381,9 +381,9 @@ class ConversationService:
             return await settings.record_setting(details, context)
 
     async def select_mode(self, user: str, conversation_id: str, mode: WorkMode, context: Context) -> bool:
-        """Switch the conversation to work mode `mode` (`build`: every tool; `plan`: the read-only
-        ones) and record `ModeSelected` at once, even before the first message (CE-13). The result
-        is whether the row was accepted (CE-3)."""
+        """Switch the conversation to work mode `mode` (`build`: the tools it was configured with;
+        `plan`: the read-only ones among them) and record `ModeSelected` at once, even before the
+        first message (CE-13). The result is whether the row was accepted (CE-3)."""
         async with self._settings_of(user, conversation_id, context) as settings:
             return await settings.select_mode(mode, context)
 
@@ -617,7 +617,7 @@ class ConversationService:
         harness, _ = await AgentHarness.create(AgentHarnessOptions(
             session=session, models=self.setup.models, tools=self._tools(user, target)), context)
         try:
-            yield ConversationSettings(harness, target)
+            yield await ConversationSettings.read(harness, target, context)
         finally:
             await harness.close(context)
 
@@ -636,7 +636,8 @@ class ConversationService:
         harness, open_operations = await AgentHarness.create(options, context)
         info = ConversationInfo(id=session.id, owner=user, name=await _name(session, context),
                                 created_at=session.info.created_at, updated_at=session.info.updated_at)
-        conversation = self._live[session.id] = Conversation(info, harness, open_operations, self.feed, target)
+        settings = await ConversationSettings.read(harness, target, context)
+        conversation = self._live[session.id] = Conversation(info, settings, open_operations, self.feed)
         return conversation
 
     async def _target(self, session: Session, context: Context) -> ExecutionTarget:
