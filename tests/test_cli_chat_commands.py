@@ -97,3 +97,25 @@ def test_model_typed_during_a_turn_is_queued_acknowledged_and_lands_before_the_n
     assert [request.json()["model"] for request in server.requests] == ["gpt-4o", "gpt-4.1", "gpt-4o"]
     assert "The person switched the model to openai/gpt-4.1" in str(sent_messages(server.requests[1]))
     assert chat.leave() == 0
+
+
+def test_a_shell_commands_output_is_shown_once_on_its_row_live_and_again_after_reopening(
+        chats: list[Chat], dirs: tuple[Path, Path], server: ReplayServer) -> None:
+    """CE-17: `!cmd`'s output shows once, as the lines of its shell row, which is what the model
+    reads; the reopened session shows the same row."""
+    server.enqueue(text_reply("Seen."))
+    chat = start(chats, dirs, server)
+    chat.send_line("!printf 'shell-%s\\n' one two")
+    chat.expect("! printf 'shell-%s\\n' one two · exit 0")
+    chat.expect("shell-two")
+    chat.send_line("what did it print?")
+    chat.expect("turn completed")
+    live = printed_since(chat, 0)
+    assert chat.leave() == 0
+
+    assert (live.count("shell-one"), live.count("shell-two")) == (1, 1)
+    offset = len(printed_since(chat, 0))
+    again = start(chats, dirs, server, "-c")
+    history = printed_since(again, offset)
+    assert "shell-one" in history and "shell-two" in history
+    assert again.leave() == 0

@@ -94,8 +94,10 @@ def entry_of(message: CustomMessage) -> Entry:
      "/model nope: failed: a model is provider/id"),
     (CommandRan(name="sessions"), "/sessions"),
     (ShellRan(command="ls", exit_code=0, output=""), "! ls · exit 0"),
-    (ShellRan(command="make", exit_code=2, output="error: no rule\n"), "! make · exit 2\n  error: no rule"),
-    (ShellRan(command="yes", exit_code=None, output="y\ny", truncated=True), "! yes · could not finish\n  …y y"),
+    (ShellRan(command="make", exit_code=2, output="error: no rule\n"), "! make · exit 2\nerror: no rule"),
+    (ShellRan(command="ls", exit_code=0, output="a.txt\n[b].txt\n"), "! ls · exit 0\na.txt\n[b].txt"),
+    (ShellRan(command="yes", exit_code=None, output="y\ny", truncated=True),
+     "! yes · could not finish\n… (only the output's end is kept)\ny\ny"),
     (Compacted(reason="threshold", tokens_before=120_000), "compacted (threshold, 120000 tokens before)"),
     (GoalStatus(goal_id="g1", status="done", title="ship it"), "goal ship it: done"),
 ])

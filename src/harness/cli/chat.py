@@ -27,6 +27,7 @@ from rich.console import RenderableType
 
 from harness.cli.call_preview import call_preview
 from harness.cli.chat_input import Line, Terminal
+from harness.cli.chat_rows import chat_row
 from harness.cli.chat_view import ChatView, Screen, UsageMeter, clip, content_text
 from harness.cli.config import (
     Attached,
@@ -40,7 +41,7 @@ from harness.cli.config import (
 from harness.cli.render import branch_oldest_first, entry_lines
 from harness.cli.terminal_text import escape
 from harness.context import Context
-from harness.conversation import CONVERSATION_VALUES, Conversation, ConversationService, WorkMode
+from harness.conversation import CONVERSATION_VALUES, Conversation, ConversationService, WorkMode, shell_ran
 from harness.conversation import restart as restart_conversation
 from harness.errors import HarnessError, ModelUnavailable
 from harness.messages import AssistantMessage, ModelIdentity, UserMessage
@@ -250,17 +251,19 @@ class ChatClient:
             self.error(error)
 
     async def run_local_shell(self, command: str) -> None:
-        """`!cmd`: run `command` here, in the chat's directory, show its output, and record it as a
-        shell row the model reads with the next message, which is sent as typed (CE-17)."""
+        """`!cmd`: run `command` here, in the chat's directory, and record it as a shell row the
+        model reads with the next message, which is sent as typed (CE-17). The row, shown as it is
+        published, is where its output shows; a row the store refused is shown here, saying so."""
         process = await asyncio.create_subprocess_shell(command, cwd=self.cwd, stdin=asyncio.subprocess.DEVNULL,
                                                         stdout=asyncio.subprocess.PIPE,
                                                         stderr=asyncio.subprocess.STDOUT)
         output, _ = await process.communicate()
         text = output.decode("utf-8", errors="replace")
-        if text:
-            self.screen.print(escape(text.rstrip("\n")))
         service, user, conversation = self.command_door()
-        await service.record_local_shell(user, conversation.id, command, process.returncode, text, self.context)
+        if not await service.record_local_shell(user, conversation.id, command, process.returncode, text,
+                                                self.context):
+            self.screen.print(chat_row(shell_ran(command, process.returncode, text)))
+            self.screen.print("[yellow]the store refused this row: the model will not read it[/]")
 
     async def restart(self) -> None:
         """`/restart`: the conversation's restart (its row written first, CE-17), after which this
