@@ -117,5 +117,6 @@ def test_a_shell_commands_output_is_shown_once_on_its_row_live_and_again_after_r
     offset = len(printed_since(chat, 0))
     again = start(chats, dirs, server, "-c")
     history = printed_since(again, offset)
-    assert "shell-one" in history and "shell-two" in history
+    assert "shell-one" in history
+    assert "shell-two" in history
     assert again.leave() == 0
