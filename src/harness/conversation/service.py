@@ -73,6 +73,7 @@ from harness.runtime import (
     RunStart,
     ToolCallRequest,
     ToolOutput,
+    ValueUpdate,
 )
 from harness.session import (
     CustomMessagePayload,
@@ -227,7 +228,8 @@ class ConversationWatch:
 
 
 class Conversation:
-    """A live conversation: its attached harness and the lane that talks to the person."""
+    """A live conversation: its attached harness and the lane that talks to the person. `info`
+    follows its renames."""
 
     def __init__(self, info: ConversationInfo, settings: ConversationSettings, open_operations: list[OpenOperation],
                  feed: InstanceFeed) -> None:
@@ -258,6 +260,9 @@ class Conversation:
                                             error_text=error_text))
         elif isinstance(event, Fault):
             self._feed.publish(Alert(conversation_id=self.id, code=event.code, message=event.message))
+        elif isinstance(event, ValueUpdate) and event.key == "session_name":
+            # Every rename (the service's, a command's, a door naming its session) is this event.
+            self.info = replace(self.info, name=event.value)
 
     async def dispose(self, context: Context) -> None:
         """Finish recording what is under way, then detach the harness (the conversation stays in
