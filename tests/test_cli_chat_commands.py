@@ -1,14 +1,23 @@
 # ruff: noqa: F811  (the fixtures shared with test_cli_chat are parameters here)
 """The conversation commands at the terminal (issue 13 items 5 and 8), in a pseudo-terminal:
-`/fast` on the model `models.toml` names, `/restart` from the journal, and `/model` typed during a
-turn as the queued switch (CE-12, CE-16, CE-17)."""
+`/fast` on the model `models.toml` names, `/restart` from the journal, `/model` typed during a turn
+as the queued switch, `!cmd`'s output on its row (CE-12, CE-16, CE-17), and the lane a new
+conversation talks on."""
 
 from __future__ import annotations
 
+import asyncio
+import os
 from pathlib import Path
 
+import pexpect
+
+from harness.context import Context
 from harness.providers.replay import Hold, ReplayServer
+from harness.session import connect
 from test_cli_chat import (  # noqa: F401  (chats, dirs and server are fixtures)
+    HARNESS,
+    TIMEOUT_S,
     Chat,
     chats,
     dirs,
@@ -120,3 +129,29 @@ def test_a_shell_commands_output_is_shown_once_on_its_row_live_and_again_after_r
     assert "shell-one" in history
     assert "shell-two" in history
     assert again.leave() == 0
+
+
+def test_a_new_chat_on_a_lane_other_than_main_is_a_usage_error_that_writes_nothing(
+        dirs: tuple[Path, Path], server: ReplayServer) -> None:
+    """A conversation talks to its person on lane `main`: `--lane` names a lane of an existing session."""
+    home, work = dirs
+    store_url = f"sqlite:///{home / 'harness.db'}"
+    env = {**os.environ, "HARNESS_HOME": str(home), "OPENAI_BASE_URL": f"{server.base_url}/v1",
+           "OPENAI_API_KEY": "test-key", "TERM": "xterm"}
+    chat = pexpect.spawn(str(HARNESS), ["chat", "--model", "openai/gpt-4o", "--lane", "side", "--store", store_url],
+                         cwd=str(work), env=env, encoding="utf-8", dimensions=(50, 200), timeout=TIMEOUT_S)
+    chat.expect_exact("a new session talks on lane main; lane side can only be chosen in an existing session")
+    chat.expect(pexpect.EOF)
+    chat.close()
+
+    assert chat.exitstatus == 2
+    assert asyncio.run(sessions_in(store_url)) == []
+
+
+async def sessions_in(store_url: str) -> list[str]:
+    context = Context()
+    store = await connect(store_url, context)
+    try:
+        return [info.id for info in await store.list_sessions(context)]
+    finally:
+        await store.close(context)

@@ -25,6 +25,7 @@ import httpx
 from harness.context import Context
 from harness.conversation import (
     JOURNAL_DATA_MIGRATIONS,
+    MAIN_LANE,
     PROJECT_TOOL,
     PROJECTS_FILE,
     Conversation,
@@ -70,6 +71,14 @@ class MissingApiKey(HarnessError):
     """The chosen model needs an API key that is not in the environment; details `{model, env}`."""
 
     code = "missing_api_key"
+
+
+class NewConversationLane(HarnessError):
+    """A lane other than `main` was asked for a new session: a conversation talks to its person on
+    lane `main`, which a new one is made with (another lane is a session's own, e.g. a delegated
+    child's); details `{lane}`. Nothing was written."""
+
+    code = "new_conversation_lane"
 
 
 class LaneHasTools(HarnessError):
@@ -248,7 +257,11 @@ async def attach_client(
     With `require_model=False` a lane whose configured model is not usable is still attached (to
     read it, or switch its model), with `Attached.model` None; a `model` given here must be usable
     all the same. Also raises
-    `SessionNotFound` and `SessionOwned` (another process holds the session)."""
+    `SessionNotFound` and `SessionOwned` (another process holds the session), and
+    `NewConversationLane` for a `lane` other than `main` without a `session_id`."""
+    if session_id is None and lane != MAIN_LANE:
+        raise NewConversationLane(f"a new session talks on lane {MAIN_LANE}; lane {lane} can only be chosen in an "
+                                  "existing session (give its id)", lane=lane)
     user = user if user is not None else local_user()
     configured: LaneConfig | None = None
     if session_id is not None:
@@ -289,7 +302,7 @@ async def attach_client(
         conversation = await service.open(user, session_id, context)
     harness = conversation.harness
     try:
-        if lane not in {info.name for info in harness.lanes}:  # a new conversation has its `main` already
+        if lane not in {info.name for info in harness.lanes}:
             lane_handle = await harness.create_lane(lane, config, context)
         else:
             lane_handle = harness.lane(lane)
