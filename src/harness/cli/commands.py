@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import getpass
 import os
 import sys
 from collections.abc import Awaitable, Callable
@@ -25,6 +24,7 @@ from harness.cli.config import (
     check_models,
     check_readiness,
     check_store,
+    local_user,
     model_name,
 )
 from harness.cli.render import print_branch
@@ -269,21 +269,21 @@ def export_session(
 
 @import_app.command("harness")
 def import_harness(file: ImportFile, store: StoreOption = None) -> None:
-    """Import a session file written by `harness export`."""
-    _import(store, lambda s, context: import_harness_session(s, file, context))
+    """Import a session file written by `harness export` as a conversation of the local account."""
+    _import(store, lambda s, context: import_harness_session(s, file, local_user(), context))
 
 
 @import_app.command("pi")
 def import_pi(file: ImportFile, store: StoreOption = None) -> None:
     """Import a pi coding-agent session file (format v1, v2 or v3) as a conversation of the local
     account."""
-    _import(store, lambda s, context: import_pi_session(s, file, getpass.getuser(), context))
+    _import(store, lambda s, context: import_pi_session(s, file, local_user(), context))
 
 
 @import_app.command("claude-code")
 def import_claude_code(file: ImportFile, store: StoreOption = None) -> None:
     """Import a Claude Code session transcript as a conversation of the local account."""
-    _import(store, lambda s, context: import_claude_code_session(s, file, getpass.getuser(), context))
+    _import(store, lambda s, context: import_claude_code_session(s, file, local_user(), context))
 
 
 def _import(store: str | None, run: Callable[[Store, Context], Awaitable[ImportReport]]) -> None:
