@@ -453,8 +453,8 @@ class ChatClient:
             self.error(error)
 
     def _status(self) -> str:
-        """The toolbar: what the session has spent and how full the context is, then what the lane
-        is doing and the keys that do something now."""
+        """The toolbar: what the session has spent and how much of the context window the last
+        request used, then what the lane is doing and the keys that do something now."""
         usage = self.view.meter.text(self.context_window())
         if not self.busy:
             return (f"{usage} · {self.mode} mode (Shift+Tab) · /help: commands · Tab completes them · "
@@ -520,7 +520,7 @@ class ChatClient:
             cwd=self.cwd, approval=self.approval, jobs=self.jobs, model=model, lane=self.settings.lane,
             listeners=[self.view], require_model=False, tools=self.settings.tools,
         )
-        self.view.meter = await UsageMeter.read(attached.harness.session, self.context)
+        self.view.meter = await UsageMeter.read(attached.harness.session, attached.lane.tip_id, self.context)
         return attached
 
     async def switch_session(self, session_id: str) -> None:
