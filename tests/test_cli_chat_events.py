@@ -2,8 +2,8 @@
 """`harness chat` as a door of the conversation service (issue 13 item 8), in a pseudo-terminal:
 a stopped or failed turn's chat-event row is shown as it happens and again from history when the
 session is reopened after a kill, worded from its details (never the model's text); the service's
-hooks apply to the chat's turns; the toolbar shows what the session spent and how full the
-context window is."""
+hooks apply to the chat's turns; the toolbar shows what the session spent and how much of the
+context window the last request used."""
 
 from __future__ import annotations
 
@@ -110,7 +110,8 @@ def test_a_failed_turn_shows_its_public_error_text_live_and_again_after_a_kill(
 def test_the_toolbar_shows_tokens_cost_and_the_context_used_also_after_reopening(
         chats: list[Chat], dirs: tuple[Path, Path], server: ReplayServer) -> None:
     """A reply of 100 input and 20 output tokens, at $1,000 per million, in a 1,000-token window:
-    the toolbar says so, and says it again when the session is reopened (from the usage ledger)."""
+    the toolbar says so (the last request sent the 100), and says it again when the session is
+    reopened (from the usage ledger and the reply on the branch)."""
     (dirs[0] / "models.toml").write_text(
         '[providers.openai]\n[[providers.openai.models]]\nid = "gpt-4o"\ncontext_window = 1000\n'
         'cost = { input = 1000.0, output = 1000.0, cache_read = 0.0, cache_write = 0.0 }\n')
@@ -119,12 +120,12 @@ def test_the_toolbar_shows_tokens_cost_and_the_context_used_also_after_reopening
     first.expect_reporting("0 tokens · $0.0000")
     first.send_line("count")
     first.expect_reporting("turn completed")
-    first.expect_reporting("120 tokens · $0.1200 · context 12% of 1,000")
+    first.expect_reporting("120 tokens · $0.1200 · last request: 10% of the 1,000-token context window")
     session_id = first.session_id()
     assert first.leave() == 0
 
     second = start(chats, dirs, server, session_id, cursor_reports=True)
-    second.expect_reporting("120 tokens · $0.1200 · context 12% of 1,000")
+    second.expect_reporting("120 tokens · $0.1200 · last request: 10% of the 1,000-token context window")
     assert second.leave() == 0
 
 
@@ -142,8 +143,8 @@ def test_mode_shell_and_command_rows_are_shown_and_reach_the_model(
     chat.send_line("/mode plan")
     chat.expect("/mode plan: mode plan")
     chat.send_line("!echo shell-said-this")
-    chat.expect("shell-said-this")
     chat.expect("! echo shell-said-this · exit 0")
+    chat.expect("shell-said-this")
     chat.send_line("what did the shell say?")
     chat.expect("Noted.")
     chat.expect("turn completed")

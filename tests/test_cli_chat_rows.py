@@ -43,7 +43,7 @@ from harness.conversation import (
     WorkflowFinish,
     chat_event_message,
 )
-from harness.messages import Cost, CustomMessage, ModelIdentity, Usage
+from harness.messages import AssistantMessage, Cost, CustomMessage, ModelIdentity, TextContent, Usage
 from harness.session import CustomMessagePayload, Entry, UsageRow
 
 GPT_4O = ModelIdentity(provider="openai", model_id="gpt-4o")
@@ -81,7 +81,7 @@ def entry_of(message: CustomMessage) -> Entry:
     (DirectoryMoved(path="/src/app", project="app"), "project: app (/src/app)"),
     (DirectoryMoved(path="/src/app", by="agent", project="app"), "the agent switched to project app (/src/app)"),
     (ModeSelected(mode="plan"), "mode: plan (read-only tools)"),
-    (ModeSelected(mode="build"), "mode: build (every tool)"),
+    (ModeSelected(mode="build"), "mode: build (all of this session's tools)"),
     (ReasoningChanged(previous="off", level="high"), "reasoning: off -> high"),
     (CommandRan(name="compact", outcome=CompactOutcome(result="compacted", tokens_before=9000)),
      "/compact: compacted"),
@@ -100,8 +100,10 @@ def entry_of(message: CustomMessage) -> Entry:
      "/model nope: failed: a model is provider/id"),
     (CommandRan(name="sessions"), "/sessions"),
     (ShellRan(command="ls", exit_code=0, output=""), "! ls · exit 0"),
-    (ShellRan(command="make", exit_code=2, output="error: no rule\n"), "! make · exit 2\n  error: no rule"),
-    (ShellRan(command="yes", exit_code=None, output="y\ny", truncated=True), "! yes · could not finish\n  …y y"),
+    (ShellRan(command="make", exit_code=2, output="error: no rule\n"), "! make · exit 2\nerror: no rule"),
+    (ShellRan(command="ls", exit_code=0, output="a.txt\n[b].txt\n"), "! ls · exit 0\na.txt\n[b].txt"),
+    (ShellRan(command="yes", exit_code=None, output="y\ny", truncated=True),
+     "! yes · could not finish\n… (only the output's end is kept)\ny\ny"),
     (Compacted(reason="threshold", tokens_before=120_000), "compacted (threshold, 120000 tokens before)"),
     (GoalStatus(goal_id="g1", status="done", title="ship it"), "goal ship it: done"),
 ])
@@ -165,13 +167,22 @@ def usage(input_tokens: int, output_tokens: int, cost: float) -> Usage:
                  cost=Cost(total=cost))
 
 
-def test_the_usage_meter_sums_the_ledger_and_reads_the_context_from_the_latest_reply() -> None:
+def reply_using(usage: Usage) -> AssistantMessage:
+    return AssistantMessage(content=[TextContent(text="ok")], provider="openai", model="gpt-4o", api="openai-chat",
+                            stop_reason="stop", usage=usage)
+
+
+def test_the_usage_meter_sums_the_ledger_and_shows_the_share_of_the_window_the_last_request_used() -> None:
+    """The last request is the latest reply's input and cached tokens, not its output: 1,500
+    input, 300 read from and 200 written to the cache is 2,000 of 8,000 tokens, 25%."""
     rows = [UsageRow(id="u1", seq=1, usage=usage(900, 100, 0.01)),
             UsageRow(id="u2", seq=2, usage=usage(1_500, 500, 0.02)),
             UsageRow(id="u3", seq=3, usage=usage(0, 0, 0.5), adjustment=True)]  # a correction, not a reply
+    last = usage(1_500, 500, 0.02).model_copy(update={"cache_read": 300, "cache_write": 200})
 
-    meter = UsageMeter.of(rows)
+    meter = UsageMeter.of(rows, reply_using(last))
+    meter.reply(reply_using(Usage()))  # a reply cut off before its provider reported usage
 
-    assert meter.text(8_000) == "3,000 tokens · $0.5300 · context 25% of 8,000"
+    assert meter.text(8_000) == "3,000 tokens · $0.5300 · last request: 25% of the 8,000-token context window"
     assert meter.text(None) == "3,000 tokens · $0.5300"
-    assert UsageMeter().text(8_000) == "0 tokens · $0.0000"  # no reply yet: the context is not known
+    assert UsageMeter.of(rows).text(8_000) == "3,000 tokens · $0.5300"  # no reply yet: nothing was sent

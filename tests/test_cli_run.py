@@ -407,6 +407,23 @@ def test_usage_errors_exit_as_typer_does(home: Path, work: Path) -> None:
     assert "provider/id" in bad_model.stderr
 
 
+def test_a_lane_other_than_main_needs_an_existing_session(home: Path, work: Path, server: ReplayServer) -> None:
+    """A conversation talks on lane `main`: `--lane` on a new session is a usage error that writes
+    nothing (it made `main` and the lane asked for); on an existing session it makes that lane."""
+    refused = harness(home, work, "run", "hi", "--lane", "side", "--model", "openai/gpt-4o", env=openai_env(server))
+    nothing = harness(home, work, "sessions")
+    server.enqueue(chat_text("On main."), chat_text("On the side."))
+    first = harness(home, work, "run", "hi", "--model", "openai/gpt-4o", env=openai_env(server))
+    side = harness(home, work, "run", "hi", "--session", session_of(first), "--lane", "side", env=openai_env(server))
+
+    assert refused.returncode == 2
+    said = re.sub(r"[│\s]+", " ", refused.stderr)  # typer draws the error in a box
+    assert "a new session talks on lane main; lane side can only be chosen in an existing session" in said
+    assert nothing.stdout == ""
+    assert side.returncode == 0, side.stderr
+    assert "On the side." in side.stdout
+
+
 def test_a_model_that_cannot_run_is_refused_before_anything_is_written(home: Path, work: Path) -> None:
     unknown = harness(home, work, "run", "hi", "--model", "nowhere/no-such-model")
     keyless = harness(home, work, "run", "hi", "--model", "openai/gpt-4o")

@@ -250,6 +250,22 @@ def test_delete_is_refused_while_the_session_is_attached(home: Path) -> None:
 # -- damaged bytes and abort ------------------------------------------------------------------------
 
 
+def test_show_ends_at_the_last_line_of_text(home: Path, server: ReplayServer) -> None:
+    """A reply ending in a code block or a table is rendered with rich's padding under it, which
+    `show` printed as trailing blank lines."""
+    server.enqueue(chat_text("Run it:\n\n```sh\nls -l\n```\n"), chat_text("| a | b |\n|---|---|\n| 1 | 2 |\n"))
+    first = harness(home, "run", "how?", "--model", "openai/gpt-4o", "--no-tools", env=openai_env(server))
+    session_id = listed_sessions(home)[0].id
+    code_block = harness(home, "show", session_id)
+    harness(home, "run", "and?", "--session", session_id, env=openai_env(server))
+    table = harness(home, "show", session_id)
+
+    assert first.returncode == 0, first.stderr
+    assert code_block.stdout.splitlines()[-1].strip() == "ls -l"
+    assert table.stdout.splitlines()[-1].strip().split() == ["1", "2"]
+    assert not code_block.stdout.endswith("\n\n")
+
+
 def test_show_and_export_report_damaged_bytes_as_storage_corruption(home: Path) -> None:
     """Issue 10: bytes that are not UTF-8 in an entry's payload made `show` and `export` die with a
     traceback of sqlite3.OperationalError; now a coded one-line error names the entry."""

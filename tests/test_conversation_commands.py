@@ -242,6 +242,30 @@ async def test_plan_mode_offers_only_read_only_tools_and_build_every_one(store: 
     await conversations.close_all(ctx)
 
 
+async def test_a_mode_selects_among_the_configured_tools_and_a_conversation_without_tools_gets_none(
+        store: Store, ctx: Context) -> None:
+    """CE-13: build gives back the tools the conversation was configured with, not every tool of
+    the service (none to one configured with none, as the tiny embedded model is); plan mode
+    survives a restore, and build after it, by either door, gives back what plan remembered."""
+    reader, writer, shell = ProbeTool("read", replay="safe"), ProbeTool("write"), ProbeTool("shell")
+    conversations, _ = service(store, [], tools=[reader, writer, shell])
+    bare = await conversations.create(ALICE, LaneConfig(model=FAUX), ctx)
+    configured = await conversations.create(ALICE, LaneConfig(model=FAUX, active_tools=["read", "write"]), ctx)
+
+    await mode(conversations, ALICE, bare, "plan", ctx)
+    await mode(conversations, ALICE, bare, "build", ctx)
+    await mode(conversations, ALICE, configured, "plan", ctx)
+    await conversations.close(ALICE, configured.id, ctx)
+    reopened = await conversations.open(ALICE, configured.id, ctx)
+    planned = (reopened.settings.mode, reopened.lane.config.active_tools)
+    await conversations.select_mode(ALICE, reopened.id, "build", ctx)  # Shift+Tab's door
+
+    assert (bare.settings.mode, bare.lane.config.active_tools) == ("build", [])
+    assert planned == ("plan", ["read"])
+    assert (reopened.settings.mode, reopened.lane.config.active_tools) == ("build", ["read", "write"])
+    await conversations.close_all(ctx)
+
+
 async def test_a_typed_line_runs_its_built_in_and_an_unknown_name_records_nothing(store: Store, ctx: Context) -> None:
     conversations, _ = service(store, [])
     conversation = await conversations.create(ALICE, CONFIG, ctx)

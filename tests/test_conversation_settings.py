@@ -150,6 +150,19 @@ async def test_a_renamed_closed_conversation_has_one_row_the_next_restore_reads(
     await conversations.close_all(ctx)
 
 
+async def test_a_live_conversations_info_follows_its_renames(store: Store, ctx: Context) -> None:
+    """CE-10: the live conversation's `info` names it as the service renamed it, and as a door
+    that names its session through the harness did."""
+    conversations, _ = service(store, [])
+    conversation = await conversations.create(ALICE, CONFIG, ctx, name="first")
+    await conversations.rename(ALICE, conversation.id, "second", ctx)
+    renamed = conversation.info.name
+    await conversation.harness.set_session_name(None, ctx)
+
+    assert (renamed, conversation.info.name) == ("second", None)
+    await conversations.close_all(ctx)
+
+
 # -- CE-11: a row recorded during an operation waits for its boundary ---------------------------
 
 

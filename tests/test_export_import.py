@@ -15,7 +15,9 @@ from typing import Any
 import pytest
 from pydantic import JsonValue
 
+from harness.cli.config import local_user
 from harness.context import Context
+from harness.conversation import ConversationService
 from harness.errors import UnsupportedFormat
 from harness.imports import export_harness_session, import_harness_session
 from harness.messages import (
@@ -157,7 +159,7 @@ async def round_trip(store: Store, session: Session, tmp_path: Path, context: Co
     path = tmp_path / "session.jsonl"
     with path.open("w", encoding="utf-8") as file:
         await export_harness_session(session, file, context)
-    report = await import_harness_session(store, path, context)
+    report = await import_harness_session(store, path, "user", context)
     return await store.open_session(report.session_id, context)
 
 
@@ -171,6 +173,19 @@ async def test_a_round_trip_keeps_entries_lanes_labels_name_and_usage(store: Sto
     assert imported.id != built.session.id
     assert await journal(imported, ids, ctx) == await journal(built.session, ids, ctx)
     assert len(await imported.entries(ids, ctx)) == len(ids)
+
+
+async def test_an_import_is_a_conversation_of_the_importing_user_as_with_the_other_importers(
+        store: Store, ctx: Context, tmp_path: Path) -> None:
+    """The export carries no owner; the import records the importing user as the pi and Claude
+    Code importers do, so the conversation service lists and opens it as theirs."""
+    built = await build_session(store, ctx)
+
+    imported = await round_trip(store, built.session, tmp_path, ctx)
+
+    conversations = ConversationService(store)
+    assert [info.id for info in await conversations.list("user", ctx)] == [imported.id]
+    assert await conversations.list("someone else", ctx) == []
 
 
 async def test_the_export_holds_every_entry_once_in_parent_order(store: Store, ctx: Context) -> None:
@@ -205,7 +220,7 @@ async def test_an_open_operation_is_left_out_with_a_warning_and_imports_idle(sto
     path = tmp_path / "open.jsonl"
     path.write_text(out.getvalue(), encoding="utf-8")
 
-    imported = await store.open_session((await import_harness_session(store, path, ctx)).session_id, ctx)
+    imported = await store.open_session((await import_harness_session(store, path, "user", ctx)).session_id, ctx)
 
     assert any(accepted.operation_id in warning for warning in report.warnings)
     state = await imported.get(addresses.lane_state("main"), ctx)
@@ -286,7 +301,7 @@ async def test_a_file_that_does_not_hold_a_harness_session_writes_nothing(tmp_pa
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     try:
         with pytest.raises(UnsupportedFormat, match=problem):
-            await import_harness_session(store, path, ctx)
+            await import_harness_session(store, path, "user", ctx)
         assert await store.list_sessions(ctx) == []
     finally:
         await store.close()
@@ -331,6 +346,12 @@ async def test_export_and_import_commands_round_trip(tmp_path: Path, ctx: Contex
     assert "imported harness: 7 messages, 2 tool calls" in imported.stderr
     assert again.returncode == 0, again.stderr
     assert comparable(again.stdout) == comparable(exported.stdout)
+    store = await connect(f"sqlite:///{home / 'harness.db'}", ctx)
+    try:
+        owned = [info.id for info in await ConversationService(store).list(local_user(), ctx)]
+    finally:
+        await store.close()
+    assert owned == [imported.stdout.strip()]  # the local account's, as `import pi` and `import claude-code` make it
 
 
 def test_export_of_an_unknown_session_fails(tmp_path: Path) -> None:

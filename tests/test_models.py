@@ -171,6 +171,13 @@ def test_models_toml_default_names_the_default_model(tmp_path: Path) -> None:
     assert load(tmp_path, toml, OPENAI_API_KEY="sk").default_identity() == identity("ollama", "phi4")
 
 
+def test_models_toml_fast_names_the_model_fast_mode_switches_to(tmp_path: Path) -> None:
+    toml = 'fast = "ollama/phi4-mini"\n[providers.ollama]\n[[providers.ollama.models]]\nid = "phi4-mini"\n'
+
+    assert load(tmp_path, toml).fast_identity == identity("ollama", "phi4-mini")
+    assert load(tmp_path / "elsewhere").fast_identity is None  # no models.toml: no fast model
+
+
 def test_an_unlisted_id_of_a_known_provider_gets_default_limits(tmp_path: Path) -> None:
     registry = load(tmp_path, '[providers.ollama]\n[[providers.ollama.models]]\nid = "phi4"\n')
 
@@ -215,8 +222,11 @@ def test_models_toml_is_read_from_harness_home(tmp_path: Path) -> None:
         ('[providers.mine]\napi = "telepathy"\n', "api"),
         ('default = "gpt-4o"\n', "default is provider/id"),
         ('default = "nowhere/x"\n', 'default = "nowhere/x" names no model'),
+        ('fast = "gpt-4o-mini"\n', "fast is provider/id"),
+        ('fast = "nowhere/x"\n', 'fast = "nowhere/x" names no model'),
     ],
-    ids=["bad-toml", "unknown-field", "no-api", "unknown-preset", "unknown-api", "bad-default", "unknown-default"],
+    ids=["bad-toml", "unknown-field", "no-api", "unknown-preset", "unknown-api", "bad-default", "unknown-default",
+         "bad-fast", "unknown-fast"],
 )
 def test_an_invalid_models_toml_is_refused_with_its_path(tmp_path: Path, toml: str, problem: str) -> None:
     with pytest.raises(ModelsFileInvalid) as raised:
@@ -273,3 +283,4 @@ def test_the_documented_models_toml_example_loads(tmp_path: Path) -> None:
     assert registry.model(identity("gpu-box", "Qwen/Qwen3-32B")).headers == {"X-Team": "research"}
     assert registry.model(identity("embedded", "qwen2.5-7b")).max_tool_steps == 8
     assert registry.default_identity() == identity("groq", "llama-3.3-70b-versatile")
+    assert registry.fast_identity == identity("groq", "llama-3.1-8b-instant")

@@ -18,7 +18,7 @@ import contextlib
 import os
 import signal
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
 from typing import TextIO
@@ -27,6 +27,7 @@ from rich.console import RenderableType
 
 from harness.cli.call_preview import call_preview
 from harness.cli.chat_input import Line, Terminal
+from harness.cli.chat_rows import chat_row
 from harness.cli.chat_view import ChatView, Screen, UsageMeter, clip, content_text
 from harness.cli.config import (
     Attached,
@@ -40,7 +41,8 @@ from harness.cli.config import (
 from harness.cli.render import branch_oldest_first, entry_lines
 from harness.cli.terminal_text import escape
 from harness.context import Context
-from harness.conversation import PROJECT_SELECTION, Conversation, ConversationService, WorkMode, mode_tools
+from harness.conversation import CONVERSATION_VALUES, Conversation, ConversationService, WorkMode, shell_ran
+from harness.conversation import restart as restart_conversation
 from harness.errors import HarnessError, ModelUnavailable
 from harness.messages import AssistantMessage, ModelIdentity, UserMessage
 from harness.providers import ModelRegistry
@@ -128,7 +130,7 @@ class ChatClient:
         self._named = False
         self._background: set[asyncio.Task[None]] = set()
         self._run_queued = False
-        self._side_tasks: set[asyncio.Task[None]] = set()  # Shift+Tab's mode switches
+        self._side_tasks: set[asyncio.Task[None]] = set()  # Shift+Tab's mode switches, queued model switches
         self._draft: Store | None = None
         """A new chat's session lives in this memory store until `save_draft`, so that a chat left
         with nothing said leaves nothing in the store."""
@@ -152,10 +154,8 @@ class ChatClient:
 
     @property
     def mode(self) -> WorkMode:
-        """`plan` when the lane offers only read-only tools of the ones a build would, else `build`."""
-        active = set(self.lane.config.active_tools)
-        every = {tool.name for tool in self.attached.harness.options.tools}
-        return "plan" if active and active == set(mode_tools(sorted(every), "plan")) and active != every else "build"
+        """The conversation's work mode."""
+        return self.attached.conversation.settings.mode
 
     @property
     def busy(self) -> bool:
@@ -251,28 +251,52 @@ class ChatClient:
             self.error(error)
 
     async def run_local_shell(self, command: str) -> None:
-        """`!cmd`: run `command` here, in the chat's directory, show its output, and record it as a
-        shell row the model reads with the next message, which is sent as typed (CE-17)."""
+        """`!cmd`: run `command` here, in the chat's directory, and record it as a shell row the
+        model reads with the next message, which is sent as typed (CE-17). The row, shown as it is
+        published, is where its output shows; a row the store refused is shown here, saying so."""
         process = await asyncio.create_subprocess_shell(command, cwd=self.cwd, stdin=asyncio.subprocess.DEVNULL,
                                                         stdout=asyncio.subprocess.PIPE,
                                                         stderr=asyncio.subprocess.STDOUT)
         output, _ = await process.communicate()
         text = output.decode("utf-8", errors="replace")
-        if text:
-            self.screen.print(escape(text.rstrip("\n")))
         service, user, conversation = self.command_door()
-        await service.record_local_shell(user, conversation.id, command, process.returncode, text, self.context)
+        if not await service.record_local_shell(user, conversation.id, command, process.returncode, text,
+                                                self.context):
+            self.screen.print(chat_row(shell_ran(command, process.returncode, text)))
+            self.screen.print("[yellow]the store refused this row: the model will not read it[/]")
 
-    def _toggle_mode_soon(self) -> None:
-        task = asyncio.create_task(self._toggle_mode_shown())
+    async def restart(self) -> None:
+        """`/restart`: the conversation's restart (its row written first, CE-17), after which this
+        chat goes on with the conversation reopened from the journal, in the same session."""
+        service, user, talking = self.command_door()
+        await restart_conversation(service, user, talking, None, self.context)
+        reopened = await service.open(user, talking.id, self.context)
+        self._attached = replace(self.attached, conversation=reopened, lane=reopened.harness.lane(self.lane.name))
+
+    def beside_the_prompt(self, work: Callable[[], Awaitable[None]]) -> None:
+        """Run `work` in the background, its errors shown: the prompt takes input meanwhile."""
+
+        async def shown() -> None:
+            try:
+                await work()
+            except HarnessError as error:
+                self.error(error)
+
+        task = asyncio.create_task(shown())
         self._side_tasks.add(task)
         task.add_done_callback(self._side_tasks.discard)
 
-    async def _toggle_mode_shown(self) -> None:
-        try:
-            await self.toggle_mode()
-        except HarnessError as error:
-            self.error(error)
+    def _toggle_mode_soon(self) -> None:
+        self.beside_the_prompt(self.toggle_mode)
+
+    async def queue_model_switch(self, identity: ModelIdentity) -> None:
+        """`/model provider/id` typed during a turn: the conversation's queued switch (CE-12). The
+        turn runs to its end on its model; the switch is acknowledged here if it still waits after
+        the acknowledgement delay, and its `model` row shows when it lands, before the next turn."""
+        service, user, talking = self.command_door()
+        switch = await service.switch_model(user, talking.id, identity, self.context)
+        if switch.queued:
+            self.screen.print(f"[dim]model {escape(model_name(identity))} queued: the next turn starts on it[/]")
 
     async def toggle_mode(self) -> None:
         """Shift+Tab: build to plan and back, recorded as a mode row at once (CE-13)."""
@@ -429,8 +453,8 @@ class ChatClient:
             self.error(error)
 
     def _status(self) -> str:
-        """The toolbar: what the session has spent and how full the context is, then what the lane
-        is doing and the keys that do something now."""
+        """The toolbar: what the session has spent and how much of the context window the last
+        request used, then what the lane is doing and the keys that do something now."""
         usage = self.view.meter.text(self.context_window())
         if not self.busy:
             return (f"{usage} · {self.mode} mode (Shift+Tab) · /help: commands · Tab completes them · "
@@ -496,7 +520,7 @@ class ChatClient:
             cwd=self.cwd, approval=self.approval, jobs=self.jobs, model=model, lane=self.settings.lane,
             listeners=[self.view], require_model=False, tools=self.settings.tools,
         )
-        self.view.meter = await UsageMeter.read(attached.harness.session, self.context)
+        self.view.meter = await UsageMeter.read(attached.harness.session, attached.lane.tip_id, self.context)
         return attached
 
     async def switch_session(self, session_id: str) -> None:
@@ -520,19 +544,19 @@ class ChatClient:
             return
         drafted, lane = self.attached.conversation, self.lane
         name = await drafted.harness.session_name(self.context)
-        # What was recorded before anyone spoke (command and mode rows) moves with the draft.
+        # What was recorded before anyone spoke (command and mode rows) moves with the draft, and
+        # so does what the conversation keeps of its own (a project chosen, fast mode).
         tip = lane.tip_id
         rows = [] if tip is None else (await drafted.harness.session.read_branch(tip, self.context)).entries
+        values = await drafted.harness.session.scan_values(CONVERSATION_VALUES, self.context)
         session = await self.store.create_session(self.context, session_id=drafted.id)
         await session.create_lane(lane.name, lane.config, self.context)
-
-        selection = drafted.target.selection
 
         async def keep(m: SessionMutator) -> None:
             if name is not None:
                 m.set(addresses.session_name(), name)
-            if selection is not None:  # a project chosen before anyone spoke moves with the draft too
-                m.set(PROJECT_SELECTION, selection)
+            for key, value in values:
+                m.set(addresses.value_address(CONVERSATION_VALUES.namespace, key), value)
             for entry in reversed(rows):
                 m.insert_entry(entry.payload, parent_id=entry.parent_id, entry_id=entry.id)
             if rows:

@@ -54,12 +54,17 @@ async def _help(client: ChatClient, argument: str) -> None:
                         "a turn, twice leaves at once; Ctrl-D leaves.[/]")
 
 
-@command("model", "/model [provider/id]", "show the models, or switch this lane's model", while_busy=True)
+@command("model", "/model [provider/id]", "show the models, or switch this lane's model (during a turn: for the "
+         "next one)", while_busy=True)
 async def _model(client: ChatClient, argument: str) -> None:
     current = client.lane.config.model
     if argument:
-        usable_model(client.registry, ModelIdentity.parse(argument))
-        await conversation.model(*client.command_door(), argument, client.context)
+        identity = ModelIdentity.parse(argument)
+        usable_model(client.registry, identity)
+        if client.busy:  # queued behind the running turn, which ends on the model it started with
+            client.beside_the_prompt(lambda: client.queue_model_switch(identity))
+        else:
+            await conversation.model(*client.command_door(), argument, client.context)
         return
     client.screen.print(f"model: [bold]{escape(model_name(current))}[/]")
     for row in client.registry.configured():
@@ -104,9 +109,24 @@ async def _rename(client: ChatClient, argument: str) -> None:
 @command("mode", "/mode [build|plan]", "show or switch the work mode (Shift+Tab toggles it)", while_busy=True)
 async def _mode(client: ChatClient, argument: str) -> None:
     if not argument:
-        client.screen.print(f"mode: [bold]{client.mode}[/] [dim](build: every tool; plan: read-only tools)[/]")
+        client.screen.print(f"mode: [bold]{client.mode}[/] [dim](build: all of this session's tools; plan: the "
+                            "read-only ones)[/]")
         return
     await conversation.mode(*client.command_door(), argument, client.context)
+
+
+@command("fast", "/fast", "switch the next turns to the fast model at a lower reasoning level, or back")
+async def _fast(client: ChatClient, argument: str) -> None:
+    service, user, talking = client.command_door()
+    target = service.setup.fast_model
+    switching_on = await talking.harness.session.get(conversation.FAST_BEFORE, client.context) is None
+    if target is not None and switching_on:
+        usable_model(client.registry, target)  # a missing key is said before anything changes
+    try:
+        await conversation.fast(service, user, talking, argument or None, client.context)
+    except conversation.NoFastModel as error:
+        client.error(error)
+        client.screen.print('[dim]name one in models.toml: fast = "provider/id"[/]')
 
 
 @command("compact", "/compact [instructions]", "summarize the older part of the conversation")
@@ -137,6 +157,11 @@ async def _goal(client: ChatClient, argument: str) -> None:
         return Settled(operation_id=last.operation_id, result=last) if last is not None else None
 
     client.start_turn(kickoff)
+
+
+@command("restart", "/restart", "reopen this conversation from its journal")
+async def _restart(client: ChatClient, argument: str) -> None:
+    await client.restart()
 
 
 @command("sessions", "/sessions", "list the sessions in the store", while_busy=True)

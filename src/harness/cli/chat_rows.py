@@ -43,9 +43,6 @@ from harness.conversation import (
 from harness.messages import ModelIdentity
 from harness.session import AbortCause
 
-SHELL_OUTPUT_CHARS = 160
-"""Characters of a `!cmd`'s recorded output shown on its row (its end, where the result is)."""
-
 _STOPPED: dict[AbortCause, str] = {
     "user": "interrupted by you",
     "user_during_tool": "interrupted by you during a tool call",
@@ -55,11 +52,12 @@ _STOPPED: dict[AbortCause, str] = {
     "probe": "stopped by an internal probe",
 }
 
-_MODES = {"build": "build (every tool)", "plan": "plan (read-only tools)"}
+_MODES = {"build": "build (all of this session's tools)", "plan": "plan (read-only tools)"}
 
 
 def chat_row(details: ChatEventDetails) -> str:
-    """The row for `details`, as rich markup on one line (a `!cmd` row may add its output's end)."""
+    """The row for `details`, as rich markup on one line (a `!cmd` row adds the lines of its
+    recorded output)."""
     match details:
         case Interrupted():
             return f"[yellow]■ {_STOPPED[details.cause]}[/]"
@@ -88,13 +86,14 @@ def chat_row(details: ChatEventDetails) -> str:
             said = _outcome_text(details.outcome)
             return f"[dim]{invocation}{': ' + escape(said) if said else ''}[/]"
         case ShellRan():
+            # The output is shown here only, as recorded: what the person sees is what the model reads.
             status = "could not finish" if details.exit_code is None else f"exit {details.exit_code}"
             row = f"[dim]! {escape(details.command)} · {status}[/]"
-            output = " ".join(details.output.split())
-            if not output:
+            output = details.output.rstrip("\n")
+            if not output.strip():
                 return row
-            cut = details.truncated or len(output) > SHELL_OUTPUT_CHARS
-            return f"{row}\n[dim]  {'…' if cut else ''}{escape(output[-SHELL_OUTPUT_CHARS:])}[/]"
+            cut = "\n[dim]… (only the output's end is kept)[/]" if details.truncated else ""
+            return f"{row}{cut}\n{escape(output)}"
         case Compacted():
             before = f", {details.tokens_before} tokens before" if details.tokens_before is not None else ""
             return f"[dim]compacted ({details.reason}{before})[/]"

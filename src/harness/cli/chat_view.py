@@ -237,47 +237,74 @@ _FENCE = re.compile(r"^\s{0,3}(`{3,}|~{3,})(.*)$")
 
 @dataclass
 class UsageMeter:
-    """What the session has spent, and how full the latest reply found the context window: the
-    toolbar's `tokens · cost · context` part. Counted from the usage ledger at attachment, then
-    from each `usage` event."""
+    """What the session has spent, and how much of the model's context window the last request
+    used: the toolbar's `tokens · cost · last request` part. The totals are counted from the usage
+    ledger at attachment, then from each `usage` event; the last request from the latest reply on
+    the branch at attachment, then from each reply that ends."""
 
     tokens: int = 0
     cost: float = 0.0
     context_tokens: int | None = None
-    """What the latest reply read and wrote, in tokens; None before any, and after a compaction or
-    a move of the branch until the next reply says again."""
+    """What the last request sent, in tokens: the input and cached tokens of the latest reply's
+    usage. None before any reply, and after a compaction or a move of the branch until the next
+    reply says again; a reply whose provider reported no usage (one cut off) leaves it as it was."""
 
     @classmethod
-    def of(cls, rows: Sequence[UsageRow]) -> UsageMeter:
-        """The meter after the ledger `rows`, in commit order; an adjustment counts in the totals
-        but says nothing of the context."""
+    def of(cls, rows: Sequence[UsageRow], last_reply: AssistantMessage | None = None) -> UsageMeter:
+        """The meter after the ledger `rows` (adjustments included), with the last request read
+        from `last_reply`."""
         meter = cls()
         for usage_row in rows:
-            meter.add(usage_row.usage, reply=not usage_row.adjustment)
+            meter.add(usage_row.usage)
+        if last_reply is not None:
+            meter.reply(last_reply)
         return meter
 
     @classmethod
-    async def read(cls, session: SessionReader, context: Context) -> UsageMeter:
-        """The meter after `session`'s whole usage ledger, read page by page."""
+    async def read(cls, session: SessionReader, tip: str | None, context: Context) -> UsageMeter:
+        """The meter after `session`'s whole usage ledger, read page by page, and the newest reply
+        on the branch ending at `tip` since its newest compaction."""
         rows: list[UsageRow] = []
         while page := await session.usage_ledger(context, after_seq=rows[-1].seq if rows else None,
                                                  limit=USAGE_PAGE):
             rows += page
-        return cls.of(rows)
+        replies: list[AssistantMessage] = []
 
-    def add(self, usage: Usage, *, reply: bool = True) -> None:
+        def visit(entry: Entry) -> bool:
+            payload = entry.payload
+            if payload.type == "message" and isinstance(payload.message, AssistantMessage) and _sent(
+                    payload.message.usage):
+                replies.append(payload.message)
+                return False
+            return True
+
+        if tip is not None:
+            await session.scan_branch(tip, visit, context)
+        return cls.of(rows, replies[0] if replies else None)
+
+    def add(self, usage: Usage) -> None:
+        """Count `usage` in the totals."""
         self.tokens += usage.total_tokens
         self.cost += usage.cost.total
-        if reply:
-            self.context_tokens = usage.input + usage.cache_read + usage.cache_write + usage.output
+
+    def reply(self, message: AssistantMessage) -> None:
+        """A reply ended: its request is the last request, when its provider reported usage."""
+        if sent := _sent(message.usage):
+            self.context_tokens = sent
 
     def text(self, context_window: int | None) -> str:
-        """E.g. `1,234 tokens · $0.0123 · context 12% of 128,000`; the context part only when both
-        the window and a reply's usage are known."""
+        """E.g. `1,234 tokens · $0.0123 · last request: 12% of the 128,000-token context window`;
+        the last part only when both the window and a reply's usage are known."""
         parts = [f"{self.tokens:,} tokens", f"${self.cost:.4f}"]
         if context_window and self.context_tokens is not None:
-            parts.append(f"context {100 * self.context_tokens / context_window:.0f}% of {context_window:,}")
+            share = 100 * self.context_tokens / context_window
+            parts.append(f"last request: {share:.0f}% of the {context_window:,}-token context window")
         return " · ".join(parts)
+
+
+def _sent(usage: Usage) -> int:
+    """The tokens a request sent, from its reply's usage: the input, cached or not."""
+    return usage.input + usage.cache_read + usage.cache_write
 
 
 # -- the view ---------------------------------------------------------------------------------------
@@ -366,6 +393,7 @@ class ChatView:
 
     def end_reply(self, message: AssistantMessage) -> None:
         self.stream_reply(message)
+        self.meter.reply(message)
         self.calls.update((block.id, block) for block in message.content if isinstance(block, ToolCall))
         self.screen.end_stream()
         self._shown = {}

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import getpass
 import os
 import sys
 from collections.abc import Awaitable, Callable
@@ -19,11 +18,13 @@ from harness.cli.chat_commands import COMMANDS
 from harness.cli.config import (
     Check,
     LaneHasTools,
+    NewConversationLane,
     check_embedded,
     check_model_readiness,
     check_models,
     check_readiness,
     check_store,
+    local_user,
     model_name,
 )
 from harness.cli.render import print_branch
@@ -61,7 +62,8 @@ def chat(
                                   "omitted.")] = None,
     continue_last: Annotated[bool, typer.Option(
         "--continue", "-c", help="Continue the most recently updated session.")] = False,
-    lane: Annotated[str, typer.Option(help="The lane to chat on.")] = "main",
+    lane: Annotated[str, typer.Option(help="The lane of an existing session to chat on (a new session talks on "
+                                           "main).")] = "main",
     model: Annotated[str | None, typer.Option(
         help="provider/id, e.g. openai/gpt-4o; default: the lane's model, else the first model whose API key is "
              "set, else the embedded one.")] = None,
@@ -91,7 +93,10 @@ def chat(
         registry = ModelRegistry.load(home=settings.home)
         client = ChatClient(s, settings, registry, context, commands=COMMANDS, out=sys.stdout,
                             color="NO_COLOR" not in os.environ)
-        return await client.run()
+        try:
+            return await client.run()
+        except NewConversationLane as error:
+            raise typer.BadParameter(error.message, param_hint="--lane") from error
 
     raise typer.Exit(run_with_store(store, body))
 
@@ -129,7 +134,8 @@ def run(
     = False,
     offer_tools: Annotated[bool, typer.Option("--tools", help="Give a new lane the built-in tools even on the tiny "
                                                                "embedded model, which gets none by default.")] = False,
-    lane: Annotated[str, typer.Option(help="The lane of the session to run on.")] = "main",
+    lane: Annotated[str, typer.Option(help="The lane of the session to run on (with --session; a new session "
+                                           "talks on main).")] = "main",
     store: StoreOption = None,
 ) -> None:
     """Run one turn non-interactively: stream the reply (tools work in the current directory).
@@ -164,6 +170,8 @@ def run(
             return await run_turn(s, resolved, registry, context)
         except LaneHasTools as error:
             raise typer.BadParameter(error.message, param_hint="--no-tools") from error
+        except NewConversationLane as error:
+            raise typer.BadParameter(error.message, param_hint="--lane") from error
 
     try:
         code = run_with_store(store, body)
@@ -261,21 +269,21 @@ def export_session(
 
 @import_app.command("harness")
 def import_harness(file: ImportFile, store: StoreOption = None) -> None:
-    """Import a session file written by `harness export`."""
-    _import(store, lambda s, context: import_harness_session(s, file, context))
+    """Import a session file written by `harness export` as a conversation of the local account."""
+    _import(store, lambda s, context: import_harness_session(s, file, local_user(), context))
 
 
 @import_app.command("pi")
 def import_pi(file: ImportFile, store: StoreOption = None) -> None:
     """Import a pi coding-agent session file (format v1, v2 or v3) as a conversation of the local
     account."""
-    _import(store, lambda s, context: import_pi_session(s, file, getpass.getuser(), context))
+    _import(store, lambda s, context: import_pi_session(s, file, local_user(), context))
 
 
 @import_app.command("claude-code")
 def import_claude_code(file: ImportFile, store: StoreOption = None) -> None:
     """Import a Claude Code session transcript as a conversation of the local account."""
-    _import(store, lambda s, context: import_claude_code_session(s, file, getpass.getuser(), context))
+    _import(store, lambda s, context: import_claude_code_session(s, file, local_user(), context))
 
 
 def _import(store: str | None, run: Callable[[Store, Context], Awaitable[ImportReport]]) -> None:

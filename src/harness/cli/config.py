@@ -27,6 +27,7 @@ from harness.conversation import (
     DEFAULT_AGENTS,
     DELEGATION_TOOL_NAMES,
     JOURNAL_DATA_MIGRATIONS,
+    MAIN_LANE,
     PROJECT_TOOL,
     PROJECTS_FILE,
     Conversation,
@@ -72,6 +73,14 @@ class MissingApiKey(HarnessError):
     """The chosen model needs an API key that is not in the environment; details `{model, env}`."""
 
     code = "missing_api_key"
+
+
+class NewConversationLane(HarnessError):
+    """A lane other than `main` was asked for a new session: a conversation talks to its person on
+    lane `main`, which a new one is made with (another lane is a session's own, e.g. a delegated
+    child's); details `{lane}`. Nothing was written."""
+
+    code = "new_conversation_lane"
 
 
 class LaneHasTools(HarnessError):
@@ -233,11 +242,11 @@ async def attach_client(
 ) -> Attached:
     """Open conversation `session_id` of `user` (default `local_user()`; a new one when None)
     through a `ConversationService`, its harness running the built-in tools in the conversation's
-    project, or in `cwd` while it has none, with `approval` as the `before_tool` hook, and its
-    background shell commands tracked in `jobs`, and the `general` agent to delegate to (CE-18):
-    the service's own hooks (turn-end rows, the replay of cut replies, the model's project switch,
-    CE-7 to CE-9, CE-19) apply to every turn, a sub-agent's too.
-    Projects are listed from `home/projects.toml`. A session without an owner (made before
+    project, or in `cwd` while it has none, with `approval` as the `before_tool` hook, its
+    background shell commands tracked in `jobs`, the `general` agent to delegate to (CE-18), and
+    `/fast` switching to the registry's `fast_identity`: the service's own hooks (turn-end rows,
+    the replay of cut replies, the model's project switch, CE-7 to CE-9, CE-19) apply to every
+    turn, a sub-agent's too. Projects are listed from `home/projects.toml`. A session without an owner (made before
     conversations had owners, imported, forked, or a chat's saved draft) is adopted by `user`
     first, once; one of another user is `Forbidden`. Close it with `Attached.conversation.dispose`.
 
@@ -250,7 +259,11 @@ async def attach_client(
     With `require_model=False` a lane whose configured model is not usable is still attached (to
     read it, or switch its model), with `Attached.model` None; a `model` given here must be usable
     all the same. Also raises
-    `SessionNotFound` and `SessionOwned` (another process holds the session)."""
+    `SessionNotFound` and `SessionOwned` (another process holds the session), and
+    `NewConversationLane` for a `lane` other than `main` without a `session_id`."""
+    if session_id is None and lane != MAIN_LANE:
+        raise NewConversationLane(f"a new session talks on lane {MAIN_LANE}; lane {lane} can only be chosen in an "
+                                  "existing session (give its id)", lane=lane)
     user = user if user is not None else local_user()
     configured: LaneConfig | None = None
     if session_id is not None:
@@ -275,7 +288,7 @@ async def attach_client(
     service = ConversationService(store, ConversationSetup(
         models=registry, system_prompt=system_prompt(workspace), drive=drive or DriveSettings(),
         hooks=RunHooks(before_tool=approval), listeners=listeners, directory=cwd, projects_file=projects_file,
-        running_jobs=jobs.running,
+        running_jobs=jobs.running, fast_model=registry.fast_identity,
         tools_for=lambda target: builtin_tools(workspace, directory=lambda: target.directory, jobs=jobs,
                                                owner=target.conversation_id),
         agents=DEFAULT_AGENTS))
@@ -293,7 +306,7 @@ async def attach_client(
         conversation = await service.open(user, session_id, context)
     harness = conversation.harness
     try:
-        if lane not in {info.name for info in harness.lanes}:  # a new conversation has its `main` already
+        if lane not in {info.name for info in harness.lanes}:
             lane_handle = await harness.create_lane(lane, config, context)
         else:
             lane_handle = harness.lane(lane)

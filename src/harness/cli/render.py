@@ -6,6 +6,7 @@ import json
 
 from pydantic import JsonValue
 from rich.console import Console, RenderableType
+from rich.text import Text
 
 from harness.cli.chat_rows import chat_row, delegation_row, garden_row
 from harness.cli.terminal_text import escape, markdown
@@ -136,7 +137,8 @@ async def branch_oldest_first(session: Session, tip: str, context: Context) -> l
 async def print_branch(
     session: Session, lane: str, context: Context, *, limit: int | None = 400, console: Console | None = None
 ) -> None:
-    """Print the lane's branch, root first; raises `UnknownLane` if the lane does not exist."""
+    """Print the lane's branch, root first, ending at its last line of text; raises `UnknownLane`
+    if the lane does not exist."""
     console = console or Console(highlight=False, emoji=False)
     record = await session.get_record(addresses.branch_tip(lane), context)
     if record is None:
@@ -146,6 +148,17 @@ async def print_branch(
     if record.value is None:
         console.print("[dim](empty branch)[/]")
         return
+    # Blank lines are held until text follows them: a reply's Markdown ends with the padding rich
+    # puts under a code block or a table, which must not trail the output.
+    blank: list[str] = []
     for entry in await branch_oldest_first(session, record.value, context):
         for line in entry_lines(entry, limit):
-            console.print(line)
+            with console.capture() as captured:
+                console.print(line)
+            for row in captured.get().splitlines(keepends=True):
+                if not Text.from_ansi(row).plain.strip():
+                    blank.append(row)
+                    continue
+                console.file.write("".join(blank) + row)
+                blank = []
+    console.file.flush()

@@ -142,7 +142,7 @@ from harness.conversation.projects import (
     load_projects,
     resolve_project_argument,
 )
-from harness.conversation.recording import MAIN_LANE, record_chat_event
+from harness.conversation.recording import CONVERSATION_VALUES, MAIN_LANE, record_chat_event
 from harness.conversation.service import (
     IMAGE_SWEEP_GRACE_S,
     OWNER,
@@ -162,6 +162,7 @@ from harness.conversation.service import (
     conversation_hooks,
 )
 from harness.conversation.settings import (
+    BUILD_TOOLS,
     MODEL_SWITCH_ACK_S,
     READ_ONLY_TOOLS,
     SETTING_EVENT_KINDS,
@@ -178,8 +179,10 @@ from harness.conversation.settings import (
 from harness.conversation.turn_rows import clean_public_text, public_error, replay_interrupted_replies, turn_end_rows
 
 __all__ = [
+    "BUILD_TOOLS",
     "BUILT_IN_COMMANDS",
     "CHAT_EVENT_TYPE",
+    "CONVERSATION_VALUES",
     "DEFAULT_AGENTS",
     "DELEGATION_NAMESPACE",
     "DELEGATION_TOOL_NAMES",

@@ -163,7 +163,7 @@ class DirectoryMoved(_Fact):
 
 
 class ModeSelected(_Fact):
-    """A work mode: `build` (every tool) or `plan` (read-only tools)."""
+    """A work mode: `build` (the conversation's tools) or `plan` (the read-only ones among them)."""
 
     kind: Literal["mode"] = "mode"
     v: Literal[1] = 1
@@ -304,7 +304,7 @@ def render_chat_event_for_model(details: ChatEventDetails) -> str:
             return f"[The person moved the working directory to {where}; tools now run there.]"
         case ModeSelected():
             return ("[Plan mode: only read-only tools are available; propose changes, do not make them.]"
-                    if details.mode == "plan" else "[Build mode: every tool is available again.]")
+                    if details.mode == "plan" else "[Build mode: every tool of this conversation is available again.]")
         case ReasoningChanged():
             return f"[The reasoning level changed from {details.previous} to {details.level}.]"
         case CommandRan():

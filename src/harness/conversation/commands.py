@@ -25,8 +25,8 @@ from harness.conversation.chat_events import (
     RestartOutcome,
 )
 from harness.conversation.command_rows import CommandInvocation, compact_outcome, fast_outcome
+from harness.conversation.recording import CONVERSATION_VALUES
 from harness.conversation.service import Conversation, ConversationService, RecordNow
-from harness.conversation.settings import mode_tools
 from harness.errors import HarnessError, InvalidInput
 from harness.messages import THINKING_LEVELS, ModelIdentity, ThinkingLevel
 from harness.runtime import NothingToCompact, Settled
@@ -56,7 +56,7 @@ class FastBefore(BaseModel):
     thinking_level: ThinkingLevel
 
 
-FAST_BEFORE = addresses.value_address("conversation", "fast_before", FastBefore)
+FAST_BEFORE = addresses.value_address(CONVERSATION_VALUES.namespace, "fast_before", FastBefore)
 """Present while fast mode is on: what `/fast` again restores. A session value, so fast mode
 survives a restart and a restore from the journal."""
 
@@ -163,7 +163,8 @@ _MODES: dict[str, Literal["build", "plan"]] = {"build": "build", "plan": "plan"}
 
 async def mode(service: ConversationService, user: str, conversation: Conversation, args: str | None,
                context: Context, *, typed: bool = True) -> ModeOutcome:
-    """`/mode build|plan`: the tools of the next turns (`mode_tools` of the conversation's tools); its
+    """`/mode build|plan`: the tools of the next turns (`ConversationSettings.apply_mode`: build
+    the tools the conversation was configured with, plan the read-only ones among them); its
     command row is the mode's record. Raises `InvalidInput` for another mode; nothing changed then."""
 
     async def run(record_now: RecordNow) -> ModeOutcome:
@@ -171,8 +172,7 @@ async def mode(service: ConversationService, user: str, conversation: Conversati
         chosen = _MODES.get(typed_mode)
         if chosen is None:
             raise InvalidInput(f"a mode is build or plan, not {typed_mode!r}", mode=typed_mode)
-        names = [tool.name for tool in conversation.harness.options.tools]
-        await conversation.lane.set_active_tools(mode_tools(names, chosen), context)
+        await conversation.settings.apply_mode(chosen, context)
         return ModeOutcome(mode=chosen)
 
     return await service.run_command(user, conversation, _invocation("mode", args, typed), run, _itself, context)

@@ -4,10 +4,11 @@ stays in the journal to be read, renamed or deleted (OM-7)."""
 from __future__ import annotations
 
 from harness.context import Context
+from harness.conversation.recording import CONVERSATION_VALUES
 from harness.errors import HarnessError
 from harness.session import SessionReader, addresses
 
-ENDED_AT = addresses.value_address("conversation", "ended_at", int)
+ENDED_AT = addresses.value_address(CONVERSATION_VALUES.namespace, "ended_at", int)
 """When the conversation was ended (Unix ms); absent while it is open."""
 
 

@@ -25,6 +25,7 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StringConstraints, ValidationError
 
+from harness.conversation.recording import CONVERSATION_VALUES
 from harness.errors import HarnessError, InvalidInput
 from harness.session import addresses
 
@@ -85,7 +86,7 @@ class ProjectSelection(BaseModel):
     path: str
 
 
-PROJECT_SELECTION = addresses.value_address("conversation", "project", ProjectSelection)
+PROJECT_SELECTION = addresses.value_address(CONVERSATION_VALUES.namespace, "project", ProjectSelection)
 """The conversation's `ProjectSelection`; none until a project is selected."""
 
 

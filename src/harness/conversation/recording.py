@@ -7,9 +7,14 @@ from harness.context import Context
 from harness.conversation.chat_events import ChatEventDetails, chat_event_message, logger
 from harness.errors import HarnessError
 from harness.runtime import AgentHarness
+from harness.session import addresses
 
 MAIN_LANE = "main"
 """The lane of a conversation that talks to the person."""
+
+CONVERSATION_VALUES = addresses.value_address("conversation")
+"""Every session value a conversation keeps of its own (its owner, fast mode, the work mode, the
+turn baseline), as JSON: `scan_values` of it lists them, for a copy of the conversation."""
 
 
 async def record_chat_event(harness: AgentHarness, details: ChatEventDetails, context: Context, *,

@@ -47,7 +47,7 @@ from harness.conversation.project_switch import (
     switch_project,
 )
 from harness.conversation.projects import PROJECT_SELECTION, ExecutionTarget, SwitchableProject, load_projects
-from harness.conversation.recording import MAIN_LANE, record_chat_event
+from harness.conversation.recording import CONVERSATION_VALUES, MAIN_LANE, record_chat_event
 from harness.conversation.settings import MODEL_SWITCH_ACK_S, ConversationSettings, ModelSwitch, WorkMode
 from harness.conversation.turn_rows import public_error, replay_interrupted_replies, turn_end_rows
 from harness.errors import HarnessError
@@ -75,6 +75,7 @@ from harness.runtime import (
     RunStart,
     ToolCallRequest,
     ToolOutput,
+    ValueUpdate,
 )
 from harness.session import (
     CustomMessagePayload,
@@ -91,7 +92,7 @@ from harness.session import (
     is_image_ref,
 )
 
-OWNER = addresses.value_address("conversation", "owner", str)
+OWNER = addresses.value_address(CONVERSATION_VALUES.namespace, "owner", str)
 """The user id a conversation belongs to, written when it is created."""
 
 
@@ -237,18 +238,18 @@ class ConversationWatch:
 
 
 class Conversation:
-    """A live conversation: its attached harness and the lane that talks to the person."""
+    """A live conversation: its attached harness and the lane that talks to the person. `info`
+    follows its renames."""
 
-    def __init__(self, info: ConversationInfo, harness: AgentHarness, open_operations: list[OpenOperation],
-                 feed: InstanceFeed, target: ExecutionTarget,
-                 delegation: Delegation | None = None) -> None:
+    def __init__(self, info: ConversationInfo, settings: ConversationSettings, open_operations: list[OpenOperation],
+                 feed: InstanceFeed, delegation: Delegation | None = None) -> None:
         self.info = info
-        self.harness = harness
+        self.harness = harness = settings.harness
         self.delegation = delegation
         """The conversation's sub-agents, when its setup has agents (CE-18)."""
         self.lane = harness.lane(MAIN_LANE)
         self.open_operations = open_operations
-        self.settings = ConversationSettings(harness, target)
+        self.settings = settings
         self._feed = feed
         self._recording: set[asyncio.Task[bool]] = set()
         harness.add_listener(self._on_event)
@@ -271,6 +272,9 @@ class Conversation:
                                             error_text=error_text))
         elif isinstance(event, Fault):
             self._feed.publish(Alert(conversation_id=self.id, code=event.code, message=event.message))
+        elif isinstance(event, ValueUpdate) and event.key == "session_name":
+            # Every rename (the service's, a command's, a door naming its session) is this event.
+            self.info = replace(self.info, name=event.value)
 
     async def dispose(self, context: Context) -> None:
         """Finish recording what is under way, then detach the harness (the conversation stays in
@@ -400,9 +404,9 @@ class ConversationService:
             return await settings.record_setting(details, context)
 
     async def select_mode(self, user: str, conversation_id: str, mode: WorkMode, context: Context) -> bool:
-        """Switch the conversation to work mode `mode` (`build`: every tool; `plan`: the read-only
-        ones) and record `ModeSelected` at once, even before the first message (CE-13). The result
-        is whether the row was accepted (CE-3)."""
+        """Switch the conversation to work mode `mode` (`build`: the tools it was configured with;
+        `plan`: the read-only ones among them) and record `ModeSelected` at once, even before the
+        first message (CE-13). The result is whether the row was accepted (CE-3)."""
         async with self._settings_of(user, conversation_id, context) as settings:
             return await settings.select_mode(mode, context)
 
@@ -637,7 +641,7 @@ class ConversationService:
             session=session, models=self.setup.models, tools=self._tools(user, target, self._delegation())),
             context)
         try:
-            yield ConversationSettings(harness, target)
+            yield await ConversationSettings.read(harness, target, context)
         finally:
             await harness.close(context)
 
@@ -668,8 +672,8 @@ class ConversationService:
                 raise
         info = ConversationInfo(id=session.id, owner=user, name=await _name(session, context),
                                 created_at=session.info.created_at, updated_at=session.info.updated_at)
-        conversation = self._live[session.id] = Conversation(info, harness, open_operations, self.feed, target,
-                                                             delegation)
+        settings = await ConversationSettings.read(harness, target, context)
+        conversation = self._live[session.id] = Conversation(info, settings, open_operations, self.feed, delegation)
         return conversation
 
     async def _target(self, session: Session, context: Context) -> ExecutionTarget:

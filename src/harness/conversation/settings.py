@@ -31,7 +31,7 @@ from harness.conversation.chat_events import (
 )
 from harness.conversation.lifecycle import refuse_if_ended
 from harness.conversation.projects import ExecutionTarget
-from harness.conversation.recording import MAIN_LANE, record_chat_event
+from harness.conversation.recording import CONVERSATION_VALUES, MAIN_LANE, record_chat_event
 from harness.conversation.turn_rows import clean_public_text
 from harness.errors import HarnessError
 from harness.messages import ImageContent, Message, ModelIdentity, TextContent, ThinkingLevel, UserContent, UserMessage
@@ -55,13 +55,20 @@ SETTING_EVENT_KINDS = frozenset({"model", "rename", "cwd", "reasoning"})
 WorkMode: TypeAlias = Literal["build", "plan"]
 
 READ_ONLY_TOOLS = frozenset({"read", "list", "grep"})
+"""The tools plan mode keeps: the built-in ones that only read. Tools declare no such property
+(`replay="safe"` says a call may run twice, not that it changes nothing), so this is the one list."""
 
 
 def mode_tools(names: Sequence[str], mode: WorkMode) -> list[str]:
-    """The tools a work mode offers of `names`: `build` every one, `plan` the read-only ones."""
+    """The tools a work mode offers of the conversation's configured tools `names`: `build` every
+    one, `plan` the read-only ones among them."""
     return list(names) if mode == "build" else [name for name in names if name in READ_ONLY_TOOLS]
-"""The tools plan mode keeps: the built-in ones that only read. Tools declare no such property
-(`replay="safe"` says a call may run twice, not that it changes nothing), so this is the one list."""
+
+
+BUILD_TOOLS = addresses.value_address(CONVERSATION_VALUES.namespace, "build_tools", list[str])
+"""Present while plan mode is on: the tools the conversation was configured with, which build mode
+gives back (plan offers the read-only ones among them). A session value, so plan mode survives a
+restart and a restore from the journal."""
 
 
 class TurnBaseline(BaseModel):
@@ -74,7 +81,7 @@ class TurnBaseline(BaseModel):
     entry_id: str
 
 
-TURN_BASELINE = addresses.value_address("conversation", "turn_baseline", TurnBaseline)
+TURN_BASELINE = addresses.value_address(CONVERSATION_VALUES.namespace, "turn_baseline", TurnBaseline)
 """The conversation's `TurnBaseline`, written at each turn admission."""
 
 
@@ -117,14 +124,22 @@ class ConversationSettings:
     """The setting changes of one live conversation attached as `harness`, whose tools run at
     `target` (CE-10 to CE-14, CE-19)."""
 
-    def __init__(self, harness: AgentHarness, target: ExecutionTarget) -> None:
+    def __init__(self, harness: AgentHarness, target: ExecutionTarget, *, mode: WorkMode = "build") -> None:
         self.harness = harness
         self.target = target
         self.lane: Lane = harness.lane(MAIN_LANE)
+        self.mode: WorkMode = mode
+        """The work mode the conversation is in (`BUILD_TOOLS` stored: plan)."""
         self.turn_lock = asyncio.Lock()
         self._turn_ended = asyncio.Event()
         self._pick: _Pick | None = None
         harness.add_listener(self._on_event)
+
+    @classmethod
+    async def read(cls, harness: AgentHarness, target: ExecutionTarget, context: Context) -> ConversationSettings:
+        """The settings of the conversation `harness` is attached to, its work mode as stored."""
+        plan = await harness.session.get(BUILD_TOOLS, context) is not None
+        return cls(harness, target, mode="plan" if plan else "build")
 
     def _on_event(self, event: HarnessEvent, context: Context) -> None:
         if isinstance(event, RunEnd) and event.lane == self.lane.name:
@@ -149,11 +164,27 @@ class ConversationSettings:
     # -- work modes (CE-13) ---------------------------------------------------------------------
 
     async def select_mode(self, mode: WorkMode, context: Context) -> bool:
-        """Set the lane's active tools for `mode` (`build`: every tool of the harness; `plan`: those
-        in `READ_ONLY_TOOLS`) and record `ModeSelected` at once, even before the first message.
+        """`apply_mode(mode)` and record `ModeSelected` at once, even before the first message.
         While a turn runs, the tools change from its next step and the row waits for the boundary."""
-        await self.lane.set_active_tools(mode_tools([tool.name for tool in self.harness.options.tools], mode), context)
+        await self.apply_mode(mode, context)
         return await record_chat_event(self.harness, ModeSelected(mode=mode), context)
+
+    async def apply_mode(self, mode: WorkMode, context: Context) -> None:
+        """Give the lane the tools of `mode` among those the conversation was configured with:
+        `build` all of them, `plan` the read-only ones (`mode_tools`); a conversation configured
+        with no tools has none in either. Entering plan remembers the configured tools in
+        `BUILD_TOOLS`, which build gives back; the mode the conversation is in changes nothing."""
+        build = await self.harness.session.get(BUILD_TOOLS, context)
+        if mode == "plan" and build is None:
+            build = list(self.lane.config.active_tools)
+            # Remember first: a crash after it leaves plan mode remembered, and build gives them back.
+            await self.harness.set_value(BUILD_TOOLS, build, context)
+            await self.lane.set_active_tools(mode_tools(build, "plan"), context)
+        elif mode == "build" and build is not None:
+            # Configure first, forget last: a crash between them leaves plan mode on, and build again finishes.
+            await self.lane.set_active_tools(build, context)
+            await self.harness.set_value(BUILD_TOOLS, None, context)
+        self.mode = mode
 
     # -- the model switch (CE-12) ---------------------------------------------------------------
 

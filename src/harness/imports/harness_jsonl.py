@@ -13,7 +13,7 @@ The file is one JSON object per line, each with a `type`:
 
 An import writes a new session (new session id) with the same entries (ids, parent links and
 payloads), lane tips, configurations and last results, labels, name and usage rows (ids, entries,
-amounts, in order). What the store assigns is new: the session id, `seq` numbers and commit
+amounts, in order), owned by the importing user. What the store assigns is new: the session id, `seq` numbers and commit
 timestamps (each message's own `timestamp` is in its payload and kept).
 
 What an export leaves out: an open operation and its records (frames, tool arguments,
@@ -30,6 +30,7 @@ from typing import Literal, TextIO
 from pydantic import BaseModel, ConfigDict, JsonValue, ValidationError
 
 from harness.context import Context
+from harness.conversation import OWNER
 from harness.imports.plan import ImportPlan, ImportReport, Raw, count_branch, read_jsonl
 from harness.messages import Usage
 from harness.session import (
@@ -190,9 +191,10 @@ _RECORDS: dict[str, type[_Record]] = {"entry": EntryRecord, "lane": LaneRecord, 
                                       "usage": UsageRecord}
 
 
-async def import_harness_session(store: Store, path: str | Path, context: Context) -> ImportReport:
-    """Read a harness JSONL file (as `export_harness_session` writes it) into a new session of
-    `store`, in one transaction, and return what was written.
+async def import_harness_session(store: Store, path: str | Path, user: str, context: Context) -> ImportReport:
+    """Read a harness JSONL file (as `export_harness_session` writes it) into a new conversation of
+    `user` in `store` (its owner, as the other importers record it), in one transaction, and
+    return what was written.
 
     The whole file is checked first: raises `UnsupportedFormat` (nothing written) when the first
     line is not a harness `session` header of version 1, a record does not have its type's shape,
@@ -210,6 +212,7 @@ async def import_harness_session(store: Store, path: str | Path, context: Contex
             m.set(addresses.entry_label(label.entry_id), label.label)
         if parsed.header.name is not None:
             m.set(addresses.session_name(), parsed.header.name)
+        m.set(OWNER, user)
         for lane in parsed.lanes:
             m.set(addresses.branch_tip(lane.name), lane.tip_id)
             m.set(addresses.lane_config(lane.name), lane.config)

@@ -4,11 +4,12 @@ A `ModelRegistry` holds built-in models (the common OpenAI and Anthropic models 
 demo model), the models of `$HARNESS_HOME/models.toml`, and any registered in code. It resolves a
 durable `ModelIdentity` to a `Model` and its `Provider` at the execution boundary only (HA-23).
 
-`models.toml` format: an optional `default`, then one table per provider under `providers`, each
-with an array of models.
+`models.toml` format: an optional `default` and `fast`, then one table per provider under
+`providers`, each with an array of models.
 
 ```toml
 default = "groq/llama-3.3-70b-versatile"  # the default model; without it, adding a provider never changes it
+fast = "groq/llama-3.1-8b-instant"        # the model a conversation's `/fast` switches to; without it, none
 
 [providers.groq]                    # a preset: base_url, api and api_key_env come from it
 [[providers.groq.models]]
@@ -228,7 +229,8 @@ class ModelRegistry:
     per provider whose unlisted model ids are accepted (its `id` is replaced). `default` is the
     default model; None picks the first built-in model whose key is set. `providers` maps an api to
     the provider serving it; apis not given get their default adapter on first use. `environ` is
-    where API keys are read (default `os.environ`).
+    where API keys are read (default `os.environ`). `fast` is the model a conversation's `/fast`
+    switches to (None: there is none).
     """
 
     def __init__(
@@ -239,11 +241,13 @@ class ModelRegistry:
         default: ModelIdentity | None = None,
         providers: Mapping[ApiName, Provider] | None = None,
         environ: Mapping[str, str] | None = None,
+        fast: ModelIdentity | None = None,
     ) -> None:
         self._environ: Mapping[str, str] = os.environ if environ is None else environ
         self._models: dict[tuple[str, str], Model] = {}
         self._unlisted = {template.provider: template for template in unlisted if template.api != "embedded"}
         self._default = default
+        self._fast = fast
         self._providers: dict[ApiName, Provider] = dict(providers or {})
         for model in models:
             self.register_model(model)
@@ -255,23 +259,27 @@ class ModelRegistry:
 
         `home` defaults to `$HARNESS_HOME`, else the user's data directory for harness; a missing
         file means built-ins only. Raises `ModelsFileInvalid` for a file that is not valid TOML, not
-        the documented format, or whose `default` names no model; nothing is half-loaded.
+        the documented format, or whose `default` or `fast` names no model; nothing is half-loaded.
         """
         env = os.environ if environ is None else environ
         path = (harness_home(env) if home is None else home) / "models.toml"
-        default, configured = _read_models_file(path) if path.exists() else (None, [])
+        parsed = _read_models_file(path) if path.exists() else _ModelsFile()
+        default, fast = _identity_setting(path, "default", parsed.default), _identity_setting(path, "fast", parsed.fast)
+        configured = _configured_providers(path, parsed)
         builtins = BUILTIN_MODELS
         custom_url = env.get("OPENAI_BASE_URL")
         if custom_url and "api.openai.com" not in custom_url:
             builtins = tuple(model.model_copy(update={"api": "openai-chat"}) if model.provider == "openai" else model
                              for model in builtins)
         unlisted = _unlisted_templates(configured)
-        registry = cls(_with_file(builtins, configured), unlisted=unlisted, default=default, environ=env)
-        if default is not None:
+        registry = cls(_with_file(builtins, configured), unlisted=unlisted, default=default, environ=env, fast=fast)
+        for key, named in (("default", default), ("fast", fast)):
+            if named is None:
+                continue
             try:
-                registry.model(default)
+                registry.model(named)
             except ModelUnavailable as error:
-                problem = f"default = \"{default.provider}/{default.model_id}\" names no model: {error.message}"
+                problem = f"{key} = \"{named.provider}/{named.model_id}\" names no model: {error.message}"
                 raise ModelsFileInvalid(f"cannot read {path}: {problem}", path=str(path), problem=problem) from error
         return registry
 
@@ -343,6 +351,11 @@ class ModelRegistry:
             return self._environ.get("ANTHROPIC_BASE_URL") or _ANTHROPIC_URL
         return None
 
+    @property
+    def fast_identity(self) -> ModelIdentity | None:
+        """The model a conversation's `/fast` switches to (`models.toml`'s `fast`); None when none is set."""
+        return self._fast
+
     def default_identity(self) -> ModelIdentity:
         """The `default` given at construction (`models.toml`'s); else the first built-in model
         whose key is set, so declaring a provider never changes the default by itself; else the
@@ -388,6 +401,7 @@ class _ModelsFile(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     default: str | None = None
+    fast: str | None = None
     providers: dict[str, _FileProvider] = {}
 
 
@@ -401,18 +415,25 @@ class _ConfiguredProvider:
     models: tuple[_FileModel, ...]
 
 
-def _read_models_file(path: Path) -> tuple[ModelIdentity | None, list[_ConfiguredProvider]]:
+def _read_models_file(path: Path) -> _ModelsFile:
     try:
-        parsed = _ModelsFile.model_validate(tomllib.loads(path.read_text(encoding="utf-8")))
+        return _ModelsFile.model_validate(tomllib.loads(path.read_text(encoding="utf-8")))
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError, ValidationError) as error:
         raise ModelsFileInvalid(f"cannot read {path}: {error}", path=str(path), problem=str(error)) from error
-    default = None
-    if parsed.default is not None:
-        try:
-            default = ModelIdentity.parse(parsed.default)
-        except InvalidInput:
-            problem = f"default is provider/id (e.g. ollama/qwen2.5:7b), not {parsed.default!r}"
-            raise ModelsFileInvalid(f"cannot read {path}: {problem}", path=str(path), problem=problem) from None
+
+
+def _identity_setting(path: Path, key: str, value: str | None) -> ModelIdentity | None:
+    """The model a top-level setting of the file (`default`, `fast`) names, parsed as provider/id."""
+    if value is None:
+        return None
+    try:
+        return ModelIdentity.parse(value)
+    except InvalidInput:
+        problem = f"{key} is provider/id (e.g. ollama/qwen2.5:7b), not {value!r}"
+        raise ModelsFileInvalid(f"cannot read {path}: {problem}", path=str(path), problem=problem) from None
+
+
+def _configured_providers(path: Path, parsed: _ModelsFile) -> list[_ConfiguredProvider]:
     providers = []
     for name, entry in parsed.providers.items():
         preset = PROVIDER_PRESETS.get(entry.preset or name)
@@ -427,7 +448,7 @@ def _read_models_file(path: Path) -> tuple[ModelIdentity | None, list[_Configure
             "api": preset.api, "base_url": preset.base_url, "api_key_env": preset.api_key_env
         }
         providers.append(_ConfiguredProvider(name, defaults, explicit, entry.models))
-    return default, providers
+    return providers
 
 
 def _with_file(builtins: Iterable[Model], configured: list[_ConfiguredProvider]) -> list[Model]:
