@@ -20,6 +20,7 @@ from harness.providers import ModelRegistry
 from harness.server import (
     DEFAULT_HOST,
     DEFAULT_PORT,
+    Approvals,
     Authenticator,
     LocalUser,
     StoreTokens,
@@ -28,7 +29,7 @@ from harness.server import (
     serve,
 )
 from harness.session import LaneConfig, Store, TokenInfo
-from harness.tools import ApprovalPolicy, BackgroundJobs
+from harness.tools import BackgroundJobs
 
 token_app = typer.Typer(name="token", help="Bearer tokens for `harness serve`, stored hashed in the store.",
                         no_args_is_help=True)
@@ -56,8 +57,8 @@ def serve_command(
     async def body(opened: Store, context: Context) -> None:
         registry = ModelRegistry.load(home=home)
         jobs = BackgroundJobs()
-        # Nobody answers approvals yet: the gated tools fail closed.
-        setup = client_setup(registry, tool_workspace(Path.cwd(), home), home, ApprovalPolicy(None), jobs)
+        approvals = Approvals()  # write, edit and shell wait for the owner's answer over HTTP
+        setup = client_setup(registry, tool_workspace(Path.cwd(), home), home, approvals.hook, jobs)
 
         def new_lane(model: ModelIdentity | None) -> LaneConfig:
             return new_lane_config(model or registry.default_identity(), home)
@@ -65,7 +66,7 @@ def serve_command(
         auth: Authenticator = LocalUser(local_user()) if no_auth else StoreTokens(opened.tokens)
         service = ConversationService(opened, setup)
         try:
-            await serve(create_app(service, auth, new_lane=new_lane), host, port)
+            await serve(create_app(service, auth, new_lane=new_lane, approvals=approvals), host, port)
         finally:
             await jobs.close()
 

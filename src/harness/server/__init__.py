@@ -6,6 +6,7 @@ dependencies: `State` (the `ServerState`), `CurrentUser` (the request's user, 40
 token) and `RequestContext`."""
 
 from harness.server.app import create_app
+from harness.server.approvals import ApprovalChange, ApprovalNotFound, Approvals, PendingApproval
 from harness.server.drives import Drives
 from harness.server.errors import STATUS_BY_CODE, Unauthorized, error_body, not_found, status_of
 from harness.server.listen import (
@@ -39,12 +40,16 @@ __all__ = [
     "DEFAULT_PORT",
     "HEARTBEAT_S",
     "STATUS_BY_CODE",
+    "ApprovalChange",
+    "ApprovalNotFound",
+    "Approvals",
     "Authenticator",
     "CurrentUser",
     "Drives",
     "LocalUser",
     "NewLane",
     "NoAuthNeedsLoopback",
+    "PendingApproval",
     "RequestContext",
     "ServerOptions",
     "ServerState",

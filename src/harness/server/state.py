@@ -14,6 +14,7 @@ from harness.context import Context
 from harness.conversation import Conversation, ConversationService
 from harness.messages import ImageContent, ModelIdentity
 from harness.runtime import AbortRequest, AcceptedRun
+from harness.server.approvals import Approvals
 from harness.server.drives import Drives
 from harness.server.errors import Unauthorized
 from harness.session import LaneConfig, Tokens
@@ -77,10 +78,14 @@ class ServerState:
     auth: Authenticator
     new_lane: NewLane
     options: ServerOptions = field(default_factory=ServerOptions)
+    approvals: Approvals = field(default_factory=Approvals)
+    """The pending tool approvals; the service's `before_tool` hook must be `approvals.hook` for
+    any call to wait here."""
     drives: Drives = field(init=False)
 
     def __post_init__(self) -> None:
         self.drives = Drives(self.service)
+        self.approvals.conversation_of = self.drives.conversation_of.get
 
     async def start_turn(self, user: str, conversation_id: str, text: str, context: Context, *,
                          images: Sequence[ImageContent] = ()) -> tuple[Conversation, AcceptedRun]:
