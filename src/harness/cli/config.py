@@ -45,6 +45,7 @@ from harness.providers import (
 )
 from harness.runtime import (
     AgentHarness,
+    BeforeTool,
     DriveSettings,
     Lane,
     LaneConfig,
@@ -187,6 +188,30 @@ def local_user() -> str:
         return str(os.getuid())
 
 
+def client_setup(registry: ModelRegistry, workspace: Workspace, home: Path, approval: BeforeTool, jobs: BackgroundJobs,
+                 *, drive: DriveSettings | None = None, listeners: Sequence[Listener] = ()) -> ConversationSetup:
+    """What a client's conversations run with: `registry`'s models, the built-in tools working in
+    `workspace.root` (or in the conversation's project) with `approval` as their `before_tool` hook
+    and background commands tracked in `jobs`, projects listed from `home/projects.toml`. The
+    terminal and `harness serve` both build theirs here."""
+    return ConversationSetup(
+        models=registry, system_prompt=system_prompt(workspace), drive=drive or DriveSettings(),
+        hooks=RunHooks(before_tool=approval), listeners=listeners, directory=workspace.root,
+        projects_file=home / PROJECTS_FILE, running_jobs=jobs.running,
+        tools_for=lambda target: builtin_tools(workspace, directory=lambda: target.directory, jobs=jobs,
+                                               owner=target.conversation_id))
+
+
+def new_lane_config(identity: ModelIdentity, home: Path, tools: bool | None = None) -> LaneConfig:
+    """A new lane on `identity`: the built-in tools active when `offers_tools` (or `tools` says
+    so), and the project tool too where `home/projects.toml` lists projects."""
+    offered = offers_tools(identity) if tools is None else tools
+    # The project tool only where projects are listed: elsewhere it would be one more description
+    # in every request for a call that can only say there is nothing to switch to.
+    active = [*BUILTIN_TOOL_NAMES, *([PROJECT_TOOL] if (home / PROJECTS_FILE).exists() else [])] if offered else []
+    return LaneConfig(model=identity, active_tools=active)
+
+
 @dataclass(frozen=True)
 class Attached:
     """A conversation opened live for a terminal client, the lane it works on, and the operations a
@@ -265,21 +290,12 @@ async def attach_client(
     except (ModelUnavailable, MissingApiKey):
         if require_model or model is not None or configured is None:
             raise
-    workspace = tool_workspace(cwd, home, resolved)
-    projects_file = home / PROJECTS_FILE
     # The setup follows the working directory and the model (the tools' output limit), so each
     # attachment has a service of its own; what conversations share is the journal.
-    service = ConversationService(store, ConversationSetup(
-        models=registry, system_prompt=system_prompt(workspace), drive=drive or DriveSettings(),
-        hooks=RunHooks(before_tool=approval), listeners=listeners, directory=cwd, projects_file=projects_file,
-        running_jobs=jobs.running,
-        tools_for=lambda target: builtin_tools(workspace, directory=lambda: target.directory, jobs=jobs,
-                                               owner=target.conversation_id)))
-    offered = offers_tools(identity) if tools is None else tools
-    # The project tool only where projects are listed: elsewhere it would be one more description
-    # in every request for a call that can only say there is nothing to switch to.
-    active = [*BUILTIN_TOOL_NAMES, *([PROJECT_TOOL] if projects_file.exists() else [])] if offered else []
-    config = LaneConfig(model=identity, active_tools=active)
+    setup = client_setup(registry, tool_workspace(cwd, home, resolved), home, approval, jobs,
+                         drive=drive, listeners=listeners)
+    service = ConversationService(store, setup)
+    config = new_lane_config(identity, home, tools)
     if session_id is None:
         name = session_name_from(name_from) if name_from else None
         conversation = await service.create(user, config, context, name=name)

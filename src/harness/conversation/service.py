@@ -52,6 +52,7 @@ from harness.errors import HarnessError
 from harness.messages import ImageContent, Message, ModelIdentity, ThinkingLevel, now_ms
 from harness.providers import ModelRegistry
 from harness.runtime import (
+    AcceptedRun,
     AgentHarness,
     AgentHarnessOptions,
     AgentTool,
@@ -444,9 +445,16 @@ class ConversationService:
         under the turn lock after any queued model switch, with a `ReasoningChanged` row above it
         when the reasoning level differs from the previous turn's (CE-14). Raises what
         `ConversationSettings.admit` and `Lane.drive` raise."""
-        conversation = await self.open(user, conversation_id, context)
-        accepted = await conversation.settings.admit(text, images, context)
+        conversation, accepted = await self.admit(user, conversation_id, text, context, images=images)
         return await conversation.lane.drive(accepted.operation_id, context)
+
+    async def admit(self, user: str, conversation_id: str, text: str, context: Context, *,
+                    images: Sequence[ImageContent] = ()) -> tuple[Conversation, AcceptedRun]:
+        """Admit a prompt as `send` does, without driving it: the live conversation and the
+        accepted run, durable in phase `starting`, for a door that drives it in a task of its own
+        (the HTTP server answers 202 at once). Raises what `ConversationSettings.admit` raises."""
+        conversation = await self.open(user, conversation_id, context)
+        return conversation, await conversation.settings.admit(text, images, context)
 
     async def run_command(self, user: str, conversation: Conversation, invocation: CommandInvocation | None,
                           run: Callable[[RecordNow], Awaitable[T]], outcome_of: Callable[[T], CommandOutcome | None],

@@ -59,7 +59,15 @@ from harness.runtime.events import (
     event_lane,
 )
 from harness.runtime.harness import AgentHarness, AgentHarnessOptions
-from harness.runtime.hooks import BetweenSteps, Block, OperationEnding, RunHooks, SettlementMessages, ToolCallRequest
+from harness.runtime.hooks import (
+    BeforeTool,
+    BetweenSteps,
+    Block,
+    OperationEnding,
+    RunHooks,
+    SettlementMessages,
+    ToolCallRequest,
+)
 from harness.runtime.lane import AbortRequest, AcceptedRun, Lane, LaneWatch
 from harness.runtime.outcomes import INTERRUPTED_REPLY, DriveOutcome, Settled, Suspended, WaitingRetry
 from harness.runtime.requests import (
@@ -97,6 +105,7 @@ __all__ = [
     "AgentHarness",
     "AgentHarnessOptions",
     "AgentTool",
+    "BeforeTool",
     "BetweenSteps",
     "Block",
     "CompactionEnd",

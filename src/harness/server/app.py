@@ -1,0 +1,57 @@
+"""`create_app`: the FastAPI application of `harness serve`, over one `ConversationService`."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+
+from harness.context import Context
+from harness.conversation import ConversationService
+from harness.errors import InvalidInput
+from harness.messages import ModelIdentity
+from harness.server import conversations
+from harness.server.errors import install_error_handlers
+from harness.server.state import Authenticator, NewLane, ServerOptions, ServerState
+from harness.session import LaneConfig
+
+
+def create_app(service: ConversationService, auth: Authenticator, *, new_lane: NewLane | None = None,
+               options: ServerOptions | None = None) -> FastAPI:
+    """The HTTP API over `service` (OpenAPI at `/docs`), its requests' users told by `auth`.
+
+    On start it resumes every operation the store holds open (a restart loses no turn); on
+    shutdown it closes every live conversation, which halts their drives as a crash would, so
+    the next server finishes them. `new_lane` configures a new conversation's main lane (default:
+    the requested model or the registry's default, with every shared tool active). The service
+    is the caller's: closing its store is too."""
+    state = ServerState(service, auth, new_lane or _default_lane(service), options or ServerOptions())
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        context = Context({"server": "lifespan"})
+        await state.drives.resume_open(context)
+        try:
+            yield
+        finally:
+            state.drives.cancel_all()
+            await service.close_all(context)
+
+    app = FastAPI(title="Harness", summary="Durable agent conversations over HTTP.", lifespan=lifespan)
+    app.state.server = state
+    install_error_handlers(app)
+    app.include_router(conversations.router)
+    return app
+
+
+def _default_lane(service: ConversationService) -> NewLane:
+    setup = service.setup
+    if setup.models is None:
+        raise InvalidInput("a server needs the service's model registry, or `new_lane`, to start conversations")
+    registry = setup.models
+
+    def new_lane(model: ModelIdentity | None) -> LaneConfig:
+        return LaneConfig(model=model or registry.default_identity(), active_tools=[tool.name for tool in setup.tools])
+
+    return new_lane
