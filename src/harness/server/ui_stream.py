@@ -1,5 +1,8 @@
 """The AI SDK's UI message stream (protocol v1): a conversation's run as one assistant message of
-parts, as `useChat` and the `ai` package's `DefaultChatTransport` read it.
+parts, as `useChat` and the `ai` package's `DefaultChatTransport` read it, and its routes:
+`POST /api/chat` starts a turn and streams it, `GET /api/chat/{id}/stream` resumes the turn in
+progress from its start (204 when none is), `POST /api/chat/{id}/stop` stops it durably. The chat id
+is the conversation's id.
 
 A run is one UI message whose id is the run's operation id, so a client that resumes the stream
 replaces the message it has instead of adding a second one. `RunParts` turns the run into parts:
@@ -11,22 +14,29 @@ replay and a live stream of the same run build the same message.
 
 from __future__ import annotations
 
+import asyncio
 import binascii
+import json
 from base64 import b64decode
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Literal, TypeAlias
 
+from fastapi import APIRouter, Response, status
+from fastapi.sse import KEEPALIVE_COMMENT, EventSourceResponse, format_sse_event
 from pydantic import BaseModel, ConfigDict, JsonValue
 
 from harness.conversation import (
+    MAIN_LANE,
     ChatEventPublished,
     ConversationEvent,
+    ConversationWatch,
+    Forbidden,
     MessageBlocksPublished,
     conversation_events,
     public_error,
 )
-from harness.errors import InvalidInput
+from harness.errors import HarnessError, InvalidInput
 from harness.messages import (
     AssistantMessage,
     ImageContent,
@@ -53,7 +63,9 @@ from harness.runtime import (
     TurnEnd,
     TurnStart,
 )
-from harness.session import Entry, MessagePayload
+from harness.server.errors import not_found
+from harness.server.state import CurrentUser, RequestContext, State
+from harness.session import Entry, MessagePayload, SessionNotFound, addresses
 
 UI_MESSAGE_STREAM_HEADERS: dict[str, str] = {"x-vercel-ai-ui-message-stream": "v1"}
 """The header that tells an AI SDK client the body is a UI message stream of protocol v1."""
@@ -384,3 +396,113 @@ def _image_of(part: dict[str, JsonValue]) -> ImageContent:
     except binascii.Error:
         raise InvalidInput("an image's data: URL is not valid base64", url=url[:40]) from None
     return ImageContent(data=data, mime_type=media_type)
+
+
+# -- the routes -------------------------------------------------------------------------------------
+
+router = APIRouter(prefix="/api/chat", tags=["ai-sdk ui message stream"])
+
+_STREAM_HEADERS = {**UI_MESSAGE_STREAM_HEADERS, "cache-control": "no-cache", "x-accel-buffering": "no"}
+
+
+class StopOut(BaseModel):
+    """A durable stop: the run's operation id, and False when a stop was already requested."""
+
+    operation_id: str
+    requested: bool
+
+
+_SSE: dict[str, dict[str, str]] = {"text/event-stream": {}}
+
+
+@router.post("", responses={200: {"description": "The turn's parts.", "content": _SSE}})
+async def send(body: ChatRequest, user: CurrentUser, state: State, context: RequestContext) -> Response:
+    """Start a turn of conversation `body.id` with the newest message (the person's) and stream the
+    reply as UI message stream parts, ending with `data: [DONE]`. The turn is the server's: a client
+    that goes away stops only its stream (resume it with `GET /api/chat/{id}/stream`). Errors, before
+    anything streams: 400 `invalid_input` (no text or image, a regeneration), 404 for a missing
+    conversation or another user's, 409 `lane_busy` while a turn runs, 413 `prompt_too_large`."""
+    if body.trigger != "submit-message":
+        raise InvalidInput("regenerating a reply is not offered: send a new message", trigger=body.trigger)
+    text, images = prompt_of(body.messages)
+    try:
+        conversation = await state.service.open(user, body.id, context)
+    except (Forbidden, SessionNotFound):
+        return not_found(body.id)
+    # Watch before the turn is accepted, so its `run_start` is among the watched events.
+    watch = await conversation.watch(context)
+    try:
+        _, accepted = await state.start_turn(user, body.id, text, context, images=images)
+    except BaseException:
+        watch.close()
+        raise
+    parts = RunParts(MAIN_LANE, accepted.operation_id)
+    return EventSourceResponse(_stream(watch, parts, [], state.options.heartbeat_s), headers=_STREAM_HEADERS)
+
+
+@router.get("/{conversation_id}/stream", responses={
+    200: {"description": "The turn's parts from its start.", "content": _SSE},
+    204: {"description": "No turn is in progress."}})
+async def resume(conversation_id: str, user: CurrentUser, state: State, context: RequestContext) -> Response:
+    """The turn in progress, replayed from its start (its durable entries, the streaming reply and
+    the running tools as the lane's snapshot holds them) and then live, as one message with the same
+    id as the stream that started it; 204 when no turn is in progress. 404 for a missing
+    conversation or another user's."""
+    conversation = await state.service.open(user, conversation_id, context)
+    watch = await conversation.watch(context)
+    operation = watch.snapshot.operation
+    if operation is None or operation.kind != "run":
+        watch.close()
+        return Response(status_code=status.HTTP_204_NO_CONTENT)
+    try:
+        meta = await conversation.harness.session.get(addresses.operation_meta(operation.id), context)
+        parts = RunParts(MAIN_LANE, operation.id)
+        first = parts.replay(watch.snapshot, meta.source_tip_id if meta is not None else None)
+    except BaseException:
+        watch.close()
+        raise
+    return EventSourceResponse(_stream(watch, parts, first, state.options.heartbeat_s), headers=_STREAM_HEADERS)
+
+
+@router.post("/{conversation_id}/stop", status_code=status.HTTP_202_ACCEPTED, response_model=StopOut)
+async def stop(conversation_id: str, user: CurrentUser, state: State, context: RequestContext) -> StopOut:
+    """Stop the conversation's turn durably (cause `user`), wherever it is driven: it stops at its
+    next safe point, answers every open tool call and its stream ends with `abort`. 409
+    `no_active_operation` when no turn runs; 404 for a missing conversation or another user's."""
+    request = await state.stop(user, conversation_id, context)
+    return StopOut(operation_id=request.operation_id, requested=request.newly_requested)
+
+
+async def _stream(watch: ConversationWatch, parts: RunParts, first: list[UiPart],
+                  heartbeat_s: float) -> AsyncIterator[bytes]:
+    """`first`, then the parts of each watched event until the run ends, then `[DONE]`; a comment
+    every `heartbeat_s` of quiet. A watch that fails (a slow client overflowed it, the harness
+    stopped) ends the stream with an `error` part. The watch is closed however the stream ends,
+    also when the client goes away."""
+    events = watch.__aiter__()
+    pending: asyncio.Future[ConversationEvent] | None = None
+    try:
+        for part in first:
+            yield _sse(part)
+        while not parts.finished:
+            pending = asyncio.ensure_future(anext(events))
+            while not (await asyncio.wait({pending}, timeout=heartbeat_s))[0]:
+                yield KEEPALIVE_COMMENT
+            try:
+                event = pending.result()
+            except StopAsyncIteration:
+                break
+            except HarnessError as error:
+                yield _sse({"type": "error", "errorText": error.message})
+                break
+            for part in parts.translate(event):
+                yield _sse(part)
+        yield format_sse_event(data_str=DONE)
+    finally:
+        if pending is not None:
+            pending.cancel()
+        watch.close()
+
+
+def _sse(part: UiPart) -> bytes:
+    return format_sse_event(data_str=json.dumps(part, ensure_ascii=False, separators=(",", ":")))
