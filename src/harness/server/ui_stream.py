@@ -1,0 +1,508 @@
+"""The AI SDK's UI message stream (protocol v1): a conversation's run as one assistant message of
+parts, as `useChat` and the `ai` package's `DefaultChatTransport` read it, and its routes:
+`POST /api/chat` starts a turn and streams it, `GET /api/chat/{id}/stream` resumes the turn in
+progress from its start (204 when none is), `POST /api/chat/{id}/stop` stops it durably. The chat id
+is the conversation's id.
+
+A run is one UI message whose id is the run's operation id, so a client that resumes the stream
+replaces the message it has instead of adding a second one. `RunParts` turns the run into parts:
+first what the lane snapshot holds (the run's entries, the streaming reply, the running tools), then
+every live event. It remembers what it has sent, so a replay followed by live events never repeats a
+text delta, a tool row or an event row. A step (`start-step`) is opened only by its first part, so a
+replay and a live stream of the same run build the same message.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import binascii
+import json
+from base64 import b64decode
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from typing import Literal, TypeAlias
+
+from fastapi import APIRouter, Response, status
+from fastapi.sse import KEEPALIVE_COMMENT, EventSourceResponse, format_sse_event
+from pydantic import BaseModel, ConfigDict, JsonValue
+
+from harness.conversation import (
+    MAIN_LANE,
+    ChatEventPublished,
+    ConversationEvent,
+    ConversationWatch,
+    Forbidden,
+    MessageBlocksPublished,
+    conversation_events,
+    public_error,
+)
+from harness.errors import HarnessError, InvalidInput
+from harness.messages import (
+    AssistantMessage,
+    ImageContent,
+    StopReason,
+    TextContent,
+    ThinkingContent,
+    ToolCall,
+    ToolResultMessage,
+    UserMessage,
+)
+from harness.runtime import (
+    EntryAdded,
+    LaneLastResult,
+    LaneSnapshot,
+    MessageEnd,
+    MessageStart,
+    MessageUpdate,
+    RetryScheduled,
+    RunEnd,
+    RunStart,
+    ToolEnd,
+    ToolStart,
+    ToolUpdate,
+    TurnEnd,
+    TurnStart,
+)
+from harness.server.errors import not_found
+from harness.server.state import CurrentUser, RequestContext, State
+from harness.session import Entry, MessagePayload, SessionNotFound, addresses
+
+UI_MESSAGE_STREAM_HEADERS: dict[str, str] = {"x-vercel-ai-ui-message-stream": "v1"}
+"""The header that tells an AI SDK client the body is a UI message stream of protocol v1."""
+
+DONE = "[DONE]"
+"""The raw `data:` of the stream's last event."""
+
+UiPart: TypeAlias = dict[str, JsonValue]
+"""One UI message stream part (the protocol calls it a chunk): a JSON object with its `type`."""
+
+_FINISH_REASONS: dict[StopReason, str] = {"stop": "stop", "length": "length", "tool_use": "tool-calls",
+                                          "error": "error", "aborted": "other", "deferred": "other"}
+
+
+@dataclass
+class _Block:
+    """A text or reasoning block of the streaming reply, as far as it was sent."""
+
+    kind: Literal["text", "reasoning"]
+    part_id: str
+    sent: int = 0
+
+
+class RunParts:
+    """The parts of run `operation_id` of one lane, in the order a client applies them.
+
+    Feed it `replay(snapshot, source_tip_id)` to send a run in progress from its start, then
+    `translate(event)` for each later event of the conversation's watch; a stream that starts with
+    the run feeds only `translate`, from before the run's `run_start`. Events of other runs, and
+    everything after the run's end, give no parts. `finished` is True once the run's end was
+    translated: the stream's last part (`finish`, or `abort` for a stopped run) is out.
+    """
+
+    def __init__(self, lane: str, operation_id: str) -> None:
+        self.lane = lane
+        self.operation_id = operation_id
+        self.started = False
+        self.finished = False
+        self._parts: list[UiPart] = []
+        self._next_id = 0
+        self._blocks: list[_Block | ToolCall | None] = []  # the streaming reply's blocks, by index
+        self._step_open = False  # a `start-step` was sent and its `finish-step` not yet
+        self._new_step = True  # the next content part opens a step
+        self._retrying = False  # a failed attempt was reset; its retry continues the same step
+        self._replied = False  # the run has an assistant reply: a user message now is a steer
+        self._inputs: set[str] = set()  # tool calls whose input was sent
+        self._outputs: set[str] = set()  # tool calls whose final output was sent
+        self._awaiting: set[str] = set()  # tool calls of the last reply still without a result
+        self._rows: set[str] = set()  # data parts sent, by part id
+        self._replies: set[str] = set()  # assistant entries sent, by entry id
+        self._stop_reason: StopReason | None = None
+
+    # -- the two inputs ---------------------------------------------------------------------------
+
+    def replay(self, snapshot: LaneSnapshot, source_tip_id: str | None) -> list[UiPart]:
+        """The parts of the run as `snapshot` shows it, from the message's `start`: its entries
+        (those after `source_tip_id`, the tip the run was accepted on; the whole compaction-bounded
+        transcript when that tip is no longer in it), its streaming reply and running tools.
+        Raises `InvalidInput` when the snapshot's operation is not this run."""
+        operation = snapshot.operation
+        if operation is None or operation.id != self.operation_id:
+            raise InvalidInput(f"the lane's current operation is not run {self.operation_id}",
+                               operation_id=self.operation_id)
+        self._start()
+        transcript = list(snapshot.transcript)
+        ids = [entry.id for entry in transcript]
+        first = ids.index(source_tip_id) + 1 if source_tip_id in ids else 0
+        for entry in transcript[first:]:
+            for event in conversation_events(EntryAdded(lane=self.lane, entry=entry)):
+                self._event(event)
+        if operation.streaming_message is not None:
+            self._end_step()
+            self._assistant(operation.streaming_message, final=False)
+        for tool in operation.running_tools:
+            self._tool_input(tool.tool_call_id, tool.tool_name, tool.args)
+            if tool.partial_result is not None:
+                self._emit({"type": "tool-output-available", "toolCallId": tool.tool_call_id,
+                            "output": tool.partial_result, "preliminary": True})
+        return self._take()
+
+    def translate(self, event: ConversationEvent) -> list[UiPart]:
+        """The parts `event` adds to the run; none for another lane's or run's event."""
+        self._event(event)
+        return self._take()
+
+    def _event(self, event: ConversationEvent) -> None:
+        if self.finished or getattr(event, "lane", None) != self.lane:
+            return
+        if isinstance(event, RunStart) and event.operation_id == self.operation_id:
+            self._start()
+        if not self.started:
+            return
+        match event:
+            case ChatEventPublished():
+                self._row("data-chat-event", event.row.id, event.row.model_dump(mode="json"))
+            case MessageBlocksPublished():
+                self._row("data-message-blocks", event.row.id, event.row.model_dump(mode="json"))
+            case MessageStart() | MessageUpdate() if isinstance(event.message, AssistantMessage):
+                if isinstance(event, MessageStart):
+                    self._blocks = []
+                self._assistant(event.message, final=False)
+            case MessageEnd() if isinstance(event.message, AssistantMessage):
+                self._assistant(event.message, final=True)
+                if event.entry_id is not None:
+                    self._replies.add(event.entry_id)
+            case EntryAdded():
+                self._entry(event.entry)
+            case TurnStart() if event.operation_id == self.operation_id:
+                if not self._retrying:
+                    self._end_step()
+                self._retrying = False
+            case RetryScheduled() if event.operation_id == self.operation_id:
+                # The failed attempt's reply is a side entry: the client drops its parts, and the
+                # retry goes on in the same step, as a replay (which never sees it) builds it.
+                if self._step_open:
+                    self._emit({"type": "reset-step"})
+                self._retrying = True
+            case ToolStart() if event.operation_id == self.operation_id:
+                self._tool_input(event.tool_call_id, event.tool_name, event.args)
+            case ToolUpdate() if event.operation_id == self.operation_id:
+                if event.tool_call_id not in self._outputs:
+                    self._emit({"type": "tool-output-available", "toolCallId": event.tool_call_id,
+                                "output": event.partial_result, "preliminary": True})
+            case ToolEnd() if event.operation_id == self.operation_id:
+                self._tool_output(event.result)
+            case TurnEnd() if event.operation_id == self.operation_id:
+                self._end_step()
+            case RunEnd() if event.operation_id == self.operation_id:
+                self._finish(event.result)
+
+    # -- the message ------------------------------------------------------------------------------
+
+    def _start(self) -> None:
+        if not self.started:
+            self.started = True
+            self._emit({"type": "start", "messageId": self.operation_id})
+
+    def _finish(self, result: LaneLastResult) -> None:
+        self._end_step()
+        if result.outcome == "aborted":
+            self._emit({"type": "abort", "reason": result.abort_cause or "user"})
+        elif result.outcome == "failed":
+            text = public_error(result.error).text if result.error is not None else "the turn failed"
+            self._emit({"type": "error", "errorText": text})
+            self._emit({"type": "finish", "finishReason": "error"})
+        else:
+            reason = _FINISH_REASONS[self._stop_reason] if self._stop_reason is not None else "stop"
+            self._emit({"type": "finish", "finishReason": reason})
+        self.finished = True
+
+    def _entry(self, entry: Entry) -> None:
+        """A placed entry: a reply not yet sent as it ended (a replay's), a tool result, or a steer
+        (a user message after the run's first reply). A chat-event row or a blocks entry comes as
+        its own published event, before this one."""
+        payload = entry.payload
+        if not isinstance(payload, MessagePayload):
+            return
+        message = payload.message
+        if isinstance(message, AssistantMessage) and entry.id not in self._replies:
+            self._end_step()
+            self._blocks = []
+            self._assistant(message, final=True)
+            self._replies.add(entry.id)
+        elif isinstance(message, ToolResultMessage):
+            self._tool_output(message)
+        elif isinstance(message, UserMessage) and self._replied:
+            self._emit({"type": "steering-message", "id": entry.id, "parts": _user_parts(message)})
+            return
+        else:
+            return
+        if not self._awaiting:
+            self._end_step()  # the step's reply and all its tool results are placed
+
+    def _row(self, part_type: str, part_id: str, data: JsonValue) -> None:
+        if part_id not in self._rows:
+            self._rows.add(part_id)
+            self._emit({"type": part_type, "id": part_id, "data": data})
+
+    def _assistant(self, message: AssistantMessage, *, final: bool) -> None:
+        for index, block in enumerate(message.content):
+            if index == len(self._blocks):
+                self._blocks.append(None)
+            sent = self._blocks[index]
+            if isinstance(block, ToolCall):
+                if sent is None:
+                    self._open_step()
+                    self._blocks[index] = block
+                    self._emit({"type": "tool-input-start", "toolCallId": block.id, "toolName": block.name})
+                if final:
+                    self._tool_input(block.id, block.name, dict(block.arguments))
+                continue
+            kind: Literal["text", "reasoning"] = "text" if isinstance(block, TextContent) else "reasoning"
+            text = block.text if isinstance(block, TextContent) else block.thinking
+            if isinstance(block, ThinkingContent) and block.redacted and not text:
+                continue
+            if not isinstance(sent, _Block):
+                self._open_step()
+                sent = self._blocks[index] = _Block(kind, f"{kind}-{self._new_part_id()}")
+                self._emit({"type": f"{kind}-start", "id": sent.part_id})
+            if len(text) > sent.sent:
+                self._emit({"type": f"{kind}-delta", "id": sent.part_id, "delta": text[sent.sent:]})
+                sent.sent = len(text)
+        if final:
+            for sent_block in self._blocks:
+                if isinstance(sent_block, _Block):
+                    self._emit({"type": f"{sent_block.kind}-end", "id": sent_block.part_id})
+            self._blocks = []
+            self._replied = True
+            self._stop_reason = message.stop_reason
+            self._awaiting = {call.id for call in message.tool_calls}
+
+    def _tool_input(self, tool_call_id: str, tool_name: str, args: JsonValue) -> None:
+        if tool_call_id in self._inputs:
+            return
+        self._inputs.add(tool_call_id)
+        if not any(isinstance(block, ToolCall) and block.id == tool_call_id for block in self._blocks):
+            self._open_step()
+            self._emit({"type": "tool-input-start", "toolCallId": tool_call_id, "toolName": tool_name})
+        self._emit({"type": "tool-input-available", "toolCallId": tool_call_id, "toolName": tool_name,
+                    "input": args})
+
+    def _tool_output(self, result: ToolResultMessage) -> None:
+        self._awaiting.discard(result.tool_call_id)
+        if result.tool_call_id in self._outputs or result.tool_call_id not in self._inputs:
+            return
+        self._outputs.add(result.tool_call_id)
+        text = "\n".join(block.text for block in result.content if isinstance(block, TextContent))
+        if result.is_error:
+            self._emit({"type": "tool-output-error", "toolCallId": result.tool_call_id, "errorText": text})
+        else:
+            self._emit({"type": "tool-output-available", "toolCallId": result.tool_call_id, "output": text})
+
+    # -- steps and plumbing -----------------------------------------------------------------------
+
+    def _open_step(self) -> None:
+        if self._new_step:
+            self._new_step = False
+            self._step_open = True
+            self._emit({"type": "start-step"})
+
+    def _end_step(self) -> None:
+        if self._step_open:
+            self._emit({"type": "finish-step"})
+        self._step_open = False
+        self._new_step = True
+
+    def _new_part_id(self) -> int:
+        self._next_id += 1
+        return self._next_id
+
+    def _emit(self, part: UiPart) -> None:
+        self._parts.append(part)
+
+    def _take(self) -> list[UiPart]:
+        parts, self._parts = self._parts, []
+        return parts
+
+
+def _user_parts(message: UserMessage) -> list[JsonValue]:
+    if isinstance(message.content, str):
+        return [{"type": "text", "text": message.content}]
+    parts: list[JsonValue] = []
+    for block in message.content:
+        if isinstance(block, TextContent):
+            parts.append({"type": "text", "text": block.text})
+        else:
+            parts.append({"type": "file", "mediaType": block.mime_type,
+                          "url": f"data:{block.mime_type};base64,{block.data}"})
+    return parts
+
+
+# -- what a client sends ----------------------------------------------------------------------------
+
+
+class UiMessageIn(BaseModel):
+    """A message as the client holds it: its `parts` are read by `prompt_of` (text, and images as
+    `file` parts with a base64 `data:` URL); other part types are kept by the client and ignored."""
+
+    model_config = ConfigDict(extra="allow")
+
+    id: str
+    role: Literal["user", "assistant", "system"]
+    parts: list[dict[str, JsonValue]]
+
+
+class ChatRequest(BaseModel):
+    """The body `DefaultChatTransport` posts: the chat `id` (a conversation id), the chat's
+    `messages`, the `trigger` and the `messageId` a regeneration names."""
+
+    model_config = ConfigDict(extra="allow")
+
+    id: str
+    messages: list[UiMessageIn]
+    trigger: Literal["submit-message", "regenerate-message"] = "submit-message"
+    messageId: str | None = None
+
+
+def prompt_of(messages: Sequence[UiMessageIn]) -> tuple[str, list[ImageContent]]:
+    """The text and images of the newest message of `messages`, which must be the person's: its
+    `text` parts joined by blank lines, and its `file` parts whose media type is an image and whose
+    URL is a base64 `data:` URL. Raises `InvalidInput` (nothing sent) when the newest message is
+    not a user message, says nothing, or carries a file this door cannot take."""
+    if not messages or messages[-1].role != "user":
+        raise InvalidInput("the newest message must be the person's (role user)")
+    texts: list[str] = []
+    images: list[ImageContent] = []
+    for part in messages[-1].parts:
+        kind = part.get("type")
+        if kind == "text" and isinstance(text := part.get("text"), str):
+            texts.append(text)
+        elif kind == "file":
+            images.append(_image_of(part))
+    text = "\n\n".join(t for t in texts if t)
+    if not text and not images:
+        raise InvalidInput("the newest message has no text and no image", message_id=messages[-1].id)
+    return text, images
+
+
+def _image_of(part: dict[str, JsonValue]) -> ImageContent:
+    media_type, url = part.get("mediaType"), part.get("url")
+    if not isinstance(media_type, str) or not media_type.startswith("image/") or not isinstance(url, str):
+        raise InvalidInput("a file part must be an image with a data: URL", media_type=str(media_type)[:80])
+    head, _, data = url.partition(",")
+    if not (head.startswith("data:") and head.endswith(";base64")):
+        raise InvalidInput("an image must come as a base64 data: URL", url=url[:40])
+    try:
+        b64decode(data, validate=True)
+    except binascii.Error:
+        raise InvalidInput("an image's data: URL is not valid base64", url=url[:40]) from None
+    return ImageContent(data=data, mime_type=media_type)
+
+
+# -- the routes -------------------------------------------------------------------------------------
+
+router = APIRouter(prefix="/api/chat", tags=["ai-sdk ui message stream"])
+
+_STREAM_HEADERS = {**UI_MESSAGE_STREAM_HEADERS, "cache-control": "no-cache", "x-accel-buffering": "no"}
+
+
+class StopOut(BaseModel):
+    """A durable stop: the run's operation id, and False when a stop was already requested."""
+
+    operation_id: str
+    requested: bool
+
+
+_SSE: dict[str, dict[str, str]] = {"text/event-stream": {}}
+
+
+@router.post("", responses={200: {"description": "The turn's parts.", "content": _SSE}})
+async def send(body: ChatRequest, user: CurrentUser, state: State, context: RequestContext) -> Response:
+    """Start a turn of conversation `body.id` with the newest message (the person's) and stream the
+    reply as UI message stream parts, ending with `data: [DONE]`. The turn is the server's: a client
+    that goes away stops only its stream (resume it with `GET /api/chat/{id}/stream`). Errors, before
+    anything streams: 400 `invalid_input` (no text or image, a regeneration), 404 for a missing
+    conversation or another user's, 409 `lane_busy` while a turn runs, 413 `prompt_too_large`."""
+    if body.trigger != "submit-message":
+        raise InvalidInput("regenerating a reply is not offered: send a new message", trigger=body.trigger)
+    text, images = prompt_of(body.messages)
+    try:
+        conversation = await state.service.open(user, body.id, context)
+    except (Forbidden, SessionNotFound):
+        return not_found(body.id)
+    # Watch before the turn is accepted, so its `run_start` is among the watched events.
+    watch = await conversation.watch(context)
+    try:
+        _, accepted = await state.start_turn(user, body.id, text, context, images=images)
+    except BaseException:
+        watch.close()
+        raise
+    parts = RunParts(MAIN_LANE, accepted.operation_id)
+    return EventSourceResponse(_stream(watch, parts, [], state.options.heartbeat_s), headers=_STREAM_HEADERS)
+
+
+@router.get("/{conversation_id}/stream", responses={
+    200: {"description": "The turn's parts from its start.", "content": _SSE},
+    204: {"description": "No turn is in progress."}})
+async def resume(conversation_id: str, user: CurrentUser, state: State, context: RequestContext) -> Response:
+    """The turn in progress, replayed from its start (its durable entries, the streaming reply and
+    the running tools as the lane's snapshot holds them) and then live, as one message with the same
+    id as the stream that started it; 204 when no turn is in progress. 404 for a missing
+    conversation or another user's."""
+    conversation = await state.service.open(user, conversation_id, context)
+    watch = await conversation.watch(context)
+    operation = watch.snapshot.operation
+    if operation is None or operation.kind != "run":
+        watch.close()
+        return Response(status_code=status.HTTP_204_NO_CONTENT)
+    try:
+        meta = await conversation.harness.session.get(addresses.operation_meta(operation.id), context)
+        parts = RunParts(MAIN_LANE, operation.id)
+        first = parts.replay(watch.snapshot, meta.source_tip_id if meta is not None else None)
+    except BaseException:
+        watch.close()
+        raise
+    return EventSourceResponse(_stream(watch, parts, first, state.options.heartbeat_s), headers=_STREAM_HEADERS)
+
+
+@router.post("/{conversation_id}/stop", status_code=status.HTTP_202_ACCEPTED, response_model=StopOut)
+async def stop(conversation_id: str, user: CurrentUser, state: State, context: RequestContext) -> StopOut:
+    """Stop the conversation's turn durably (cause `user`), wherever it is driven: it stops at its
+    next safe point, answers every open tool call and its stream ends with `abort`. 409
+    `no_active_operation` when no turn runs; 404 for a missing conversation or another user's."""
+    request = await state.stop(user, conversation_id, context)
+    return StopOut(operation_id=request.operation_id, requested=request.newly_requested)
+
+
+async def _stream(watch: ConversationWatch, parts: RunParts, first: list[UiPart],
+                  heartbeat_s: float) -> AsyncIterator[bytes]:
+    """`first`, then the parts of each watched event until the run ends, then `[DONE]`; a comment
+    every `heartbeat_s` of quiet. A watch that fails (a slow client overflowed it, the harness
+    stopped) ends the stream with an `error` part. The watch is closed however the stream ends,
+    also when the client goes away."""
+    events = watch.__aiter__()
+    pending: asyncio.Future[ConversationEvent] | None = None
+    try:
+        for part in first:
+            yield _sse(part)
+        while not parts.finished:
+            pending = asyncio.ensure_future(anext(events))
+            while not (await asyncio.wait({pending}, timeout=heartbeat_s))[0]:
+                yield KEEPALIVE_COMMENT
+            try:
+                event = pending.result()
+            except StopAsyncIteration:
+                break
+            except HarnessError as error:
+                yield _sse({"type": "error", "errorText": error.message})
+                break
+            for part in parts.translate(event):
+                yield _sse(part)
+        yield format_sse_event(data_str=DONE)
+    finally:
+        if pending is not None:
+            pending.cancel()
+        watch.close()
+
+
+def _sse(part: UiPart) -> bytes:
+    return format_sse_event(data_str=json.dumps(part, ensure_ascii=False, separators=(",", ":")))

@@ -1,0 +1,88 @@
+// The real AI SDK client against `harness serve`: send a message with DefaultChatTransport, drop
+// the connection mid-reply (the body fails as a broken network does and the socket is closed),
+// resume with resumeStream(), and print the chat as JSON for the pytest test to check.
+//
+// usage: node resume_chat.mjs BASE_URL CONVERSATION_ID
+import { AbstractChat, DefaultChatTransport } from 'ai';
+
+const [base, chatId] = process.argv.slice(2);
+
+// The chat state a UI framework would hold; here plain arrays, and a callback on each change.
+class ChatState {
+  status = 'ready';
+  error = undefined;
+  messages = [];
+  onChange = () => {};
+  pushMessage = message => { this.messages = [...this.messages, message]; this.onChange(); };
+  popMessage = () => { this.messages = this.messages.slice(0, -1); this.onChange(); };
+  replaceMessage = (index, message) => {
+    this.messages = this.messages.map((old, i) => (i === index ? message : old));
+    this.onChange();
+  };
+  snapshot = value => structuredClone(value);
+}
+
+class Chat extends AbstractChat {
+  constructor(options) {
+    const state = new ChatState();
+    super({ ...options, state });
+    this.chatState = state;
+  }
+}
+
+// A fetch whose response body can be broken from here, as a dropped connection breaks it.
+let drop = () => { throw new Error('no stream to drop'); };
+async function droppableFetch(url, init = {}) {
+  const socket = new AbortController();
+  const signal = init.signal ? AbortSignal.any([init.signal, socket.signal]) : socket.signal;
+  const response = await fetch(url, { ...init, signal });
+  if (response.body == null || response.status === 204) {
+    return response;
+  }
+  const reader = response.body.getReader();
+  let fail;
+  const failed = new Promise((_, reject) => { fail = reject; });
+  failed.catch(() => {});
+  const body = new ReadableStream({
+    async pull(controller) {
+      const { done, value } = await Promise.race([reader.read(), failed]);
+      if (done) controller.close(); else controller.enqueue(value);
+    },
+    cancel(reason) { return reader.cancel(reason); },
+  });
+  drop = () => {
+    fail(new TypeError('network error: the connection dropped'));
+    socket.abort();
+  };
+  return new Response(body, { status: response.status, headers: response.headers });
+}
+
+const errors = [];
+const chat = new Chat({
+  id: chatId,
+  transport: new DefaultChatTransport({ api: `${base}/api/chat`, fetch: droppableFetch }),
+  onError: error => errors.push(error.message),
+});
+
+function until(condition) {
+  return new Promise(resolve => {
+    const check = () => { if (condition()) { chat.chatState.onChange = () => {}; resolve(); } };
+    chat.chatState.onChange = check;
+    check();
+  });
+}
+
+const replyText = () => {
+  const last = chat.lastMessage;
+  return last?.role === 'assistant' ? last.parts.filter(p => p.type === 'text').map(p => p.text).join('') : '';
+};
+
+const sending = chat.sendMessage({ text: 'look it up' });
+await until(() => replyText().includes('First half.'));
+drop();
+await sending;
+const afterDrop = { status: chat.status, errors: [...errors] };
+await chat.resumeStream();
+const afterResume = { status: chat.status, errors: [...errors] };
+await chat.resumeStream(); // the turn has ended: 204, nothing changes
+console.log(JSON.stringify({ afterDrop, afterResume, status: chat.status, messages: chat.messages }));

@@ -1,0 +1,276 @@
+"""The AI SDK UI message stream's translation (issue 16 item 5): a run as one UI message, the same
+whether a client follows it live from its start or resumes it from any snapshot on the way, and the
+prompt a client's newest message carries."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conversation_helpers import faux_service
+from drive_helpers import FAUX, ProbeTool, within
+from harness.context import Context
+from harness.conversation import ConversationService, ConversationSetup, conversation_events
+from harness.errors import InvalidInput
+from harness.messages import UserMessage
+from harness.providers.faux import FauxReply, delay, failure, reply, thinking, tool_call
+from harness.runtime import (
+    DriveSettings,
+    HarnessEvent,
+    LaneSnapshot,
+    RetryPolicy,
+    RunEnd,
+    RunStart,
+    reduce_lane_snapshot,
+)
+from harness.server.ui_stream import RunParts, UiMessageIn, UiPart, prompt_of
+from harness.session import LaneConfig, Store
+
+ALICE = "alice"
+
+
+@pytest.fixture
+def store_url(tmp_path: Path) -> str:
+    """The translation does not depend on the backend: the embedded one is enough."""
+    return f"sqlite:///{tmp_path / 'journal.db'}?synchronous=NORMAL"
+
+CONFIG = LaneConfig(model=FAUX)
+
+
+class ClientMessage:
+    """The assistant message an AI SDK client builds from parts, as its stream processor does:
+    it refuses a delta or an output for a part it never saw, so a broken stream fails here."""
+
+    def __init__(self) -> None:
+        self.id: str | None = None
+        self.parts: list[dict[str, Any]] = []
+        self.ending: list[str] = []
+        self._open: dict[str, dict[str, Any]] = {}
+
+    def apply(self, parts: Sequence[UiPart]) -> ClientMessage:
+        for part in parts:
+            self._apply(dict(part))
+        return self
+
+    def _apply(self, part: dict[str, Any]) -> None:
+        kind = part["type"]
+        if kind == "start":
+            self.id = part["messageId"]
+        elif kind in ("text-start", "reasoning-start"):
+            block = {"type": kind.removesuffix("-start"), "text": ""}
+            self._open[part["id"]] = block
+            self.parts.append(block)
+        elif kind in ("text-delta", "reasoning-delta"):
+            self._open[part["id"]]["text"] += part["delta"]
+        elif kind in ("text-end", "reasoning-end"):
+            del self._open[part["id"]]
+        elif kind == "tool-input-start":
+            self.parts.append({"type": "tool", "toolCallId": part["toolCallId"], "state": "input-streaming"})
+        elif kind == "tool-input-available":
+            self._tool(part["toolCallId"]).update(state="input-available", input=part["input"])
+        elif kind == "tool-output-available":
+            self._tool(part["toolCallId"]).update(state="output-available", output=part["output"],
+                                                  preliminary=part.get("preliminary", False))
+        elif kind == "tool-output-error":
+            self._tool(part["toolCallId"]).update(state="output-error", errorText=part["errorText"])
+        elif kind == "start-step":
+            self.parts.append({"type": "step-start"})
+        elif kind == "reset-step":
+            starts = [i for i, p in enumerate(self.parts) if p["type"] == "step-start"]
+            del self.parts[starts[-1] + 1:]
+            self._open.clear()
+        elif kind == "steering-message" or kind.startswith("data-"):
+            self.parts.append(part)
+        elif kind in ("finish", "abort", "error"):
+            self.ending.append(kind if kind != "finish" else f"finish:{part['finishReason']}")
+        elif kind != "finish-step":
+            raise AssertionError(f"unexpected part {part}")
+
+    def _tool(self, tool_call_id: str) -> dict[str, Any]:
+        return next(p for p in self.parts if p["type"] == "tool" and p["toolCallId"] == tool_call_id)
+
+    def shape(self) -> list[str]:
+        return [p["type"] for p in self.parts]
+
+
+async def record_run(conversations: ConversationService, ctx: Context, prompt: str, during: Any = None,
+                     config: LaneConfig = CONFIG) -> tuple[LaneSnapshot, list[HarnessEvent], str]:
+    """Send `prompt` to a new conversation, awaiting `during(conversation)` while the run goes on;
+    returns the lane's snapshot from before the send, every event after it up to the run's end, and
+    the run's operation id."""
+    conversation = await conversations.create(ALICE, config, ctx)
+    watch = await conversation.lane.watch(ctx)
+    send = asyncio.create_task(conversations.send(ALICE, conversation.id, prompt, ctx))
+    if during is not None:
+        await during(conversation)
+    await within(send)
+    events: list[HarnessEvent] = []
+
+    async def collect() -> None:
+        async for delivery in watch:
+            events.append(delivery.event)
+            if isinstance(delivery.event, RunEnd):
+                return
+
+    await within(collect())
+    watch.close()
+    operation_id = next(e.operation_id for e in events if isinstance(e, RunStart))
+    return watch.snapshot, events, operation_id
+
+
+def live_parts(events: Sequence[HarnessEvent], operation_id: str) -> list[UiPart]:
+    parts = RunParts("main", operation_id)
+    return [part for event in events for shown in conversation_events(event) for part in parts.translate(shown)]
+
+
+def resumed_parts(snapshot: LaneSnapshot, events: Sequence[HarnessEvent], operation_id: str, cut: int,
+                  source_tip: str | None) -> list[UiPart] | None:
+    """The parts of a client that resumes with the snapshot after `events[:cut]`; None when the run
+    is not open there (a resume then gets no stream)."""
+    for event in events[:cut]:
+        snapshot = reduce_lane_snapshot(snapshot, event)
+    if snapshot.operation is None or snapshot.operation.id != operation_id:
+        return None
+    parts = RunParts("main", operation_id)
+    out = parts.replay(snapshot, source_tip)
+    return out + [part for event in events[cut:] for shown in conversation_events(event)
+                  for part in parts.translate(shown)]
+
+
+def assert_every_resume_builds_the_live_message(snapshot: LaneSnapshot, events: Sequence[HarnessEvent],
+                                                 operation_id: str) -> ClientMessage:
+    live = ClientMessage().apply(live_parts(events, operation_id))
+    start = next(i for i, e in enumerate(events) if isinstance(e, RunStart))
+    source_tip = snapshot.tip_id
+    for event in events[:start]:
+        snapshot = reduce_lane_snapshot(snapshot, event)
+        source_tip = snapshot.tip_id
+    resumed = 0
+    for cut in range(len(events) + 1):
+        parts = resumed_parts(snapshot, events, operation_id, cut, source_tip) if cut > start else None
+        if parts is None:
+            continue
+        resumed += 1
+        message = ClientMessage().apply(parts)
+        assert (message.id, message.parts, message.ending) == (live.id, live.parts, live.ending), f"cut {cut}"
+    assert resumed > 3
+    return live
+
+
+async def test_a_run_is_one_message_of_steps_tools_rows_and_steers_live_and_from_every_resume(
+        store: Store, ctx: Context) -> None:
+    """Issue 16 item 5: thinking, text, a tool call with its output, a chat-event row (id = row id)
+    and a steer, in two steps; resuming from the snapshot at any event gives the same message."""
+    probe = ProbeTool()
+    conversations, _ = faux_service(store, [
+        reply(thinking("Let me look."), "Looking it up. ", tool_call("probe", {"key": "a"})),
+        reply("Found probe:a."),
+    ], tools=[probe])
+    gate = probe.gate("a")
+
+    async def during(conversation: Any) -> None:
+        await probe.wait_started("a")
+        await conversations.record_local_shell(ALICE, conversation.id, "ls", 0, "notes.txt\n", ctx)
+        await conversation.lane.steer(UserMessage(content="and then stop"), ctx)
+        gate.set()
+
+    snapshot, events, operation_id = await record_run(conversations, ctx, "look it up", during,
+                                                      LaneConfig(model=FAUX, active_tools=["probe"]))
+    live = assert_every_resume_builds_the_live_message(snapshot, events, operation_id)
+
+    assert live.id == operation_id
+    assert live.shape() == ["step-start", "reasoning", "text", "tool", "data-chat-event", "steering-message",
+                            "step-start", "text"]
+    _, reasoning, text, tool, row, steer, _, answer = live.parts
+    assert (reasoning["text"], text["text"], answer["text"]) == ("Let me look.", "Looking it up. ", "Found probe:a.")
+    assert (tool["state"], tool["input"], tool["output"]) == ("output-available", {"key": "a"}, "probe:a")
+    assert row["data"]["details"]["kind"] == "shell"
+    assert row["id"] == row["data"]["id"]
+    assert steer["parts"] == [{"type": "text", "text": "and then stop"}]
+    assert live.ending == ["finish:stop"]
+
+
+async def test_a_retried_reply_is_reset_and_its_retry_continues_the_same_step(store: Store, ctx: Context) -> None:
+    """A failed attempt that is retried leaves nothing in the message (`reset-step`), live or resumed."""
+    quick = ConversationSetup(drive=DriveSettings(frame_interval_s=0, retry=RetryPolicy(base_delay_ms=1)))
+    conversations, _ = faux_service(store, [failure("retryable", "overloaded", "Half an ans"), reply("Whole answer.")],
+                                    setup=quick)
+    snapshot, events, operation_id = await record_run(conversations, ctx, "hi")
+
+    live = assert_every_resume_builds_the_live_message(snapshot, events, operation_id)
+
+    assert {"type": "reset-step"} in live_parts(events, operation_id)
+    assert live.shape() == ["step-start", "text"]
+    assert live.parts[1]["text"] == "Whole answer."
+
+
+async def test_a_stopped_run_ends_with_its_interrupted_row_then_abort(store: Store, ctx: Context) -> None:
+    """A durable stop (cause `user`) ends the message with the `interrupted` row and `abort`, no `finish`."""
+    release = asyncio.Event()
+    pause = delay(release)
+    conversations, _ = faux_service(store, [FauxReply(parts=(*reply("Partial ").parts, pause, *reply("rest").parts))])
+
+    async def during(conversation: Any) -> None:
+        await within(pause.reached.wait())
+        await conversation.lane.request_abort("user", ctx)
+        release.set()
+
+    snapshot, events, operation_id = await record_run(conversations, ctx, "hi", during)
+    live = assert_every_resume_builds_the_live_message(snapshot, events, operation_id)
+
+    assert live.ending == ["abort"]
+    assert live.parts[-1]["type"] == "data-chat-event"
+    assert live.parts[-1]["data"]["details"]["kind"] == "interrupted"
+    assert live_parts(events, operation_id)[-1] == {"type": "abort", "reason": "user"}
+
+
+async def test_a_failed_run_ends_with_its_error_text_then_finish(store: Store, ctx: Context) -> None:
+    conversations, _ = faux_service(store, [failure("other", "the model refused the request")])
+    _, events, operation_id = await record_run(conversations, ctx, "hi")
+
+    parts = live_parts(events, operation_id)
+
+    assert parts[-2:] == [{"type": "error", "errorText": "the model refused the request"},
+                          {"type": "finish", "finishReason": "error"}]
+
+
+async def test_other_runs_give_no_parts_and_a_replay_of_another_run_is_refused(store: Store, ctx: Context) -> None:
+    conversations, _ = faux_service(store, [reply("one"), reply("two")])
+    _, first, _ = await record_run(conversations, ctx, "hi")
+    snapshot, _, operation_id = await record_run(conversations, ctx, "hi")
+
+    assert live_parts(first, operation_id) == []
+    with pytest.raises(InvalidInput):
+        RunParts("main", operation_id).replay(snapshot, None)
+
+
+def user(*parts: dict[str, Any]) -> UiMessageIn:
+    return UiMessageIn(id="m1", role="user", parts=list(parts))
+
+
+def test_the_prompt_is_the_newest_user_messages_text_and_images() -> None:
+    earlier = UiMessageIn(id="m0", role="assistant", parts=[{"type": "text", "text": "no"}])
+    image = {"type": "file", "mediaType": "image/png", "url": "data:image/png;base64,iVBORw0KGgo="}
+
+    text, images = prompt_of([earlier, user({"type": "text", "text": "look"}, {"type": "step-start"},
+                                            {"type": "text", "text": "here"}, image)])
+
+    assert text == "look\n\nhere"
+    assert [(i.mime_type, i.data) for i in images] == [("image/png", "iVBORw0KGgo=")]
+
+
+@pytest.mark.parametrize("messages", [
+    [],
+    [UiMessageIn(id="a", role="assistant", parts=[{"type": "text", "text": "hi"}])],
+    [user({"type": "text", "text": ""})],
+    [user({"type": "file", "mediaType": "application/pdf", "url": "data:application/pdf;base64,AAAA"})],
+    [user({"type": "file", "mediaType": "image/png", "url": "https://example.com/cat.png"})],
+    [user({"type": "file", "mediaType": "image/png", "url": "data:image/png;base64,not base64!"})],
+])
+def test_a_prompt_that_is_not_a_persons_text_or_image_is_refused(messages: list[UiMessageIn]) -> None:
+    with pytest.raises(InvalidInput):
+        prompt_of(messages)
