@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
@@ -13,7 +13,7 @@ import httpx
 import uvicorn
 from fastapi import FastAPI
 
-from conversation_helpers import faux_service
+from conversation_helpers import OffersTool, faux_service
 from harness.conversation import ConversationService, ConversationSetup
 from harness.providers import FauxProvider
 from harness.providers.faux import FauxScript
@@ -31,9 +31,11 @@ class Served:
 
 
 def faux_app(store: Store, script: FauxScript = (), *, auth: Authenticator | None = None,
-             setup: ConversationSetup | None = None, options: ServerOptions | None = None) -> Served:
-    """The app over a faux service answering `script`; every request is `USER` unless `auth` says."""
-    service, faux = faux_service(store, script, setup=setup)
+             tools: Sequence[OffersTool] = (), setup: ConversationSetup | None = None,
+             options: ServerOptions | None = None) -> Served:
+    """The app over a faux service answering `script` with `tools`; every request is `USER` unless
+    `auth` says."""
+    service, faux = faux_service(store, script, tools=tools, setup=setup)
     return Served(create_app(service, auth or LocalUser(USER), options=options), service, faux)
 
 
