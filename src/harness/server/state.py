@@ -15,7 +15,8 @@ from harness.conversation import Conversation, ConversationService
 from harness.messages import ImageContent, ModelIdentity
 from harness.runtime import AbortRequest, AcceptedRun
 from harness.server.drives import Drives
-from harness.session import LaneConfig
+from harness.server.errors import Unauthorized
+from harness.session import LaneConfig, Tokens
 
 HEARTBEAT_S = 15.0
 """How often a quiet event stream sends a heartbeat comment, so proxies keep it open."""
@@ -39,6 +40,21 @@ class LocalUser:
 
     async def user_of(self, token: str | None, context: Context) -> str:
         return self.user
+
+
+@dataclass(frozen=True)
+class StoreTokens:
+    """Bearer tokens from the store (`harness token create USER`): each request's token is looked
+    up and its secret compared with the stored hash, so a revocation holds from the next request."""
+
+    tokens: Tokens
+
+    async def user_of(self, token: str | None, context: Context) -> str:
+        user = await self.tokens.user_of(token, context) if token else None
+        if user is None:
+            raise Unauthorized("a valid bearer token is needed: `Authorization: Bearer TOKEN`, from "
+                               "`harness token create USER`" if token is None else "this bearer token is not valid")
+        return user
 
 
 NewLane = Callable[[ModelIdentity | None], LaneConfig]
