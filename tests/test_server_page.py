@@ -27,8 +27,9 @@ import pytest
 from drive_helpers import ProbeTool
 from harness.context import Context
 from harness.providers.faux import FauxReply
+from harness.server import StoreTokens
 from harness.session import connect
-from server_helpers import asgi_client, faux_app, serving
+from server_helpers import USER, Served, asgi_client, faux_app, serving
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 CHROMEDRIVER = shutil.which("chromedriver")
@@ -55,11 +56,15 @@ T = TypeVar("T")
 @dataclass
 class Page:
     """The app served on its own loop in a thread, over a SQLite store in `directory`, answering
-    `script` with the faux provider; `write` is a tool that needs approval."""
+    `script` with the faux provider; `write` is a tool that needs approval. With `tokens` the
+    server checks bearer tokens and `token` is one of `USER`'s; else every request is `USER`."""
 
     directory: Path
     script: list[FauxReply | str]
+    tokens: bool = False
     url: str = ""
+    token: str = ""
+    served: Served = field(init=False)
     write: ProbeTool = field(default_factory=lambda: ProbeTool("write"))
     _loop: asyncio.AbstractEventLoop = field(default_factory=asyncio.new_event_loop)
     _stop: asyncio.Event = field(default_factory=asyncio.Event)
@@ -75,8 +80,12 @@ class Page:
         context = Context({"test": "page"})
         store = await connect(f"sqlite:///{self.directory}/harness.db", context)
         try:
-            served = faux_app(store, self.script, tools=[self.write])
-            async with serving(served.app) as url:
+            auth = None
+            if self.tokens:
+                auth = StoreTokens(store.tokens)
+                self.token, _ = await store.tokens.create(USER, context)
+            self.served = faux_app(store, self.script, auth=auth, tools=[self.write])
+            async with serving(self.served.app) as url:
                 ready.set_result(url)
                 await self._stop.wait()
         except BaseException as error:
@@ -129,9 +138,9 @@ def browser_tab(browser: WebDriver) -> Iterator[WebDriver]:
 
 
 @contextmanager
-def served(tmp_path: Path, *script: FauxReply | str) -> Iterator[Page]:
+def served(tmp_path: Path, *script: FauxReply | str, tokens: bool = False) -> Iterator[Page]:
     """The page's server answering `script`, stopped on leaving."""
-    page = Page(tmp_path, list(script))
+    page = Page(tmp_path, list(script), tokens=tokens)
     page.start()
     try:
         yield page
@@ -212,3 +221,22 @@ def test_a_new_conversation_is_listed_and_opened(tmp_path: Path, browser_tab: We
         assert address.endswith(current[0].get_attribute("data-id") or "?")
         assert browser_tab.find_element(By.ID, "conversation").is_displayed()
         assert rows(browser_tab) == []
+
+
+def test_a_server_with_tokens_asks_for_one_until_it_is_valid(tmp_path: Path, browser_tab: WebDriver) -> None:
+    """Behind bearer tokens the page asks for one; a wrong one is asked again, a valid one lists
+    the token's user's conversations and is sent with every request after."""
+    with served(tmp_path, tokens=True) as page:
+        mine = page.run(lambda: page.served.service.create(USER, page.served.app.state.server.new_lane(None),
+                                                           Context({"test": "page"}), name="mine"))
+        browser_tab.get(page.url)  # a port of its own: an origin with no token stored
+
+        for token in ("not-a-token", page.token):
+            field_ = wait(browser_tab, lambda d: d.find_element(By.ID, "token") if
+                          d.find_element(By.ID, "sign-in").get_attribute("open") is not None else None)
+            field_.clear()
+            field_.send_keys(token, Keys.ENTER)
+
+        listed = shown(browser_tab, "#conversations a", "mine")
+        assert listed.get_attribute("data-id") == mine.id
+        assert browser_tab.find_element(By.ID, "sign-in").get_attribute("open") is None
