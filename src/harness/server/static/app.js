@@ -22,7 +22,7 @@ const routes = {
   steer: (id) => `/api/conversations/${encodeURIComponent(id)}/steer`,
   followUp: (id) => `/api/conversations/${encodeURIComponent(id)}/follow-up`,
   model: (id) => `/api/conversations/${encodeURIComponent(id)}/model`,
-  approval: (id, approvalId) => `/api/conversations/${encodeURIComponent(id)}/approvals/${encodeURIComponent(approvalId)}`,
+  approval: (id, toolCallId) => `/api/conversations/${encodeURIComponent(id)}/approvals/${encodeURIComponent(toolCallId)}`,
   chat: "/api/chat",
   resume: (id) => `/api/chat/${encodeURIComponent(id)}/stream`,
   stop: (id) => `/api/chat/${encodeURIComponent(id)}/stop`,
@@ -298,9 +298,9 @@ async function stop() {
   await authorized(() => json("POST", routes.stop(current.id)));
 }
 
-async function answerApproval({ approvalId, approved }) {
+async function answerApproval({ toolCallId, approved }) {
   try {
-    await authorized(() => json("POST", routes.approval(current.id, approvalId), { approved }));
+    await authorized(() => json("POST", routes.approval(current.id, toolCallId), { allow: approved }));
   } catch (error) {
     showError(error);
   }
@@ -332,8 +332,8 @@ async function switchModel() {
   conversation.pendingModel = picker.value;
   $("model-state").textContent = "switching…";
   try {
-    const answer = await authorized(() => json("POST", routes.model(conversation.id),
-      { provider, model_id: rest.join("/") }));
+    const answer = await authorized(() => json("PUT", routes.model(conversation.id),
+      { model: { provider, model_id: rest.join("/") } }));
     if (answer?.queued) $("model-state").textContent = "switches when the turn ends";
     else reconcileModel(answer.model);
   } catch (error) {
