@@ -2,7 +2,7 @@
 the app served by uvicorn on a free loopback port with the faux provider scripting the replies.
 
 The server runs in a thread of its own (its own event loop), so the browser's blocking calls never
-hold it up; the test releases a scripted pause with `Page.release`, on the server's loop. Skipped,
+hold it up; `Page.run` runs a coroutine there. Skipped,
 with the reason, only when Chromium or its driver is not installed (`apt-get install chromium
 chromium-driver`; CI installs them).
 
@@ -94,10 +94,6 @@ class Page:
             raise
         finally:
             await store.close()
-
-    def release(self, event: asyncio.Event) -> None:
-        """Set `event` (a scripted pause) on the server's loop."""
-        self._loop.call_soon_threadsafe(event.set)
 
     def run(self, coroutine: Callable[[], Coroutine[Any, Any, T]]) -> T:
         return asyncio.run_coroutine_threadsafe(coroutine(), self._loop).result(timeout=WAIT_S)
