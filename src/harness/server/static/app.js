@@ -1,0 +1,374 @@
+// The page: the conversation list, one conversation's live view, the composer, Stop, the model
+// picker and the connection indicator.
+//
+// A turn streams over the AI SDK UI message stream (`POST /api/chat`; `GET /api/chat/{id}/stream`
+// resumes the turn in progress by replaying it from its start). The conversation's native watch
+// (`.../events`) says when a turn starts that this tab did not send (another tab's, or one the
+// server resumed), and carries the rows written between turns, such as a model switch. When a turn
+// ends the page reads the display again: the journal's rows replace what was drawn live.
+
+import { ApiError, json, request, serverSentEvents, setToken } from "./api.js";
+import { Transcript } from "./transcript.js";
+import { modelName } from "./words.js";
+
+const routes = {
+  conversations: "/api/conversations",
+  models: "/api/models",
+  conversation: (id) => `/api/conversations/${encodeURIComponent(id)}`,
+  display: (id, before) => `/api/conversations/${encodeURIComponent(id)}/display` +
+    (before ? `?before=${encodeURIComponent(before)}` : ""),
+  image: (id, ref) => `/api/conversations/${encodeURIComponent(id)}/images/${encodeURIComponent(ref)}`,
+  events: (id) => `/api/conversations/${encodeURIComponent(id)}/events`,
+  steer: (id) => `/api/conversations/${encodeURIComponent(id)}/steer`,
+  followUp: (id) => `/api/conversations/${encodeURIComponent(id)}/follow-up`,
+  model: (id) => `/api/conversations/${encodeURIComponent(id)}/model`,
+  approval: (id, toolCallId) => `/api/conversations/${encodeURIComponent(id)}/approvals/${encodeURIComponent(toolCallId)}`,
+  chat: "/api/chat",
+  resume: (id) => `/api/chat/${encodeURIComponent(id)}/stream`,
+  stop: (id) => `/api/chat/${encodeURIComponent(id)}/stop`,
+};
+
+const RETRY_MS = [250, 500, 1000, 2000, 4000];
+
+const $ = (id) => document.getElementById(id);
+const images = new Map();
+
+let current = null; // {id, streaming: AbortController|null, watch: AbortController, nextBefore}
+
+const transcript = new Transcript($("transcript"), {
+  onApproval: (answer) => answerApproval(answer),
+  loadImage: (ref) => imageUrl(current.id, ref),
+});
+
+function showError(error) {
+  const box = $("error");
+  if (error == null) {
+    box.hidden = true;
+    return;
+  }
+  box.hidden = false;
+  box.textContent = error instanceof ApiError ? `${error.message} (${error.code})` : String(error.message ?? error);
+  box.dataset.code = error.code ?? "";
+}
+
+function setConnection(state) {
+  $("connection").dataset.state = state;
+}
+
+function setRunning(running) {
+  $("stop").hidden = !running;
+  $("while-running").hidden = !running;
+  $("send").textContent = running ? "Send while it runs" : "Send";
+  $("conversation").dataset.running = running ? "true" : "false";
+}
+
+// -- signing in: a 401 asks for a token once, then retries ------------------------------------------
+
+function signIn() {
+  const dialog = $("sign-in");
+  return new Promise((resolve) => {
+    dialog.addEventListener("close", () => {
+      setToken($("token").value.trim());
+      resolve();
+    }, { once: true });
+    dialog.showModal();
+  });
+}
+
+async function authorized(call) {
+  for (;;) {
+    try {
+      return await call();
+    } catch (error) {
+      if (!(error instanceof ApiError) || error.status !== 401) throw error;
+      await signIn();
+    }
+  }
+}
+
+// -- the conversation list ---------------------------------------------------------------------------
+
+async function listConversations() {
+  const list = $("conversations");
+  const conversations = await authorized(() => json("GET", routes.conversations));
+  list.replaceChildren(...conversations.map((conversation) => {
+    const item = document.createElement("li");
+    const link = document.createElement("a");
+    link.href = `?c=${encodeURIComponent(conversation.id)}`;
+    link.dataset.id = conversation.id;
+    link.textContent = conversation.name ?? `Conversation ${conversation.id.slice(0, 8)}`;
+    if (current?.id === conversation.id) link.setAttribute("aria-current", "page");
+    link.addEventListener("click", (event) => {
+      event.preventDefault();
+      history.pushState(null, "", link.href);
+      openConversation(conversation.id, conversation).catch(showError);
+    });
+    item.append(link);
+    return item;
+  }));
+  return conversations;
+}
+
+async function newConversation() {
+  const conversation = await authorized(() => json("POST", routes.conversations, {}));
+  history.pushState(null, "", `?c=${encodeURIComponent(conversation.id)}`);
+  await listConversations();
+  await openConversation(conversation.id, conversation);
+}
+
+// -- one conversation ------------------------------------------------------------------------------------
+
+async function openConversation(id, info) {
+  if (current) {
+    current.streaming?.abort();
+    current.watch.abort();
+  }
+  current = { id, streaming: null, watch: new AbortController(), nextBefore: null, pendingModel: null };
+  for (const link of document.querySelectorAll("#conversations a")) {
+    if (link.dataset.id === id) link.setAttribute("aria-current", "page");
+    else link.removeAttribute("aria-current");
+  }
+  $("conversation").hidden = false;
+  $("title").textContent = info?.name ?? `Conversation ${id.slice(0, 8)}`;
+  showError(null);
+  setRunning(false);
+  transcript.clear();
+  await showModel(info);
+  await readDisplay();
+  watch(current);
+  await resume(current);
+}
+
+async function readDisplay({ older = false } = {}) {
+  const conversation = current;
+  const page = await authorized(() => json("GET", routes.display(conversation.id, older ? conversation.nextBefore : null)));
+  if (conversation !== current) return;
+  if (!older) transcript.dropLive();
+  transcript.showRows(page.rows, { older });
+  if (older || conversation.nextBefore == null) {
+    conversation.nextBefore = page.next_before;
+    $("older").hidden = page.next_before == null;
+  }
+}
+
+async function imageUrl(conversationId, ref) {
+  const key = `${conversationId}/${ref}`;
+  if (!images.has(key)) {
+    images.set(key, request("GET", routes.image(conversationId, ref))
+      .then((response) => response.blob())
+      .then((blob) => URL.createObjectURL(blob)));
+  }
+  return images.get(key);
+}
+
+// -- the turn's stream ------------------------------------------------------------------------------------
+
+/**
+ * Draw a UI message stream until its message ends. A connection that drops mid-turn reconnects to
+ * the resume route, which replays the turn from its start over what is drawn (the same rows).
+ */
+async function follow(conversation, open) {
+  if (conversation.streaming) return;
+  const controller = new AbortController();
+  conversation.streaming = controller;
+  let attempt = 0;
+  try {
+    for (;;) {
+      let response;
+      try {
+        response = await open(controller.signal);
+      } catch (error) {
+        if (controller.signal.aborted) return;
+        if (error instanceof ApiError) throw error;
+        setConnection("reconnecting");
+        await pause(RETRY_MS[Math.min(attempt++, RETRY_MS.length - 1)], controller.signal);
+        open = (signal) => request("GET", routes.resume(conversation.id), { signal });
+        continue;
+      }
+      if (response.status === 204) return; // nothing runs
+      setRunning(true);
+      try {
+        for await (const event of serverSentEvents(response)) {
+          if (event.data === "[DONE]") return;
+          attempt = 0;
+          setConnection("live");
+          if (transcript.apply(JSON.parse(event.data))) return;
+        }
+        return; // the server ended the stream: the turn is over
+      } catch (error) {
+        if (controller.signal.aborted) return;
+        setConnection("reconnecting");
+        await pause(RETRY_MS[Math.min(attempt++, RETRY_MS.length - 1)], controller.signal);
+        open = (signal) => request("GET", routes.resume(conversation.id), { signal });
+      }
+    }
+  } finally {
+    if (conversation.streaming === controller) conversation.streaming = null;
+    if (conversation === current && !controller.signal.aborted) {
+      setRunning(false);
+      await readDisplay().catch(showError);
+    }
+  }
+}
+
+function resume(conversation) {
+  return follow(conversation, (signal) => request("GET", routes.resume(conversation.id), { signal }));
+}
+
+function pause(ms, signal) {
+  return new Promise((resolve) => {
+    const timer = setTimeout(resolve, ms);
+    signal.addEventListener("abort", () => {
+      clearTimeout(timer);
+      resolve();
+    }, { once: true });
+  });
+}
+
+// -- the native watch: turns this tab did not start, rows written between turns ------------------------
+
+async function watch(conversation) {
+  const signal = conversation.watch.signal;
+  let lastEventId = null;
+  let attempt = 0;
+  while (!signal.aborted) {
+    try {
+      const response = await request("GET", routes.events(conversation.id), { signal, lastEventId });
+      setConnection("live");
+      attempt = 0;
+      for await (const event of serverSentEvents(response)) {
+        if (event.id != null) lastEventId = event.id;
+        observe(conversation, event);
+      }
+    } catch (error) {
+      if (signal.aborted) return;
+      if (error instanceof ApiError && error.status !== 503) {
+        showError(error);
+        return;
+      }
+    }
+    setConnection("reconnecting");
+    await pause(RETRY_MS[Math.min(attempt++, RETRY_MS.length - 1)], signal);
+  }
+}
+
+function observe(conversation, event) {
+  const data = JSON.parse(event.data);
+  if (event.event === "snapshot") {
+    if (data.operation?.kind === "run") resume(conversation).catch(showError);
+    return;
+  }
+  switch (data.type) {
+    case "run_start":
+      resume(conversation).catch(showError);
+      break;
+    case "chat_event":
+      if (!conversation.streaming) {
+        const row = transcript.eventRow(data.row.id, data.row.details);
+        if (row) transcript.put(row);
+      }
+      if (data.row.details.kind === "model") reconcileModel(data.row.details.model);
+      break;
+    default:
+      break;
+  }
+}
+
+// -- composing: a new turn, or a steer or follow-up while one runs -------------------------------------
+
+async function send(text) {
+  const conversation = current;
+  if (conversation.streaming) {
+    const route = $("delivery").value === "steer" ? routes.steer : routes.followUp;
+    await authorized(() => json("POST", route(conversation.id), { text }));
+    transcript.pendingUser(text);
+    return;
+  }
+  const message = { id: crypto.randomUUID(), role: "user", parts: [{ type: "text", text }] };
+  const body = { id: conversation.id, messages: [message], trigger: "submit-message" };
+  const row = transcript.pendingUser(text);
+  await follow(conversation, async (signal) => {
+    const response = await authorized(() => request("POST", routes.chat, { body, signal }));
+    row.classList.remove("pending"); // accepted: the turn is durable
+    return response;
+  });
+}
+
+async function stop() {
+  await authorized(() => json("POST", routes.stop(current.id)));
+}
+
+async function answerApproval({ toolCallId, approved }) {
+  try {
+    await authorized(() => json("POST", routes.approval(current.id, toolCallId), { allow: approved }));
+  } catch (error) {
+    showError(error);
+  }
+}
+
+// -- the model picker: a queued switch is shown as such until the model row says it happened ---------
+
+async function showModel(info) {
+  const picker = $("model");
+  const models = await authorized(() => json("GET", routes.models)).catch(() => []);
+  picker.replaceChildren(...models.map((model) => new Option(model.name ?? modelName(model), modelName(model))));
+  if (info?.model) reconcileModel(info.model);
+}
+
+function reconcileModel(model) {
+  const picker = $("model");
+  const name = modelName(model);
+  if (![...picker.options].some((option) => option.value === name)) picker.append(new Option(name, name));
+  picker.value = name;
+  picker.dataset.current = name;
+  if (current) current.pendingModel = null;
+  $("model-state").textContent = "";
+}
+
+async function switchModel() {
+  const picker = $("model");
+  const [provider, ...rest] = picker.value.split("/");
+  const conversation = current;
+  conversation.pendingModel = picker.value;
+  $("model-state").textContent = "switching…";
+  try {
+    const answer = await authorized(() => json("PUT", routes.model(conversation.id),
+      { model: { provider, model_id: rest.join("/") } }));
+    if (answer?.queued) $("model-state").textContent = "switches when the turn ends";
+    else reconcileModel(answer.model);
+  } catch (error) {
+    picker.value = picker.dataset.current ?? "";
+    $("model-state").textContent = "";
+    showError(error);
+  }
+}
+
+// -- wiring ----------------------------------------------------------------------------------------------
+
+$("composer").addEventListener("submit", (event) => {
+  event.preventDefault();
+  const text = $("prompt").value;
+  if (!text.trim()) return;
+  $("prompt").value = "";
+  showError(null);
+  send(text).catch(showError);
+});
+$("prompt").addEventListener("keydown", (event) => {
+  if (event.key === "Enter" && !event.shiftKey) {
+    event.preventDefault();
+    $("composer").requestSubmit();
+  }
+});
+$("stop").addEventListener("click", () => stop().catch(showError));
+$("model").addEventListener("change", () => switchModel());
+$("older").addEventListener("click", () => readDisplay({ older: true }).catch(showError));
+$("new-conversation").addEventListener("click", () => newConversation().catch(showError));
+window.addEventListener("popstate", () => boot().catch(showError));
+
+async function boot() {
+  const conversations = await listConversations();
+  const id = new URLSearchParams(location.search).get("c");
+  if (id) await openConversation(id, conversations.find((conversation) => conversation.id === id));
+}
+
+boot().catch(showError);
