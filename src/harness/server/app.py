@@ -11,7 +11,7 @@ from harness.context import Context
 from harness.conversation import ConversationService
 from harness.errors import InvalidInput
 from harness.messages import ModelIdentity
-from harness.server import conversations
+from harness.server import conversations, langgraph_api
 from harness.server.errors import install_error_handlers
 from harness.server.state import Authenticator, NewLane, ServerOptions, ServerState
 from harness.session import LaneConfig
@@ -42,6 +42,7 @@ def create_app(service: ConversationService, auth: Authenticator, *, new_lane: N
     app.state.server = state
     install_error_handlers(app)
     app.include_router(conversations.router)
+    app.include_router(langgraph_api.router)
     return app
 
 
