@@ -4,23 +4,28 @@ through ASGI (its lifespan run), and the app served by uvicorn on a free loopbac
 from __future__ import annotations
 
 import asyncio
+import json
 import socket
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from typing import Any
 
 import httpx
 import uvicorn
 from fastapi import FastAPI
 
-from conversation_helpers import faux_service
+from conversation_helpers import OffersTool, faux_service
 from harness.conversation import ConversationService, ConversationSetup
+from harness.messages import ModelIdentity
 from harness.providers import FauxProvider
 from harness.providers.faux import FauxScript
-from harness.server import Authenticator, LocalUser, ServerOptions, create_app
-from harness.session import Store
+from harness.runtime import DriveSettings, RunHooks
+from harness.server import Approvals, Authenticator, LocalUser, ServerOptions, create_app
+from harness.session import LaneConfig, Store
 
 USER = "alice"
+FAUX = ModelIdentity(provider="faux", model_id="faux")
 
 
 @dataclass(frozen=True)
@@ -31,10 +36,19 @@ class Served:
 
 
 def faux_app(store: Store, script: FauxScript = (), *, auth: Authenticator | None = None,
-             setup: ConversationSetup | None = None, options: ServerOptions | None = None) -> Served:
-    """The app over a faux service answering `script`; every request is `USER` unless `auth` says."""
-    service, faux = faux_service(store, script, setup=setup)
-    return Served(create_app(service, auth or LocalUser(USER), options=options), service, faux)
+             tools: Sequence[OffersTool] = (), approvals: Approvals | None = None,
+             options: ServerOptions | None = None) -> Served:
+    """The app over a faux service answering `script`, with `tools` (their calls waiting for
+    `approvals` when given); every request is `USER` unless `auth` says otherwise."""
+    hooks = RunHooks(before_tool=approvals.hook) if approvals is not None else RunHooks()
+    setup = ConversationSetup(drive=DriveSettings(frame_interval_s=0), hooks=hooks)
+    service, faux = faux_service(store, script, tools=tools, setup=setup)
+
+    def new_lane(model: ModelIdentity | None) -> LaneConfig:
+        return LaneConfig(model=model or FAUX, active_tools=[probe.tool.spec.name for probe in tools])
+
+    app = create_app(service, auth or LocalUser(USER), new_lane=new_lane, approvals=approvals, options=options)
+    return Served(app, service, faux)
 
 
 @asynccontextmanager
@@ -44,6 +58,29 @@ async def asgi_client(app: FastAPI) -> AsyncIterator[httpx.AsyncClient]:
     async with app.router.lifespan_context(app), httpx.AsyncClient(
             transport=httpx.ASGITransport(app=app), base_url="http://harness.test") as client:
         yield client
+
+
+async def sse_events(client: httpx.AsyncClient, path: str, count: int, *, opened: asyncio.Event | None = None,
+                     headers: dict[str, str] | None = None) -> list[tuple[str, Any]]:
+    """The first `count` events of the SSE stream at `path`, as (event name, parsed data);
+    comments are skipped, but the first line read sets `opened`. Returns early if the stream ends."""
+    events: list[tuple[str, Any]] = []
+    async with client.stream("GET", path, headers=headers) as response:
+        assert response.status_code == 200, await response.aread()
+        name, data = "message", []
+        async for line in response.aiter_lines():
+            if opened is not None:
+                opened.set()
+            if line.startswith("event:"):
+                name = line[6:].strip()
+            elif line.startswith("data:"):
+                data.append(line[5:].strip())
+            elif not line and data:
+                events.append((name, json.loads("\n".join(data))))
+                name, data = "message", []
+                if len(events) == count:
+                    break
+    return events
 
 
 @asynccontextmanager

@@ -18,7 +18,7 @@ import pytest
 
 from conftest import backend_url
 from harness.context import Context
-from harness.errors import ContextNotStorable
+from harness.errors import ContextNotStorable, InvalidInput
 from harness.messages import Usage
 from harness.session import (
     MAX_IMAGE_BYTES,
@@ -36,6 +36,7 @@ from harness.session import (
     SessionOwned,
     StorageCorruption,
     Store,
+    TokenNotFound,
     UnsupportedImage,
     addresses,
     connect,
@@ -833,3 +834,37 @@ async def test_an_image_stored_again_since_a_cutoff_is_not_deleted(store: Store,
     assert await store.images.delete(ref, stored_at, ctx) is True
     assert await store.images.get(ref, ctx) is None
     assert await store.images.delete(ref, stored_at, ctx) is False
+
+
+# -- the bearer tokens of harness serve --------------------------------------------------------------
+
+
+async def test_tokens_are_stored_hashed_and_revoked_for_every_process(store_url: str, store: Store,
+                                                                     ctx: Context) -> None:
+    """A token lets its user in, shown once and kept only as its secret's hash; a forged secret,
+    an unknown id or a malformed text lets nobody in; a revocation holds for a second connection
+    to the same store, and a second revocation changes nothing."""
+    token, info = await store.tokens.create("alice", ctx)
+    secret = token.removeprefix("harness_").partition("_")[2]
+
+    assert await store.tokens.user_of(token, ctx) == "alice"
+    assert await store.tokens.user_of(token[:-1] + ("A" if token[-1] != "A" else "B"), ctx) is None
+    assert await store.tokens.user_of(f"harness_{info.id}_", ctx) is None
+    assert await store.tokens.user_of("harness_not-an-id\x00_x", ctx) is None
+    assert await store.tokens.user_of(secret, ctx) is None
+    assert [(row.id, row.user, row.revoked_at) for row in await store.tokens.list(ctx)] == [(info.id, "alice", None)]
+    assert secret not in repr(await store.tokens.list(ctx))
+
+    other = store if store_url == "memory://" else await connect(store_url, ctx)  # memory:// is one process's
+    try:
+        revoked = await other.tokens.revoke(info.id, ctx)
+        assert revoked.revoked_at is not None
+        assert (await other.tokens.revoke(info.id, ctx)).revoked_at == revoked.revoked_at
+    finally:
+        if other is not store:
+            await other.close()
+    assert await store.tokens.user_of(token, ctx) is None
+    with pytest.raises(TokenNotFound):
+        await store.tokens.revoke("0190a0a0-0000-7000-8000-000000000000", ctx)
+    with pytest.raises(InvalidInput):
+        await store.tokens.create("bad\nuser", ctx)

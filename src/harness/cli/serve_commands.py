@@ -1,7 +1,9 @@
-"""`harness serve`: the HTTP API and its event streams over the store every command uses."""
+"""`harness serve`, the HTTP API and its event streams over the store every command uses, and
+`harness token`, the bearer tokens its requests carry."""
 
 from __future__ import annotations
 
+from datetime import datetime
 from pathlib import Path
 from typing import Annotated
 
@@ -15,15 +17,23 @@ from harness.errors import HarnessError
 from harness.home import harness_home
 from harness.messages import ModelIdentity
 from harness.providers import ModelRegistry
-from harness.server import DEFAULT_HOST, DEFAULT_PORT, LocalUser, create_app, refuse_open_no_auth, serve
-from harness.session import LaneConfig, Store
-from harness.tools import ApprovalPolicy, BackgroundJobs
+from harness.server import (
+    DEFAULT_HOST,
+    DEFAULT_PORT,
+    Approvals,
+    Authenticator,
+    LocalUser,
+    StoreTokens,
+    create_app,
+    refuse_open_no_auth,
+    serve,
+)
+from harness.session import LaneConfig, Store, TokenInfo
+from harness.tools import BackgroundJobs
 
-
-class NoTokenStore(HarnessError):
-    """Tokens are not stored yet: serve with `--no-auth`."""
-
-    code = "no_token_store"
+token_app = typer.Typer(name="token", help="Bearer tokens for `harness serve`, stored hashed in the store.",
+                        no_args_is_help=True)
+app.add_typer(token_app)
 
 
 @app.command("serve")
@@ -36,28 +46,71 @@ def serve_command(
 ) -> None:
     """Serve the HTTP API (OpenAPI at /docs) on the store; turns it accepts are driven here, and
     turns a stopped server left open are finished."""
-    try:
-        if not no_auth:
-            raise NoTokenStore("this version serves with --no-auth only (on a loopback address)")
-        refuse_open_no_auth(host)
-    except HarnessError as error:
-        typer.echo(f"error [{error.code}]: {error.message}", err=True)
-        raise typer.Exit(2) from error
+    if no_auth:
+        try:
+            refuse_open_no_auth(host)
+        except HarnessError as error:
+            typer.echo(f"error [{error.code}]: {error.message}", err=True)
+            raise typer.Exit(2) from error
     home = harness_home()
 
     async def body(opened: Store, context: Context) -> None:
         registry = ModelRegistry.load(home=home)
         jobs = BackgroundJobs()
-        # Nobody answers approvals yet: the gated tools fail closed.
-        setup = client_setup(registry, tool_workspace(Path.cwd(), home), home, ApprovalPolicy(None), jobs)
+        approvals = Approvals()  # write, edit and shell wait for the owner's answer over HTTP
+        setup = client_setup(registry, tool_workspace(Path.cwd(), home), home, approvals.hook, jobs)
 
         def new_lane(model: ModelIdentity | None) -> LaneConfig:
             return new_lane_config(model or registry.default_identity(), home)
 
+        auth: Authenticator = LocalUser(local_user()) if no_auth else StoreTokens(opened.tokens)
         service = ConversationService(opened, setup)
         try:
-            await serve(create_app(service, LocalUser(local_user()), new_lane=new_lane), host, port)
+            await serve(create_app(service, auth, new_lane=new_lane, approvals=approvals), host, port)
         finally:
             await jobs.close()
 
     run_with_store(store, body)
+
+
+@token_app.command("create")
+def token_create(user: Annotated[str, typer.Argument(help="The user the token lets in.")],
+                 store: StoreOption = None) -> None:
+    """Create a bearer token for USER and print it, once: only its hash is stored."""
+
+    async def body(opened: Store, context: Context) -> None:
+        token, info = await opened.tokens.create(user, context)
+        typer.echo(token)
+        typer.echo(f"token {info.id} for {info.user}: shown once, keep it (revoke: harness token revoke {info.id})",
+                   err=True)
+
+    run_with_store(store, body)
+
+
+@token_app.command("list")
+def token_list(store: StoreOption = None) -> None:
+    """List the tokens: id, user, created, and revoked when it was."""
+
+    async def body(opened: Store, context: Context) -> None:
+        for info in await opened.tokens.list(context):
+            typer.echo(token_line(info))
+
+    run_with_store(store, body)
+
+
+@token_app.command("revoke")
+def token_revoke(token_id: Annotated[str, typer.Argument(help="The token's id, as `harness token list` shows.")],
+                 store: StoreOption = None) -> None:
+    """Revoke a token: from the next request on it lets nobody in."""
+
+    async def body(opened: Store, context: Context) -> None:
+        typer.echo(token_line(await opened.tokens.revoke(token_id, context)))
+
+    run_with_store(store, body)
+
+
+def token_line(info: TokenInfo) -> str:
+    created = datetime.fromtimestamp(info.created_at / 1000).strftime("%Y-%m-%d %H:%M")
+    revoked = "" if info.revoked_at is None else \
+        f"  revoked {datetime.fromtimestamp(info.revoked_at / 1000).strftime('%Y-%m-%d %H:%M')}"
+    return f"{info.id}  {info.user}  created {created}{revoked}"

@@ -6,6 +6,7 @@ dependencies: `State` (the `ServerState`), `CurrentUser` (the request's user, 40
 token) and `RequestContext`."""
 
 from harness.server.app import create_app
+from harness.server.approvals import ApprovalChange, ApprovalNotFound, Approvals, PendingApproval
 from harness.server.drives import Drives
 from harness.server.errors import STATUS_BY_CODE, Unauthorized, error_body, not_found, status_of
 from harness.server.langgraph_api import ASSISTANT_ID, ASSISTANT_NAME
@@ -48,6 +49,7 @@ from harness.server.state import (
     ServerOptions,
     ServerState,
     State,
+    StoreTokens,
     current_user,
     request_context,
     server_state,
@@ -64,6 +66,9 @@ __all__ = [
     "START",
     "STATUS_BY_CODE",
     "STREAM_MODES",
+    "ApprovalChange",
+    "ApprovalNotFound",
+    "Approvals",
     "Authenticator",
     "CurrentUser",
     "Cursor",
@@ -75,6 +80,7 @@ __all__ = [
     "MultitaskStrategyUnknown",
     "NewLane",
     "NoAuthNeedsLoopback",
+    "PendingApproval",
     "RequestContext",
     "RollbackUnsupported",
     "RunAccepted",
@@ -84,6 +90,7 @@ __all__ = [
     "ServerOptions",
     "ServerState",
     "State",
+    "StoreTokens",
     "StreamModeUnsupported",
     "Unauthorized",
     "create_app",

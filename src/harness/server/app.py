@@ -11,22 +11,25 @@ from harness.context import Context
 from harness.conversation import ConversationService
 from harness.errors import InvalidInput
 from harness.messages import ModelIdentity
-from harness.server import conversations, langgraph_api
+from harness.server import conversations, langgraph_api, streams
+from harness.server.approvals import Approvals
 from harness.server.errors import install_error_handlers
 from harness.server.state import Authenticator, NewLane, ServerOptions, ServerState
 from harness.session import LaneConfig
 
 
 def create_app(service: ConversationService, auth: Authenticator, *, new_lane: NewLane | None = None,
-               options: ServerOptions | None = None) -> FastAPI:
+               approvals: Approvals | None = None, options: ServerOptions | None = None) -> FastAPI:
     """The HTTP API over `service` (OpenAPI at `/docs`), its requests' users told by `auth`.
 
     On start it resumes every operation the store holds open (a restart loses no turn); on
     shutdown it closes every live conversation, which halts their drives as a crash would, so
     the next server finishes them. `new_lane` configures a new conversation's main lane (default:
-    the requested model or the registry's default, with every shared tool active). The service
-    is the caller's: closing its store is too."""
-    state = ServerState(service, auth, new_lane or _default_lane(service), options or ServerOptions())
+    the requested model or the registry's default, with every shared tool active). Tool calls
+    wait for an answer over HTTP when the service's `before_tool` hook is `approvals.hook`. The
+    service is the caller's: closing its store is too."""
+    state = ServerState(service, auth, new_lane or _default_lane(service), options or ServerOptions(),
+                        approvals or Approvals())
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -42,6 +45,7 @@ def create_app(service: ConversationService, auth: Authenticator, *, new_lane: N
     app.state.server = state
     install_error_handlers(app)
     app.include_router(conversations.router)
+    app.include_router(streams.router)
     app.include_router(langgraph_api.router)
     return app
 

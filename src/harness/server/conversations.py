@@ -4,12 +4,34 @@ current user; another user's conversation answers exactly like a missing one (40
 
 from __future__ import annotations
 
-from fastapi import APIRouter, status
+import asyncio
+from collections.abc import Sequence
+from typing import Annotated
+
+from fastapi import APIRouter, Query, Response, status
 from pydantic import BaseModel, ConfigDict, Field
 
-from harness.conversation import ConversationInfo
-from harness.messages import ModelIdentity
+from harness.conversation import (
+    DISPLAY_PAGE,
+    MAX_DISPLAY_PAGE,
+    SHELL_OUTPUT_CHARS,
+    CommandOutcome,
+    CompactOutcome,
+    ConversationInfo,
+    DirectoryMoved,
+    DisplayPage,
+    FastOutcome,
+    ModelSwitch,
+    SwitchableProject,
+    compact,
+    fast,
+    run_typed_command,
+)
+from harness.messages import ImageContent, ModelIdentity, UserMessage
+from harness.runtime import LaneBusy
+from harness.server.approvals import PendingApproval
 from harness.server.state import CurrentUser, RequestContext, State
+from harness.tools import Approval
 
 router = APIRouter(prefix="/api", tags=["conversations"])
 
@@ -48,3 +70,243 @@ async def create_conversation(body: CreateConversation, user: CurrentUser, state
 async def list_conversations(user: CurrentUser, state: State, context: RequestContext) -> list[ConversationOut]:
     """The current user's conversations, most recently updated first."""
     return [ConversationOut.of(info) for info in await state.service.list(user, context)]
+
+
+class RenameConversation(_Body):
+    name: str | None = Field(max_length=200, description="The new name; null clears it.")
+
+
+@router.patch("/conversations/{conversation_id}", response_model=ConversationOut)
+async def rename_conversation(conversation_id: str, body: RenameConversation, user: CurrentUser, state: State,
+                              context: RequestContext) -> ConversationOut:
+    """Rename the conversation, with a row the model reads (once someone has spoken)."""
+    await state.service.rename(user, conversation_id, body.name, context)
+    infos = {info.id: info for info in await state.service.list(user, context)}
+    return ConversationOut.of(infos[conversation_id])
+
+
+@router.post("/conversations/{conversation_id}/close", status_code=status.HTTP_204_NO_CONTENT)
+async def close_conversation(conversation_id: str, user: CurrentUser, state: State, context: RequestContext) -> None:
+    """Detach the live conversation from this server (nothing of it is lost; the next request
+    opens it again). Refused with `lane_busy` (409) while a run is open: stop it first."""
+    conversation = await state.service.open(user, conversation_id, context)
+    if (operation := conversation.lane.info().operation) is not None:
+        raise LaneBusy(f"conversation {conversation_id} has a run open; stop it first", operation_id=operation.id)
+    await state.service.close(user, conversation_id, context)
+
+
+# -- turns ---------------------------------------------------------------------------------------
+
+
+class ImageIn(_Body):
+    data: str = Field(description="The image's bytes, base64.")
+    mime_type: str = Field(max_length=100)
+
+
+class SendMessage(_Body):
+    text: str = Field(description="The prompt; may be empty only with images.")
+    images: list[ImageIn] = []
+
+
+class Accepted(BaseModel):
+    """An accepted run, durable: the server drives it; watch `/events` for its progress."""
+
+    operation_id: str
+    entry_ids: list[str]
+
+
+@router.post("/conversations/{conversation_id}/messages", status_code=status.HTTP_202_ACCEPTED,
+             response_model=Accepted)
+async def send_message(conversation_id: str, body: SendMessage, user: CurrentUser, state: State,
+                       context: RequestContext) -> Accepted:
+    """Start a turn: answered once it is durable (202), driven by the server. `lane_busy` (409)
+    while a run is open (steer or follow up instead), `prompt_too_large` (413),
+    `conversation_ended` (409)."""
+    images = [ImageContent(data=image.data, mime_type=image.mime_type) for image in body.images]
+    _, accepted = await state.start_turn(user, conversation_id, body.text, context, images=images)
+    return Accepted(operation_id=accepted.operation_id, entry_ids=list(accepted.entry_ids))
+
+
+class QueueMessage(_Body):
+    text: str = Field(min_length=1)
+
+
+class Queued(BaseModel):
+    """A message queued by its pre-minted entry id, placed when the run reaches its boundary."""
+
+    entry_id: str
+
+
+@router.post("/conversations/{conversation_id}/steer", status_code=status.HTTP_202_ACCEPTED, response_model=Queued)
+async def steer(conversation_id: str, body: QueueMessage, user: CurrentUser, state: State,
+                context: RequestContext) -> Queued:
+    """Steer the running turn: read after its current tool calls, before its next request.
+    `no_active_operation` (409) when nothing runs."""
+    conversation = await state.service.open(user, conversation_id, context)
+    return Queued(entry_id=await conversation.lane.steer(UserMessage(content=body.text), context))
+
+
+@router.post("/conversations/{conversation_id}/follow-up", status_code=status.HTTP_202_ACCEPTED,
+             response_model=Queued)
+async def follow_up(conversation_id: str, body: QueueMessage, user: CurrentUser, state: State,
+                    context: RequestContext) -> Queued:
+    """Queue a follow-up of the running turn: read when it would otherwise end.
+    `no_active_operation` (409) when nothing runs."""
+    conversation = await state.service.open(user, conversation_id, context)
+    return Queued(entry_id=await conversation.lane.follow_up(UserMessage(content=body.text), context))
+
+
+class Stopped(BaseModel):
+    """The durable abort of `operation_id`; `newly_requested` False when one was already recorded."""
+
+    operation_id: str
+    newly_requested: bool
+
+
+@router.post("/conversations/{conversation_id}/stop", status_code=status.HTTP_202_ACCEPTED, response_model=Stopped)
+async def stop(conversation_id: str, user: CurrentUser, state: State, context: RequestContext) -> Stopped:
+    """Stop the running turn durably (cause `user`), wherever it is driven; it settles `aborted`
+    with every open tool call answered. `no_active_operation` (409) when nothing runs."""
+    request = await state.stop(user, conversation_id, context)
+    return Stopped(operation_id=request.operation_id, newly_requested=request.newly_requested)
+
+
+# -- commands ------------------------------------------------------------------------------------
+
+
+class TypedCommand(_Body):
+    line: str = Field(description="The command as typed: `/name args`.", examples=["/rename notes"])
+
+
+@router.post("/conversations/{conversation_id}/command", response_model=CommandOutcome)
+async def command(conversation_id: str, body: TypedCommand, user: CurrentUser, state: State,
+                  context: RequestContext) -> CommandOutcome:
+    """Run a typed built-in command (`/compact`, `/fast`, `/model`, `/rename`, `/mode`,
+    `/restart`; `/goal` has its own route), recorded as one row (CE-16). `unknown_command` (400)."""
+    conversation = await state.service.open(user, conversation_id, context)
+    return await run_typed_command(state.service, user, conversation, body.line, context)
+
+
+class CompactBody(_Body):
+    instructions: str | None = Field(default=None, description="What the summary should keep.")
+
+
+@router.post("/conversations/{conversation_id}/compact", response_model=CompactOutcome)
+async def compact_route(conversation_id: str, body: CompactBody, user: CurrentUser, state: State,
+                        context: RequestContext) -> CompactOutcome:
+    """`/compact`: summarize the older part of the conversation (recorded). `lane_busy` (409)."""
+    conversation = await state.service.open(user, conversation_id, context)
+    return await compact(state.service, user, conversation, body.instructions, context)
+
+
+@router.post("/conversations/{conversation_id}/fast", response_model=FastOutcome)
+async def fast_route(conversation_id: str, user: CurrentUser, state: State, context: RequestContext) -> FastOutcome:
+    """`/fast`: switch to the fast model, or back (recorded). `no_fast_model` (400)."""
+    conversation = await state.service.open(user, conversation_id, context)
+    return await fast(state.service, user, conversation, None, context)
+
+
+class SwitchModel(_Body):
+    model: ModelIdentity
+
+
+@router.put("/conversations/{conversation_id}/model", response_model=ModelSwitch,
+            responses={202: {"model": ModelSwitch, "description": "Queued behind the running turn."}})
+async def switch_model(conversation_id: str, body: SwitchModel, response: Response, user: CurrentUser,
+                       state: State, context: RequestContext) -> ModelSwitch:
+    """Switch the model under the turn lock (CE-12): 200 when it applied, 202 with `queued` when
+    it waits for the running turn (its row is written when it applies). `model_switch_refused`
+    (409) when a later pick superseded it, `model_unavailable` (400)."""
+    switch = await state.service.switch_model(user, conversation_id, body.model, context)
+    if switch.queued:
+        response.status_code = status.HTTP_202_ACCEPTED
+    return switch
+
+
+class LocalShell(_Body):
+    command: str = Field(min_length=1, description="A shell command, run in the conversation's directory.")
+
+
+class ShellOut(BaseModel):
+    exit_code: int | None
+    output: str = Field(description="What it printed (stdout and stderr), its last characters as recorded.")
+    recorded: bool
+
+
+@router.post("/conversations/{conversation_id}/shell", response_model=ShellOut)
+async def local_shell(conversation_id: str, body: LocalShell, user: CurrentUser, state: State,
+                      context: RequestContext) -> ShellOut:
+    """`!cmd`: run `command` on the server in the conversation's directory (its project's, or the
+    server's own) and record it as a row the model reads with the next message (CE-17)."""
+    conversation = await state.service.open(user, conversation_id, context)
+    process = await asyncio.create_subprocess_shell(
+        body.command, cwd=conversation.target.directory, stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+    output, _ = await process.communicate()
+    text = output.decode("utf-8", errors="replace")
+    recorded = await state.service.record_local_shell(user, conversation_id, body.command, process.returncode, text,
+                                                      context)
+    return ShellOut(exit_code=process.returncode, output=text[-SHELL_OUTPUT_CHARS:], recorded=recorded)
+
+
+@router.get("/projects", response_model=list[SwitchableProject])
+async def list_projects(user: CurrentUser, state: State) -> Sequence[SwitchableProject]:
+    """The projects a conversation may switch to (CE-21); `projects_file_invalid` (400)."""
+    return state.service.list_switchable_projects(user)
+
+
+class SelectProject(_Body):
+    execution_ref: str
+
+
+@router.put("/conversations/{conversation_id}/project", response_model=DirectoryMoved)
+async def select_project(conversation_id: str, body: SelectProject, user: CurrentUser, state: State,
+                         context: RequestContext) -> DirectoryMoved:
+    """Switch the conversation's tools to a listed project (CE-19 to CE-21).
+    `project_switch_refused` (409, with its `reason`) and nothing stored."""
+    return await state.service.select_project_execution(user, conversation_id, body.execution_ref, context)
+
+
+# -- approvals, the display read, images -----------------------------------------------------------
+
+
+@router.get("/conversations/{conversation_id}/approvals", response_model=list[PendingApproval])
+async def list_approvals(conversation_id: str, user: CurrentUser, state: State,
+                         context: RequestContext) -> list[PendingApproval]:
+    """The tool calls of this conversation waiting for an answer."""
+    await state.service.is_open(user, conversation_id, context)  # the owner check
+    return state.approvals.pending(conversation_id)
+
+
+class ApprovalAnswer(_Body):
+    allow: bool
+    for_session: bool = Field(default=False, description="Allow this tool for the rest of the conversation.")
+    reason: str | None = Field(default=None, max_length=2_000, description="Told to the model on a refusal.")
+
+
+@router.post("/conversations/{conversation_id}/approvals/{tool_call_id}", response_model=PendingApproval)
+async def answer_approval(conversation_id: str, tool_call_id: str, body: ApprovalAnswer, user: CurrentUser,
+                          state: State, context: RequestContext) -> PendingApproval:
+    """Answer a waiting call: the run goes on at once. `approval_not_found` (404)."""
+    await state.service.is_open(user, conversation_id, context)
+    return state.approvals.answer(conversation_id, tool_call_id,
+                                  Approval(allow=body.allow, for_session=body.for_session, reason=body.reason))
+
+
+@router.get("/conversations/{conversation_id}/display", response_model=DisplayPage)
+async def read_display(conversation_id: str, user: CurrentUser, state: State, context: RequestContext,
+                       before: str | None = None,
+                       limit: Annotated[int, Query(ge=1, le=MAX_DISPLAY_PAGE)] = DISPLAY_PAGE) -> DisplayPage:
+    """One page of the rows a screen draws, newest page first, rows oldest first (CE-24); pass
+    `next_before` as `before` for the older page. `unknown_entry` (404) for a `before` not in it."""
+    return await state.service.read_display(user, conversation_id, context, before=before, limit=limit)
+
+
+@router.get("/conversations/{conversation_id}/images/{ref}", response_class=Response,
+            responses={200: {"content": {"image/png": {}, "image/jpeg": {}, "image/gif": {}, "image/webp": {}}}})
+async def read_image(conversation_id: str, ref: str, user: CurrentUser, state: State,
+                     context: RequestContext) -> Response:
+    """A card's picture, to the conversation's owner only (CE-24); `image_not_found` (404)."""
+    image = await state.service.read_image(user, conversation_id, ref, context)
+    return Response(image.data, media_type=image.mime_type, headers={"Cache-Control": "private, max-age=31536000, "
+                                                                                      "immutable"})

@@ -14,8 +14,10 @@ from harness.context import Context
 from harness.conversation import Conversation, ConversationService
 from harness.messages import ImageContent, ModelIdentity
 from harness.runtime import AbortRequest, AcceptedRun
+from harness.server.approvals import Approvals
 from harness.server.drives import Drives
-from harness.session import LaneConfig
+from harness.server.errors import Unauthorized
+from harness.session import LaneConfig, Tokens
 
 HEARTBEAT_S = 15.0
 """How often a quiet event stream sends a heartbeat comment, so proxies keep it open."""
@@ -41,6 +43,21 @@ class LocalUser:
         return self.user
 
 
+@dataclass(frozen=True)
+class StoreTokens:
+    """Bearer tokens from the store (`harness token create USER`): each request's token is looked
+    up and its secret compared with the stored hash, so a revocation holds from the next request."""
+
+    tokens: Tokens
+
+    async def user_of(self, token: str | None, context: Context) -> str:
+        user = await self.tokens.user_of(token, context) if token else None
+        if user is None:
+            raise Unauthorized("a valid bearer token is needed: `Authorization: Bearer TOKEN`, from "
+                               "`harness token create USER`" if token is None else "this bearer token is not valid")
+        return user
+
+
 NewLane = Callable[[ModelIdentity | None], LaneConfig]
 """The main lane's configuration of a new conversation, given the model a request named (None:
 the server's default)."""
@@ -61,10 +78,14 @@ class ServerState:
     auth: Authenticator
     new_lane: NewLane
     options: ServerOptions = field(default_factory=ServerOptions)
+    approvals: Approvals = field(default_factory=Approvals)
+    """The pending tool approvals; the service's `before_tool` hook must be `approvals.hook` for
+    any call to wait here."""
     drives: Drives = field(init=False)
 
     def __post_init__(self) -> None:
         self.drives = Drives(self.service)
+        self.approvals.conversation_of = self.drives.conversation_of.get
 
     async def start_turn(self, user: str, conversation_id: str, text: str, context: Context, *,
                          images: Sequence[ImageContent] = ()) -> tuple[Conversation, AcceptedRun]:

@@ -117,12 +117,14 @@ from harness.session.session import (
     StoredValue,
 )
 from harness.session.store import Store, connect
+from harness.session.tokens import TOKEN_PREFIX, TokenInfo, TokenNotFound, Tokens
 
 __all__ = [
     "DATA_MIGRATIONS",
     "MAX_IMAGE_BYTES",
     "MAX_RECORD_BYTES",
     "PHASES_OF_KIND",
+    "TOKEN_PREFIX",
     "AbortCause",
     "AppendList",
     "AssistantEffectPending",
@@ -204,6 +206,9 @@ __all__ = [
     "SummaryPending",
     "SummaryRetryWait",
     "SummaryTask",
+    "TokenInfo",
+    "TokenNotFound",
+    "Tokens",
     "ToolBatch",
     "ToolCallState",
     "UnknownEntry",

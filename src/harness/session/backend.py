@@ -13,6 +13,7 @@ from typing import Literal, Protocol
 from harness.context import Context
 from harness.session.images import ImageStore
 from harness.session.migrations import DataMigration
+from harness.session.tokens import TokenTable
 
 
 @dataclass(frozen=True)
@@ -137,6 +138,11 @@ class Backend(Protocol):
     @property
     def images(self) -> ImageStore:
         """The store's images, kept beside its sessions (see `harness.session.images`)."""
+        ...
+
+    @property
+    def tokens(self) -> TokenTable:
+        """The store's bearer-token rows (see `harness.session.tokens`)."""
         ...
 
     async def create_session(self, info: SessionInfo, context: Context, writes: Sequence[Write] = ()) -> None:

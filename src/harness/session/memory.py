@@ -26,6 +26,7 @@ from harness.session.backend import (
 from harness.session.errors import InvalidWrite, OwnershipLost, SessionNotFound, SessionOwned, StoreClosed
 from harness.session.images import MemoryImages
 from harness.session.migrations import DataMigration
+from harness.session.tokens import MemoryTokens
 
 
 @dataclass
@@ -56,6 +57,7 @@ class MemoryBackend:
         self._applied_migrations: set[str] = set()
         self._closed = False
         self.images = MemoryImages()
+        self.tokens = MemoryTokens()
 
     def _session(self, session_id: str) -> _MemorySession:
         if self._closed:

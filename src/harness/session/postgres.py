@@ -54,6 +54,7 @@ from harness.session.errors import (
 )
 from harness.session.images import StoredImage, check_image, is_image_ref, stored_image
 from harness.session.migrations import DataMigration
+from harness.session.tokens import TokenInfo, TokenRow
 
 Connection = psycopg.AsyncConnection[TupleRow]
 
@@ -130,6 +131,16 @@ SCHEMA: tuple[tuple[int, tuple[str, ...]], ...] = (
             stored_at BIGINT NOT NULL
         )""",
     )),
+    # The bearer tokens of `harness serve` (harness.session.tokens): the secret's hash, never the secret.
+    (4, (
+        """CREATE TABLE tokens (
+            id TEXT COLLATE "C" PRIMARY KEY,
+            user_id TEXT COLLATE "C" NOT NULL,
+            digest TEXT COLLATE "C" NOT NULL,
+            created_at BIGINT NOT NULL,
+            revoked_at BIGINT
+        )""",
+    )),
 )
 
 _WALK = """
@@ -174,6 +185,7 @@ class PostgresBackend:
         self._claims: set[PostgresClaim] = set()
         self._closed = False
         self.images = PostgresImages(self)
+        self.tokens = PostgresTokens(self)
         # Test seam for crash tests: awaited inside the commit transaction, before COMMIT.
         self._commit_barrier: Callable[[], Awaitable[None]] | None = None
 
@@ -508,6 +520,40 @@ class PostgresImages:
         async with self._backend._connection() as conn:
             cur = await conn.execute("DELETE FROM images WHERE ref = %s AND stored_at <= %s", (ref, stored_by))
         return cur.rowcount > 0
+
+
+class PostgresTokens:
+    """Token rows in the store's `tokens` table: a revocation is seen by every process at once."""
+
+    def __init__(self, backend: PostgresBackend) -> None:
+        self._backend = backend
+
+    async def insert(self, row: TokenRow, context: Context) -> None:
+        info = row.info
+        async with self._backend._connection() as conn:
+            await conn.execute("INSERT INTO tokens (id, user_id, digest, created_at) VALUES (%s, %s, %s, %s)",
+                               (info.id, info.user, row.digest, info.created_at))
+
+    async def get(self, token_id: str, context: Context) -> TokenRow | None:
+        async with self._backend._connection() as conn:
+            found = await (await conn.execute(f"SELECT {_TOKEN_COLUMNS}, digest FROM tokens WHERE id = %s",
+                                              (token_id,))).fetchone()
+        return TokenRow(TokenInfo(*found[:4]), found[4]) if found is not None else None
+
+    async def list(self, context: Context) -> list[TokenInfo]:
+        async with self._backend._connection() as conn:
+            rows = await (await conn.execute(f"SELECT {_TOKEN_COLUMNS} FROM tokens ORDER BY created_at, id")).fetchall()
+        return [TokenInfo(*row) for row in rows]
+
+    async def revoke(self, token_id: str, revoked_at: int, context: Context) -> TokenInfo | None:
+        async with self._backend._connection() as conn:
+            found = await (await conn.execute(
+                f"UPDATE tokens SET revoked_at = coalesce(revoked_at, %s) WHERE id = %s RETURNING {_TOKEN_COLUMNS}",
+                (revoked_at, token_id))).fetchone()
+        return TokenInfo(*found) if found is not None else None
+
+
+_TOKEN_COLUMNS = "id, user_id, created_at, revoked_at"
 
 
 def driver_error(error: psycopg.OperationalError | psycopg.InterfaceError) -> HarnessError:

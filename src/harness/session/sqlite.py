@@ -57,6 +57,7 @@ from harness.session.errors import (
 )
 from harness.session.images import FolderImages
 from harness.session.migrations import DataMigration
+from harness.session.tokens import TokenInfo, TokenRow
 
 T = TypeVar("T")
 
@@ -121,6 +122,16 @@ SCHEMA: tuple[tuple[int, tuple[str, ...]], ...] = (
         "(SELECT max(timestamp) FROM entries WHERE entries.session_id = sessions.id), 0))",
     )),
     (3, commit_mark.SCHEMA_STEP),
+    # The bearer tokens of `harness serve` (harness.session.tokens): the secret's hash, never the secret.
+    (4, (
+        """CREATE TABLE tokens (
+            id TEXT PRIMARY KEY,
+            user_id TEXT NOT NULL,
+            digest TEXT NOT NULL,
+            created_at INTEGER NOT NULL,
+            revoked_at INTEGER
+        )""",
+    )),
 )
 
 # Payload columns are read as bytes and decoded here: sqlite3 would raise an untyped
@@ -259,6 +270,7 @@ class SqliteBackend:
                  identity: tuple[int, int]) -> None:
         self.path = path
         self.images = FolderImages(image_folder(path))
+        self.tokens = SqliteTokens(self)
         self._executor = executor
         self._db = connection
         self._mark = mark
@@ -689,3 +701,44 @@ def _apply(db: sqlite3.Connection, session_id: str, write: Write, seq: int, time
         case DeleteList():
             db.execute("DELETE FROM list_items WHERE session_id = ? AND namespace = ? AND key = ?",
                        (session_id, write.namespace, write.key))
+
+
+_TOKEN_COLUMNS = "id, user_id, created_at, revoked_at"
+
+
+class SqliteTokens:
+    """Token rows in the database's `tokens` table, on its thread like every other statement."""
+
+    def __init__(self, backend: SqliteBackend) -> None:
+        self._backend = backend
+
+    async def insert(self, row: TokenRow, context: Context) -> None:
+        info = row.info
+
+        def run(db: sqlite3.Connection) -> None:
+            db.execute("INSERT INTO tokens (id, user_id, digest, created_at) VALUES (?, ?, ?, ?)",
+                       (info.id, info.user, row.digest, info.created_at))
+
+        await self._backend._call(run)
+
+    async def get(self, token_id: str, context: Context) -> TokenRow | None:
+        def run(db: sqlite3.Connection) -> TokenRow | None:
+            found = db.execute(f"SELECT {_TOKEN_COLUMNS}, digest FROM tokens WHERE id = ?", (token_id,)).fetchone()
+            return TokenRow(TokenInfo(*found[:4]), found[4]) if found is not None else None
+
+        return await self._backend._call(run)
+
+    async def list(self, context: Context) -> list[TokenInfo]:
+        def run(db: sqlite3.Connection) -> list[TokenInfo]:
+            rows = db.execute(f"SELECT {_TOKEN_COLUMNS} FROM tokens ORDER BY created_at, id")
+            return [TokenInfo(*row) for row in rows]
+
+        return await self._backend._call(run)
+
+    async def revoke(self, token_id: str, revoked_at: int, context: Context) -> TokenInfo | None:
+        def run(db: sqlite3.Connection) -> TokenInfo | None:
+            found = db.execute(f"UPDATE tokens SET revoked_at = coalesce(revoked_at, ?) WHERE id = ? "
+                               f"RETURNING {_TOKEN_COLUMNS}", (revoked_at, token_id)).fetchone()
+            return TokenInfo(*found) if found is not None else None
+
+        return await self._backend._call(run)

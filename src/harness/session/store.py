@@ -28,6 +28,7 @@ from harness.session.memory import MemoryBackend
 from harness.session.migrations import DATA_MIGRATIONS, DataMigration
 from harness.session.records import LaneState
 from harness.session.session import Session, check_lane_name, encode, storable_identifier
+from harness.session.tokens import Tokens
 
 _FORK_PAGE = 1000
 T = TypeVar("T")
@@ -47,6 +48,11 @@ class Store:
     def images(self) -> ImageStore:
         """The images kept beside this store's sessions, by content (`harness.session.images`)."""
         return self.backend.images
+
+    @property
+    def tokens(self) -> Tokens:
+        """The bearer tokens of `harness serve`, stored hashed (`harness.session.tokens`)."""
+        return Tokens(self.backend.tokens)
 
     def _check_open(self) -> None:
         if self._closed:
