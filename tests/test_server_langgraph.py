@@ -31,6 +31,11 @@ async def store(tmp_path: object, ctx: Context) -> AsyncIterator[Store]:
     await opened.close()
 
 
+def ask(text: str) -> Any:
+    """A run's input: one human message."""
+    return {"messages": [{"role": "user", "content": text}]}
+
+
 def text_of(parts: list[StreamPart]) -> str:
     chunks = [part.data[0] for part in parts if part.event == "messages"]
     return "".join(chunk["content"] for chunk in chunks if chunk["type"] == "AIMessageChunk")
@@ -63,8 +68,8 @@ async def test_a_stream_cut_and_rejoined_gets_the_durable_log_once(store: Store)
         thread = await client.threads.create(metadata={"purpose": "test"})
         thread_id = thread["thread_id"]
         got: list[StreamPart] = []
-        await read_until(client.runs.stream(thread_id, "harness", input={"messages": [
-            {"role": "user", "content": "Tell me a long answer."}]}, stream_mode=MODES, stream_resumable=True),
+        await read_until(client.runs.stream(thread_id, "harness", input=ask("Tell me a long answer."),
+                                            stream_mode=MODES, stream_resumable=True),
             got, PARTS[0])
         run_id = got[0].data["run_id"]
         for gate, part in zip(gates, [PARTS[1], ""], strict=True):
@@ -100,7 +105,7 @@ async def test_cancel_is_a_durable_abort(store: Store) -> None:
     async with serving(served.app) as url:
         client = get_client(url=url, api_key=None)
         thread_id = (await client.threads.create())["thread_id"]
-        run = await client.runs.create(thread_id, "harness", input={"messages": [{"role": "user", "content": "Go"}]})
+        run = await client.runs.create(thread_id, "harness", input=ask("Go"))
         await wait.reached.wait()
         await client.runs.cancel(thread_id, run["run_id"], wait=True)
         after = await client.runs.get(thread_id, run["run_id"])
@@ -118,27 +123,25 @@ async def test_multitask_strategies_while_a_run_is_open(store: Store) -> None:
     first, second = delay(gates[0]), delay(gates[1])
     served = faux_app(store, [reply("One ", first, "done."), "The follow-up's answer.", reply("Two ", second, "cut."),
                               "Three."])
-    ask = {"messages": [{"role": "user", "content": "Go"}]}
     async with serving(served.app) as url:
         client = get_client(url=url, api_key=None)
         thread_id = (await client.threads.create())["thread_id"]
-        running = await client.runs.create(thread_id, "harness", input=ask)
+        running = await client.runs.create(thread_id, "harness", input=ask("Go"))
         await first.reached.wait()
         with pytest.raises(APIStatusError) as rejected:
-            await client.runs.create(thread_id, "harness", input=ask, multitask_strategy="reject")
+            await client.runs.create(thread_id, "harness", input=ask("Go"), multitask_strategy="reject")
         with pytest.raises(APIStatusError) as rolled_back:
-            await client.runs.create(thread_id, "harness", input=ask, multitask_strategy="rollback")
+            await client.runs.create(thread_id, "harness", input=ask("Go"), multitask_strategy="rollback")
         with pytest.raises(APIStatusError) as unsupported:
-            await client.runs.create(thread_id, "harness", input=ask, stream_mode="events")
-        enqueued = await client.runs.create(thread_id, "harness", input={"messages": [
-            {"role": "user", "content": "And then?"}]}, multitask_strategy="enqueue")
+            await client.runs.create(thread_id, "harness", input=ask("Go"), stream_mode="events")
+        enqueued = await client.runs.create(thread_id, "harness", input=ask("And then?"), multitask_strategy="enqueue")
         gates[0].set()
         await client.runs.join(thread_id, running["run_id"])
         after_enqueue = await client.threads.get_state(thread_id)
 
-        interrupted = await client.runs.create(thread_id, "harness", input=ask)
+        interrupted = await client.runs.create(thread_id, "harness", input=ask("Go"))
         await second.reached.wait()
-        replacing = await client.runs.create(thread_id, "harness", input=ask, multitask_strategy="interrupt")
+        replacing = await client.runs.create(thread_id, "harness", input=ask("Go"), multitask_strategy="interrupt")
         await client.runs.join(thread_id, replacing["run_id"])
         statuses = [(await client.runs.get(thread_id, run["run_id"]))["status"] for run in (interrupted, replacing)]
         listed = [run["run_id"] for run in await client.runs.list(thread_id)]
@@ -148,7 +151,8 @@ async def test_multitask_strategies_while_a_run_is_open(store: Store) -> None:
     assert (rolled_back.value.status_code, rolled_back.value.code) == (400, "rollback_unsupported")
     assert (unsupported.value.status_code, unsupported.value.code) == (400, "stream_mode_unsupported")
     assert enqueued["run_id"] == running["run_id"]
-    messages = after_enqueue["values"]["messages"]
+    values: Any = after_enqueue["values"]
+    messages = values["messages"]
     assert [(message["type"], message["content"]) for message in messages] == [
         ("human", "Go"), ("ai", "One done."), ("human", "And then?"), ("ai", "The follow-up's answer.")]
     assert statuses == ["interrupted", "success"]

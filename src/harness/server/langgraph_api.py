@@ -379,8 +379,10 @@ async def _sse(parts: AsyncGenerator[Part, None], heartbeat_s: float) -> AsyncIt
             pending = None
             yield format_sse_event(data_str=_json(part.data), event=part.event, id=part.id)
     finally:
-        if pending is not None:
+        # The generator cannot be closed while a step of it runs: end that step first.
+        if pending is not None and not pending.done():
             pending.cancel()
+            await asyncio.wait({pending})
         await parts.aclose()
 
 
@@ -586,7 +588,8 @@ async def join_run_stream(conversation_id: str, run_id: str, user: CurrentUser, 
     cursor = _cursor(last_event_id)
     conversation = await state.service.open(user, conversation_id, context)
     record = await _known(conversation, run_id, context)
-    modes = stream_modes(stream_mode) if stream_mode else tuple(record.stream_mode)
+    asked = [mode for mode in stream_mode or [] if mode]  # the client sends `stream_mode=` for none
+    modes = stream_modes(asked) if asked else tuple(record.stream_mode)
     return _event_stream(state, conversation, record, modes, cursor, context)
 
 
