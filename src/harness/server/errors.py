@@ -28,10 +28,11 @@ class Unauthorized(HarnessError):
 STATUS_BY_CODE: dict[str, int] = {
     **dict.fromkeys(["unauthorized"], 401),
     **dict.fromkeys(["session_not_found", "image_not_found", "unknown_entry", "unknown_lane", "garden_not_found",
-                     "goal_not_found", "job_not_found", "approval_not_found"], 404),
+                     "goal_not_found", "job_not_found", "approval_not_found", "assistant_not_found",
+                     "run_not_found"], 404),
     **dict.fromkeys(["lane_busy", "model_switch_refused", "session_owned", "no_active_operation", "not_a_run",
                      "conversation_ended", "project_switch_refused", "operation_mismatch", "nothing_to_resume",
-                     "operation_id_taken", "lane_exists", "garden_exists", "id_taken"], 409),
+                     "operation_id_taken", "lane_exists", "garden_exists", "id_taken", "thread_exists"], 409),
     **dict.fromkeys(["prompt_too_large", "record_too_large"], 413),
     **dict.fromkeys(["store_unavailable", "store_connection_lost", "store_closed", "harness_closed"], 503),
     **dict.fromkeys(["storage_corruption", "harness_fault", "ownership_lost", "storage_rolled_back", "store_full",

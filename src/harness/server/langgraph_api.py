@@ -1,0 +1,680 @@
+"""The LangGraph-compatible door: threads, runs and assistants as the LangGraph Agent Server serves
+them, so `langgraph_sdk.get_client(url=...)` works against `harness serve` (issue 16 item 6).
+
+A thread is a conversation (thread id = conversation id), a run one harness operation on its main
+lane (run id = operation id), and the one assistant the server's agent. What a run streams is
+rendered by `langgraph_wire` from the journal and the lane's watch, so a stream resumed with
+`Last-Event-ID` (after a dropped connection or a server restart) continues exactly where it was.
+The door keeps a small record per run beside the conversation (`langgraph.run`): the assistant,
+stream modes and strategy it was asked with, and the branch tip it started from.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
+from datetime import UTC, datetime
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Header, Query, Response, status
+from fastapi.sse import EventSourceResponse, format_sse_event
+from pydantic import BaseModel, ConfigDict, JsonValue
+
+from harness.context import Context
+from harness.conversation import MAIN_LANE, Conversation, ConversationWatch
+from harness.errors import HarnessError, InvalidInput
+from harness.messages import AssistantMessage, UserMessage
+from harness.runtime import EntryAdded, LaneBusy, LaneLastResult, MessageStart, MessageUpdate, RunEnd, WatchOverflow
+from harness.server.langgraph_wire import (
+    RUN_STATUS,
+    START,
+    Cursor,
+    EntryPlaced,
+    MultitaskStrategy,
+    Part,
+    RollbackUnsupported,
+    RunAccepted,
+    RunItem,
+    RunSettled,
+    RunStream,
+    StreamMode,
+    langchain_message,
+    multitask_strategy,
+    parse_event_id,
+    stream_modes,
+)
+from harness.server.state import CurrentUser, RequestContext, ServerState, State
+from harness.session import CompactionPayload, Entry, Session, addresses
+
+router = APIRouter(tags=["langgraph"])
+
+ASSISTANT_NAME = "harness"
+"""The graph id of the server's one agent; its assistant id is a UUID derived from it."""
+
+ASSISTANT_ID = str(uuid.uuid5(uuid.NAMESPACE_URL, "harness:assistant:" + ASSISTANT_NAME))
+
+
+class AssistantNotFound(HarnessError):
+    """No assistant has this id (nor this graph name); nothing was started. Details: `assistant_id`."""
+
+    code = "assistant_not_found"
+
+
+class RunNotFound(HarnessError):
+    """The thread has no run of this id made or seen by this door. Details: `run_id`."""
+
+    code = "run_not_found"
+
+
+class InputUnsupported(HarnessError):
+    """A run's input is not one or more human text messages (or it carries a `command`, which
+    answers a graph interrupt this door never raises); nothing was started."""
+
+    code = "input_unsupported"
+
+
+class ThreadIdUnsupported(HarnessError):
+    """`POST /threads` named a thread id that does not exist: conversation ids are minted by the
+    store; nothing was created."""
+
+    code = "thread_id_unsupported"
+
+
+class ThreadExists(HarnessError):
+    """`POST /threads` named a thread that exists, without `if_exists: do_nothing`; nothing changed."""
+
+    code = "thread_exists"
+
+
+class RunRecord(BaseModel):
+    """What this door keeps about one run, beside the conversation: what it was asked with, the
+    branch tip before it (`source_tip_id`) and, once seen settled, the lane's last result of it."""
+
+    model_config = ConfigDict(frozen=True)
+
+    run_id: str
+    assistant_id: str
+    stream_mode: list[StreamMode]
+    multitask_strategy: MultitaskStrategy
+    metadata: dict[str, JsonValue]
+    created_at: int
+    source_tip_id: str | None
+    result: LaneLastResult | None = None
+
+
+def _run_address(run_id: str) -> addresses.ValueAddress[RunRecord]:
+    return addresses.value_address("langgraph.run", run_id, RunRecord)
+
+
+THREAD_RUNS = addresses.value_address("langgraph.thread", "runs", list[str])
+"""The ids of the thread's runs made through this door, oldest first."""
+
+THREAD_METADATA = addresses.value_address("langgraph.thread", "metadata", dict[str, JsonValue])
+
+
+# -- request bodies ---------------------------------------------------------------------------------
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+class ThreadCreate(_Body):
+    thread_id: str | None = None
+    metadata: dict[str, JsonValue] | None = None
+    if_exists: Literal["raise", "do_nothing"] | None = None
+
+
+class ThreadSearch(_Body):
+    ids: list[str] | None = None
+    metadata: dict[str, JsonValue] | None = None
+    status: str | None = None
+    limit: int = 10
+    offset: int = 0
+
+
+class AssistantSearch(_Body):
+    graph_id: str | None = None
+    limit: int = 10
+    offset: int = 0
+
+
+class RunCreate(_Body):
+    assistant_id: str
+    input: dict[str, Any] | None = None
+    command: dict[str, Any] | None = None
+    stream_mode: str | list[str] | None = None
+    stream_resumable: bool = False
+    metadata: dict[str, JsonValue] | None = None
+    multitask_strategy: str | None = None
+    if_not_exists: Literal["create", "reject"] | None = None
+
+
+# -- wire objects ---------------------------------------------------------------------------------
+
+
+def _iso(ms: int) -> str:
+    return datetime.fromtimestamp(ms / 1000, tz=UTC).isoformat()
+
+
+def _assistant() -> dict[str, JsonValue]:
+    return {"assistant_id": ASSISTANT_ID, "graph_id": ASSISTANT_NAME, "name": ASSISTANT_NAME,
+            "description": "The agent of this harness server.", "config": {}, "context": {}, "metadata": {},
+            "version": 1, "created_at": _iso(0), "updated_at": _iso(0)}
+
+
+def _assistant_id(requested: str) -> str:
+    if requested not in (ASSISTANT_ID, ASSISTANT_NAME):
+        raise AssistantNotFound(f"no assistant {requested[:80]!r}; this server has {ASSISTANT_NAME!r} "
+                                f"({ASSISTANT_ID})", assistant_id=requested[:80])
+    return ASSISTANT_ID
+
+
+def _run_json(thread_id: str, record: RunRecord, run_status: str) -> dict[str, JsonValue]:
+    updated = record.result.ended_at if record.result is not None else record.created_at
+    return {"run_id": record.run_id, "thread_id": thread_id, "assistant_id": record.assistant_id,
+            "created_at": _iso(record.created_at), "updated_at": _iso(updated), "status": run_status,
+            "metadata": record.metadata, "multitask_strategy": record.multitask_strategy,
+            "kwargs": {"stream_mode": list(record.stream_mode)}}
+
+
+async def _thread_json(state: ServerState, user: str, thread_id: str, context: Context) -> dict[str, JsonValue]:
+    conversation = await state.service.open(user, thread_id, context)
+    watch = await conversation.watch(context)
+    watch.close()
+    snapshot = watch.snapshot
+    last = snapshot.last_result
+    thread_status = ("busy" if snapshot.operation is not None
+                     else "error" if last is not None and last.outcome == "failed"
+                     else "interrupted" if last is not None and last.outcome == "aborted" else "idle")
+    metadata = await conversation.harness.session.get(THREAD_METADATA, context) or {}
+    info = conversation.info
+    return {"thread_id": thread_id, "created_at": _iso(info.created_at), "updated_at": _iso(info.updated_at),
+            "metadata": metadata, "status": thread_status, "values": {"messages": _messages(snapshot.transcript)},
+            "interrupts": {}}
+
+
+def _messages(entries: Sequence[Entry]) -> list[JsonValue]:
+    return [message for entry in entries if (message := langchain_message(entry)) is not None]
+
+
+def _input_text(body: RunCreate) -> str:
+    """The text of the human messages a run's input carries, joined by blank lines."""
+    if body.command is not None:
+        raise InputUnsupported("a run command answers a graph interrupt, which this server never raises")
+    raw = (body.input or {}).get("messages")
+    messages = raw if isinstance(raw, list) else [raw] if raw is not None else []
+    texts = []
+    for message in messages:
+        if isinstance(message, str):
+            texts.append(message)
+            continue
+        kind = message.get("type", message.get("role")) if isinstance(message, dict) else None
+        content = message.get("content") if isinstance(message, dict) else None
+        if kind not in ("human", "user"):
+            raise InputUnsupported(f"a run takes human messages only, not {str(kind)[:40]!r}")
+        if isinstance(content, list):
+            content = "".join(str(block.get("text", "")) for block in content
+                              if isinstance(block, dict) and block.get("type") == "text")
+        if not isinstance(content, str):
+            raise InputUnsupported("a human message's content is text or a list of text blocks")
+        texts.append(content)
+    if not any(text.strip() for text in texts):
+        raise InputUnsupported("a run's input needs {'messages': [{'role': 'user', 'content': '...'}]}")
+    return "\n\n".join(texts)
+
+
+# -- runs -----------------------------------------------------------------------------------------
+
+
+class _Door:
+    """The door's state in one server: a lock per thread, so two requests of one thread record their
+    runs one after the other."""
+
+    def __init__(self) -> None:
+        self._locks: dict[str, asyncio.Lock] = {}
+
+    def lock(self, thread_id: str) -> asyncio.Lock:
+        return self._locks.setdefault(thread_id, asyncio.Lock())
+
+
+_doors: dict[int, _Door] = {}
+
+
+def _door(state: ServerState) -> _Door:
+    return _doors.setdefault(id(state), _Door())
+
+
+async def _record(session: Session, run_id: str, context: Context) -> RunRecord | None:
+    return await session.get(_run_address(run_id), context)
+
+
+async def _known(conversation: Conversation, run_id: str, context: Context) -> RunRecord:
+    """The door's record of `run_id`; for a run another door started that is still open, one made
+    now from its durable meta. Raises `RunNotFound`."""
+    session = conversation.harness.session
+    record = await _record(session, run_id, context)
+    if record is not None:
+        return record
+    meta = await session.get(addresses.operation_meta(run_id), context)
+    if meta is None or meta.lane != MAIN_LANE:
+        raise RunNotFound(f"thread {conversation.id} has no run {run_id[:80]!r}", run_id=run_id[:80])
+    return RunRecord(run_id=run_id, assistant_id=ASSISTANT_ID, stream_mode=["values"], multitask_strategy="reject",
+                     metadata={}, created_at=meta.started_at, source_tip_id=meta.source_tip_id)
+
+
+async def _settle_records(conversation: Conversation, context: Context) -> None:
+    """Write the lane's last result into the door's record of that run if it lacks it, so the run's
+    outcome outlives the next run (which replaces the lane's last result)."""
+    session = conversation.harness.session
+    last = await session.get(addresses.lane_last_result(MAIN_LANE), context)
+    if last is None or last.kind != "run":
+        return
+    record = await _record(session, last.operation_id, context)
+    if record is not None and record.result is None:
+        await conversation.harness.set_value(_run_address(record.run_id), record.model_copy(update={"result": last}),
+                                             context)
+
+
+async def _until_settled(conversation: Conversation, operation_id: str, context: Context) -> None:
+    """Return once `operation_id` is no longer the lane's current operation."""
+    watch = await conversation.watch(context)
+    try:
+        if watch.snapshot.operation is None or watch.snapshot.operation.id != operation_id:
+            return
+        async for event in watch:
+            if isinstance(event, RunEnd) and event.operation_id == operation_id:
+                return
+    finally:
+        watch.close()
+
+
+async def _create_run(state: ServerState, user: str, thread_id: str, body: RunCreate,
+                      context: Context) -> tuple[RunRecord, bool]:
+    """Take a run request on `user`'s thread: a new run driven by the server, or, for `enqueue`
+    while a run is open, its input as that run's follow-up (the open run's record is returned).
+    The second value says whether a new run was made. Everything is checked before any write."""
+    assistant_id = _assistant_id(body.assistant_id)
+    modes = stream_modes(body.stream_mode)
+    strategy = multitask_strategy(body.multitask_strategy)
+    text = _input_text(body)
+    conversation = await state.service.open(user, thread_id, context)
+    async with _door(state).lock(thread_id):
+        current = conversation.lane.info().operation
+        if current is not None:
+            if strategy == "reject":
+                raise LaneBusy(f"thread {thread_id} is running {current.id}; wait for it, or ask for multitask "
+                               f"strategy 'enqueue' or 'interrupt'", lane=MAIN_LANE, operation_id=current.id)
+            if strategy == "enqueue":
+                record = await _known(conversation, current.id, context)
+                await conversation.lane.follow_up(UserMessage(content=text), context)
+                return record, False
+            await conversation.lane.request_abort("user", context)
+            await _until_settled(conversation, current.id, context)
+        await _settle_records(conversation, context)
+        conversation, accepted = await state.service.admit(user, thread_id, text, context)
+        session = conversation.harness.session
+        meta = await session.get(addresses.operation_meta(accepted.operation_id), context)
+        record = RunRecord(run_id=accepted.operation_id, assistant_id=assistant_id, stream_mode=list(modes),
+                           multitask_strategy=strategy, metadata=body.metadata or {}, created_at=accepted.started_at,
+                           source_tip_id=meta.source_tip_id if meta is not None else None)
+        await conversation.harness.set_value(_run_address(record.run_id), record, context)
+        runs = await session.get(THREAD_RUNS, context) or []
+        await conversation.harness.set_value(THREAD_RUNS, [*runs, record.run_id], context)
+    # Driven only once its record is written: a stream always finds where the run began.
+    state.drives.start(conversation, MAIN_LANE, record.run_id)
+    return record, True
+
+
+async def _run_status(conversation: Conversation, record: RunRecord, context: Context) -> str:
+    info = conversation.lane.info()
+    if info.operation is not None and info.operation.id == record.run_id:
+        return "running"
+    result = record.result
+    if result is None:
+        last = await conversation.harness.session.get(addresses.lane_last_result(MAIN_LANE), context)
+        result = last if last is not None and last.operation_id == record.run_id else None
+    # A run whose end this door never saw (its outcome replaced by a later run of another door).
+    return RUN_STATUS[result.outcome] if result is not None else "error"
+
+
+# -- streaming ------------------------------------------------------------------------------------
+
+
+async def _branch_back(session: Session, tip: str | None, stop: str | None, context: Context, *,
+                       to_compaction: bool) -> list[Entry]:
+    """The branch entries from `tip` back to (not including) `stop`, or, `to_compaction`, to the newest
+    compaction entry (included), oldest first."""
+    entries: list[Entry] = []
+    before: str | None = tip
+    while before is not None and before != stop:
+        page = await session.read_branch(before, context, before=before)
+        for entry in page.entries:
+            if entry.id == stop:
+                return entries[::-1]
+            entries.append(entry)
+            if to_compaction and isinstance(entry.payload, CompactionPayload):
+                return entries[::-1]
+        before = page.next_before
+    return entries[::-1]
+
+
+async def _sse(parts: AsyncGenerator[Part, None], heartbeat_s: float) -> AsyncIterator[bytes]:
+    """`parts` in the SSE wire format, with a heartbeat comment after `heartbeat_s` of silence."""
+    iterator = parts.__aiter__()
+    pending: asyncio.Task[Part] | None = None
+    try:
+        while True:
+            pending = pending or asyncio.ensure_future(iterator.__anext__())
+            done, _ = await asyncio.wait({pending}, timeout=heartbeat_s)
+            if not done:
+                yield b": heartbeat\n\n"
+                continue
+            try:
+                part = pending.result()
+            except StopAsyncIteration:
+                return
+            pending = None
+            yield format_sse_event(data_str=_json(part.data), event=part.event, id=part.id)
+    finally:
+        # The generator cannot be closed while a step of it runs: end that step first.
+        if pending is not None and not pending.done():
+            pending.cancel()
+            await asyncio.wait({pending})
+        await parts.aclose()
+
+
+def _json(data: JsonValue) -> str:
+    return json.dumps(data, ensure_ascii=False, separators=(",", ":"))
+
+
+async def _run_parts(conversation: Conversation, record: RunRecord, modes: tuple[StreamMode, ...], cursor: Cursor,
+                     context: Context) -> AsyncGenerator[Part, None]:
+    """The parts of run `record` after `cursor`: those its journal holds, then, while it runs, the
+    live ones, until it settles (or the server stops or the client falls too far behind, when the
+    stream just ends and the client reconnects with its last id)."""
+    session = conversation.harness.session
+    watch: ConversationWatch = await conversation.watch(context)
+    try:
+        snapshot = watch.snapshot
+        running = snapshot.operation is not None and snapshot.operation.id == record.run_id
+        result = record.result
+        if result is None and not running and snapshot.last_result is not None \
+                and snapshot.last_result.operation_id == record.run_id:
+            result = snapshot.last_result
+        end_tip = snapshot.tip_id if running else result.tip_id if result is not None else record.source_tip_id
+        before = await _branch_back(session, record.source_tip_id, None, context, to_compaction=True)
+        stream = RunStream(run_id=record.run_id, thread_id=conversation.id, modes=modes, before=before, cursor=cursor)
+        items: list[RunItem] = [RunAccepted(), *[EntryPlaced(entry) for entry in await _branch_back(
+            session, end_tip, record.source_tip_id, context, to_compaction=False)]]
+        if not running:
+            items.append(RunSettled(result) if result is not None else RunSettled(_unknown_end(record)))
+        for item in items:
+            for part in stream.item(item):
+                yield part
+        if not running:
+            return
+        if snapshot.operation is not None and snapshot.operation.streaming_message is not None:
+            for part in stream.live(snapshot.operation.streaming_message):
+                yield part
+        try:
+            async for event in watch:
+                parts: list[Part] = []
+                if isinstance(event, EntryAdded) and event.lane == MAIN_LANE:
+                    parts = stream.item(EntryPlaced(event.entry))
+                elif isinstance(event, MessageStart | MessageUpdate) and event.lane == MAIN_LANE \
+                        and isinstance(event.message, AssistantMessage):
+                    parts = stream.live(event.message)
+                elif isinstance(event, RunEnd) and event.operation_id == record.run_id:
+                    parts = stream.item(RunSettled(event.result))
+                for part in parts:
+                    yield part
+                if stream.ended:
+                    return
+        except WatchOverflow:
+            return
+    finally:
+        watch.close()
+
+
+def _unknown_end(record: RunRecord) -> LaneLastResult:
+    return LaneLastResult(operation_id=record.run_id, kind="run", outcome="failed", tip_id=record.source_tip_id,
+                          started_at=record.created_at, ended_at=record.created_at)
+
+
+def _event_stream(state: ServerState, conversation: Conversation, record: RunRecord,
+                  modes: tuple[StreamMode, ...], cursor: Cursor, context: Context, *,
+                  headers: dict[str, str] | None = None) -> EventSourceResponse:
+    parts = _run_parts(conversation, record, modes, cursor, context)
+    return EventSourceResponse(_sse(parts, state.options.heartbeat_s), headers={"Cache-Control": "no-store",
+                                                                                  **(headers or {})})
+
+
+def _locations(thread_id: str, run_id: str) -> dict[str, str]:
+    # The client follows `Location` to rejoin a cut stream; `Content-Location` names the run made.
+    run = f"/threads/{thread_id}/runs/{run_id}"
+    return {"Location": f"{run}/stream", "Content-Location": run}
+
+
+def _cursor(last_event_id: str | None) -> Cursor:
+    return parse_event_id(last_event_id) if last_event_id else START
+
+
+# -- routes ---------------------------------------------------------------------------------------
+
+
+@router.get("/assistants/{assistant_id}")
+async def get_assistant(assistant_id: str, user: CurrentUser) -> dict[str, JsonValue]:
+    """The server's one assistant, by its id or graph name; 404 `assistant_not_found` otherwise."""
+    _assistant_id(assistant_id)
+    return _assistant()
+
+
+@router.post("/assistants/search")
+async def search_assistants(body: AssistantSearch, user: CurrentUser) -> list[dict[str, JsonValue]]:
+    found = [_assistant()] if body.graph_id in (None, ASSISTANT_NAME) else []
+    return found[body.offset:body.offset + body.limit]
+
+
+@router.post("/threads")
+async def create_thread(body: ThreadCreate, user: CurrentUser, state: State,
+                        context: RequestContext) -> dict[str, JsonValue]:
+    """A new thread: a new conversation of `user` on the server's default lane. A `thread_id` that
+    exists is answered by `if_exists` (`do_nothing`: that thread; else 409 `thread_exists`); one
+    that does not is refused (`thread_id_unsupported`): the store mints conversation ids."""
+    if body.thread_id is not None:
+        try:
+            existing = await _thread_json(state, user, body.thread_id, context)
+        except HarnessError as error:
+            if error.code not in ("session_not_found", "forbidden"):
+                raise
+            raise ThreadIdUnsupported("thread ids are minted by the server; create the thread without one",
+                                      thread_id=body.thread_id[:80]) from None
+        if body.if_exists == "do_nothing":
+            return existing
+        raise ThreadExists(f"thread {body.thread_id} exists", thread_id=body.thread_id[:80])
+    conversation = await state.service.create(user, state.new_lane(None), context)
+    if body.metadata:
+        await conversation.harness.set_value(THREAD_METADATA, body.metadata, context)
+    return await _thread_json(state, user, conversation.id, context)
+
+
+@router.get("/threads/{conversation_id}")
+async def get_thread(conversation_id: str, user: CurrentUser, state: State,
+                     context: RequestContext) -> dict[str, JsonValue]:
+    return await _thread_json(state, user, conversation_id, context)
+
+
+@router.get("/threads/{conversation_id}/state")
+async def get_thread_state(conversation_id: str, user: CurrentUser, state: State,
+                           context: RequestContext) -> dict[str, JsonValue]:
+    """The thread's messages (`values`) as a LangGraph thread state; there is no checkpoint history."""
+    thread = await _thread_json(state, user, conversation_id, context)
+    return {"values": thread["values"], "next": [], "tasks": [], "interrupts": [], "metadata": thread["metadata"],
+            "created_at": thread["updated_at"], "checkpoint": {"thread_id": conversation_id, "checkpoint_ns": "",
+                                                               "checkpoint_id": None},
+            "parent_checkpoint": None}
+
+
+@router.post("/threads/search")
+async def search_threads(body: ThreadSearch, user: CurrentUser, state: State,
+                         context: RequestContext) -> list[dict[str, JsonValue]]:
+    """`user`'s threads, most recently updated first, filtered by `ids`, `status` and `metadata`."""
+    found = []
+    for info in await state.service.list(user, context):
+        if body.ids is not None and info.id not in body.ids:
+            continue
+        thread = await _thread_json(state, user, info.id, context)
+        metadata = thread["metadata"] if isinstance(thread["metadata"], dict) else {}
+        if body.status is not None and thread["status"] != body.status:
+            continue
+        if body.metadata and any(metadata.get(key) != value for key, value in body.metadata.items()):
+            continue
+        found.append(thread)
+    return found[body.offset:body.offset + body.limit]
+
+
+@router.post("/threads/{conversation_id}/runs")
+async def create_run(conversation_id: str, body: RunCreate, response: Response, user: CurrentUser, state: State,
+                     context: RequestContext) -> dict[str, JsonValue]:
+    """A background run (see `stream_run` for the strategies); answers the run, `pending` or `running`."""
+    record, _ = await _create_run(state, user, conversation_id, body, context)
+    response.headers.update({"Content-Location": _locations(conversation_id, record.run_id)["Content-Location"]})
+    return _run_json(conversation_id, record, "running")
+
+
+@router.post("/threads/{conversation_id}/runs/stream")
+async def stream_run(conversation_id: str, body: RunCreate, user: CurrentUser, state: State,
+                     context: RequestContext) -> EventSourceResponse:
+    """Start a run and stream it (`Location` names its rejoinable stream). While the thread runs:
+    `reject` answers 409 `lane_busy`, `enqueue` makes the input a follow-up of the open run and
+    streams that run, `interrupt` aborts it durably and starts this one once it settled;
+    `rollback` is refused (`rollback_unsupported`). Every event has an `id:`."""
+    record, _ = await _create_run(state, user, conversation_id, body, context)
+    conversation = await state.service.open(user, conversation_id, context)
+    return _event_stream(state, conversation, record, stream_modes(body.stream_mode), START, context,
+                         headers=_locations(conversation_id, record.run_id))
+
+
+@router.get("/threads/{conversation_id}/runs")
+async def list_runs(conversation_id: str, user: CurrentUser, state: State, context: RequestContext,
+                    limit: int = 10, offset: int = 0) -> list[dict[str, JsonValue]]:
+    """The thread's runs made through this door, newest first."""
+    conversation = await state.service.open(user, conversation_id, context)
+    session = conversation.harness.session
+    runs = []
+    for run_id in reversed(await session.get(THREAD_RUNS, context) or []):
+        record = await _known(conversation, run_id, context)
+        runs.append(_run_json(conversation_id, record, await _run_status(conversation, record, context)))
+    return runs[offset:offset + limit]
+
+
+@router.get("/threads/{conversation_id}/runs/{run_id}")
+async def get_run(conversation_id: str, run_id: str, user: CurrentUser, state: State,
+                  context: RequestContext) -> dict[str, JsonValue]:
+    conversation = await state.service.open(user, conversation_id, context)
+    record = await _known(conversation, run_id, context)
+    return _run_json(conversation_id, record, await _run_status(conversation, record, context))
+
+
+@router.get("/threads/{conversation_id}/runs/{run_id}/stream")
+async def join_run_stream(conversation_id: str, run_id: str, user: CurrentUser, state: State,
+                          context: RequestContext, stream_mode: Annotated[list[str] | None, Query()] = None,
+                          last_event_id: Annotated[str | None, Header()] = None) -> EventSourceResponse:
+    """The run's stream after `Last-Event-ID` (all of it without one), in the modes it was made
+    with unless `stream_mode` asks for others; ends with `end` once the run settled."""
+    cursor = _cursor(last_event_id)
+    conversation = await state.service.open(user, conversation_id, context)
+    record = await _known(conversation, run_id, context)
+    asked = [mode for mode in stream_mode or [] if mode]  # the client sends `stream_mode=` for none
+    modes = stream_modes(asked) if asked else tuple(record.stream_mode)
+    return _event_stream(state, conversation, record, modes, cursor, context)
+
+
+@router.get("/threads/{conversation_id}/runs/{run_id}/join")
+async def join_run(conversation_id: str, run_id: str, user: CurrentUser, state: State,
+                   context: RequestContext) -> JsonValue:
+    """Wait for the run to settle; answers the thread's values then."""
+    conversation = await state.service.open(user, conversation_id, context)
+    await _known(conversation, run_id, context)
+    await _until_settled(conversation, run_id, context)
+    thread = await _thread_json(state, user, conversation_id, context)
+    return thread["values"]
+
+
+@router.post("/threads/{conversation_id}/runs/{run_id}/cancel")
+async def cancel_run(conversation_id: str, run_id: str, user: CurrentUser, state: State, context: RequestContext,
+                     wait: bool = False, action: str = "interrupt") -> Response:
+    """Stop the run with a durable abort (cause `user`): wherever it is driven it stops at its next
+    safe point and answers every open tool call. 202, or 204 after it settled with `wait`; a run
+    that already settled is left as it is. `action=rollback` is refused (`rollback_unsupported`)."""
+    if action == "rollback":
+        raise RollbackUnsupported("cancel action 'rollback' would delete the run; the harness keeps every run it "
+                                  "journaled: cancel with action 'interrupt'")
+    if action != "interrupt":
+        raise InvalidInput(f"unknown cancel action {action[:40]!r}; use 'interrupt'", action=action[:40])
+    conversation = await state.service.open(user, conversation_id, context)
+    await _known(conversation, run_id, context)
+    current = conversation.lane.info().operation
+    if current is not None and current.id == run_id:
+        await conversation.lane.request_abort("user", context)
+        if wait:
+            await _until_settled(conversation, run_id, context)
+    return Response(status_code=status.HTTP_204_NO_CONTENT if wait else status.HTTP_202_ACCEPTED)
+
+
+@router.get("/threads/{conversation_id}/stream")
+async def join_thread_stream(conversation_id: str, user: CurrentUser, state: State, context: RequestContext,
+                             last_event_id: Annotated[str | None, Header()] = None) -> EventSourceResponse:
+    """The thread's runs (made through this door) one after the other, each as its own stream
+    would carry it, with ids `{run_id}:{id}`: after `Last-Event-ID`, the rest of that run and every
+    later one; without it, from the open run (or the next one) on. Runs until the client leaves."""
+    conversation = await state.service.open(user, conversation_id, context)
+    start_run, cursor = None, START
+    if last_event_id:
+        start_run, _, rest = last_event_id.partition(":")
+        cursor = parse_event_id(rest)
+    return EventSourceResponse(_sse(_thread_parts(conversation, start_run, cursor, context),
+                                    state.options.heartbeat_s), headers={"Cache-Control": "no-store"})
+
+
+async def _thread_parts(conversation: Conversation, start_run: str | None, cursor: Cursor,
+                        context: Context) -> AsyncGenerator[Part, None]:
+    session = conversation.harness.session
+    done: set[str] = set()
+    runs = await session.get(THREAD_RUNS, context) or []
+    if start_run is not None:
+        if start_run not in runs:
+            raise RunNotFound(f"thread {conversation.id} has no run {start_run[:80]!r}", run_id=start_run[:80])
+        done.update(runs[:runs.index(start_run)])
+    else:
+        current = conversation.lane.info().operation
+        done.update(run for run in runs if current is None or run != current.id)
+    while True:
+        runs = await session.get(THREAD_RUNS, context) or []
+        todo = [run for run in runs if run not in done]
+        if not todo:
+            await _next_run(conversation, set(runs), context)
+            continue
+        run_id = todo[0]
+        done.add(run_id)
+        record = await _known(conversation, run_id, context)
+        async for part in _run_parts(conversation, record, tuple(record.stream_mode),
+                                     cursor if run_id == start_run else START, context):
+            yield Part(f"{run_id}:{part.id}", part.event, part.data)
+
+
+async def _next_run(conversation: Conversation, known: set[str], context: Context) -> None:
+    """Return once the thread's main lane starts an operation beyond `known` runs."""
+    watch = await conversation.watch(context)
+    try:
+        operation = watch.snapshot.operation
+        if operation is not None and operation.id not in known:
+            return
+        async for event in watch:
+            if isinstance(event, RunEnd | EntryAdded) and event.lane == MAIN_LANE:
+                return
+    finally:
+        watch.close()
