@@ -86,12 +86,13 @@ async def sse_events(client: httpx.AsyncClient, path: str, count: int, *, opened
 @asynccontextmanager
 async def serving(app: FastAPI) -> AsyncIterator[str]:
     """`app` served by uvicorn in this event loop on a free loopback port; yields its base URL.
-    Leaving stops the server (its lifespan's shutdown included)."""
+    Leaving stops the server (its lifespan's shutdown included), cutting streams still open (a
+    browser's watch) at once rather than after `STREAM_GRACE_S`."""
     listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     listener.bind(("127.0.0.1", 0))
     port = listener.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on", timeout_graceful_shutdown=0.1))
     task = asyncio.create_task(server.serve(sockets=[listener]))
     try:
         while not server.started:  # uvicorn sets a flag, not an event: poll it

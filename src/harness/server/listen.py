@@ -12,6 +12,10 @@ from harness.errors import HarnessError
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8765
+STREAM_GRACE_S = 3.0
+"""How long a stopping server lets open responses finish before it cuts them. Event streams never
+finish by themselves, so without a bound a watching browser tab would keep the server up; a cut
+client reconnects to the next server and resumes (`Last-Event-ID`, `resumeStream()`)."""
 
 
 class NoAuthNeedsLoopback(HarnessError):
@@ -41,7 +45,9 @@ def refuse_open_no_auth(host: str) -> None:
 
 
 async def serve(app: FastAPI, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT) -> None:
-    """Serve `app` with uvicorn until interrupted (Ctrl-C or SIGTERM end it cleanly: the app's
-    shutdown halts its drives so the next server finishes them)."""
-    config = uvicorn.Config(app, host=host, port=port, log_level="info", lifespan="on")
+    """Serve `app` with uvicorn until interrupted (Ctrl-C or SIGTERM end it cleanly: open event
+    streams are cut after `STREAM_GRACE_S`, then the app's shutdown halts its drives so the next
+    server finishes them)."""
+    config = uvicorn.Config(app, host=host, port=port, log_level="info", lifespan="on",
+                            timeout_graceful_shutdown=STREAM_GRACE_S)
     await uvicorn.Server(config).serve()
