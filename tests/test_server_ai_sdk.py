@@ -19,6 +19,7 @@ from drive_helpers import FAUX, ProbeTool, within
 from harness.context import Context
 from harness.conversation import chat_event_rows
 from harness.providers.faux import FauxReply, delay, reply, tool_call
+from harness.server import Approvals
 from harness.session import Store, connect
 from server_helpers import USER, Served, asgi_client, faux_app, serving
 
@@ -153,15 +154,30 @@ def node_modules(node: str) -> None:
     subprocess.run([npm, "ci", "--no-audit", "--no-fund"], cwd=JS, check=True, capture_output=True, timeout=300)
 
 
+def node() -> str:
+    """Node with tests/js's packages installed; the test is skipped on a machine without Node."""
+    found = shutil.which("node")
+    if found is None:
+        pytest.skip("node is not on this machine: the AI SDK client tests need Node 20 or later")
+    node_modules(found)
+    return found
+
+
+async def run_client(script: str, url: str, conversation_id: str, during: Awaitable[None] | None = None) -> Any:
+    """Run tests/js/`script` against the server at `url` (awaiting `during` alongside); its printed JSON."""
+    client = await asyncio.create_subprocess_exec(node(), str(JS / script), url, conversation_id, cwd=JS,
+                                                  stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    (out, err), _ = await within(asyncio.gather(client.communicate(), during or asyncio.sleep(0)), 60)
+    assert client.returncode == 0, err.decode()
+    return json.loads(out)
+
+
 async def test_the_ai_sdk_client_resumes_a_dropped_reply_into_one_message_with_nothing_twice(
         store: Store, ctx: Context) -> None:
     """Issue 16 item 5: `DefaultChatTransport` sends, the connection drops mid-reply, `resumeStream()`
     replays the turn from its start: one assistant message, no text twice, the tool row and both
     event rows (one placed before the drop, one after) once, and a resume after the end gets 204."""
-    node = shutil.which("node")
-    if node is None:
-        pytest.skip("node is not on this machine: the AI SDK client test needs Node 20 or later")
-    node_modules(node)
+    node()
     probe = ProbeTool()
     release, resumed = asyncio.Event(), asyncio.Event()
     pause = delay(release)
@@ -183,16 +199,11 @@ async def test_the_ai_sdk_client_resumes_a_dropped_reply_into_one_message_with_n
         release.set()
 
     async with serving(served.app) as url:
-        client = await asyncio.create_subprocess_exec(node, str(JS / "resume_chat.mjs"), url, conversation_id,
-                                                      cwd=JS, stdout=asyncio.subprocess.PIPE,
-                                                      stderr=asyncio.subprocess.PIPE)
-        (out, err), _ = await within(asyncio.gather(client.communicate(), turn()), 60)
+        chat = await run_client("resume_chat.mjs", url, conversation_id, turn())
         conversation = await served.service.open(USER, conversation_id, ctx)
         watch = await conversation.watch(ctx)
         watch.close()
 
-    assert client.returncode == 0, err.decode()
-    chat = json.loads(out)
     assert chat["afterDrop"]["status"] == "error"
     assert chat["afterResume"] == {"status": "ready", "errors": chat["afterDrop"]["errors"]}
     user, assistant = chat["messages"]
@@ -208,3 +219,42 @@ async def test_the_ai_sdk_client_resumes_a_dropped_reply_into_one_message_with_n
     journal_rows = chat_event_rows(watch.snapshot.transcript)
     assert [row["id"] for row in rows] == [row.id for row in journal_rows]
     assert [row["data"]["details"]["command"] for row in rows] == ["ls", "pwd"]
+
+
+async def test_the_ai_sdk_client_approves_and_denies_a_waiting_call_and_the_reply_finishes(
+        store: Store, ctx: Context) -> None:
+    """Issue 16 item 5: a call waiting for approval ends its stream with `tool-approval-request`;
+    the real client's `addToolApprovalResponse` with `sendAutomaticallyWhen` posts the assistant
+    message with the answer, the server answers the waiting call, and the stream goes on with the
+    same message: approved, the tool runs and the reply finishes; denied, it never runs and the
+    model reads the person's reason."""
+    node()
+    probe = ProbeTool()
+    served = faux_app(store, [reply(tool_call("probe", {"key": "a"})), reply("Found it."),
+                              reply(tool_call("probe", {"key": "b"})), reply("Understood.")],
+                      tools=[probe], approvals=Approvals(gated=frozenset({"probe"})))
+    conversation_id = await new_conversation(served, ctx)
+
+    async with serving(served.app) as url:
+        chat = await run_client("approve_chat.mjs", url, conversation_id)
+
+    assert chat["errors"] == []
+    approved, denied = chat["approved"], chat["denied"]
+    for answered in (approved, denied):
+        assert answered["paused"]["status"] == "ready"
+        assert answered["paused"]["tool"]["type"] == "tool-probe"
+        assert answered["paused"]["tool"]["approval"]["id"] == answered["paused"]["tool"]["toolCallId"]
+        assert (answered["finishReason"], answered["status"]) == ("stop", "ready")
+    assert probe.runs == [{"key": "a"}]
+    messages = chat["messages"]
+    assert [(m["role"], m["id"]) for m in messages[1::2]] == [
+        ("assistant", approved["paused"]["messageId"]), ("assistant", denied["paused"]["messageId"])]
+    first, second = messages[1]["parts"], messages[3]["parts"]
+    ran = [p for p in first if p["type"] == "tool-probe"]
+    refused = [p for p in second if p["type"] == "tool-probe"]
+    assert [(p["state"], p["input"], p["output"]) for p in ran] == [("output-available", {"key": "a"}, "probe:a")]
+    assert [(p["state"], p["input"]) for p in refused] == [("output-error", {"key": "b"})]
+    assert "not that one" in refused[0]["errorText"]
+    assert [p["text"] for p in first + second if p["type"] == "text"] == ["Found it.", "Understood."]
+    told = served.faux.requests[-1].request.messages[-1]
+    assert "not that one" in str(told)

@@ -3,32 +3,11 @@
 // resume with resumeStream(), and print the chat as JSON for the pytest test to check.
 //
 // usage: node resume_chat.mjs BASE_URL CONVERSATION_ID
-import { AbstractChat, DefaultChatTransport } from 'ai';
+import { DefaultChatTransport } from 'ai';
+
+import { Chat } from './chat.mjs';
 
 const [base, chatId] = process.argv.slice(2);
-
-// The chat state a UI framework would hold; here plain arrays, and a callback on each change.
-class ChatState {
-  status = 'ready';
-  error = undefined;
-  messages = [];
-  onChange = () => {};
-  pushMessage = message => { this.messages = [...this.messages, message]; this.onChange(); };
-  popMessage = () => { this.messages = this.messages.slice(0, -1); this.onChange(); };
-  replaceMessage = (index, message) => {
-    this.messages = this.messages.map((old, i) => (i === index ? message : old));
-    this.onChange();
-  };
-  snapshot = value => structuredClone(value);
-}
-
-class Chat extends AbstractChat {
-  constructor(options) {
-    const state = new ChatState();
-    super({ ...options, state });
-    this.chatState = state;
-  }
-}
 
 // A fetch whose response body can be broken from here, as a dropped connection breaks it.
 let drop = () => { throw new Error('no stream to drop'); };
@@ -64,21 +43,13 @@ const chat = new Chat({
   onError: error => errors.push(error.message),
 });
 
-function until(condition) {
-  return new Promise(resolve => {
-    const check = () => { if (condition()) { chat.chatState.onChange = () => {}; resolve(); } };
-    chat.chatState.onChange = check;
-    check();
-  });
-}
-
 const replyText = () => {
   const last = chat.lastMessage;
   return last?.role === 'assistant' ? last.parts.filter(p => p.type === 'text').map(p => p.text).join('') : '';
 };
 
 const sending = chat.sendMessage({ text: 'look it up' });
-await until(() => replyText().includes('First half.'));
+await chat.until(() => replyText().includes('First half.'));
 drop();
 await sending;
 const afterDrop = { status: chat.status, errors: [...errors] };

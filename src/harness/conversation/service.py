@@ -9,6 +9,7 @@ conversation's owner (`Forbidden`, nothing changed).
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field, replace
@@ -225,14 +226,31 @@ class ConversationWatch:
 
     def __init__(self, watch: LaneWatch) -> None:
         self._watch = watch
+        self._deliveries = watch.__aiter__()
+        self._ready: deque[ConversationEvent] = deque()  # events of a delivery not yet read
         self.snapshot: LaneSnapshot = watch.snapshot
         self.rows = chat_event_rows(watch.snapshot.transcript)
         self.delegations: list[DelegationView] = delegation_rows(watch.snapshot.transcript)
 
-    async def __aiter__(self) -> AsyncIterator[ConversationEvent]:
-        async for delivery in self._watch:
-            for event in conversation_events(delivery.event):
-                yield event
+    def __aiter__(self) -> ConversationWatch:
+        return self
+
+    async def __anext__(self) -> ConversationEvent:
+        while not self._ready:
+            delivery = await anext(self._deliveries)
+            self._ready.extend(conversation_events(delivery.event))
+        return self._ready.popleft()
+
+    def buffered(self) -> list[ConversationEvent]:
+        """Take the events already delivered and not yet read, in order, without waiting. Events
+        reach a watch as they are committed, so a reader that merges the watch with a source told
+        synchronously by the run (the server's approvals) reads these first and keeps the order
+        in which things happened."""
+        for delivery in self._watch.buffered():
+            self._ready.extend(conversation_events(delivery.event))
+        taken = list(self._ready)
+        self._ready.clear()
+        return taken
 
     def close(self) -> None:
         self._watch.close()

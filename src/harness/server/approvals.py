@@ -73,9 +73,10 @@ class Approvals:
         return lambda: self._listeners.remove(listener)
 
     def pending(self, conversation_id: str) -> list[PendingApproval]:
-        """The calls of `conversation_id` waiting for an answer, oldest first."""
+        """The calls of `conversation_id` waiting for an answer, oldest first (an answered call
+        waits no more, even before its run has taken the answer)."""
         return [waiting.pending for waiting in self._waiting.values()
-                if waiting.pending.conversation_id == conversation_id]
+                if waiting.pending.conversation_id == conversation_id and not waiting.answer.done()]
 
     def answer(self, conversation_id: str, tool_call_id: str, answer: Approval) -> PendingApproval:
         """Answer the waiting call `tool_call_id` of `conversation_id`: the run goes on at once.

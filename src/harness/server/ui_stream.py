@@ -6,10 +6,18 @@ is the conversation's id.
 
 A run is one UI message whose id is the run's operation id, so a client that resumes the stream
 replaces the message it has instead of adding a second one. `RunParts` turns the run into parts:
-first what the lane snapshot holds (the run's entries, the streaming reply, the running tools), then
-every live event. It remembers what it has sent, so a replay followed by live events never repeats a
-text delta, a tool row or an event row. A step (`start-step`) is opened only by its first part, so a
-replay and a live stream of the same run build the same message.
+first what the lane snapshot holds (the run's entries, the streaming reply, the running tools, the
+calls waiting for approval), then every live event and approval. It remembers what it has sent, so a
+replay followed by live events never repeats a text delta, a tool row, an approval request or an
+event row. A step (`start-step`) is opened only by its first part, so a replay and a live stream of
+the same run build the same message.
+
+A tool call that waits for the owner's approval is a `tool-approval-request` part (its `approvalId`
+is the tool call id), and once nothing else of the run is in flight the stream ends there (`finish`
+with reason `tool-calls`), as the protocol expects: the client answers with its next request, whose
+newest message is that assistant message with the answer on the tool part (`addToolApprovalResponse`
+then `sendMessage()`, or `sendAutomaticallyWhen`), and that request's stream goes on with the same
+message. The run itself waits on the server all along; the approval routes answer it too.
 """
 
 from __future__ import annotations
@@ -20,20 +28,25 @@ import json
 from base64 import b64decode
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
-from typing import Literal, TypeAlias
+from typing import Any, Literal, TypeAlias
 
 from fastapi import APIRouter, Response, status
 from fastapi.sse import KEEPALIVE_COMMENT, EventSourceResponse, format_sse_event
 from pydantic import BaseModel, ConfigDict, JsonValue
 
+from harness.context import Context
 from harness.conversation import (
     MAIN_LANE,
     ChatEventPublished,
+    Conversation,
     ConversationEvent,
     ConversationWatch,
+    DelegationFinished,
     Forbidden,
     MessageBlocksPublished,
+    SenderRow,
     conversation_events,
+    display_rows,
     public_error,
 )
 from harness.errors import HarnessError, InvalidInput
@@ -63,9 +76,11 @@ from harness.runtime import (
     TurnEnd,
     TurnStart,
 )
+from harness.server.approvals import ApprovalChange, ApprovalNotFound, PendingApproval
 from harness.server.errors import not_found
-from harness.server.state import CurrentUser, RequestContext, State
-from harness.session import Entry, MessagePayload, SessionNotFound, addresses
+from harness.server.state import CurrentUser, RequestContext, ServerState, State
+from harness.session import CustomMessagePayload, Entry, MessagePayload, SessionNotFound, addresses
+from harness.tools import Approval
 
 UI_MESSAGE_STREAM_HEADERS: dict[str, str] = {"x-vercel-ai-ui-message-stream": "v1"}
 """The header that tells an AI SDK client the body is a UI message stream of protocol v1."""
@@ -92,11 +107,13 @@ class _Block:
 class RunParts:
     """The parts of run `operation_id` of one lane, in the order a client applies them.
 
-    Feed it `replay(snapshot, source_tip_id)` to send a run in progress from its start, then
-    `translate(event)` for each later event of the conversation's watch; a stream that starts with
-    the run feeds only `translate`, from before the run's `run_start`. Events of other runs, and
-    everything after the run's end, give no parts. `finished` is True once the run's end was
-    translated: the stream's last part (`finish`, or `abort` for a stopped run) is out.
+    Feed it `replay(snapshot, source_tip_id, waiting)` to send a run in progress from its start,
+    then `translate(event)` for each later event of the conversation's watch and `approval(change)`
+    for each later change of the server's approvals; a stream that starts with the run feeds only
+    those two, from before the run's `run_start`. Events of other runs, and everything after the
+    stream's end, give no parts. `finished` is True once the stream's last part is out: the run's
+    end (`finish`, or `abort` for a stopped run), or a pause (`finish` with reason `tool-calls`)
+    when the run waits for an approval this stream asked for and no tool of it is running.
     """
 
     def __init__(self, lane: str, operation_id: str) -> None:
@@ -116,14 +133,20 @@ class RunParts:
         self._awaiting: set[str] = set()  # tool calls of the last reply still without a result
         self._rows: set[str] = set()  # data parts sent, by part id
         self._replies: set[str] = set()  # assistant entries sent, by entry id
+        self._running: set[str] = set()  # tool calls started and not ended
+        self._asked: set[str] = set()  # tool calls whose approval request was sent
+        self._to_ask: set[str] = set()  # tool calls waiting for approval whose input is not yet sent
+        self._waiting: set[str] = set()  # asked and not answered: the run waits for the person
         self._stop_reason: StopReason | None = None
 
     # -- the two inputs ---------------------------------------------------------------------------
 
-    def replay(self, snapshot: LaneSnapshot, source_tip_id: str | None) -> list[UiPart]:
+    def replay(self, snapshot: LaneSnapshot, source_tip_id: str | None,
+               waiting: Sequence[PendingApproval] = ()) -> list[UiPart]:
         """The parts of the run as `snapshot` shows it, from the message's `start`: its entries
         (those after `source_tip_id`, the tip the run was accepted on; the whole compaction-bounded
-        transcript when that tip is no longer in it), its streaming reply and running tools.
+        transcript when that tip is no longer in it), its streaming reply and running tools, and an
+        approval request for each of its calls in `waiting` (then the pause, when nothing runs).
         Raises `InvalidInput` when the snapshot's operation is not this run."""
         operation = snapshot.operation
         if operation is None or operation.id != self.operation_id:
@@ -141,14 +164,32 @@ class RunParts:
             self._assistant(operation.streaming_message, final=False)
         for tool in operation.running_tools:
             self._tool_input(tool.tool_call_id, tool.tool_name, tool.args)
+            self._running.add(tool.tool_call_id)
             if tool.partial_result is not None:
                 self._emit({"type": "tool-output-available", "toolCallId": tool.tool_call_id,
                             "output": tool.partial_result, "preliminary": True})
+        for pending in waiting:
+            if pending.operation_id == self.operation_id:
+                self._ask(pending.tool_call_id)
         return self._take()
 
     def translate(self, event: ConversationEvent) -> list[UiPart]:
         """The parts `event` adds to the run; none for another lane's or run's event."""
         self._event(event)
+        return self._take()
+
+    def approval(self, change: ApprovalChange) -> list[UiPart]:
+        """The parts a change of the server's approvals adds to the run: `tool-approval-request`
+        when one of its calls starts waiting, after that call's input. An answer adds nothing (the
+        call's output, or its refusal as an error output, follows as without approval), but a run
+        that no longer waits is not paused."""
+        call = change.pending.tool_call_id
+        if self.started and not self.finished and change.pending.operation_id == self.operation_id:
+            if change.answer is None:
+                self._ask(call)
+            else:
+                self._to_ask.discard(call)
+                self._waiting.discard(call)
         return self._take()
 
     def _event(self, event: ConversationEvent) -> None:
@@ -163,6 +204,8 @@ class RunParts:
                 self._row("data-chat-event", event.row.id, event.row.model_dump(mode="json"))
             case MessageBlocksPublished():
                 self._row("data-message-blocks", event.row.id, event.row.model_dump(mode="json"))
+            case DelegationFinished():
+                self._row("data-delegation", event.row.id, event.row.model_dump(mode="json"))
             case MessageStart() | MessageUpdate() if isinstance(event.message, AssistantMessage):
                 if isinstance(event, MessageStart):
                     self._blocks = []
@@ -185,11 +228,13 @@ class RunParts:
                 self._retrying = True
             case ToolStart() if event.operation_id == self.operation_id:
                 self._tool_input(event.tool_call_id, event.tool_name, event.args)
+                self._running.add(event.tool_call_id)
             case ToolUpdate() if event.operation_id == self.operation_id:
                 if event.tool_call_id not in self._outputs:
                     self._emit({"type": "tool-output-available", "toolCallId": event.tool_call_id,
                                 "output": event.partial_result, "preliminary": True})
             case ToolEnd() if event.operation_id == self.operation_id:
+                self._running.discard(event.tool_call_id)
                 self._tool_output(event.result)
             case TurnEnd() if event.operation_id == self.operation_id:
                 self._end_step()
@@ -217,10 +262,16 @@ class RunParts:
         self.finished = True
 
     def _entry(self, entry: Entry) -> None:
-        """A placed entry: a reply not yet sent as it ended (a replay's), a tool result, or a steer
-        (a user message after the run's first reply). A chat-event row or a blocks entry comes as
-        its own published event, before this one."""
+        """A placed entry: a reply not yet sent as it ended (a replay's), a tool result, a steer
+        (a user message after the run's first reply), or a message from another sender (a
+        garden's), shaped as the display read shows it. A chat-event row, a blocks entry or a
+        delegation row comes as its own published event, before this one."""
         payload = entry.payload
+        if isinstance(payload, CustomMessagePayload):
+            for row in display_rows([entry]):
+                if isinstance(row, SenderRow):
+                    self._row("data-sender-message", entry.id, row.model_dump(mode="json"))
+            return
         if not isinstance(payload, MessagePayload):
             return
         message = payload.message
@@ -286,9 +337,25 @@ class RunParts:
             self._emit({"type": "tool-input-start", "toolCallId": tool_call_id, "toolName": tool_name})
         self._emit({"type": "tool-input-available", "toolCallId": tool_call_id, "toolName": tool_name,
                     "input": args})
+        if tool_call_id in self._to_ask:
+            self._ask(tool_call_id)
+
+    def _ask(self, tool_call_id: str) -> None:
+        if tool_call_id in self._asked or tool_call_id in self._outputs:
+            return
+        if tool_call_id not in self._inputs:
+            # The approval is asked on the drive's side; the reply that made the call may still be
+            # on its way in the watch: the request follows the call's input.
+            self._to_ask.add(tool_call_id)
+            return
+        self._to_ask.discard(tool_call_id)
+        self._asked.add(tool_call_id)
+        self._waiting.add(tool_call_id)
+        self._emit({"type": "tool-approval-request", "approvalId": tool_call_id, "toolCallId": tool_call_id})
 
     def _tool_output(self, result: ToolResultMessage) -> None:
         self._awaiting.discard(result.tool_call_id)
+        self._waiting.discard(result.tool_call_id)
         if result.tool_call_id in self._outputs or result.tool_call_id not in self._inputs:
             return
         self._outputs.add(result.tool_call_id)
@@ -320,6 +387,11 @@ class RunParts:
         self._parts.append(part)
 
     def _take(self) -> list[UiPart]:
+        if self._waiting and not self._running and not self.finished:
+            # The run waits for the person: the client answers with its next request.
+            self._end_step()
+            self._emit({"type": "finish", "finishReason": "tool-calls"})
+            self.finished = True
         parts, self._parts = self._parts, []
         return parts
 
@@ -342,7 +414,8 @@ def _user_parts(message: UserMessage) -> list[JsonValue]:
 
 class UiMessageIn(BaseModel):
     """A message as the client holds it: its `parts` are read by `prompt_of` (text, and images as
-    `file` parts with a base64 `data:` URL); other part types are kept by the client and ignored."""
+    `file` parts with a base64 `data:` URL) and `approval_answers` (tool parts in state
+    `approval-responded`); other part types are kept by the client and ignored."""
 
     model_config = ConfigDict(extra="allow")
 
@@ -353,7 +426,7 @@ class UiMessageIn(BaseModel):
 
 class ChatRequest(BaseModel):
     """The body `DefaultChatTransport` posts: the chat `id` (a conversation id), the chat's
-    `messages`, the `trigger` and the `messageId` a regeneration names."""
+    `messages`, the `trigger` and the `messageId` a regeneration or an approval answer names."""
 
     model_config = ConfigDict(extra="allow")
 
@@ -398,6 +471,59 @@ def _image_of(part: dict[str, JsonValue]) -> ImageContent:
     return ImageContent(data=data, mime_type=media_type)
 
 
+def approval_answers(message: UiMessageIn) -> dict[str, Approval]:
+    """The approval answers an assistant message carries, by approval id (the tool call id): its
+    tool parts (`tool-NAME` or `dynamic-tool`) in state `approval-responded`, each with
+    `approval: {id, approved, reason?}`. Raises `InvalidInput` when it carries none, or one
+    without an id or a boolean `approved`."""
+    answers: dict[str, Approval] = {}
+    for part in message.parts:
+        kind = part.get("type")
+        if not (isinstance(kind, str) and kind.startswith(("tool-", "dynamic-tool"))
+                and part.get("state") == "approval-responded"):
+            continue
+        approval = part.get("approval")
+        if not isinstance(approval, dict) or not isinstance(approval.get("id"), str) \
+                or not isinstance(approval.get("approved"), bool):
+            raise InvalidInput("an answered approval needs its id and whether it is approved",
+                               tool_call_id=str(part.get("toolCallId"))[:80])
+        reason = approval.get("reason")
+        answers[str(approval["id"])] = Approval(allow=bool(approval["approved"]),
+                                                reason=reason if isinstance(reason, str) and reason else None)
+    if not answers:
+        raise InvalidInput("the newest message is the assistant's but answers no approval: send the "
+                           "person's message, or the assistant message with a tool part in state "
+                           "approval-responded", message_id=message.id[:80])
+    return answers
+
+
+def unseen(parts: Sequence[UiPart], message: UiMessageIn) -> list[UiPart]:
+    """The parts of a replay that `message` (the assistant message the client continues) does not
+    hold yet, for a stream that goes on with it: the `start`, final tool outputs, approval
+    requests, data parts and steers it lacks. Its text, reasoning and tool inputs are what they
+    were when its stream paused: a run waiting for approval writes none."""
+    held: dict[tuple[str, str], JsonValue] = {}
+    for part in message.parts:
+        kind, state = part.get("type"), part.get("state")
+        if isinstance(call := part.get("toolCallId"), str):
+            held[("tool", call)] = state
+        elif isinstance(kind, str) and isinstance(part_id := part.get("id"), str):
+            held[(kind, part_id)] = True
+
+    def lacks(part: UiPart) -> bool:
+        kind, call, part_id = part["type"], part.get("toolCallId"), part.get("id")
+        if kind in ("tool-output-available", "tool-output-error") and isinstance(call, str):
+            return not part.get("preliminary") and held.get(("tool", call), "output-available") not in (
+                "output-available", "output-error", "output-denied")
+        if kind == "tool-approval-request" and isinstance(call, str):
+            return held.get(("tool", call)) in ("input-streaming", "input-available")
+        if isinstance(kind, str) and (kind.startswith("data-") or kind == "steering-message"):
+            return isinstance(part_id, str) and (kind, part_id) not in held
+        return kind == "start"
+
+    return [part for part in parts if lacks(part)]
+
+
 # -- the routes -------------------------------------------------------------------------------------
 
 router = APIRouter(prefix="/api/chat", tags=["ai-sdk ui message stream"])
@@ -418,50 +544,81 @@ _SSE: dict[str, dict[str, str]] = {"text/event-stream": {}}
 @router.post("", responses={200: {"description": "The turn's parts.", "content": _SSE}})
 async def send(body: ChatRequest, user: CurrentUser, state: State, context: RequestContext) -> Response:
     """Start a turn of conversation `body.id` with the newest message (the person's) and stream the
-    reply as UI message stream parts, ending with `data: [DONE]`. The turn is the server's: a client
-    that goes away stops only its stream (resume it with `GET /api/chat/{id}/stream`). Errors, before
-    anything streams: 400 `invalid_input` (no text or image, a regeneration), 404 for a missing
-    conversation or another user's, 409 `lane_busy` while a turn runs, 413 `prompt_too_large`."""
+    reply as UI message stream parts, ending with `data: [DONE]`; or, when the newest message is
+    the assistant message of a run waiting for approval with the answers on its tool parts (see
+    `approval_answers`), answer those calls and stream the rest of that message. The turn is the
+    server's: a client that goes away stops only its stream (resume it with `GET
+    /api/chat/{id}/stream`). Errors, before anything streams: 400 `invalid_input` (no text or
+    image, no answer, a regeneration), 404 for a missing conversation or another user's, 404
+    `approval_not_found` for an answer no call waits for (none is answered then), 409 `lane_busy`
+    while a turn runs, 413 `prompt_too_large`."""
     if body.trigger != "submit-message":
         raise InvalidInput("regenerating a reply is not offered: send a new message", trigger=body.trigger)
-    text, images = prompt_of(body.messages)
+    newest = body.messages[-1] if body.messages else None
+    answers = approval_answers(newest) if newest is not None and newest.role == "assistant" else None
+    text, images = prompt_of(body.messages) if answers is None else ("", [])
     try:
         conversation = await state.service.open(user, body.id, context)
     except (Forbidden, SessionNotFound):
         return not_found(body.id)
-    # Watch before the turn is accepted, so its `run_start` is among the watched events.
-    watch = await conversation.watch(context)
+    # Watch before the turn is accepted or the calls answered, so what follows is all watched.
+    sources = _Sources(state, body.id, await conversation.watch(context))
     try:
-        _, accepted = await state.start_turn(user, body.id, text, context, images=images)
+        if newest is not None and answers is not None:
+            parts = RunParts(MAIN_LANE, newest.id)
+            first = await _answer(state, conversation, sources.watch.snapshot, parts, answers, newest, context)
+        else:
+            _, accepted = await state.start_turn(user, body.id, text, context, images=images)
+            parts, first = RunParts(MAIN_LANE, accepted.operation_id), []
     except BaseException:
-        watch.close()
+        sources.close()
         raise
-    parts = RunParts(MAIN_LANE, accepted.operation_id)
-    return EventSourceResponse(_stream(watch, parts, [], state.options.heartbeat_s), headers=_STREAM_HEADERS)
+    return EventSourceResponse(_stream(sources, parts, first, state.options.heartbeat_s), headers=_STREAM_HEADERS)
+
+
+async def _answer(state: ServerState, conversation: Conversation, snapshot: LaneSnapshot, parts: RunParts,
+                  answers: dict[str, Approval], message: UiMessageIn, context: Context) -> list[UiPart]:
+    """Answer the calls of run `message.id` that `answers` names, all or none, and return the
+    parts of the run `message` lacks (the replay of `snapshot`, the watch's, as far as it is new
+    to the client)."""
+    meta = await conversation.harness.session.get(addresses.operation_meta(message.id), context)
+    waiting = {pending.tool_call_id: pending for pending in state.approvals.pending(conversation.id)
+               if pending.operation_id == message.id}
+    unknown = [approval_id for approval_id in answers if approval_id not in waiting]
+    if unknown:
+        raise ApprovalNotFound(f"no call {unknown[0][:80]!r} of run {message.id[:80]!r} waits for approval",
+                               tool_call_id=unknown[0][:80])
+    for approval_id, answer in answers.items():
+        state.approvals.answer(conversation.id, approval_id, answer)
+    replayed = parts.replay(snapshot, meta.source_tip_id if meta is not None else None,
+                            state.approvals.pending(conversation.id))
+    return unseen(replayed, message)
 
 
 @router.get("/{conversation_id}/stream", responses={
     200: {"description": "The turn's parts from its start.", "content": _SSE},
     204: {"description": "No turn is in progress."}})
 async def resume(conversation_id: str, user: CurrentUser, state: State, context: RequestContext) -> Response:
-    """The turn in progress, replayed from its start (its durable entries, the streaming reply and
-    the running tools as the lane's snapshot holds them) and then live, as one message with the same
-    id as the stream that started it; 204 when no turn is in progress. 404 for a missing
-    conversation or another user's."""
+    """The turn in progress, replayed from its start (its durable entries, the streaming reply, the
+    running tools and the calls waiting for approval as the lane's snapshot and the server hold
+    them) and then live, as one message with the same id as the stream that started it; 204 when
+    no turn is in progress. 404 for a missing conversation or another user's."""
     conversation = await state.service.open(user, conversation_id, context)
-    watch = await conversation.watch(context)
-    operation = watch.snapshot.operation
+    sources = _Sources(state, conversation_id, await conversation.watch(context))
+    snapshot = sources.watch.snapshot
+    operation = snapshot.operation
     if operation is None or operation.kind != "run":
-        watch.close()
+        sources.close()
         return Response(status_code=status.HTTP_204_NO_CONTENT)
     try:
         meta = await conversation.harness.session.get(addresses.operation_meta(operation.id), context)
         parts = RunParts(MAIN_LANE, operation.id)
-        first = parts.replay(watch.snapshot, meta.source_tip_id if meta is not None else None)
+        first = parts.replay(snapshot, meta.source_tip_id if meta is not None else None,
+                             state.approvals.pending(conversation_id))
     except BaseException:
-        watch.close()
+        sources.close()
         raise
-    return EventSourceResponse(_stream(watch, parts, first, state.options.heartbeat_s), headers=_STREAM_HEADERS)
+    return EventSourceResponse(_stream(sources, parts, first, state.options.heartbeat_s), headers=_STREAM_HEADERS)
 
 
 @router.post("/{conversation_id}/stop", status_code=status.HTTP_202_ACCEPTED, response_model=StopOut)
@@ -473,35 +630,69 @@ async def stop(conversation_id: str, user: CurrentUser, state: State, context: R
     return StopOut(operation_id=request.operation_id, requested=request.newly_requested)
 
 
-async def _stream(watch: ConversationWatch, parts: RunParts, first: list[UiPart],
+class _Sources:
+    """What one stream reads: the conversation's watch and the changes of its approvals, both
+    subscribed before anything is read, so nothing between them is missed."""
+
+    def __init__(self, state: ServerState, conversation_id: str, watch: ConversationWatch) -> None:
+        self.watch = watch
+        self.changes: asyncio.Queue[ApprovalChange] = asyncio.Queue()
+
+        def on_change(change: ApprovalChange) -> None:
+            if change.pending.conversation_id == conversation_id:
+                self.changes.put_nowait(change)
+
+        self._stop_listening = state.approvals.listen(on_change)
+
+    def close(self) -> None:
+        self._stop_listening()
+        self.watch.close()
+
+
+async def _stream(sources: _Sources, parts: RunParts, first: list[UiPart],
                   heartbeat_s: float) -> AsyncIterator[bytes]:
-    """`first`, then the parts of each watched event until the run ends, then `[DONE]`; a comment
-    every `heartbeat_s` of quiet. A watch that fails (a slow client overflowed it, the harness
-    stopped) ends the stream with an `error` part. The watch is closed however the stream ends,
-    also when the client goes away."""
-    events = watch.__aiter__()
-    pending: asyncio.Future[ConversationEvent] | None = None
+    """`first`, then the parts of each watched event and approval change until the stream's end
+    (the run's, or its pause for an approval), then `[DONE]`; a comment every `heartbeat_s` of
+    quiet. A watch that fails (a slow client overflowed it, the harness stopped) ends the stream
+    with an `error` part. The sources are closed however the stream ends, also when the client
+    goes away."""
+    watch = sources.watch
+    event: asyncio.Future[ConversationEvent] = asyncio.ensure_future(anext(watch))
+    change: asyncio.Future[ApprovalChange] = asyncio.ensure_future(sources.changes.get())
     try:
         for part in first:
             yield _sse(part)
         while not parts.finished:
-            pending = asyncio.ensure_future(anext(events))
-            while not (await asyncio.wait({pending}, timeout=heartbeat_s))[0]:
+            sources_ready: set[asyncio.Future[Any]] = {event, change}
+            done, _ = await asyncio.wait(sources_ready, timeout=heartbeat_s, return_when=asyncio.FIRST_COMPLETED)
+            if not done:
                 yield KEEPALIVE_COMMENT
-            try:
-                event = pending.result()
-            except StopAsyncIteration:
-                break
-            except HarnessError as error:
-                yield _sse({"type": "error", "errorText": error.message})
-                break
-            for part in parts.translate(event):
-                yield _sse(part)
+            elif event in done:
+                try:
+                    translated = parts.translate(event.result())
+                except StopAsyncIteration:
+                    break
+                except HarnessError as error:
+                    yield _sse({"type": "error", "errorText": error.message})
+                    break
+                for part in translated:
+                    yield _sse(part)
+                event = asyncio.ensure_future(anext(watch))
+            else:
+                # An approval changes synchronously with the run, so every event committed before
+                # it is already in the watch's buffer: those go first (a tool that ran before it
+                # was asked, the reply that made the call).
+                for earlier in watch.buffered():
+                    for part in parts.translate(earlier):
+                        yield _sse(part)
+                for part in parts.approval(change.result()):
+                    yield _sse(part)
+                change = asyncio.ensure_future(sources.changes.get())
         yield format_sse_event(data_str=DONE)
     finally:
-        if pending is not None:
-            pending.cancel()
-        watch.close()
+        event.cancel()
+        change.cancel()
+        sources.close()
 
 
 def _sse(part: UiPart) -> bytes:
