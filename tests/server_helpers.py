@@ -37,11 +37,12 @@ class Served:
 
 def faux_app(store: Store, script: FauxScript = (), *, auth: Authenticator | None = None,
              tools: Sequence[OffersTool] = (), approvals: Approvals | None = None,
-             options: ServerOptions | None = None) -> Served:
+             options: ServerOptions | None = None, drive: DriveSettings | None = None) -> Served:
     """The app over a faux service answering `script`, with `tools` (their calls waiting for
-    `approvals` when given); every request is `USER` unless `auth` says otherwise."""
+    `approvals` when given), driven with `drive` (default: no frame interval); every request is
+    `USER` unless `auth` says otherwise."""
     hooks = RunHooks(before_tool=approvals.hook) if approvals is not None else RunHooks()
-    setup = ConversationSetup(drive=DriveSettings(frame_interval_s=0), hooks=hooks)
+    setup = ConversationSetup(drive=drive or DriveSettings(frame_interval_s=0), hooks=hooks)
     service, faux = faux_service(store, script, tools=tools, setup=setup)
 
     def new_lane(model: ModelIdentity | None) -> LaneConfig:

@@ -17,8 +17,10 @@ import pytest
 
 from drive_helpers import FAUX, ProbeTool, within
 from harness.context import Context
-from harness.conversation import chat_event_rows
-from harness.providers.faux import FauxReply, delay, reply, tool_call
+from harness.conversation import GardenMessage, chat_event_rows
+from harness.messages import UserMessage
+from harness.providers.faux import FauxReply, delay, failure, reply, tool_call
+from harness.runtime import DriveSettings, RetryPolicy
 from harness.server import Approvals
 from harness.session import Store, connect
 from server_helpers import USER, Served, asgi_client, faux_app, serving
@@ -258,3 +260,41 @@ async def test_the_ai_sdk_client_approves_and_denies_a_waiting_call_and_the_repl
     assert [p["text"] for p in first + second if p["type"] == "text"] == ["Found it.", "Understood."]
     told = served.faux.requests[-1].request.messages[-1]
     assert "not that one" in str(told)
+
+
+async def test_the_ai_sdk_client_takes_a_retried_step_a_steer_and_a_garden_message_in_one_message(
+        store: Store, ctx: Context) -> None:
+    """Issue 16 item 5: `reset-step` (a failed attempt that is retried), `steering-message` and a
+    `data-sender-message` are parts ai@7.0.173's chunk schema takes: the retried attempt's text is
+    gone, the steer and the garden's message are in the message once, and nothing failed."""
+    probe = ProbeTool()
+    quick = DriveSettings(frame_interval_s=0, retry=RetryPolicy(base_delay_ms=1))
+    served = faux_app(store, [failure("retryable", "overloaded", "Half an ans"),
+                              reply("Looking. ", tool_call("probe", {"key": "a"})), reply("Found probe:a.")],
+                      tools=[probe], drive=quick)
+    conversation_id = await new_conversation(served, ctx)
+    gate = probe.gate("a")
+    said = GardenMessage(garden="allotment", kind="reply", emission_id="e1", goal_id="g1", run_id="r1",
+                         text="The beans are up.")
+
+    async def turn() -> None:
+        await probe.wait_started("a")
+        conversation = await served.service.open(USER, conversation_id, ctx)
+        await conversation.lane.steer(UserMessage(content="and be brief"), ctx)
+        await served.service.post_garden_message(USER, conversation_id, said, ctx)
+        gate.set()
+
+    async with serving(served.app) as url:
+        chat = await run_client("send_chat.mjs", url, conversation_id, turn())
+
+    assert (chat["status"], chat["errors"]) == ("ready", [])
+    assert {"reset-step", "steering-message", "data-sender-message"} <= set(chat["sent"])
+    parts = chat["messages"][1]["parts"]
+    assert [p["type"] for p in parts] == ["step-start", "text", "tool-probe", "steering-message",
+                                          "data-sender-message", "step-start", "text"]
+    assert [p["text"] for p in parts if p["type"] == "text"] == ["Looking. ", "Found probe:a."]
+    steer, garden = parts[3], parts[4]
+    assert steer["parts"] == [{"type": "text", "text": "and be brief"}]
+    assert garden["data"]["sender"] == "garden"
+    assert garden["data"]["text"].endswith("The beans are up.")
+    assert garden["id"] == garden["data"]["id"]
