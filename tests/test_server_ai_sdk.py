@@ -21,7 +21,7 @@ from harness.conversation import GardenMessage, chat_event_rows
 from harness.messages import UserMessage
 from harness.providers.faux import FauxReply, delay, failure, reply, tool_call
 from harness.runtime import DriveSettings, RetryPolicy
-from harness.server import Approvals
+from harness.server import Approvals, PendingApproval
 from harness.session import Store, connect
 from server_helpers import USER, Served, asgi_client, faux_app, serving
 
@@ -126,6 +126,121 @@ async def test_a_chat_request_that_cannot_start_a_turn_is_400_and_writes_nothing
     assert answer.status_code == 400
     assert answer.json()["code"] == "invalid_input"
     assert served.faux.requests == []
+
+
+def kinds_of(parts: list[Any]) -> list[str]:
+    """The part types, one per run of text deltas."""
+    kinds = [p if isinstance(p, str) else p["type"] for p in parts]
+    return [kind for i, kind in enumerate(kinds) if kind != "text-delta" or kinds[i - 1] != kind]
+
+
+def answer_body(conversation_id: str, message_id: str, tool_call_id: str, approval: dict[str, Any]) -> dict[str, Any]:
+    """What `addToolApprovalResponse` then `sendMessage()` post: the chat with the assistant
+    message last, its tool part answered with `approval`."""
+    tool = {"type": "tool-probe", "toolCallId": tool_call_id, "state": "approval-responded", "input": {"key": "a"},
+            "approval": approval}
+    return {**chat_body(conversation_id), "messageId": message_id, "messages": [
+        *chat_body(conversation_id)["messages"],
+        {"id": message_id, "role": "assistant", "parts": [{"type": "step-start"}, tool]}]}
+
+
+async def asked(approvals: Approvals, conversation_id: str) -> PendingApproval:
+    """The conversation's first call waiting for approval, once one waits."""
+    changed = asyncio.Event()
+    remove = approvals.listen(lambda change: changed.set())
+    try:
+        while not approvals.pending(conversation_id):
+            await within(changed.wait())
+            changed.clear()
+    finally:
+        remove()
+    return approvals.pending(conversation_id)[0]
+
+
+async def test_a_call_waiting_for_approval_pauses_its_stream_and_the_answer_streams_the_rest_of_the_message(
+        store: Store, ctx: Context) -> None:
+    """Issue 16 item 5: the request follows the call's input and the stream ends there (`finish`,
+    `tool-calls`), live and resumed; the assistant message posted back with the answer on its tool
+    part runs the call and streams only what the client lacks, under the same message id."""
+    approvals, probe = Approvals(gated=frozenset({"probe"})), ProbeTool()
+    served = faux_app(store, [reply("Checking. ", tool_call("probe", {"key": "a"})), reply("Found it.")],
+                      tools=[probe], approvals=approvals)
+    conversation_id = await new_conversation(served, ctx)
+    async with asgi_client(served.app) as client:
+        sent = await client.post("/api/chat", json=chat_body(conversation_id))
+        resumed = await client.get(f"/api/chat/{conversation_id}/stream")
+        [pending] = approvals.pending(conversation_id)
+        message_id = parts_of(sent.text)[0]["messageId"]
+        answered = await client.post("/api/chat", json=answer_body(
+            conversation_id, message_id, pending.tool_call_id, {"id": pending.tool_call_id, "approved": True}))
+        idle = await client.get(f"/api/chat/{conversation_id}/stream")
+
+    paused = parts_of(sent.text)
+    assert kinds_of(paused) == ["start", "start-step", "text-start", "text-delta", "tool-input-start",
+                                "tool-input-available", "text-end", "tool-approval-request", "finish-step", "finish",
+                                "[DONE]"]
+    assert paused[-4] == {"type": "tool-approval-request", "approvalId": pending.tool_call_id,
+                          "toolCallId": pending.tool_call_id}
+    assert paused[-2] == {"type": "finish", "finishReason": "tool-calls"}
+    assert kinds_of(parts_of(resumed.text)) == kinds_of(paused)
+    rest = parts_of(answered.text)
+    assert answered.status_code == 200
+    assert rest[0] == {"type": "start", "messageId": message_id}
+    assert kinds_of(rest) == ["start", "tool-output-available", "finish-step", "start-step", "text-start",
+                              "text-delta", "text-end", "finish-step", "finish", "[DONE]"]
+    assert rest[1] == {"type": "tool-output-available", "toolCallId": pending.tool_call_id, "output": "probe:a"}
+    assert probe.runs == [{"key": "a"}]
+    assert idle.status_code == 204
+
+
+@pytest.mark.parametrize(("approval", "status", "code"), [
+    ({"id": "no-such-call", "approved": True}, 404, "approval_not_found"),
+    ({"id": None, "approved": True}, 400, "invalid_input"),
+    ({"approved": "yes"}, 400, "invalid_input"),
+])
+async def test_an_answer_no_call_waits_for_is_refused_and_answers_nothing(
+        store: Store, ctx: Context, approval: dict[str, Any], status: int, code: str) -> None:
+    approvals, probe = Approvals(gated=frozenset({"probe"})), ProbeTool()
+    served = faux_app(store, [reply(tool_call("probe", {"key": "a"})), reply("never")], tools=[probe],
+                      approvals=approvals)
+    conversation_id = await new_conversation(served, ctx)
+    async with asgi_client(served.app) as client:
+        sent = await client.post("/api/chat", json=chat_body(conversation_id))
+        [pending] = approvals.pending(conversation_id)
+        message_id = parts_of(sent.text)[0]["messageId"]
+        body = answer_body(conversation_id, message_id, pending.tool_call_id, {"id": pending.tool_call_id, **approval})
+        refused = await client.post("/api/chat", json=body)
+        user, assistant = body["messages"]
+        silent = {**assistant, "parts": [{"type": "text", "text": "no answer here"}]}
+        unanswered = await client.post("/api/chat", json={**body, "messages": [user, silent]})
+
+        assert (refused.status_code, refused.json()["code"]) == (status, code)
+        assert (unanswered.status_code, unanswered.json()["code"]) == (400, "invalid_input")
+        assert approvals.pending(conversation_id) == [pending]
+        assert probe.runs == []
+        assert len(served.faux.requests) == 1
+
+
+async def test_a_call_asked_while_another_runs_pauses_the_stream_only_once_that_one_ended(
+        store: Store, ctx: Context) -> None:
+    """The client answers with its next request once every call of the step has an output or an
+    answer, so a stream pauses only when nothing of its run is running."""
+    approvals, probe, write = Approvals(gated=frozenset({"write"})), ProbeTool(), ProbeTool("write")
+    hold = probe.gate("slow")
+    served = faux_app(store, [reply(tool_call("probe", {"key": "slow"}), tool_call("write", {"key": "b"}))],
+                      tools=[probe, write], approvals=approvals)
+    conversation_id = await new_conversation(served, ctx)
+    async with asgi_client(served.app) as client:
+        sending = asyncio.create_task(client.post("/api/chat", json=chat_body(conversation_id)))
+        pending = await asked(approvals, conversation_id)
+        hold.set()
+        sent = await within(sending)
+
+    parts = parts_of(sent.text)
+    assert kinds_of(parts)[-6:] == ["tool-input-available", "tool-approval-request", "tool-output-available",
+                                    "finish-step", "finish", "[DONE]"]
+    assert (parts[-5]["toolCallId"], parts[-4]["toolCallId"]) == (pending.tool_call_id, parts[3]["toolCallId"])
+    assert pending.tool_name == "write"
 
 
 class SignalOnResume:

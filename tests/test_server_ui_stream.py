@@ -14,7 +14,15 @@ import pytest
 from conversation_helpers import faux_service
 from drive_helpers import FAUX, ProbeTool, within
 from harness.context import Context
-from harness.conversation import ConversationService, ConversationSetup, conversation_events
+from harness.conversation import (
+    GARDEN_MESSAGE_TYPE,
+    AgentDefinition,
+    AgentRegistry,
+    ConversationService,
+    ConversationSetup,
+    GardenMessage,
+    conversation_events,
+)
 from harness.errors import InvalidInput
 from harness.messages import UserMessage
 from harness.providers.faux import FauxReply, delay, failure, reply, thinking, tool_call
@@ -83,6 +91,8 @@ class ClientMessage:
             starts = [i for i, p in enumerate(self.parts) if p["type"] == "step-start"]
             del self.parts[starts[-1] + 1:]
             self._open.clear()
+        elif kind == "tool-approval-request":
+            self._tool(part["toolCallId"]).update(state="approval-requested", approval={"id": part["approvalId"]})
         elif kind == "steering-message" or kind.startswith("data-"):
             self.parts.append(part)
         elif kind in ("finish", "abort", "error"):
@@ -274,3 +284,40 @@ def test_the_prompt_is_the_newest_user_messages_text_and_images() -> None:
 def test_a_prompt_that_is_not_a_persons_text_or_image_is_refused(messages: list[UiMessageIn]) -> None:
     with pytest.raises(InvalidInput):
         prompt_of(messages)
+
+
+async def test_a_delegation_finish_and_a_garden_message_during_a_run_are_data_parts_live_and_from_every_resume(
+        store: Store, ctx: Context) -> None:
+    """A background child that finishes while its parent's batch runs is a `data-delegation` part,
+    and a garden's message a `data-sender-message` part (the display read's row), each with its
+    entry id as part id; resuming from the snapshot at any event gives the same message."""
+    probe = ProbeTool()
+    hold = probe.gate("slow")
+    writer = AgentDefinition(name="writer", description="writes things", instructions="WRITER: write it down.")
+    parent = [reply(tool_call("delegate", {"agent": "writer", "task": "Quick one", "background": True}),
+                    tool_call("probe", {"key": "slow"})), reply("Both done.")]
+    setup = ConversationSetup(drive=DriveSettings(frame_interval_s=0), agents=AgentRegistry([writer]))
+    conversations, _ = faux_service(
+        store, lambda asked: "Quick answer." if (asked.request.system_prompt or "").startswith("WRITER:")
+        else parent.pop(0), tools=[probe], setup=setup)
+    said = GardenMessage(garden="allotment", kind="reply", emission_id="e1", goal_id="g1", run_id="r1",
+                         text="The beans are up.")
+
+    async def during(conversation: Any) -> None:
+        await probe.wait_started("slow")
+        await within(conversation.delegation.wait_background())
+        await conversations.post_garden_message(ALICE, conversation.id, said, ctx)
+        hold.set()
+
+    snapshot, events, operation_id = await record_run(
+        conversations, ctx, "go", during, LaneConfig(model=FAUX, active_tools=["probe", "delegate"]))
+    live = assert_every_resume_builds_the_live_message(snapshot, events, operation_id)
+    await conversations.close_all(ctx)
+
+    rows = [part for part in live.parts if part["type"].startswith("data-")]
+    assert [part["type"] for part in rows] == ["data-delegation", "data-sender-message"]
+    delegation, garden = rows
+    assert delegation["id"] == delegation["data"]["id"]
+    assert delegation["data"]["finish"]["agent"] == "writer"
+    assert garden["id"] == garden["data"]["id"]
+    assert (garden["data"]["sender"], garden["data"]["custom_type"]) == ("garden", GARDEN_MESSAGE_TYPE)
