@@ -26,8 +26,8 @@ import pytest
 
 from drive_helpers import ProbeTool
 from harness.context import Context
-from harness.providers.faux import FauxReply
-from harness.server import StoreTokens
+from harness.providers.faux import FauxReply, reply, tool_call
+from harness.server import Approvals, StoreTokens
 from harness.session import connect
 from server_helpers import USER, Served, asgi_client, faux_app, serving
 
@@ -84,7 +84,7 @@ class Page:
             if self.tokens:
                 auth = StoreTokens(store.tokens)
                 self.token, _ = await store.tokens.create(USER, context)
-            self.served = faux_app(store, self.script, auth=auth, tools=[self.write])
+            self.served = faux_app(store, self.script, auth=auth, tools=[self.write], approvals=Approvals())
             async with serving(self.served.app) as url:
                 ready.set_result(url)
                 await self._stop.wait()
@@ -236,3 +236,22 @@ def test_a_server_with_tokens_asks_for_one_until_it_is_valid(tmp_path: Path, bro
         listed = shown(browser_tab, "#conversations a", "mine")
         assert listed.get_attribute("data-id") == mine.id
         assert browser_tab.find_element(By.ID, "sign-in").get_attribute("open") is None
+
+
+def test_a_call_waiting_for_approval_is_approved_on_the_page_and_the_turn_finishes(
+        tmp_path: Path, browser_tab: WebDriver) -> None:
+    """The turn's stream ends where the call waits (the AI SDK protocol's pause); the page keeps
+    the row with its buttons, Approve answers the call, and the page follows the rest of the turn
+    to its reply."""
+    with served(tmp_path, reply(tool_call("write", {"key": "a"})), "Written.") as page:
+        open_new_conversation(browser_tab, page)
+        say(browser_tab, "write it")
+        asking = shown(browser_tab, ".row.tool", "needs your approval")
+        asking.find_element(By.CSS_SELECTOR, "button.approve").click()
+
+        shown(browser_tab, ".row.assistant", "Written.")
+        wait(browser_tab, idle)
+        assert page.write.runs == [{"key": "a"}]
+        tools = browser_tab.find_elements(By.CSS_SELECTOR, "#transcript > .row.tool")
+        assert [(tool.get_attribute("data-state"), tool.find_element(By.CSS_SELECTOR, ".output").text)
+                for tool in tools] == [("done", "write:a")]

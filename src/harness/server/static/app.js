@@ -5,7 +5,9 @@
 // resumes the turn in progress by replaying it from its start). The conversation's native watch
 // (`.../events`) says when a turn starts that this tab did not send (another tab's, or one the
 // server resumed), and carries the rows written between turns, such as a model switch. When a turn
-// ends the page reads the display again: the journal's rows replace what was drawn live.
+// ends the page reads the display again: the journal's rows replace what was drawn live. A stream
+// also ends where a tool call waits for approval: the page keeps what it drew, answers the call and
+// follows the rest of the turn with the resume route.
 
 import { ApiError, json, request, serverSentEvents, setToken } from "./api.js";
 import { Transcript } from "./transcript.js";
@@ -204,7 +206,7 @@ async function follow(conversation, open) {
     }
   } finally {
     if (conversation.streaming === controller) conversation.streaming = null;
-    if (conversation === current && !controller.signal.aborted) {
+    if (conversation === current && !controller.signal.aborted && !transcript.waitingForApproval()) {
       setRunning(false);
       await readDisplay().catch(showError);
     }
@@ -278,7 +280,7 @@ function observe(conversation, event) {
 
 async function send(text) {
   const conversation = current;
-  if (conversation.streaming) {
+  if (conversation.streaming || transcript.waitingForApproval()) {
     const route = $("delivery").value === "steer" ? routes.steer : routes.followUp;
     await authorized(() => json("POST", route(conversation.id), { text }));
     transcript.pendingUser(text);
@@ -299,8 +301,11 @@ async function stop() {
 }
 
 async function answerApproval({ toolCallId, approved }) {
+  const conversation = current;
   try {
-    await authorized(() => json("POST", routes.approval(current.id, toolCallId), { allow: approved }));
+    await authorized(() => json("POST", routes.approval(conversation.id, toolCallId), { allow: approved }));
+    transcript.updateTool(toolCallId, { state: approved ? "running" : "denied" });
+    await resume(conversation);
   } catch (error) {
     showError(error);
   }

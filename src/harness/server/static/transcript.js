@@ -152,6 +152,11 @@ export class Transcript {
     return row;
   }
 
+  /** Whether a tool call waits for the person's answer (its stream paused there). */
+  waitingForApproval() {
+    return [...this.tools.values()].some((tool) => tool.state === "approval");
+  }
+
   /** A row drawn from the stream: marked live, dropped when the display is read again. */
   putLive(row) {
     row.dataset.live = "";
