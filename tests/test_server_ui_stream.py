@@ -33,8 +33,10 @@ from harness.runtime import (
     RetryPolicy,
     RunEnd,
     RunStart,
+    ToolStart,
     reduce_lane_snapshot,
 )
+from harness.server import ApprovalChange, PendingApproval
 from harness.server.ui_stream import RunParts, UiMessageIn, UiPart, prompt_of
 from harness.session import LaneConfig, Store
 
@@ -91,8 +93,6 @@ class ClientMessage:
             starts = [i for i, p in enumerate(self.parts) if p["type"] == "step-start"]
             del self.parts[starts[-1] + 1:]
             self._open.clear()
-        elif kind == "tool-approval-request":
-            self._tool(part["toolCallId"]).update(state="approval-requested", approval={"id": part["approvalId"]})
         elif kind == "steering-message" or kind.startswith("data-"):
             self.parts.append(part)
         elif kind in ("finish", "abort", "error"):
@@ -321,3 +321,34 @@ async def test_a_delegation_finish_and_a_garden_message_during_a_run_are_data_pa
     assert delegation["data"]["finish"]["agent"] == "writer"
     assert garden["id"] == garden["data"]["id"]
     assert (garden["data"]["sender"], garden["data"]["custom_type"]) == ("garden", GARDEN_MESSAGE_TYPE)
+
+
+async def test_an_approval_told_before_the_reply_that_made_the_call_is_asked_after_its_input_then_pauses(
+        store: Store, ctx: Context) -> None:
+    """The approvals tell a waiting call as the drive asks, which can be before the stream has
+    read the reply that made the call: the request still follows the call's input, and with no
+    tool running the stream pauses there (`finish`, `tool-calls`); what comes after gives nothing."""
+    probe = ProbeTool()
+    conversations, _ = faux_service(store, [reply("Checking. ", tool_call("probe", {"key": "a"})), reply("Done.")],
+                                    tools=[probe])
+    _, events, operation_id = await record_run(conversations, ctx, "hi",
+                                               config=LaneConfig(model=FAUX, active_tools=["probe"]))
+    call = next(e for e in events if isinstance(e, ToolStart))
+    waits = PendingApproval(conversation_id="c", operation_id=operation_id, tool_call_id=call.tool_call_id,
+                            tool_name="probe", args={"key": "a"}, summary="probe a", asked_at=0)
+    start = next(i for i, e in enumerate(events) if isinstance(e, RunStart))
+    parts = RunParts("main", operation_id)
+
+    before = [part for event in events[:start + 1] for part in parts.translate(event)]
+    told = parts.approval(ApprovalChange(waits, None))
+    after = [part for event in events[start + 1:] for shown in conversation_events(event)
+             for part in parts.translate(shown)]
+
+    assert told == []
+    kinds = [part["type"] for part in before + after]
+    asked = kinds.index("tool-approval-request")
+    assert kinds[asked - 1] == "tool-input-available"
+    assert kinds[-2:] == ["finish-step", "finish"]
+    assert after[-1] == {"type": "finish", "finishReason": "tool-calls"}
+    assert parts.finished
+    assert "tool-output-available" not in kinds

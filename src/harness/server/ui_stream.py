@@ -582,16 +582,18 @@ async def _answer(state: ServerState, conversation: Conversation, snapshot: Lane
     parts of the run `message` lacks (the replay of `snapshot`, the watch's, as far as it is new
     to the client)."""
     meta = await conversation.harness.session.get(addresses.operation_meta(message.id), context)
-    waiting = {pending.tool_call_id: pending for pending in state.approvals.pending(conversation.id)
-               if pending.operation_id == message.id}
+    pending = state.approvals.pending(conversation.id)
+    waiting = {call.tool_call_id for call in pending if call.operation_id == message.id}
     unknown = [approval_id for approval_id in answers if approval_id not in waiting]
     if unknown:
         raise ApprovalNotFound(f"no call {unknown[0][:80]!r} of run {message.id[:80]!r} waits for approval",
                                tool_call_id=unknown[0][:80])
+    # Replayed before anything is answered (a replay that fails answers nothing), without the
+    # calls answered now: the stream must not pause on them.
+    replayed = parts.replay(snapshot, meta.source_tip_id if meta is not None else None,
+                            [call for call in pending if call.tool_call_id not in answers])
     for approval_id, answer in answers.items():
         state.approvals.answer(conversation.id, approval_id, answer)
-    replayed = parts.replay(snapshot, meta.source_tip_id if meta is not None else None,
-                            state.approvals.pending(conversation.id))
     return unseen(replayed, message)
 
 
