@@ -21,6 +21,7 @@ from harness.runtime.errors import (
     UnknownTemplate,
     WatchOverflow,
 )
+from harness.runtime.event_log import DURABLE_EVENT_TYPES, LaneEventPage, read_lane_events
 from harness.runtime.events import (
     CompactionEnd,
     CompactionStart,
@@ -90,6 +91,7 @@ from harness.runtime.types import (
 from harness.session import LaneConfig, LaneLastResult
 
 __all__ = [
+    "DURABLE_EVENT_TYPES",
     "INTERRUPTED_REPLY",
     "MAX_INPUT_BYTES",
     "AbortRequest",
@@ -121,6 +123,7 @@ __all__ = [
     "LaneBusy",
     "LaneConfig",
     "LaneCreated",
+    "LaneEventPage",
     "LaneExecutionInfo",
     "LaneInfo",
     "LaneLastResult",
@@ -188,5 +191,6 @@ __all__ = [
     "WaitingRetry",
     "WatchOverflow",
     "event_lane",
+    "read_lane_events",
     "reduce_lane_snapshot",
 ]
