@@ -16,7 +16,7 @@ import uvicorn
 from fastapi import FastAPI
 
 from conversation_helpers import OffersTool, faux_service
-from harness.conversation import ConversationService, ConversationSetup
+from harness.conversation import AgentRegistry, ConversationService, ConversationSetup
 from harness.messages import ModelIdentity
 from harness.providers import FauxProvider
 from harness.providers.faux import FauxScript
@@ -37,11 +37,12 @@ class Served:
 
 def faux_app(store: Store, script: FauxScript = (), *, auth: Authenticator | None = None,
              tools: Sequence[OffersTool] = (), approvals: Approvals | None = None,
-             options: ServerOptions | None = None) -> Served:
+             options: ServerOptions | None = None, agents: AgentRegistry | None = None) -> Served:
     """The app over a faux service answering `script`, with `tools` (their calls waiting for
-    `approvals` when given); every request is `USER` unless `auth` says otherwise."""
+    `approvals` when given) and `agents` to delegate to; every request is `USER` unless `auth`
+    says otherwise."""
     hooks = RunHooks(before_tool=approvals.hook) if approvals is not None else RunHooks()
-    setup = ConversationSetup(drive=DriveSettings(frame_interval_s=0), hooks=hooks)
+    setup = ConversationSetup(drive=DriveSettings(frame_interval_s=0), hooks=hooks, agents=agents)
     service, faux = faux_service(store, script, tools=tools, setup=setup)
 
     def new_lane(model: ModelIdentity | None) -> LaneConfig:
