@@ -401,7 +401,7 @@ def test_the_model_picker_lists_the_models_and_follows_a_switch(tmp_path: Path, 
         shown(browser_tab, "#transcript .assistant", "Hi.")
         wait(browser_tab, idle)
         picker = browser_tab.find_element(By.ID, "model")
-        values = [o.get_attribute("value") for o in picker.find_elements(By.TAG_NAME, "option")]
+        values = [o.get_attribute("value") or "" for o in picker.find_elements(By.TAG_NAME, "option")]
         assert picker.get_attribute("value") == "faux/faux"
         other = next(value for value in values if value != "faux/faux")
 
