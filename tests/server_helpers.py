@@ -16,7 +16,7 @@ import uvicorn
 from fastapi import FastAPI
 
 from conversation_helpers import OffersTool, faux_service
-from harness.conversation import ConversationService, ConversationSetup
+from harness.conversation import AgentRegistry, ConversationService, ConversationSetup
 from harness.messages import ModelIdentity
 from harness.providers import FauxProvider
 from harness.providers.faux import FauxScript
@@ -37,12 +37,13 @@ class Served:
 
 def faux_app(store: Store, script: FauxScript = (), *, auth: Authenticator | None = None,
              tools: Sequence[OffersTool] = (), approvals: Approvals | None = None,
-             options: ServerOptions | None = None, drive: DriveSettings | None = None) -> Served:
+             options: ServerOptions | None = None, agents: AgentRegistry | None = None,
+             drive: DriveSettings | None = None) -> Served:
     """The app over a faux service answering `script`, with `tools` (their calls waiting for
-    `approvals` when given), driven with `drive` (default: no frame interval); every request is
-    `USER` unless `auth` says otherwise."""
+    `approvals` when given) and `agents` to delegate to, driven with `drive` (default: no frame
+    interval); every request is `USER` unless `auth` says otherwise."""
     hooks = RunHooks(before_tool=approvals.hook) if approvals is not None else RunHooks()
-    setup = ConversationSetup(drive=drive or DriveSettings(frame_interval_s=0), hooks=hooks)
+    setup = ConversationSetup(drive=drive or DriveSettings(frame_interval_s=0), hooks=hooks, agents=agents)
     service, faux = faux_service(store, script, tools=tools, setup=setup)
 
     def new_lane(model: ModelIdentity | None) -> LaneConfig:
@@ -93,7 +94,7 @@ async def serving(app: FastAPI) -> AsyncIterator[str]:
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     listener.bind(("127.0.0.1", 0))
     port = listener.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on", timeout_graceful_shutdown=0.1))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on", timeout_graceful_shutdown=0))
     task = asyncio.create_task(server.serve(sockets=[listener]))
     try:
         while not server.started:  # uvicorn sets a flag, not an event: poll it
