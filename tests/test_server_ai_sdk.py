@@ -161,7 +161,8 @@ async def test_a_call_waiting_for_approval_pauses_its_stream_and_the_answer_stre
         store: Store, ctx: Context) -> None:
     """Issue 16 item 5: the request follows the call's input and the stream ends there (`finish`,
     `tool-calls`), live and resumed; the assistant message posted back with the answer on its tool
-    part runs the call and streams only what the client lacks, under the same message id."""
+    part runs the call and streams the rest under the same message id: not the text the client
+    has, but the call's output, a row written while it waited, and the reply."""
     approvals, probe = Approvals(gated=frozenset({"probe"})), ProbeTool()
     served = faux_app(store, [reply("Checking. ", tool_call("probe", {"key": "a"})), reply("Found it.")],
                       tools=[probe], approvals=approvals)
@@ -169,6 +170,7 @@ async def test_a_call_waiting_for_approval_pauses_its_stream_and_the_answer_stre
     async with asgi_client(served.app) as client:
         sent = await client.post("/api/chat", json=chat_body(conversation_id))
         resumed = await client.get(f"/api/chat/{conversation_id}/stream")
+        await served.service.record_local_shell(USER, conversation_id, "ls", 0, "notes.txt\n", ctx)
         [pending] = approvals.pending(conversation_id)
         message_id = parts_of(sent.text)[0]["messageId"]
         answered = await client.post("/api/chat", json=answer_body(
@@ -186,9 +188,12 @@ async def test_a_call_waiting_for_approval_pauses_its_stream_and_the_answer_stre
     rest = parts_of(answered.text)
     assert answered.status_code == 200
     assert rest[0] == {"type": "start", "messageId": message_id}
-    assert kinds_of(rest) == ["start", "tool-output-available", "finish-step", "start-step", "text-start",
-                              "text-delta", "text-end", "finish-step", "finish", "[DONE]"]
+    assert [kind for kind in kinds_of(rest) if kind != "data-chat-event"] == [
+        "start", "tool-output-available", "finish-step", "start-step", "text-start", "text-delta", "text-end",
+        "finish-step", "finish", "[DONE]"]
     assert rest[1] == {"type": "tool-output-available", "toolCallId": pending.tool_call_id, "output": "probe:a"}
+    assert [p["data"]["details"]["command"] for p in rest if p != "[DONE]" and p["type"] == "data-chat-event"] == [
+        "ls"]
     assert probe.runs == [{"key": "a"}]
     assert idle.status_code == 204
 

@@ -37,8 +37,9 @@ from harness.runtime import (
     reduce_lane_snapshot,
 )
 from harness.server import ApprovalChange, PendingApproval
-from harness.server.ui_stream import RunParts, UiMessageIn, UiPart, prompt_of
+from harness.server.ui_stream import RunParts, UiMessageIn, UiPart, approval_answers, prompt_of, unseen
 from harness.session import LaneConfig, Store
+from harness.tools import Approval
 
 ALICE = "alice"
 
@@ -352,3 +353,49 @@ async def test_an_approval_told_before_the_reply_that_made_the_call_is_asked_aft
     assert after[-1] == {"type": "finish", "finishReason": "tool-calls"}
     assert parts.finished
     assert "tool-output-available" not in kinds
+
+
+def test_a_continued_message_gets_only_the_outputs_rows_and_steers_it_lacks() -> None:
+    """An approval answer's stream goes on with the client's message: of the run's replay it sends
+    the `start` and what that message does not hold yet, never text or inputs it has."""
+    replay: list[UiPart] = [
+        {"type": "start", "messageId": "run"}, {"type": "start-step"}, {"type": "text-start", "id": "text-1"},
+        {"type": "text-delta", "id": "text-1", "delta": "Checking."}, {"type": "text-end", "id": "text-1"},
+        {"type": "tool-input-available", "toolCallId": "a", "toolName": "probe", "input": {}},
+        {"type": "tool-approval-request", "approvalId": "a", "toolCallId": "a"},
+        {"type": "tool-output-available", "toolCallId": "b", "output": "probe:b"},
+        {"type": "tool-output-available", "toolCallId": "c", "output": "half", "preliminary": True},
+        {"type": "tool-approval-request", "approvalId": "c", "toolCallId": "c"},
+        {"type": "data-chat-event", "id": "r1", "data": {}}, {"type": "steering-message", "id": "s1", "parts": []},
+        {"type": "data-chat-event", "id": "r2", "data": {}},
+        {"type": "tool-output-error", "toolCallId": "gone", "errorText": "no such part"},
+    ]
+    held = UiMessageIn(id="run", role="assistant", parts=[
+        {"type": "step-start"}, {"type": "text", "text": "Checking."},
+        {"type": "tool-probe", "toolCallId": "a", "state": "approval-responded",
+         "approval": {"id": "a", "approved": True}},
+        {"type": "tool-probe", "toolCallId": "b", "state": "input-available"},
+        {"type": "tool-probe", "toolCallId": "c", "state": "input-available"},
+        {"type": "data-chat-event", "id": "r1", "data": {}},
+    ])
+
+    assert unseen(replay, held) == [
+        {"type": "start", "messageId": "run"},
+        {"type": "tool-output-available", "toolCallId": "b", "output": "probe:b"},
+        {"type": "tool-approval-request", "approvalId": "c", "toolCallId": "c"},
+        {"type": "steering-message", "id": "s1", "parts": []},
+        {"type": "data-chat-event", "id": "r2", "data": {}},
+    ]
+
+
+@pytest.mark.parametrize(("part", "answer"), [
+    ({"state": "approval-responded", "approval": {"id": "a", "approved": True}}, Approval(allow=True)),
+    ({"state": "approval-responded", "approval": {"id": "a", "approved": False, "reason": "not now"}},
+     Approval(allow=False, reason="not now")),
+])
+def test_an_answered_tool_part_is_an_approval_by_its_id(part: dict[str, Any], answer: Approval) -> None:
+    message = UiMessageIn(id="run", role="assistant", parts=[
+        {"type": "tool-probe", "toolCallId": "b", "state": "output-available"},
+        {"type": "tool-probe", "toolCallId": "a", **part}])
+
+    assert approval_answers(message) == {"a": answer}
