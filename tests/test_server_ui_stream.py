@@ -22,6 +22,7 @@ from harness.conversation import (
     ConversationSetup,
     GardenMessage,
     conversation_events,
+    subagent_result_of,
 )
 from harness.errors import InvalidInput
 from harness.messages import UserMessage
@@ -30,6 +31,8 @@ from harness.runtime import (
     DriveSettings,
     HarnessEvent,
     LaneSnapshot,
+    PendingWrite,
+    QueueUpdate,
     RetryPolicy,
     RunEnd,
     RunStart,
@@ -304,9 +307,14 @@ async def test_a_delegation_finish_and_a_garden_message_during_a_run_are_data_pa
     said = GardenMessage(garden="allotment", kind="reply", emission_id="e1", goal_id="g1", run_id="r1",
                          text="The beans are up.")
 
+    def delivered(writes: Sequence[PendingWrite]) -> bool:
+        return any(write.message is not None and subagent_result_of(write.message) is not None for write in writes)
+
     async def during(conversation: Any) -> None:
-        await probe.wait_started("slow")
-        await within(conversation.delegation.wait_background())
+        watch = await conversation.watch(ctx)  # the child's result waits for the batch's end
+        if not delivered(watch.snapshot.pending_writes):
+            await within(anext(e async for e in watch if isinstance(e, QueueUpdate) and delivered(e.pending_writes)))
+        watch.close()
         await conversations.post_garden_message(ALICE, conversation.id, said, ctx)
         hold.set()
 
