@@ -21,6 +21,7 @@ from harness.runtime.errors import (
     UnknownTemplate,
     WatchOverflow,
 )
+from harness.runtime.event_log import DURABLE_EVENT_TYPES, LaneEventPage, read_lane_events
 from harness.runtime.events import (
     CompactionEnd,
     CompactionStart,
@@ -98,6 +99,7 @@ from harness.runtime.types import (
 from harness.session import LaneConfig, LaneLastResult
 
 __all__ = [
+    "DURABLE_EVENT_TYPES",
     "INTERRUPTED_REPLY",
     "MAX_INPUT_BYTES",
     "AbortRequest",
@@ -130,6 +132,7 @@ __all__ = [
     "LaneBusy",
     "LaneConfig",
     "LaneCreated",
+    "LaneEventPage",
     "LaneExecutionInfo",
     "LaneInfo",
     "LaneLastResult",
@@ -198,5 +201,6 @@ __all__ = [
     "WaitingRetry",
     "WatchOverflow",
     "event_lane",
+    "read_lane_events",
     "reduce_lane_snapshot",
 ]
