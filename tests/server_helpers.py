@@ -133,7 +133,7 @@ async def serving(app: FastAPI) -> AsyncIterator[str]:
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     listener.bind(("127.0.0.1", 0))
     port = listener.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on", timeout_graceful_shutdown=0.1))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on", timeout_graceful_shutdown=0))
     task = asyncio.create_task(server.serve(sockets=[listener]))
     try:
         while not server.started:  # uvicorn sets a flag, not an event: poll it

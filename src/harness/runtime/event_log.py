@@ -29,7 +29,8 @@ from typing import Literal, TypeAlias
 from pydantic import BaseModel, ConfigDict, TypeAdapter
 
 from harness.context import Context
-from harness.runtime.events import EntryAdded, HarnessEvent, MessageEnd, MessageStart, RunEnd, event_lane
+from harness.messages import AssistantMessage, Message, ToolResultMessage
+from harness.runtime.events import EntryAdded, HarnessEvent, MessageEnd, MessageStart, RunEnd, TurnEnd, event_lane
 from harness.session import (
     CommitResult,
     CustomMessagePayload,
@@ -78,8 +79,18 @@ class EntryEvent:
         return _message_event(self.kind, self.lane, self.entry_id, self.payload, event_seq)
 
 
-Announcement: TypeAlias = HarnessEvent | EntryEvent
-"""What a job announces before its commit: an event, or an event about an entry it inserts."""
+@dataclass(frozen=True)
+class TurnEndOf:
+    """A `turn_end` whose reply and tool results are entries on the branch (`message_entry_id`,
+    `result_entry_ids` in the event's order): the log keeps their ids, not second copies."""
+
+    event: TurnEnd
+    message_entry_id: str
+    result_entry_ids: tuple[str, ...] = ()
+
+
+Announcement: TypeAlias = HarnessEvent | EntryEvent | TurnEndOf
+"""What a job announces before its commit: an event, or one whose messages are entries."""
 
 
 def entry_events(lane: str, entry_id: str, parent_id: str | None, payload: EntryPayload,
@@ -98,14 +109,25 @@ class _EntryRef(BaseModel):
     entry_id: str
 
 
+class _TurnRef(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    lane: str
+    operation_id: str
+    turn_id: str
+    message_entry_id: str
+    result_entry_ids: tuple[str, ...] = ()
+
+
 class LoggedEvent(BaseModel):
     """One item of a lane's event log: the event as published (without its `event_seq`, which is
-    the item's seq), or a reference to the entry an entry's event was made of."""
+    the item's seq), or the ids of the entries it was made of."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     event: HarnessEvent | None = None
     entry: _EntryRef | None = None
+    turn: _TurnRef | None = None
 
 
 _LOGGED = TypeAdapter(LoggedEvent)
@@ -127,6 +149,13 @@ def stage_events(m: SessionMutator, announced: Sequence[Announcement], limit: in
             positions.append(m.staged)
             m.append(lane_events(item.lane),
                      LoggedEvent(entry=_EntryRef(kind=item.kind, lane=item.lane, entry_id=item.entry_id)))
+            continue
+        if isinstance(item, TurnEndOf):
+            end = item.event
+            positions.append(m.staged)
+            m.append(lane_events(end.lane), LoggedEvent(turn=_TurnRef(
+                lane=end.lane, operation_id=end.operation_id, turn_id=end.turn_id,
+                message_entry_id=item.message_entry_id, result_entry_ids=item.result_entry_ids)))
             continue
         lane = event_lane(item)
         if lane is None or item.type not in DURABLE_EVENT_TYPES:
@@ -152,6 +181,8 @@ def published(announced: Sequence[Announcement], result: CommitResult | None,
         if isinstance(item, EntryEvent):
             assert result is not None, "an entry's events come from the commit that inserts it"
             events.append(item.event(result, event_seq))
+        elif isinstance(item, TurnEndOf):
+            events.append(item.event if event_seq is None else item.event.model_copy(update={"event_seq": event_seq}))
         else:
             events.append(item if event_seq is None else item.model_copy(update={"event_seq": event_seq}))
     return events
@@ -181,26 +212,43 @@ async def read_lane_events(reader: SessionReader, lane: str, after_seq: int | No
     items = await reader.read_list(lane_events(lane), context, after_seq=after_seq, limit=limit)
     # The bounds are read after the items: a trim in between can only make `holds` False.
     bounds = await reader.list_bounds(lane_events(lane), context)
-    refs = [item.item.entry.entry_id for item in items if item.item.entry is not None]
+    refs: list[str] = []
+    for item in items:
+        if item.item.entry is not None:
+            refs.append(item.item.entry.entry_id)
+        if item.item.turn is not None:
+            refs += [item.item.turn.message_entry_id, *item.item.turn.result_entry_ids]
     entries = await reader.entries(refs, context) if refs else {}
+
+    def entry_of(entry_id: str, seq: int) -> Entry:
+        entry = entries.get(entry_id)
+        if entry is None:
+            raise StorageCorruption(f"event {seq} of lane {lane} names entry {entry_id}, which is missing",
+                                    lane=lane, event_seq=seq, entry_id=entry_id)
+        return entry
+
     events: list[HarnessEvent] = []
     for item in items:
         logged, seq = item.item, item.seq
         if logged.event is not None:
             events.append(logged.event.model_copy(update={"event_seq": seq}))
-            continue
-        ref = logged.entry
-        if ref is None:
+        elif logged.entry is not None:
+            ref, entry = logged.entry, entry_of(logged.entry.entry_id, seq)
+            events.append(EntryAdded(lane=ref.lane, entry=entry, event_seq=seq) if ref.kind == "entry_added"
+                          else _message_event(ref.kind, ref.lane, entry.id, entry.payload, seq))
+        elif logged.turn is not None:
+            turn = logged.turn
+            reply = _message_of(entry_of(turn.message_entry_id, seq))
+            named = [_message_of(entry_of(entry_id, seq)) for entry_id in turn.result_entry_ids]
+            results = tuple(result for result in named if isinstance(result, ToolResultMessage))
+            if not isinstance(reply, AssistantMessage) or len(results) != len(named):
+                raise StorageCorruption(f"event {seq} of lane {lane} names entries that are no turn's reply "
+                                        "and results", lane=lane, event_seq=seq)
+            events.append(TurnEnd(lane=turn.lane, operation_id=turn.operation_id, turn_id=turn.turn_id,
+                                  message=reply, tool_results=results, event_seq=seq))
+        else:
             raise StorageCorruption(f"event {seq} of lane {lane} holds neither an event nor an entry",
                                     lane=lane, event_seq=seq)
-        entry = entries.get(ref.entry_id)
-        if entry is None:
-            raise StorageCorruption(f"event {seq} of lane {lane} names entry {ref.entry_id}, which is missing",
-                                    lane=lane, event_seq=seq, entry_id=ref.entry_id)
-        if ref.kind == "entry_added":
-            events.append(EntryAdded(lane=ref.lane, entry=entry, event_seq=seq))
-        else:
-            events.append(_message_event(ref.kind, ref.lane, entry.id, entry.payload, seq))
     holds = (after_seq is not None and bounds is not None and bounds[0] <= after_seq <= bounds[1])
     return LaneEventPage(events=tuple(events), holds=holds, newest_seq=bounds[1] if bounds else None)
 
@@ -209,6 +257,12 @@ async def newest_event_seq(reader: SessionReader, lane: str, context: Context) -
     """The seq of lane `lane`'s newest logged event; None when its log is empty."""
     bounds = await reader.list_bounds(lane_events(lane), context)
     return bounds[1] if bounds else None
+
+
+def _message_of(entry: Entry) -> Message:
+    if not isinstance(entry.payload, MessagePayload | CustomMessagePayload):
+        raise StorageCorruption(f"entry {entry.id} holds no message", entry_id=entry.id)
+    return entry.payload.message
 
 
 def _message_event(kind: Literal["message_start", "message_end"], lane: str, entry_id: str, payload: EntryPayload,

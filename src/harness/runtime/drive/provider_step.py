@@ -24,7 +24,7 @@ from harness.providers import (
 from harness.runtime.commit import Decision, Transition
 from harness.runtime.drive.operation import DrivenOperation
 from harness.runtime.drive.settlement import DOES_NOT_FIT, failure
-from harness.runtime.event_log import Announcement, EntryEvent
+from harness.runtime.event_log import Announcement, EntryEvent, TurnEndOf
 from harness.runtime.events import (
     CompactionStart,
     DeferredHandle,
@@ -235,7 +235,8 @@ def settle_reply(op: DrivenOperation, intent: EffectPending, message: AssistantM
                 id=message.deferred_id or "", provider=message.provider, model_id=message.model,
                 api=message.api), poll=next_state.poll))
         elif not isinstance(next_state, RunTools | AssistantRetryWait | SummaryPending):
-            out.append(TurnEnd(lane=lane, operation_id=op.operation_id, turn_id=generation.step_id, message=message))
+            turn_end = TurnEnd(lane=lane, operation_id=op.operation_id, turn_id=generation.step_id, message=message)
+            out.append(turn_end if empty_abort else TurnEndOf(turn_end, entry_id))
         return out
 
     def publish(result: CommitResult | None) -> None:

@@ -24,7 +24,7 @@ from harness.runtime.commit import (
     pending_payload,
 )
 from harness.runtime.drive.operation import DrivenOperation
-from harness.runtime.event_log import Announcement
+from harness.runtime.event_log import Announcement, TurnEndOf
 from harness.runtime.events import (
     ToolEnd,
     ToolStart,
@@ -328,8 +328,10 @@ class ToolBatchRunner:
                                                   tool_call_id=block.id, result=result, terminate=final_terminate),
                                           *placement.events(lane)]
             if complete and self.message is not None:
-                events.append(TurnEnd(lane=lane, operation_id=op.operation_id, turn_id=self.batch.turn_id,
-                                      message=self.message, tool_results=(*self.placed_results, *placed)))
+                turn_end = TurnEnd(lane=lane, operation_id=op.operation_id, turn_id=self.batch.turn_id,
+                                   message=self.message, tool_results=(*self.placed_results, *placed))
+                events.append(TurnEndOf(turn_end, self.batch.assistant_entry_id,
+                                        tuple(c.result_entry_id for c in calls)))
 
             def publish(commit: CommitResult | None) -> None:
                 projection.operation_state = new_state
