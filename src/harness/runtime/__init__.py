@@ -21,7 +21,7 @@ from harness.runtime.errors import (
     UnknownTemplate,
     WatchOverflow,
 )
-from harness.runtime.event_log import DURABLE_EVENT_TYPES, LaneEventPage, read_lane_events
+from harness.runtime.event_log import DEFAULT_EVENT_LOG_LIMIT, DURABLE_EVENT_TYPES, LaneEventPage, read_lane_events
 from harness.runtime.events import (
     CompactionEnd,
     CompactionStart,
@@ -99,6 +99,7 @@ from harness.runtime.types import (
 from harness.session import LaneConfig, LaneLastResult
 
 __all__ = [
+    "DEFAULT_EVENT_LOG_LIMIT",
     "DURABLE_EVENT_TYPES",
     "INTERRUPTED_REPLY",
     "MAX_INPUT_BYTES",

@@ -144,10 +144,14 @@ class ToolBatchRunner:
         problem = self._problem(block, tool, args, message)
         if problem is None and tool is not None and op.hooks.before_tool is not None:
             request = ToolCallRequest(op.operation_id, block.id, block.name, args)
+            # An effect's Context, so a durable abort cancels a hook that waits for a person's answer.
+            asking = op.effect_context()
             try:
-                decision = await op.hooks.before_tool(request, op.context)
+                decision = await op.hooks.before_tool(request, asking)
             except Exception as error:  # approval fails closed
                 decision = Block(reason=f"the approval check failed: {error}")
+            finally:
+                op.end_effect(asking)
             if self.aborting:
                 return
             if isinstance(decision, Block):
