@@ -52,6 +52,7 @@ from harness.session.errors import (
     UnknownEntry,
     UnknownLane,
     UnsupportedStoreUrl,
+    WorkNeedsPostgres,
 )
 from harness.session.ids import new_id
 from harness.session.images import (
@@ -82,6 +83,7 @@ from harness.session.records import (
     InboxKind,
     LaneConfig,
     LaneLastResult,
+    LaneRequest,
     LaneState,
     MayFinish,
     NavigationIntent,
@@ -95,11 +97,13 @@ from harness.session.records import (
     PendingCustom,
     PendingEntry,
     PendingMessage,
+    QueueRequest,
     RunCheckpoint,
     RunIntent,
     Running,
     RunStarting,
     RunTools,
+    StopRequest,
     SummaryPending,
     SummaryRetryWait,
     SummaryTask,
@@ -118,9 +122,11 @@ from harness.session.session import (
 )
 from harness.session.store import Store, connect
 from harness.session.tokens import TOKEN_PREFIX, TokenInfo, TokenNotFound, Tokens
+from harness.session.work import DEFAULT_LEASE_S, OpenWork, WorkBoard, work_board
 
 __all__ = [
     "DATA_MIGRATIONS",
+    "DEFAULT_LEASE_S",
     "MAX_IMAGE_BYTES",
     "MAX_RECORD_BYTES",
     "PHASES_OF_KIND",
@@ -162,6 +168,7 @@ __all__ = [
     "LaneConfig",
     "LaneExists",
     "LaneLastResult",
+    "LaneRequest",
     "LaneState",
     "ListAddress",
     "ListItem",
@@ -170,6 +177,7 @@ __all__ = [
     "NavigationIntent",
     "NavigationReady",
     "NeedAssistant",
+    "OpenWork",
     "OperationErrorRecord",
     "OperationIntent",
     "OperationKind",
@@ -179,6 +187,7 @@ __all__ = [
     "PendingCustom",
     "PendingEntry",
     "PendingMessage",
+    "QueueRequest",
     "RecordTooLarge",
     "ReentrantMutation",
     "RunCheckpoint",
@@ -194,6 +203,7 @@ __all__ = [
     "SessionOwnership",
     "SessionReader",
     "SetValue",
+    "StopRequest",
     "StorageCorruption",
     "StorageRolledBack",
     "Store",
@@ -219,6 +229,8 @@ __all__ = [
     "UsageRowRaw",
     "ValueAddress",
     "ValueRow",
+    "WorkBoard",
+    "WorkNeedsPostgres",
     "Write",
     "addresses",
     "connect",
@@ -228,4 +240,5 @@ __all__ = [
     "new_id",
     "sniff_image_type",
     "value_address",
+    "work_board",
 ]
