@@ -34,6 +34,7 @@ from harness.worker import Worker, WorkerOptions
 FAUX = ModelIdentity(provider=FAUX_MODEL.provider, model_id=FAUX_MODEL.id)
 LEDGER = "ledger"
 CONFIG = LaneConfig(model=FAUX, active_tools=[LEDGER])
+POLL_VARIABLE = "HARNESS_TEST_WORKER_POLL_S"  # a long poll shows that notifications alone wake the worker
 OPTIONS = WorkerOptions(poll_s=0.5, lease_s=1.5, deferred_poll_s=0.5, backoff_s=0.5, stop_grace_s=10.0)
 
 
@@ -67,7 +68,13 @@ def ledger_tool(url: str, workdir: Path) -> AgentTool:
                   on_update: Callable[[JsonValue, bool], Awaitable[None]], context: Context) -> ToolOutput:
         async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
             await conn.execute("INSERT INTO ledger (call_id, pid) VALUES (%s, %s)", (tool_call_id, os.getpid()))
-            await conn.execute("SELECT pg_advisory_lock_shared(%s)", (hold_key(workdir),))
+            held = asyncio.ensure_future(conn.execute("SELECT pg_advisory_lock_shared(%s)", (hold_key(workdir),)))
+            stopped = asyncio.ensure_future(context.wait_cancelled())  # an abort cancels the call's Context
+            await asyncio.wait({held, stopped}, return_when=asyncio.FIRST_COMPLETED)
+            stopped.cancel()
+            if not held.done():
+                held.cancel()
+                return ToolOutput(content=[TextContent(text="stopped")], is_error=True)
             await conn.execute("SELECT pg_advisory_unlock_shared(%s)", (hold_key(workdir),))
         return ToolOutput(content=[TextContent(text=f"written {args.get('key')}")])
 
@@ -83,7 +90,8 @@ async def main(url: str, workdir: Path, concurrency: int) -> None:
     registry = ModelRegistry([FAUX_MODEL], providers={"faux": FauxProvider(answer)})
     setup = ConversationSetup(models=registry, tools=[ledger_tool(url, workdir)],
                               drive=DriveSettings(frame_interval_s=0.0, retry=RetryPolicy(base_delay_ms=0)))
-    worker = Worker(ConversationService(store, setup), replace(OPTIONS, concurrency=concurrency))
+    poll_s = float(os.environ.get(POLL_VARIABLE, OPTIONS.poll_s))
+    worker = Worker(ConversationService(store, setup), replace(OPTIONS, concurrency=concurrency, poll_s=poll_s))
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, worker.stop)
     print("ready", flush=True)
     try:
