@@ -43,6 +43,8 @@ def worker_command(
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, worker.stop)
+        typer.echo(f"harness worker: driving up to {concurrency} sessions at once; SIGTERM or Ctrl-C stops it",
+                   err=True)
         try:
             await worker.run(context)
         finally:
