@@ -233,6 +233,7 @@ async def start_rig(
     clock: FakeClock | None = None,
     system_prompt: str | None = None,
     frame_interval_s: float = 0.0,
+    event_log_limit: int | None = None,
 ) -> Rig:
     """Attach a harness with the faux provider answering `script`. The lane's active tools are
     `active_tools` (default: every tool given). Drive settings get the rig's fake clock and sleep
@@ -251,6 +252,8 @@ async def start_rig(
         session=session, models=ModelRegistry([FAUX_MODEL], providers={"faux": faux}), tools=tools,
         drive=settings, hooks=hooks or RunHooks(), listeners=[events], system_prompt=system_prompt,
     )
+    if event_log_limit is not None:
+        options = replace(options, event_log_limit=event_log_limit)
     harness, open_operations = await AgentHarness.create(options, context)
     return Rig(harness, harness.lane("main"), session, faux, events, clock, open_operations)
 

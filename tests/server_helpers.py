@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -16,11 +16,11 @@ import uvicorn
 from fastapi import FastAPI
 
 from conversation_helpers import OffersTool, faux_service
-from harness.conversation import ConversationService, ConversationSetup
+from harness.conversation import AgentRegistry, ConversationService, ConversationSetup
 from harness.messages import ModelIdentity
 from harness.providers import FauxProvider
 from harness.providers.faux import FauxScript
-from harness.runtime import DriveSettings, RunHooks
+from harness.runtime import DEFAULT_EVENT_LOG_LIMIT, DriveSettings, RunHooks
 from harness.server import Approvals, Authenticator, LocalUser, ServerOptions, create_app
 from harness.session import LaneConfig, Store
 
@@ -37,11 +37,14 @@ class Served:
 
 def faux_app(store: Store, script: FauxScript = (), *, auth: Authenticator | None = None,
              tools: Sequence[OffersTool] = (), approvals: Approvals | None = None,
-             options: ServerOptions | None = None) -> Served:
+             options: ServerOptions | None = None, agents: AgentRegistry | None = None,
+             event_log_limit: int = DEFAULT_EVENT_LOG_LIMIT) -> Served:
     """The app over a faux service answering `script`, with `tools` (their calls waiting for
-    `approvals` when given); every request is `USER` unless `auth` says otherwise."""
+    `approvals` when given) and `agents` to delegate to; every request is `USER` unless `auth`
+    says otherwise."""
     hooks = RunHooks(before_tool=approvals.hook) if approvals is not None else RunHooks()
-    setup = ConversationSetup(drive=DriveSettings(frame_interval_s=0), hooks=hooks)
+    setup = ConversationSetup(drive=DriveSettings(frame_interval_s=0), hooks=hooks, agents=agents,
+                              event_log_limit=event_log_limit)
     service, faux = faux_service(store, script, tools=tools, setup=setup)
 
     def new_lane(model: ModelIdentity | None) -> LaneConfig:
@@ -83,6 +86,47 @@ async def sse_events(client: httpx.AsyncClient, path: str, count: int, *, opened
     return events
 
 
+@dataclass(frozen=True)
+class SseEvent:
+    """One event of an SSE stream: its name, its own `id:` (None when it has none) and its data."""
+
+    name: str
+    id: str | None
+    data: Any
+
+
+async def sse_until(client: httpx.AsyncClient, path: str, until: Callable[[SseEvent], bool], *,
+                    last_event_id: str | None = None, opened: asyncio.Event | None = None) -> list[SseEvent]:
+    """The events of the SSE stream at `path` (sent with `Last-Event-ID` when given) up to and
+    including the first `until` accepts; then the connection is dropped. The first event read sets
+    `opened`. Returns early if the stream ends."""
+    events: list[SseEvent] = []
+    event_id: str | None
+    headers = {"Last-Event-ID": last_event_id} if last_event_id is not None else None
+    async with client.stream("GET", path, headers=headers) as response:
+        assert response.status_code == 200, await response.aread()
+        name, event_id, data = "message", None, list[str]()
+        async for line in response.aiter_lines():
+            if not line:
+                if data:
+                    events.append(SseEvent(name, event_id, json.loads("\n".join(data))))
+                    if opened is not None:
+                        opened.set()
+                    if until(events[-1]):
+                        break
+                name, event_id, data = "message", None, list[str]()
+                continue
+            field, _, value = line.partition(":")  # a comment (": heartbeat") has no field: skipped
+            value = value.removeprefix(" ")
+            if field == "event":
+                name = value
+            elif field == "id":
+                event_id = value
+            elif field == "data":
+                data.append(value)
+    return events
+
+
 @asynccontextmanager
 async def serving(app: FastAPI) -> AsyncIterator[str]:
     """`app` served by uvicorn in this event loop on a free loopback port; yields its base URL.
@@ -92,7 +136,7 @@ async def serving(app: FastAPI) -> AsyncIterator[str]:
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     listener.bind(("127.0.0.1", 0))
     port = listener.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on", timeout_graceful_shutdown=0.1))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on", timeout_graceful_shutdown=0))
     task = asyncio.create_task(server.serve(sockets=[listener]))
     try:
         while not server.started:  # uvicorn sets a flag, not an event: poll it

@@ -429,6 +429,23 @@ async def test_a_background_child_neither_delays_nor_fails_the_command(workspace
     assert elapsed < 8
 
 
+async def test_a_background_child_holding_the_output_is_let_go_once_the_command_is_over(
+        workspace: Workspace, root: Path) -> None:
+    """Past the drain the call lets go of the output pipe: a child still holding it writes into a
+    closed pipe (here it sees the error; by default SIGPIPE ends it) instead of filling a buffer
+    nobody reads, and no transport is left open for a closed event loop to trip over."""
+    output = await call(workspace, "shell", {
+        "command": "(trap '' PIPE; sleep 3; echo late || touch write-failed) & echo $!", "timeout": 10})
+
+    assert not output.is_error, text(output)
+    child = int(text(output).split()[0])
+    for _ in range(200):  # the child wakes after 3 s: wait for it to be gone, boundedly
+        if not _alive(child):
+            break
+        await asyncio.sleep(0.05)
+    assert (root / "write-failed").exists()
+
+
 async def test_a_workspace_that_allows_outside_paths_reads_them(root: Path, tmp_path: Path) -> None:
     workspace = Workspace(root=root, output_dir=tmp_path / "out", allow_outside=True)
     (tmp_path / "other.txt").write_text("elsewhere")

@@ -1,9 +1,10 @@
 """Delegation through `ConversationService` (CE-18): the `delegate` tool runs a sub-agent on a lane
 of its own in the conversation's session, in the foreground (its reply is the tool result) or the
 background (its result reaches the parent as a hidden `harness.subagent-result` message with a
-finish marker, and a delegation row where the parent received it, live and after a reload); a
-`workflow` runs several, with a tally; an aborted parent aborts its children with cause `parent`;
-a conversation reopened from the journal mid-delegation completes it exactly once."""
+finish marker, and a delegation row where the parent received it, live, after a reload and in
+the display read); a `workflow` runs several, with a tally; an aborted parent aborts its children
+with cause `parent`; a conversation reopened from the journal mid-delegation completes it exactly
+once."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from harness.conversation import (
     ConversationService,
     ConversationSetup,
     DelegationFinished,
+    DelegationRow,
     Interrupted,
     NodeTally,
     SubagentResult,
@@ -186,6 +188,8 @@ async def test_a_background_result_reaches_the_idle_parent_with_its_marker_live_
     again = await reopened.watch(ctx)
     again.close()
     assert again.delegations == [row.row]
+    display = await conversations.read_display(ALICE, conversation.id, ctx)
+    assert [r for r in display.rows if r.kind == "delegation"] == [DelegationRow(id=row.row.id, finish=marker)]
     await conversations.close_all(ctx)
 
 

@@ -143,7 +143,8 @@ async def test_skills_and_templates_are_formatted_and_unknown_names_refused(stor
 
 async def test_acceptance_writes_exactly_the_contract_and_nothing_else(store: Store, ctx: Context) -> None:
     """HA-19: insert next-run entries, insert prompt entries, delete the captured pending
-    entries, set tip, meta, state `starting`, lane state, in that order, in one commit."""
+    entries, set tip, meta, state `starting`, lane state, in that order, in one commit; then the
+    lane's event log items of the events it announces (issue 16), one per durable event."""
     harness, backend = await recorded_harness(store, ctx)
     lane = harness.lane("main")
     queued = await lane.queue_next_run(said("earlier"), ctx)
@@ -151,10 +152,14 @@ async def test_acceptance_writes_exactly_the_contract_and_nothing_else(store: St
 
     accepted = await lane.accept(PromptRequest(text="now", operation_id="op-1", entry_ids=["prompt-1"]), ctx)
 
-    [writes] = backend.commits[before:]
+    [commit] = backend.commits[before:]
+    writes, logged = commit[:7], commit[7:]
     assert [type(w).__name__ for w in writes] == [
         "InsertEntry", "InsertEntry", "DeleteValue", "SetValue", "SetValue", "SetValue", "SetValue",
     ]
+    # run_start, three events per placed message, queue_update
+    assert [(type(w).__name__, getattr(w, "namespace", None), getattr(w, "key", None)) for w in logged] == [
+        ("AppendList", "harness.lane.events", "main")] * 8
     first, second = writes[0], writes[1]
     assert isinstance(first, InsertEntry)
     assert isinstance(second, InsertEntry)

@@ -213,6 +213,8 @@ async def main(url, session_id):
         print("attached")
     except SessionOwned:
         print("owned")
+    finally:
+        await store.close(ctx)  # an open PostgreSQL pool can hold the child at exit
 
 asyncio.run(main(sys.argv[1], sys.argv[2]))
 """

@@ -993,7 +993,7 @@ async def test_a_frame_commit_queues_behind_the_capture(store: Store, ctx: Conte
 
     async def commit_frames(m: SessionMutator) -> Decision[None]:
         m.append(addresses.assistant_frames(OP, "resp-entry"), page)
-        return Decision(None, lambda result: [update])
+        return Decision(None, [update])
 
     backend.proceed = asyncio.Event()
     watching = start(lane.watch(ctx))

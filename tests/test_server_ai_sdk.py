@@ -19,7 +19,9 @@ from drive_helpers import FAUX, ProbeTool, within
 from harness.context import Context
 from harness.conversation import chat_event_rows
 from harness.providers.faux import FauxReply, delay, reply, tool_call
+from harness.server import Approvals
 from harness.session import Store, connect
+from harness.tools import Approval
 from server_helpers import USER, Served, asgi_client, faux_app, serving
 
 JS = Path(__file__).parent / "js"
@@ -123,6 +125,34 @@ async def test_a_chat_request_that_cannot_start_a_turn_is_400_and_writes_nothing
     assert answer.status_code == 400
     assert answer.json()["code"] == "invalid_input"
     assert served.faux.requests == []
+
+
+async def test_a_call_waiting_for_approval_is_asked_after_its_input_live_and_in_a_resume(
+        store: Store, ctx: Context) -> None:
+    """Issue 16 item 5: a gated call's `tool-approval-request` (approval id = tool call id) follows
+    its `tool-input-available` once, on the stream that sent the turn and on a resume made while it
+    waits; the approved call's output follows on both."""
+    write = ProbeTool("write")
+    approvals, resumed, asked = Approvals(), asyncio.Event(), asyncio.Event()
+    served = faux_app(store, [reply(tool_call("write", {"key": "a"}, id="call-w")), reply("Written.")],
+                      tools=[write], approvals=approvals)
+    served.app.add_middleware(SignalOnResume, resumed=resumed)
+    approvals.listen(lambda change: asked.set() if change.answer is None else None)
+    conversation_id = await new_conversation(served, ctx)
+    async with asgi_client(served.app) as client:
+        sending = asyncio.create_task(client.post("/api/chat", json=chat_body(conversation_id)))
+        await within(asked.wait())
+        resuming = asyncio.create_task(client.get(f"/api/chat/{conversation_id}/stream"))
+        await within(resumed.wait())
+        approvals.answer(conversation_id, "call-w", Approval(allow=True))
+        sent, resumed_answer = await within(asyncio.gather(sending, resuming))
+
+    for body in (sent.text, resumed_answer.text):
+        kinds = [(p["type"], p.get("toolCallId")) for p in parts_of(body) if isinstance(p, dict)]
+        tool_kinds = [kind for kind, call in kinds if call == "call-w"]
+        assert tool_kinds[-3:] == ["tool-input-available", "tool-approval-request", "tool-output-available"]
+        assert {"type": "tool-approval-request", "approvalId": "call-w", "toolCallId": "call-w"} in parts_of(body)
+    assert write.runs == [{"key": "a"}]
 
 
 class SignalOnResume:

@@ -54,3 +54,27 @@ async def test_a_malformed_body_is_400_with_the_error_shape_and_writes_nothing(s
     assert answer.json()["code"] == "invalid_input"
     assert set(answer.json()) == {"code", "message", "details"}
     assert await store.list_sessions(ctx) == []
+
+
+async def test_the_models_are_listed_and_a_conversation_view_names_its_current_model(
+        store: Store, ctx: Context) -> None:
+    """`GET /api/models` is the registry in preference order; a conversation's view names the model
+    its next request goes to, the switched one after a switch, and another user's answers 404."""
+    served = faux_app(store)
+    theirs = await served.service.create("bob", served.app.state.server.new_lane(None), ctx)
+    async with asgi_client(served.app) as client:
+        models = (await client.get("/api/models")).json()
+        mine = (await client.post("/api/conversations", json={"name": "mine"})).json()
+        before = (await client.get(f"/api/conversations/{mine['id']}")).json()
+        embedded = {"provider": models[1]["provider"], "model_id": models[1]["model_id"]}
+        switched = await client.put(f"/api/conversations/{mine['id']}/model", json={"model": embedded})
+        after = (await client.get(f"/api/conversations/{mine['id']}")).json()
+        other = await client.get(f"/api/conversations/{theirs.id}")
+
+    assert models[0] == {"provider": "faux", "model_id": "faux", "name": "Scripted test model",
+                         "context_window": 128_000, "key_present": True}
+    assert len(models) == 2  # and the embedded model, always in a registry
+    assert before == {**mine, "model": {"provider": "faux", "model_id": "faux"}}
+    assert switched.status_code == 200
+    assert after["model"] == embedded
+    assert other.status_code == 404

@@ -1,8 +1,11 @@
-"""The web page of `harness serve` in a real browser: headless Chromium driven by Selenium, against
-the app served by uvicorn on a free loopback port with the faux provider scripting the replies.
+"""The web page of `harness serve` in a real browser (issue 16 item 7): headless Chromium driven by
+Selenium, against the app served by uvicorn on a free loopback port with the faux provider scripting
+the replies, a reply paused mid-way (`delay`) where a test acts mid-reply: send and see the reply
+stream, approve a call and deny one, stop a run, reload mid-reply, two tabs following one turn, the
+model picker, a delegated job's row.
 
 The server runs in a thread of its own (its own event loop), so the browser's blocking calls never
-hold it up; `Page.run` runs a coroutine there. Skipped,
+hold it up; `Page.run` runs a coroutine there and `Page.release` lets a paused reply go on. Skipped,
 with the reason, only when Chromium or its driver is not installed (`apt-get install chromium
 chromium-driver`; CI installs them).
 
@@ -12,6 +15,7 @@ chromium-driver`; CI installs them).
 from __future__ import annotations
 
 import asyncio
+import os
 import shutil
 import tempfile
 import threading
@@ -24,11 +28,12 @@ from typing import Any, TypeVar
 
 import pytest
 
-from drive_helpers import ProbeTool
+from drive_helpers import FAUX, ProbeTool
 from harness.context import Context
-from harness.providers.faux import FauxReply
-from harness.server import StoreTokens
-from harness.session import connect
+from harness.conversation import GENERAL_AGENT, AgentRegistry
+from harness.providers.faux import FauxDelay, FauxReply, FauxRequest, FauxScript, delay, reply, thinking, tool_call
+from harness.server import Approvals, StoreTokens
+from harness.session import LaneConfig, connect
 from server_helpers import USER, Served, asgi_client, faux_app, serving
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -40,11 +45,13 @@ pytestmark = pytest.mark.skipif(
 
 if CHROMIUM is not None and CHROMEDRIVER is not None:
     from selenium import webdriver
+    from selenium.common.exceptions import StaleElementReferenceException
     from selenium.webdriver.chrome.service import Service
     from selenium.webdriver.common.by import By
     from selenium.webdriver.common.keys import Keys
     from selenium.webdriver.remote.webdriver import WebDriver
     from selenium.webdriver.remote.webelement import WebElement
+    from selenium.webdriver.support.select import Select
     from selenium.webdriver.support.wait import WebDriverWait
 
 WAIT_S = 10.0
@@ -56,12 +63,14 @@ T = TypeVar("T")
 @dataclass
 class Page:
     """The app served on its own loop in a thread, over a SQLite store in `directory`, answering
-    `script` with the faux provider; `write` is a tool that needs approval. With `tokens` the
-    server checks bearer tokens and `token` is one of `USER`'s; else every request is `USER`."""
+    `script` with the faux provider; `write` is a tool whose calls wait for an answer from the
+    page, and `agents` the sub-agents the model may delegate to. With `tokens` the server checks
+    bearer tokens and `token` is one of `USER`'s; else every request is `USER`."""
 
     directory: Path
-    script: list[FauxReply | str]
+    script: FauxScript
     tokens: bool = False
+    agents: AgentRegistry | None = None
     url: str = ""
     token: str = ""
     served: Served = field(init=False)
@@ -84,7 +93,8 @@ class Page:
             if self.tokens:
                 auth = StoreTokens(store.tokens)
                 self.token, _ = await store.tokens.create(USER, context)
-            self.served = faux_app(store, self.script, auth=auth, tools=[self.write])
+            self.served = faux_app(store, self.script, auth=auth, tools=[self.write], approvals=Approvals(),
+                                   agents=self.agents)
             async with serving(self.served.app) as url:
                 ready.set_result(url)
                 await self._stop.wait()
@@ -97,6 +107,20 @@ class Page:
 
     def run(self, coroutine: Callable[[], Coroutine[Any, Any, T]]) -> T:
         return asyncio.run_coroutine_threadsafe(coroutine(), self._loop).result(timeout=WAIT_S)
+
+    def reached(self, pause: FauxDelay) -> None:
+        """Return once the reply streamed up to `pause`."""
+        self.run(lambda: asyncio.wait_for(pause.reached.wait(), WAIT_S))
+
+    def release(self, pause: FauxDelay) -> None:
+        """Let the reply paused at `pause` go on."""
+        assert pause.until is not None
+        self._loop.call_soon_threadsafe(pause.until.set)
+
+    def conversation(self, config: LaneConfig, name: str | None = None) -> str:
+        """A new conversation of `USER` with `config`, made on the server; its id."""
+        created = self.run(lambda: self.served.service.create(USER, config, Context({"test": "page"}), name=name))
+        return created.id
 
     def stop(self) -> None:
         self._loop.call_soon_threadsafe(self._stop.set)
@@ -134,9 +158,10 @@ def browser_tab(browser: WebDriver) -> Iterator[WebDriver]:
 
 
 @contextmanager
-def served(tmp_path: Path, *script: FauxReply | str, tokens: bool = False) -> Iterator[Page]:
-    """The page's server answering `script`, stopped on leaving."""
-    page = Page(tmp_path, list(script), tokens=tokens)
+def served(tmp_path: Path, *script: FauxReply | str, tokens: bool = False, agents: AgentRegistry | None = None,
+           answer: Callable[[FauxRequest], FauxReply | str] | None = None) -> Iterator[Page]:
+    """The page's server answering `script` (or every request with `answer`), stopped on leaving."""
+    page = Page(tmp_path, answer or list(script), tokens=tokens, agents=agents)
     page.start()
     try:
         yield page
@@ -145,8 +170,9 @@ def served(tmp_path: Path, *script: FauxReply | str, tokens: bool = False) -> It
 
 
 def wait(driver: WebDriver, condition: Callable[[WebDriver], T | None]) -> T:
-    """What `condition` returns once it is truthy; fails after `WAIT_S`."""
-    result = WebDriverWait(driver, WAIT_S).until(condition)
+    """What `condition` returns once it is truthy; fails after `WAIT_S`. A row the page redrew
+    while `condition` read it is read again."""
+    result = WebDriverWait(driver, WAIT_S, ignored_exceptions=(StaleElementReferenceException,)).until(condition)
     assert result is not None
     return result
 
@@ -236,3 +262,174 @@ def test_a_server_with_tokens_asks_for_one_until_it_is_valid(tmp_path: Path, bro
         listed = shown(browser_tab, "#conversations a", "mine")
         assert listed.get_attribute("data-id") == mine.id
         assert browser_tab.find_element(By.ID, "sign-in").get_attribute("open") is None
+
+
+def paused(before: str, after: str) -> tuple[FauxReply, FauxDelay]:
+    """A reply that streams the text block `before`, waits until released, then streams the text
+    block `after`; and its pause."""
+    pause = delay(asyncio.Event())
+    return FauxReply(parts=(*reply(before).parts, pause, *reply(after).parts)), pause
+
+
+def tool_state(driver: WebDriver, tool_call_id: str) -> str | None:
+    found = driver.find_elements(By.CSS_SELECTOR, f'#transcript .tool[data-id="{tool_call_id}"]')
+    return found[0].get_attribute("data-state") if found else None
+
+
+def test_a_sent_message_streams_its_reply_into_one_row(tmp_path: Path, browser_tab: WebDriver) -> None:
+    """The person's message shows at once; the reply streams into one row while Stop is offered,
+    and the journal's rows replace the live ones when the turn ends, nothing twice."""
+    answer, pause = paused("Hello", "there.")
+    with served(tmp_path, answer) as page:
+        open_new_conversation(browser_tab, page)
+        say(browser_tab, "hi")
+        page.reached(pause)
+
+        shown(browser_tab, "#transcript .assistant", "Hello")
+        assert running(browser_tab)
+        page.release(pause)
+
+        shown(browser_tab, "#transcript .assistant", "there.")
+        wait(browser_tab, idle)
+        assert rows(browser_tab) == ["hi", "Hello\nthere."]  # two text blocks, as the model sent them
+
+
+def test_a_call_is_approved_and_another_denied_from_the_page(tmp_path: Path, browser_tab: WebDriver) -> None:
+    """A `write` call waits with Approve and Deny on its row: approved it runs and the turn goes on;
+    denied it never runs and the model reads the refusal. A shell row recorded between turns shows
+    at once. With `HARNESS_PAGE_SCREENSHOT` set, the page is saved there (the README's picture)."""
+    script = [reply(thinking("The person wants notes kept."), "I'll write that down. ",
+                    tool_call("write", {"key": "notes.txt"}, id="call-a")),
+              reply("Written to notes.txt."),
+              reply(tool_call("write", {"key": "secrets.txt"}, id="call-b")),
+              reply("Understood: I won't write it.")]
+    with served(tmp_path, *script) as page:
+        open_new_conversation(browser_tab, page)
+
+        say(browser_tab, "Keep a note of the plan")
+        shown(browser_tab, '#transcript .tool[data-id="call-a"] button.approve', "Approve").click()
+        shown(browser_tab, "#transcript .assistant", "Written to notes.txt.")
+        wait(browser_tab, idle)
+        say(browser_tab, "Now write the secrets")
+        shown(browser_tab, '#transcript .tool[data-id="call-b"] button.deny', "Deny").click()
+        shown(browser_tab, "#transcript .assistant", "I won't write it.")
+        wait(browser_tab, idle)
+        conversation_id = browser_tab.current_url.split("?c=")[1]
+        page.run(lambda: page.served.service.record_local_shell(USER, conversation_id, "ls", 0, "notes.txt\n",
+                                                                Context({"test": "page"})))
+        shown(browser_tab, "#transcript .event", "! ls · exit 0")
+
+        assert page.write.runs == [{"key": "notes.txt"}]
+        assert tool_state(browser_tab, "call-a") == "done"
+        assert tool_state(browser_tab, "call-b") == "failed"
+        assert "blocked" in browser_tab.find_element(By.CSS_SELECTOR, '.tool[data-id="call-b"] .output').text
+        assert not browser_tab.find_elements(By.CSS_SELECTOR, "#transcript .approval")
+        assert not browser_tab.find_element(By.CSS_SELECTOR, "#transcript .thinking").get_attribute("open")
+        if path := os.environ.get("HARNESS_PAGE_SCREENSHOT"):
+            browser_tab.save_screenshot(path)
+
+
+def test_stop_stops_the_run_with_its_interrupted_row(tmp_path: Path, browser_tab: WebDriver) -> None:
+    """Stop mid-reply is the durable stop: the run ends, the interrupted row says so and the
+    composer takes a new message."""
+    answer, pause = paused("Partial", "never shown")
+    with served(tmp_path, answer) as page:
+        open_new_conversation(browser_tab, page)
+        say(browser_tab, "go")
+        page.reached(pause)
+        shown(browser_tab, "#transcript .assistant", "Partial")
+
+        browser_tab.find_element(By.ID, "stop").click()
+
+        shown(browser_tab, "#transcript .event", "interrupted by you")
+        wait(browser_tab, idle)
+        assert "never shown" not in " ".join(rows(browser_tab))
+        assert browser_tab.find_element(By.ID, "send").text == "Send"
+
+
+def test_a_reload_mid_reply_shows_the_same_transcript_once(tmp_path: Path, browser_tab: WebDriver) -> None:
+    """Reloaded mid-reply, the page reads the display and resumes the turn from its start: the
+    reply so far once, then the rest live, nothing twice."""
+    answer, pause = paused("First half.", "second half.")
+    with served(tmp_path, answer) as page:
+        open_new_conversation(browser_tab, page)
+        say(browser_tab, "hi")
+        page.reached(pause)
+        shown(browser_tab, "#transcript .assistant", "First half.")
+
+        browser_tab.refresh()
+
+        shown(browser_tab, "#transcript .assistant", "First half.")
+        wait(browser_tab, running)
+        assert rows(browser_tab) == ["hi", "First half."]
+        page.release(pause)
+        shown(browser_tab, "#transcript .assistant", "second half.")
+        wait(browser_tab, idle)
+        assert rows(browser_tab) == ["hi", "First half.\nsecond half."]
+
+
+def test_a_second_tab_opened_mid_turn_follows_it_live(tmp_path: Path, browser_tab: WebDriver) -> None:
+    """A tab opened after the turn started sees it so far and then live, as the tab that sent it
+    does; both end with the same rows."""
+    answer, pause = paused("Working on it.", "Done now.")
+    with served(tmp_path, answer) as page:
+        address = open_new_conversation(browser_tab, page)
+        first = browser_tab.current_window_handle
+        say(browser_tab, "start")
+        page.reached(pause)
+
+        browser_tab.switch_to.new_window("tab")
+        browser_tab.get(address)
+        shown(browser_tab, "#transcript .assistant", "Working on it.")
+        wait(browser_tab, running)
+        page.release(pause)
+
+        shown(browser_tab, "#transcript .assistant", "Done now.")
+        wait(browser_tab, idle)
+        second_rows = rows(browser_tab)
+        browser_tab.switch_to.window(first)
+        wait(browser_tab, idle)
+        assert rows(browser_tab) == second_rows == ["start", "Working on it.\nDone now."]
+
+
+def test_the_model_picker_lists_the_models_and_follows_a_switch(tmp_path: Path, browser_tab: WebDriver) -> None:
+    """The picker lists the server's models with the conversation's current one chosen; a pick
+    switches it, with the model row, and a reload shows the switched one."""
+    with served(tmp_path, reply("Hi.")) as page:
+        open_new_conversation(browser_tab, page)
+        say(browser_tab, "hi")
+        shown(browser_tab, "#transcript .assistant", "Hi.")
+        wait(browser_tab, idle)
+        picker = browser_tab.find_element(By.ID, "model")
+        values = [o.get_attribute("value") or "" for o in picker.find_elements(By.TAG_NAME, "option")]
+        assert picker.get_attribute("value") == "faux/faux"
+        other = next(value for value in values if value != "faux/faux")
+
+        Select(picker).select_by_value(other)
+
+        shown(browser_tab, "#transcript .event", f"model: faux/faux → {other}")
+        browser_tab.refresh()
+        wait(browser_tab, lambda d: d.find_element(By.ID, "model").get_attribute("data-current") == other)
+        assert len(values) == 2  # the faux model and the embedded one, always in a registry
+
+
+def test_a_background_jobs_result_is_a_delegation_row(tmp_path: Path, browser_tab: WebDriver) -> None:
+    """A job delegated in the background shows, where its result reached the conversation, as a
+    delegation row worded from its finish marker (CE-18)."""
+    parent = [reply(tool_call("delegate", {"agent": "general", "task": "Find the bug\nin parser.py",
+                                           "background": True})),
+              reply("It runs in the background.")]
+
+    def answer(request: FauxRequest) -> FauxReply | str:
+        if GENERAL_AGENT.instructions in (request.request.system_prompt or ""):
+            return "Fixed the bug."
+        return parent.pop(0)
+
+    with served(tmp_path, answer=answer, agents=AgentRegistry([GENERAL_AGENT])) as page:
+        conversation_id = page.conversation(LaneConfig(model=FAUX, active_tools=["delegate"]))
+        browser_tab.get(f"{page.url}/?c={conversation_id}")
+        say(browser_tab, "find the bug")
+
+        row = shown(browser_tab, "#transcript .delegation", "⇢ agent general finished: Find the bug")
+        assert row.get_attribute("data-tone") == "quiet"
+        wait(browser_tab, idle)

@@ -17,7 +17,7 @@ from drive_helpers import ProbeTool, within
 from harness.context import Context
 from harness.providers.faux import delay, reply, tool_call
 from harness.runtime import Settled
-from harness.server import Approvals, ServerOptions, StoreTokens
+from harness.server import ApprovalChange, Approvals, ServerOptions, StoreTokens
 from harness.session import Store, connect
 from server_helpers import USER, asgi_client, faux_app, serving, sse_events
 
@@ -126,6 +126,39 @@ async def test_a_gated_tool_call_waits_for_the_owners_answer_over_http(store: St
     assert answered.status_code == 200
     assert outcome.result.outcome == "completed"
     assert probe.runs == [{"key": "k"}]
+
+
+async def test_stop_reaches_a_call_waiting_for_approval(store: Store, ctx: Context) -> None:
+    """The durable stop refuses the waiting call (it never runs, its approval is withdrawn), the
+    run settles aborted (cause `user`) with the call answered, and the interrupted row shows."""
+    probe = ProbeTool()
+    approvals = Approvals(gated=frozenset({"probe"}))
+    changes: list[ApprovalChange] = []
+    asked = asyncio.Event()
+
+    def on_change(change: ApprovalChange) -> None:
+        changes.append(change)
+        asked.set()
+
+    approvals.listen(on_change)
+    served = faux_app(store, [reply(tool_call("probe", {"key": "k"})), "never"], tools=[probe], approvals=approvals)
+    async with asgi_client(served.app) as client:
+        conversation = await _new(client)
+        started = (await client.post(f"/api/conversations/{conversation}/messages", json={"text": "go"})).json()
+        await within(asked.wait())
+        stopped = await client.post(f"/api/conversations/{conversation}/stop")
+        outcome = await _outcome(served.app, started["operation_id"])
+        waiting = (await client.get(f"/api/conversations/{conversation}/approvals")).json()
+        page = (await client.get(f"/api/conversations/{conversation}/display")).json()
+
+    assert stopped.status_code == 202
+    assert (outcome.result.outcome, outcome.result.abort_cause) == ("aborted", "user")
+    assert probe.runs == []
+    assert waiting == []
+    assert [change.answer.allow if change.answer else None for change in changes] == [None, False]
+    tool, interrupted = page["rows"][-2:]
+    assert (tool["kind"], tool["id"], tool["result"]["is_error"]) == ("tool", changes[0].pending.tool_call_id, True)
+    assert interrupted["details"] == {"kind": "interrupted", "v": 1, "cause": "user"}
 
 
 async def test_commands_one_route_each(store: Store) -> None:

@@ -341,6 +341,53 @@ async def test_values_distinguish_null_from_absent_and_lists_keep_order(store: S
     assert [i.item for i in await session.read_list(frames, ctx)] == [9]
 
 
+async def test_a_list_is_trimmed_to_its_newest_items_in_the_commit_that_appends(store: Store, ctx: Context) -> None:
+    # The lane event log's retention: a trim staged after appends keeps the newest items, in the
+    # same transaction; bounds name the oldest and newest seq held.
+    session = await new_session_with_lane(store, ctx)
+    log, other = list_address("test.log", "a", int), list_address("test.log", "b", int)
+    assert await session.list_bounds(log, ctx) is None
+
+    async def job(m: SessionMutator) -> None:
+        for i in range(5):
+            m.append(log, i)
+        m.append(other, 100)
+        m.trim_list(log, 3)
+
+    await session.mutate(job, ctx)
+    items = await session.read_list(log, ctx)
+    assert [i.item for i in items] == [2, 3, 4]
+    assert await session.list_bounds(log, ctx) == (items[0].seq, items[-1].seq)
+    assert [i.item for i in await session.read_list(other, ctx)] == [100]
+
+    async def more(m: SessionMutator) -> None:
+        m.append(log, 5)
+        m.trim_list(log, 10)  # longer than the list: nothing goes
+
+    await session.mutate(more, ctx)
+    assert [i.item for i in await session.read_list(log, ctx)] == [2, 3, 4, 5]
+
+    async def failing(m: SessionMutator) -> None:
+        m.trim_list(log, 0)
+        m.insert_entry(CustomPayload(custom_type="x", data=1), parent_id="no-such-entry")
+
+    with pytest.raises(InvalidWrite):
+        await session.mutate(failing, ctx)
+    assert [i.item for i in await session.read_list(log, ctx)] == [2, 3, 4, 5]  # all or nothing
+
+    async def negative(m: SessionMutator) -> None:
+        m.trim_list(log, -1)
+
+    with pytest.raises(InvalidWrite):
+        await session.mutate(negative, ctx)
+
+    async def empty(m: SessionMutator) -> None:
+        m.trim_list(log, 0)
+
+    await session.mutate(empty, ctx)
+    assert await session.list_bounds(log, ctx) is None
+
+
 async def test_scan_values_matches_key_prefix_literally(store: Store, ctx: Context) -> None:
     session = await new_session_with_lane(store, ctx)
 

@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, JsonValue
 
 from harness.conversation.blocks import MessageBlock, message_blocks_of
 from harness.conversation.chat_events import ChatEventDetails, chat_event_of
+from harness.conversation.delegation import DelegationFinish, subagent_result_of
 from harness.messages import (
     AssistantMessage,
     ImageContent,
@@ -103,6 +104,15 @@ class EventRow(_Row):
     details: ChatEventDetails
 
 
+class DelegationRow(_Row):
+    """Where a delegated job's result reached the conversation (CE-18): the hidden result
+    message's entry id and its finish marker, which a surface words."""
+
+    kind: Literal["delegation"] = "delegation"
+    id: str
+    finish: DelegationFinish
+
+
 class SenderRow(_Row):
     """A message from someone other than the person or the model (e.g. a garden's operator): a
     displayed custom message whose `details.sender` names who sent it."""
@@ -116,7 +126,7 @@ class SenderRow(_Row):
 
 
 DisplayRow: TypeAlias = Annotated[
-    UserRow | AssistantRow | ToolRow | EventRow | SenderRow | BlocksRow, Field(discriminator="kind")
+    UserRow | AssistantRow | ToolRow | EventRow | DelegationRow | SenderRow | BlocksRow, Field(discriminator="kind")
 ]
 
 
@@ -140,8 +150,9 @@ def _images(content: str | Sequence[UserContent]) -> int:
 
 def display_rows(entries: Sequence[Entry]) -> list[DisplayRow]:
     """`entries` (one page of a branch, oldest first) as display rows, oldest first (CE-24):
-    user messages, replies with their blocks, tool calls with their results, chat events and
-    messages from other senders; every other entry shows nothing."""
+    user messages, replies with their blocks, tool calls with their results, chat events, the
+    finish markers of delegated jobs and messages from other senders; every other entry shows
+    nothing."""
     results = {entry.payload.message.tool_call_id: entry for entry in entries
                if isinstance(entry.payload, MessagePayload) and isinstance(entry.payload.message, ToolResultMessage)}
     replies = {entry.id for entry in entries
@@ -159,6 +170,9 @@ def display_rows(entries: Sequence[Entry]) -> list[DisplayRow]:
             custom = payload.message
             if (details := chat_event_of(custom)) is not None:
                 rows.append(EventRow(id=entry.id, details=details))
+            elif (result := subagent_result_of(custom)) is not None:
+                if result.finish is not None:
+                    rows.append(DelegationRow(id=entry.id, finish=result.finish))
             elif custom.display and isinstance(custom.details, dict) and isinstance(
                     sender := custom.details.get("sender"), str):
                 rows.append(SenderRow(id=entry.id, sender=sender, custom_type=custom.custom_type,

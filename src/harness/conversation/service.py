@@ -54,6 +54,7 @@ from harness.errors import HarnessError
 from harness.messages import ImageContent, Message, ModelIdentity, ThinkingLevel, now_ms
 from harness.providers import ModelRegistry
 from harness.runtime import (
+    DEFAULT_EVENT_LOG_LIMIT,
     AcceptedRun,
     AgentHarness,
     AgentHarnessOptions,
@@ -152,6 +153,9 @@ class ConversationSetup:
     """The sub-agents the model may delegate to (CE-18): with a registry the harness gets the
     `delegate` and `workflow` tools, offered on a lane whose active tools name them; None: no
     delegation. `DEFAULT_AGENTS` is one general agent on the delegating lane's model and tools."""
+    event_log_limit: int = DEFAULT_EVENT_LOG_LIMIT
+    """How many durable events each lane's event log keeps after a settlement: a watcher that
+    reconnects from an older event id gets a fresh snapshot instead (`AgentHarnessOptions`)."""
 
 
 @dataclass(frozen=True)
@@ -668,7 +672,7 @@ class ConversationService:
         options = AgentHarnessOptions(
             session=session, models=setup.models, tools=self._tools(user, target, delegation),
             system_prompt=delegation.system_prompt if delegation is not None else setup.system_prompt,
-            drive=setup.drive, listeners=setup.listeners,
+            drive=setup.drive, listeners=setup.listeners, event_log_limit=setup.event_log_limit,
             hooks=conversation_hooks(setup.hooks, session, self.store.images,
                                      project_boundary(session, target, select)))
         harness, open_operations = await AgentHarness.create(options, context)

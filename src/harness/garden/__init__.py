@@ -2,7 +2,7 @@
 the run context; the operator messages the gardener emits, with validated routing and durable
 per-run records (OM-1 to OM-10); and `/goal`."""
 
-from harness.garden.command import goal_command
+from harness.garden.command import KickoffDrive, goal_command
 from harness.garden.errors import (
     ConversationNotFound,
     EmptyContent,
@@ -71,6 +71,7 @@ __all__ = [
     "InvalidOperatorMessagePolicy",
     "InvalidOperatorMessageSender",
     "InvalidOperatorMessageValue",
+    "KickoffDrive",
     "MissingRuntimeContext",
     "OperatorMessageIOError",
     "OperatorMessageKind",

@@ -3,6 +3,8 @@ conversation, then starts the kickoff turn (CE-16)."""
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+
 from harness.context import Context
 from harness.conversation import (
     BuiltInCommand,
@@ -15,17 +17,26 @@ from harness.conversation import (
 from harness.errors import InvalidInput
 from harness.garden.garden import Garden
 from harness.garden.records import ConversationOrigin, Goal
+from harness.runtime import AcceptedRun
 from harness.session import new_id
 
+KickoffDrive = Callable[[Conversation, AcceptedRun, Context], Awaitable[None]]
+"""What `/goal` does with its admitted kickoff turn: drive it to its end (the default), or hand
+it to a driver that returns at once (a server answering 202)."""
 
-def goal_command(garden: Garden) -> BuiltInCommand:
+
+async def drive_to_end(conversation: Conversation, accepted: AcceptedRun, context: Context) -> None:
+    await conversation.lane.drive(accepted.operation_id, context)
+
+
+def goal_command(garden: Garden, *, drive: KickoffDrive = drive_to_end) -> BuiltInCommand:
     """`/goal TEXT` for `garden`, shaped as the conversation's built-in commands are (pass it to
     `run_typed_command` in its `commands`).
 
     Through `run_command` with early recording: the command's row (a `GoalOutcome`) is recorded
     first, so it sits above the kickoff turn; then the turn is admitted with `TEXT` as the
     person's message, the goal is given to the garden with that message as its origin, and the
-    turn is driven. The goal's later status changes come as goal rows (`Garden.set_status`).
+    turn is passed to `drive`. The goal's later status changes come as goal rows (`Garden.set_status`).
     Raises `InvalidInput` for an empty text (recorded as the command's error), and what admitting
     the turn raises (`LaneBusy` while a turn runs, `ConversationEnded`)."""
 
@@ -45,7 +56,7 @@ def goal_command(garden: Garden) -> BuiltInCommand:
             try:
                 await garden.add_goal("durable", text, context, origin=origin, goal_id=goal_id)
             finally:  # the person's message is answered either way
-                await conversation.lane.drive(accepted.operation_id, context)
+                await drive(conversation, accepted, context)
             return outcome
 
         invocation = CommandInvocation(name="goal", args=args or None) if typed else None

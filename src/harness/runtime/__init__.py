@@ -21,6 +21,7 @@ from harness.runtime.errors import (
     UnknownTemplate,
     WatchOverflow,
 )
+from harness.runtime.event_log import DEFAULT_EVENT_LOG_LIMIT, DURABLE_EVENT_TYPES, LaneEventPage, read_lane_events
 from harness.runtime.events import (
     CompactionEnd,
     CompactionStart,
@@ -98,6 +99,8 @@ from harness.runtime.types import (
 from harness.session import LaneConfig, LaneLastResult
 
 __all__ = [
+    "DEFAULT_EVENT_LOG_LIMIT",
+    "DURABLE_EVENT_TYPES",
     "INTERRUPTED_REPLY",
     "MAX_INPUT_BYTES",
     "AbortRequest",
@@ -130,6 +133,7 @@ __all__ = [
     "LaneBusy",
     "LaneConfig",
     "LaneCreated",
+    "LaneEventPage",
     "LaneExecutionInfo",
     "LaneInfo",
     "LaneLastResult",
@@ -198,5 +202,6 @@ __all__ = [
     "WaitingRetry",
     "WatchOverflow",
     "event_lane",
+    "read_lane_events",
     "reduce_lane_snapshot",
 ]

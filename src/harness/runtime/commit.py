@@ -2,8 +2,10 @@
 phase transitions of an operation, each check written once.
 
 Every lane and harness method is one job on the session line (DESIGN.md: session line). A job's
-plan reads the projection and stages writes; after the commit its continuation publishes the
-projection and returns the events, without yielding, and the line emits them as one batch (HA-12).
+plan reads the projection, stages writes and announces its events; the line appends the durable
+ones to their lanes' event logs in the same commit (`harness.runtime.event_log`), and after the
+commit the job's continuation publishes the projection, without yielding, and the line emits the
+events as one batch (HA-12).
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ from harness.context import Context
 from harness.messages import CustomMessage, Message
 from harness.runtime.bus import EventBus
 from harness.runtime.errors import HarnessClosed, HarnessFault, ListenerReentry
-from harness.runtime.events import EntryAdded, Fault, HarnessEvent, MessageEnd, MessageStart
+from harness.runtime.event_log import Announcement, EntryEvent, entry_events, published, stage_events
+from harness.runtime.events import Fault, HarnessEvent
 from harness.runtime.projection import LaneProjection
 from harness.session import (
     CancelRequested,
@@ -38,21 +41,19 @@ from harness.session import (
 
 R = TypeVar("R")
 
-AfterCommit = Callable[[CommitResult | None], Sequence[HarnessEvent]]
-"""Runs in the commit continuation, without yielding: publish the projection, return the events."""
+Publish = Callable[[CommitResult | None], None]
+"""Runs in the commit continuation, without yielding: publish the projection."""
 
 
 @dataclass
 class Decision(Generic[R]):
-    """What a job decided: the call's return value and its commit continuation."""
+    """What a job decided: the call's return value, the events it announces (emitted after the
+    commit; the lane events of a committing job are durable and logged by it) and the commit
+    continuation that publishes the projection."""
 
     value: R
-    after: AfterCommit
-
-
-def nothing_to_publish(_: CommitResult | None) -> Sequence[HarnessEvent]:
-    """The continuation of a job that changes no projection and emits nothing."""
-    return ()
+    events: Sequence[Announcement] = ()
+    publish: Publish | None = None
 
 
 class SessionLine:
@@ -60,9 +61,10 @@ class SessionLine:
     they staged and emits their events; remembers the first refused commit and faults the harness
     when its ownership is lost."""
 
-    def __init__(self, bus: EventBus) -> None:
+    def __init__(self, bus: EventBus, event_log_limit: int) -> None:
         self.ownership: SessionOwnership | None = None  # set by the attachment
         self.bus = bus
+        self.event_log_limit = event_log_limit
         self.closed = False
         self.faulted = False
         self.persistence_failure: Exception | None = None
@@ -80,21 +82,25 @@ class SessionLine:
             raise HarnessClosed("the harness is closed")
 
     async def run(self, plan: Callable[[SessionMutator], Awaitable[Decision[R]]], context: Context) -> R:
-        """Run `plan` as one job: commit what it staged, then, without yielding, its continuation
-        publishes the projection and `emit_batch` binds recipients (HA-12). The job returns
-        without awaiting delivery; this call awaits it after the line is released."""
+        """Run `plan` as one job: commit what it staged with the log items of its durable events,
+        then, without yielding, its continuation publishes the projection and `emit_batch` binds
+        recipients (HA-12). A job that stages nothing commits nothing and logs nothing. The job
+        returns without awaiting delivery; this call awaits it after the line is released."""
         self.check_usable()
         delivered: list[asyncio.Future[None]] = []
 
         async def job(m: SessionMutator) -> R:
             self.check_usable()
             decision = await plan(m)
+            positions = stage_events(m, decision.events, self.event_log_limit) if m.staged else None
             try:
                 result = await m.commit() if m.staged else None
             except Exception as error:
                 self.persistence_failure = self.persistence_failure or error
                 raise
-            events = decision.after(result)
+            if decision.publish is not None:
+                decision.publish(result)
+            events = published(decision.events, result, positions)
             if events:
                 delivered.append(self.bus.emit_batch(events, context))
             return decision.value
@@ -162,25 +168,19 @@ class Placement:
             parent = entry_id
         return entries
 
+    def events(self, lane: str) -> list[EntryEvent]:
+        """`message_start`, `message_end` (for messages) and `entry_added` per placed entry."""
+        events: list[EntryEvent] = []
+        parent = self.parent
+        for entry_id, payload, position in self.staged:
+            events += entry_events(lane, entry_id, parent, payload, position)
+            parent = entry_id
+        return events
 
-def placed_events(lane: str, entries: Sequence[Entry]) -> list[HarnessEvent]:
-    """`message_start`, `message_end` (for messages) and `entry_added` per placed entry."""
-    events: list[HarnessEvent] = []
-    for entry in entries:
-        if isinstance(entry.payload, MessagePayload | CustomMessagePayload):
-            events += [MessageStart(lane=lane, message=entry.payload.message),
-                       MessageEnd(lane=lane, message=entry.payload.message, entry_id=entry.id)]
-        events.append(EntryAdded(lane=lane, entry=entry))
-    return events
-
-
-def publish_placement(projection: LaneProjection, placement: Placement,
-                      result: CommitResult | None) -> list[HarnessEvent]:
-    """In a commit continuation: the tip moves to the end of `placement` and the cached branch
-    grows by its entries; returns their events."""
-    entries = placement.entries(result)
-    projection.move_tip(placement.tip, entries)
-    return placed_events(projection.name, entries)
+    def publish(self, projection: LaneProjection, result: CommitResult | None) -> None:
+        """In a commit continuation: the tip moves to the end of the placement and the cached
+        branch grows by its entries."""
+        projection.move_tip(self.tip, self.entries(result))
 
 
 # -- operation phases ----------------------------------------------------------------------------
@@ -216,11 +216,13 @@ def abort_requested(projection: LaneProjection) -> bool:
 class Transition:
     """An operation's next phase as a value: `state` (or a function of the current one) replaces
     the whole phase, keeping its control field, committed with `stage`'s writes; `events` are
-    emitted after. An `intent` (the commit before an effect) is refused under an abort."""
+    emitted after, once `publish` has published what `stage` changed besides the phase. An
+    `intent` (the commit before an effect) is refused under an abort."""
 
     state: OperationState | Callable[[OperationState], OperationState]
     stage: Callable[[SessionMutator], None] | None = None
-    events: Callable[[CommitResult | None], Sequence[HarnessEvent]] | None = None
+    events: Callable[[], Sequence[Announcement]] | None = None
+    publish: Publish | None = None
     intent: bool = False
 
 
@@ -232,17 +234,18 @@ async def commit_transition(line: SessionLine, projection: LaneProjection, opera
     async def plan(m: SessionMutator) -> Decision[bool]:
         current = current_phase(projection, operation_id, intent=transition.intent)
         if current is None:
-            return Decision(False, nothing_to_publish)
+            return Decision(False)
         make = transition.state
         new_state = (make(current) if callable(make) else make).model_copy(update={"control": current.control})
         if transition.stage is not None:
             transition.stage(m)  # first, so an entry it inserts is write 0 of the commit
         m.set(addresses.operation_state(operation_id), new_state)
 
-        def after(result: CommitResult | None) -> Sequence[HarnessEvent]:
+        def publish(result: CommitResult | None) -> None:
             projection.operation_state = new_state
-            return transition.events(result) if transition.events is not None else ()
+            if transition.publish is not None:
+                transition.publish(result)
 
-        return Decision(True, after)
+        return Decision(True, transition.events() if transition.events is not None else (), publish)
 
     return await line.run(plan, context)

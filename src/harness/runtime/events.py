@@ -20,6 +20,12 @@ class _Event(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
+class _Published(_Event):
+    event_seq: int | None = None
+    """The event's number in its lane's event log when it describes a committed fact (a durable
+    event), else None (live presentation, session-wide values, faults); see `harness.runtime.event_log`."""
+
+
 class QueuedItem(_Event):
     """A queued message waiting on a lane, by its pre-minted entry id."""
 
@@ -43,7 +49,7 @@ class Queues(_Event):
     next_run: tuple[QueuedItem, ...] = ()
 
 
-class RunStart(_Event):
+class RunStart(_Published):
     type: Literal["run_start"] = "run_start"
     lane: str
     operation_id: str
@@ -51,7 +57,7 @@ class RunStart(_Event):
     started_at: int
 
 
-class RunEnd(_Event):
+class RunEnd(_Published):
     """The operation settled; `result` is the lane's new last result."""
 
     type: Literal["run_end"] = "run_end"
@@ -60,7 +66,7 @@ class RunEnd(_Event):
     result: LaneLastResult
 
 
-class RunSuspend(_Event):
+class RunSuspend(_Published):
     type: Literal["run_suspend"] = "run_suspend"
     lane: str
     operation_id: str
@@ -69,13 +75,13 @@ class RunSuspend(_Event):
     poll: int
 
 
-class RunResume(_Event):
+class RunResume(_Published):
     type: Literal["run_resume"] = "run_resume"
     lane: str
     operation_id: str
 
 
-class OperationAbort(_Event):
+class OperationAbort(_Published):
     """A durable abort request was committed; `steer` and `follow_up` are the drained items."""
 
     type: Literal["operation_abort"] = "operation_abort"
@@ -86,13 +92,13 @@ class OperationAbort(_Event):
     follow_up: tuple[QueuedItem, ...] = ()
 
 
-class MessageStart(_Event):
+class MessageStart(_Published):
     type: Literal["message_start"] = "message_start"
     lane: str
     message: Message
 
 
-class MessageUpdate(_Event):
+class MessageUpdate(_Published):
     """Live presentation of a streaming assistant reply (not yet durable)."""
 
     type: Literal["message_update"] = "message_update"
@@ -100,14 +106,14 @@ class MessageUpdate(_Event):
     message: AssistantMessage
 
 
-class MessageEnd(_Event):
+class MessageEnd(_Published):
     type: Literal["message_end"] = "message_end"
     lane: str
     message: Message
     entry_id: str | None = None
 
 
-class EntryAdded(_Event):
+class EntryAdded(_Published):
     """`entry` is committed and readable; it is the lane's new tip."""
 
     type: Literal["entry_added"] = "entry_added"
@@ -115,14 +121,14 @@ class EntryAdded(_Event):
     entry: Entry
 
 
-class TurnStart(_Event):
+class TurnStart(_Published):
     type: Literal["turn_start"] = "turn_start"
     lane: str
     operation_id: str
     turn_id: str
 
 
-class TurnEnd(_Event):
+class TurnEnd(_Published):
     type: Literal["turn_end"] = "turn_end"
     lane: str
     operation_id: str
@@ -131,7 +137,7 @@ class TurnEnd(_Event):
     tool_results: tuple[ToolResultMessage, ...] = ()
 
 
-class ToolStart(_Event):
+class ToolStart(_Published):
     type: Literal["tool_start"] = "tool_start"
     lane: str
     operation_id: str
@@ -141,7 +147,7 @@ class ToolStart(_Event):
     args: JsonValue
 
 
-class ToolUpdate(_Event):
+class ToolUpdate(_Published):
     type: Literal["tool_update"] = "tool_update"
     lane: str
     operation_id: str
@@ -150,7 +156,7 @@ class ToolUpdate(_Event):
     partial_result: JsonValue
 
 
-class ToolEnd(_Event):
+class ToolEnd(_Published):
     """The call's outcome is staged; it is no longer running (HA-28)."""
 
     type: Literal["tool_end"] = "tool_end"
@@ -162,7 +168,7 @@ class ToolEnd(_Event):
     terminate: bool = False
 
 
-class RetryScheduled(_Event):
+class RetryScheduled(_Published):
     type: Literal["retry_scheduled"] = "retry_scheduled"
     lane: str
     operation_id: str
@@ -172,14 +178,14 @@ class RetryScheduled(_Event):
     error_message: str
 
 
-class RetryStart(_Event):
+class RetryStart(_Published):
     type: Literal["retry_start"] = "retry_start"
     lane: str
     operation_id: str
     attempt: int
 
 
-class RetryEnd(_Event):
+class RetryEnd(_Published):
     type: Literal["retry_end"] = "retry_end"
     lane: str
     operation_id: str
@@ -188,14 +194,14 @@ class RetryEnd(_Event):
     final_error: str | None = None
 
 
-class CompactionStart(_Event):
+class CompactionStart(_Published):
     type: Literal["compaction_start"] = "compaction_start"
     lane: str
     operation_id: str
     reason: Literal["manual", "threshold", "overflow"]
 
 
-class CompactionEnd(_Event):
+class CompactionEnd(_Published):
     type: Literal["compaction_end"] = "compaction_end"
     lane: str
     operation_id: str
@@ -205,14 +211,14 @@ class CompactionEnd(_Event):
     error: OperationErrorRecord | None = None
 
 
-class NavigationStart(_Event):
+class NavigationStart(_Published):
     type: Literal["navigation_start"] = "navigation_start"
     lane: str
     operation_id: str
     target_id: str | None
 
 
-class NavigationEnd(_Event):
+class NavigationEnd(_Published):
     """The tip moved to another branch: a watcher must take a new snapshot (`RebaseRequired`)."""
 
     type: Literal["navigation_end"] = "navigation_end"
@@ -223,7 +229,7 @@ class NavigationEnd(_Event):
     tip_id: str | None
 
 
-class QueueUpdate(_Event):
+class QueueUpdate(_Published):
     """The lane's complete, authoritative queues and pending writes after a commit."""
 
     type: Literal["queue_update"] = "queue_update"
@@ -232,7 +238,7 @@ class QueueUpdate(_Event):
     pending_writes: tuple[PendingWrite, ...] = ()
 
 
-class ConfigUpdate(_Event):
+class ConfigUpdate(_Published):
     type: Literal["config_update"] = "config_update"
     lane: str
     field: Literal["model", "thinking_level", "active_tools"]
@@ -240,7 +246,7 @@ class ConfigUpdate(_Event):
     value: ModelIdentity | ThinkingLevel | tuple[str, ...]
 
 
-class ValueUpdate(_Event):
+class ValueUpdate(_Published):
     """The session name (`entry_id` None) or an entry's label changed; `value` None clears it."""
 
     type: Literal["value_update"] = "value_update"
@@ -249,14 +255,14 @@ class ValueUpdate(_Event):
     value: str | None
 
 
-class LaneCreated(_Event):
+class LaneCreated(_Published):
     type: Literal["lane_created"] = "lane_created"
     lane: str
     config: LaneConfig
     at: str | None
 
 
-class UsageRecorded(_Event):
+class UsageRecorded(_Published):
     type: Literal["usage"] = "usage"
     lane: str
     usage_id: str
@@ -264,7 +270,7 @@ class UsageRecorded(_Event):
     entry_id: str | None = None
 
 
-class HandlerError(_Event):
+class HandlerError(_Published):
     """A listener raised while handling `event_type`; the commit it observed stands."""
 
     type: Literal["handler_error"] = "handler_error"
@@ -272,7 +278,7 @@ class HandlerError(_Event):
     error: str
 
 
-class Fault(_Event):
+class Fault(_Published):
     """The harness stopped: it found state it cannot trust. Watches end with `HarnessFault`."""
 
     type: Literal["fault"] = "fault"

@@ -10,9 +10,10 @@ from harness.context import Context
 from harness.errors import InvalidInput
 from harness.runtime.agent_tool import AgentTool
 from harness.runtime.bus import EventBus, Listener
-from harness.runtime.commit import Decision, SessionLine, nothing_to_publish
+from harness.runtime.commit import Decision, SessionLine
 from harness.runtime.drive import DriveEnvironment, OperationDriver
 from harness.runtime.errors import HarnessFault, ListenerReentry
+from harness.runtime.event_log import DEFAULT_EVENT_LOG_LIMIT
 from harness.runtime.events import LaneCreated, ValueUpdate
 from harness.runtime.hooks import RunHooks
 from harness.runtime.lane import Lane, LaneCore
@@ -60,6 +61,7 @@ class AgentHarnessOptions:
     drive: DriveSettings = field(default_factory=DriveSettings)
     hooks: RunHooks = field(default_factory=RunHooks)
     watch_buffer_limit: int = 100_000  # events a watch may hold unread before it ends (WatchOverflow)
+    event_log_limit: int = DEFAULT_EVENT_LOG_LIMIT  # events a lane's log keeps after a settlement
 
 
 class AgentHarness:
@@ -69,7 +71,7 @@ class AgentHarness:
         self.options = options
         self.session = options.session
         self._bus = EventBus()
-        self._line = SessionLine(self._bus)
+        self._line = SessionLine(self._bus, options.event_log_limit)
         self._lanes: dict[str, Lane] = {}
         self._environment = DriveEnvironment(
             models=options.models, tools={tool.name: tool for tool in options.tools},
@@ -179,14 +181,14 @@ class AgentHarness:
                 m.delete(addresses.session_name())
             else:
                 m.set(addresses.session_name(), name)
-            return Decision(None, lambda _: [ValueUpdate(key="session_name", value=name)])
+            return Decision(None, [ValueUpdate(key="session_name", value=name)])
 
         await self._line.run(plan, context)
 
     async def session_name(self, context: Context) -> str | None:
         async def plan(m: SessionMutator) -> Decision[str | None]:
             name: str | None = await m.get(addresses.session_name(), context)
-            return Decision(name, nothing_to_publish)
+            return Decision(name)
 
         return await self._line.run(plan, context)
 
@@ -200,14 +202,14 @@ class AgentHarness:
                 m.delete(addresses.entry_label(entry_id))
             else:
                 m.set(addresses.entry_label(entry_id), label)
-            return Decision(None, lambda _: [ValueUpdate(key="entry_label", entry_id=entry_id, value=label)])
+            return Decision(None, [ValueUpdate(key="entry_label", entry_id=entry_id, value=label)])
 
         await self._line.run(plan, context)
 
     async def entry_label(self, entry_id: str, context: Context) -> str | None:
         async def plan(m: SessionMutator) -> Decision[str | None]:
             label: str | None = await m.get(addresses.entry_label(entry_id), context)
-            return Decision(label, nothing_to_publish)
+            return Decision(label)
 
         return await self._line.run(plan, context)
 
@@ -224,7 +226,7 @@ class AgentHarness:
                 m.delete(address)
             else:
                 m.set(address, value)
-            return Decision(None, nothing_to_publish)
+            return Decision(None)
 
         await self._line.run(plan, context)
 

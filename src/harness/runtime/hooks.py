@@ -36,7 +36,8 @@ class Block:
 
 BeforeTool = Callable[[ToolCallRequest, Context], Awaitable[Block | dict[str, JsonValue] | None]]
 """Return None to run the call, replacement args to run it with those, or a `Block`. Raising
-blocks it too: approval fails closed."""
+blocks it too: approval fails closed. Its Context is cancelled when the run is aborted (or its
+harness closes), so a hook waiting for a person stops waiting then."""
 
 AfterTool = Callable[[ToolCallRequest, ToolOutput, Context], Awaitable[ToolOutput | None]]
 """Return a replacement output, or None to keep it. Called for every output a tool returns before

@@ -23,10 +23,8 @@ from harness.runtime.commit import (
     Decision,
     Placement,
     SessionLine,
-    nothing_to_publish,
     payload_of,
     pending_payload,
-    publish_placement,
 )
 from harness.runtime.errors import (
     HarnessClosed,
@@ -40,6 +38,7 @@ from harness.runtime.errors import (
     OperationMismatch,
     PromptTooLarge,
 )
+from harness.runtime.event_log import Announcement, LaneEventPage, read_lane_events
 from harness.runtime.events import (
     CompactionStart,
     ConfigUpdate,
@@ -258,19 +257,19 @@ class Lane:
             m.set(addresses.operation_state(operation_id), RunStarting())
             m.set(addresses.lane_state(self.name), state)
 
-            def after(result: CommitResult | None) -> list[HarnessEvent]:
+            events: list[Announcement] = [RunStart(lane=self.name, operation_id=operation_id, kind="run",
+                                                   started_at=started_at), *placement.events(self.name)]
+            if captured:
+                events.append(self.projection.queue_update(state))
+
+            def publish(result: CommitResult | None) -> None:
                 self.projection.state, self.projection.meta = state, meta
                 self.projection.operation_state = RunStarting()
-                events: list[HarnessEvent] = [RunStart(lane=self.name, operation_id=operation_id, kind="run",
-                                                       started_at=started_at)]
-                events += publish_placement(self.projection, placement, result)
+                placement.publish(self.projection, result)
                 for entry_id in captured:
                     del self.projection.pending[entry_id]
-                if captured:
-                    events.append(self.projection.queue_update())
-                return events
 
-            return Decision(AcceptedRun(operation_id, started_at, tuple(request_ids)), after)
+            return Decision(AcceptedRun(operation_id, started_at, tuple(request_ids)), events, publish)
 
         return await self.core.line.run(plan, context)
 
@@ -324,10 +323,8 @@ class Lane:
             placement.stage(m, new_entry, pending_payload(pending))
             m.set(addresses.branch_tip(self.name), new_entry)
 
-            def after(result: CommitResult | None) -> list[HarnessEvent]:
-                return publish_placement(self.projection, placement, result)
-
-            return Decision(new_entry, after)
+            return Decision(new_entry, placement.events(self.name),
+                            lambda result: placement.publish(self.projection, result))
 
         return await self.core.line.run(plan, context)
 
@@ -338,12 +335,11 @@ class Lane:
         m.set(addresses.pending_entry(entry_id), pending)
         m.set(addresses.lane_state(self.name), state)
 
-        def after(result: CommitResult | None) -> list[HarnessEvent]:
+        def publish(result: CommitResult | None) -> None:
             self.projection.state = state
             self.projection.pending[entry_id] = pending
-            return [self.projection.queue_update()]
 
-        return Decision(entry_id, after)
+        return Decision(entry_id, [self.projection.queue_update(state, {entry_id: pending})], publish)
 
     async def _queue(self, kind: InboxKind, message: Message, context: Context, *, needs_operation: bool,
                      posted: tuple[str, str] | None = None) -> str:
@@ -414,7 +410,7 @@ class Lane:
             if meta is None or state is None:
                 raise NoActiveOperation(f"lane {self.name} has no open operation to abort", lane=self.name)
             if isinstance(state.control, CancelRequested):
-                return Decision(AbortRequest(meta.operation_id, False, (), ()), nothing_to_publish)
+                return Decision(AbortRequest(meta.operation_id, False, (), ()))
             steer, follow_up = self.projection.state.ids_of("steer"), self.projection.state.ids_of("follow_up")
             await self.projection.load_inbox(m, context)
             control = CancelRequested(cause=cause, requested_at=now_ms(), drained_steer=steer,
@@ -425,18 +421,19 @@ class Lane:
             m.set(addresses.operation_state(meta.operation_id), new_state)
             m.set(addresses.lane_state(self.name), lane_state)
 
-            def after(result: CommitResult | None) -> list[HarnessEvent]:
+            abort = OperationAbort(
+                lane=self.name, operation_id=meta.operation_id, cause=cause,
+                steer=tuple(queued_item(i, self.projection.pending[i]) for i in steer),
+                follow_up=tuple(queued_item(i, self.projection.pending[i]) for i in follow_up),
+            )
+
+            def publish(result: CommitResult | None) -> None:
                 self.projection.operation_state, self.projection.state = new_state, lane_state
                 if self.active_drive is not None:
                     self.active_drive.on_abort()
-                abort = OperationAbort(
-                    lane=self.name, operation_id=meta.operation_id, cause=cause,
-                    steer=tuple(queued_item(i, self.projection.pending[i]) for i in steer),
-                    follow_up=tuple(queued_item(i, self.projection.pending[i]) for i in follow_up),
-                )
-                return [abort, self.projection.queue_update()]
 
-            return Decision(AbortRequest(meta.operation_id, True, tuple(steer), tuple(follow_up)), after)
+            return Decision(AbortRequest(meta.operation_id, True, tuple(steer), tuple(follow_up)),
+                            [abort, self.projection.queue_update(lane_state)], publish)
 
         return await self.core.line.run(plan, context)
 
@@ -503,8 +500,7 @@ class Lane:
             if drive is None or drive.operation_id != expected_operation_id:
                 if current != expected_operation_id:
                     if last is not None and last.operation_id == expected_operation_id:
-                        return Decision(Settled(operation_id=expected_operation_id, result=owned(last)),
-                                        nothing_to_publish)
+                        return Decision(Settled(operation_id=expected_operation_id, result=owned(last)))
                     raise OperationMismatch(
                         f"operation {expected_operation_id} is not the current operation of lane {self.name}",
                         lane=self.name, expected_operation_id=expected_operation_id, current_operation_id=current,
@@ -514,9 +510,8 @@ class Lane:
                 started = drive
                 task = drive.join(wait_for_retry=wait_for_retry, poll_deferred=poll_deferred)
                 task.add_done_callback(lambda _: self._drive_ended(started))
-                return Decision(task, nothing_to_publish)
-            return Decision(drive.join(wait_for_retry=wait_for_retry, poll_deferred=poll_deferred),
-                            nothing_to_publish)
+                return Decision(task)
+            return Decision(drive.join(wait_for_retry=wait_for_retry, poll_deferred=poll_deferred))
 
         claimed = await self.core.line.run(plan, context)
         if isinstance(claimed, Settled):
@@ -655,12 +650,11 @@ class Lane:
         m.set(addresses.operation_state(operation_id), state)
         m.set(addresses.lane_state(self.name), lane_state)
 
-        def after(result: CommitResult | None) -> list[HarnessEvent]:
+        def publish(result: CommitResult | None) -> None:
             self.projection.meta, self.projection.operation_state, self.projection.state = meta, state, lane_state
-            return [RunStart(lane=self.name, operation_id=operation_id, kind=intent.kind, started_at=started_at),
-                    start(operation_id)]
 
-        return Decision(operation_id, after)
+        return Decision(operation_id, [RunStart(lane=self.name, operation_id=operation_id, kind=intent.kind,
+                                                started_at=started_at), start(operation_id)], publish)
 
     # -- configuration --------------------------------------------------------------------------
 
@@ -697,14 +691,13 @@ class Lane:
             previous = self.projection.config
             m.set(addresses.lane_config(self.name), config)
 
-            def after(result: CommitResult | None) -> list[HarnessEvent]:
+            def publish(result: CommitResult | None) -> None:
                 self.projection.config = config
-                return [ConfigUpdate.model_validate({
-                    "lane": self.name, "field": field,
-                    "previous": _config_value(previous, field), "value": _config_value(config, field),
-                })]
 
-            return Decision(None, after)
+            return Decision(None, [ConfigUpdate.model_validate({
+                "lane": self.name, "field": field,
+                "previous": _config_value(previous, field), "value": _config_value(config, field),
+            })], publish)
 
         await self.core.line.run(plan, context)
 
@@ -718,9 +711,19 @@ class Lane:
             info = LaneExecutionInfo(lane=self.name, tip_id=projection.tip_id, configured_model=projection.config.model,
                                      current=projection.current(self.active_drive is not None),
                                      last_result=owned(projection.last_result))
-            return Decision(info, nothing_to_publish)
+            return Decision(info)
 
         return await self.core.line.run(plan, context)
+
+    async def read_events(self, after_seq: int | None, limit: int, context: Context) -> LaneEventPage:
+        """The lane's durable events after `after_seq`, at most `limit`, as they were published
+        (`read_lane_events`, which also reads a session no harness holds).
+
+        To resume a watcher that saw events up to `after_seq` without a snapshot: `watch`, then
+        read pages from `after_seq` until `watch.snapshot.event_seq`; if every page `holds`,
+        deliver those events (seq up to the snapshot's), then the watch's own, which follow it;
+        otherwise the log no longer reaches back that far: send the snapshot instead."""
+        return await read_lane_events(self.core.line.owner().session, self.name, after_seq, limit, context)
 
     async def watch(self, context: Context) -> LaneWatch:
         """Register a watcher and capture the lane's snapshot in one no-write job (HA-7).
@@ -739,7 +742,7 @@ class Lane:
             except BaseException:
                 bus.remove_watcher(watcher)
                 raise
-            return Decision(LaneWatch(snapshot, watcher, bus.remove_watcher), nothing_to_publish)
+            return Decision(LaneWatch(snapshot, watcher, bus.remove_watcher))
 
         return await self.core.line.run(plan, context)
 

@@ -7,7 +7,7 @@ continuation that runs right after the commit, without yielding, publishes the n
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from harness.context import Context
@@ -106,8 +106,10 @@ class LaneProjection:
         """Load the payloads of every queued entry (and `extra` ids): `queue_update` carries them all."""
         await self.load_pending(reader, [*(item.entry_id for item in self.state.inbox), *extra], context)
 
-    def queue_update(self) -> QueueUpdate:
-        queues, writes = queues_of(self.state.inbox, self.pending)
+    def queue_update(self, state: LaneState, added: Mapping[str, PendingEntry] | None = None) -> QueueUpdate:
+        """The `queue_update` of a commit that leaves the lane in `state`, announced before the
+        commit: every payload of its inbox was loaded, or is one of `added`."""
+        queues, writes = queues_of(state.inbox, {**self.pending, **added} if added else self.pending)
         return QueueUpdate(lane=self.name, queues=queues, pending_writes=writes)
 
 

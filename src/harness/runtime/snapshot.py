@@ -14,6 +14,7 @@ from harness.messages import AssistantMessage, ToolCall
 from harness.providers import AssistantStreamAccumulator, StreamFrame
 from harness.runtime.branch_context import branch_entries
 from harness.runtime.errors import RebaseRequired
+from harness.runtime.event_log import newest_event_seq
 from harness.runtime.events import (
     DeferredHandle,
     EntryAdded,
@@ -37,6 +38,7 @@ from harness.runtime.events import (
     ToolEnd,
     ToolStart,
     ToolUpdate,
+    event_lane,
 )
 from harness.runtime.types import (
     DeferredInfo,
@@ -118,6 +120,7 @@ async def capture_snapshot(
     if view.meta is not None and view.operation_state is not None:
         operation = await _capture_operation(reader, view, pending, live, context)
     return LaneSnapshot(
+        event_seq=await newest_event_seq(reader, view.lane, context),
         lane=view.lane,
         transcript=tuple(transcript),
         tip_id=view.tip_id,
@@ -290,9 +293,17 @@ def reduce_lane_snapshot(snapshot: LaneSnapshot, event: HarnessEvent) -> LaneSna
 
     A snapshot folded with every event delivered after it equals a fresh snapshot of the same
     state. Events of other lanes and events that change nothing a snapshot shows return it as is.
-    Raises `RebaseRequired` on `navigation_end`: the branch changed under the transcript."""
+    Raises `RebaseRequired` on `navigation_end`: the branch changed under the transcript. A
+    durable event's `event_seq` becomes the snapshot's."""
     if getattr(event, "lane", snapshot.lane) != snapshot.lane:
         return snapshot
+    folded = _fold(snapshot, event)
+    if event.event_seq is None or event_lane(event) is None:
+        return folded
+    return folded.model_copy(update={"event_seq": event.event_seq})
+
+
+def _fold(snapshot: LaneSnapshot, event: HarnessEvent) -> LaneSnapshot:
     operation = snapshot.operation
     match event:
         case RunStart():

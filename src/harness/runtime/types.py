@@ -117,3 +117,4 @@ class LaneSnapshot(_Value):
     queues: Queues = Queues()
     pending_writes: tuple[PendingWrite, ...] = ()
     faulted: bool = False
+    event_seq: int | None = None

@@ -11,7 +11,7 @@ from harness.context import Context
 from harness.conversation import ConversationService
 from harness.errors import InvalidInput
 from harness.messages import ModelIdentity
-from harness.server import conversations, langgraph_api, page, streams, ui_stream
+from harness.server import conversations, gardens, langgraph_api, page, streams, ui_stream
 from harness.server.approvals import Approvals
 from harness.server.errors import install_error_handlers
 from harness.server.state import Authenticator, NewLane, ServerOptions, ServerState
@@ -45,6 +45,7 @@ def create_app(service: ConversationService, auth: Authenticator, *, new_lane: N
     app.state.server = state
     install_error_handlers(app)
     app.include_router(conversations.router)
+    app.include_router(gardens.router)
     app.include_router(streams.router)
     app.include_router(ui_stream.router)
     app.include_router(langgraph_api.router)

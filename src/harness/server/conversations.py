@@ -72,6 +72,22 @@ async def list_conversations(user: CurrentUser, state: State, context: RequestCo
     return [ConversationOut.of(info) for info in await state.service.list(user, context)]
 
 
+class ConversationView(ConversationOut):
+    """A conversation as its view opens it: the listing's fields and the model its next request
+    goes to (a switch queued behind a running turn is not it yet: the `model` row says when it is)."""
+
+    model: ModelIdentity
+
+
+@router.get("/conversations/{conversation_id}", response_model=ConversationView)
+async def read_conversation(conversation_id: str, user: CurrentUser, state: State,
+                            context: RequestContext) -> ConversationView:
+    """One conversation of the current user, opened live in this server."""
+    conversation = await state.service.open(user, conversation_id, context)
+    listed = ConversationOut.of(conversation.info).model_dump()
+    return ConversationView(**listed, model=conversation.lane.config.model)
+
+
 class RenameConversation(_Body):
     name: str | None = Field(max_length=200, description="The new name; null clears it.")
 
@@ -93,6 +109,27 @@ async def close_conversation(conversation_id: str, user: CurrentUser, state: Sta
     if (operation := conversation.lane.info().operation) is not None:
         raise LaneBusy(f"conversation {conversation_id} has a run open; stop it first", operation_id=operation.id)
     await state.service.close(user, conversation_id, context)
+
+
+class ModelOut(BaseModel):
+    """A model a conversation may switch to: its identity, its display name, its context window in
+    tokens, and whether the key it needs is set on the server (False: a request to it fails)."""
+
+    provider: str
+    model_id: str
+    name: str
+    context_window: int
+    key_present: bool
+
+
+@router.get("/models", response_model=list[ModelOut], tags=["models"])
+async def list_models(user: CurrentUser, state: State) -> list[ModelOut]:
+    """The server's model registry in preference order (built-in models, then `models.toml`'s);
+    empty when the server was given no registry."""
+    registry = state.service.setup.models
+    rows = registry.configured() if registry is not None else []
+    return [ModelOut(provider=row.model.provider, model_id=row.model.id, name=row.model.name or row.model.id,
+                     context_window=row.model.context_window, key_present=row.key_present) for row in rows]
 
 
 # -- turns ---------------------------------------------------------------------------------------

@@ -12,7 +12,7 @@ from harness.errors import HarnessError
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8765
-STREAM_GRACE_S = 3.0
+STREAM_GRACE_S = 3
 """How long a stopping server lets open responses finish before it cuts them. Event streams never
 finish by themselves, so without a bound a watching browser tab would keep the server up; a cut
 client reconnects to the next server and resumes (`Last-Event-ID`, `resumeStream()`)."""

@@ -1,25 +1,39 @@
 """The native event streams over SSE: a conversation's watch (`snapshot`, then every later event)
 and the instance feed (activity, presence, alerts; no chat events).
 
+Every event of the watch that describes a committed fact carries `id:`, its durable event id (the
+`event_seq` of the lane's event log), and so does the snapshot (the event it is current to). A
+durable event shown with rows of its own (a chat-event row, a reply's blocks, a delegation row)
+comes after them, and the rows carry `{seq}.{k}` (the first `k` parts of event `seq` were sent),
+so a cut between a row and its event resumes exactly. Live presentation (the streaming reply, tool
+progress, approvals) carries no id. A client that reconnects with `Last-Event-ID` gets the log's
+events after it and then the live ones, without a snapshot, while the log still holds that id;
+otherwise a fresh snapshot marked `reset`.
+
 Each stream reads its source in a task of its own into a bounded buffer, so a client that reads
 slowly never holds up a run: when the buffer is full the stream ends with an `overflow` event and
-the client reconnects (getting a fresh snapshot). A quiet stream sends a heartbeat comment every
+the client reconnects with its last event id. A quiet stream sends a heartbeat comment every
 `heartbeat_s` seconds."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 from collections import deque
-from collections.abc import AsyncIterator, Callable
-from typing import Generic, TypeVar
+from collections.abc import AsyncIterator, Callable, Iterable
+from dataclasses import dataclass
+from typing import Annotated, Generic, TypeVar
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Depends, Header
 from fastapi.sse import EventSourceResponse, ServerSentEvent
 from pydantic import BaseModel
 
-from harness.conversation import Forbidden, InstanceEvent
+from harness.context import Context
+from harness.conversation import Conversation, Forbidden, InstanceEvent, conversation_events
+from harness.runtime import HarnessEvent, Lane, LaneSnapshot, MessageUpdate
 from harness.server.approvals import ApprovalChange
+from harness.server.langgraph_wire import InvalidEventId
 from harness.server.state import CurrentUser, RequestContext, State
 from harness.session import SessionNotFound
 
@@ -27,12 +41,36 @@ router = APIRouter(prefix="/api", tags=["events"])
 
 T = TypeVar("T")
 
+REPLAY_PAGE = 500
+"""Durable events read from the log per page when a watch resumes from an event id."""
+
 
 class Overflow(BaseModel):
-    """Why a stream ended: the client fell `limit` events behind. Reconnect for a fresh snapshot."""
+    """Why a stream ended: the client fell `limit` events behind. Reconnect with the last event id."""
 
     type: str = "overflow"
     limit: int
+
+
+_EVENT_ID = re.compile(r"(\d{1,18})(?:\.(\d{1,3}))?")
+
+
+@dataclass(frozen=True)
+class WatchPosition:
+    """Where a client of the watch is: it has every part of durable event `seq` and before, or,
+    when `parts` is given, only the first `parts` parts of event `seq`'s group (its rows)."""
+
+    seq: int
+    parts: int | None = None
+
+    @classmethod
+    def parse(cls, event_id: str) -> WatchPosition:
+        """The position an `id:` of the watch names. Raises `InvalidEventId` for text the watch
+        never sends."""
+        found = _EVENT_ID.fullmatch(event_id.strip())
+        if found is None:
+            raise InvalidEventId(f"{event_id[:80]!r} is not an event id of this watch", event_id=event_id[:80])
+        return cls(int(found[1]), None if found[2] is None else int(found[2]))
 
 
 class _Buffer(Generic[T]):
@@ -60,13 +98,14 @@ class _Buffer(Generic[T]):
         self.changed.set()
 
 
-async def _events(buffer: _Buffer[T], render: Callable[[T], ServerSentEvent], heartbeat_s: float,
+async def _events(buffer: _Buffer[T], render: Callable[[T], Iterable[ServerSentEvent]], heartbeat_s: float,
                   ) -> AsyncIterator[ServerSentEvent]:
     """What `buffer` takes, rendered, with heartbeats while it is quiet; ends with `overflow`
     when the buffer overflowed, or when its source ended."""
     while True:
         while buffer.items:
-            yield render(buffer.items.popleft())
+            for event in render(buffer.items.popleft()):
+                yield event
         if buffer.overflowed:
             yield ServerSentEvent(event="overflow", data=Overflow(limit=buffer.limit))
             return
@@ -89,37 +128,108 @@ async def _pump(source: AsyncIterator[T], buffer: _Buffer[T]) -> None:
         buffer.end()
 
 
-def _model_event(event: BaseModel) -> ServerSentEvent:
+def _model_event(event: BaseModel, event_id: str | None = None) -> ServerSentEvent:
     kind = getattr(event, "type", None)
-    return ServerSentEvent(event=kind if isinstance(kind, str) else None, data=event)
+    return ServerSentEvent(event=kind if isinstance(kind, str) else None, id=event_id, data=event)
+
+
+def _parts(event: HarnessEvent, skip: int = 0) -> list[ServerSentEvent]:
+    """`event` as the watch shows it (its rows, then itself), from its `skip`th part on, each part
+    of a durable event with its id (see the module docstring)."""
+    shown = conversation_events(event)
+    seq = event.event_seq
+    ids = [None if seq is None else str(seq) if k == len(shown) else f"{seq}.{k}" for k in range(1, len(shown) + 1)]
+    return [_model_event(item, event_id) for item, event_id in zip(shown[skip:], ids[skip:], strict=True)]
+
+
+def _snapshot(snapshot: LaneSnapshot, *, reset: bool) -> ServerSentEvent:
+    """The `snapshot` event: the lane snapshot and `reset` (True: it replaces what the client had,
+    since the log no longer holds the event id it resumed from)."""
+    event_id = None if snapshot.event_seq is None else str(snapshot.event_seq)
+    return ServerSentEvent(event="snapshot", id=event_id, data={**snapshot.model_dump(mode="json"), "reset": reset})
+
+
+async def _replay(lane: Lane, snapshot: LaneSnapshot, after: WatchPosition,
+                  context: Context) -> list[ServerSentEvent] | None:
+    """The parts after `after` up to the event `snapshot` is current to, from the lane's log, to
+    send instead of the snapshot; None when the log does not hold `after.seq` (trimmed past it, or
+    an id of another lane or store)."""
+    newest = snapshot.event_seq
+    if newest is None or after.seq > newest:
+        return None
+    # Read from event `after.seq` itself: finding it proves the log holds it, and its rows may be unsent.
+    page = await lane.read_events(after.seq - 1, REPLAY_PAGE, context)
+    if not page.events or page.events[0].event_seq != after.seq:
+        return None
+    events = list(page.events)
+    while (last := events[-1].event_seq) is not None and last < newest:
+        page = await lane.read_events(last, REPLAY_PAGE, context)
+        if not page.holds or not page.events:
+            return None
+        events.extend(page.events)
+    first, *rest = (event for event in events if event.event_seq is not None and event.event_seq <= newest)
+    parts = _parts(first, len(conversation_events(first)) if after.parts is None else after.parts)
+    for event in rest:
+        parts += _parts(event)
+    return parts
+
+
+# Dependencies, not the stream's body: their errors are answered as errors (400, 404) before a
+# stream starts, where an error inside the stream could only cut it.
+
+
+async def _watched(conversation_id: str, user: CurrentUser, state: State, context: RequestContext) -> Conversation:
+    return await state.service.open(user, conversation_id, context)
+
+
+def _resumed_after(last_event_id: Annotated[str | None, Header()] = None) -> WatchPosition | None:
+    return WatchPosition.parse(last_event_id) if last_event_id else None
 
 
 @router.get("/conversations/{conversation_id}/events", response_class=EventSourceResponse)
-async def conversation_events(conversation_id: str, user: CurrentUser, state: State,
-                              context: RequestContext) -> AsyncIterator[ServerSentEvent]:
+async def conversation_events_stream(conversation_id: str, conversation: Annotated[Conversation, Depends(_watched)],
+                                     after: Annotated[WatchPosition | None, Depends(_resumed_after)], state: State,
+                                     context: RequestContext) -> AsyncIterator[ServerSentEvent]:
     """The conversation live: a `snapshot` event (the lane snapshot: transcript since the newest
-    compaction, the current operation, queues, the streaming reply so far), then every later
-    event, named by its `type` (`message_update`, `tool_start`, `chat_event`, `run_end`, ...),
-    and `approval` when a tool call starts or stops waiting for an answer. A client that falls
-    `client_buffer` events behind gets `overflow` and the stream ends: reconnect."""
-    conversation = await state.service.open(user, conversation_id, context)
-    watch = await conversation.watch(context)
-    buffer: _Buffer[BaseModel | ApprovalChange] = _Buffer(state.options.client_buffer)
+    compaction, the current operation, queues, the streaming reply so far; `reset` False), then
+    every later event, named by its `type` (`message_update`, `tool_start`, `chat_event`,
+    `run_end`, ...), and `approval` when a tool call starts or stops waiting for an answer.
+
+    Each event describing a committed fact has an `id:` (see the module docstring). With
+    `Last-Event-ID` the stream continues after that event without a snapshot, then sends the
+    streaming reply so far as a `message_update`, if one streams; when the lane's log no longer
+    holds it, it starts with a snapshot whose `reset` is True. `invalid_event_id` (400) for an id
+    the watch never sends. A client that falls `client_buffer` events behind gets `overflow` and
+    the stream ends: reconnect with the last event id."""
+    watch = await conversation.lane.watch(context)
+    buffer: _Buffer[HarnessEvent | ApprovalChange] = _Buffer(state.options.client_buffer)
 
     def on_approval(change: ApprovalChange) -> None:
         if change.pending.conversation_id == conversation_id:
             buffer.push(change)
 
-    def render(item: BaseModel | ApprovalChange) -> ServerSentEvent:
+    def render(item: HarnessEvent | ApprovalChange) -> list[ServerSentEvent]:
         if isinstance(item, ApprovalChange):
             answer = None if item.answer is None else {"allow": item.answer.allow, "reason": item.answer.reason}
-            return ServerSentEvent(event="approval", data={"pending": item.pending, "answer": answer})
-        return _model_event(item)
+            return [ServerSentEvent(event="approval", data={"pending": item.pending, "answer": answer})]
+        return _parts(item)
+
+    async def deliveries() -> AsyncIterator[HarnessEvent]:
+        async for delivery in watch:
+            yield delivery.event
 
     stop_listening = state.approvals.listen(on_approval)
-    pump = asyncio.create_task(_pump(aiter(watch), buffer))
+    pump = asyncio.create_task(_pump(deliveries(), buffer))
     try:
-        yield ServerSentEvent(event="snapshot", data=watch.snapshot)
+        replay = None if after is None else await _replay(conversation.lane, watch.snapshot, after, context)
+        if replay is None:
+            yield _snapshot(watch.snapshot, reset=after is not None)
+        else:
+            for event in replay:
+                yield event
+            operation = watch.snapshot.operation
+            if operation is not None and operation.streaming_message is not None:
+                yield _model_event(MessageUpdate(lane=watch.snapshot.lane, message=operation.streaming_message))
         async for event in _events(buffer, render, state.options.heartbeat_s):
             yield event
     finally:
@@ -153,7 +263,7 @@ async def instance_feed(user: CurrentUser, state: State, context: RequestContext
     pump = asyncio.create_task(_pump(mine(aiter(feed)), buffer))
     try:
         yield ServerSentEvent(comment="subscribed")  # from here on, nothing is missed
-        async for event in _events(buffer, _model_event, state.options.heartbeat_s):
+        async for event in _events(buffer, lambda item: [_model_event(item)], state.options.heartbeat_s):
             yield event
     finally:
         feed.close()

@@ -6,9 +6,10 @@ is the conversation's id.
 
 A run is one UI message whose id is the run's operation id, so a client that resumes the stream
 replaces the message it has instead of adding a second one. `RunParts` turns the run into parts:
-first what the lane snapshot holds (the run's entries, the streaming reply, the running tools), then
-every live event. It remembers what it has sent, so a replay followed by live events never repeats a
-text delta, a tool row or an event row. A step (`start-step`) is opened only by its first part, so a
+first what the lane snapshot holds (the run's entries, the streaming reply, the running tools, the
+calls waiting for approval), then every live event and approval. It remembers what it has sent, so a
+replay followed by live events never repeats a text delta, a tool row, an approval request or an
+event row. A step (`start-step`) is opened only by its first part, so a
 replay and a live stream of the same run build the same message.
 """
 
@@ -20,7 +21,7 @@ import json
 from base64 import b64decode
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
-from typing import Literal, TypeAlias
+from typing import Any, Literal, TypeAlias
 
 from fastapi import APIRouter, Response, status
 from fastapi.sse import KEEPALIVE_COMMENT, EventSourceResponse, format_sse_event
@@ -63,8 +64,9 @@ from harness.runtime import (
     TurnEnd,
     TurnStart,
 )
+from harness.server.approvals import ApprovalChange, PendingApproval
 from harness.server.errors import not_found
-from harness.server.state import CurrentUser, RequestContext, State
+from harness.server.state import CurrentUser, RequestContext, ServerState, State
 from harness.session import Entry, MessagePayload, SessionNotFound, addresses
 
 UI_MESSAGE_STREAM_HEADERS: dict[str, str] = {"x-vercel-ai-ui-message-stream": "v1"}
@@ -92,10 +94,11 @@ class _Block:
 class RunParts:
     """The parts of run `operation_id` of one lane, in the order a client applies them.
 
-    Feed it `replay(snapshot, source_tip_id)` to send a run in progress from its start, then
-    `translate(event)` for each later event of the conversation's watch; a stream that starts with
-    the run feeds only `translate`, from before the run's `run_start`. Events of other runs, and
-    everything after the run's end, give no parts. `finished` is True once the run's end was
+    Feed it `replay(snapshot, source_tip_id, waiting)` to send a run in progress from its start,
+    then `translate(event)` for each later event of the conversation's watch and `approval(change)`
+    for each later change of the server's approvals; a stream that starts with the run feeds only
+    those two, from before the run's `run_start`. Events of other runs, and everything after the
+    run's end, give no parts. `finished` is True once the run's end was
     translated: the stream's last part (`finish`, or `abort` for a stopped run) is out.
     """
 
@@ -115,16 +118,20 @@ class RunParts:
         self._outputs: set[str] = set()  # tool calls whose final output was sent
         self._awaiting: set[str] = set()  # tool calls of the last reply still without a result
         self._rows: set[str] = set()  # data parts sent, by part id
+        self._asked: set[str] = set()  # tool calls whose approval request was sent
+        self._to_ask: set[str] = set()  # tool calls waiting for approval whose input is not yet sent
         self._replies: set[str] = set()  # assistant entries sent, by entry id
         self._stop_reason: StopReason | None = None
 
     # -- the two inputs ---------------------------------------------------------------------------
 
-    def replay(self, snapshot: LaneSnapshot, source_tip_id: str | None) -> list[UiPart]:
+    def replay(self, snapshot: LaneSnapshot, source_tip_id: str | None,
+               waiting: Sequence[PendingApproval] = ()) -> list[UiPart]:
         """The parts of the run as `snapshot` shows it, from the message's `start`: its entries
         (those after `source_tip_id`, the tip the run was accepted on; the whole compaction-bounded
-        transcript when that tip is no longer in it), its streaming reply and running tools.
-        Raises `InvalidInput` when the snapshot's operation is not this run."""
+        transcript when that tip is no longer in it), its streaming reply and running tools, and an
+        approval request for each of its calls in `waiting`. Raises `InvalidInput` when the
+        snapshot's operation is not this run."""
         operation = snapshot.operation
         if operation is None or operation.id != self.operation_id:
             raise InvalidInput(f"the lane's current operation is not run {self.operation_id}",
@@ -144,6 +151,19 @@ class RunParts:
             if tool.partial_result is not None:
                 self._emit({"type": "tool-output-available", "toolCallId": tool.tool_call_id,
                             "output": tool.partial_result, "preliminary": True})
+        for pending in waiting:
+            if pending.operation_id == self.operation_id:
+                self._ask(pending.tool_call_id)
+        return self._take()
+
+    def approval(self, change: ApprovalChange) -> list[UiPart]:
+        """The parts a change of the server's approvals adds to the run: `tool-approval-request`
+        (its `approvalId` is the tool call id) when one of its calls starts waiting, after that
+        call's input. An answer adds nothing: the call's output (or its refusal, as an error
+        output) follows as it would without approval."""
+        if self.started and not self.finished and change.answer is None \
+                and change.pending.operation_id == self.operation_id:
+            self._ask(change.pending.tool_call_id)
         return self._take()
 
     def translate(self, event: ConversationEvent) -> list[UiPart]:
@@ -286,6 +306,20 @@ class RunParts:
             self._emit({"type": "tool-input-start", "toolCallId": tool_call_id, "toolName": tool_name})
         self._emit({"type": "tool-input-available", "toolCallId": tool_call_id, "toolName": tool_name,
                     "input": args})
+        if tool_call_id in self._to_ask:
+            self._ask(tool_call_id)
+
+    def _ask(self, tool_call_id: str) -> None:
+        if tool_call_id in self._asked or tool_call_id in self._outputs:
+            return
+        if tool_call_id not in self._inputs:
+            # The approval hook is asked on the drive's side; the reply that made the call may
+            # still be in the watch's queue: the request follows the call's input.
+            self._to_ask.add(tool_call_id)
+            return
+        self._to_ask.discard(tool_call_id)
+        self._asked.add(tool_call_id)
+        self._emit({"type": "tool-approval-request", "approvalId": tool_call_id, "toolCallId": tool_call_id})
 
     def _tool_output(self, result: ToolResultMessage) -> None:
         self._awaiting.discard(result.tool_call_id)
@@ -430,14 +464,14 @@ async def send(body: ChatRequest, user: CurrentUser, state: State, context: Requ
     except (Forbidden, SessionNotFound):
         return not_found(body.id)
     # Watch before the turn is accepted, so its `run_start` is among the watched events.
-    watch = await conversation.watch(context)
+    sources = _Sources(state, body.id, await conversation.watch(context))
     try:
         _, accepted = await state.start_turn(user, body.id, text, context, images=images)
     except BaseException:
-        watch.close()
+        sources.close()
         raise
     parts = RunParts(MAIN_LANE, accepted.operation_id)
-    return EventSourceResponse(_stream(watch, parts, [], state.options.heartbeat_s), headers=_STREAM_HEADERS)
+    return EventSourceResponse(_stream(sources, parts, [], state.options.heartbeat_s), headers=_STREAM_HEADERS)
 
 
 @router.get("/{conversation_id}/stream", responses={
@@ -449,19 +483,21 @@ async def resume(conversation_id: str, user: CurrentUser, state: State, context:
     id as the stream that started it; 204 when no turn is in progress. 404 for a missing
     conversation or another user's."""
     conversation = await state.service.open(user, conversation_id, context)
-    watch = await conversation.watch(context)
-    operation = watch.snapshot.operation
+    sources = _Sources(state, conversation_id, await conversation.watch(context))
+    snapshot = sources.watch.snapshot
+    operation = snapshot.operation
     if operation is None or operation.kind != "run":
-        watch.close()
+        sources.close()
         return Response(status_code=status.HTTP_204_NO_CONTENT)
     try:
         meta = await conversation.harness.session.get(addresses.operation_meta(operation.id), context)
         parts = RunParts(MAIN_LANE, operation.id)
-        first = parts.replay(watch.snapshot, meta.source_tip_id if meta is not None else None)
+        first = parts.replay(snapshot, meta.source_tip_id if meta is not None else None,
+                             state.approvals.pending(conversation_id))
     except BaseException:
-        watch.close()
+        sources.close()
         raise
-    return EventSourceResponse(_stream(watch, parts, first, state.options.heartbeat_s), headers=_STREAM_HEADERS)
+    return EventSourceResponse(_stream(sources, parts, first, state.options.heartbeat_s), headers=_STREAM_HEADERS)
 
 
 @router.post("/{conversation_id}/stop", status_code=status.HTTP_202_ACCEPTED, response_model=StopOut)
@@ -473,35 +509,63 @@ async def stop(conversation_id: str, user: CurrentUser, state: State, context: R
     return StopOut(operation_id=request.operation_id, requested=request.newly_requested)
 
 
-async def _stream(watch: ConversationWatch, parts: RunParts, first: list[UiPart],
+class _Sources:
+    """What one stream reads: the conversation's watch and the changes of its approvals, both
+    subscribed before anything is read, so nothing between them is missed."""
+
+    def __init__(self, state: ServerState, conversation_id: str, watch: ConversationWatch) -> None:
+        self.watch = watch
+        self.changes: asyncio.Queue[ApprovalChange] = asyncio.Queue()
+
+        def on_change(change: ApprovalChange) -> None:
+            if change.pending.conversation_id == conversation_id:
+                self.changes.put_nowait(change)
+
+        self._stop_listening = state.approvals.listen(on_change)
+
+    def close(self) -> None:
+        self._stop_listening()
+        self.watch.close()
+
+
+async def _stream(sources: _Sources, parts: RunParts, first: list[UiPart],
                   heartbeat_s: float) -> AsyncIterator[bytes]:
-    """`first`, then the parts of each watched event until the run ends, then `[DONE]`; a comment
-    every `heartbeat_s` of quiet. A watch that fails (a slow client overflowed it, the harness
-    stopped) ends the stream with an `error` part. The watch is closed however the stream ends,
-    also when the client goes away."""
-    events = watch.__aiter__()
-    pending: asyncio.Future[ConversationEvent] | None = None
+    """`first`, then the parts of each watched event and approval change until the run ends, then
+    `[DONE]`; a comment every `heartbeat_s` of quiet. A watch that fails (a slow client overflowed
+    it, the harness stopped) ends the stream with an `error` part. The sources are closed however
+    the stream ends, also when the client goes away."""
+    events = sources.watch.__aiter__()
+    event: asyncio.Future[ConversationEvent] = asyncio.ensure_future(anext(events))
+    change: asyncio.Future[ApprovalChange] = asyncio.ensure_future(sources.changes.get())
     try:
         for part in first:
             yield _sse(part)
         while not parts.finished:
-            pending = asyncio.ensure_future(anext(events))
-            while not (await asyncio.wait({pending}, timeout=heartbeat_s))[0]:
+            waiting: set[asyncio.Future[Any]] = {event, change}
+            done, _ = await asyncio.wait(waiting, timeout=heartbeat_s, return_when=asyncio.FIRST_COMPLETED)
+            if not done:
                 yield KEEPALIVE_COMMENT
-            try:
-                event = pending.result()
-            except StopAsyncIteration:
-                break
-            except HarnessError as error:
-                yield _sse({"type": "error", "errorText": error.message})
-                break
-            for part in parts.translate(event):
-                yield _sse(part)
+                continue
+            if event in done:
+                try:
+                    translated = parts.translate(event.result())
+                except StopAsyncIteration:
+                    break
+                except HarnessError as error:
+                    yield _sse({"type": "error", "errorText": error.message})
+                    break
+                for part in translated:
+                    yield _sse(part)
+                event = asyncio.ensure_future(anext(events))
+            if change in done:
+                for part in parts.approval(change.result()):
+                    yield _sse(part)
+                change = asyncio.ensure_future(sources.changes.get())
         yield format_sse_event(data_str=DONE)
     finally:
-        if pending is not None:
-            pending.cancel()
-        watch.close()
+        event.cancel()
+        change.cancel()
+        sources.close()
 
 
 def _sse(part: UiPart) -> bytes:

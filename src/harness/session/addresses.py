@@ -142,6 +142,11 @@ def assistant_frames(operation_id: str, response_entry_id: str) -> ListAddress[d
                        _adapter(CleanJsonObject))
 
 
+LANE_EVENTS_NAMESPACE = "harness.lane.events"
+"""A lane's event log, keyed by lane name: one item per durable event, written in the commit of
+the fact it describes; the runtime owns the items' meaning (`harness.runtime.read_lane_events`)."""
+
+
 def session_name() -> ValueAddress[str]:
     return ValueAddress("harness.session.name", "", _adapter(CleanStr))
 

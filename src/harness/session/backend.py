@@ -107,7 +107,16 @@ class DeleteList:
     key: str
 
 
-Write = InsertEntry | InsertUsage | SetValue | DeleteValue | AppendList | DeleteList
+@dataclass(frozen=True)
+class TrimList:
+    """Keep only the newest `keep` items of a list (by seq); a shorter list is left as it is."""
+
+    namespace: str
+    key: str
+    keep: int
+
+
+Write = InsertEntry | InsertUsage | SetValue | DeleteValue | AppendList | DeleteList | TrimList
 
 
 @dataclass(frozen=True)
@@ -190,6 +199,12 @@ class Backend(Protocol):
         self, session_id: str, namespace: str, key: str, after_seq: int | None, limit: int, context: Context
     ) -> list[ValueRow]:
         """List items in seq order after `after_seq` (exclusive), at most `limit`."""
+        ...
+
+    async def list_bounds(
+        self, session_id: str, namespace: str, key: str, context: Context
+    ) -> tuple[int, int] | None:
+        """The seqs of a list's oldest and newest items; None when it holds none."""
         ...
 
     async def read_usage(

@@ -19,6 +19,7 @@ from harness.session.backend import (
     InsertUsage,
     SessionInfo,
     SetValue,
+    TrimList,
     UsageRowRaw,
     ValueRow,
     Write,
@@ -133,6 +134,12 @@ class MemoryBackend:
         items = self._session(session_id).lists.get((namespace, key), [])
         return [i for i in items if after_seq is None or i.seq > after_seq][:limit]
 
+    async def list_bounds(
+        self, session_id: str, namespace: str, key: str, context: Context
+    ) -> tuple[int, int] | None:
+        items = self._session(session_id).lists.get((namespace, key))
+        return (items[0].seq, items[-1].seq) if items else None
+
     async def read_usage(
         self, session_id: str, after_seq: int | None, limit: int, context: Context
     ) -> list[UsageRowRaw]:
@@ -231,3 +238,7 @@ def _apply(session: _MemorySession, write: Write, seq: int, timestamp: int) -> N
             session.lists.setdefault((write.namespace, write.key), []).append(row)
         case DeleteList():
             session.lists.pop((write.namespace, write.key), None)
+        case TrimList():
+            items = session.lists.get((write.namespace, write.key))
+            if items is not None and len(items) > write.keep:
+                del items[:len(items) - write.keep]

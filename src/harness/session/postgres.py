@@ -39,6 +39,7 @@ from harness.session.backend import (
     InsertUsage,
     SessionInfo,
     SetValue,
+    TrimList,
     UsageRowRaw,
     ValueRow,
     Write,
@@ -384,6 +385,17 @@ class PostgresBackend:
                 (session_id, namespace, key, after_seq if after_seq is not None else -1, limit),
             )
             return [ValueRow(*r) for r in await cur.fetchall()]
+
+    async def list_bounds(
+        self, session_id: str, namespace: str, key: str, context: Context
+    ) -> tuple[int, int] | None:
+        async with self._connection() as conn:
+            cur = await conn.execute(
+                "SELECT min(seq), max(seq) FROM list_items WHERE session_id = %s AND namespace = %s AND key = %s",
+                (session_id, namespace, key),
+            )
+            row = await cur.fetchone()
+            return None if row is None or row[0] is None else (row[0], row[1])
 
     async def read_usage(
         self, session_id: str, after_seq: int | None, limit: int, context: Context
@@ -776,3 +788,10 @@ async def _apply(conn: Connection, session_id: str, write: Write, seq: int, time
         case DeleteList():
             await conn.execute("DELETE FROM list_items WHERE session_id = %s AND namespace = %s AND key = %s",
                                (session_id, write.namespace, write.key))
+        case TrimList():
+            await conn.execute(
+                "DELETE FROM list_items WHERE session_id = %(s)s AND namespace = %(n)s AND key = %(k)s AND seq <= "
+                "(SELECT seq FROM list_items WHERE session_id = %(s)s AND namespace = %(n)s AND key = %(k)s "
+                "ORDER BY seq DESC LIMIT 1 OFFSET %(keep)s)",
+                {"s": session_id, "n": write.namespace, "k": write.key, "keep": write.keep},
+            )

@@ -32,6 +32,7 @@ from harness.session.backend import (
     InsertUsage,
     SessionInfo,
     SetValue,
+    TrimList,
     Write,
 )
 from harness.session.entries import ENTRY_PAYLOAD_ADAPTER, BranchPage, Entry, EntryPayload, custom_type_of
@@ -229,6 +230,12 @@ class SessionReader:
         where = f"{address.namespace}/{address.key}"
         return [ListItem(decode_value(address.adapter, r.value, where), r.seq) for r in rows]
 
+    async def list_bounds(self, address: ListAddress[Any], context: Context) -> tuple[int, int] | None:
+        """The seqs of the list's oldest and newest items; None when it holds none."""
+        if not (storable_identifier(address.namespace) and storable_identifier(address.key)):
+            return None
+        return await self._backend.list_bounds(self.id, address.namespace, address.key, context)
+
     async def usage_ledger(
         self, context: Context, *, after_seq: int | None = None, limit: int = 1000
     ) -> list[UsageRow]:
@@ -351,6 +358,12 @@ class SessionMutator(SessionReader):
 
     def delete_list(self, address: ListAddress[Any]) -> None:
         self._stage(DeleteList(address.namespace, address.key))
+
+    def trim_list(self, address: ListAddress[Any], keep: int) -> None:
+        """Keep only the newest `keep` items of the list (`InvalidWrite` for a negative `keep`)."""
+        if keep < 0:
+            raise InvalidWrite(f"a list keeps at least no items, not {keep}", keep=keep)
+        self._stage(TrimList(address.namespace, address.key, keep))
 
     def insert_usage(
         self,

@@ -40,6 +40,7 @@ from harness.session.backend import (
     InsertUsage,
     SessionInfo,
     SetValue,
+    TrimList,
     UsageRowRaw,
     ValueRow,
     Write,
@@ -467,6 +468,16 @@ class SqliteBackend:
 
         return await self._call(run)
 
+    async def list_bounds(
+        self, session_id: str, namespace: str, key: str, context: Context
+    ) -> tuple[int, int] | None:
+        def run(db: sqlite3.Connection) -> tuple[int, int] | None:
+            row = db.execute("SELECT min(seq), max(seq) FROM list_items WHERE session_id = ? AND namespace = ? "
+                             "AND key = ?", (session_id, namespace, key)).fetchone()
+            return None if row[0] is None else (row[0], row[1])
+
+        return await self._call(run)
+
     async def read_usage(
         self, session_id: str, after_seq: int | None, limit: int, context: Context
     ) -> list[UsageRowRaw]:
@@ -705,6 +716,11 @@ def _apply(db: sqlite3.Connection, session_id: str, write: Write, seq: int, time
         case DeleteList():
             db.execute("DELETE FROM list_items WHERE session_id = ? AND namespace = ? AND key = ?",
                        (session_id, write.namespace, write.key))
+        case TrimList():
+            # Below the newest `keep` items: by the primary key, a range delete without a scan.
+            db.execute("DELETE FROM list_items WHERE session_id = ?1 AND namespace = ?2 AND key = ?3 AND seq <= "
+                       "(SELECT seq FROM list_items WHERE session_id = ?1 AND namespace = ?2 AND key = ?3 "
+                       "ORDER BY seq DESC LIMIT 1 OFFSET ?4)", (session_id, write.namespace, write.key, write.keep))
 
 
 _TOKEN_COLUMNS = "id, user_id, created_at, revoked_at"

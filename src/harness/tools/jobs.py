@@ -16,7 +16,7 @@ from pydantic import JsonValue
 from harness.errors import HarnessError
 from harness.runtime import ToolOutput
 from harness.tools.files import text_output
-from harness.tools.shell import GroupGuard, drain, exit_of, kill_group, read_into, start_command
+from harness.tools.shell import ShellProcess, start_command
 from harness.tools.workspace import LimitedOutput, OutputCapture, ToolFailure, Workspace
 
 JobMode: TypeAlias = Literal["job", "service"]
@@ -53,8 +53,7 @@ class Job:
     started_at: float
     """Unix time in seconds."""
     capture: OutputCapture
-    process: asyncio.subprocess.Process
-    exited: asyncio.Future[int]
+    process: ShellProcess
     ended_at: float | None = None
     stopped: bool = False
     follower: asyncio.Task[None] | None = field(default=None, repr=False)
@@ -100,27 +99,23 @@ class BackgroundJobs:
         job_id = f"job-{self._numbers}"
         capture = workspace.capture(job_id, ".log")
         try:
-            process, guard = await start_command(command, workspace.root)
+            process = await start_command(command, workspace.root, capture)
         except BaseException:
             capture.close()
             raise
         job = Job(id=job_id, owner=owner, command=command, directory=workspace.root, mode=mode,
-                  started_at=time.time(), capture=capture, process=process,
-                  exited=asyncio.ensure_future(exit_of(process)))
+                  started_at=time.time(), capture=capture, process=process)
         self._jobs[job_id] = job
-        job.follower = asyncio.create_task(self._follow(job, guard))
+        job.follower = asyncio.create_task(self._follow(job))
         return job
 
-    async def _follow(self, job: Job, guard: GroupGuard) -> None:
-        assert job.process.stdout is not None
-        reader = asyncio.ensure_future(read_into(job.process.stdout, job.capture))
+    async def _follow(self, job: Job) -> None:
         try:
-            await job.exited
-            await drain(reader)
+            await job.process.exited
+            await job.process.drain()
         finally:
-            reader.cancel()
             job.capture.close()
-            await guard.release()
+            await job.process.close()
             job.ended_at = time.time()
 
     def jobs(self, owner: str) -> list[Job]:
@@ -140,7 +135,7 @@ class BackgroundJobs:
         job = self.job(owner, job_id)
         if job.running:
             job.stopped = True
-            await kill_group(job.process, job.exited)
+            await job.process.kill()
         if job.follower is not None:
             await job.follower
         return job

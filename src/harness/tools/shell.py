@@ -9,6 +9,7 @@ import os
 import signal
 import time
 from pathlib import Path
+from typing import Any
 
 from pydantic import JsonValue
 
@@ -24,10 +25,8 @@ CHECKPOINT_INTERVAL_S = 5.0
 """How often that report is also persisted as the call's checkpoint, so a crash keeps it."""
 KILL_GRACE_S = 2.0
 """How long a process group gets between SIGTERM and SIGKILL."""
-_EXIT_POLL_S = 0.02
 _DRAIN_S = 1.0  # after the shell exits, how long a background child may keep the pipe before we stop reading
 _PROGRESS_TAIL_CHARS = 2_000
-_READ_CHUNK = 65_536
 
 
 async def run_shell(workspace: Workspace, tool_call_id: str, args: dict[str, JsonValue],
@@ -53,14 +52,13 @@ async def run_shell(workspace: Workspace, tool_call_id: str, args: dict[str, Jso
     capture = workspace.capture(tool_call_id, ".log")
     started = time.monotonic()
     try:
-        process, guard = await start_command(command, workspace.root)
+        process = await start_command(command, workspace.root, capture)
     except BaseException:
         capture.close()
         raise
-    assert process.stdout is not None
-    reader = asyncio.ensure_future(read_into(process.stdout, capture))
-    exited = asyncio.ensure_future(exit_of(process))
+    exited = process.exited
     cancelled = asyncio.ensure_future(context.wait_cancelled())
+    ends: set[asyncio.Future[Any]] = {exited, cancelled}
     ended_by: str | None = None
     try:
         # The first report is persisted at once, later ones every CHECKPOINT_INTERVAL_S.
@@ -70,7 +68,7 @@ async def run_shell(workspace: Workspace, tool_call_id: str, args: dict[str, Jso
             if remaining <= 0:
                 ended_by = "timeout"
                 break
-            await asyncio.wait({exited, cancelled}, timeout=min(PROGRESS_INTERVAL_S, remaining),
+            await asyncio.wait(ends, timeout=min(PROGRESS_INTERVAL_S, remaining),
                                return_when=asyncio.FIRST_COMPLETED)
             if cancelled.done() and not exited.done():
                 ended_by = "cancelled"
@@ -82,17 +80,16 @@ async def run_shell(workspace: Workspace, tool_call_id: str, args: dict[str, Jso
                     checkpointed = time.monotonic()
                 await on_update(_progress(capture, time.monotonic() - started), persist)
         if ended_by is not None:
-            await kill_group(process, exited)
-        await drain(reader)
+            await process.kill()
+        await process.drain()
     except BaseException:
         # The task itself was cancelled (an abort past its grace) or something broke: leave nothing running.
-        signal_group(process, signal.SIGKILL)
-        reader.cancel()
+        process.signal(signal.SIGKILL)
         capture.close()
         raise
     finally:
         cancelled.cancel()
-        await guard.release()
+        await process.close()
 
     elapsed = time.monotonic() - started
     exit_code = process.returncode
@@ -109,22 +106,6 @@ async def run_shell(workspace: Workspace, tool_call_id: str, args: dict[str, Jso
     return text_output(text, details, is_error=ended_by is not None or exit_code != 0)
 
 
-async def start_command(command: str, cwd: Path) -> tuple[asyncio.subprocess.Process, GroupGuard]:
-    """`SHELL -c command` in `cwd`, stdin closed, stdout and stderr merged into one pipe, in a
-    process group of its own (so a kill reaches every child) that a `GroupGuard` ends if this
-    process dies first; release the guard once the command is over."""
-    guard = await GroupGuard.start()
-    try:
-        process = await asyncio.create_subprocess_exec(
-            SHELL, "-c", command, cwd=cwd, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.STDOUT, env=env_for_tools(), start_new_session=True)
-    except BaseException:
-        await guard.release()
-        raise
-    guard.watch(process.pid)
-    return process, guard
-
-
 def _footer(ended_by: str | None, exit_code: int | None, timeout: float) -> str:
     if ended_by == "timeout":
         return f"timed out after {timeout:g} s; the command and its children were killed"
@@ -135,38 +116,110 @@ def _footer(ended_by: str | None, exit_code: int | None, timeout: float) -> str:
     return ""
 
 
-async def read_into(stream: asyncio.StreamReader, capture: OutputCapture) -> None:
-    while chunk := await stream.read(_READ_CHUNK):
-        capture.write(chunk)
-
-
 def _progress(capture: OutputCapture, elapsed_s: float) -> JsonValue:
     return {"output": capture.last(_PROGRESS_TAIL_CHARS), "bytes": capture.bytes, "elapsed_s": round(elapsed_s, 1)}
 
 
-async def exit_of(process: asyncio.subprocess.Process) -> int:
-    """The shell's exit status, as soon as the shell itself exits. (`Process.wait()` on Python
-    3.11 also waits for its pipes to close, which a background child can hold open forever.)"""
-    while process.returncode is None:  # noqa: ASYNC110 (no event exists for "the shell exited" here)
-        await asyncio.sleep(_EXIT_POLL_S)
-    return process.returncode
+class _CommandOutput(asyncio.SubprocessProtocol):
+    """A command's merged output, written to its capture as it arrives; the shell's exit and the
+    end of its output as futures. (`Process.wait()` on Python 3.11 also waits for the pipes to
+    close, which a background child can hold open forever: the exit is told apart here.)"""
+
+    def __init__(self, capture: OutputCapture) -> None:
+        loop = asyncio.get_running_loop()
+        self.capture = capture
+        self.exited: asyncio.Future[int] = loop.create_future()
+        self.output_ended: asyncio.Future[None] = loop.create_future()
+        self.error: OSError | None = None
+        self._transport: asyncio.SubprocessTransport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.SubprocessTransport)
+        self._transport = transport
+
+    def pipe_data_received(self, fd: int, data: bytes) -> None:
+        if self.error is None:
+            try:
+                self.capture.write(data)
+            except OSError as error:  # the output folder failed: told by `drain`, once the command is over
+                self.error = error
+
+    def pipe_connection_lost(self, fd: int, exc: Exception | None) -> None:
+        if not self.output_ended.done():
+            self.output_ended.set_result(None)
+
+    def process_exited(self) -> None:
+        assert self._transport is not None
+        code = self._transport.get_returncode()
+        if not self.exited.done() and code is not None:
+            self.exited.set_result(code)
 
 
-def signal_group(process: asyncio.subprocess.Process, sig: signal.Signals) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(process.pid, sig)
+class ShellProcess:
+    """A command started by `start_command`: `SHELL -c command` in a process group of its own (so a
+    kill reaches every child), stdin closed, stdout and stderr merged into its capture, guarded by
+    a `GroupGuard`. `exited` resolves to the shell's exit status (negative: killed by that signal)
+    as soon as the shell exits; `close` releases the pipe and the guard once it is over."""
+
+    def __init__(self, transport: asyncio.SubprocessTransport, output: _CommandOutput, guard: GroupGuard) -> None:
+        self._transport, self._output, self._guard = transport, output, guard
+        self.exited = output.exited
+        self.pid = transport.get_pid()
+        self._closed = False
+
+    @property
+    def returncode(self) -> int | None:
+        return self._transport.get_returncode()
+
+    def signal(self, sig: signal.Signals) -> None:
+        """Send `sig` to the command's whole process group."""
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.pid, sig)
+
+    async def kill(self) -> None:
+        """SIGTERM the group, SIGKILL it if the shell has not gone after `KILL_GRACE_S`."""
+        self.signal(signal.SIGTERM)
+        try:
+            await asyncio.wait_for(asyncio.shield(self.exited), KILL_GRACE_S)
+        except TimeoutError:
+            self.signal(signal.SIGKILL)
+            await self.exited
+        # Children that ignored SIGTERM may outlive the shell; the group is ours to end.
+        self.signal(signal.SIGKILL)
+
+    async def drain(self) -> None:
+        """Wait for the end of the output, once the shell has exited; a background child that keeps
+        the pipe open past `_DRAIN_S` is left running, its later output not captured. Raises the
+        `OSError` that writing the capture met, if any."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(self._output.output_ended), _DRAIN_S)
+        if self._output.error is not None:
+            raise self._output.error
+
+    async def close(self) -> None:
+        """Let go of the pipe (a child still holding it no longer writes to us) and release the
+        guard; idempotent. A shell still running is killed first."""
+        if self._closed:
+            return
+        self._closed = True
+        self._transport.close()
+        await self._guard.release()
 
 
-async def kill_group(process: asyncio.subprocess.Process, exited: asyncio.Future[int]) -> None:
-    """SIGTERM the group, SIGKILL it if the shell has not gone after `KILL_GRACE_S`."""
-    signal_group(process, signal.SIGTERM)
+async def start_command(command: str, cwd: Path, capture: OutputCapture) -> ShellProcess:
+    """Start `command` in `cwd`, its output streaming into `capture`; close the returned
+    `ShellProcess` once the command is over."""
+    guard = await GroupGuard.start()
     try:
-        await asyncio.wait_for(asyncio.shield(exited), KILL_GRACE_S)
-    except TimeoutError:
-        signal_group(process, signal.SIGKILL)
-        await exited
-    # Children that ignored SIGTERM may outlive the shell; the group is ours to end.
-    signal_group(process, signal.SIGKILL)
+        transport, output = await asyncio.get_running_loop().subprocess_exec(
+            lambda: _CommandOutput(capture), SHELL, "-c", command, cwd=cwd, stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, env=env_for_tools(),
+            start_new_session=True)
+    except BaseException:
+        await guard.release()
+        raise
+    guard.watch(transport.get_pid())
+    return ShellProcess(transport, output, guard)
 
 
 _GUARD_SCRIPT = f"""trap '' HUP INT TERM
@@ -213,14 +266,3 @@ class GroupGuard:
             os.write(self._write_end, b"done\n")
         os.close(self._write_end)
         await self._watcher.wait()
-
-
-async def drain(reader: asyncio.Future[None]) -> None:
-    """Let the reader reach the end of the output; a background child that keeps the pipe open
-    past `_DRAIN_S` is left running, its later output not captured."""
-    try:
-        await asyncio.wait_for(asyncio.shield(reader), _DRAIN_S)
-    except TimeoutError:
-        reader.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await reader

@@ -11,16 +11,14 @@ from harness.runtime.commit import (
     Placement,
     Transition,
     current_phase,
-    nothing_to_publish,
     payload_of,
     pending_payload,
-    publish_placement,
 )
 from harness.runtime.drive.operation import DrivenOperation
 from harness.runtime.drive.provider_step import generate
 from harness.runtime.drive.settlement import settle
 from harness.runtime.drive.structural import threshold_compaction
-from harness.runtime.events import HarnessEvent
+from harness.runtime.event_log import Announcement
 from harness.runtime.outcomes import DriveOutcome
 from harness.session import (
     AssistantReady,
@@ -102,7 +100,7 @@ async def place(op: DrivenOperation, extra: Sequence[Message], *, include_follow
     async def plan(m: SessionMutator) -> Decision[tuple[bool, AssistantReady | None]]:
         items = [item for item in projection.state.inbox if item.kind in kinds]
         if not items and not extra:
-            return Decision((False, None), nothing_to_publish)
+            return Decision((False, None))
         await projection.load_inbox(m, op.context)
         placement = Placement(projection.tip_id)
         for item in items:
@@ -125,17 +123,18 @@ async def place(op: DrivenOperation, extra: Sequence[Message], *, include_follow
             ready = _ready(op, then, placement.tip).model_copy(update={"control": current.control})
             m.set(addresses.operation_state(op.operation_id), ready)
 
-        def after(result: CommitResult | None) -> Sequence[HarnessEvent]:
+        events: list[Announcement] = [*placement.events(lane)]
+        if items:
+            events.append(projection.queue_update(lane_state))
+
+        def publish(result: CommitResult | None) -> None:
             projection.state = lane_state
             if ready is not None:
                 projection.operation_state = ready
-            events = publish_placement(projection, placement, result)
+            placement.publish(projection, result)
             for entry_id in taken:
                 projection.pending.pop(entry_id, None)
-            if items:
-                events.append(projection.queue_update())
-            return events
 
-        return Decision((reads, ready), after)
+        return Decision((reads, ready), events, publish)
 
     return await op.run(plan)

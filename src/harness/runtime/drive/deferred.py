@@ -7,7 +7,7 @@ from harness.context import Context
 from harness.errors import HarnessError, ModelUnavailable
 from harness.messages import AssistantMessage
 from harness.providers import DeferredProvider
-from harness.runtime.commit import Decision, Transition, nothing_to_publish
+from harness.runtime.commit import Decision, Transition
 from harness.runtime.drive.operation import DrivenOperation
 from harness.runtime.drive.provider_step import consume, settle_reply
 from harness.runtime.drive.settlement import failure
@@ -43,7 +43,7 @@ async def poll(op: DrivenOperation, state: DeferredSuspended) -> Transition | No
     resume = RunResume(lane=op.lane.name, operation_id=op.operation_id)
     turn = TurnStart(lane=op.lane.name, operation_id=op.operation_id,
                      turn_id=f"{generation.step_id}:poll:{intent.poll}")
-    if not await op.commit(Transition(intent, events=lambda _: [resume, turn], intent=True)):
+    if not await op.commit(Transition(intent, events=lambda: [resume, turn], intent=True)):
         return None
     effect = op.effect_context()
     try:
@@ -83,7 +83,7 @@ async def deferred_handle(op: DrivenOperation, source_entry_id: str) -> Deferred
             raise HarnessFault(f"entry {source_entry_id} holds no deferred handle")
         handle = DeferredHandle(id=message.deferred_id, provider=message.provider, model_id=message.model,
                                 api=message.api)
-        return Decision(handle, nothing_to_publish)
+        return Decision(handle)
 
     return await op.run(plan)
 

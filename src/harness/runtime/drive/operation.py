@@ -14,7 +14,7 @@ from harness.messages import ModelIdentity
 from harness.providers import Model, Provider, StreamOptions
 from harness.runtime.agent_tool import AgentTool
 from harness.runtime.branch_context import BranchContext
-from harness.runtime.commit import Decision, Transition, abort_requested, commit_transition, nothing_to_publish
+from harness.runtime.commit import Decision, Transition, abort_requested, commit_transition
 from harness.runtime.errors import HarnessFault
 from harness.runtime.hooks import RunHooks
 from harness.runtime.lane import Lane
@@ -79,7 +79,7 @@ class DrivenOperation:
             return cached
 
         async def plan(m: SessionMutator) -> Decision[BranchContext]:
-            return Decision(await self.projection.branch_context(m, self.context), nothing_to_publish)
+            return Decision(await self.projection.branch_context(m, self.context))
 
         return await self.run(plan)
 

@@ -21,13 +21,13 @@ from harness.providers import (
     StreamEvent,
     classify_exception,
 )
-from harness.runtime.commit import Decision, Transition, nothing_to_publish
+from harness.runtime.commit import Decision, Transition
 from harness.runtime.drive.operation import DrivenOperation
 from harness.runtime.drive.settlement import DOES_NOT_FIT, failure
+from harness.runtime.event_log import Announcement, EntryEvent, TurnEndOf
 from harness.runtime.events import (
     CompactionStart,
     DeferredHandle,
-    EntryAdded,
     HarnessEvent,
     MessageEnd,
     MessageStart,
@@ -97,7 +97,7 @@ async def generate(op: DrivenOperation, state: AssistantReady) -> Transition | N
         tools = ()  # a model too small to trust with more tool steps answers in text now
     system = lane_system_prompt(op.environment.system_prompt, lane)
     request = ProviderRequest(system_prompt=system, messages=tuple(messages), tools=tools)
-    if not await op.commit(Transition(intent, events=lambda _: [turn, *retry], intent=True)):
+    if not await op.commit(Transition(intent, events=lambda: [turn, *retry], intent=True)):
         return None
     reached(FaultPoint.ASSISTANT_INTENT)
     effect = op.effect_context()
@@ -174,7 +174,7 @@ async def interrupted_reply(op: DrivenOperation, state: EffectPending) -> Assist
     """The partial reply a crash left, rebuilt from its persisted frames (HA-24)."""
 
     async def plan(m: SessionMutator) -> Decision[AssistantMessage | None]:
-        return Decision(await frames_message(m, op.operation_id, state, op.context), nothing_to_publish)
+        return Decision(await frames_message(m, op.operation_id, state, op.context))
 
     partial = await op.run(plan)
     if partial is None:
@@ -211,15 +211,14 @@ def settle_reply(op: DrivenOperation, intent: EffectPending, message: AssistantM
             m.set(addresses.branch_tip(lane), entry_id)
         m.delete_list(addresses.assistant_frames(op.operation_id, entry_id))
 
-    def events(result: CommitResult | None) -> Sequence[HarnessEvent]:
-        assert result is not None
-        op.lane.presentation.streaming_message = None
-        out: list[HarnessEvent] = [MessageEnd(lane=lane, message=message, entry_id=None if empty_abort else entry_id)]
+    # The reply's entry is write 0 of the commit (`commit_transition` stages it first).
+    end: Announcement = (MessageEnd(lane=lane, message=message) if empty_abort
+                         else EntryEvent("message_end", lane, entry_id, parent, payload, 0))
+
+    def events() -> Sequence[Announcement]:
+        out: list[Announcement] = [end]
         if on_branch:
-            entry = Entry(id=entry_id, parent_id=parent, seq=result.seqs[0], timestamp=result.timestamp,
-                          payload=payload)
-            projection.move_tip(entry_id, [entry])
-            out.append(EntryAdded(lane=lane, entry=entry))
+            out.append(EntryEvent("entry_added", lane, entry_id, parent, payload, 0))
         out.append(UsageRecorded(lane=lane, usage_id=intent.usage_id, usage=message.usage,
                                  entry_id=None if empty_abort else entry_id))
         if isinstance(next_state, AssistantRetryWait):
@@ -236,10 +235,18 @@ def settle_reply(op: DrivenOperation, intent: EffectPending, message: AssistantM
                 id=message.deferred_id or "", provider=message.provider, model_id=message.model,
                 api=message.api), poll=next_state.poll))
         elif not isinstance(next_state, RunTools | AssistantRetryWait | SummaryPending):
-            out.append(TurnEnd(lane=lane, operation_id=op.operation_id, turn_id=generation.step_id, message=message))
+            turn_end = TurnEnd(lane=lane, operation_id=op.operation_id, turn_id=generation.step_id, message=message)
+            out.append(turn_end if empty_abort else TurnEndOf(turn_end, entry_id))
         return out
 
-    return Transition(next_state, stage, events)
+    def publish(result: CommitResult | None) -> None:
+        assert result is not None
+        op.lane.presentation.streaming_message = None
+        if on_branch:
+            projection.move_tip(entry_id, [Entry(id=entry_id, parent_id=parent, seq=result.seqs[0],
+                                                 timestamp=result.timestamp, payload=payload)])
+
+    return Transition(next_state, stage, events, publish)
 
 
 def _after_reply(op: DrivenOperation, intent: EffectPending, message: AssistantMessage,
@@ -340,7 +347,7 @@ class FrameWriter:
                 if getattr(op.projection.operation_state, "response_entry_id", None) == response_entry_id:
                     frames: dict[str, JsonValue] = {"frames": list(page)}
                     m.append(address, frames)
-                return Decision(None, nothing_to_publish)
+                return Decision(None)
 
             await op.run(plan)
             reached(FaultPoint.MID_STREAM)

@@ -10,9 +10,10 @@ from typing import Literal
 from pydantic import JsonValue
 
 from harness.messages import now_ms
-from harness.runtime.commit import Decision, Placement, Transition, payload_of, pending_payload, placed_events
+from harness.runtime.commit import Decision, Placement, Publish, Transition, payload_of, pending_payload
 from harness.runtime.drive.operation import DrivenOperation
-from harness.runtime.events import HarnessEvent, RunEnd
+from harness.runtime.event_log import Announcement
+from harness.runtime.events import RunEnd
 from harness.runtime.fault_points import FaultPoint, reached
 from harness.runtime.hooks import OperationEnding
 from harness.runtime.outcomes import Settled
@@ -61,12 +62,14 @@ async def settle(
     abort_cause: AbortCause | None = None,
     stage: Callable[[SessionMutator], None] | None = None,
     tip: str | KeepTip | None = KeepTip.KEEP,
-    events_before: Callable[[CommitResult], Sequence[HarnessEvent]] | None = None,
+    events_before: Callable[[], Sequence[Announcement]] | None = None,
+    publish_before: Publish | None = None,
 ) -> Settled | None:
     """The terminal commit: `stage`'s final writes (moving the tip to `tip`, where None is the
     empty branch before the session's first entry), clean up the operation, drain steer and
     follow-up items that were not placed, write the lane's last result, go idle; emits
-    `events_before`, then `run_end`.
+    `events_before` (made after `stage` ran; `publish_before` publishes what it placed), then
+    `run_end`.
 
     Decided on the line from the current projection: an abort requested meanwhile makes a
     completion `aborted`; steer or follow-up input that arrived since the last boundary makes
@@ -86,7 +89,7 @@ async def settle(
         lane_state = projection.state
         queued_steer, queued_follow = lane_state.ids_of("steer"), lane_state.ids_of("follow_up")
         if outcome == "completed" and meta.intent.kind == "run" and (queued_steer or queued_follow):
-            return Decision(None, lambda _: [])
+            return Decision(None)
         drained_steer = list(control.drained_steer) if isinstance(control, CancelRequested) else []
         drained_follow = list(control.drained_follow_up) if isinstance(control, CancelRequested) else []
         drained_steer += queued_steer  # never left behind for a run that did not ask for them
@@ -131,22 +134,24 @@ async def settle(
         follow_up = tuple(queued_item(i, projection.pending[i]) for i in drained_follow)
         settled = Settled(operation_id=op.operation_id, result=result, steer=steer, follow_up=follow_up)
 
-        def after(commit: CommitResult | None) -> Sequence[HarnessEvent]:
+        events: list[Announcement] = [*(events_before() if events_before else ()), *placement.events(lane_name)]
+        if any(i in projection.pending for i in removed):
+            events.append(projection.queue_update(idle))
+        events.append(RunEnd(lane=lane_name, operation_id=op.operation_id, result=result))
+
+        def publish(commit: CommitResult | None) -> None:
             assert commit is not None
             projection.meta = projection.operation_state = None
             projection.state, projection.last_result = idle, result
-            # `events_before` first: it may publish what `stage` placed (a compaction entry), and
+            # `publish_before` first: it may publish what `stage` placed (a compaction entry), and
             # the writes placed here continue that, so the tip ends at the last of them.
-            events: list[HarnessEvent] = list(events_before(commit)) if events_before else []
-            placed = placement.entries(commit)
-            projection.move_tip(new_tip, placed)
-            events += placed_events(lane_name, placed)
-            if any(projection.pending.pop(i, None) is not None for i in removed):
-                events.append(projection.queue_update())
-            events.append(RunEnd(lane=lane_name, operation_id=op.operation_id, result=result))
-            return events
+            if publish_before is not None:
+                publish_before(commit)
+            placement.publish(projection, commit)
+            for entry_id in removed:
+                projection.pending.pop(entry_id, None)
 
-        return Decision(settled, after)
+        return Decision(settled, events, publish)
 
     return await op.run(plan)
 

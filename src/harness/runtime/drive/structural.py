@@ -13,10 +13,11 @@ from harness.errors import ModelUnavailable
 from harness.messages import AssistantMessage, Message, TextContent
 from harness.providers import DoneEvent, ErrorEvent, ProviderErrorInfo, StreamEvent, StreamOptions
 from harness.runtime.branch_context import branch_entries, context_messages
-from harness.runtime.commit import Decision, Placement, Transition, nothing_to_publish, publish_placement
+from harness.runtime.commit import Decision, Placement, Transition
 from harness.runtime.drive.operation import DrivenOperation
 from harness.runtime.drive.settlement import DOES_NOT_FIT, settle
-from harness.runtime.events import CompactionEnd, CompactionStart, HarnessEvent, NavigationEnd, UsageRecorded
+from harness.runtime.event_log import Announcement
+from harness.runtime.events import CompactionEnd, CompactionStart, NavigationEnd, UsageRecorded
 from harness.runtime.fault_points import FaultPoint, reached
 from harness.runtime.outcomes import DriveOutcome
 from harness.runtime.summary import (
@@ -69,7 +70,7 @@ async def threshold_compaction(op: DrivenOperation, state: RunCheckpoint) -> Tra
     pending = SummaryPending(task=task, config=op.projection.config, result_entry_id=new_id(),
                              max_attempts=op.settings.retry.max_retries + 1)
     start = CompactionStart(lane=op.lane.name, operation_id=op.operation_id, reason="threshold")
-    return Transition(pending, events=lambda _: [start], intent=True)
+    return Transition(pending, events=lambda: [start], intent=True)
 
 
 async def summarize(op: DrivenOperation, state: SummaryPending) -> Step:
@@ -148,15 +149,19 @@ async def _finish_compaction(op: DrivenOperation, intent: SummaryPending, plan: 
         m.insert_usage(message.usage, usage_id=usage_id, entry_id=entry_id)
         m.set(addresses.branch_tip(lane), entry_id)
 
-    def events(commit: CommitResult | None) -> Sequence[HarnessEvent]:
-        return [*publish_placement(projection, placement, commit),
+    def events() -> Sequence[Announcement]:
+        return [*placement.events(lane),
                 UsageRecorded(lane=lane, usage_id=usage_id, usage=message.usage, entry_id=entry_id),
                 CompactionEnd(lane=lane, operation_id=op.operation_id, reason=_reason(task), status="completed",
                               entry_id=entry_id)]
 
+    def publish(commit: CommitResult | None) -> None:
+        placement.publish(projection, commit)
+
     if task.resume_after is not None:
-        return Transition(task.resume_after.model_copy(update={"compaction_failures": 0}), stage, events)
-    return await settle(op, intent, "completed", stage=stage, tip=entry_id, events_before=events)
+        return Transition(task.resume_after.model_copy(update={"compaction_failures": 0}), stage, events, publish)
+    return await settle(op, intent, "completed", stage=stage, tip=entry_id, events_before=events,
+                        publish_before=publish)
 
 
 async def _summary_declined(op: DrivenOperation, state: SummaryPending) -> Step:
@@ -168,8 +173,8 @@ async def _summary_declined(op: DrivenOperation, state: SummaryPending) -> Step:
                                     "the context is too large and nothing can be compacted")
     end = CompactionEnd(lane=op.lane.name, operation_id=op.operation_id, reason=_reason(task), status="declined")
     if task.resume_after is not None:
-        return Transition(task.resume_after, events=lambda _: [end])
-    return await settle(op, state, "completed", events_before=lambda _: [end])
+        return Transition(task.resume_after, events=lambda: [end])
+    return await settle(op, state, "completed", events_before=lambda: [end])
 
 
 async def summary_failed(op: DrivenOperation, state: SummaryPending, code: str, message: str,
@@ -185,9 +190,9 @@ async def summary_failed(op: DrivenOperation, state: SummaryPending, code: str, 
         end = CompactionEnd(lane=op.lane.name, operation_id=op.operation_id, reason=_reason(task),
                             status="failed", error=error)
         if task.resume_after is None:
-            return await settle(op, state, "failed", error=error, events_before=lambda _: [end])
+            return await settle(op, state, "failed", error=error, events_before=lambda: [end])
         return Transition(FailureDrain(error=error, provenance=FailureProvenance(kind="provider")),
-                          events=lambda _: [end])
+                          events=lambda: [end])
     failures = task.resume_after.compaction_failures + 1
     if failures >= limit:
         error = OperationErrorRecord(
@@ -195,7 +200,7 @@ async def summary_failed(op: DrivenOperation, state: SummaryPending, code: str, 
             message=f"{failures} compactions in a row failed ({message}); this run stops compacting")
     end = CompactionEnd(lane=op.lane.name, operation_id=op.operation_id, reason=_reason(task), status="failed",
                         error=error)
-    return Transition(task.resume_after.model_copy(update={"compaction_failures": failures}), events=lambda _: [end])
+    return Transition(task.resume_after.model_copy(update={"compaction_failures": failures}), events=lambda: [end])
 
 
 async def wait_summary_retry(op: DrivenOperation, state: SummaryRetryWait) -> Step:
@@ -214,7 +219,7 @@ async def _leaving_branch(op: DrivenOperation, target_id: str | None) -> list[Me
     async def plan(m: SessionMutator) -> Decision[list[Message]]:
         kept = {entry.id for entry in await branch_entries(m, target_id, op.context)}
         here = await op.projection.branch_context(m, op.context)
-        return Decision(context_messages([e for e in here.entries if e.id not in kept]), nothing_to_publish)
+        return Decision(context_messages([e for e in here.entries if e.id not in kept]))
 
     return await op.run(plan)
 
@@ -240,7 +245,7 @@ async def finish_navigation(op: DrivenOperation, intent: NavigationIntent,
         if intent.label is not None and target is not None:
             m.set(addresses.entry_label(target), intent.label)
 
-    def events(commit: CommitResult) -> Sequence[HarnessEvent]:
+    def events() -> Sequence[Announcement]:
         return [NavigationEnd(lane=lane, operation_id=op.operation_id, status="completed", from_tip_id=from_tip,
                               tip_id=tip)]
 

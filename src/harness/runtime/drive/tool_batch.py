@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Sequence
 
 from jsonschema.validators import validator_for
 from pydantic import JsonValue, ValidationError
@@ -22,13 +21,11 @@ from harness.runtime.commit import (
     Decision,
     Placement,
     live_phase,
-    nothing_to_publish,
     pending_payload,
-    publish_placement,
 )
 from harness.runtime.drive.operation import DrivenOperation
+from harness.runtime.event_log import Announcement, TurnEndOf
 from harness.runtime.events import (
-    HarnessEvent,
     ToolEnd,
     ToolStart,
     ToolUpdate,
@@ -120,7 +117,7 @@ class ToolBatchRunner:
             message = entry.payload.message if entry and isinstance(entry.payload, MessagePayload) else None
             if not isinstance(message, AssistantMessage):
                 raise StorageCorruption(f"entry {entry_id} should be the reply whose tools run", entry_id=entry_id)
-            return Decision(message, nothing_to_publish)
+            return Decision(message)
 
         return await self.op.run(plan)
 
@@ -147,10 +144,14 @@ class ToolBatchRunner:
         problem = self._problem(block, tool, args, message)
         if problem is None and tool is not None and op.hooks.before_tool is not None:
             request = ToolCallRequest(op.operation_id, block.id, block.name, args)
+            # An effect's Context, so a durable abort cancels a hook that waits for a person's answer.
+            asking = op.effect_context()
             try:
-                decision = await op.hooks.before_tool(request, op.context)
+                decision = await op.hooks.before_tool(request, asking)
             except Exception as error:  # approval fails closed
                 decision = Block(reason=f"the approval check failed: {error}")
+            finally:
+                op.end_effect(asking)
             if self.aborting:
                 return
             if isinstance(decision, Block):
@@ -177,7 +178,7 @@ class ToolBatchRunner:
 
         async def read(m: SessionMutator) -> Decision[dict[str, JsonValue] | None]:
             stored: dict[str, JsonValue] | None = await m.get(address, op.context)
-            return Decision(stored, nothing_to_publish)
+            return Decision(stored)
 
         args = await op.run(read)
         if tool is None or tool.replay != "safe" or call.replay != "safe" or args is None:
@@ -195,19 +196,19 @@ class ToolBatchRunner:
         async def plan(m: SessionMutator) -> Decision[bool]:
             state = live_phase(projection, op.operation_id, RunTools, intent=True)
             if state is None:
-                return Decision(False, nothing_to_publish)
+                return Decision(False)
             calls = list(state.batch.calls)
             calls[index] = calls[index].model_copy(update={"status": "effect_pending", "replay": tool.replay})
             new_state = state.model_copy(update={"batch": state.batch.model_copy(update={"calls": calls})})
             m.set(address, args)
             m.set(addresses.operation_state(op.operation_id), new_state)
 
-            def after(result: CommitResult | None) -> Sequence[HarnessEvent]:
+            def publish(result: CommitResult | None) -> None:
                 projection.operation_state = new_state
-                return [ToolStart(lane=self.lane.name, operation_id=op.operation_id, turn_id=self.batch.turn_id,
-                                  tool_call_id=block.id, tool_name=block.name, args=args)]
 
-            return Decision(True, after)
+            return Decision(True, [ToolStart(lane=self.lane.name, operation_id=op.operation_id,
+                                             turn_id=self.batch.turn_id, tool_call_id=block.id, tool_name=block.name,
+                                             args=args)], publish)
 
         return await op.run(plan)
 
@@ -229,7 +230,7 @@ class ToolBatchRunner:
                 async def plan(m: SessionMutator) -> Decision[None]:
                     if self._calls()[index].status == "effect_pending":
                         m.set(checkpoint, partial)
-                    return Decision(None, nothing_to_publish)
+                    return Decision(None)
 
                 await op.run(plan)
 
@@ -266,7 +267,7 @@ class ToolBatchRunner:
         address = addresses.tool_checkpoint(op.operation_id, call.result_entry_id)
 
         async def read(m: SessionMutator) -> Decision[JsonValue]:
-            return Decision(await m.get(address, op.context), nothing_to_publish)
+            return Decision(await m.get(address, op.context))
 
         partial = await op.run(read)
         text = INTERRUPTED if partial is None else f"{INTERRUPTED} Last progress it reported:\n{json.dumps(partial)}"
@@ -281,7 +282,7 @@ class ToolBatchRunner:
         async def plan(m: SessionMutator) -> Decision[None]:
             state = live_phase(projection, op.operation_id, RunTools)
             if state is None or state.batch.calls[index].status not in ("planned", "effect_pending"):
-                return Decision(None, nothing_to_publish)  # a late result after an interruption: discarded
+                return Decision(None)  # a late result after an interruption: discarded
             call = state.batch.calls[index]
             calls = list(state.batch.calls)
             final_terminate = terminate and not isinstance(state.control, CancelRequested)
@@ -321,24 +322,26 @@ class ToolBatchRunner:
             if placement.staged:
                 m.set(addresses.branch_tip(lane), parent)
 
-            def after(commit: CommitResult | None) -> Sequence[HarnessEvent]:
-                assert commit is not None
+            placed = [payload.message for _, payload, _ in placement.staged
+                      if isinstance(payload, MessagePayload) and isinstance(payload.message, ToolResultMessage)]
+            events: list[Announcement] = [ToolEnd(lane=lane, operation_id=op.operation_id, turn_id=self.batch.turn_id,
+                                                  tool_call_id=block.id, result=result, terminate=final_terminate),
+                                          *placement.events(lane)]
+            if complete and self.message is not None:
+                turn_end = TurnEnd(lane=lane, operation_id=op.operation_id, turn_id=self.batch.turn_id,
+                                   message=self.message, tool_results=(*self.placed_results, *placed))
+                events.append(TurnEndOf(turn_end, self.batch.assistant_entry_id,
+                                        tuple(c.result_entry_id for c in calls)))
+
+            def publish(commit: CommitResult | None) -> None:
                 projection.operation_state = new_state
                 projection.pending[call.result_entry_id] = staged
-                events: list[HarnessEvent] = [ToolEnd(lane=lane, operation_id=op.operation_id,
-                                                      turn_id=self.batch.turn_id, tool_call_id=block.id,
-                                                      result=result, terminate=final_terminate)]
-                events += publish_placement(projection, placement, commit)
-                for entry_id, payload, _ in placement.staged:
+                placement.publish(projection, commit)
+                for entry_id, _, _ in placement.staged:
                     projection.pending.pop(entry_id, None)
-                    if isinstance(payload, MessagePayload) and isinstance(payload.message, ToolResultMessage):
-                        self.placed_results.append(payload.message)
-                if complete and self.message is not None:
-                    events.append(TurnEnd(lane=lane, operation_id=op.operation_id, turn_id=self.batch.turn_id,
-                                          message=self.message, tool_results=tuple(self.placed_results)))
-                return events
+                self.placed_results += placed
 
-            return Decision(None, after)
+            return Decision(None, events, publish)
 
         await op.run(plan)
 

@@ -2,10 +2,13 @@
 // picker and the connection indicator.
 //
 // A turn streams over the AI SDK UI message stream (`POST /api/chat`; `GET /api/chat/{id}/stream`
-// resumes the turn in progress by replaying it from its start). The conversation's native watch
-// (`.../events`) says when a turn starts that this tab did not send (another tab's, or one the
-// server resumed), and carries the rows written between turns, such as a model switch. When a turn
-// ends the page reads the display again: the journal's rows replace what was drawn live.
+// resumes the turn in progress by replaying it from its start), approval requests included. The
+// conversation's native watch (`.../events`) says when a turn starts that this tab did not send
+// (another tab's, or one the server resumed), when a call's approval was answered (here or in
+// another tab), and carries what is written between turns: a model switch's row is drawn at once;
+// any other entry (a delegated job's result, a garden's message, a shell row) reads the display
+// again. When a turn ends the page reads the display again: the journal's rows replace what was
+// drawn live.
 
 import { ApiError, json, request, serverSentEvents, setToken } from "./api.js";
 import { Transcript } from "./transcript.js";
@@ -29,6 +32,7 @@ const routes = {
 };
 
 const RETRY_MS = [250, 500, 1000, 2000, 4000];
+const MAIN_LANE = "main";
 
 const $ = (id) => document.getElementById(id);
 const images = new Map();
@@ -101,7 +105,7 @@ async function listConversations() {
     link.addEventListener("click", (event) => {
       event.preventDefault();
       history.pushState(null, "", link.href);
-      openConversation(conversation.id, conversation).catch(showError);
+      openConversation(conversation.id).catch(showError);
     });
     item.append(link);
     return item;
@@ -113,26 +117,28 @@ async function newConversation() {
   const conversation = await authorized(() => json("POST", routes.conversations, {}));
   history.pushState(null, "", `?c=${encodeURIComponent(conversation.id)}`);
   await listConversations();
-  await openConversation(conversation.id, conversation);
+  await openConversation(conversation.id);
 }
 
 // -- one conversation ------------------------------------------------------------------------------------
 
-async function openConversation(id, info) {
+async function openConversation(id) {
   if (current) {
     current.streaming?.abort();
     current.watch.abort();
   }
-  current = { id, streaming: null, watch: new AbortController(), nextBefore: null, pendingModel: null };
+  current = { id, streaming: null, watch: new AbortController(), nextBefore: null, pendingModel: null,
+    reading: false, readAgain: false };
   for (const link of document.querySelectorAll("#conversations a")) {
     if (link.dataset.id === id) link.setAttribute("aria-current", "page");
     else link.removeAttribute("aria-current");
   }
   $("conversation").hidden = false;
-  $("title").textContent = info?.name ?? `Conversation ${id.slice(0, 8)}`;
   showError(null);
   setRunning(false);
   transcript.clear();
+  const info = await authorized(() => json("GET", routes.conversation(id)));
+  $("title").textContent = info.name ?? `Conversation ${id.slice(0, 8)}`;
   await showModel(info);
   await readDisplay();
   watch(current);
@@ -142,7 +148,8 @@ async function openConversation(id, info) {
 async function readDisplay({ older = false } = {}) {
   const conversation = current;
   const page = await authorized(() => json("GET", routes.display(conversation.id, older ? conversation.nextBefore : null)));
-  if (conversation !== current) return;
+  // A turn that started meanwhile draws its rows live: the page this read got must not drop them.
+  if (conversation !== current || (!older && conversation.streaming)) return;
   if (!older) transcript.dropLive();
   transcript.showRows(page.rows, { older });
   if (older || conversation.nextBefore == null) {
@@ -254,10 +261,17 @@ async function watch(conversation) {
 
 function observe(conversation, event) {
   const data = JSON.parse(event.data);
-  if (event.event === "snapshot") {
-    if (data.operation?.kind === "run") resume(conversation).catch(showError);
-    return;
+  switch (event.event) {
+    case "snapshot":
+      if (data.operation?.kind === "run") resume(conversation).catch(showError);
+      return;
+    case "approval":
+      if (data.answer) transcript.approvalAnswered(data.pending.tool_call_id, data.answer.allow);
+      return;
+    default:
+      break;
   }
+  if (data.lane !== MAIN_LANE) return; // a delegated agent's lane: its result comes as a row of main's
   switch (data.type) {
     case "run_start":
       resume(conversation).catch(showError);
@@ -269,8 +283,29 @@ function observe(conversation, event) {
       }
       if (data.row.details.kind === "model") reconcileModel(data.row.details.model);
       break;
+    case "entry_added":
+      if (!conversation.streaming && !transcript.find(data.entry.id)) readSoon(conversation).catch(showError);
+      break;
     default:
       break;
+  }
+}
+
+/** Read the display for entries written between turns: one read at a time, one more after it for
+ * whatever came while it ran. */
+async function readSoon(conversation) {
+  if (conversation.reading) {
+    conversation.readAgain = true;
+    return;
+  }
+  conversation.reading = true;
+  try {
+    do {
+      conversation.readAgain = false;
+      await readDisplay();
+    } while (conversation.readAgain && conversation === current);
+  } finally {
+    conversation.reading = false;
   }
 }
 
@@ -301,6 +336,7 @@ async function stop() {
 async function answerApproval({ toolCallId, approved }) {
   try {
     await authorized(() => json("POST", routes.approval(current.id, toolCallId), { allow: approved }));
+    transcript.approvalAnswered(toolCallId, approved);
   } catch (error) {
     showError(error);
   }
@@ -368,7 +404,7 @@ window.addEventListener("popstate", () => boot().catch(showError));
 async function boot() {
   const conversations = await listConversations();
   const id = new URLSearchParams(location.search).get("c");
-  if (id) await openConversation(id, conversations.find((conversation) => conversation.id === id));
+  if (id && conversations.some((conversation) => conversation.id === id)) await openConversation(id);
 }
 
 boot().catch(showError);

@@ -5,7 +5,7 @@
 //
 // Every word the model or a tool wrote is set with textContent, never parsed as HTML.
 
-import { chatEventWords } from "./words.js";
+import { chatEventWords, delegationWords } from "./words.js";
 
 function element(tag, className, text) {
   const node = document.createElement(tag);
@@ -41,6 +41,14 @@ export class Transcript {
     this.tools = new Map();
     this.live = null;
     this.pendingCount = 0;
+    // Follow the newest row while the person is at the end; one who scrolled up to read stays put.
+    this.atEnd = true;
+    container.addEventListener("scroll", () => {
+      this.atEnd = container.scrollHeight - container.scrollTop - container.clientHeight < 48;
+    });
+    new MutationObserver(() => {
+      if (this.atEnd) container.scrollTop = container.scrollHeight;
+    }).observe(container, { childList: true, subtree: true, characterData: true });
   }
 
   clear() {
@@ -89,6 +97,8 @@ export class Transcript {
         });
       case "event":
         return this.eventRow(row.id, row.details);
+      case "delegation":
+        return this.delegationRow(row.id, row.finish);
       case "message":
         return this.senderRow(row);
       case "blocks":
@@ -162,6 +172,11 @@ export class Transcript {
     return this.putLive(this.toolRow(id, change));
   }
 
+  /** A call's approval was answered (in this tab or another): it runs, or is refused. */
+  approvalAnswered(id, allowed) {
+    if (this.tools.get(id)?.state === "approval") this.updateTool(id, { state: allowed ? "running" : "denied" });
+  }
+
   /** The person's message as sent, shown until the journal's row for it is read. */
   pendingUser(text) {
     this.pendingCount += 1;
@@ -184,6 +199,15 @@ export class Transcript {
     row.dataset.id = id;
     row.dataset.tone = words.tone;
     row.dataset.kind = details.kind;
+    return row;
+  }
+
+  /** Where a delegated job's result reached the conversation, worded from its finish marker. */
+  delegationRow(id, finish) {
+    const words = delegationWords(finish);
+    const row = element("div", "row event delegation", words.text);
+    row.dataset.id = id;
+    row.dataset.tone = words.tone;
     return row;
   }
 
@@ -302,9 +326,11 @@ export class Transcript {
       case "tool-output-available":
         this.updateTool(part.toolCallId, { state: part.preliminary ? "running" : "done", output: part.output });
         return false;
-      case "tool-output-error":
-        this.updateTool(part.toolCallId, { state: "failed", output: part.errorText });
+      case "tool-output-error": {
+        const denied = this.tools.get(part.toolCallId)?.state === "denied"; // its refusal, as the model reads it
+        this.updateTool(part.toolCallId, { state: denied ? "denied" : "failed", output: part.errorText });
         return false;
+      }
       case "tool-output-denied":
         this.updateTool(part.toolCallId, { state: "denied" });
         return false;

@@ -102,3 +102,16 @@ export function chatEventWords(details) {
       return null;
   }
 }
+
+const FINISHED = { completed: ["finished", "quiet"], failed: ["failed", "bad"], aborted: ["was stopped", "warn"] };
+
+/** The row of a delegated job's finish marker (CE-18): `{text, tone}`. */
+export function delegationWords(finish) {
+  const [ended, tone] = FINISHED[finish.outcome];
+  if (finish.kind === "workflow") {
+    const { completed, failed, aborted } = finish.tally;
+    return { text: `⇢ workflow ${finish.title} ${ended} · ${completed} completed, ${failed} failed, ${aborted} stopped`,
+      tone };
+  }
+  return { text: `⇢ agent ${finish.agent} ${ended}: ${finish.task}`, tone };
+}
