@@ -406,7 +406,7 @@ class Lane:
             if posted is not None:
                 m.delete(addresses.lane_request(posted[0]))
                 if meta is None or meta.operation_id != posted[1]:
-                    return Decision(None, nothing_to_publish)
+                    return Decision(None)
             if meta is None or state is None:
                 raise NoActiveOperation(f"lane {self.name} has no open operation to abort", lane=self.name)
             if isinstance(state.control, CancelRequested):
@@ -454,8 +454,13 @@ class Lane:
 
         async def read(m: SessionMutator) -> Decision[list[tuple[str, LaneRequest]]]:
             found: list[tuple[str, LaneRequest]] = await m.scan_values(addresses.lane_request(""), context)
-            mine = [(key, request) for key, request in found if request.lane == self.name]
-            return Decision(sorted(mine, key=lambda item: (item[1].requested_at, item[0])), nothing_to_publish)
+            posted = []
+            for key, request in found:
+                # In posting order, which is commit order: ids minted in one millisecond do not sort.
+                record = await m.get_record(addresses.lane_request(key), context) if request.lane == self.name else None
+                if record is not None:
+                    posted.append((record.seq, key, request))
+            return Decision([(key, request) for _, key, request in sorted(posted)])
 
         async with self._taking:
             return await self._take(read, context)
@@ -479,7 +484,7 @@ class Lane:
     async def _drop_request(self, request_id: str, context: Context) -> None:
         async def plan(m: SessionMutator) -> Decision[None]:
             m.delete(addresses.lane_request(request_id))
-            return Decision(None, nothing_to_publish)
+            return Decision(None)
 
         await self.core.line.run(plan, context)
 

@@ -103,7 +103,7 @@ def lane_last_result(lane: str) -> ValueAddress[LaneLastResult]:
 
 def lane_request(request_id: str) -> ValueAddress[LaneRequest]:
     """A request another process posted for a lane's owner (`Session.post_request`), until the
-    owner takes it; `request_id` is time-ordered, and the request names its lane."""
+    owner takes it, in commit order; the request names its lane."""
     return ValueAddress(LANE_REQUEST_NAMESPACE, request_id, _adapter(LaneRequest))
 
 
