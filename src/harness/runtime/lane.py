@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, TypeVar, overload
@@ -71,6 +72,7 @@ from harness.session import (
     InboxItem,
     InboxKind,
     LaneConfig,
+    LaneRequest,
     LaneState,
     NavigationIntent,
     NavigationReady,
@@ -82,6 +84,7 @@ from harness.session import (
     RunIntent,
     RunStarting,
     SessionMutator,
+    StopRequest,
     SummaryPending,
     SummaryTask,
     UnknownEntry,
@@ -93,6 +96,8 @@ if TYPE_CHECKING:
     from harness.providers import ModelRegistry
 
 R = TypeVar("R")
+
+logger = logging.getLogger(__name__)
 
 
 class RunningDrive(Protocol):
@@ -185,6 +190,7 @@ class Lane:
         self.name = projection.name
         self.projection = projection
         self.presentation = LanePresentation()
+        self._taking = asyncio.Lock()  # one `take_requests` at a time, so none is applied twice
         self.active_drive: RunningDrive | None = None
 
     # -- projection ---------------------------------------------------------------------------
@@ -335,11 +341,20 @@ class Lane:
 
         return Decision(entry_id, [self.projection.queue_update(state, {entry_id: pending})], publish)
 
-    async def _queue(self, kind: InboxKind, message: Message, context: Context, *, needs_operation: bool) -> str:
+    async def _queue(self, kind: InboxKind, message: Message, context: Context, *, needs_operation: bool,
+                     posted: tuple[str, str] | None = None) -> str:
+        """Queue `message` as `kind`. `posted` is `(request_id, operation_id)` of a request taken
+        from another process: deleted in the same commit, and queued for the next run instead
+        when that operation is no longer the current one."""
         check_input_message(message)
         entry_id = new_id()
 
         async def plan(m: SessionMutator) -> Decision[str]:
+            nonlocal kind, needs_operation
+            if posted is not None:
+                m.delete(addresses.lane_request(posted[0]))
+                if self.projection.state.current_operation_id != posted[1]:
+                    kind, needs_operation = "next_run", False
             if needs_operation and self.projection.state.current_operation_id is None:
                 raise NoActiveOperation(f"lane {self.name} has no open operation to {kind.replace('_', '-')}",
                                         lane=self.name)
@@ -376,9 +391,22 @@ class Lane:
         The lane's steer and follow-up items are drained into the request and kept stored until
         the operation settles. A repeated request changes nothing and says so. Raises
         `NoActiveOperation` when the lane is idle. Cancelling `context` is not an abort (HA-22)."""
+        result = await self._abort(cause, context)
+        assert result is not None
+        return result
 
-        async def plan(m: SessionMutator) -> Decision[AbortRequest]:
+    async def _abort(self, cause: AbortCause, context: Context, *,
+                     posted: tuple[str, str] | None = None) -> AbortRequest | None:
+        """`request_abort`; with `posted` (`(request_id, operation_id)` of a stop taken from another
+        process) the request is deleted in the same commit, and None returned when that operation
+        is no longer the current one (it settled: nothing to stop)."""
+
+        async def plan(m: SessionMutator) -> Decision[AbortRequest | None]:
             meta, state = self.projection.meta, self.projection.operation_state
+            if posted is not None:
+                m.delete(addresses.lane_request(posted[0]))
+                if meta is None or meta.operation_id != posted[1]:
+                    return Decision(None)
             if meta is None or state is None:
                 raise NoActiveOperation(f"lane {self.name} has no open operation to abort", lane=self.name)
             if isinstance(state.control, CancelRequested):
@@ -408,6 +436,57 @@ class Lane:
                             [abort, self.projection.queue_update(lane_state)], publish)
 
         return await self.core.line.run(plan, context)
+
+    # -- requests from other processes ------------------------------------------------------------
+
+    async def take_requests(self, context: Context) -> int:
+        """Take every request other processes posted for this lane (`Session.post_request`), oldest
+        first, each in one commit that also deletes it, and return how many were applied.
+
+        The owner is the only one who may write the lane, so a steer, follow-up or stop from a
+        process that does not hold the session reaches the run this way, durably: a request
+        taken by nobody (its owner died) is taken by the next owner. A steer or follow-up whose
+        run is still current is queued as `steer` or `follow_up` would; one whose run ended
+        meanwhile waits for the next run (`queue_next_run`), so the person's message is kept. A
+        stop is `request_abort` of its operation, or nothing once that has settled. A request the
+        lane refuses (`NotARun` while a compaction runs, a message too large) is dropped and
+        logged, so that it cannot block the ones after it."""
+
+        async def read(m: SessionMutator) -> Decision[list[tuple[str, LaneRequest]]]:
+            found: list[tuple[str, LaneRequest]] = await m.scan_values(addresses.lane_request(""), context)
+            posted = []
+            for key, request in found:
+                # In posting order, which is commit order: ids minted in one millisecond do not sort.
+                record = await m.get_record(addresses.lane_request(key), context) if request.lane == self.name else None
+                if record is not None:
+                    posted.append((record.seq, key, request))
+            return Decision([(key, request) for _, key, request in sorted(posted)])
+
+        async with self._taking:
+            return await self._take(read, context)
+
+    async def _take(self, read: Callable[[SessionMutator], Awaitable[Decision[list[tuple[str, LaneRequest]]]]],
+                    context: Context) -> int:
+        applied = 0
+        for request_id, request in await self.core.line.run(read, context):
+            posted = (request_id, request.operation_id)
+            try:
+                if isinstance(request, StopRequest):
+                    applied += await self._abort(request.cause, context, posted=posted) is not None
+                else:
+                    await self._queue(request.kind, request.message, context, needs_operation=True, posted=posted)
+                    applied += 1
+            except (NotARun, InvalidMessage, PromptTooLarge, InvalidInput) as refused:
+                logger.warning("lane %s dropped request %s: %s", self.name, request_id, refused)
+                await self._drop_request(request_id, context)
+        return applied
+
+    async def _drop_request(self, request_id: str, context: Context) -> None:
+        async def plan(m: SessionMutator) -> Decision[None]:
+            m.delete(addresses.lane_request(request_id))
+            return Decision(None)
+
+        await self.core.line.run(plan, context)
 
     # -- driving (issue: drive) ---------------------------------------------------------------------
 

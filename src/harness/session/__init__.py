@@ -53,6 +53,7 @@ from harness.session.errors import (
     UnknownEntry,
     UnknownLane,
     UnsupportedStoreUrl,
+    WorkNeedsPostgres,
 )
 from harness.session.ids import new_id
 from harness.session.images import (
@@ -83,6 +84,7 @@ from harness.session.records import (
     InboxKind,
     LaneConfig,
     LaneLastResult,
+    LaneRequest,
     LaneState,
     MayFinish,
     NavigationIntent,
@@ -96,11 +98,13 @@ from harness.session.records import (
     PendingCustom,
     PendingEntry,
     PendingMessage,
+    QueueRequest,
     RunCheckpoint,
     RunIntent,
     Running,
     RunStarting,
     RunTools,
+    StopRequest,
     SummaryPending,
     SummaryRetryWait,
     SummaryTask,
@@ -119,9 +123,11 @@ from harness.session.session import (
 )
 from harness.session.store import Store, connect
 from harness.session.tokens import TOKEN_PREFIX, TokenInfo, TokenNotFound, Tokens
+from harness.session.work import DEFAULT_LEASE_S, OpenWork, WorkBoard, work_board
 
 __all__ = [
     "DATA_MIGRATIONS",
+    "DEFAULT_LEASE_S",
     "MAX_IMAGE_BYTES",
     "MAX_RECORD_BYTES",
     "PHASES_OF_KIND",
@@ -163,6 +169,7 @@ __all__ = [
     "LaneConfig",
     "LaneExists",
     "LaneLastResult",
+    "LaneRequest",
     "LaneState",
     "ListAddress",
     "ListItem",
@@ -171,6 +178,7 @@ __all__ = [
     "NavigationIntent",
     "NavigationReady",
     "NeedAssistant",
+    "OpenWork",
     "OperationErrorRecord",
     "OperationIntent",
     "OperationKind",
@@ -180,6 +188,7 @@ __all__ = [
     "PendingCustom",
     "PendingEntry",
     "PendingMessage",
+    "QueueRequest",
     "RecordTooLarge",
     "ReentrantMutation",
     "RunCheckpoint",
@@ -195,6 +204,7 @@ __all__ = [
     "SessionOwnership",
     "SessionReader",
     "SetValue",
+    "StopRequest",
     "StorageCorruption",
     "StorageRolledBack",
     "Store",
@@ -221,6 +231,8 @@ __all__ = [
     "UsageRowRaw",
     "ValueAddress",
     "ValueRow",
+    "WorkBoard",
+    "WorkNeedsPostgres",
     "Write",
     "addresses",
     "connect",
@@ -230,4 +242,5 @@ __all__ = [
     "new_id",
     "sniff_image_type",
     "value_address",
+    "work_board",
 ]

@@ -16,6 +16,7 @@ from harness.messages import CleanJson, CleanJsonObject, CleanStr
 from harness.session.records import (
     LaneConfig,
     LaneLastResult,
+    LaneRequest,
     LaneState,
     OperationMeta,
     OperationState,
@@ -98,6 +99,15 @@ def lane_state(lane: str) -> ValueAddress[LaneState]:
 
 def lane_last_result(lane: str) -> ValueAddress[LaneLastResult]:
     return ValueAddress("harness.lane.last_result", lane, _adapter(LaneLastResult))
+
+
+def lane_request(request_id: str) -> ValueAddress[LaneRequest]:
+    """A request another process posted for a lane's owner (`Session.post_request`), until the
+    owner takes it, in commit order; the request names its lane."""
+    return ValueAddress(LANE_REQUEST_NAMESPACE, request_id, _adapter(LaneRequest))
+
+
+LANE_REQUEST_NAMESPACE = "harness.lane.request"
 
 
 def operation_meta(operation_id: str) -> ValueAddress[OperationMeta]:

@@ -222,6 +222,12 @@ class Backend(Protocol):
         thread's future, which saves a task and a loop step on every commit."""
         ...
 
+    def post(self, session_id: str, writes: Sequence[SetValue], context: Context) -> Awaitable[CommitResult]:
+        """Set values in one transaction whether or not an owner holds the session: requests from
+        other processes, which the owner takes and deletes itself (`Session.post_request`).
+        `SessionNotFound` for an unknown session."""
+        ...
+
     async def claim(self, session_id: str, context: Context) -> Claim:
         """Take the session's process lock and bump its epoch; `SessionOwned` if held."""
         ...

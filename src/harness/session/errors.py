@@ -100,3 +100,10 @@ class ReentrantMutation(HarnessError):
     on itself forever; refused before it queued."""
 
     code = "reentrant_mutation"
+
+
+class WorkNeedsPostgres(HarnessError):
+    """Claiming work across processes (`work_board`, `harness worker`) needs a PostgreSQL store:
+    its locks die with their connections and its channels wake listeners. Details `{url}`."""
+
+    code = "work_needs_postgres"

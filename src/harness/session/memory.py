@@ -154,14 +154,11 @@ class MemoryBackend:
             raise OwnershipLost(f"session {session_id} is no longer owned by this claim", session_id=session_id)
         if claim is None and session.claimed:
             raise SessionOwned(f"session {session_id} is owned", session_id=session_id)
-        _validate(session, writes)
-        timestamp = now_ms()
-        first = session.next_seq
-        for seq, write in enumerate(writes, start=first):
-            _apply(session, write, seq, timestamp)
-        session.next_seq = first + len(writes)
-        session.info = replace(session.info, updated_at=timestamp)
-        return CommitResult(tuple(range(first, first + len(writes))), timestamp)
+        return _commit(session, writes)
+
+    async def post(self, session_id: str, writes: Sequence[SetValue], context: Context) -> CommitResult:
+        session = self._session(session_id)
+        return _commit(session, writes)
 
     async def claim(self, session_id: str, context: Context) -> Claim:
         session = self._session(session_id)
@@ -192,6 +189,17 @@ class MemoryBackend:
 
     async def close(self) -> None:
         self._closed = True
+
+
+def _commit(session: _MemorySession, writes: Sequence[Write]) -> CommitResult:
+    _validate(session, writes)
+    timestamp = now_ms()
+    first = session.next_seq
+    for seq, write in enumerate(writes, start=first):
+        _apply(session, write, seq, timestamp)
+    session.next_seq = first + len(writes)
+    session.info = replace(session.info, updated_at=timestamp)
+    return CommitResult(tuple(range(first, first + len(writes))), timestamp)
 
 
 def _validate(session: _MemorySession, writes: Sequence[Write]) -> None:

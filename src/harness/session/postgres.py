@@ -19,6 +19,7 @@ from typing import Any, Literal
 
 import psycopg
 import psycopg.errors
+from psycopg.conninfo import make_conninfo
 from psycopg.rows import TupleRow
 from psycopg_pool import AsyncConnectionPool
 
@@ -142,7 +143,52 @@ SCHEMA: tuple[tuple[int, tuple[str, ...]], ...] = (
             revoked_at BIGINT
         )""",
     )),
+    # What `harness worker` looks for (open_work): the lanes with a current operation, found
+    # through an index that holds only them, and the requests other processes left for owners.
+    (5, (
+        "CREATE INDEX open_lanes ON record_values (session_id) WHERE namespace = 'harness.lane.state' "
+        "AND (value::jsonb ->> 'current_operation_id') IS NOT NULL",
+        "CREATE INDEX lane_requests ON record_values (session_id) WHERE namespace = 'harness.lane.request'",
+    )),
 )
+
+LEASE_APPLICATION = "harness-lease"
+"""The `application_name` of a claim connection held under a lease (`PostgresBackend.leases`): a
+claimant may end such a connection once it has been idle past the lease, and no other."""
+
+_OPEN_WORK = """
+SELECT l.session_id, l.key, l.value::jsonb ->> 'current_operation_id', o.value
+FROM record_values l
+LEFT JOIN record_values o ON o.session_id = l.session_id AND o.namespace = 'harness.op.state'
+    AND o.key = l.value::jsonb ->> 'current_operation_id'
+WHERE l.namespace = 'harness.lane.state' AND (l.value::jsonb ->> 'current_operation_id') IS NOT NULL
+    AND (%(ids)s::text[] IS NULL OR l.session_id = ANY(%(ids)s))
+UNION ALL
+SELECT r.session_id, r.value::jsonb ->> 'lane', NULL, NULL
+FROM record_values r
+WHERE r.namespace = 'harness.lane.request' AND (%(ids)s::text[] IS NULL OR r.session_id = ANY(%(ids)s))
+"""
+
+# The advisory locks held in this database, by key (a bigint key is classid:objid, objsubid 1),
+# and whether every holder is a lease whose connection has been idle past it.
+_HELD_LOCKS = """
+SELECT (l.classid::bigint << 32) | l.objid::bigint,
+       bool_and(a.application_name = %(app)s AND a.state <> 'active'
+                AND a.state_change < now() - make_interval(secs => %(lease)s))
+FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted
+    AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+GROUP BY 1
+"""
+
+_END_STALE_LEASE = """
+SELECT pg_terminate_backend(a.pid)
+FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted AND l.classid = %(classid)s AND l.objid = %(objid)s
+    AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+    AND a.application_name = %(app)s AND a.state <> 'active'
+    AND a.state_change < now() - make_interval(secs => %(lease)s)
+"""
 
 _WALK = """
 WITH RECURSIVE path(depth, id, parent_id, seq, timestamp, type, payload) AS (
@@ -161,6 +207,20 @@ SELECT id, true FROM entries WHERE session_id = %(s)s AND id = ANY(%(ids)s)
 UNION ALL
 SELECT id, false FROM usage_ledger WHERE session_id = %(s)s AND id = ANY(%(ids)s)
 """
+
+
+@dataclass(frozen=True)
+class WorkRow:
+    """A lane that may have work: its current operation and that operation's state as stored
+    (None for a lane named only by a request), and whether its session's lock is held and
+    whether every holder is a lease idle past `lease_s`."""
+
+    session_id: str
+    lane: str
+    operation_id: str | None
+    operation_state: str | None
+    held: bool
+    stale: bool
 
 
 @dataclass(eq=False)
@@ -185,6 +245,13 @@ class PostgresBackend:
         self._schema = schema
         self._claims: set[PostgresClaim] = set()
         self._closed = False
+        self.leases = False
+        """Whether this backend's claims are leases (`LEASE_APPLICATION`): the holder keeps each
+        alive with `renew_claims`, and a claimant ends one that went quiet (`end_stale_lease`)."""
+        digest = hashlib.blake2b(schema.encode(), digest_size=8).hexdigest()
+        self.channel = f"harness_work_{digest}"
+        """The LISTEN/NOTIFY channel of this store: every release and every posted request
+        notifies it with the session id."""
         self.images = PostgresImages(self)
         self.tokens = PostgresTokens(self)
         # Test seam for crash tests: awaited inside the commit transaction, before COMMIT.
@@ -366,7 +433,8 @@ class PostgresBackend:
                                 session_id=session_id) from error
 
     async def _commit(
-        self, conn: Connection, session_id: str, writes: Sequence[Write], claim: PostgresClaim | None
+        self, conn: Connection, session_id: str, writes: Sequence[Write], claim: PostgresClaim | None, *,
+        post: bool = False,
     ) -> CommitResult:
         new_ids = {w.id for w in writes if isinstance(w, InsertEntry | InsertUsage)}
         parents = {w.parent_id for w in writes if isinstance(w, InsertEntry) and w.parent_id is not None}
@@ -375,7 +443,8 @@ class PostgresBackend:
             # writes in a second, then COMMIT.
             async with conn.pipeline() as pipeline, conn.transaction():
                 probe = None
-                if claim is None:
+                # A post is made beside an owner by design; any other unowned commit probes.
+                if claim is None and not post:
                     # Shared, so unowned commits from several processes do not refuse each other;
                     # it still conflicts with an owner's exclusive lock.
                     probe = await conn.execute("SELECT pg_try_advisory_xact_lock_shared(%s)",
@@ -404,6 +473,8 @@ class PostgresBackend:
                     await _apply(conn, session_id, write, seq, timestamp)
                 await conn.execute("UPDATE sessions SET next_seq = %s, updated_at = %s WHERE id = %s",
                                    (first + len(writes), timestamp, session_id))
+                if post:
+                    await conn.execute("SELECT pg_notify(%s, %s)", (self.channel, session_id))
                 await pipeline.sync()
                 if self._commit_barrier is not None:
                     await self._commit_barrier()
@@ -418,7 +489,8 @@ class PostgresBackend:
         `SessionOwned` if another claim (here or in another process) holds it, or an unowned
         commit is in flight; `SessionNotFound` for an unknown session."""
         key = self._lock_key(session_id)
-        conn = await psycopg.AsyncConnection.connect(self.url, autocommit=True)
+        url = make_conninfo(self.url, application_name=LEASE_APPLICATION) if self.leases else self.url
+        conn = await psycopg.AsyncConnection.connect(url, autocommit=True)
         try:
             if not _scalar(await (await conn.execute("SELECT pg_try_advisory_lock(%s)", (key,))).fetchone()):
                 raise SessionOwned(f"session {session_id} is owned by another process or harness",
@@ -444,10 +516,66 @@ class PostgresBackend:
         # Unlock before closing: the server frees a closed connection's locks only once its
         # backend has exited, and a claimant right after this call must find the session free.
         # A connection that already died took its lock with it, so its error is of no interest.
+        # The notification tells every listening worker that the session may hold work now.
         with contextlib.suppress(psycopg.Error):
             if not owned.connection.closed:
-                await owned.connection.execute("SELECT pg_advisory_unlock(%s)", (owned.lock_key,))
+                await owned.connection.execute("SELECT pg_advisory_unlock(%s), pg_notify(%s, %s)",
+                                               (owned.lock_key, self.channel, owned.session_id))
         await owned.connection.close()
+
+    async def post(self, session_id: str, writes: Sequence[SetValue], context: Context) -> CommitResult:
+        """Commit `writes` beside any owner (no lock probe; the session row's lock orders it with
+        the owner's commits) and notify `channel` with the session id in the same transaction."""
+        async with self._connection() as conn:
+            return await self._commit(conn, session_id, writes, None, post=True)
+
+    async def open_work(self, session_ids: Sequence[str] | None, lease_s: float,
+                        context: Context) -> list[WorkRow]:
+        """Every lane with a current operation or a posted request, in the sessions named (None:
+        all), with its session's lock as `pg_locks` shows it now."""
+        async with self._connection() as conn:
+            cur = await conn.execute(_OPEN_WORK, {"ids": None if session_ids is None else list(session_ids)})
+            rows = await cur.fetchall()
+            cur = await conn.execute(_HELD_LOCKS, {"app": LEASE_APPLICATION, "lease": lease_s})
+            held: dict[int, bool] = {key: stale for key, stale in await cur.fetchall()}
+        work = []
+        for session_id, lane, operation_id, state in rows:
+            key = self._lock_key(session_id)
+            work.append(WorkRow(session_id, lane, operation_id, state, key in held, held.get(key, False)))
+        return work
+
+    async def end_stale_lease(self, session_id: str, lease_s: float, context: Context) -> bool:
+        """End the connection holding the session's lock if it is a lease idle for more than
+        `lease_s` seconds (its process stopped or hangs); True if one was ended. Its lock goes as
+        that backend exits, and its owner can commit nothing more: its connection is gone, and
+        the next claim bumps the epoch."""
+        unsigned = self._lock_key(session_id) & 0xFFFF_FFFF_FFFF_FFFF
+        params = {"classid": unsigned >> 32, "objid": unsigned & 0xFFFF_FFFF, "app": LEASE_APPLICATION,
+                  "lease": lease_s}
+        async with self._connection() as conn:
+            ended = await (await conn.execute(_END_STALE_LEASE, params)).fetchall()
+        return any(row[0] for row in ended)
+
+    async def renew_claims(self, context: Context) -> None:
+        """Keep every lease of this backend alive: a statement on each claim connection, which
+        resets the idle time a claimant measures. A connection that died is left to its owner's
+        next commit (`OwnershipLost`)."""
+        for claim in list(self._claims):
+            with contextlib.suppress(psycopg.Error):
+                if not claim.connection.closed:
+                    await claim.connection.execute("SELECT 1")
+
+    async def listen(self) -> AsyncIterator[str]:
+        """The session ids notified on `channel`, from a dedicated connection, until the caller
+        stops iterating; `StoreConnectionLost` when the connection drops (notifications sent
+        meanwhile are lost: the caller polls to cover them)."""
+        try:
+            async with await psycopg.AsyncConnection.connect(self.url, autocommit=True) as conn:
+                await conn.execute(f'LISTEN "{self.channel}"')
+                async for notify in conn.notifies():
+                    yield notify.payload
+        except (psycopg.OperationalError, psycopg.InterfaceError) as error:
+            raise driver_error(error) from error
 
     async def run_data_migration(self, migration: DataMigration, context: Context) -> bool:
         """Unless recorded, rewrite every entry payload `migration` changes and record it, in one

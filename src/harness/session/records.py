@@ -47,6 +47,34 @@ class LaneState(_Record):
         return [item.entry_id for item in self.inbox if item.kind == kind]
 
 
+class QueueRequest(_Record):
+    """A message another process asks the lane's owner to queue: `steer` or `follow_up` for the
+    run `operation_id` it saw open. Should that run have ended when the owner takes it, the
+    message waits for the next run instead, so nothing a person sent is lost."""
+
+    kind: Literal["steer", "follow_up"]
+    lane: str
+    operation_id: str
+    message: Message
+    requested_at: int
+
+
+class StopRequest(_Record):
+    """A durable abort another process asks for, of operation `operation_id` only: one that has
+    settled meanwhile needs no stopping."""
+
+    kind: Literal["stop"] = "stop"
+    lane: str
+    operation_id: str
+    cause: AbortCause
+    requested_at: int
+
+
+LaneRequest = Annotated[QueueRequest | StopRequest, Field(discriminator="kind")]
+"""What a process that does not own a session may ask of a lane's owner (`Session.post_request`);
+the owner takes each once (`Lane.take_requests`)."""
+
+
 class OperationErrorRecord(_Record):
     """A machine-readable run-level failure (HA-26): stable `code`, English `message`, `details`."""
 

@@ -46,7 +46,7 @@ from harness.session.errors import (
     UnknownEntry,
 )
 from harness.session.ids import new_id
-from harness.session.records import LaneConfig, LaneState, UsageRow
+from harness.session.records import LaneConfig, LaneRequest, LaneState, UsageRow
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -132,7 +132,7 @@ def decode_entry(row: EntryRow) -> Entry:
     return Entry(id=row.id, parent_id=row.parent_id, seq=row.seq, timestamp=row.timestamp, payload=payload)
 
 
-def _decode_value(adapter: TypeAdapter[T], text: str, where: str) -> T:
+def decode_value(adapter: TypeAdapter[T], text: str, where: str) -> T:
     try:
         return adapter.validate_json(text)
     except ValueError as error:
@@ -204,14 +204,14 @@ class SessionReader:
         if row is None:
             return None
         where = f"{address.namespace}/{address.key}"
-        return StoredValue(_decode_value(address.adapter, row.value, where), row.seq)
+        return StoredValue(decode_value(address.adapter, row.value, where), row.seq)
 
     async def scan_values(self, address: ValueAddress[T], context: Context) -> list[tuple[str, T]]:
         """Every `(key, value)` in `address.namespace` whose key starts with `address.key`."""
         if not (storable_identifier(address.namespace) and storable_identifier(address.key)):
             return []
         rows = await self._backend.scan_values(self.id, address.namespace, address.key, context)
-        return [(r.key, _decode_value(address.adapter, r.value, f"{r.namespace}/{r.key}")) for r in rows]
+        return [(r.key, decode_value(address.adapter, r.value, f"{r.namespace}/{r.key}")) for r in rows]
 
     async def lanes(self, context: Context) -> list[str]:
         """Names of the lanes that have a branch tip, ascending."""
@@ -228,7 +228,7 @@ class SessionReader:
             self.id, address.namespace, address.key, after_seq, max(1, min(limit, 10_000)), context
         )
         where = f"{address.namespace}/{address.key}"
-        return [ListItem(_decode_value(address.adapter, r.value, where), r.seq) for r in rows]
+        return [ListItem(decode_value(address.adapter, r.value, where), r.seq) for r in rows]
 
     async def list_bounds(self, address: ListAddress[Any], context: Context) -> tuple[int, int] | None:
         """The seqs of the list's oldest and newest items; None when it holds none."""
@@ -245,10 +245,10 @@ class SessionReader:
             UsageRow(
                 id=r.id,
                 seq=r.seq,
-                usage=_decode_value(_USAGE_ADAPTER, r.usage, f"usage/{r.id}"),
+                usage=decode_value(_USAGE_ADAPTER, r.usage, f"usage/{r.id}"),
                 entry_id=r.entry_id,
                 adjustment=r.adjustment,
-                details=_decode_value(_JSON_ADAPTER, r.details, f"usage/{r.id}") if r.details else None,
+                details=decode_value(_JSON_ADAPTER, r.details, f"usage/{r.id}") if r.details else None,
             )
             for r in rows
         ]
@@ -453,6 +453,19 @@ class Session(SessionReader):
         it returns an awaitable, that is awaited after the line is released."""
         self._refuse_if_owned()
         await self._create_lane(name, config, at, on_committed, None, context)
+
+    async def post_request(self, request: LaneRequest, context: Context) -> str:
+        """Leave `request` for whoever drives `request.lane`, owned here, in another process or by
+        nobody yet, and return its id: one commit that no owner refuses, because the owner takes
+        and deletes the request itself (`Lane.take_requests`) and reads nothing else of it. On
+        PostgreSQL the store's listeners are woken in the same transaction (`WorkBoard.listen`).
+        Raises `InvalidInput` for a request that does not fit its record type and
+        `SessionNotFound` for a session that is gone."""
+        request_id = new_id()
+        address = addresses.lane_request(request_id)
+        write = SetValue(address.namespace, address.key, encode(address.adapter, request))
+        await self._backend.post(self.id, [write], context)
+        return request_id
 
     async def attach(self, owner: object, context: Context) -> SessionOwnership:
         """Claim the session for `owner` until `detach`; `SessionOwned` if anyone holds it."""

@@ -508,6 +508,10 @@ class SqliteBackend:
 
         return self._submit(run)
 
+    def post(self, session_id: str, writes: Sequence[SetValue], context: Context) -> asyncio.Future[CommitResult]:
+        # No lock probe: an owner's commits and this one are serialised by SQLite's write lock.
+        return self._submit(lambda db: self._commit(db, session_id, writes, None))
+
     def _commit(
         self, db: sqlite3.Connection, session_id: str, writes: Sequence[Write], claim: Claim | None
     ) -> CommitResult:

@@ -1,0 +1,53 @@
+"""`harness worker`: drive the operations a PostgreSQL store holds open, beside other workers."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from harness.cli.app import StoreOption, app, run_with_store
+from harness.cli.config import client_setup, tool_workspace
+from harness.context import Context
+from harness.conversation import ConversationService
+from harness.home import harness_home
+from harness.providers import ModelRegistry
+from harness.session import Store
+from harness.tools import ApprovalPolicy, BackgroundJobs
+from harness.worker import Worker, WorkerOptions
+
+NO_APPROVER = "a worker has nobody to ask (start it with --yes to let every call run)"
+
+
+@app.command("worker")
+def worker_command(
+    concurrency: Annotated[int, typer.Option("--concurrency", min=1, help="Sessions driven at once.")] = 4,
+    approve_all: Annotated[bool, typer.Option("--yes", help="Run the tools that change things (write, edit, "
+                                              "shell) without asking; without it they are refused.")] = False,
+    store: StoreOption = None,
+) -> None:
+    """Claim the turns a PostgreSQL store holds open (new, left by a dead process, retries that are
+    due, deferred replies), drive them and let go, beside any number of other workers. SIGTERM or
+    Ctrl-C stops it: it claims nothing more, lets the turns in hand finish, releases and exits."""
+    home = harness_home()
+
+    async def body(opened: Store, context: Context) -> None:
+        registry = ModelRegistry.load(home=home)
+        jobs = BackgroundJobs()
+        approval = ApprovalPolicy.allow_all() if approve_all else ApprovalPolicy(None, unavailable_reason=NO_APPROVER)
+        setup = client_setup(registry, tool_workspace(Path.cwd(), home), home, approval, jobs)
+        worker = Worker(ConversationService(opened, setup), WorkerOptions(concurrency=concurrency))
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, worker.stop)
+        typer.echo(f"harness worker: driving up to {concurrency} sessions at once; SIGTERM or Ctrl-C stops it",
+                   err=True)
+        try:
+            await worker.run(context)
+        finally:
+            await jobs.close()
+
+    run_with_store(store, body)

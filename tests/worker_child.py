@@ -1,0 +1,105 @@
+"""A `harness worker` process for the worker tests, with a scripted model and a recording tool.
+
+Run as `python worker_child.py URL WORKDIR [CONCURRENCY]`: a `Worker` over a conversation service
+whose model is the faux provider (`answer`) and whose one tool, `ledger` (replay `never`),
+writes its call id to the store's `ledger` table and then waits while the test holds an advisory
+lock (`hold_key`), so a test can kill, stop or steer a run mid-tool. It prints `ready` once it runs and exits 0 after
+SIGTERM once it let everything go, printing `released`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import os
+import signal
+import sys
+from collections.abc import Awaitable, Callable
+from dataclasses import replace
+from pathlib import Path
+
+import psycopg
+from pydantic import JsonValue
+
+from harness.context import Context
+from harness.conversation import ConversationService, ConversationSetup
+from harness.messages import ModelIdentity, TextContent, ToolResultMessage, UserMessage
+from harness.providers import FAUX_MODEL, FauxProvider, ModelRegistry, ToolSpec
+from harness.providers.faux import FauxReply, FauxRequest, reply, tool_call
+from harness.runtime import AgentTool, DriveSettings, RetryPolicy, ToolOutput
+from harness.session import LaneConfig, connect
+from harness.worker import Worker, WorkerOptions
+
+FAUX = ModelIdentity(provider=FAUX_MODEL.provider, model_id=FAUX_MODEL.id)
+LEDGER = "ledger"
+CONFIG = LaneConfig(model=FAUX, active_tools=[LEDGER])
+POLL_VARIABLE = "HARNESS_TEST_WORKER_POLL_S"  # a long poll shows that notifications alone wake the worker
+OPTIONS = WorkerOptions(poll_s=0.5, lease_s=1.5, deferred_poll_s=0.5, backoff_s=0.5, stop_grace_s=10.0)
+
+
+def answer(recorded: FauxRequest) -> FauxReply:
+    """A user message last: a reply and one ledger call (its id unique per process and request);
+    a steer after a tool result is echoed; anything else gets `done`."""
+    last = recorded.request.messages[-1]
+    if isinstance(last, UserMessage):
+        text = "".join(block.text for block in last.content if isinstance(block, TextContent)) \
+            if not isinstance(last.content, str) else last.content
+        if text.startswith("steer:"):
+            return reply(f"heard {text}")
+        return reply("writing", tool_call(LEDGER, {"key": text}, id=f"call-{os.getpid()}-{recorded.number}"))
+    assert isinstance(last, ToolResultMessage)
+    return reply("done")
+
+
+def hold_key(workdir: Path) -> int:
+    """The advisory lock a test holds to keep the ledger tool waiting after its effect."""
+    return int.from_bytes(hashlib.blake2b(str(workdir).encode(), digest_size=8).digest(), "big", signed=True)
+
+
+LEDGER_TABLE = "CREATE TABLE IF NOT EXISTS ledger (call_id TEXT NOT NULL, pid INTEGER NOT NULL)"
+
+
+def ledger_tool(url: str, workdir: Path) -> AgentTool:
+    """`ledger` (replay `never`): its effect is a row in the `ledger` table; then it waits while a
+    test holds `hold_key(workdir)`, which it takes shared, so the wait is the lock's, not a poll."""
+
+    async def run(tool_call_id: str, args: dict[str, JsonValue],
+                  on_update: Callable[[JsonValue, bool], Awaitable[None]], context: Context) -> ToolOutput:
+        async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+            await conn.execute("INSERT INTO ledger (call_id, pid) VALUES (%s, %s)", (tool_call_id, os.getpid()))
+            held = asyncio.ensure_future(conn.execute("SELECT pg_advisory_lock_shared(%s)", (hold_key(workdir),)))
+            stopped = asyncio.ensure_future(context.wait_cancelled())  # an abort cancels the call's Context
+            await asyncio.wait({held, stopped}, return_when=asyncio.FIRST_COMPLETED)
+            stopped.cancel()
+            if not held.done():
+                held.cancel()
+                return ToolOutput(content=[TextContent(text="stopped")], is_error=True)
+            await conn.execute("SELECT pg_advisory_unlock_shared(%s)", (hold_key(workdir),))
+        return ToolOutput(content=[TextContent(text=f"written {args.get('key')}")])
+
+    spec = ToolSpec(name=LEDGER, description="Write to the ledger.",
+                    parameters={"type": "object", "properties": {"key": {"type": "string"}}})
+    return AgentTool(spec=spec, execute=run, replay="never")
+
+
+async def main(url: str, workdir: Path, concurrency: int) -> None:
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+    context = Context({"process": f"worker-{os.getpid()}"})
+    store = await connect(url, context)
+    registry = ModelRegistry([FAUX_MODEL], providers={"faux": FauxProvider(answer)})
+    setup = ConversationSetup(models=registry, tools=[ledger_tool(url, workdir)],
+                              drive=DriveSettings(frame_interval_s=0.0, retry=RetryPolicy(base_delay_ms=0)))
+    poll_s = float(os.environ.get(POLL_VARIABLE, OPTIONS.poll_s))
+    worker = Worker(ConversationService(store, setup), replace(OPTIONS, concurrency=concurrency, poll_s=poll_s))
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, worker.stop)
+    print("ready", flush=True)
+    try:
+        await worker.run(context)
+    finally:
+        await store.close()
+    print("released", flush=True)
+
+
+if __name__ == "__main__":
+    asyncio.run(main(sys.argv[1], Path(sys.argv[2]), int(sys.argv[3]) if len(sys.argv) > 3 else 4))
