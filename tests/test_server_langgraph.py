@@ -1,24 +1,28 @@
 """The LangGraph door with the real client (`langgraph-sdk`) against `harness serve` on a loopback
-port (issue 16 item 6): a stream cut several times and rejoined with its last event id gives the
-durable log exactly once; cancel is the durable abort; the multitask strategies."""
+port (issue 16 item 6): a run's stream and the thread's stream, cut several times and rejoined with
+the last event id, give the durable log exactly once; a reply streams under its entry id; a run's
+status outlives runs other doors start; cancel is the durable abort; the multitask strategies."""
 
 from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+import httpx
 import pytest
 from langgraph_sdk import get_client
 from langgraph_sdk.errors import APIStatusError
 from langgraph_sdk.schema import StreamPart
 
+from drive_helpers import within
 from harness.context import Context
 from harness.providers.faux import delay, reply
+from harness.runtime import EntryAdded, RunEnd, RunStart
 from harness.server import parse_event_id
 from harness.session import Store, connect
-from server_helpers import faux_app, serving
+from server_helpers import USER, Served, faux_app, serving
 
 MODES: list[Any] = ["values", "messages-tuple", "updates"]
 PARTS = ["The first part of a long answer, ", "then the second part of it, ", "and at last the end."]
@@ -46,21 +50,49 @@ def durable(parts: list[StreamPart]) -> list[tuple[str | None, str, Any]]:
     return [(part.id, part.event, part.data) for part in parts if part.event != "messages"]
 
 
-async def read_until(stream: AsyncIterator[StreamPart], into: list[StreamPart], text: str) -> None:
-    """Read `stream` into `into` until the reply's text so far ends with `text`, then drop the
-    connection (the iterator is closed, and with it the HTTP response)."""
+def says(text: str) -> Callable[[list[StreamPart]], bool]:
+    """Whether the replies' text so far ends with `text`."""
+    return lambda parts: text_of(parts).endswith(text)
+
+
+def ends(runs: int) -> Callable[[list[StreamPart]], bool]:
+    """Whether `runs` runs have ended."""
+    return lambda parts: sum(part.event == "end" for part in parts) == runs
+
+
+async def read_until(stream: AsyncIterator[StreamPart], into: list[StreamPart],
+                     done: Callable[[list[StreamPart]], bool]) -> None:
+    """Read `stream` into `into` until `done(into)`, then drop the connection (the iterator is
+    closed, and with it the HTTP response)."""
     try:
         async for part in stream:
             into.append(part)
-            if text_of(into).endswith(text):
+            if done(into):
                 return
     finally:
         await stream.aclose()  # type: ignore[attr-defined]
 
 
-async def test_a_stream_cut_and_rejoined_gets_the_durable_log_once(store: Store) -> None:
+async def logged_seqs(served: Served, thread_id: str, run_id: str, ctx: Context) -> list[int]:
+    """The event seqs of the run's `run_start`, `entry_added` and `run_end` in the lane's log."""
+    conversation = await served.service.open(USER, thread_id, ctx)
+    events = (await conversation.lane.read_events(None, 10_000, ctx)).events
+    start = next(index for index, event in enumerate(events)
+                 if isinstance(event, RunStart) and event.operation_id == run_id)
+    seqs = []
+    for event in events[start:]:
+        if isinstance(event, RunStart | EntryAdded | RunEnd):
+            assert event.event_seq is not None
+            seqs.append(event.event_seq)
+        if isinstance(event, RunEnd):
+            return seqs
+    raise AssertionError(f"run {run_id} has not ended")
+
+
+async def test_a_stream_cut_and_rejoined_gets_the_durable_log_once(store: Store, ctx: Context) -> None:
     """Issue 16 item 6: the connection dropped mid-reply twice, the client rejoins with its last
-    event id each time; what it got in all equals the run's log, no gap and no duplicate."""
+    event id each time; what it got in all equals the run's log, no gap and no duplicate: each
+    durable part's id names its event in the lane's log."""
     gates = [asyncio.Event(), asyncio.Event()]
     served = faux_app(store, [reply(PARTS[0], delay(gates[0]), PARTS[1], delay(gates[1]), PARTS[2])])
     async with serving(served.app) as url:
@@ -70,21 +102,23 @@ async def test_a_stream_cut_and_rejoined_gets_the_durable_log_once(store: Store)
         got: list[StreamPart] = []
         await read_until(client.runs.stream(thread_id, "harness", input=ask("Tell me a long answer."),
                                             stream_mode=MODES, stream_resumable=True),
-            got, PARTS[0])
+            got, says(PARTS[0]))
         run_id = got[0].data["run_id"]
         for gate, part in zip(gates, [PARTS[1], ""], strict=True):
             gate.set()
             stream = client.runs.join_stream(thread_id, run_id, last_event_id=got[-1].id)
             if part:
-                await read_until(stream, got, part)
+                await read_until(stream, got, says(part))
             else:
                 got += [received async for received in stream]
         replay = [received async for received in client.runs.join_stream(thread_id, run_id)]
         state = await client.threads.get_state(thread_id)
         run = await client.runs.get(thread_id, run_id)
         await client.aclose()
+        seqs = await logged_seqs(served, thread_id, run_id, ctx)
 
     ids = [parse_event_id(str(part.id)) for part in got]
+    assert sorted({cursor.item for cursor in ids}) == seqs
     assert all(earlier < later for earlier, later in itertools.pairwise(ids))
     assert text_of(got) == text_of(replay) == "".join(PARTS)
     assert durable(got) == durable(replay)
@@ -157,3 +191,88 @@ async def test_multitask_strategies_while_a_run_is_open(store: Store) -> None:
         ("human", "Go"), ("ai", "One done."), ("human", "And then?"), ("ai", "The follow-up's answer.")]
     assert statuses == ["interrupted", "success"]
     assert listed == [replacing["run_id"], interrupted["run_id"], running["run_id"]]
+
+
+async def test_the_threads_stream_joined_mid_run_and_after_cuts_misses_nothing(store: Store) -> None:
+    """Issue 16 item 6: `threads.join_stream` joined while a run started by `runs.create` streams
+    gets that run from its start; cut mid-reply and after the run, and rejoined with the last event
+    id each time, it continues into the next run; in all it got each run's stream exactly once."""
+    gates = [asyncio.Event(), asyncio.Event()]
+    first, second = delay(gates[0]), delay(gates[1])
+    served = faux_app(store, [reply(PARTS[0], first, PARTS[1], second, PARTS[2]), "A short second answer."])
+    async with serving(served.app) as url:
+        client = get_client(url=url, api_key=None)
+        thread_id = (await client.threads.create())["thread_id"]
+        run = await client.runs.create(thread_id, "harness", input=ask("Tell me a long answer."), stream_mode=MODES)
+        await first.reached.wait()
+        got: list[StreamPart] = []
+        await read_until(await client.threads.join_stream(thread_id), got, says(PARTS[0]))
+        gates[0].set()
+        await second.reached.wait()
+        await read_until(await client.threads.join_stream(thread_id, last_event_id=got[-1].id), got, says(PARTS[1]))
+        gates[1].set()
+        await client.runs.join(thread_id, run["run_id"])
+        next_run = await client.runs.create(thread_id, "harness", input=ask("And briefly?"), stream_mode=MODES)
+        await client.runs.join(thread_id, next_run["run_id"])
+        await within(read_until(await client.threads.join_stream(thread_id, last_event_id=got[-1].id), got, ends(2)))
+        replays = [[part async for part in client.runs.join_stream(thread_id, run_id)]
+                   for run_id in (run["run_id"], next_run["run_id"])]
+        await client.aclose()
+
+    ids = [str(part.id) for part in got]
+    assert len(set(ids)) == len(ids)
+    assert [part.event for part in got].count("metadata") == 2
+    expected = [(f"{run_id}:{part.id}", part.event, part.data)
+                for run_id, replay in zip((run["run_id"], next_run["run_id"]), replays, strict=True)
+                for part in replay if part.event != "messages"]
+    assert durable(got) == expected
+    assert text_of(got) == "".join(PARTS) + "A short second answer."
+
+
+async def test_a_replys_chunks_carry_the_id_of_its_message_in_values(store: Store) -> None:
+    """Issue 16 item 6: every `messages-tuple` chunk of a reply, live or final, carries the id of
+    the reply's entry (reserved before the request streamed, HA-24), the id its message has in
+    `values`, so a UI that merges messages by id shows the reply once."""
+    gate = asyncio.Event()
+    served = faux_app(store, [reply(PARTS[0], delay(gate), PARTS[1])])
+    async with serving(served.app) as url:
+        client = get_client(url=url, api_key=None)
+        thread_id = (await client.threads.create())["thread_id"]
+        got: list[StreamPart] = []
+        stream = client.runs.stream(thread_id, "harness", input=ask("Go"), stream_mode=MODES)
+        await read_until(stream, got, says(PARTS[0]))
+        gate.set()
+        run_id = got[0].data["run_id"]
+        got += [part async for part in client.runs.join_stream(thread_id, run_id, last_event_id=got[-1].id)]
+        await client.aclose()
+
+    chunks = [part.data[0] for part in got if part.event == "messages"]
+    assert len(chunks) >= 2  # the live chunk and the final one
+    values = [part.data for part in got if part.event == "values"]
+    [ai] = [message for message in values[-1]["messages"] if message["type"] == "ai"]
+    assert {chunk["id"] for chunk in chunks} == {ai["id"]}
+
+
+async def test_a_runs_status_outlives_a_run_another_door_started(store: Store) -> None:
+    """Issue 16 item 6: a run of this door keeps its status and its stream after a turn sent
+    through `POST /api/conversations/{id}/messages` ran on the thread: both are read from the
+    lane's event log, not from what this door saw."""
+    served = faux_app(store, ["The first answer.", "The other door's answer."])
+    async with serving(served.app) as url:
+        client = get_client(url=url, api_key=None)
+        thread_id = (await client.threads.create())["thread_id"]
+        run = await client.runs.create(thread_id, "harness", input=ask("First"), stream_mode=MODES)
+        await client.runs.join(thread_id, run["run_id"])
+        async with httpx.AsyncClient(base_url=url) as rest:
+            sent = await rest.post(f"/api/conversations/{thread_id}/messages", json={"text": "Second"})
+        assert sent.status_code == 202, sent.text
+        await within(served.app.state.server.drives.wait(sent.json()["operation_id"]))
+        after = await client.runs.get(thread_id, run["run_id"])
+        listed = await client.runs.list(thread_id)
+        parts = [part async for part in client.runs.join_stream(thread_id, run["run_id"])]
+        await client.aclose()
+
+    assert after["status"] == "success"
+    assert [(listed_run["run_id"], listed_run["status"]) for listed_run in listed] == [(run["run_id"], "success")]
+    assert parts[-1].data == {"run_id": run["run_id"], "status": "success"}
+    assert text_of(parts) == "The first answer."

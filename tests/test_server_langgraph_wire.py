@@ -37,18 +37,21 @@ def reply(*content: TextContent | ThinkingContent | ToolCall, stop: str = "stop"
 
 
 SETTLED = RunSettled(LaneLastResult(operation_id="run-1", kind="run", outcome="completed", tip_id="a2",
-                                    started_at=0, ended_at=1))
+                                    started_at=0, ended_at=1), seq=31)
 CALL = ToolCall(id="call-1", name="read", arguments={"path": "a.txt"})
 FIRST = reply(ThinkingContent(thinking="Look first. "), TextContent(text="Reading it."), CALL, stop="tool_use")
 SECOND = reply(TextContent(text="The file says hello, and that is all it says."))
 TOOL_RESULT = entry("t1", ToolResultMessage(tool_call_id="call-1", tool_name="read",
                                            content=[TextContent(text="hello")]))
-ITEMS: list[RunItem] = [RunAccepted(), EntryPlaced(entry("u1", UserMessage(content="What is in a.txt?"))),
-         EntryPlaced(entry("a1", FIRST)), EntryPlaced(TOOL_RESULT), EntryPlaced(entry("a2", SECOND)), SETTLED]
-# The live replies streamed before the entries that complete them (after items 2 and 4).
-LIVE = {2: [reply(ThinkingContent(thinking="Look ")), reply(ThinkingContent(thinking="Look first. "),
-                                                            TextContent(text="Read"))],
-        4: [reply(TextContent(text="The file ")), reply(TextContent(text="The file says hello,"))]}
+# Each item with the seq of its event in the lane's log: growing, not consecutive.
+ITEMS: list[RunItem] = [RunAccepted(seq=4), EntryPlaced(entry("u1", UserMessage(content="What is in a.txt?")), seq=6),
+         EntryPlaced(entry("a1", FIRST), seq=11), EntryPlaced(TOOL_RESULT, seq=17), EntryPlaced(entry("a2", SECOND),
+                                                                                               seq=29), SETTLED]
+# The live replies, under the entry ids reserved for them, streamed before the entries that
+# complete them (after items 2 and 4).
+LIVE = {2: ("a1", [reply(ThinkingContent(thinking="Look ")), reply(ThinkingContent(thinking="Look first. "),
+                                                                   TextContent(text="Read"))]),
+        4: ("a2", [reply(TextContent(text="The file ")), reply(TextContent(text="The file says hello,"))])}
 
 
 def play(stream: RunStream, *, live: bool = True) -> list[LangGraphPart]:
@@ -57,8 +60,9 @@ def play(stream: RunStream, *, live: bool = True) -> list[LangGraphPart]:
     parts = []
     for index, item in enumerate(ITEMS, start=1):
         parts += stream.item(item)
-        for message in LIVE.get(index, []) if live else []:
-            parts += stream.live(message)
+        reply_id, messages = LIVE.get(index, ("", []))
+        for message in messages if live else []:
+            parts += stream.live(reply_id, message)
     return parts
 
 
@@ -134,6 +138,19 @@ def test_a_whole_run_streams_every_mode_with_growing_ids() -> None:
     assert [message["id"] for message in values[-1]["messages"]] == ["u1", "a1", "t1", "a2"]
     assert {"tools": {"messages": [langchain_message(TOOL_RESULT)]}} in [
         data(part) for part in parts if part.event == "updates"]
+    assert parse_event_id(parts[0].id).item == 4
+    assert parts[-1].id == "31-0-0"
+
+
+def test_a_replys_chunks_carry_the_entry_id_values_shows() -> None:
+    """A UI that merges messages by id sees each reply once: its chunks, live and final, carry
+    the id of the entry it is written under, the id `values` and `updates` show."""
+    parts = play(new_stream())
+    chunks = [data(part)[0] for part in parts if part.event == "messages" and data(part)[0]["type"] == "AIMessageChunk"]
+    assert {chunk["id"] for chunk in chunks} == {"a1", "a2"}
+    values = [data(part) for part in parts if part.event == "values"]
+    ai_ids = [message["id"] for message in values[-1]["messages"] if message["type"] == "ai"]
+    assert [chunk["id"] for chunk in chunks if chunk["id"] not in ai_ids] == []
 
 
 def test_resuming_after_any_event_id_misses_nothing_and_repeats_nothing() -> None:

@@ -6,7 +6,10 @@ lane (run id = operation id), and the one assistant the server's agent. What a r
 rendered by `langgraph_wire` from the journal and the lane's watch, so a stream resumed with
 `Last-Event-ID` (after a dropped connection or a server restart) continues exactly where it was.
 The door keeps a small record per run beside the conversation (`langgraph.run`): the assistant,
-stream modes and strategy it was asked with, and the branch tip it started from.
+stream modes and strategy it was asked with, the branch tip it started from and where the lane's
+event log stood before it. What the run did and how it ended are read from that log (its
+`run_start`, `entry_added` and `run_end`), so a run's status and stream are right whichever door
+started the runs after it.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import asyncio
 import json
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
+from contextlib import aclosing
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
@@ -26,7 +30,17 @@ from harness.context import Context
 from harness.conversation import MAIN_LANE, Conversation, ConversationWatch
 from harness.errors import HarnessError, InvalidInput
 from harness.messages import AssistantMessage, UserMessage
-from harness.runtime import EntryAdded, LaneBusy, LaneLastResult, MessageStart, MessageUpdate, RunEnd, WatchOverflow
+from harness.runtime import (
+    EntryAdded,
+    HarnessEvent,
+    LaneBusy,
+    LaneLastResult,
+    MessageStart,
+    MessageUpdate,
+    RunEnd,
+    RunStart,
+    WatchOverflow,
+)
 from harness.server.langgraph_wire import (
     RUN_STATUS,
     START,
@@ -46,7 +60,8 @@ from harness.server.langgraph_wire import (
     stream_modes,
 )
 from harness.server.state import CurrentUser, RequestContext, ServerState, State
-from harness.session import CompactionPayload, Entry, Session, addresses
+from harness.server.streams import REPLAY_PAGE
+from harness.session import AssistantEffectPending, CompactionPayload, DeferredEffectPending, Entry, Session, addresses
 
 router = APIRouter(tags=["langgraph"])
 
@@ -63,7 +78,9 @@ class AssistantNotFound(HarnessError):
 
 
 class RunNotFound(HarnessError):
-    """The thread has no run of this id made or seen by this door. Details: `run_id`."""
+    """The thread has no run of this id made or seen by this door, or the run's events have left
+    the lane's bounded event log (`event_log_limit` events are kept: an older run is forgotten, as
+    a LangGraph server forgets runs past their time to live). Details: `run_id`."""
 
     code = "run_not_found"
 
@@ -90,7 +107,8 @@ class ThreadExists(HarnessError):
 
 class RunRecord(BaseModel):
     """What this door keeps about one run, beside the conversation: what it was asked with, the
-    branch tip before it (`source_tip_id`) and, once seen settled, the lane's last result of it."""
+    branch tip before it (`source_tip_id`) and the seq of the lane's newest logged event before it
+    was accepted (`log_after`; None: the run is found reading the log from its oldest kept event)."""
 
     model_config = ConfigDict(frozen=True)
 
@@ -101,7 +119,7 @@ class RunRecord(BaseModel):
     metadata: dict[str, JsonValue]
     created_at: int
     source_tip_id: str | None
-    result: LaneLastResult | None = None
+    log_after: int | None
 
 
 def _run_address(run_id: str) -> addresses.ValueAddress[RunRecord]:
@@ -172,8 +190,10 @@ def _assistant_id(requested: str) -> str:
     return ASSISTANT_ID
 
 
-def _run_json(thread_id: str, record: RunRecord, run_status: str) -> dict[str, JsonValue]:
-    updated = record.result.ended_at if record.result is not None else record.created_at
+def _run_json(thread_id: str, record: RunRecord, result: LaneLastResult | None) -> dict[str, JsonValue]:
+    """The run as LangGraph shows it; `result` is its end (None: it is running)."""
+    updated = result.ended_at if result is not None else record.created_at
+    run_status = RUN_STATUS[result.outcome] if result is not None else "running"
     return {"run_id": record.run_id, "thread_id": thread_id, "assistant_id": record.assistant_id,
             "created_at": _iso(record.created_at), "updated_at": _iso(updated), "status": run_status,
             "metadata": record.metadata, "multitask_strategy": record.multitask_strategy,
@@ -262,20 +282,50 @@ async def _known(conversation: Conversation, run_id: str, context: Context) -> R
     if meta is None or meta.lane != MAIN_LANE:
         raise RunNotFound(f"thread {conversation.id} has no run {run_id[:80]!r}", run_id=run_id[:80])
     return RunRecord(run_id=run_id, assistant_id=ASSISTANT_ID, stream_mode=["values"], multitask_strategy="reject",
-                     metadata={}, created_at=meta.started_at, source_tip_id=meta.source_tip_id)
+                     metadata={}, created_at=meta.started_at, source_tip_id=meta.source_tip_id, log_after=None)
 
 
-async def _settle_records(conversation: Conversation, context: Context) -> None:
-    """Write the lane's last result into the door's record of that run if it lacks it, so the run's
-    outcome outlives the next run (which replaces the lane's last result)."""
-    session = conversation.harness.session
-    last = await session.get(addresses.lane_last_result(MAIN_LANE), context)
-    if last is None or last.kind != "run":
-        return
-    record = await _record(session, last.operation_id, context)
-    if record is not None and record.result is None:
-        await conversation.harness.set_value(_run_address(record.run_id), record.model_copy(update={"result": last}),
-                                             context)
+async def _log_events(conversation: Conversation, after: int | None,
+                      context: Context) -> AsyncGenerator[HarnessEvent, None]:
+    """The main lane's logged events after seq `after` (None: from the oldest kept), page by page."""
+    while True:
+        page = await conversation.lane.read_events(after, REPLAY_PAGE, context)
+        for event in page.events:
+            yield event
+        if not page.events:
+            return
+        after = page.events[-1].event_seq
+
+
+async def _run_items(conversation: Conversation, record: RunRecord, upto: int | None,
+                     context: Context) -> list[RunItem]:
+    """The run's durable items from the lane's event log: its `run_start`, every `entry_added`
+    after it, and its `run_end`, as far as event `upto` (None: the newest). Raises `RunNotFound`
+    when the log no longer holds the run's start."""
+    items: list[RunItem] = []
+    async with aclosing(_log_events(conversation, record.log_after, context)) as events:
+        async for event in events:
+            seq = event.event_seq
+            assert seq is not None, "a logged event carries its seq"
+            if upto is not None and seq > upto:
+                break
+            if isinstance(event, RunStart) and event.operation_id == record.run_id:
+                items.append(RunAccepted(seq))
+            elif items and isinstance(event, EntryAdded):
+                items.append(EntryPlaced(event.entry, seq))
+            elif items and isinstance(event, RunEnd) and event.operation_id == record.run_id:
+                items.append(RunSettled(event.result, seq))
+                break
+    if not items:
+        raise RunNotFound(f"run {record.run_id} of thread {conversation.id} has left the lane's event log",
+                          run_id=record.run_id)
+    return items
+
+
+async def _run_result(conversation: Conversation, record: RunRecord, context: Context) -> LaneLastResult | None:
+    """How the run ended, read from the lane's event log; None while it runs."""
+    last = (await _run_items(conversation, record, None, context))[-1]
+    return last.result if isinstance(last, RunSettled) else None
 
 
 async def _until_settled(conversation: Conversation, operation_id: str, context: Context) -> None:
@@ -313,31 +363,20 @@ async def _create_run(state: ServerState, user: str, thread_id: str, body: RunCr
                 return record, False
             await conversation.lane.request_abort("user", context)
             await _until_settled(conversation, current.id, context)
-        await _settle_records(conversation, context)
+        # Read before the run is accepted: its `run_start` is logged after this seq.
+        log_after = (await conversation.lane.read_events(None, 1, context)).newest_seq
         conversation, accepted = await state.service.admit(user, thread_id, text, context)
         session = conversation.harness.session
         meta = await session.get(addresses.operation_meta(accepted.operation_id), context)
         record = RunRecord(run_id=accepted.operation_id, assistant_id=assistant_id, stream_mode=list(modes),
                            multitask_strategy=strategy, metadata=body.metadata or {}, created_at=accepted.started_at,
-                           source_tip_id=meta.source_tip_id if meta is not None else None)
+                           source_tip_id=meta.source_tip_id if meta is not None else None, log_after=log_after)
         await conversation.harness.set_value(_run_address(record.run_id), record, context)
         runs = await session.get(THREAD_RUNS, context) or []
         await conversation.harness.set_value(THREAD_RUNS, [*runs, record.run_id], context)
     # Driven only once its record is written: a stream always finds where the run began.
     state.drives.start(conversation, MAIN_LANE, record.run_id)
     return record, True
-
-
-async def _run_status(conversation: Conversation, record: RunRecord, context: Context) -> str:
-    info = conversation.lane.info()
-    if info.operation is not None and info.operation.id == record.run_id:
-        return "running"
-    result = record.result
-    if result is None:
-        last = await conversation.harness.session.get(addresses.lane_last_result(MAIN_LANE), context)
-        result = last if last is not None and last.operation_id == record.run_id else None
-    # A run whose end this door never saw (its outcome replaced by a later run of another door).
-    return RUN_STATUS[result.outcome] if result is not None else "error"
 
 
 # -- streaming ------------------------------------------------------------------------------------
@@ -392,43 +431,41 @@ def _json(data: JsonValue) -> str:
 
 async def _run_parts(conversation: Conversation, record: RunRecord, modes: tuple[StreamMode, ...], cursor: Cursor,
                      context: Context) -> AsyncGenerator[Part, None]:
-    """The parts of run `record` after `cursor`: those its journal holds, then, while it runs, the
-    live ones, until it settles (or the server stops or the client falls too far behind, when the
-    stream just ends and the client reconnects with its last id)."""
+    """The parts of run `record` after `cursor`: those of its items the lane's log holds, then,
+    while it runs, the live ones, until it settles (or the server stops or the client falls too
+    far behind, when the stream just ends and the client reconnects with its last id). Raises
+    `RunNotFound` when the log no longer holds the run."""
     session = conversation.harness.session
     watch: ConversationWatch = await conversation.watch(context)
     try:
-        snapshot = watch.snapshot
-        running = snapshot.operation is not None and snapshot.operation.id == record.run_id
-        result = record.result
-        if result is None and not running and snapshot.last_result is not None \
-                and snapshot.last_result.operation_id == record.run_id:
-            result = snapshot.last_result
-        end_tip = snapshot.tip_id if running else result.tip_id if result is not None else record.source_tip_id
+        # The log up to the snapshot, then the watch: every event once, in order.
+        items = await _run_items(conversation, record, watch.snapshot.event_seq or 0, context)
         before = await _branch_back(session, record.source_tip_id, None, context, to_compaction=True)
         stream = RunStream(run_id=record.run_id, thread_id=conversation.id, modes=modes, before=before, cursor=cursor)
-        items: list[RunItem] = [RunAccepted(), *[EntryPlaced(entry) for entry in await _branch_back(
-            session, end_tip, record.source_tip_id, context, to_compaction=False)]]
-        if not running:
-            items.append(RunSettled(result) if result is not None else RunSettled(_unknown_end(record)))
         for item in items:
             for part in stream.item(item):
                 yield part
-        if not running:
+        if stream.ended:
             return
-        if snapshot.operation is not None and snapshot.operation.streaming_message is not None:
-            for part in stream.live(snapshot.operation.streaming_message):
+        reply_id: str | None = None
+        operation = watch.snapshot.operation
+        if operation is not None and operation.streaming_message is not None:
+            reply_id = await _reply_id(session, record.run_id, context)
+            for part in stream.live(reply_id, operation.streaming_message) if reply_id is not None else []:
                 yield part
         try:
             async for event in watch:
                 parts: list[Part] = []
-                if isinstance(event, EntryAdded) and event.lane == MAIN_LANE:
-                    parts = stream.item(EntryPlaced(event.entry))
-                elif isinstance(event, MessageStart | MessageUpdate) and event.lane == MAIN_LANE \
-                        and isinstance(event.message, AssistantMessage):
-                    parts = stream.live(event.message)
-                elif isinstance(event, RunEnd) and event.operation_id == record.run_id:
-                    parts = stream.item(RunSettled(event.result))
+                if isinstance(event, EntryAdded) and event.lane == MAIN_LANE and event.event_seq is not None:
+                    parts, reply_id = stream.item(EntryPlaced(event.entry, event.event_seq)), None
+                elif isinstance(event, RunEnd) and event.operation_id == record.run_id and event.event_seq is not None:
+                    parts = stream.item(RunSettled(event.result, event.event_seq))
+                elif isinstance(event, MessageStart | MessageUpdate) and event.event_seq is None \
+                        and event.lane == MAIN_LANE and isinstance(event.message, AssistantMessage):
+                    # A new attempt of the reply is written under a new reserved id.
+                    if reply_id is None or isinstance(event, MessageStart):
+                        reply_id = await _reply_id(session, record.run_id, context)
+                    parts = stream.live(reply_id, event.message) if reply_id is not None else []
                 for part in parts:
                     yield part
                 if stream.ended:
@@ -439,14 +476,19 @@ async def _run_parts(conversation: Conversation, record: RunRecord, modes: tuple
         watch.close()
 
 
-def _unknown_end(record: RunRecord) -> LaneLastResult:
-    return LaneLastResult(operation_id=record.run_id, kind="run", outcome="failed", tip_id=record.source_tip_id,
-                          started_at=record.created_at, ended_at=record.created_at)
+async def _reply_id(session: Session, run_id: str, context: Context) -> str | None:
+    """The entry id reserved for the reply run `run_id` is streaming (HA-24); None when no reply is
+    pending any more (it committed, and its entry follows in the watch with all of its text)."""
+    state = await session.get(addresses.operation_state(run_id), context)
+    return state.response_entry_id if isinstance(state, AssistantEffectPending | DeferredEffectPending) else None
 
 
-def _event_stream(state: ServerState, conversation: Conversation, record: RunRecord,
-                  modes: tuple[StreamMode, ...], cursor: Cursor, context: Context, *,
-                  headers: dict[str, str] | None = None) -> EventSourceResponse:
+async def _event_stream(state: ServerState, conversation: Conversation, record: RunRecord,
+                        modes: tuple[StreamMode, ...], cursor: Cursor, context: Context, *,
+                        headers: dict[str, str] | None = None) -> EventSourceResponse:
+    """The run's stream after `cursor`; raises `RunNotFound` (404, before any of it is sent) when
+    the lane's log no longer holds the run."""
+    await _run_items(conversation, record, None, context)
     parts = _run_parts(conversation, record, modes, cursor, context)
     return EventSourceResponse(_sse(parts, state.options.heartbeat_s), headers={"Cache-Control": "no-store",
                                                                                   **(headers or {})})
@@ -542,7 +584,7 @@ async def create_run(conversation_id: str, body: RunCreate, response: Response, 
     """A background run (see `stream_run` for the strategies); answers the run, `pending` or `running`."""
     record, _ = await _create_run(state, user, conversation_id, body, context)
     response.headers.update({"Content-Location": _locations(conversation_id, record.run_id)["Content-Location"]})
-    return _run_json(conversation_id, record, "running")
+    return _run_json(conversation_id, record, None)
 
 
 @router.post("/threads/{conversation_id}/runs/stream")
@@ -554,8 +596,8 @@ async def stream_run(conversation_id: str, body: RunCreate, user: CurrentUser, s
     `rollback` is refused (`rollback_unsupported`). Every event has an `id:`."""
     record, _ = await _create_run(state, user, conversation_id, body, context)
     conversation = await state.service.open(user, conversation_id, context)
-    return _event_stream(state, conversation, record, stream_modes(body.stream_mode), START, context,
-                         headers=_locations(conversation_id, record.run_id))
+    return await _event_stream(state, conversation, record, stream_modes(body.stream_mode), START, context,
+                               headers=_locations(conversation_id, record.run_id))
 
 
 @router.get("/threads/{conversation_id}/runs")
@@ -567,7 +609,10 @@ async def list_runs(conversation_id: str, user: CurrentUser, state: State, conte
     runs = []
     for run_id in reversed(await session.get(THREAD_RUNS, context) or []):
         record = await _known(conversation, run_id, context)
-        runs.append(_run_json(conversation_id, record, await _run_status(conversation, record, context)))
+        try:
+            runs.append(_run_json(conversation_id, record, await _run_result(conversation, record, context)))
+        except RunNotFound:
+            continue  # forgotten: it left the lane's event log
     return runs[offset:offset + limit]
 
 
@@ -576,7 +621,7 @@ async def get_run(conversation_id: str, run_id: str, user: CurrentUser, state: S
                   context: RequestContext) -> dict[str, JsonValue]:
     conversation = await state.service.open(user, conversation_id, context)
     record = await _known(conversation, run_id, context)
-    return _run_json(conversation_id, record, await _run_status(conversation, record, context))
+    return _run_json(conversation_id, record, await _run_result(conversation, record, context))
 
 
 @router.get("/threads/{conversation_id}/runs/{run_id}/stream")
@@ -590,7 +635,7 @@ async def join_run_stream(conversation_id: str, run_id: str, user: CurrentUser, 
     record = await _known(conversation, run_id, context)
     asked = [mode for mode in stream_mode or [] if mode]  # the client sends `stream_mode=` for none
     modes = stream_modes(asked) if asked else tuple(record.stream_mode)
-    return _event_stream(state, conversation, record, modes, cursor, context)
+    return await _event_stream(state, conversation, record, modes, cursor, context)
 
 
 @router.get("/threads/{conversation_id}/runs/{run_id}/join")

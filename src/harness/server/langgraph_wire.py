@@ -4,11 +4,14 @@ dicts, a run's items as stream parts per stream mode, and the event ids a client
 Pure functions and one renderer per connection; the routes in `langgraph_api` feed them.
 
 A run's stream is a list of durable items (the run's acceptance, each entry it placed on the
-branch, its settlement) with live presentation between them (the reply streaming after item `i`).
-An event id is the position of one part in that stream, `"{i}-{L}-{j}"`: part `j` of durable item
-`i` (`L` = 0), or the live reply after item `i` through its `L`th character (`j` = 0). Ids only
-grow, every part has one, and the stream after any id can be rebuilt from the journal and the
-lane's snapshot, so a client resuming after the last id it saw gets no gap and no duplicate.
+branch, its settlement: its `run_start`, `entry_added` and `run_end` in the lane's event log) with
+live presentation between them (the reply streaming after an item). An event id is the position of
+one part in that stream, `"{s}-{L}-{j}"`: part `j` of the durable item whose event seq is `s`
+(`L` = 0), or the live reply after item `s` through its `L`th character (`j` = 0). Ids only grow,
+every part has one, and the stream after any id can be rebuilt from the lane's event log and its
+snapshot, so a client resuming after the last id it saw gets no gap and no duplicate. A reply's
+chunks carry the id of the entry the reply is written under (reserved before its request is sent,
+HA-24), the same id `values` and `updates` show for it.
 """
 
 from __future__ import annotations
@@ -126,8 +129,8 @@ def multitask_strategy(requested: str | None) -> MultitaskStrategy:
 
 @dataclass(frozen=True, order=True)
 class Cursor:
-    """A position in a run's stream (see the module docstring): after part `part` of durable item
-    `item`, and `live` characters of the reply streaming after that item."""
+    """A position in a run's stream (see the module docstring): after part `part` of the durable
+    item whose event seq is `item`, and `live` characters of the reply streaming after that item."""
 
     item: int
     live: int = 0
@@ -261,21 +264,25 @@ def _json_text(value: JsonValue) -> str:
 
 @dataclass(frozen=True)
 class RunAccepted:
-    """Durable item 1 of every run: it was accepted."""
+    """The first durable item of every run: it was accepted (its `run_start`, event `seq`)."""
+
+    seq: int
 
 
 @dataclass(frozen=True)
 class EntryPlaced:
-    """The run placed `entry` on the branch (committed)."""
+    """The run placed `entry` on the branch (committed; its `entry_added`, event `seq`)."""
 
     entry: Entry
+    seq: int
 
 
 @dataclass(frozen=True)
 class RunSettled:
-    """The run settled; `result` is the lane's last result it wrote."""
+    """The run settled; `result` is the lane's last result it wrote (its `run_end`, event `seq`)."""
 
     result: LaneLastResult
+    seq: int
 
 
 RunItem: TypeAlias = RunAccepted | EntryPlaced | RunSettled
@@ -307,7 +314,7 @@ class RunStream:
     modes: tuple[StreamMode, ...]
     before: Sequence[Entry] = ()
     cursor: Cursor = START
-    _items: int = 0
+    _last: int = 0
     _live_seen: int = 0
     _state: list[dict[str, JsonValue]] = field(default_factory=list)
     ended: bool = False
@@ -315,39 +322,31 @@ class RunStream:
     def __post_init__(self) -> None:
         self._state = [message for entry in self.before if (message := langchain_message(entry)) is not None]
 
-    @property
-    def items(self) -> int:
-        """How many durable items were fed."""
-        return self._items
-
     def item(self, item: RunItem) -> list[Part]:
         """The parts of the run's next durable item that the client has not seen."""
-        self._items += 1
-        index = self._items
-        parts = [Part(Cursor(index, 0, n).event_id, event, data) for n, (event, data) in enumerate(self._render(item))]
+        seq, seen = item.seq, self.cursor
+        parts = [Part(Cursor(seq, 0, n).event_id, event, data) for n, (event, data) in enumerate(self._render(item))]
+        self._last = seq
         self.ended = isinstance(item, RunSettled)
-        seen = self.cursor
-        if index != seen.item:
-            return parts if index > seen.item else []
+        if seq != seen.item:
+            return parts if seq > seen.item else []
         # The item the client stopped in: it has its parts up to `seen.part`, and after them
         # `seen.live` characters of the reply that streamed next.
         self._live_seen = seen.live
         return [] if seen.live > 0 else parts[seen.part + 1:]
 
-    def live(self, message: AssistantMessage) -> list[Part]:
+    def live(self, message_id: str, message: AssistantMessage) -> list[Part]:
         """The part carrying what the client lacks of the reply streaming now (after the last
-        durable item), if `messages-tuple` is asked and there is something new."""
-        if "messages-tuple" not in self.modes or self.ended or self._items < self.cursor.item:
+        durable item) under `message_id` (the entry id reserved for it), if `messages-tuple` is
+        asked and there is something new."""
+        if "messages-tuple" not in self.modes or self.ended or self._last < self.cursor.item:
             return []
-        chunk = _chunk_after(self._live_id(), message, self._live_seen, final=False)
+        chunk = _chunk_after(message_id, message, self._live_seen, final=False)
         total = streamed_chars(message)
         if chunk is None or total <= self._live_seen:
             return []
         self._live_seen = total
-        return [Part(Cursor(self._items, total, 0).event_id, "messages", [chunk, self._metadata("agent")])]
-
-    def _live_id(self) -> str:
-        return f"{self.run_id}-{self._items}"
+        return [Part(Cursor(self._last, total, 0).event_id, "messages", [chunk, self._metadata("agent")])]
 
     def _metadata(self, node: str) -> dict[str, JsonValue]:
         return {"run_id": self.run_id, "thread_id": self.thread_id, "langgraph_node": node}
@@ -365,7 +364,6 @@ class RunStream:
         entry = item.entry
         message = langchain_message(entry)
         live_seen, self._live_seen = self._live_seen, 0
-        live_id = self._live_id()
         if message is None:
             return [("values", {"messages": list(self._state)})] if "values" in self.modes else []
         self._state.append(message)
@@ -377,7 +375,7 @@ class RunStream:
         # of the live reply the client saw, which a cursor inside this item no longer says.
         if "messages-tuple" in self.modes:
             if isinstance(payload, MessagePayload) and isinstance(payload.message, AssistantMessage):
-                chunk = _chunk_after(live_id, payload.message, live_seen, final=True)
+                chunk = _chunk_after(entry.id, payload.message, live_seen, final=True)
                 if chunk is not None:
                     rendered.append(("messages", [chunk, self._metadata(node)]))
             elif role == "tool_result":
