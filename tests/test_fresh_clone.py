@@ -17,7 +17,7 @@ def fresh_clone(tmp_path: Path) -> Path:
     """The test suite and its configuration in a folder with nothing beside it (the package itself
     is the installed one)."""
     clone = tmp_path / "harness"
-    shutil.copytree(REPO / "tests", clone / "tests", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(REPO / "tests", clone / "tests", ignore=shutil.ignore_patterns("__pycache__", "node_modules"))
     shutil.copy(REPO / "pyproject.toml", clone)
     return clone
 
