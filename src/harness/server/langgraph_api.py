@@ -697,11 +697,13 @@ async def _thread_parts(conversation: Conversation, start_run: str | None, curso
     else:
         current = conversation.lane.info().operation
         done.update(run for run in runs if current is None or run != current.id)
+    seen: set[str] = set()  # operations already waited past: this door's runs and other doors'
     while True:
         runs = await session.get(THREAD_RUNS, context) or []
         todo = [run for run in runs if run not in done]
         if not todo:
-            await _next_run(conversation, set(runs), context)
+            seen.update(runs)
+            await _next_run(conversation, seen, context)
             continue
         run_id = todo[0]
         done.add(run_id)
@@ -711,15 +713,18 @@ async def _thread_parts(conversation: Conversation, start_run: str | None, curso
             yield Part(f"{run_id}:{part.id}", part.event, part.data)
 
 
-async def _next_run(conversation: Conversation, known: set[str], context: Context) -> None:
-    """Return once the thread's main lane starts an operation beyond `known` runs."""
+async def _next_run(conversation: Conversation, seen: set[str], context: Context) -> None:
+    """Return once the thread's main lane may have a run to follow: it holds an operation not in
+    `seen` (added to it, so an operation of another door, which the thread stream does not follow,
+    is returned for once and then waited past), or a run starts, ends or adds an entry."""
     watch = await conversation.watch(context)
     try:
         operation = watch.snapshot.operation
-        if operation is not None and operation.id not in known:
+        if operation is not None and operation.id not in seen:
+            seen.add(operation.id)
             return
         async for event in watch:
-            if isinstance(event, RunEnd | EntryAdded) and event.lane == MAIN_LANE:
+            if isinstance(event, RunStart | RunEnd | EntryAdded) and event.lane == MAIN_LANE:
                 return
     finally:
         watch.close()
