@@ -505,3 +505,13 @@ def test_doctor_exits_non_zero_on_a_failed_check(home: Path, work: Path) -> None
 
     assert checked.returncode == 1
     assert any(line.startswith("fail  models.toml") for line in checked.stdout.splitlines())
+
+
+def test_a_command_starts_without_the_servers_web_stack() -> None:
+    """Every test and every user pays each command's start-up: only `harness serve` loads FastAPI
+    and uvicorn, the other commands never import them."""
+    probe = "import sys, harness.cli; print(sorted({'fastapi', 'uvicorn', 'starlette'} & set(sys.modules)))"
+
+    loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=60)
+
+    assert loaded.stdout.strip() == "[]"

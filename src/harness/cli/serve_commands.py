@@ -17,17 +17,6 @@ from harness.errors import HarnessError
 from harness.home import harness_home
 from harness.messages import ModelIdentity
 from harness.providers import ModelRegistry
-from harness.server import (
-    DEFAULT_HOST,
-    DEFAULT_PORT,
-    Approvals,
-    Authenticator,
-    LocalUser,
-    StoreTokens,
-    create_app,
-    refuse_open_no_auth,
-    serve,
-)
 from harness.session import LaneConfig, Store, TokenInfo
 from harness.tools import BackgroundJobs
 
@@ -38,14 +27,32 @@ app.add_typer(token_app)
 
 @app.command("serve")
 def serve_command(
-    host: Annotated[str, typer.Option("--host", help="Address to listen on.")] = DEFAULT_HOST,
-    port: Annotated[int, typer.Option("--port", help="Port to listen on.")] = DEFAULT_PORT,
+    host: Annotated[str | None, typer.Option("--host", help="Address to listen on (default 127.0.0.1).",
+                                             show_default=False)] = None,
+    port: Annotated[int | None, typer.Option("--port", help="Port to listen on (default 8765).",
+                                             show_default=False)] = None,
     no_auth: Annotated[bool, typer.Option("--no-auth", help="Serve every request as the local user, without "
                                           "tokens (loopback addresses only).")] = False,
     store: StoreOption = None,
 ) -> None:
     """Serve the HTTP API (OpenAPI at /docs) on the store; turns it accepts are driven here, and
     turns a stopped server left open are finished."""
+    # Imported here, not at the top: the server's web stack would add half a second to every
+    # other command's start.
+    from harness.server import (
+        DEFAULT_HOST,
+        DEFAULT_PORT,
+        Approvals,
+        Authenticator,
+        LocalUser,
+        StoreTokens,
+        create_app,
+        refuse_open_no_auth,
+        serve,
+    )
+
+    host = DEFAULT_HOST if host is None else host
+    listen_port = DEFAULT_PORT if port is None else port
     if no_auth:
         try:
             refuse_open_no_auth(host)
@@ -66,7 +73,7 @@ def serve_command(
         auth: Authenticator = LocalUser(local_user()) if no_auth else StoreTokens(opened.tokens)
         service = ConversationService(opened, setup)
         try:
-            await serve(create_app(service, auth, new_lane=new_lane, approvals=approvals), host, port)
+            await serve(create_app(service, auth, new_lane=new_lane, approvals=approvals), host, listen_port)
         finally:
             await jobs.close()
 
