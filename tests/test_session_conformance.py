@@ -256,7 +256,7 @@ async def test_read_branch_pages_through_the_whole_history(store: Store, ctx: Co
 
 async def test_one_megabyte_payloads_round_trip(store: Store, ctx: Context) -> None:
     session = await new_session_with_lane(store, ctx)
-    big = "".join(random.Random(1).choice("abcdefghij\n\"\\é😀") for _ in range(1_000_000))
+    big = "".join(random.Random(1).choices("abcdefghij\n\"\\é😀", k=1_000_000))
     app_value = value_address("test.big")
 
     async def job(m: SessionMutator) -> str:
