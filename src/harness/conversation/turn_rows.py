@@ -11,7 +11,6 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-from harness.context import Context
 from harness.conversation.chat_events import (
     ChatErrorNotice,
     CompactionStopped,
@@ -91,8 +90,3 @@ def replay_interrupted_replies(messages: Sequence[Message]) -> list[Message]:
         out.append(message)
     out.reverse()
     return out
-
-
-async def replay_transform(messages: list[Message], context: Context) -> list[Message]:
-    """`replay_interrupted_replies` as a `transform_context` hook."""
-    return replay_interrupted_replies(messages)
