@@ -138,6 +138,13 @@ class DisplayPage(_Row):
     next_before: str | None
 
 
+def blocks_row(entry: Entry) -> BlocksRow | None:
+    """The row of a `harness.message-blocks` entry, on the reply it follows; None for any other
+    entry. The display read and the live stream (`MessageBlocksPublished`) draw the same row."""
+    data = message_blocks_of(entry)
+    return BlocksRow(id=entry.id, assistant_id=entry.parent_id, blocks=data.blocks) if data is not None else None
+
+
 def _text(content: str | Sequence[UserContent]) -> str:
     if isinstance(content, str):
         return content
@@ -159,8 +166,8 @@ def display_rows(entries: Sequence[Entry]) -> list[DisplayRow]:
                if isinstance(entry.payload, MessagePayload) and isinstance(entry.payload.message, AssistantMessage)}
     blocks: dict[str, BlocksRow] = {}
     for entry in entries:
-        if (data := message_blocks_of(entry)) is not None:
-            blocks.setdefault(entry.id, BlocksRow(id=entry.id, assistant_id=entry.parent_id, blocks=data.blocks))
+        if (row := blocks_row(entry)) is not None:
+            blocks.setdefault(entry.id, row)
     on_reply = {row.assistant_id: row for row in blocks.values() if row.assistant_id in replies}
     called: set[str] = set()
     rows: list[DisplayRow] = []

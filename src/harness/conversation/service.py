@@ -22,7 +22,6 @@ from harness.context import Context
 from harness.conversation.agents import AgentRegistry
 from harness.conversation.blocks import (
     message_blocks_at_run_end,
-    message_blocks_of,
     normalize_tool_blocks,
     referenced_images,
 )
@@ -36,7 +35,14 @@ from harness.conversation.chat_events import (
 )
 from harness.conversation.command_rows import CommandInvocation, command_failed, command_ran, shell_ran
 from harness.conversation.delegation import Delegation, DelegationFinished, DelegationView, delegation_rows
-from harness.conversation.display import DISPLAY_PAGE, MAX_DISPLAY_PAGE, BlocksRow, DisplayPage, display_rows
+from harness.conversation.display import (
+    DISPLAY_PAGE,
+    MAX_DISPLAY_PAGE,
+    BlocksRow,
+    DisplayPage,
+    blocks_row,
+    display_rows,
+)
 from harness.conversation.feed import Alert, InstanceFeed, Presence, TurnActivity
 from harness.conversation.garden_messages import GardenMessage, garden_message, garden_message_of
 from harness.conversation.lifecycle import ENDED_AT, refuse_if_ended
@@ -216,8 +222,7 @@ def conversation_events(event: HarnessEvent) -> list[ConversationEvent]:
         entry = event.entry
         if row := chat_event_rows([entry]):
             return [ChatEventPublished(lane=event.lane, row=row[0]), event]
-        if (data := message_blocks_of(entry)) is not None:
-            blocks = BlocksRow(id=entry.id, assistant_id=entry.parent_id, blocks=data.blocks)
+        if (blocks := blocks_row(entry)) is not None:
             return [MessageBlocksPublished(lane=event.lane, row=blocks), event]
         if delegation := delegation_rows([entry]):
             return [DelegationFinished(lane=event.lane, row=delegation[0]), event]
