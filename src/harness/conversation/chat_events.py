@@ -281,7 +281,8 @@ _CAUSES = {
 }
 
 
-def _model_name(model: ModelIdentity) -> str:
+def model_name(model: ModelIdentity) -> str:
+    """`model` as a person and the model read it: `provider/model_id`."""
     return f"{model.provider}/{model.model_id}"
 
 
@@ -293,7 +294,7 @@ def render_chat_event_for_model(details: ChatEventDetails) -> str:
         case ErrorDetails():
             return f"[The request failed: {details.text}]"
         case ModelSwitched():
-            return f"[The person switched the model to {_model_name(details.model)}.]"
+            return f"[The person switched the model to {model_name(details.model)}.]"
         case Renamed():
             return f"[The conversation was renamed to {details.name!r}.]" if details.name else \
                 "[The conversation's name was cleared.]"
@@ -335,11 +336,11 @@ def _outcome_text(outcome: CommandOutcome | None) -> str:
         case CompactOutcome():
             return f" The compaction failed: {outcome.error}." if outcome.error else " The compaction failed."
         case FastOutcome(on=True):
-            return f" Fast mode is on: {_model_name(outcome.model)} at reasoning level {outcome.thinking_level}."
+            return f" Fast mode is on: {model_name(outcome.model)} at reasoning level {outcome.thinking_level}."
         case FastOutcome():
-            return f" Fast mode is off: {_model_name(outcome.model)} at reasoning level {outcome.thinking_level}."
+            return f" Fast mode is off: {model_name(outcome.model)} at reasoning level {outcome.thinking_level}."
         case ModelOutcome():
-            return f" The model is now {_model_name(outcome.model)}."
+            return f" The model is now {model_name(outcome.model)}."
         case RenameOutcome():
             return f" The conversation is now named {outcome.name!r}." if outcome.name else " The name was cleared."
         case ModeOutcome():

@@ -28,6 +28,7 @@ from harness.conversation.chat_events import (
     chat_event_message,
     chat_event_of,
     logger,
+    model_name,
 )
 from harness.conversation.lifecycle import refuse_if_ended
 from harness.conversation.projects import ExecutionTarget
@@ -236,7 +237,7 @@ class ConversationSettings:
         else:
             return
         if not recorded:
-            raise SettingNotRecorded(f"the switch to {_name(model)} applied, but its row was not recorded",
+            raise SettingNotRecorded(f"the switch to {model_name(model)} applied, but its row was not recorded",
                                      kind=details.kind)
 
     async def _complete(self, pick: _Pick, context: Context) -> None:
@@ -258,8 +259,8 @@ class ConversationSettings:
 
     async def _record_failure(self, model: ModelIdentity, error: Exception, context: Context) -> None:
         reason = error.message if isinstance(error, HarnessError) else f"{type(error).__name__}: {error}"
-        logger.error("the queued switch to %s failed after its acknowledgement: %s", _name(model), reason)
-        text = clean_public_text(f"the switch to {_name(model)} failed: {reason}")
+        logger.error("the queued switch to %s failed after its acknowledgement: %s", model_name(model), reason)
+        text = clean_public_text(f"the switch to {model_name(model)} failed: {reason}")
         await record_chat_event(self.harness, ErrorDetails(text=text, notice=ModelSwitchFailed(requested=model)),
                                 context)
 
@@ -273,7 +274,7 @@ class ConversationSettings:
             pick.task.cancel()
         if not pick.outcome.done():
             pick.outcome.set_exception(ModelSwitchRefused(
-                f"the switch to {_name(pick.model)} did not apply: "
+                f"the switch to {model_name(pick.model)} did not apply: "
                 + ("a later pick superseded it" if reason == "superseded" else "the conversation was closed"),
                 reason=reason, provider=pick.model.provider, model_id=pick.model.model_id))
         if self._pick is pick:
@@ -359,8 +360,4 @@ def _retrieve(outcome: asyncio.Future[None]) -> None:
     # A refused or failed pick nobody awaits any longer must not log "exception never retrieved".
     if not outcome.cancelled():
         outcome.exception()
-
-
-def _name(model: ModelIdentity) -> str:
-    return f"{model.provider}/{model.model_id}"
 
