@@ -1,5 +1,6 @@
 """A conversation's end: once its person ends it, it takes no new turn and no garden message; it
-stays in the journal to be read, renamed or deleted (OM-7)."""
+stays in the journal to be read, renamed or deleted. "Open" here is what OM-7 asks of a garden
+message's conversation origin (an ended one is `INVALID_OPERATOR_MESSAGE_CONTEXT`)."""
 
 from __future__ import annotations
 
