@@ -139,8 +139,7 @@ async def _compact(client: ChatClient, argument: str) -> None:
         outcome = await conversation.compact(*client.command_door(), argument or None, client.context)
         if outcome.result == "nothing_old_enough":
             return None  # its command row says so; no operation ran
-        last = (await client.lane.inspect_execution(client.context)).last_result
-        return Settled(operation_id=last.operation_id, result=last) if last is not None else None
+        return await _last_settled(client)
 
     client.start_turn(compaction)
 
@@ -153,10 +152,16 @@ async def _goal(client: ChatClient, argument: str) -> None:
     async def kickoff() -> DriveOutcome | None:
         service, user, talk = client.command_door()
         await goal_command(garden)(service, user, talk, argument or None, client.context)
-        last = (await client.lane.inspect_execution(client.context)).last_result
-        return Settled(operation_id=last.operation_id, result=last) if last is not None else None
+        return await _last_settled(client)
 
     client.start_turn(kickoff)
+
+
+async def _last_settled(client: ChatClient) -> DriveOutcome | None:
+    """The lane's last operation as settled: what a command that ran one through the conversation
+    (`/compact`, `/goal`'s kickoff) hands `start_turn` for its outcome row."""
+    last = (await client.lane.inspect_execution(client.context)).last_result
+    return Settled(operation_id=last.operation_id, result=last) if last is not None else None
 
 
 @command("restart", "/restart", "reopen this conversation from its journal")

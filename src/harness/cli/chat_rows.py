@@ -9,6 +9,7 @@ visible, not obeyed (`terminal_text.escape`).
 
 from __future__ import annotations
 
+from harness.cli.config import model_name
 from harness.cli.terminal_text import escape
 from harness.conversation import (
     AgentFinish,
@@ -40,7 +41,6 @@ from harness.conversation import (
     ShellRan,
     WorkflowFinish,
 )
-from harness.messages import ModelIdentity
 from harness.session import AbortCause
 
 _STOPPED: dict[AbortCause, str] = {
@@ -64,8 +64,8 @@ def chat_row(details: ChatEventDetails) -> str:
         case ErrorDetails():
             return f"[red]✗ {escape(_error_text(details.text, details.notice))}[/]"
         case ModelSwitched():
-            before = f"{_model(details.previous)} -> " if details.previous is not None else ""
-            return f"[dim]model: {escape(before + _model(details.model))}[/]"
+            before = f"{model_name(details.previous)} -> " if details.previous is not None else ""
+            return f"[dim]model: {escape(before + model_name(details.model))}[/]"
         case Renamed():
             return f"[dim]renamed: {escape(details.name)}[/]" if details.name else "[dim]name cleared[/]"
         case DirectoryMoved(project=str(project)):
@@ -126,10 +126,6 @@ def delegation_row(finish: DelegationFinish) -> str:
                     f"{tally.failed} failed, {tally.aborted} stopped[/]")
 
 
-def _model(model: ModelIdentity) -> str:
-    return f"{model.provider}/{model.model_id}"
-
-
 def _error_text(text: str, notice: ChatErrorNotice | None) -> str:
     """A notice is worded from its type; without one the text is the provider's or an exception's
     own, shown verbatim (CE-5)."""
@@ -144,7 +140,7 @@ def _error_text(text: str, notice: ChatErrorNotice | None) -> str:
             return (f"compaction stopped after {notice.failures} failures in a row "
                     f"(the last: {notice.last_error}); the turn goes on without compacting")
         case ModelSwitchFailed():
-            return f"could not switch the model to {_model(notice.requested)}"
+            return f"could not switch the model to {model_name(notice.requested)}"
 
 
 def _outcome_text(outcome: CommandOutcome | None) -> str:
@@ -159,9 +155,9 @@ def _outcome_text(outcome: CommandOutcome | None) -> str:
             return "the compaction failed"
         case FastOutcome():
             state = "on" if outcome.on else "off"
-            return f"fast mode {state}: {_model(outcome.model)}, reasoning {outcome.thinking_level}"
+            return f"fast mode {state}: {model_name(outcome.model)}, reasoning {outcome.thinking_level}"
         case ModelOutcome():
-            return f"model {_model(outcome.model)}"
+            return f"model {model_name(outcome.model)}"
         case RenameOutcome():
             return f"named {outcome.name}" if outcome.name else "name cleared"
         case ModeOutcome():

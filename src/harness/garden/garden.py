@@ -236,8 +236,7 @@ class Garden:
             await self.tend(context, every_tend_goal=False)
             pause = poll_s
             for goal in self.goals():
-                if goal.status == "active" and goal.type == "tend" and goal.every_s is not None:
-                    due_at = (goal.last_run_at or 0) + goal.every_s * 1000
+                if goal.status == "active" and (due_at := goal.scheduled_at()) is not None:
                     pause = min(pause, max(0.0, (due_at - now_ms()) / 1000))
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(context.wait_cancelled(), timeout=pause)

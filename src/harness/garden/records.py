@@ -102,6 +102,12 @@ class Goal(_Record):
         always; an active tend goal when it never ran or its `every_s` has passed since."""
         if self.status != "active":
             return False
-        if self.type != "tend" or self.last_run_at is None or self.every_s is None:
-            return True
-        return now_ms >= self.last_run_at + self.every_s * 1000
+        due_at = self.scheduled_at()
+        return due_at is None or now_ms >= due_at
+
+    def scheduled_at(self) -> float | None:
+        """When (Unix ms) a tend goal's schedule makes it due: `every_s` after its last run, or 0
+        when it never ran; None for a goal without a schedule."""
+        if self.type != "tend" or self.every_s is None:
+            return None
+        return 0 if self.last_run_at is None else self.last_run_at + self.every_s * 1000
