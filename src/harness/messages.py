@@ -94,6 +94,11 @@ class ModelIdentity(_Record):
                                model=spec)
         return cls(provider=provider, model_id=model_id)
 
+    @property
+    def spec(self) -> str:
+        """`provider/model_id`, the form `parse` reads and people are shown."""
+        return f"{self.provider}/{self.model_id}"
+
 
 ThinkingLevel: TypeAlias = Literal["off", "minimal", "low", "medium", "high", "xhigh"]
 """How hard a model is asked to think, as a lane configures it and a request carries it. A model

@@ -33,7 +33,6 @@ from harness.cli.config import (
     Attached,
     MissingApiKey,
     attach_client,
-    model_name,
     no_tools_note,
     session_name_from,
     usable_model,
@@ -296,7 +295,7 @@ class ChatClient:
         service, user, talking = self.command_door()
         switch = await service.switch_model(user, talking.id, identity, self.context)
         if switch.queued:
-            self.screen.print(f"[dim]model {escape(model_name(identity))} queued: the next turn starts on it[/]")
+            self.screen.print(f"[dim]model {escape(identity.spec)} queued: the next turn starts on it[/]")
 
     async def toggle_mode(self) -> None:
         """Shift+Tab: build to plan and back, recorded as a mode row at once (CE-13)."""
@@ -386,7 +385,7 @@ class ChatClient:
         identity = self.lane.config.model
         if (reason := self.unusable(identity)) is None:
             return None
-        return f"model {model_name(identity)} is not usable: {reason}; /model to switch"
+        return f"model {identity.spec} is not usable: {reason}; /model to switch"
 
     async def _prompt(self, text: str) -> DriveOutcome:
         await self.save_draft()
@@ -581,7 +580,7 @@ class ChatClient:
         name = await harness.session_name(self.context)
         title = f" · {escape(name)}" if name else ""
         self.screen.print(f"[bold]harness chat[/] · session [cyan]{harness.session.id}[/]{title}")
-        self.screen.print(f"[dim]lane {escape(lane.name)} · model {escape(model_name(lane.config.model))} · "
+        self.screen.print(f"[dim]lane {escape(lane.name)} · model {escape(lane.config.model.spec)} · "
                           f"{escape(self.where())} · {escape(self.approvals())}[/]")
         if note := no_tools_note(lane.config):
             self.screen.print(f"[dim]{escape(note)}[/]")
@@ -678,7 +677,7 @@ class ChatClient:
         # A phase that captured its model keeps it; otherwise the next step takes the lane's.
         way_out = ("make it usable and reopen the chat, or abort it" if current.captured_model
                    else "/model to switch, then /resume; or abort it")
-        return (f"the open {current.kind} cannot be finished until model {model_name(identity)} is usable "
+        return (f"the open {current.kind} cannot be finished until model {identity.spec} is usable "
                 f"({reason}): {way_out}")
 
     async def resume_open(self) -> None:

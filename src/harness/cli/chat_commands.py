@@ -10,7 +10,7 @@ from pathlib import Path
 import harness.conversation as conversation
 from harness.cli.chat import ChatClient, ChatCommand, CommandRun
 from harness.cli.chat_view import entry_summary
-from harness.cli.config import model_name, usable_model
+from harness.cli.config import usable_model
 from harness.cli.garden_commands import local_garden
 from harness.cli.render import branch_oldest_first
 from harness.cli.session_refs import local_time, named_sessions
@@ -66,18 +66,18 @@ async def _model(client: ChatClient, argument: str) -> None:
         else:
             await conversation.model(*client.command_door(), argument, client.context)
         return
-    client.screen.print(f"model: [bold]{escape(model_name(current))}[/]")
+    client.screen.print(f"model: [bold]{escape(current.spec)}[/]")
     for row in client.registry.configured():
         mark = "●" if row.identity == current else " "
         missing = f" [dim](set {escape(row.missing_key)})[/]" if row.missing_key else ""
-        client.screen.print(f" {mark} {escape(model_name(row.identity))}{missing}")
+        client.screen.print(f" {mark} {escape(row.identity.spec)}{missing}")
 
 
 @command("thinking", "/thinking [level]", "show or set the thinking level", while_busy=True)
 async def _thinking(client: ChatClient, argument: str) -> None:
     """Refuses a level the lane's model does not take, rather than let the lane keep it and each
     step send the nearest one (`Lane.set_thinking_level`): a person who asked for it is here to be told."""
-    name = model_name(client.lane.config.model)
+    name = client.lane.config.model.spec
     levels = client.registry.model(client.lane.config.model).thinking_levels()
     if not argument:
         client.screen.print(f"thinking: [bold]{client.lane.config.thinking_level}[/] [dim](levels on "

@@ -9,7 +9,6 @@ visible, not obeyed (`terminal_text.escape`).
 
 from __future__ import annotations
 
-from harness.cli.config import model_name
 from harness.cli.terminal_text import escape
 from harness.conversation import (
     AgentFinish,
@@ -64,8 +63,8 @@ def chat_row(details: ChatEventDetails) -> str:
         case ErrorDetails():
             return f"[red]✗ {escape(_error_text(details.text, details.notice))}[/]"
         case ModelSwitched():
-            before = f"{model_name(details.previous)} -> " if details.previous is not None else ""
-            return f"[dim]model: {escape(before + model_name(details.model))}[/]"
+            before = f"{details.previous.spec} -> " if details.previous is not None else ""
+            return f"[dim]model: {escape(before + details.model.spec)}[/]"
         case Renamed():
             return f"[dim]renamed: {escape(details.name)}[/]" if details.name else "[dim]name cleared[/]"
         case DirectoryMoved(project=str(project)):
@@ -140,7 +139,7 @@ def _error_text(text: str, notice: ChatErrorNotice | None) -> str:
             return (f"compaction stopped after {notice.failures} failures in a row "
                     f"(the last: {notice.last_error}); the turn goes on without compacting")
         case ModelSwitchFailed():
-            return f"could not switch the model to {model_name(notice.requested)}"
+            return f"could not switch the model to {notice.requested.spec}"
 
 
 def _outcome_text(outcome: CommandOutcome | None) -> str:
@@ -155,9 +154,9 @@ def _outcome_text(outcome: CommandOutcome | None) -> str:
             return "the compaction failed"
         case FastOutcome():
             state = "on" if outcome.on else "off"
-            return f"fast mode {state}: {model_name(outcome.model)}, reasoning {outcome.thinking_level}"
+            return f"fast mode {state}: {outcome.model.spec}, reasoning {outcome.thinking_level}"
         case ModelOutcome():
-            return f"model {model_name(outcome.model)}"
+            return f"model {outcome.model.spec}"
         case RenameOutcome():
             return f"named {outcome.name}" if outcome.name else "name cleared"
         case ModeOutcome():

@@ -24,7 +24,6 @@ from rich.console import Console, RenderableType
 from rich.padding import Padding
 
 from harness.cli.chat_rows import chat_row, delegation_row, garden_row
-from harness.cli.config import model_name
 from harness.cli.terminal_text import escape, markdown
 from harness.context import Context
 from harness.conversation import (
@@ -582,7 +581,7 @@ def _queue_update(view: ChatView, event: QueueUpdate) -> None:
 def _config_update(view: ChatView, event: ConfigUpdate) -> None:
     value = event.value
     if isinstance(value, ModelIdentity):
-        shown = model_name(value)
+        shown = value.spec
     elif isinstance(value, tuple):
         shown = ", ".join(value) or "(none)"
     else:

@@ -25,7 +25,6 @@ from harness.cli.config import (
     check_readiness,
     check_store,
     local_user,
-    model_name,
 )
 from harness.cli.render import print_branch
 from harness.cli.run import EXIT_INTERRUPTED, RunTurn, run_turn
@@ -195,11 +194,11 @@ def models() -> None:
     default = registry.default_identity()
     rows = registry.configured()
     found = asyncio.run(check_readiness(registry, [row.model for row in rows]))
-    width = max(len(model_name(row.identity)) for row in rows)
+    width = max(len(row.identity.spec) for row in rows)
     for row, ready in zip(rows, found, strict=True):
         mark = "*" if row.identity == default else " "
         state = ready.problem or ("ready" if row.model.api_key_env is None else f"key {row.model.api_key_env}")
-        typer.echo(f"{mark} {model_name(row.identity):<{width}}  {row.model.api:<18} "
+        typer.echo(f"{mark} {row.identity.spec:<{width}}  {row.model.api:<18} "
                    f"{row.model.context_window:>9,}  {state}")
     typer.echo("# other model ids of openai, anthropic and the providers of models.toml work with default limits")
 

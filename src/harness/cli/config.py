@@ -91,10 +91,6 @@ class LaneHasTools(HarnessError):
     code = "lane_has_tools"
 
 
-def model_name(identity: ModelIdentity) -> str:
-    return f"{identity.provider}/{identity.model_id}"
-
-
 def usable_model(registry: ModelRegistry, identity: ModelIdentity) -> Model:
     """The model `identity` names, checked before anything runs: `ModelUnavailable` if the
     registry has none or its weights file (`path`) is not there, `MissingApiKey` if its key
@@ -103,8 +99,8 @@ def usable_model(registry: ModelRegistry, identity: ModelIdentity) -> Model:
     if (missing := _missing_weights(model)) is not None:
         raise ModelUnavailable(identity.provider, identity.model_id, reason=missing)
     if model.api_key_env is not None and registry.api_key(model) is None:
-        raise MissingApiKey(f"model {model_name(identity)} needs an API key: set {model.api_key_env}",
-                            model=model_name(identity), env=model.api_key_env)
+        raise MissingApiKey(f"model {identity.spec} needs an API key: set {model.api_key_env}",
+                            model=identity.spec, env=model.api_key_env)
     return model
 
 
@@ -421,8 +417,8 @@ async def check_model_readiness(registry: ModelRegistry) -> list[Check]:
     checks = []
     for index, found in enumerate(await check_readiness(registry, [registry.model(default), *declared])):
         identity = ModelIdentity(provider=found.model.provider, model_id=found.model.id)
-        name, label = ("default model", model_name(identity)) if index == 0 else (
-            f"model {model_name(identity)}", found.model.api)
+        name, label = ("default model", identity.spec) if index == 0 else (
+            f"model {identity.spec}", found.model.api)
         if found.problem is None:
             where = f" at {found.server}, which answers" if found.server else ""
             checks.append(Check(name, "ok", f"{label}{where}"))
@@ -449,7 +445,7 @@ async def check_embedded(registry: ModelRegistry, context: Context) -> list[Chec
         stream = provider.stream(model, request, options, context)
     except HarnessError as error:  # the weights are looked up before the stream starts
         return [*checks, Check("embedded weights", "fail", error.message)]
-    checks.append(Check("embedded weights", "ok", f"{model_name(EMBEDDED_IDENTITY)} found"))
+    checks.append(Check("embedded weights", "ok", f"{EMBEDDED_IDENTITY.spec} found"))
     final = None
     try:
         async for event in stream:

@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 
 from harness.cli.app import StoreOption, app, default_store_url, run_with_store
-from harness.cli.config import local_user, model_name
+from harness.cli.config import local_user
 from harness.cli.terminal_text import visible
 from harness.context import Context
 from harness.conversation import ConversationService, ConversationSetup
@@ -67,7 +67,7 @@ def create(
         identity = ModelIdentity.parse(model) if model else setup.models.default_identity()
         gardener = Gardener(model=identity, instructions=instructions, builtin_tools=tuple(tools or ()))
         garden = await Garden.create(name, gardener, setup, context, owner=local_user(), root=root)
-        typer.echo(f"garden {garden.name} at {garden.root.path} (gardener on {model_name(identity)})")
+        typer.echo(f"garden {garden.name} at {garden.root.path} (gardener on {identity.spec})")
 
     run_with_store(store, body)
 

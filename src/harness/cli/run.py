@@ -22,7 +22,7 @@ from typing import TextIO
 
 from rich.console import Console
 
-from harness.cli.config import attach_client, model_name, no_tools_note
+from harness.cli.config import attach_client, no_tools_note
 from harness.cli.terminal_text import escape, visible
 from harness.context import Context
 from harness.messages import AssistantMessage, ModelIdentity, TextContent, ThinkingContent
@@ -238,7 +238,7 @@ async def run_turn(store: Store, turn: RunTurn, registry: ModelRegistry, context
         status.print(f"[dim]{escape(note)}[/]")
     identity, model = attached.lane.config.model, attached.model
     if model is not None and not registry.is_listed(identity):
-        status.print(f"[yellow]{escape(model_name(identity))} is not a listed model: using default limits "
+        status.print(f"[yellow]{escape(identity.spec)} is not a listed model: using default limits "
                      f"({model.context_window:,} tokens of context, {model.max_tokens:,} per reply); declare it "
                      f"in models.toml to set them[/]")
     interrupt = _Interrupts(attached.lane, context, status)

@@ -281,11 +281,6 @@ _CAUSES = {
 }
 
 
-def model_name(model: ModelIdentity) -> str:
-    """`model` as a person and the model read it: `provider/model_id`."""
-    return f"{model.provider}/{model.model_id}"
-
-
 def render_chat_event_for_model(details: ChatEventDetails) -> str:
     """The English text the model reads for `details`, stored once at write time (CE-1, CE-5)."""
     match details:
@@ -294,7 +289,7 @@ def render_chat_event_for_model(details: ChatEventDetails) -> str:
         case ErrorDetails():
             return f"[The request failed: {details.text}]"
         case ModelSwitched():
-            return f"[The person switched the model to {model_name(details.model)}.]"
+            return f"[The person switched the model to {details.model.spec}.]"
         case Renamed():
             return f"[The conversation was renamed to {details.name!r}.]" if details.name else \
                 "[The conversation's name was cleared.]"
@@ -336,11 +331,11 @@ def _outcome_text(outcome: CommandOutcome | None) -> str:
         case CompactOutcome():
             return f" The compaction failed: {outcome.error}." if outcome.error else " The compaction failed."
         case FastOutcome(on=True):
-            return f" Fast mode is on: {model_name(outcome.model)} at reasoning level {outcome.thinking_level}."
+            return f" Fast mode is on: {outcome.model.spec} at reasoning level {outcome.thinking_level}."
         case FastOutcome():
-            return f" Fast mode is off: {model_name(outcome.model)} at reasoning level {outcome.thinking_level}."
+            return f" Fast mode is off: {outcome.model.spec} at reasoning level {outcome.thinking_level}."
         case ModelOutcome():
-            return f" The model is now {model_name(outcome.model)}."
+            return f" The model is now {outcome.model.spec}."
         case RenameOutcome():
             return f" The conversation is now named {outcome.name!r}." if outcome.name else " The name was cleared."
         case ModeOutcome():

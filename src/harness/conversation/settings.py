@@ -28,7 +28,6 @@ from harness.conversation.chat_events import (
     chat_event_message,
     chat_event_of,
     logger,
-    model_name,
 )
 from harness.conversation.lifecycle import refuse_if_ended
 from harness.conversation.projects import ExecutionTarget
@@ -237,7 +236,7 @@ class ConversationSettings:
         else:
             return
         if not recorded:
-            raise SettingNotRecorded(f"the switch to {model_name(model)} applied, but its row was not recorded",
+            raise SettingNotRecorded(f"the switch to {model.spec} applied, but its row was not recorded",
                                      kind=details.kind)
 
     async def _complete(self, pick: _Pick, context: Context) -> None:
@@ -259,8 +258,8 @@ class ConversationSettings:
 
     async def _record_failure(self, model: ModelIdentity, error: Exception, context: Context) -> None:
         reason = error.message if isinstance(error, HarnessError) else f"{type(error).__name__}: {error}"
-        logger.error("the queued switch to %s failed after its acknowledgement: %s", model_name(model), reason)
-        text = clean_public_text(f"the switch to {model_name(model)} failed: {reason}")
+        logger.error("the queued switch to %s failed after its acknowledgement: %s", model.spec, reason)
+        text = clean_public_text(f"the switch to {model.spec} failed: {reason}")
         await record_chat_event(self.harness, ErrorDetails(text=text, notice=ModelSwitchFailed(requested=model)),
                                 context)
 
@@ -274,7 +273,7 @@ class ConversationSettings:
             pick.task.cancel()
         if not pick.outcome.done():
             pick.outcome.set_exception(ModelSwitchRefused(
-                f"the switch to {model_name(pick.model)} did not apply: "
+                f"the switch to {pick.model.spec} did not apply: "
                 + ("a later pick superseded it" if reason == "superseded" else "the conversation was closed"),
                 reason=reason, provider=pick.model.provider, model_id=pick.model.model_id))
         if self._pick is pick:

@@ -213,8 +213,7 @@ async def write_plan(store: Store, plan: ImportPlan, user: str, context: Context
     entry and `user` as its owner, in one transaction, so no reader ever sees a partial branch and
     `ConversationService.open(user, session_id)` opens it as a conversation."""
     if plan.model is None:
-        plan.warn(None, f"the file names no model; lane {LANE} is configured with "
-                        f"{UNKNOWN_MODEL.provider}/{UNKNOWN_MODEL.model_id}")
+        plan.warn(None, f"the file names no model; lane {LANE} is configured with {UNKNOWN_MODEL.spec}")
     config = LaneConfig.model_validate(
         {"model": plan.model or UNKNOWN_MODEL, "thinking_level": plan.thinking_level}
     )
