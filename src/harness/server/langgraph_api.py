@@ -15,7 +15,6 @@ started the runs after it.
 from __future__ import annotations
 
 import asyncio
-import json
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from contextlib import aclosing
@@ -23,7 +22,7 @@ from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Header, Query, Response, status
-from fastapi.sse import EventSourceResponse, format_sse_event
+from fastapi.sse import EventSourceResponse
 from pydantic import BaseModel, ConfigDict, JsonValue
 
 from harness.context import Context
@@ -59,6 +58,7 @@ from harness.server.langgraph_wire import (
     parse_event_id,
     stream_modes,
 )
+from harness.server.sse import json_event
 from harness.server.state import CurrentUser, RequestContext, ServerState, State
 from harness.server.streams import REPLAY_PAGE
 from harness.session import AssistantEffectPending, CompactionPayload, DeferredEffectPending, Entry, Session, addresses
@@ -416,17 +416,13 @@ async def _sse(parts: AsyncGenerator[Part, None], heartbeat_s: float) -> AsyncIt
             except StopAsyncIteration:
                 return
             pending = None
-            yield format_sse_event(data_str=_json(part.data), event=part.event, id=part.id)
+            yield json_event(part.data, event=part.event, event_id=part.id)
     finally:
         # The generator cannot be closed while a step of it runs: end that step first.
         if pending is not None and not pending.done():
             pending.cancel()
             await asyncio.wait({pending})
         await parts.aclose()
-
-
-def _json(data: JsonValue) -> str:
-    return json.dumps(data, ensure_ascii=False, separators=(",", ":"))
 
 
 async def _run_parts(conversation: Conversation, record: RunRecord, modes: tuple[StreamMode, ...], cursor: Cursor,

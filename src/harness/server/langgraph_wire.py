@@ -16,7 +16,6 @@ HA-24), the same id `values` and `updates` show for it.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal, TypeAlias
@@ -35,6 +34,7 @@ from harness.messages import (
     UserContent,
     UserMessage,
 )
+from harness.server.sse import json_text
 from harness.session import (
     BranchSummaryPayload,
     CompactionPayload,
@@ -244,7 +244,7 @@ def _chunk_after(message_id: str, message: AssistantMessage, seen: int, *, final
         "additional_kwargs": _reasoning(new_thinking),
         "tool_call_chunks": [{"type": "tool_call_chunk", "id": call.id, "name": call.name,
                               "args": call.raw_arguments if call.raw_arguments is not None
-                              else _json_text(call.arguments), "index": index}
+                              else json_text(call.arguments), "index": index}
                              for index, call in enumerate(calls)],
     }
     if final:
@@ -253,10 +253,6 @@ def _chunk_after(message_id: str, message: AssistantMessage, seen: int, *, final
         chunk["usage_metadata"] = {"input_tokens": message.usage.input, "output_tokens": message.usage.output,
                                    "total_tokens": message.usage.total_tokens}
     return chunk
-
-
-def _json_text(value: JsonValue) -> str:
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
 
 
 # -- a run's stream -------------------------------------------------------------------------------
