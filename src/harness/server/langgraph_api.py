@@ -297,29 +297,50 @@ async def _log_events(conversation: Conversation, after: int | None,
         after = page.events[-1].event_seq
 
 
-async def _run_items(conversation: Conversation, record: RunRecord, upto: int | None,
-                     context: Context) -> list[RunItem]:
-    """The run's durable items from the lane's event log: its `run_start`, every `entry_added`
-    after it, and its `run_end`, as far as event `upto` (None: the newest). Raises `RunNotFound`
-    when the log no longer holds the run's start."""
-    items: list[RunItem] = []
+async def _logged_items(conversation: Conversation, record: RunRecord, upto: int | None,
+                        context: Context) -> AsyncGenerator[RunItem, None]:
+    """The run's durable items from the lane's event log, read as they are taken: its `run_start`,
+    every `entry_added` after it, and its `run_end`, as far as event `upto` (None: the newest).
+    None at all when the log no longer holds the run's start."""
+    started = False
     async with aclosing(_log_events(conversation, record.log_after, context)) as events:
         async for event in events:
             seq = event.event_seq
             assert seq is not None, "a logged event carries its seq"
             if upto is not None and seq > upto:
-                break
+                return
             if isinstance(event, RunStart) and event.operation_id == record.run_id:
-                items.append(RunAccepted(seq))
-            elif items and isinstance(event, EntryAdded):
-                items.append(EntryPlaced(event.entry, seq))
-            elif items and isinstance(event, RunEnd) and event.operation_id == record.run_id:
-                items.append(RunSettled(event.result, seq))
-                break
+                started = True
+                yield RunAccepted(seq)
+            elif started and isinstance(event, EntryAdded):
+                yield EntryPlaced(event.entry, seq)
+            elif started and isinstance(event, RunEnd) and event.operation_id == record.run_id:
+                yield RunSettled(event.result, seq)
+                return
+
+
+def _run_gone(conversation: Conversation, record: RunRecord) -> RunNotFound:
+    return RunNotFound(f"run {record.run_id} of thread {conversation.id} has left the lane's event log",
+                       run_id=record.run_id)
+
+
+async def _run_items(conversation: Conversation, record: RunRecord, upto: int | None,
+                     context: Context) -> list[RunItem]:
+    """The run's durable items (`_logged_items`) as far as event `upto` (None: the newest). Raises
+    `RunNotFound` when the log no longer holds the run's start."""
+    async with aclosing(_logged_items(conversation, record, upto, context)) as logged:
+        items = [item async for item in logged]
     if not items:
-        raise RunNotFound(f"run {record.run_id} of thread {conversation.id} has left the lane's event log",
-                          run_id=record.run_id)
+        raise _run_gone(conversation, record)
     return items
+
+
+async def _check_held(conversation: Conversation, record: RunRecord, context: Context) -> None:
+    """Raises `RunNotFound` when the lane's log no longer holds the run's start; reads the log
+    only as far as that start."""
+    async with aclosing(_logged_items(conversation, record, None, context)) as logged:
+        if await anext(logged, None) is None:
+            raise _run_gone(conversation, record)
 
 
 async def _run_result(conversation: Conversation, record: RunRecord, context: Context) -> LaneLastResult | None:
@@ -484,7 +505,7 @@ async def _event_stream(state: ServerState, conversation: Conversation, record: 
                         headers: dict[str, str] | None = None) -> EventSourceResponse:
     """The run's stream after `cursor`; raises `RunNotFound` (404, before any of it is sent) when
     the lane's log no longer holds the run."""
-    await _run_items(conversation, record, None, context)
+    await _check_held(conversation, record, context)
     parts = _run_parts(conversation, record, modes, cursor, context)
     return EventSourceResponse(_sse(parts, state.options.heartbeat_s), headers={"Cache-Control": "no-store",
                                                                                   **(headers or {})})
@@ -602,8 +623,12 @@ async def list_runs(conversation_id: str, user: CurrentUser, state: State, conte
     """The thread's runs made through this door, newest first."""
     conversation = await state.service.open(user, conversation_id, context)
     session = conversation.harness.session
-    runs = []
+    # Each run's status is read from the lane's log: read no further back than the page reaches.
+    wanted = offset + limit if offset >= 0 and limit >= 0 else None
+    runs: list[dict[str, JsonValue]] = []
     for run_id in reversed(await session.get(THREAD_RUNS, context) or []):
+        if wanted is not None and len(runs) >= wanted:
+            break
         record = await _known(conversation, run_id, context)
         try:
             runs.append(_run_json(conversation_id, record, await _run_result(conversation, record, context)))
