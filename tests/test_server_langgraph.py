@@ -276,3 +276,30 @@ async def test_a_runs_status_outlives_a_run_another_door_started(store: Store) -
     assert [(listed_run["run_id"], listed_run["status"]) for listed_run in listed] == [(run["run_id"], "success")]
     assert parts[-1].data == {"run_id": run["run_id"], "status": "success"}
     assert text_of(parts) == "The first answer."
+
+
+async def test_a_run_that_left_the_lanes_event_log_is_forgotten_and_a_page_of_runs_skips_it(store: Store) -> None:
+    """With a short event log, the oldest run leaves it: its stream and its status are 404
+    `run_not_found` before anything streams, and the list of runs pages over those the log
+    still holds, newest first."""
+    # The two newest runs fit in a log of 20 events; the first does not.
+    served = faux_app(store, ["One.", "Two.", "Three."], event_log_limit=20)
+    async with serving(served.app) as url:
+        client = get_client(url=url, api_key=None)
+        thread_id = (await client.threads.create())["thread_id"]
+        runs = []
+        for text in ("First", "Second", "Third"):
+            runs.append(run := await client.runs.create(thread_id, "harness", input=ask(text)))
+            await client.runs.join(thread_id, run["run_id"])
+        with pytest.raises(APIStatusError) as gone:
+            await client.runs.get(thread_id, runs[0]["run_id"])
+        with pytest.raises(APIStatusError) as gone_stream:
+            _ = [part async for part in client.runs.join_stream(thread_id, runs[0]["run_id"])]
+        newest = await client.runs.list(thread_id, limit=1)
+        older = await client.runs.list(thread_id, limit=5, offset=1)
+        await client.aclose()
+
+    assert (gone.value.status_code, gone.value.code) == (404, "run_not_found")
+    assert (gone_stream.value.status_code, gone_stream.value.code) == (404, "run_not_found")
+    assert [run["run_id"] for run in newest] == [runs[2]["run_id"]]
+    assert [run["run_id"] for run in older] == [runs[1]["run_id"]]

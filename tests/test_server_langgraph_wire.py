@@ -168,3 +168,18 @@ def test_resuming_after_any_event_id_misses_nothing_and_repeats_nothing() -> Non
             assert strictly_growing(got), f"cut after {seen[-1].id}"
             assert states(got) == states(whole)
             assert text_of(got) == text_of(whole), f"cut after {seen[-1].id}"
+
+
+def test_a_reply_and_its_final_chunk_carry_the_same_usage_and_response_metadata() -> None:
+    """The `ai` message of a placed reply and the last `AIMessageChunk` a `messages-tuple` client
+    gets for it both say the reply's usage, provider, model and finish reason."""
+    stream = RunStream(run_id="run-1", thread_id="thread-1", modes=("messages-tuple",))
+    stream.item(RunAccepted(seq=4))
+    (part,) = stream.item(EntryPlaced(entry("a1", FIRST), seq=11))
+    chunk: Any = part.data
+    message: Any = langchain_message(entry("a1", FIRST))
+    metadata = {"usage_metadata": {"input_tokens": 0, "output_tokens": 0, "total_tokens": 0},
+                "response_metadata": {"model_provider": "faux", "model_name": "faux", "finish_reason": "tool_use"}}
+    assert {key: chunk[0][key] for key in metadata} == metadata
+    assert {key: message[key] for key in metadata} == metadata
+    assert [call["id"] for call in message["tool_calls"]] == ["call-1"]

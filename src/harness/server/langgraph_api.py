@@ -15,7 +15,6 @@ started the runs after it.
 from __future__ import annotations
 
 import asyncio
-import json
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from contextlib import aclosing
@@ -23,7 +22,7 @@ from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Header, Query, Response, status
-from fastapi.sse import EventSourceResponse, format_sse_event
+from fastapi.sse import EventSourceResponse
 from pydantic import BaseModel, ConfigDict, JsonValue
 
 from harness.context import Context
@@ -59,6 +58,7 @@ from harness.server.langgraph_wire import (
     parse_event_id,
     stream_modes,
 )
+from harness.server.sse import json_event
 from harness.server.state import CurrentUser, RequestContext, ServerState, State
 from harness.server.streams import REPLAY_PAGE
 from harness.session import AssistantEffectPending, CompactionPayload, DeferredEffectPending, Entry, Session, addresses
@@ -297,29 +297,50 @@ async def _log_events(conversation: Conversation, after: int | None,
         after = page.events[-1].event_seq
 
 
-async def _run_items(conversation: Conversation, record: RunRecord, upto: int | None,
-                     context: Context) -> list[RunItem]:
-    """The run's durable items from the lane's event log: its `run_start`, every `entry_added`
-    after it, and its `run_end`, as far as event `upto` (None: the newest). Raises `RunNotFound`
-    when the log no longer holds the run's start."""
-    items: list[RunItem] = []
+async def _logged_items(conversation: Conversation, record: RunRecord, upto: int | None,
+                        context: Context) -> AsyncGenerator[RunItem, None]:
+    """The run's durable items from the lane's event log, read as they are taken: its `run_start`,
+    every `entry_added` after it, and its `run_end`, as far as event `upto` (None: the newest).
+    None at all when the log no longer holds the run's start."""
+    started = False
     async with aclosing(_log_events(conversation, record.log_after, context)) as events:
         async for event in events:
             seq = event.event_seq
             assert seq is not None, "a logged event carries its seq"
             if upto is not None and seq > upto:
-                break
+                return
             if isinstance(event, RunStart) and event.operation_id == record.run_id:
-                items.append(RunAccepted(seq))
-            elif items and isinstance(event, EntryAdded):
-                items.append(EntryPlaced(event.entry, seq))
-            elif items and isinstance(event, RunEnd) and event.operation_id == record.run_id:
-                items.append(RunSettled(event.result, seq))
-                break
+                started = True
+                yield RunAccepted(seq)
+            elif started and isinstance(event, EntryAdded):
+                yield EntryPlaced(event.entry, seq)
+            elif started and isinstance(event, RunEnd) and event.operation_id == record.run_id:
+                yield RunSettled(event.result, seq)
+                return
+
+
+def _run_gone(conversation: Conversation, record: RunRecord) -> RunNotFound:
+    return RunNotFound(f"run {record.run_id} of thread {conversation.id} has left the lane's event log",
+                       run_id=record.run_id)
+
+
+async def _run_items(conversation: Conversation, record: RunRecord, upto: int | None,
+                     context: Context) -> list[RunItem]:
+    """The run's durable items (`_logged_items`) as far as event `upto` (None: the newest). Raises
+    `RunNotFound` when the log no longer holds the run's start."""
+    async with aclosing(_logged_items(conversation, record, upto, context)) as logged:
+        items = [item async for item in logged]
     if not items:
-        raise RunNotFound(f"run {record.run_id} of thread {conversation.id} has left the lane's event log",
-                          run_id=record.run_id)
+        raise _run_gone(conversation, record)
     return items
+
+
+async def _check_held(conversation: Conversation, record: RunRecord, context: Context) -> None:
+    """Raises `RunNotFound` when the lane's log no longer holds the run's start; reads the log
+    only as far as that start."""
+    async with aclosing(_logged_items(conversation, record, None, context)) as logged:
+        if await anext(logged, None) is None:
+            raise _run_gone(conversation, record)
 
 
 async def _run_result(conversation: Conversation, record: RunRecord, context: Context) -> LaneLastResult | None:
@@ -416,17 +437,13 @@ async def _sse(parts: AsyncGenerator[Part, None], heartbeat_s: float) -> AsyncIt
             except StopAsyncIteration:
                 return
             pending = None
-            yield format_sse_event(data_str=_json(part.data), event=part.event, id=part.id)
+            yield json_event(part.data, event=part.event, event_id=part.id)
     finally:
         # The generator cannot be closed while a step of it runs: end that step first.
         if pending is not None and not pending.done():
             pending.cancel()
             await asyncio.wait({pending})
         await parts.aclose()
-
-
-def _json(data: JsonValue) -> str:
-    return json.dumps(data, ensure_ascii=False, separators=(",", ":"))
 
 
 async def _run_parts(conversation: Conversation, record: RunRecord, modes: tuple[StreamMode, ...], cursor: Cursor,
@@ -488,7 +505,7 @@ async def _event_stream(state: ServerState, conversation: Conversation, record: 
                         headers: dict[str, str] | None = None) -> EventSourceResponse:
     """The run's stream after `cursor`; raises `RunNotFound` (404, before any of it is sent) when
     the lane's log no longer holds the run."""
-    await _run_items(conversation, record, None, context)
+    await _check_held(conversation, record, context)
     parts = _run_parts(conversation, record, modes, cursor, context)
     return EventSourceResponse(_sse(parts, state.options.heartbeat_s), headers={"Cache-Control": "no-store",
                                                                                   **(headers or {})})
@@ -606,8 +623,12 @@ async def list_runs(conversation_id: str, user: CurrentUser, state: State, conte
     """The thread's runs made through this door, newest first."""
     conversation = await state.service.open(user, conversation_id, context)
     session = conversation.harness.session
-    runs = []
+    # Each run's status is read from the lane's log: read no further back than the page reaches.
+    wanted = offset + limit if offset >= 0 and limit >= 0 else None
+    runs: list[dict[str, JsonValue]] = []
     for run_id in reversed(await session.get(THREAD_RUNS, context) or []):
+        if wanted is not None and len(runs) >= wanted:
+            break
         record = await _known(conversation, run_id, context)
         try:
             runs.append(_run_json(conversation_id, record, await _run_result(conversation, record, context)))

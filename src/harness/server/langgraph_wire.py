@@ -16,7 +16,6 @@ HA-24), the same id `values` and `updates` show for it.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal, TypeAlias
@@ -35,6 +34,7 @@ from harness.messages import (
     UserContent,
     UserMessage,
 )
+from harness.server.sse import json_text
 from harness.session import (
     BranchSummaryPayload,
     CompactionPayload,
@@ -193,12 +193,19 @@ def _content(content: str | Sequence[UserContent]) -> JsonValue:
 
 
 def _ai_message(message_id: str, message: AssistantMessage) -> dict[str, JsonValue]:
-    usage = message.usage
     return {
         "type": "ai", "id": message_id, "content": _text_of(message),
         "additional_kwargs": _reasoning(_thinking_of(message)),
-        "tool_calls": [_tool_call(call) for call in message.content if isinstance(call, ToolCall)],
+        "tool_calls": [_tool_call(call) for call in message.tool_calls],
         "invalid_tool_calls": [],
+        **_metadata_of(message),
+    }
+
+
+def _metadata_of(message: AssistantMessage) -> dict[str, JsonValue]:
+    """The `usage_metadata` and `response_metadata` of a reply, whole or as its final chunk."""
+    usage = message.usage
+    return {
         "usage_metadata": {"input_tokens": usage.input, "output_tokens": usage.output,
                            "total_tokens": usage.total_tokens},
         "response_metadata": {"model_provider": message.provider, "model_name": message.model,
@@ -236,7 +243,7 @@ def _chunk_after(message_id: str, message: AssistantMessage, seen: int, *, final
     thinking, text = _thinking_of(message), _text_of(message)
     new_thinking = thinking[seen:]
     new_text = text[max(0, seen - len(thinking)):]
-    calls = [call for call in message.content if isinstance(call, ToolCall)] if final else []
+    calls = message.tool_calls if final else []
     if not (new_thinking or new_text or calls or final):
         return None
     chunk: dict[str, JsonValue] = {
@@ -244,19 +251,10 @@ def _chunk_after(message_id: str, message: AssistantMessage, seen: int, *, final
         "additional_kwargs": _reasoning(new_thinking),
         "tool_call_chunks": [{"type": "tool_call_chunk", "id": call.id, "name": call.name,
                               "args": call.raw_arguments if call.raw_arguments is not None
-                              else _json_text(call.arguments), "index": index}
+                              else json_text(call.arguments), "index": index}
                              for index, call in enumerate(calls)],
     }
-    if final:
-        chunk["response_metadata"] = {"model_provider": message.provider, "model_name": message.model,
-                                      "finish_reason": message.stop_reason}
-        chunk["usage_metadata"] = {"input_tokens": message.usage.input, "output_tokens": message.usage.output,
-                                   "total_tokens": message.usage.total_tokens}
-    return chunk
-
-
-def _json_text(value: JsonValue) -> str:
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    return {**chunk, **_metadata_of(message)} if final else chunk
 
 
 # -- a run's stream -------------------------------------------------------------------------------

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import asyncio
 import binascii
-import json
 from base64 import b64decode
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
@@ -78,6 +77,7 @@ from harness.runtime import (
 )
 from harness.server.approvals import ApprovalChange, ApprovalNotFound, PendingApproval
 from harness.server.errors import not_found
+from harness.server.sse import json_event
 from harness.server.state import CurrentUser, RequestContext, ServerState, State
 from harness.session import CustomMessagePayload, Entry, MessagePayload, SessionNotFound, addresses
 from harness.tools import Approval
@@ -663,7 +663,7 @@ async def _stream(sources: _Sources, parts: RunParts, first: list[UiPart],
     change: asyncio.Future[ApprovalChange] = asyncio.ensure_future(sources.changes.get())
     try:
         for part in first:
-            yield _sse(part)
+            yield json_event(part)
         while not parts.finished:
             sources_ready: set[asyncio.Future[Any]] = {event, change}
             done, _ = await asyncio.wait(sources_ready, timeout=heartbeat_s, return_when=asyncio.FIRST_COMPLETED)
@@ -675,10 +675,10 @@ async def _stream(sources: _Sources, parts: RunParts, first: list[UiPart],
                 except StopAsyncIteration:
                     break
                 except HarnessError as error:
-                    yield _sse({"type": "error", "errorText": error.message})
+                    yield json_event({"type": "error", "errorText": error.message})
                     break
                 for part in translated:
-                    yield _sse(part)
+                    yield json_event(part)
                 event = asyncio.ensure_future(anext(watch))
             else:
                 # An approval changes synchronously with the run, so every event committed before
@@ -686,16 +686,12 @@ async def _stream(sources: _Sources, parts: RunParts, first: list[UiPart],
                 # was asked, the reply that made the call).
                 for earlier in watch.buffered():
                     for part in parts.translate(earlier):
-                        yield _sse(part)
+                        yield json_event(part)
                 for part in parts.approval(change.result()):
-                    yield _sse(part)
+                    yield json_event(part)
                 change = asyncio.ensure_future(sources.changes.get())
         yield format_sse_event(data_str=DONE)
     finally:
         event.cancel()
         change.cancel()
         sources.close()
-
-
-def _sse(part: UiPart) -> bytes:
-    return format_sse_event(data_str=json.dumps(part, ensure_ascii=False, separators=(",", ":")))
