@@ -40,7 +40,7 @@ from harness.cli.config import (
 from harness.cli.render import branch_oldest_first, entry_lines
 from harness.cli.terminal_text import escape
 from harness.context import Context
-from harness.conversation import CONVERSATION_VALUES, Conversation, ConversationService, WorkMode, shell_ran
+from harness.conversation import CONVERSATION_VALUES, Conversation, ConversationService, WorkMode
 from harness.conversation import restart as restart_conversation
 from harness.errors import HarnessError, ModelUnavailable
 from harness.messages import AssistantMessage, ModelIdentity, UserMessage
@@ -253,15 +253,10 @@ class ChatClient:
         """`!cmd`: run `command` here, in the chat's directory, and record it as a shell row the
         model reads with the next message, which is sent as typed (CE-17). The row, shown as it is
         published, is where its output shows; a row the store refused is shown here, saying so."""
-        process = await asyncio.create_subprocess_shell(command, cwd=self.cwd, stdin=asyncio.subprocess.DEVNULL,
-                                                        stdout=asyncio.subprocess.PIPE,
-                                                        stderr=asyncio.subprocess.STDOUT)
-        output, _ = await process.communicate()
-        text = output.decode("utf-8", errors="replace")
         service, user, conversation = self.command_door()
-        if not await service.record_local_shell(user, conversation.id, command, process.returncode, text,
-                                                self.context):
-            self.screen.print(chat_row(shell_ran(command, process.returncode, text)))
+        row, recorded = await service.run_local_shell(user, conversation.id, command, self.cwd, self.context)
+        if not recorded:
+            self.screen.print(chat_row(row))
             self.screen.print("[yellow]the store refused this row: the model will not read it[/]")
 
     async def restart(self) -> None:

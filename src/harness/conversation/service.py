@@ -31,6 +31,7 @@ from harness.conversation.chat_events import (
     CommandOutcome,
     DirectoryMoved,
     Renamed,
+    ShellRan,
     chat_event_of,
 )
 from harness.conversation.command_rows import CommandInvocation, command_failed, command_ran, shell_ran
@@ -587,6 +588,19 @@ class ConversationService:
         its output cut to its end (`SHELL_OUTPUT_CHARS`); live or cold, like `record` (CE-17).
         Nothing is sent: the person's next message goes as typed, after this row."""
         return await self.record(user, conversation_id, shell_ran(command, exit_code, output), context)
+
+    async def run_local_shell(self, user: str, conversation_id: str, command: str, cwd: Path,
+                              context: Context) -> tuple[ShellRan, bool]:
+        """`!cmd` for a door that runs it itself: `command` in `cwd` (stdin closed, stdout and
+        stderr merged), then `record_local_shell`. Returns its row and whether it was recorded;
+        the door shows the row itself when it was not (CE-17)."""
+        process = await asyncio.create_subprocess_shell(command, cwd=cwd, stdin=asyncio.subprocess.DEVNULL,
+                                                        stdout=asyncio.subprocess.PIPE,
+                                                        stderr=asyncio.subprocess.STDOUT)
+        output, _ = await process.communicate()
+        text = output.decode("utf-8", errors="replace")
+        recorded = await self.record_local_shell(user, conversation_id, command, process.returncode, text, context)
+        return shell_ran(command, process.returncode, text), recorded
 
     # -- display reads and images (CE-24) ----------------------------------------------------------
 

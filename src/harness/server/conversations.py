@@ -4,7 +4,6 @@ current user; another user's conversation answers exactly like a missing one (40
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Sequence
 from typing import Annotated
 
@@ -14,7 +13,6 @@ from pydantic import BaseModel, ConfigDict, Field
 from harness.conversation import (
     DISPLAY_PAGE,
     MAX_DISPLAY_PAGE,
-    SHELL_OUTPUT_CHARS,
     CommandOutcome,
     CompactOutcome,
     ConversationInfo,
@@ -276,14 +274,9 @@ async def local_shell(conversation_id: str, body: LocalShell, user: CurrentUser,
     """`!cmd`: run `command` on the server in the conversation's directory (its project's, or the
     server's own) and record it as a row the model reads with the next message (CE-17)."""
     conversation = await state.service.open(user, conversation_id, context)
-    process = await asyncio.create_subprocess_shell(
-        body.command, cwd=conversation.target.directory, stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
-    output, _ = await process.communicate()
-    text = output.decode("utf-8", errors="replace")
-    recorded = await state.service.record_local_shell(user, conversation_id, body.command, process.returncode, text,
-                                                      context)
-    return ShellOut(exit_code=process.returncode, output=text[-SHELL_OUTPUT_CHARS:], recorded=recorded)
+    row, recorded = await state.service.run_local_shell(user, conversation_id, body.command,
+                                                        conversation.target.directory, context)
+    return ShellOut(exit_code=row.exit_code, output=row.output, recorded=recorded)
 
 
 @router.get("/projects", response_model=list[SwitchableProject])
