@@ -398,6 +398,10 @@ async def test_scan_values_matches_key_prefix_literally(store: Store, ctx: Conte
     await session.mutate(job, ctx)
     found = await session.scan_values(value_address("test.args", "op1:"), ctx)
     assert found == [("op1:a", "op1:a"), ("op1:b", "op1:b")]
+    records = await session.scan_records(value_address("test.args", "op1:"), ctx)
+    assert [(key, record) for key, record in records] == [
+        (key, await session.get_record(value_address("test.args", key), ctx)) for key in ("op1:a", "op1:b")
+    ]
 
 
 async def test_usage_ledger_keeps_rows_in_commit_order(store: Store, ctx: Context) -> None:

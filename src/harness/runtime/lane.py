@@ -453,32 +453,25 @@ class Lane:
         logged, so that it cannot block the ones after it."""
 
         async def read(m: SessionMutator) -> Decision[list[tuple[str, LaneRequest]]]:
-            found: list[tuple[str, LaneRequest]] = await m.scan_values(addresses.lane_request(""), context)
-            posted = []
-            for key, request in found:
-                # In posting order, which is commit order: ids minted in one millisecond do not sort.
-                record = await m.get_record(addresses.lane_request(key), context) if request.lane == self.name else None
-                if record is not None:
-                    posted.append((record.seq, key, request))
-            return Decision([(key, request) for _, key, request in sorted(posted)])
+            found = await m.scan_records(addresses.lane_request(""), context)
+            # In posting order, which is commit order: ids minted in one millisecond do not sort.
+            mine = sorted((record.seq, key, record.value) for key, record in found if record.value.lane == self.name)
+            return Decision([(key, request) for _, key, request in mine])
 
-        async with self._taking:
-            return await self._take(read, context)
-
-    async def _take(self, read: Callable[[SessionMutator], Awaitable[Decision[list[tuple[str, LaneRequest]]]]],
-                    context: Context) -> int:
         applied = 0
-        for request_id, request in await self.core.line.run(read, context):
-            posted = (request_id, request.operation_id)
-            try:
-                if isinstance(request, StopRequest):
-                    applied += await self._abort(request.cause, context, posted=posted) is not None
-                else:
-                    await self._queue(request.kind, request.message, context, needs_operation=True, posted=posted)
-                    applied += 1
-            except (NotARun, InvalidMessage, PromptTooLarge, InvalidInput) as refused:
-                logger.warning("lane %s dropped request %s: %s", self.name, request_id, refused)
-                await self._drop_request(request_id, context)
+        async with self._taking:
+            for request_id, request in await self.core.line.run(read, context):
+                posted = (request_id, request.operation_id)
+                try:
+                    if isinstance(request, StopRequest):
+                        applied += await self._abort(request.cause, context, posted=posted) is not None
+                    else:
+                        await self._queue(request.kind, request.message, context, needs_operation=True,
+                                          posted=posted)
+                        applied += 1
+                except (NotARun, InvalidMessage, PromptTooLarge, InvalidInput) as refused:
+                    logger.warning("lane %s dropped request %s: %s", self.name, request_id, refused)
+                    await self._drop_request(request_id, context)
         return applied
 
     async def _drop_request(self, request_id: str, context: Context) -> None:

@@ -56,7 +56,7 @@ from harness.session.errors import (
 )
 from harness.session.images import StoredImage, check_image, is_image_ref, stored_image
 from harness.session.migrations import DataMigration
-from harness.session.tokens import TokenInfo, TokenRow
+from harness.session.tokens import TokenInfo, TokenRow, token_row, token_sql
 
 Connection = psycopg.AsyncConnection[TupleRow]
 
@@ -662,6 +662,9 @@ class PostgresImages:
         return cur.rowcount > 0
 
 
+_TOKEN_SQL = token_sql("%s")
+
+
 class PostgresTokens:
     """Token rows in the store's `tokens` table: a revocation is seen by every process at once."""
 
@@ -671,29 +674,21 @@ class PostgresTokens:
     async def insert(self, row: TokenRow, context: Context) -> None:
         info = row.info
         async with self._backend._connection() as conn:
-            await conn.execute("INSERT INTO tokens (id, user_id, digest, created_at) VALUES (%s, %s, %s, %s)",
-                               (info.id, info.user, row.digest, info.created_at))
+            await conn.execute(_TOKEN_SQL.insert, (info.id, info.user, row.digest, info.created_at))
 
     async def get(self, token_id: str, context: Context) -> TokenRow | None:
         async with self._backend._connection() as conn:
-            found = await (await conn.execute(f"SELECT {_TOKEN_COLUMNS}, digest FROM tokens WHERE id = %s",
-                                              (token_id,))).fetchone()
-        return TokenRow(TokenInfo(*found[:4]), found[4]) if found is not None else None
+            return token_row(await (await conn.execute(_TOKEN_SQL.get, (token_id,))).fetchone())
 
     async def list(self, context: Context) -> list[TokenInfo]:
         async with self._backend._connection() as conn:
-            rows = await (await conn.execute(f"SELECT {_TOKEN_COLUMNS} FROM tokens ORDER BY created_at, id")).fetchall()
+            rows = await (await conn.execute(_TOKEN_SQL.list)).fetchall()
         return [TokenInfo(*row) for row in rows]
 
     async def revoke(self, token_id: str, revoked_at: int, context: Context) -> TokenInfo | None:
         async with self._backend._connection() as conn:
-            found = await (await conn.execute(
-                f"UPDATE tokens SET revoked_at = coalesce(revoked_at, %s) WHERE id = %s RETURNING {_TOKEN_COLUMNS}",
-                (revoked_at, token_id))).fetchone()
+            found = await (await conn.execute(_TOKEN_SQL.revoke, (revoked_at, token_id))).fetchone()
         return TokenInfo(*found) if found is not None else None
-
-
-_TOKEN_COLUMNS = "id, user_id, created_at, revoked_at"
 
 
 def driver_error(error: psycopg.OperationalError | psycopg.InterfaceError) -> HarnessError:

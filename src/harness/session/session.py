@@ -208,10 +208,15 @@ class SessionReader:
 
     async def scan_values(self, address: ValueAddress[T], context: Context) -> list[tuple[str, T]]:
         """Every `(key, value)` in `address.namespace` whose key starts with `address.key`."""
+        return [(key, record.value) for key, record in await self.scan_records(address, context)]
+
+    async def scan_records(self, address: ValueAddress[T], context: Context) -> list[tuple[str, StoredValue[T]]]:
+        """`scan_values` with each value's seq: the commit that set it, so callers can order by it."""
         if not (storable_identifier(address.namespace) and storable_identifier(address.key)):
             return []
         rows = await self._backend.scan_values(self.id, address.namespace, address.key, context)
-        return [(r.key, decode_value(address.adapter, r.value, f"{r.namespace}/{r.key}")) for r in rows]
+        return [(r.key, StoredValue(decode_value(address.adapter, r.value, f"{r.namespace}/{r.key}"), r.seq))
+                for r in rows]
 
     async def lanes(self, context: Context) -> list[str]:
         """Names of the lanes that have a branch tip, ascending."""

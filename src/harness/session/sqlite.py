@@ -58,7 +58,7 @@ from harness.session.errors import (
 )
 from harness.session.images import FolderImages
 from harness.session.migrations import DataMigration
-from harness.session.tokens import TokenInfo, TokenRow
+from harness.session.tokens import TokenInfo, TokenRow, token_row, token_sql
 
 T = TypeVar("T")
 
@@ -723,7 +723,7 @@ def _apply(db: sqlite3.Connection, session_id: str, write: Write, seq: int, time
                        "ORDER BY seq DESC LIMIT 1 OFFSET ?4)", (session_id, write.namespace, write.key, write.keep))
 
 
-_TOKEN_COLUMNS = "id, user_id, created_at, revoked_at"
+_TOKEN_SQL = token_sql("?")
 
 
 class SqliteTokens:
@@ -734,31 +734,18 @@ class SqliteTokens:
 
     async def insert(self, row: TokenRow, context: Context) -> None:
         info = row.info
-
-        def run(db: sqlite3.Connection) -> None:
-            db.execute("INSERT INTO tokens (id, user_id, digest, created_at) VALUES (?, ?, ?, ?)",
-                       (info.id, info.user, row.digest, info.created_at))
-
-        await self._backend._call(run)
+        await self._backend._call(lambda db: db.execute(_TOKEN_SQL.insert, (info.id, info.user, row.digest,
+                                                                            info.created_at)))
 
     async def get(self, token_id: str, context: Context) -> TokenRow | None:
-        def run(db: sqlite3.Connection) -> TokenRow | None:
-            found = db.execute(f"SELECT {_TOKEN_COLUMNS}, digest FROM tokens WHERE id = ?", (token_id,)).fetchone()
-            return TokenRow(TokenInfo(*found[:4]), found[4]) if found is not None else None
-
-        return await self._backend._call(run)
+        return await self._backend._call(lambda db: token_row(db.execute(_TOKEN_SQL.get, (token_id,)).fetchone()))
 
     async def list(self, context: Context) -> list[TokenInfo]:
-        def run(db: sqlite3.Connection) -> list[TokenInfo]:
-            rows = db.execute(f"SELECT {_TOKEN_COLUMNS} FROM tokens ORDER BY created_at, id")
-            return [TokenInfo(*row) for row in rows]
-
-        return await self._backend._call(run)
+        return await self._backend._call(lambda db: [TokenInfo(*row) for row in db.execute(_TOKEN_SQL.list)])
 
     async def revoke(self, token_id: str, revoked_at: int, context: Context) -> TokenInfo | None:
         def run(db: sqlite3.Connection) -> TokenInfo | None:
-            found = db.execute(f"UPDATE tokens SET revoked_at = coalesce(revoked_at, ?) WHERE id = ? "
-                               f"RETURNING {_TOKEN_COLUMNS}", (revoked_at, token_id)).fetchone()
+            found = db.execute(_TOKEN_SQL.revoke, (revoked_at, token_id)).fetchone()
             return TokenInfo(*found) if found is not None else None
 
         return await self._backend._call(run)

@@ -17,7 +17,7 @@ import hmac
 import re
 import secrets
 import unicodedata
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 from harness.context import Context
@@ -53,6 +53,33 @@ class TokenRow:
 
     info: TokenInfo
     digest: str
+
+
+@dataclass(frozen=True)
+class TokenSql:
+    """The statements of the SQL backends' `tokens` table, written once for both; a row read
+    back by `get` is `token_row`, one by `list` or `revoke` is `TokenInfo(*row)`."""
+
+    insert: str
+    get: str
+    list: str
+    revoke: str
+
+
+def token_sql(p: str) -> TokenSql:
+    """The token statements with the driver's placeholder `p` (`?` for SQLite, `%s` for psycopg)."""
+    columns = "id, user_id, created_at, revoked_at"  # `TokenInfo`'s fields, in order
+    return TokenSql(
+        insert=f"INSERT INTO tokens (id, user_id, digest, created_at) VALUES ({p}, {p}, {p}, {p})",
+        get=f"SELECT {columns}, digest FROM tokens WHERE id = {p}",
+        list=f"SELECT {columns} FROM tokens ORDER BY created_at, id",
+        revoke=f"UPDATE tokens SET revoked_at = coalesce(revoked_at, {p}) WHERE id = {p} RETURNING {columns}",
+    )
+
+
+def token_row(found: tuple[str, str, int, int | None, str] | None) -> TokenRow | None:
+    """The row `TokenSql.get` read, or None when it found none."""
+    return TokenRow(TokenInfo(*found[:4]), found[4]) if found is not None else None
 
 
 class TokenTable(Protocol):
@@ -91,8 +118,7 @@ class MemoryTokens:
         if row is None:
             return None
         if row.info.revoked_at is None:
-            row = self._rows[token_id] = TokenRow(TokenInfo(row.info.id, row.info.user, row.info.created_at,
-                                                            revoked_at), row.digest)
+            row = self._rows[token_id] = replace(row, info=replace(row.info, revoked_at=revoked_at))
         return row.info
 
 
