@@ -5,7 +5,6 @@ ended with the process that started it, as a foreground command is."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -148,8 +147,7 @@ class BackgroundJobs:
     async def close(self) -> None:
         """Stop every running job of every owner (the process is leaving)."""
         for job in list(self._jobs.values()):
-            with contextlib.suppress(ProcessLookupError):
-                await self.stop(job.owner, job.id)
+            await self.stop(job.owner, job.id)  # a group already gone is no error: `ShellProcess.signal`
 
 
 # -- the tools -------------------------------------------------------------------------------------
