@@ -70,7 +70,7 @@ from harness.runtime.hooks import (
     ToolCallRequest,
 )
 from harness.runtime.lane import AbortRequest, AcceptedRun, Lane, LaneWatch
-from harness.runtime.outcomes import INTERRUPTED_REPLY, DriveOutcome, Settled, Suspended, WaitingRetry
+from harness.runtime.outcomes import INTERRUPTED_REPLY, DriveOutcome, Paused, Settled, Suspended, WaitingRetry
 from harness.runtime.requests import (
     MAX_INPUT_BYTES,
     PromptRequest,
@@ -158,6 +158,7 @@ __all__ = [
     "OperationIdTaken",
     "OperationMismatch",
     "OperationStatus",
+    "Paused",
     "PendingWrite",
     "ProgressCallback",
     "PromptRequest",
