@@ -375,6 +375,12 @@ class PostgresBackend:
             )
             return [ValueRow(*r) for r in await cur.fetchall()]
 
+    async def values_across(self, namespace: str, key: str, context: Context) -> dict[str, ValueRow]:
+        async with self._connection() as conn:
+            cur = await conn.execute("SELECT session_id, namespace, key, seq, value FROM record_values "
+                                     "WHERE namespace = %s AND key = %s", (namespace, key))
+            return {r[0]: ValueRow(*r[1:]) for r in await cur.fetchall()}
+
     async def read_list(
         self, session_id: str, namespace: str, key: str, after_seq: int | None, limit: int, context: Context
     ) -> list[ValueRow]:

@@ -27,7 +27,7 @@ from harness.session.images import ImageStore
 from harness.session.memory import MemoryBackend
 from harness.session.migrations import DATA_MIGRATIONS, DataMigration
 from harness.session.records import LaneState
-from harness.session.session import Session, check_lane_name, encode, storable_identifier
+from harness.session.session import Session, check_lane_name, decode_value, encode, storable_identifier
 from harness.session.tokens import Tokens
 
 _FORK_PAGE = 1000
@@ -87,6 +87,17 @@ class Store:
         """Every session, oldest first."""
         self._check_open()
         return await self.backend.list_sessions(context)
+
+    async def values_across(self, address: ValueAddress[T], context: Context) -> dict[str, T]:
+        """The value at `address` in every session that has one, by session id, in one read (a
+        conversation list reads every session's owner and name this way). Raises
+        `StorageCorruption` when a stored value does not decode."""
+        self._check_open()
+        if not (storable_identifier(address.namespace) and storable_identifier(address.key)):
+            return {}
+        rows = await self.backend.values_across(address.namespace, address.key, context)
+        where = f"{address.namespace}/{address.key}"
+        return {session_id: decode_value(address.adapter, row.value, where) for session_id, row in rows.items()}
 
     async def delete_session(self, session_id: str, context: Context) -> None:
         """Delete the session with everything in it: entries, records (lanes, operations, pending
