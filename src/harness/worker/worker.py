@@ -84,11 +84,15 @@ class Worker:
         listener = loop.create_task(self._listen(context))
         renewer = loop.create_task(self._renew(context))
         try:
+            polled = True
             while not self._stopping.is_set():
                 self._wake.clear()
-                timeout = await self._claim_open(context)
-                with contextlib.suppress(TimeoutError):
+                timeout = await self._claim_open(context, polled=polled)
+                try:
                     await asyncio.wait_for(self._wake.wait(), timeout)
+                    polled = False
+                except TimeoutError:
+                    polled = True
         finally:
             listener.cancel()
             held = list(self._held.values())
@@ -102,12 +106,14 @@ class Worker:
 
     # -- claiming ---------------------------------------------------------------------------------
 
-    async def _claim_open(self, context: Context) -> float:
-        """Start a drive for each free session with work that is due, up to the concurrency; take
-        the requests of the sessions held; return how long to wait before the next look."""
+    async def _claim_open(self, context: Context, *, polled: bool) -> float:
+        """Start a drive for each free session with work that is due, up to the concurrency; at a
+        poll (`polled`), also take the requests of the sessions held, which their notifications
+        bring at once otherwise; return how long to wait before the next look."""
         wait = self.options.poll_s
-        for session_id in self._held:
-            self._take_requests(session_id, context)
+        if polled:
+            for session_id in self._held:
+                self._take_requests(session_id, context)
         if len(self._held) >= self.options.concurrency:
             return wait
         try:
