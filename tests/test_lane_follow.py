@@ -174,8 +174,11 @@ async def test_snapshots_taken_while_another_store_commits_fold_to_the_final_sta
     final = await follow_lane(follower, rig.session.id, "main", ctx)
     final.close()
 
+    def caught_up(collected: Collected) -> Callable[[list[HarnessEvent]], bool]:
+        return lambda events: collected.follow.event_seq == final.snapshot.event_seq
+
     for collected in follows:
-        await collected.until(lambda events, c=collected: c.follow.event_seq == final.snapshot.event_seq)
+        await collected.until(caught_up(collected))
         await collected.close()
         assert fold(collected.follow.snapshot, collected.events) == final.snapshot
 
