@@ -145,7 +145,8 @@ async def test_the_streaming_reply_reaches_the_follow_from_its_frames(
     updates = [index for index, event in enumerate(collected.events) if isinstance(event, MessageUpdate)]
     reply_end = next(index for index, event in enumerate(collected.events)
                      if event.type == "message_end" and getattr(event.message, "role", "") == "assistant")
-    assert updates and max(updates) < reply_end
+    assert updates
+    assert max(updates) < reply_end
     assert collected.durable == await logged_after(rig, follow.snapshot.event_seq, ctx)
 
 
