@@ -29,6 +29,7 @@ from harness.runtime import read_lane_events
 from harness.server import LocalUser, ServerOptions, create_app
 from harness.session import LaneConfig, LaneLastResult, Store, WorkNeedsPostgres, addresses, connect
 from server_helpers import SseEvent, asgi_client, serving, sse_until
+from test_cli_sessions import harness
 from worker_child import CONFIG, LEDGER_TABLE, POLL_VARIABLE, hold_key
 
 CHILD = Path(__file__).parent / "worker_child.py"
@@ -232,6 +233,15 @@ async def test_external_workers_need_postgresql(tmp_path: Path, ctx: Context) ->
             create_app(ConversationService(store), LocalUser(USER), new_lane=_lane, options=EXTERNAL)
     finally:
         await store.close()
+
+
+def test_harness_serve_with_external_workers_on_sqlite_is_a_usage_error(tmp_path: Path) -> None:
+    """`harness serve --workers external` on SQLite exits 2 with `work_needs_postgres`, serving nothing."""
+    done = harness(tmp_path, "serve", "--no-auth", "--workers", "external", "--store",
+                   f"sqlite:///{tmp_path / 'harness.db'}")
+
+    assert done.returncode == 2
+    assert "error [work_needs_postgres]" in done.stderr
 
 
 @pytest.mark.postgres

@@ -11,14 +11,14 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable
 
-from harness.session.errors import StoreConnectionLost
+from harness.errors import HarnessError
 
 logger = logging.getLogger(__name__)
 
 Listen = Callable[[], AsyncIterator[str]]
 """The session ids a store's change channel carries, from one dedicated connection, until the
-caller stops iterating, after a first "" once it listens; `StoreConnectionLost` when that
-connection drops."""
+caller stops iterating, after a first "" once it listens; a `HarnessError` (`StoreConnectionLost`
+as a rule) when that connection drops."""
 
 RECONNECT_S = 1.0
 """How long a change feed waits before it listens again after its connection dropped."""
@@ -98,7 +98,7 @@ class ChangeFeed:
                             subscription.wake()
                     else:
                         self._notify_all()  # listening now; what came before it is unknown
-            except StoreConnectionLost as error:
+            except HarnessError as error:  # the server went away or refused: listen again later
                 logger.warning("the change feed's listening connection dropped: %s", error)
             await asyncio.sleep(RECONNECT_S)
 
