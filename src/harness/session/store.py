@@ -5,7 +5,7 @@ from __future__ import annotations
 import weakref
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar, cast
 from urllib.parse import parse_qs, urlsplit
 
 from harness.context import Context
@@ -14,6 +14,7 @@ from harness.messages import now_ms
 from harness.session import addresses
 from harness.session.addresses import ValueAddress
 from harness.session.backend import Backend, InsertEntry, SessionInfo, SetValue, Write
+from harness.session.changes import ChangeFeed
 from harness.session.entries import custom_type_of
 from harness.session.errors import (
     SessionNotFound,
@@ -30,6 +31,9 @@ from harness.session.records import LaneState
 from harness.session.session import Session, check_lane_name, decode_value, encode, storable_identifier
 from harness.session.tokens import Tokens
 
+if TYPE_CHECKING:  # psycopg is imported only by a store that opens PostgreSQL
+    from harness.session.postgres import PostgresBackend
+
 _FORK_PAGE = 1000
 T = TypeVar("T")
 
@@ -43,6 +47,10 @@ class Store:
         self.url = url
         self._open: weakref.WeakValueDictionary[str, Session] = weakref.WeakValueDictionary()
         self._closed = False
+        listen = cast("PostgresBackend", backend).listen_changes if backend.kind == "postgres" else None
+        self.changes = ChangeFeed(listen)
+        """Wake-ups when a session may have changed, in any process: on PostgreSQL every commit
+        notifies them; on memory and SQLite nothing does and subscribers poll."""
 
     @property
     def images(self) -> ImageStore:
@@ -159,6 +167,7 @@ class Store:
             return
         self._closed = True
         try:
+            await self.changes.close()
             for session in list(self._open.values()):
                 await session.detach(context or Context())
         finally:
