@@ -3,17 +3,29 @@ each follow every one of them over the native SSE watch, dropping their connecti
 resuming with `Last-Event-ID`.
 
 Run: `.venv/bin/python -m bench.serve_load [--conversations 20] [--watchers 3] [--turns 5]
-[--reconnect-every 40] [--json]`.
+[--reconnect-every 40] [--workers N --store postgresql://...] [--json]`.
 
-The app is `create_app` over a SQLite store in a temporary directory, served by uvicorn on
-127.0.0.1 in this process; the model is the faux provider, whose every turn streams a short text,
-calls one tool, then answers. The watchers are httpx clients in the same event loop as the server
-(two cores: they compete with it, so the latency is an upper bound). It prints:
+The app is `create_app` served by uvicorn on 127.0.0.1 in this process; the model is the faux
+provider, whose every turn streams a short text, calls one tool, then answers. The watchers are
+httpx clients in the same event loop as the server (two cores: they compete with it, so the
+latency is an upper bound). Two modes:
 
-1. events per second: every SSE event the watchers received (durable and live), over the load's
-   wall time, and the durable events committed per second;
-2. event latency (p50, p99, ms): from the commit of a durable event (its emission to the
-   conversation's listeners, right after the commit) to a watcher reading it off its stream;
+- `--workers 0` (the default): the server drives every turn itself, on a SQLite store in a
+  temporary directory.
+- `--workers N`: `harness serve --workers external` on a fresh schema of the PostgreSQL server at
+  `--store`, with N worker processes (`bench.faux_worker`) driving, each taking up to
+  conversations/N sessions at once, so every mode can run every conversation at the same time;
+  the server only accepts, wakes the workers and follows their runs for the watchers.
+
+It prints:
+
+1. runs per second and events per second: the turns settled, and every SSE event the watchers
+   received (durable and live), over the load's wall time, and the durable events committed per
+   second;
+2. event latency (p50, p99, ms), commit to watcher: in-process, from a durable event's emission to
+   the conversation's listeners (right after its commit) to a watcher reading it off its stream;
+   with workers, from the commit timestamp of each `entry_added` (the worker's clock, taken as
+   its commit starts; ms) to a watcher reading it, since the commit happens in another process;
 3. gaps and duplicates: per watcher, the durable event ids it received against the lane's event
    log after the snapshot it started from (both must be zero), and how often it resumed.
 """
@@ -23,7 +35,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
+import secrets
 import socket
+import sys
 import tempfile
 import time
 from collections.abc import AsyncIterator
@@ -42,9 +57,9 @@ from harness.conversation import ConversationService, ConversationSetup
 from harness.messages import ModelIdentity, TextContent, ToolResultMessage
 from harness.providers import FAUX_MODEL, FauxProvider, ModelRegistry, ToolSpec
 from harness.providers.faux import FauxReply, FauxRequest, reply, tool_call
-from harness.runtime import AgentTool, DriveSettings, HarnessEvent, ProgressCallback, RunEnd, ToolOutput
-from harness.server import LocalUser, create_app
-from harness.session import LaneConfig, connect
+from harness.runtime import AgentTool, DriveSettings, HarnessEvent, ProgressCallback, ToolOutput, read_lane_events
+from harness.server import LocalUser, ServerOptions, create_app
+from harness.session import LaneConfig, Store, connect
 
 USER = "bench"
 MODEL = ModelIdentity(provider=FAUX_MODEL.provider, model_id=FAUX_MODEL.id)
@@ -84,12 +99,18 @@ class Load:
     watchers: int
     turns: int
     reconnect_every: int
+    workers: int = 0
+    store_url: str | None = None
     committed_at: dict[tuple[str, int], int] = field(default_factory=dict)  # (conversation, seq) -> ns
+    ended: dict[str, asyncio.Queue[None]] = field(default_factory=dict)  # conversation -> one item per run end
 
 
-async def watch(client: httpx.AsyncClient, watcher: Watcher, load: Load, ready: asyncio.Event) -> None:
+async def watch(client: httpx.AsyncClient, watcher: Watcher, load: Load, ready: asyncio.Event, *,
+                counts_runs: bool) -> None:
     """Follow the conversation until it has ended `load.turns` runs, dropping the connection every
-    `reconnect_every` events and resuming from the last id seen."""
+    `reconnect_every` events and resuming from the last id seen. The watcher that `counts_runs`
+    tells its conversation's turns when a run ended; with workers, every watcher records the
+    commit time of each entry it is shown."""
     last_id: str | None = None
     event_id: str | None
     while watcher.runs_ended < load.turns:
@@ -124,9 +145,15 @@ async def watch(client: httpx.AsyncClient, watcher: Watcher, load: Load, ready: 
                     ready.set()
                 elif event_id is not None and "." not in event_id:
                     watcher.durable.append((int(event_id), now))
+                    if load.workers and name == "entry_added":
+                        committed_ms = json.loads("\n".join(data))["entry"]["timestamp"]
+                        load.committed_at.setdefault((watcher.conversation_id, int(event_id)), committed_ms * 1_000_000)
                 if event_id is not None:
                     last_id = event_id
-                watcher.runs_ended += name == "run_end"
+                if name == "run_end":
+                    watcher.runs_ended += 1
+                    if counts_runs:
+                        load.ended[watcher.conversation_id].put_nowait(None)
                 name, event_id, data = "message", None, list[str]()
                 if watcher.runs_ended >= load.turns or seen >= load.reconnect_every:
                     break
@@ -134,8 +161,14 @@ async def watch(client: httpx.AsyncClient, watcher: Watcher, load: Load, ready: 
 
 async def converse(client: httpx.AsyncClient, conversation_id: str, ended: asyncio.Queue[None], turns: int) -> None:
     for turn in range(turns):
-        answered = await client.post(f"/api/conversations/{conversation_id}/messages",
-                                     json={"text": f"How is the weather? ({turn})"})
+        while True:
+            answered = await client.post(f"/api/conversations/{conversation_id}/messages",
+                                         json={"text": f"How is the weather? ({turn})"})
+            # With workers, a run's end reaches the watcher before its worker has let the session
+            # go: a turn sent in between is refused as held, and a client sends it again.
+            if answered.status_code != 409 or answered.json().get("code") != "conversation_held":
+                break
+            await asyncio.sleep(0.01)
         answered.raise_for_status()
         await ended.get()
 
@@ -161,46 +194,84 @@ async def serving(app: Any) -> AsyncIterator[str]:
 
 async def run(load: Load) -> dict[str, Any]:
     context = Context({"bench": "serve_load"})
+    if load.workers:
+        return await _run_with_workers(load, context)
     with tempfile.TemporaryDirectory() as directory:
         store = await connect(f"sqlite:///{Path(directory) / 'harness.db'}", context)
         registry = ModelRegistry([FAUX_MODEL], providers={"faux": FauxProvider(answer)})
         service = ConversationService(store, ConversationSetup(models=registry, tools=[LOOKUP],
                                                                drive=DriveSettings(frame_interval_s=0.05)))
-        app = create_app(service, LocalUser(USER),
-                         new_lane=lambda model: LaneConfig(model=model or MODEL, active_tools=["lookup"]))
         try:
-            async with serving(app) as url, httpx.AsyncClient(base_url=url, timeout=60, limits=httpx.Limits(
-                    max_connections=None, max_keepalive_connections=None)) as client:
-                return await _measure(load, service, client, context)
+            return await _serve_and_measure(load, service, ServerOptions(), context)
         finally:
             await store.close()
 
 
+async def _run_with_workers(load: Load, context: Context) -> dict[str, Any]:
+    """The load on an external-workers server over a fresh schema of `load.store_url`, with
+    `load.workers` worker processes."""
+    import psycopg
+
+    assert load.store_url is not None, "--workers needs --store postgresql://..."
+    schema = f"harness_bench_{secrets.token_hex(6)}"
+    with psycopg.connect(load.store_url, autocommit=True) as conn:
+        conn.execute(f"CREATE SCHEMA {schema}")
+    separator = "&" if "?" in load.store_url else "?"
+    url = f"{load.store_url}{separator}options=-csearch_path%3D{schema}"
+    store: Store | None = None
+    workers: list[asyncio.subprocess.Process] = []
+    try:
+        store = await connect(url, context)
+        concurrency = math.ceil(load.conversations / load.workers)
+        for _ in range(load.workers):
+            worker = await asyncio.create_subprocess_exec(sys.executable, "-m", "bench.faux_worker", url,
+                                                          str(concurrency), stdout=asyncio.subprocess.PIPE)
+            workers.append(worker)
+            assert worker.stdout is not None
+            assert (await worker.stdout.readline()).strip() == b"ready"
+        return await _serve_and_measure(load, ConversationService(store), ServerOptions(workers="external"), context)
+    finally:
+        for worker in workers:
+            worker.terminate()
+        await asyncio.gather(*(worker.wait() for worker in workers))
+        if store is not None:
+            await store.close()
+        with psycopg.connect(load.store_url, autocommit=True) as conn:
+            conn.execute(f"DROP SCHEMA {schema} CASCADE")
+
+
+async def _serve_and_measure(load: Load, service: ConversationService, options: ServerOptions,
+                             context: Context) -> dict[str, Any]:
+    app = create_app(service, LocalUser(USER), options=options,
+                     new_lane=lambda model: LaneConfig(model=model or MODEL, active_tools=["lookup"]))
+    async with serving(app) as url, httpx.AsyncClient(base_url=url, timeout=60, limits=httpx.Limits(
+            max_connections=None, max_keepalive_connections=None)) as client:
+        return await _measure(load, service, client, context)
+
+
 async def _measure(load: Load, service: ConversationService, client: httpx.AsyncClient,
                    context: Context) -> dict[str, Any]:
-    conversations, endings = [], {}
+    conversations = []
     for _ in range(load.conversations):
         conversation = await service.create(USER, LaneConfig(model=MODEL, active_tools=["lookup"]), context)
-        ended: asyncio.Queue[None] = asyncio.Queue()
+        load.ended[conversation.id] = asyncio.Queue()
+        if load.workers:
+            await service.close(USER, conversation.id, context)  # the workers drive it, not this process
+        else:
+            def listen(event: HarnessEvent, _: Context, conversation_id: str = conversation.id) -> None:
+                if event.event_seq is not None:
+                    load.committed_at[(conversation_id, event.event_seq)] = time.time_ns()
 
-        def listen(event: HarnessEvent, _: Context, conversation_id: str = conversation.id,
-                   ended: asyncio.Queue[None] = ended) -> None:
-            if event.event_seq is not None:
-                load.committed_at[(conversation_id, event.event_seq)] = time.time_ns()
-            if isinstance(event, RunEnd):
-                ended.put_nowait(None)
-
-        conversation.harness.add_listener(listen)
+            conversation.harness.add_listener(listen)
         conversations.append(conversation)
-        endings[conversation.id] = ended
     watchers = [Watcher(conversation.id) for conversation in conversations for _ in range(load.watchers)]
     readiness = [asyncio.Event() for _ in watchers]
-    watching = [asyncio.create_task(watch(client, watcher, load, ready))
-                for watcher, ready in zip(watchers, readiness, strict=True)]
+    watching = [asyncio.create_task(watch(client, watcher, load, ready, counts_runs=index % load.watchers == 0))
+                for index, (watcher, ready) in enumerate(zip(watchers, readiness, strict=True))]
     await asyncio.wait_for(asyncio.gather(*(ready.wait() for ready in readiness)), 60)
 
     started = time.perf_counter()
-    await asyncio.gather(*(converse(client, c.id, endings[c.id], load.turns) for c in conversations))
+    await asyncio.gather(*(converse(client, c.id, load.ended[c.id], load.turns) for c in conversations))
     await asyncio.wait_for(asyncio.gather(*watching), 120)
     elapsed = time.perf_counter() - started
 
@@ -209,7 +280,8 @@ async def _measure(load: Load, service: ConversationService, client: httpx.Async
     for conversation in conversations:
         watchers_of = [w for w in watchers if w.conversation_id == conversation.id]
         for watcher in watchers_of:
-            log = await conversation.lane.read_events(watcher.first_seq, 10_000, context)
+            log = await read_lane_events(await service.store.open_session(conversation.id, context), "main",
+                                         watcher.first_seq, 10_000, context)
             expected = [event.event_seq for event in log.events]
             got = [seq for seq, _ in watcher.durable]
             gaps += len(set(expected) - set(got))
@@ -219,7 +291,8 @@ async def _measure(load: Load, service: ConversationService, client: httpx.Async
                           if (conversation.id, seq) in load.committed_at]
     return {
         "conversations": load.conversations, "watchers_each": load.watchers, "turns_each": load.turns,
-        "seconds": round(elapsed, 2),
+        "workers": load.workers, "seconds": round(elapsed, 2),
+        "runs_per_second": round(load.conversations * load.turns / elapsed, 1),
         "events_received": sum(w.received for w in watchers),
         "events_per_second": round(sum(w.received for w in watchers) / elapsed),
         "durable_committed_per_second": round(len(load.committed_at) / elapsed),
@@ -235,19 +308,29 @@ def main() -> None:
     parser.add_argument("--watchers", type=int, default=3, help="watchers per conversation")
     parser.add_argument("--turns", type=int, default=5, help="turns per conversation")
     parser.add_argument("--reconnect-every", type=int, default=40, help="events a watcher reads per connection")
-    parser.add_argument("--json", action="store_true", help="print the figures as one JSON object")
+    parser.add_argument("--workers", default="0", help="worker processes, or a comma list of counts run in "
+                        "turn (e.g. 1,2,4); 0: the server drives, on SQLite")
+    parser.add_argument("--store", help="the PostgreSQL server for --workers (a fresh schema is made and dropped)")
+    parser.add_argument("--json", action="store_true", help="print each run's figures as one JSON object a line")
     args = parser.parse_args()
-    figures = asyncio.run(run(Load(args.conversations, args.watchers, args.turns, args.reconnect_every)))
-    if args.json:
-        print(json.dumps(figures))
-        return
-    print(f"{figures['conversations']} conversations x {figures['watchers_each']} watchers, "
-          f"{figures['turns_each']} turns each (one tool call per turn), {figures['seconds']} s")
-    print(f"events received: {figures['events_received']} ({figures['events_per_second']}/s); durable events "
-          f"committed: {figures['durable_committed_per_second']}/s")
-    print(f"latency, commit to watcher: p50 {figures['latency_p50_ms']} ms, p99 {figures['latency_p99_ms']} ms")
-    print(f"gaps: {figures['gaps']}, duplicates: {figures['duplicates']}, resumes: {figures['resumes']}; "
-          f"{figures['watchers_matching_log']} of {figures['watchers']} watchers received exactly the log")
+    for count in (int(part) for part in args.workers.split(",")):
+        if count and not args.store:
+            parser.error("--workers needs --store postgresql://...")
+        load = Load(args.conversations, args.watchers, args.turns, args.reconnect_every, workers=count,
+                    store_url=args.store)
+        figures = asyncio.run(run(load))
+        if args.json:
+            print(json.dumps(figures))
+            continue
+        driven = f"{count} worker process(es), PostgreSQL" if count else "the server itself, SQLite"
+        print(f"{figures['conversations']} conversations x {figures['watchers_each']} watchers, "
+              f"{figures['turns_each']} turns each (one tool call per turn), driven by {driven}: "
+              f"{figures['seconds']} s, {figures['runs_per_second']} runs/s")
+        print(f"  events received: {figures['events_received']} ({figures['events_per_second']}/s); durable events "
+              f"committed: {figures['durable_committed_per_second']}/s")
+        print(f"  latency, commit to watcher: p50 {figures['latency_p50_ms']} ms, p99 {figures['latency_p99_ms']} ms")
+        print(f"  gaps: {figures['gaps']}, duplicates: {figures['duplicates']}, resumes: {figures['resumes']}; "
+              f"{figures['watchers_matching_log']} of {figures['watchers']} watchers received exactly the log")
 
 
 if __name__ == "__main__":
