@@ -26,6 +26,7 @@ from harness.session import (
     Store,
     addresses,
     connect,
+    work_board,
 )
 from harness.session.postgres import PostgresBackend, PostgresClaim
 from journal_helpers import append_chain, new_session_with_lane, text_of, user
@@ -102,6 +103,39 @@ async def test_unowned_commits_from_two_stores_interleave_without_refusal(
     seqs = sorted(seq for result in results for seq in result.seqs)
     assert len(set(seqs)) == 80
     assert len(await backend_of(store).scan_values(session.id, "test", "k", ctx)) == 40
+
+
+async def test_renewing_leases_while_the_owner_commits_leaves_every_commit_whole(store: Store, ctx: Context) -> None:
+    """A worker renews its leases (`WorkBoard.renew`) on the claim connections while their
+    owners commit on them: no renewal may slip into a commit's pipeline, where it would leave the
+    connection busy and fail the next commit as a lost connection."""
+    board = work_board(store)
+    session = await new_session_with_lane(store, ctx)
+    ownership = await session.attach("owner", ctx)
+    committing = True
+
+    async def renew() -> int:
+        rounds = 0
+        while committing:
+            await board.renew(ctx)
+            rounds += 1
+        return rounds
+
+    async def append(m: SessionMutator, text: str) -> None:
+        tip = await m.get(addresses.branch_tip("main"), ctx)
+        m.set(addresses.branch_tip("main"), m.insert_entry(user(text), parent_id=tip))
+
+    renewer = asyncio.ensure_future(renew())
+    try:
+        for n in range(60):
+            await ownership.mutate(lambda m, text=f"m{n}": append(m, text), ctx)
+    finally:
+        committing = False
+        rounds = await renewer
+        await ownership.detach(ctx)
+
+    assert rounds > 0
+    assert await branch_texts(session, ctx) == [f"m{n}" for n in range(60)]
 
 
 async def test_nul_and_lone_surrogate_escapes_round_trip_exactly(store: Store, ctx: Context) -> None:
