@@ -99,10 +99,17 @@ def ledger_tool(url: str, workdir: Path) -> AgentTool:
             await conn.execute("INSERT INTO ledger (call_id, pid) VALUES (%s, %s)", (tool_call_id, os.getpid()))
             held = asyncio.ensure_future(conn.execute("SELECT pg_advisory_lock_shared(%s)", (hold_key(workdir),)))
             stopped = asyncio.ensure_future(context.wait_cancelled())  # an abort cancels the call's Context
-            await asyncio.wait({held, stopped}, return_when=asyncio.FIRST_COMPLETED)
-            stopped.cancel()
-            if not held.done():
+            try:
+                await asyncio.wait({held, stopped}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                # The wait for the lock must have ended (psycopg cancels it on the server) before
+                # the connection closes, also when this call is cancelled (a halted drive): a
+                # socket closed under a pending read stays registered with the event loop, and
+                # the next connection given its descriptor number is never woken.
+                stopped.cancel()
                 held.cancel()
+                await asyncio.gather(held, stopped, return_exceptions=True)
+            if held.cancelled():
                 return ToolOutput(content=[TextContent(text="stopped")], is_error=True)
             await conn.execute("SELECT pg_advisory_unlock_shared(%s)", (hold_key(workdir),))
         return ToolOutput(content=[TextContent(text=f"written {args.get('key')}")])
@@ -113,7 +120,9 @@ def ledger_tool(url: str, workdir: Path) -> AgentTool:
 
 
 async def main(url: str, workdir: Path, concurrency: int) -> None:
-    logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+    # Three workers share the test's stderr: each line says which one wrote it.
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
+                        format="worker %(process)d %(levelname)s %(name)s: %(message)s")
     context = Context({"process": f"worker-{os.getpid()}"})
     store = await connect(url, context)
     registry = ModelRegistry([FAUX_MODEL], providers={"faux": FauxProvider(answerer(url, workdir))})
