@@ -24,6 +24,7 @@ from harness.session import (
     SessionOwnership,
     SetValue,
     Store,
+    StoreUnavailable,
     addresses,
     connect,
     work_board,
@@ -81,6 +82,22 @@ async def test_owner_whose_lock_connection_was_killed_cannot_commit(
         await rival_ownership.detach(ctx)
     finally:
         await rival.close()
+    await ownership.detach(ctx)
+
+
+async def test_a_claim_connection_the_server_refuses_is_a_typed_error(store: Store, ctx: Context) -> None:
+    """No claim connection can be opened (here: nothing listens where the store's URL points now,
+    as when the server refuses more clients): attaching raises `StoreUnavailable`, a store
+    failure a worker backs off from, not a bare driver error, and nothing is held."""
+    session = await new_session_with_lane(store, ctx)
+    backend = backend_of(store)
+    reachable, backend.url = backend.url, "postgresql://postgres@127.0.0.1:1/test"
+
+    with pytest.raises(StoreUnavailable):
+        await session.attach("owner", ctx)
+
+    backend.url = reachable
+    ownership = await session.attach("owner", ctx)
     await ownership.detach(ctx)
 
 

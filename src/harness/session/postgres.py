@@ -507,24 +507,32 @@ class PostgresBackend:
         """Take the session's advisory lock on a new dedicated connection and bump its epoch.
 
         `SessionOwned` if another claim (here or in another process) holds it, or an unowned
-        commit is in flight; `SessionNotFound` for an unknown session."""
+        commit is in flight; `SessionNotFound` for an unknown session; `StoreUnavailable` when
+        the claim connection cannot be opened or breaks (too many clients, a restart), holding
+        nothing."""
         key = self._lock_key(session_id)
         url = make_conninfo(self.url, application_name=LEASE_APPLICATION) if self.leases else self.url
-        conn = await psycopg.AsyncConnection.connect(url, autocommit=True)
         try:
-            if not _scalar(await (await conn.execute("SELECT pg_try_advisory_lock(%s)", (key,))).fetchone()):
-                raise SessionOwned(f"session {session_id} is owned by another process or harness",
-                                   session_id=session_id)
-            cur = await conn.execute(
-                "UPDATE sessions SET owner_epoch = owner_epoch + 1 WHERE id = %s RETURNING owner_epoch",
-                (session_id,),
-            )
-            row = await cur.fetchone()
-            if row is None:
-                raise SessionNotFound(f"no session {session_id}", session_id=session_id)
-        except BaseException:
-            await conn.close()
-            raise
+            conn = await psycopg.AsyncConnection.connect(url, autocommit=True)
+            try:
+                if not _scalar(await (await conn.execute("SELECT pg_try_advisory_lock(%s)", (key,))).fetchone()):
+                    raise SessionOwned(f"session {session_id} is owned by another process or harness",
+                                       session_id=session_id)
+                cur = await conn.execute(
+                    "UPDATE sessions SET owner_epoch = owner_epoch + 1 WHERE id = %s RETURNING owner_epoch",
+                    (session_id,),
+                )
+                row = await cur.fetchone()
+                if row is None:
+                    raise SessionNotFound(f"no session {session_id}", session_id=session_id)
+            except BaseException:
+                await conn.close()
+                raise
+        except psycopg.OperationalError as error:
+            # Typed, as every other store failure is: a claimant (a worker) backs off from it,
+            # where a bare driver error would end its drive task unexplained.
+            raise StoreUnavailable(f"cannot claim session {session_id}: {error}", session_id=session_id,
+                                   sqlstate=error.sqlstate) from error
         claim = PostgresClaim(session_id, row[0], conn, key)
         self._claims.add(claim)
         return claim
