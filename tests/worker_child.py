@@ -6,7 +6,7 @@ writes its call id to the store's `ledger` table and then waits while the test h
 lock (`hold_key`), so a test can kill, stop or steer a run mid-tool. A prompt `stream: X` gets a
 reply without a tool call that streams `streaming X, `, then waits on the same lock mid-stream,
 so a test can watch a reply streaming from another process. It prints `ready` once it runs and exits 0 after
-SIGTERM once it let everything go, printing `released`.
+SIGTERM once it let everything go, printing `released`. Retries are due at once (no backoff).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from harness.context import Context
 from harness.conversation import ConversationService, ConversationSetup
 from harness.messages import ModelIdentity, TextContent, ToolResultMessage, UserMessage
 from harness.providers import FAUX_MODEL, FauxProvider, ModelRegistry, ToolSpec
-from harness.providers.faux import FauxReply, FauxRequest, delay, reply, tool_call
+from harness.providers.faux import FauxReply, FauxRequest, delay, failure, reply, tool_call
 from harness.runtime import AgentTool, DriveSettings, RetryPolicy, ToolOutput
 from harness.session import LaneConfig, connect
 from harness.worker import Worker, WorkerOptions
@@ -43,7 +43,10 @@ OPTIONS = WorkerOptions(poll_s=0.5, lease_s=1.5, deferred_poll_s=0.5, backoff_s=
 def answerer(url: str, workdir: Path) -> Callable[[FauxRequest], FauxReply]:
     """The faux model's script. A user message last: a reply and one ledger call (its id unique
     per process and request); a steer after a tool result is echoed; `stream: X` streams and
-    waits mid-reply while `hold_key(workdir)` is held; anything else gets `done`."""
+    waits mid-reply while `hold_key(workdir)` is held; `flaky: X` fails with a retryable error
+    the first time this process is asked it, and is then answered `recovered X`; anything else
+    gets `done`."""
+    failed: set[str] = set()
 
     def answer(recorded: FauxRequest) -> FauxReply:
         last = recorded.request.messages[-1]
@@ -52,6 +55,11 @@ def answerer(url: str, workdir: Path) -> Callable[[FauxRequest], FauxReply]:
                 if not isinstance(last.content, str) else last.content
             if text.startswith("steer:"):
                 return reply(f"heard {text}")
+            if text.startswith("flaky:"):
+                if text not in failed:
+                    failed.add(text)
+                    return failure("retryable", "overloaded", status=529)
+                return reply(f"recovered {text.removeprefix('flaky:').strip()}")
             if text.startswith("stream:"):
                 return reply(f"streaming {text.removeprefix('stream:').strip()}, ", delay(released(url, workdir)),
                              "then done")
