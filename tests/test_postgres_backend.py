@@ -8,6 +8,7 @@ White-box: it drives `PostgresBackend` itself and reads an attached session's cl
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 
 import psycopg
 import pytest
@@ -138,14 +139,17 @@ async def test_renewing_leases_while_the_owner_commits_leaves_every_commit_whole
             rounds += 1
         return rounds
 
-    async def append(m: SessionMutator, text: str) -> None:
-        tip = await m.get(addresses.branch_tip("main"), ctx)
-        m.set(addresses.branch_tip("main"), m.insert_entry(user(text), parent_id=tip))
+    def append(text: str) -> Callable[[SessionMutator], Awaitable[None]]:
+        async def job(m: SessionMutator) -> None:
+            tip = await m.get(addresses.branch_tip("main"), ctx)
+            m.set(addresses.branch_tip("main"), m.insert_entry(user(text), parent_id=tip))
+
+        return job
 
     renewer = asyncio.ensure_future(renew())
     try:
         for n in range(60):
-            await ownership.mutate(lambda m, text=f"m{n}": append(m, text), ctx)
+            await ownership.mutate(append(f"m{n}"), ctx)
     finally:
         committing = False
         rounds = await renewer
