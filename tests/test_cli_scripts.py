@@ -9,10 +9,16 @@ import signal
 import socket
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
+import pytest
+
 import test_cli_run
+from harness.cli.config import RETRY_DELAY_VARIABLE, drive_settings
+from harness.errors import InvalidInput
 from harness.providers.replay import Hold, ReplayResponse, ReplayServer
+from harness.runtime import DriveSettings
 from test_cli_run import (
     EMBEDDED_TIMEOUT_S,
     TIMEOUT_S,
@@ -105,7 +111,8 @@ def test_a_server_nobody_answers_fails_the_run_naming_its_url_once_per_attempt(h
     port = closed_port()
     readme_models_toml(home, port)
 
-    run = harness(home, work, "run", "--model", "ollama/qwen2.5:7b", "hello")
+    # The attempts, not the backoff between them (1 s, 2 s, 4 s by default), are what is tested.
+    run = harness(home, work, "run", "--model", "ollama/qwen2.5:7b", "hello", env={RETRY_DELAY_VARIABLE: "0"})
 
     assert run.returncode == 1
     url = f"http://127.0.0.1:{port}/v1/chat/completions"
@@ -114,6 +121,15 @@ def test_a_server_nobody_answers_fails_the_run_naming_its_url_once_per_attempt(h
         "retrying (attempt 2 of 4)", "retrying (attempt 3 of 4)", "retrying (attempt 4 of 4)",
         "run failed [assistant_error]"]
     assert all(f"cannot connect to {url}" in line for line in mentions)
+
+
+def test_the_retry_delay_comes_from_the_environment_in_whole_milliseconds(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert drive_settings().retry == DriveSettings().retry
+    monkeypatch.setenv(RETRY_DELAY_VARIABLE, "250")
+    assert drive_settings().retry == replace(DriveSettings().retry, base_delay_ms=250)
+    monkeypatch.setenv(RETRY_DELAY_VARIABLE, "soon")
+    with pytest.raises(InvalidInput, match=RETRY_DELAY_VARIABLE):
+        drive_settings()
 
 
 def test_a_missing_weights_file_is_refused_before_anything_is_written(home: Path, work: Path) -> None:

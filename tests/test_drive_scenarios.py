@@ -790,6 +790,24 @@ async def test_drive_can_return_at_a_retry_wait_and_a_later_drive_continues(stor
     assert shape(await messages(rig.lane, ctx)) == ["user:go", "assistant:Later answer."]
 
 
+async def test_a_drive_that_does_not_wait_makes_a_retry_once_it_is_due(store: Store, ctx: Context) -> None:
+    """Issue 5 item 1: once `not_before` has passed, `wait_for_retry=False` makes the attempt
+    instead of handing the wait back again; a worker drives this way, and an answer that only
+    repeated `WaitingRetry` would have it claim and release the session for ever."""
+    rig = await start_rig(store, ctx, [failure("retryable", "rate limited", status=429), "Later answer."],
+                          drive=DriveSettings(retry=RetryPolicy(max_retries=3, base_delay_ms=2_000)))
+    accepted = await rig.lane.accept(PromptRequest(text="go"), ctx)
+    first = await within(rig.lane.drive(accepted.operation_id, ctx, wait_for_retry=False))
+    assert isinstance(first, WaitingRetry)
+
+    rig.clock.now = first.not_before
+    second = settled(await within(rig.lane.drive(accepted.operation_id, ctx, wait_for_retry=False)))
+
+    assert second.result.outcome == "completed"
+    assert rig.clock.waits == []
+    assert shape(await messages(rig.lane, ctx)) == ["user:go", "assistant:Later answer."]
+
+
 async def test_abort_during_a_retry_wait_settles_aborted_without_retrying(store: Store, ctx: Context) -> None:
     """Issue 5 item 5: an abort during a retry wait ends the wait at once and settles `aborted`;
     the failed attempt stays a side entry and no retry is sent."""

@@ -8,6 +8,7 @@ White-box: it drives `PostgresBackend` itself and reads an attached session's cl
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 
 import psycopg
 import pytest
@@ -24,8 +25,10 @@ from harness.session import (
     SessionOwnership,
     SetValue,
     Store,
+    StoreUnavailable,
     addresses,
     connect,
+    work_board,
 )
 from harness.session.postgres import PostgresBackend, PostgresClaim
 from journal_helpers import append_chain, new_session_with_lane, text_of, user
@@ -83,6 +86,22 @@ async def test_owner_whose_lock_connection_was_killed_cannot_commit(
     await ownership.detach(ctx)
 
 
+async def test_a_claim_connection_the_server_refuses_is_a_typed_error(store: Store, ctx: Context) -> None:
+    """No claim connection can be opened (here: nothing listens where the store's URL points now,
+    as when the server refuses more clients): attaching raises `StoreUnavailable`, a store
+    failure a worker backs off from, not a bare driver error, and nothing is held."""
+    session = await new_session_with_lane(store, ctx)
+    backend = backend_of(store)
+    reachable, backend.url = backend.url, "postgresql://postgres@127.0.0.1:1/test"
+
+    with pytest.raises(StoreUnavailable):
+        await session.attach("owner", ctx)
+
+    backend.url = reachable
+    ownership = await session.attach("owner", ctx)
+    await ownership.detach(ctx)
+
+
 async def test_unowned_commits_from_two_stores_interleave_without_refusal(
     store: Store, postgres_schema_url: str, ctx: Context
 ) -> None:
@@ -102,6 +121,42 @@ async def test_unowned_commits_from_two_stores_interleave_without_refusal(
     seqs = sorted(seq for result in results for seq in result.seqs)
     assert len(set(seqs)) == 80
     assert len(await backend_of(store).scan_values(session.id, "test", "k", ctx)) == 40
+
+
+async def test_renewing_leases_while_the_owner_commits_leaves_every_commit_whole(store: Store, ctx: Context) -> None:
+    """A worker renews its leases (`WorkBoard.renew`) on the claim connections while their
+    owners commit on them: no renewal may slip into a commit's pipeline, where it would leave the
+    connection busy and fail the next commit as a lost connection."""
+    board = work_board(store)
+    session = await new_session_with_lane(store, ctx)
+    ownership = await session.attach("owner", ctx)
+    committing = True
+
+    async def renew() -> int:
+        rounds = 0
+        while committing:
+            await board.renew(ctx)
+            rounds += 1
+        return rounds
+
+    def append(text: str) -> Callable[[SessionMutator], Awaitable[None]]:
+        async def job(m: SessionMutator) -> None:
+            tip = await m.get(addresses.branch_tip("main"), ctx)
+            m.set(addresses.branch_tip("main"), m.insert_entry(user(text), parent_id=tip))
+
+        return job
+
+    renewer = asyncio.ensure_future(renew())
+    try:
+        for n in range(60):
+            await ownership.mutate(append(f"m{n}"), ctx)
+    finally:
+        committing = False
+        rounds = await renewer
+        await ownership.detach(ctx)
+
+    assert rounds > 0
+    assert await branch_texts(session, ctx) == [f"m{n}" for n in range(60)]
 
 
 async def test_nul_and_lone_surrogate_escapes_round_trip_exactly(store: Store, ctx: Context) -> None:

@@ -248,6 +248,21 @@ async def test_a_sigtermed_worker_ends_the_step_in_hand_and_leaves_the_rest_to_t
     assert text(messages[-1]) == "done"
 
 
+async def test_a_worker_makes_a_due_retry_and_settles_the_run(
+        store: Store, workers: Workers, notes: Notes, ctx: Context) -> None:
+    """The model's first answer is a transient failure: the worker lets the session go at the
+    retry wait, claims it again once the retry is due and makes it, and the run completes."""
+    workers.start(concurrency=1)
+    service = ConversationService(store)
+
+    run = await accept(service, "flaky: go", ctx)
+    await notes.until(settled(store, [run], ctx), within_s=10)
+
+    assert (result := await last_result(store, run[0], ctx)) is not None
+    assert result.outcome == "completed"
+    assert [text(m) for m in await branch(store, run[0], ctx)] == ["flaky: go", "recovered go"]
+
+
 async def test_a_killed_workers_session_is_finished_by_another_and_its_tool_never_runs_twice(
         store: Store, workers: Workers, notes: Notes, postgres_schema_url: str, tmp_path: Path, ctx: Context) -> None:
     """SIGKILL mid-tool: the lock dies with the connection, the other worker claims the session

@@ -6,7 +6,7 @@ writes its call id to the store's `ledger` table and then waits while the test h
 lock (`hold_key`), so a test can kill, stop or steer a run mid-tool. A prompt `stream: X` gets a
 reply without a tool call that streams `streaming X, `, then waits on the same lock mid-stream,
 so a test can watch a reply streaming from another process. It prints `ready` once it runs and exits 0 after
-SIGTERM once it let everything go, printing `released`.
+SIGTERM once it let everything go, printing `released`. Retries are due at once (no backoff).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from harness.context import Context
 from harness.conversation import ConversationService, ConversationSetup
 from harness.messages import ModelIdentity, TextContent, ToolResultMessage, UserMessage
 from harness.providers import FAUX_MODEL, FauxProvider, ModelRegistry, ToolSpec
-from harness.providers.faux import FauxReply, FauxRequest, delay, reply, tool_call
+from harness.providers.faux import FauxReply, FauxRequest, delay, failure, reply, tool_call
 from harness.runtime import AgentTool, DriveSettings, RetryPolicy, ToolOutput
 from harness.session import LaneConfig, connect
 from harness.worker import Worker, WorkerOptions
@@ -43,7 +43,10 @@ OPTIONS = WorkerOptions(poll_s=0.5, lease_s=1.5, deferred_poll_s=0.5, backoff_s=
 def answerer(url: str, workdir: Path) -> Callable[[FauxRequest], FauxReply]:
     """The faux model's script. A user message last: a reply and one ledger call (its id unique
     per process and request); a steer after a tool result is echoed; `stream: X` streams and
-    waits mid-reply while `hold_key(workdir)` is held; anything else gets `done`."""
+    waits mid-reply while `hold_key(workdir)` is held; `flaky: X` fails with a retryable error
+    the first time this process is asked it, and is then answered `recovered X`; anything else
+    gets `done`."""
+    failed: set[str] = set()
 
     def answer(recorded: FauxRequest) -> FauxReply:
         last = recorded.request.messages[-1]
@@ -52,6 +55,11 @@ def answerer(url: str, workdir: Path) -> Callable[[FauxRequest], FauxReply]:
                 if not isinstance(last.content, str) else last.content
             if text.startswith("steer:"):
                 return reply(f"heard {text}")
+            if text.startswith("flaky:"):
+                if text not in failed:
+                    failed.add(text)
+                    return failure("retryable", "overloaded", status=529)
+                return reply(f"recovered {text.removeprefix('flaky:').strip()}")
             if text.startswith("stream:"):
                 return reply(f"streaming {text.removeprefix('stream:').strip()}, ", delay(released(url, workdir)),
                              "then done")
@@ -99,10 +107,17 @@ def ledger_tool(url: str, workdir: Path) -> AgentTool:
             await conn.execute("INSERT INTO ledger (call_id, pid) VALUES (%s, %s)", (tool_call_id, os.getpid()))
             held = asyncio.ensure_future(conn.execute("SELECT pg_advisory_lock_shared(%s)", (hold_key(workdir),)))
             stopped = asyncio.ensure_future(context.wait_cancelled())  # an abort cancels the call's Context
-            await asyncio.wait({held, stopped}, return_when=asyncio.FIRST_COMPLETED)
-            stopped.cancel()
-            if not held.done():
+            try:
+                await asyncio.wait({held, stopped}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                # The wait for the lock must have ended (psycopg cancels it on the server) before
+                # the connection closes, also when this call is cancelled (a halted drive): a
+                # socket closed under a pending read stays registered with the event loop, and
+                # the next connection given its descriptor number is never woken.
+                stopped.cancel()
                 held.cancel()
+                await asyncio.gather(held, stopped, return_exceptions=True)
+            if held.cancelled():
                 return ToolOutput(content=[TextContent(text="stopped")], is_error=True)
             await conn.execute("SELECT pg_advisory_unlock_shared(%s)", (hold_key(workdir),))
         return ToolOutput(content=[TextContent(text=f"written {args.get('key')}")])
@@ -113,7 +128,9 @@ def ledger_tool(url: str, workdir: Path) -> AgentTool:
 
 
 async def main(url: str, workdir: Path, concurrency: int) -> None:
-    logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+    # Three workers share the test's stderr: each line says which one wrote it.
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
+                        format="worker %(process)d %(levelname)s %(name)s: %(message)s")
     context = Context({"process": f"worker-{os.getpid()}"})
     store = await connect(url, context)
     registry = ModelRegistry([FAUX_MODEL], providers={"faux": FauxProvider(answerer(url, workdir))})

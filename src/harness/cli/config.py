@@ -16,7 +16,7 @@ import importlib.util
 import os
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
 
@@ -34,7 +34,7 @@ from harness.conversation import (
     ConversationService,
     ConversationSetup,
 )
-from harness.errors import HarnessError, ModelUnavailable
+from harness.errors import HarnessError, InvalidInput, ModelUnavailable
 from harness.messages import ModelIdentity, UserMessage, text_of
 from harness.providers import (
     BUILTIN_MODELS,
@@ -68,6 +68,7 @@ from harness.session import (
 from harness.tools import BUILTIN_TOOL_NAMES, ApprovalPolicy, BackgroundJobs, Workspace, builtin_tools, system_prompt
 
 SESSION_NAME_LIMIT = 80
+RETRY_DELAY_VARIABLE = "HARNESS_RETRY_DELAY_MS"
 
 
 class MissingApiKey(HarnessError):
@@ -195,15 +196,30 @@ def local_user() -> str:
         return str(os.getuid())
 
 
+def drive_settings() -> DriveSettings:
+    """How a client's runs are driven: `DriveSettings()`, except that the first retry of a
+    transient provider failure waits `HARNESS_RETRY_DELAY_MS` milliseconds when that is set (each
+    later one twice the one before, as `RetryPolicy` says; 0 retries at once). `InvalidInput`
+    when it is not a whole number of milliseconds."""
+    drive = DriveSettings()
+    delay = os.environ.get(RETRY_DELAY_VARIABLE)
+    if delay is None:
+        return drive
+    if not delay.strip().isdigit():
+        raise InvalidInput(f"{RETRY_DELAY_VARIABLE} is a whole number of milliseconds, not {delay!r}",
+                           variable=RETRY_DELAY_VARIABLE, value=delay)
+    return replace(drive, retry=replace(drive.retry, base_delay_ms=int(delay)))
+
+
 def client_setup(registry: ModelRegistry, workspace: Workspace, home: Path, approval: BeforeTool, jobs: BackgroundJobs,
                  *, drive: DriveSettings | None = None, listeners: Sequence[Listener] = ()) -> ConversationSetup:
     """What a client's conversations run with: `registry`'s models (its `fast_identity` for
     `/fast`), the built-in tools working in `workspace.root` (or in the conversation's project)
     with `approval` as their `before_tool` hook and background commands tracked in `jobs`,
     projects listed from `home/projects.toml`, and the `general` agent to delegate to (CE-18). The
-    terminal and `harness serve` both build theirs here."""
+    terminal and `harness serve` both build theirs here; `drive` defaults to `drive_settings()`."""
     return ConversationSetup(
-        models=registry, system_prompt=system_prompt(workspace), drive=drive or DriveSettings(),
+        models=registry, system_prompt=system_prompt(workspace), drive=drive or drive_settings(),
         hooks=RunHooks(before_tool=approval), listeners=listeners, directory=workspace.root,
         projects_file=home / PROJECTS_FILE, running_jobs=jobs.running, fast_model=registry.fast_identity,
         tools_for=lambda target: builtin_tools(workspace, directory=lambda: target.directory, jobs=jobs,
@@ -279,7 +295,7 @@ async def attach_client(
     checked before anything is written: `ModelUnavailable`, `MissingApiKey`. A new lane gets the
     built-in and delegation tools as its active tools (when `offers_tools`; `tools` True or False decides instead;
     `tools=False` raises `LaneHasTools` for an existing lane that has some). A new session is named
-    from `name_from`. `drive` defaults to `DriveSettings()` (compaction fits itself to the model).
+    from `name_from`. `drive` defaults to `drive_settings()` (compaction fits itself to the model).
     With `require_model=False` a lane whose configured model is not usable is still attached (to
     read it, or switch its model), with `Attached.model` None; a `model` given here must be usable
     all the same. Also raises

@@ -493,9 +493,10 @@ class Lane:
 
         Fenced: another current operation raises `OperationMismatch`; an operation that already
         settled returns its result. A drive already running here is joined, not repeated.
-        `wait_for_retry=False` returns `WaitingRetry` instead of waiting out a retry; with
-        `poll_deferred` a deferred reply is fetched once. Cancelling `context` stops waiting for
-        the outcome; it does not abort the run (HA-22: use `request_abort`)."""
+        `wait_for_retry=False` returns `WaitingRetry` instead of waiting out a retry that is not
+        due yet (a due one is made); with `poll_deferred` a deferred reply is fetched once.
+        Cancelling `context` stops waiting for the outcome; it does not abort the run (HA-22: use
+        `request_abort`)."""
         async def plan(m: SessionMutator) -> Decision[asyncio.Task[DriveOutcome] | Settled]:
             current, last = self.projection.state.current_operation_id, self.projection.last_result
             drive = self.active_drive

@@ -11,10 +11,11 @@ Statements name tables unqualified: the URL's `search_path` (libpq `options`) pi
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hashlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import psycopg
@@ -225,12 +226,18 @@ class WorkRow:
 
 @dataclass(eq=False)
 class PostgresClaim:
-    """A claim: `connection` is dedicated to it and holds the advisory lock on `lock_key`."""
+    """A claim: `connection` is dedicated to it and holds the advisory lock on `lock_key`.
+
+    `in_use` is held by whatever runs on the connection (a commit, the release, a lease renewal):
+    psycopg serializes single statements only, and a statement sent between the statements of a
+    pipelined commit, or while it ends its pipeline, leaves the connection busy with a result
+    nobody reads, so the next commit fails as if the connection were lost."""
 
     session_id: str
     epoch: int
     connection: Connection
     lock_key: int
+    in_use: asyncio.Lock = field(default_factory=asyncio.Lock)
 
 
 class PostgresBackend:
@@ -432,7 +439,8 @@ class PostgresBackend:
                 return await self._commit(conn, session_id, writes, None)
         owned = _postgres_claim(claim)
         try:
-            return await self._commit(owned.connection, session_id, writes, owned)
+            async with owned.in_use:
+                return await self._commit(owned.connection, session_id, writes, owned)
         except psycopg.Error as error:
             if not owned.connection.closed:
                 if isinstance(error, psycopg.OperationalError | psycopg.InterfaceError):
@@ -499,24 +507,32 @@ class PostgresBackend:
         """Take the session's advisory lock on a new dedicated connection and bump its epoch.
 
         `SessionOwned` if another claim (here or in another process) holds it, or an unowned
-        commit is in flight; `SessionNotFound` for an unknown session."""
+        commit is in flight; `SessionNotFound` for an unknown session; `StoreUnavailable` when
+        the claim connection cannot be opened or breaks (too many clients, a restart), holding
+        nothing."""
         key = self._lock_key(session_id)
         url = make_conninfo(self.url, application_name=LEASE_APPLICATION) if self.leases else self.url
-        conn = await psycopg.AsyncConnection.connect(url, autocommit=True)
         try:
-            if not _scalar(await (await conn.execute("SELECT pg_try_advisory_lock(%s)", (key,))).fetchone()):
-                raise SessionOwned(f"session {session_id} is owned by another process or harness",
-                                   session_id=session_id)
-            cur = await conn.execute(
-                "UPDATE sessions SET owner_epoch = owner_epoch + 1 WHERE id = %s RETURNING owner_epoch",
-                (session_id,),
-            )
-            row = await cur.fetchone()
-            if row is None:
-                raise SessionNotFound(f"no session {session_id}", session_id=session_id)
-        except BaseException:
-            await conn.close()
-            raise
+            conn = await psycopg.AsyncConnection.connect(url, autocommit=True)
+            try:
+                if not _scalar(await (await conn.execute("SELECT pg_try_advisory_lock(%s)", (key,))).fetchone()):
+                    raise SessionOwned(f"session {session_id} is owned by another process or harness",
+                                       session_id=session_id)
+                cur = await conn.execute(
+                    "UPDATE sessions SET owner_epoch = owner_epoch + 1 WHERE id = %s RETURNING owner_epoch",
+                    (session_id,),
+                )
+                row = await cur.fetchone()
+                if row is None:
+                    raise SessionNotFound(f"no session {session_id}", session_id=session_id)
+            except BaseException:
+                await conn.close()
+                raise
+        except psycopg.OperationalError as error:
+            # Typed, as every other store failure is: a claimant (a worker) backs off from it,
+            # where a bare driver error would end its drive task unexplained.
+            raise StoreUnavailable(f"cannot claim session {session_id}: {error}", session_id=session_id,
+                                   sqlstate=error.sqlstate) from error
         claim = PostgresClaim(session_id, row[0], conn, key)
         self._claims.add(claim)
         return claim
@@ -529,11 +545,15 @@ class PostgresBackend:
         # backend has exited, and a claimant right after this call must find the session free.
         # A connection that already died took its lock with it, so its error is of no interest.
         # The notification tells every listening worker that the session may hold work now.
-        with contextlib.suppress(psycopg.Error):
-            if not owned.connection.closed:
-                await owned.connection.execute("SELECT pg_advisory_unlock(%s), pg_notify(%s, %s)",
-                                               (owned.lock_key, self.channel, owned.session_id))
-        await owned.connection.close()
+        # Under `in_use`: closing a connection a renewal is still reading from would leave that
+        # socket registered with the event loop, and a connection that reuses its descriptor
+        # number would then never be woken.
+        async with owned.in_use:
+            with contextlib.suppress(psycopg.Error):
+                if not owned.connection.closed:
+                    await owned.connection.execute("SELECT pg_advisory_unlock(%s), pg_notify(%s, %s)",
+                                                   (owned.lock_key, self.channel, owned.session_id))
+            await owned.connection.close()
 
     async def post(self, session_id: str, writes: Sequence[SetValue], context: Context) -> CommitResult:
         """Commit `writes` beside any owner (no lock probe; the session row's lock orders it with
@@ -570,12 +590,16 @@ class PostgresBackend:
 
     async def renew_claims(self, context: Context) -> None:
         """Keep every lease of this backend alive: a statement on each claim connection, which
-        resets the idle time a claimant measures. A connection that died is left to its owner's
-        next commit (`OwnershipLost`)."""
+        resets the idle time a claimant measures. A connection in use is skipped: whatever runs
+        on it resets that time itself, and waiting for it would delay the other renewals. A
+        connection that died is left to its owner's next commit (`OwnershipLost`)."""
         for claim in list(self._claims):
-            with contextlib.suppress(psycopg.Error):
-                if not claim.connection.closed:
-                    await claim.connection.execute("SELECT 1")
+            if claim.in_use.locked():
+                continue
+            async with claim.in_use:
+                with contextlib.suppress(psycopg.Error):
+                    if not claim.connection.closed:
+                        await claim.connection.execute("SELECT 1")
 
     def listen(self) -> AsyncIterator[str]:
         """The session ids notified on `channel` (releases, posted requests), from a dedicated

@@ -302,8 +302,10 @@ def _recovers_overflow(op: DrivenOperation, intent: EffectPending, error: Provid
 
 
 async def wait_retry(op: DrivenOperation, state: AssistantRetryWait) -> DriveOutcome | Transition | None:
-    """Wait out a retry's backoff, then make the attempt; or hand the wait back to the caller."""
-    if not op.wait_for_retry:
+    """Wait out a retry's backoff, then make the attempt; or hand a wait not yet over back to the
+    caller. A retry that is due is made at once either way: handing it back would leave a caller
+    that waits for `not_before` (a worker) nothing to wait for, and it would drive again for ever."""
+    if not op.wait_for_retry and state.not_before > op.settings.clock():
         return WaitingRetry(operation_id=op.operation_id, not_before=state.not_before)
     if await op.wait_until(state.not_before):
         return await generate(op, AssistantReady(generation=state.generation, next_attempt=state.next_attempt))
