@@ -178,7 +178,8 @@ async def serving(app: Any) -> AsyncIterator[str]:
     """`app` on uvicorn, on a free loopback port in this event loop; yields its base URL."""
     listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     listener.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
+    # Keep-alive past the slowest turn: a client reusing a connection the server just timed out gets a ReadError.
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on", timeout_keep_alive=300))
     task = asyncio.create_task(server.serve(sockets=[listener]))
     while not server.started:  # uvicorn sets a flag, not an event
         if task.done():
