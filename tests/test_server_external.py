@@ -245,16 +245,14 @@ def test_harness_serve_with_external_workers_on_sqlite_is_a_usage_error(tmp_path
 
 
 @pytest.mark.postgres
-async def test_the_doors_that_would_drive_answer_external_mode_unsupported(store: Store, ctx: Context) -> None:
-    """The AI SDK and LangGraph doors and `/compact` would drive in the API process: 501 with a
-    stable code, and no conversation is left attached."""
+async def test_compact_answers_external_mode_unsupported(store: Store, ctx: Context) -> None:
+    """`/compact` (its route and the typed command) would drive a summary in the API process: 501
+    with a stable code, and no conversation is left attached."""
     service = ConversationService(store)
     app = create_app(service, LocalUser(USER), new_lane=_lane, options=EXTERNAL)
     async with asgi_client(app) as client:
         conversation_id = (await client.post("/api/conversations", json={})).json()["id"]
         answers = [
-            await client.post("/api/chat", json={"id": conversation_id, "messages": []}),
-            await client.post(f"/threads/{conversation_id}/runs", json={"input": {}}),
             await client.post(f"/api/conversations/{conversation_id}/compact", json={}),
             await client.post(f"/api/conversations/{conversation_id}/command", json={"line": "/compact"}),
         ]
@@ -262,7 +260,7 @@ async def test_the_doors_that_would_drive_answer_external_mode_unsupported(store
         read = await client.get(f"/api/conversations/{conversation_id}")
 
     assert [(answer.status_code, answer.json()["code"]) for answer in answers] == [
-        (501, "external_mode_unsupported")] * 4
+        (501, "external_mode_unsupported")] * 2
     assert renamed.status_code == 200
     assert (read.status_code, read.json()["name"]) == (200, "notes")
     # Nothing attached: another process could take the conversation at once.
