@@ -395,7 +395,7 @@ async def _create_run(state: ServerState, user: str, thread_id: str, body: RunCr
             await conversation.harness.set_value(THREAD_RUNS, [*runs, record.run_id], context)
             made.append(record)
 
-        await state.start_turn(user, thread_id, text, context, before_drive=keep, replacing=current is not None)
+        await state.start_turn(user, thread_id, text, context, before_drive=keep)
     return made[0], True
 
 

@@ -21,6 +21,7 @@ from harness.server.drives import Drives
 from harness.server.errors import ConversationHeld, ExternalModeUnsupported, Unauthorized
 from harness.session import (
     CancelRequested,
+    ChangeSubscription,
     LaneConfig,
     QueueRequest,
     Session,
@@ -36,8 +37,8 @@ HEARTBEAT_S = 15.0
 """How often a quiet event stream sends a heartbeat comment, so proxies keep it open."""
 
 RELEASE_WAIT_S = 10.0
-"""How long a turn admitted right after the run it replaces waits for the worker that drove that
-run to let go of the conversation (external workers), before it is `ConversationHeld`."""
+"""How long a turn waits for a worker that holds the conversation with no run open (it lets go
+right after a run settles) to let go of it (external workers), before it is `ConversationHeld`."""
 
 RELEASE_POLL_S = 0.02
 """How often such a turn tries again meanwhile: a release notifies the workers' channel, not the
@@ -222,17 +223,17 @@ class ServerState:
             self.drives.start(conversation, lane, operation_id)
 
     async def start_turn(self, user: str, conversation_id: str, text: str, context: Context, *,
-                         images: Sequence[ImageContent] = (), before_drive: BeforeDrive | None = None,
-                         replacing: bool = False) -> tuple[Conversation, AcceptedRun]:
+                         images: Sequence[ImageContent] = (),
+                         before_drive: BeforeDrive | None = None) -> tuple[Conversation, AcceptedRun]:
         """Admit a prompt in `user`'s conversation (`ConversationService.admit`), await
         `before_drive` on it, and drive it in a task of the server; returns as soon as the run
         is durable. With external workers: admit and close (the release wakes a worker), never
-        drive; `ConversationHeld` while a worker holds the conversation, except that a turn
-        `replacing` a run that just settled waits up to `RELEASE_WAIT_S` for its worker to let
-        go. Raises what `admit` raises (`LaneBusy` while a run is open, `PromptTooLarge`,
-        `ConversationEnded`, ...)."""
+        drive; `ConversationHeld` while a worker holds the conversation with a run open, and
+        when one that holds it with none (it lets go right after a run settles) has not let go
+        within `RELEASE_WAIT_S`. Raises what `admit` raises (`LaneBusy` while a run is open,
+        `PromptTooLarge`, `ConversationEnded`, ...)."""
         deadline = time.monotonic() + RELEASE_WAIT_S
-        changes = self.service.store.changes.subscribe(conversation_id) if self.external and replacing else None
+        changes: ChangeSubscription | None = None
         try:
             while True:
                 try:
@@ -243,7 +244,11 @@ class ServerState:
                         self.drive(conversation, conversation.lane.name, accepted.operation_id)
                     return conversation, accepted
                 except ConversationHeld:
-                    if changes is None or time.monotonic() >= deadline:
+                    if changes is None:
+                        changes = self.service.store.changes.subscribe(conversation_id)
+                    session = await self.service.store.open_session(conversation_id, context)
+                    lane = await session.get(addresses.lane_state(MAIN_LANE), context)
+                    if (lane is not None and lane.current_operation_id is not None) or time.monotonic() >= deadline:
                         raise
                     await changes.wait(RELEASE_POLL_S)
         finally:
