@@ -3,7 +3,8 @@ them, so `langgraph_sdk.get_client(url=...)` works against `harness serve` (issu
 
 A thread is a conversation (thread id = conversation id), a run one harness operation on its main
 lane (run id = operation id), and the one assistant the server's agent. What a run streams is
-rendered by `langgraph_wire` from the journal and the lane's watch, so a stream resumed with
+rendered by `langgraph_wire` from the journal and the lane's events (`ServerState.watch`: the live
+watch, or with external workers a follow of the lane a worker drives), so a stream resumed with
 `Last-Event-ID` (after a dropped connection or a server restart) continues exactly where it was.
 The door keeps a small record per run beside the conversation (`langgraph.run`): the assistant,
 stream modes and strategy it was asked with, the branch tip it started from and where the lane's

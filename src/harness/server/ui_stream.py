@@ -2,7 +2,8 @@
 parts, as `useChat` and the `ai` package's `DefaultChatTransport` read it, and its routes:
 `POST /api/chat` starts a turn and streams it, `GET /api/chat/{id}/stream` resumes the turn in
 progress from its start (204 when none is), `POST /api/chat/{id}/stop` stops it durably. The chat id
-is the conversation's id.
+is the conversation's id. With external workers the turn is admitted for them and the stream
+follows the lane they drive (`ServerState.watch`), the same parts either way.
 
 A run is one UI message whose id is the run's operation id, so a client that resumes the stream
 replaces the message it has instead of adding a second one. `RunParts` turns the run into parts:
