@@ -418,12 +418,14 @@ async def test_the_ai_sdk_door_streams_resumes_and_stops_a_turn_a_worker_drives(
             await release()
             replayed = await asyncio.wait_for(resumed, 15)
 
-            stopping = asyncio.ensure_future(ui_parts(client, "POST", "/api/chat", lambda parts: parts[-1] == "[DONE]",
-                                                      json=chat_body(conversation_id, "go")))
-            watcher = Watcher(client, conversation_id)
-            await watcher.until(lambda events: any(event.name == "tool_start" for event in events))
-            stopped = await client.post(f"/api/chat/{conversation_id}/stop")
-            aborted = await asyncio.wait_for(stopping, 15)
+            async with holding(postgres_schema_url, tmp_path):  # the second turn's tool waits again
+                stopping = asyncio.ensure_future(ui_parts(client, "POST", "/api/chat",
+                                                          lambda parts: parts[-1] == "[DONE]",
+                                                          json=chat_body(conversation_id, "go")))
+                watcher = Watcher(client, conversation_id)
+                await watcher.until(lambda events: any(event.name == "tool_start" for event in events))
+                stopped = await client.post(f"/api/chat/{conversation_id}/stop")
+                aborted = await asyncio.wait_for(stopping, 15)
 
     assert cut[0]["type"] == "start"
     assert replayed[0] == cut[0]
