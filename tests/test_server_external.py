@@ -9,6 +9,7 @@ HARNESS_TEST_POSTGRES_URL set, except the checks of what external mode refuses.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import os
 import signal
 import subprocess
@@ -17,19 +18,25 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
+from typing import Any
 
 import httpx
 import psycopg
 import pytest
+from langgraph_sdk import get_client
+from langgraph_sdk.errors import APIStatusError
+from langgraph_sdk.schema import StreamPart
 
 from harness.context import Context
 from harness.conversation import ConversationService
 from harness.messages import ModelIdentity
 from harness.runtime import read_lane_events
-from harness.server import LocalUser, ServerOptions, create_app
+from harness.server import LocalUser, ServerOptions, create_app, parse_event_id
 from harness.session import LaneConfig, LaneLastResult, Store, WorkNeedsPostgres, addresses, connect
 from server_helpers import SseEvent, asgi_client, serving, sse_until
 from test_cli_sessions import harness
+from test_server_ai_sdk import chat_body, parts_of
+from test_server_langgraph import MODES, ask, durable, read_until, says, text_of
 from worker_child import CONFIG, LEDGER_TABLE, POLL_VARIABLE, hold_key
 
 CHILD = Path(__file__).parent / "worker_child.py"
@@ -245,16 +252,14 @@ def test_harness_serve_with_external_workers_on_sqlite_is_a_usage_error(tmp_path
 
 
 @pytest.mark.postgres
-async def test_the_doors_that_would_drive_answer_external_mode_unsupported(store: Store, ctx: Context) -> None:
-    """The AI SDK and LangGraph doors and `/compact` would drive in the API process: 501 with a
-    stable code, and no conversation is left attached."""
+async def test_compact_answers_external_mode_unsupported(store: Store, ctx: Context) -> None:
+    """`/compact` (its route and the typed command) would drive a summary in the API process: 501
+    with a stable code, and no conversation is left attached."""
     service = ConversationService(store)
     app = create_app(service, LocalUser(USER), new_lane=_lane, options=EXTERNAL)
     async with asgi_client(app) as client:
         conversation_id = (await client.post("/api/conversations", json={})).json()["id"]
         answers = [
-            await client.post("/api/chat", json={"id": conversation_id, "messages": []}),
-            await client.post(f"/threads/{conversation_id}/runs", json={"input": {}}),
             await client.post(f"/api/conversations/{conversation_id}/compact", json={}),
             await client.post(f"/api/conversations/{conversation_id}/command", json={"line": "/compact"}),
         ]
@@ -262,7 +267,7 @@ async def test_the_doors_that_would_drive_answer_external_mode_unsupported(store
         read = await client.get(f"/api/conversations/{conversation_id}")
 
     assert [(answer.status_code, answer.json()["code"]) for answer in answers] == [
-        (501, "external_mode_unsupported")] * 4
+        (501, "external_mode_unsupported")] * 2
     assert renamed.status_code == 200
     assert (read.status_code, read.json()["name"]) == (200, "notes")
     # Nothing attached: another process could take the conversation at once.
@@ -278,3 +283,157 @@ def _text(message: dict[str, object]) -> str:
     assert isinstance(content, list)
     return "".join(str(block.get("text", "")) for block in content if isinstance(block, dict)
                    and block.get("type") == "text")
+
+
+# -- the LangGraph door and the AI SDK door, driven by the worker ---------------------------------
+
+
+@pytest.mark.postgres
+async def test_the_langgraph_client_streams_a_run_a_worker_drives_and_rejoins_it_after_a_cut(
+        store: Store, postgres_schema_url: str, tmp_path: Path) -> None:
+    """The real `langgraph_sdk` against an external-workers API: a thread is made, a run streamed
+    (values and messages-tuple) while the worker drives it, its reply streaming from the frames;
+    the client cuts the stream mid-reply and rejoins with its last event id: in all it gets the
+    run's stream once, equal to a full replay, ending `success`, and the thread's state holds
+    the worker's reply."""
+    app = create_app(ConversationService(store), LocalUser(USER), new_lane=_lane, options=EXTERNAL)
+    with worker(postgres_schema_url, tmp_path):
+        async with serving(app) as base, holding(postgres_schema_url, tmp_path) as release:
+            client = get_client(url=base, api_key=None)
+            thread_id = (await client.threads.create(metadata={"purpose": "external"}))["thread_id"]
+            got: list[StreamPart] = []
+            await read_until(client.runs.stream(thread_id, "harness", input=ask("stream: hi"), stream_mode=MODES),
+                             got, says("streaming hi, "))
+            run_id = got[0].data["run_id"]
+            await release()
+            got += [part async for part in client.runs.join_stream(thread_id, run_id, last_event_id=got[-1].id)]
+            replay = [part async for part in client.runs.join_stream(thread_id, run_id)]
+            thread_state = await client.threads.get_state(thread_id)
+            run = await client.runs.get(thread_id, run_id)
+            await client.aclose()
+
+    ids = [parse_event_id(str(part.id)) for part in got]
+    assert all(earlier < later for earlier, later in itertools.pairwise(ids))
+    assert text_of(got) == text_of(replay) == "streaming hi, then done"
+    assert durable(got) == durable(replay)
+    assert got[-1].data == {"run_id": run_id, "status": "success"}
+    assert run["status"] == "success"
+    assert [part.data for part in got if part.event == "values"][-1] == thread_state["values"]
+    messages: Any = thread_state["values"]
+    assert [(message["type"], message["content"]) for message in messages["messages"]] == [
+        ("human", "stream: hi"), ("ai", "streaming hi, then done")]
+
+
+@pytest.mark.postgres
+async def test_the_langgraph_strategies_and_cancel_reach_the_worker_as_posted_requests(
+        store: Store, postgres_schema_url: str, tmp_path: Path, ctx: Context) -> None:
+    """While the worker runs the ledger tool: `reject` is 409 `lane_busy`, `enqueue` answers the
+    open run and posts its input as a follow-up (the worker queues it), `runs.cancel` posts a
+    stop and the run settles `interrupted`; `interrupt` stops the next run the same way and
+    starts its own once the worker let go, which the worker then drives to `success`."""
+    app = create_app(ConversationService(store), LocalUser(USER), new_lane=_lane, options=EXTERNAL)
+    with worker(postgres_schema_url, tmp_path):
+        async with serving(app) as base, httpx.AsyncClient(base_url=base, timeout=30) as rest, \
+                holding(postgres_schema_url, tmp_path):
+            client = get_client(url=base, api_key=None)
+            thread_id = (await client.threads.create())["thread_id"]
+            watcher = Watcher(rest, thread_id)
+            await watcher.until(lambda events: bool(events))
+            cancelled = await client.runs.create(thread_id, "harness", input=ask("go"))
+            await watcher.until(lambda events: any(event.name == "tool_start" for event in events))
+            with pytest.raises(APIStatusError) as rejected:
+                await client.runs.create(thread_id, "harness", input=ask("again"), multitask_strategy="reject")
+            enqueued = await client.runs.create(thread_id, "harness", input=ask("and then"),
+                                                multitask_strategy="enqueue")
+            await watcher.until(lambda events: any(event.name == "queue_update" for event in events))
+            await client.runs.cancel(thread_id, cancelled["run_id"], wait=True)
+            after_cancel = await client.runs.get(thread_id, cancelled["run_id"])
+            cancelled_parts = [part async for part in client.runs.join_stream(thread_id, cancelled["run_id"])]
+
+            second = Watcher(rest, thread_id)
+            await second.until(lambda events: bool(events))
+            interrupted = await client.runs.create(thread_id, "harness", input=ask("go"))
+            await second.until(lambda events: any(event.name == "tool_start" for event in events))
+            replacing = await client.runs.create(thread_id, "harness", input=ask("steer: instead"),
+                                                 multitask_strategy="interrupt")
+            await client.runs.join(thread_id, replacing["run_id"])
+            statuses = [(await client.runs.get(thread_id, run["run_id"]))["status"]
+                        for run in (interrupted, replacing)]
+            thread_state = await client.threads.get_state(thread_id)
+            await client.aclose()
+
+    assert (rejected.value.status_code, rejected.value.code) == (409, "lane_busy")
+    assert enqueued["run_id"] == cancelled["run_id"]
+    assert after_cancel["status"] == "interrupted"
+    assert cancelled_parts[-1].data == {"run_id": cancelled["run_id"], "status": "interrupted"}
+    assert statuses == ["interrupted", "success"]
+    messages: Any = thread_state["values"]
+    assert messages["messages"][-1]["content"] == "heard steer: instead"
+    result = await last_result(store, thread_id, ctx)
+    assert result is not None
+    assert (result.operation_id, result.outcome) == (replacing["run_id"], "completed")
+
+
+async def ui_parts(client: httpx.AsyncClient, method: str, path: str, until: Callable[[list[Any]], bool], *,
+                   json: Any = None, opened: asyncio.Event | None = None) -> list[Any]:
+    """The UI message stream parts at `path` (`[DONE]` as the string) until `until` accepts
+    them or the stream ends; then the connection is dropped. The first part sets `opened`."""
+    parts: list[Any] = []
+    async with client.stream(method, path, json=json) as response:
+        assert response.status_code == 200, await response.aread()
+        assert response.headers["x-vercel-ai-ui-message-stream"] == "v1"
+        async for line in response.aiter_lines():
+            if line.startswith("data: "):
+                parts += parts_of(line)
+                if opened is not None:
+                    opened.set()
+                if until(parts):
+                    break
+    return parts
+
+
+def ui_text(parts: list[Any]) -> str:
+    return "".join(part["delta"] for part in parts if isinstance(part, dict) and part["type"] == "text-delta")
+
+
+@pytest.mark.postgres
+async def test_the_ai_sdk_door_streams_resumes_and_stops_a_turn_a_worker_drives(
+        store: Store, postgres_schema_url: str, tmp_path: Path) -> None:
+    """`POST /api/chat` on an external-workers API admits the turn for the worker and streams it
+    as UI message parts from the follow; the client drops it mid-reply and `GET
+    /api/chat/{id}/stream` replays the same message (same id) from its start and goes on live to
+    `finish`; a second turn's stream, stopped with `POST /api/chat/{id}/stop`, ends with
+    `abort`, the stop posted for the worker."""
+    app = create_app(ConversationService(store), LocalUser(USER), new_lane=_lane, options=EXTERNAL)
+    with worker(postgres_schema_url, tmp_path):
+        async with serving(app) as base, httpx.AsyncClient(base_url=base, timeout=30) as client, \
+                holding(postgres_schema_url, tmp_path) as release:
+            conversation_id = (await client.post("/api/conversations", json={})).json()["id"]
+            cut = await ui_parts(client, "POST", "/api/chat", lambda parts: ui_text(parts) == "streaming hi, ",
+                                 json=chat_body(conversation_id, "stream: hi"))
+            replaying = asyncio.Event()
+            resumed = asyncio.ensure_future(ui_parts(client, "GET", f"/api/chat/{conversation_id}/stream",
+                                                     lambda parts: parts[-1] == "[DONE]", opened=replaying))
+            await asyncio.wait_for(replaying.wait(), 15)
+            await release()
+            replayed = await asyncio.wait_for(resumed, 15)
+
+            async with holding(postgres_schema_url, tmp_path):  # the second turn's tool waits again
+                stopping = asyncio.ensure_future(ui_parts(client, "POST", "/api/chat",
+                                                          lambda parts: parts[-1] == "[DONE]",
+                                                          json=chat_body(conversation_id, "go")))
+                watcher = Watcher(client, conversation_id)
+                await watcher.until(lambda events: any(event.name == "tool_start" for event in events))
+                stopped = await client.post(f"/api/chat/{conversation_id}/stop")
+                aborted = await asyncio.wait_for(stopping, 15)
+
+    assert cut[0]["type"] == "start"
+    assert replayed[0] == cut[0]
+    assert ui_text(replayed) == "streaming hi, then done"
+    assert replayed[-2:] == [{"type": "finish", "finishReason": "stop"}, "[DONE]"]
+    assert stopped.status_code == 202
+    assert stopped.json()["requested"] is True
+    assert aborted[0]["type"] == "start"
+    assert aborted[0]["messageId"] == stopped.json()["operation_id"]
+    assert [part["type"] for part in aborted if isinstance(part, dict)].count("tool-input-available") == 1
+    assert aborted[-2:] == [{"type": "abort", "reason": "user"}, "[DONE]"]

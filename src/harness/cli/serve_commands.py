@@ -38,7 +38,8 @@ def serve_command(
         "processes on the same PostgreSQL store; this server only accepts, reads, watches and wakes them). "
         "With external workers tool approvals cannot be answered over HTTP: each worker's own policy "
         "decides (`harness worker --yes` runs every call, else the calls that change things are refused); "
-        "the AI SDK and LangGraph routes and /compact answer 501 external_mode_unsupported.")] = "in-process",
+        "the AI SDK and LangGraph doors admit for the workers and stream what they drive; /compact "
+        "answers 501 external_mode_unsupported.")] = "in-process",
     store: StoreOption = None,
 ) -> None:
     """Serve the HTTP API (OpenAPI at /docs) on the store; turns it accepts are driven here, and

@@ -76,6 +76,8 @@ from harness.runtime import (
     HarnessEvent,
     Lane,
     LaneBusy,
+    LaneEventPage,
+    LaneFollow,
     LaneSnapshot,
     LaneWatch,
     Listener,
@@ -86,6 +88,7 @@ from harness.runtime import (
     ToolCallRequest,
     ToolOutput,
     ValueUpdate,
+    read_lane_events,
 )
 from harness.session import (
     CustomMessagePayload,
@@ -230,25 +233,79 @@ def conversation_events(event: HarnessEvent) -> list[ConversationEvent]:
     return [event]
 
 
+class LaneEvents:
+    """One lane from now on, however it is watched: `snapshot`, then through `async for` every
+    `HarnessEvent` after it (durable ones with their `event_seq`, `MessageUpdate`s of the
+    streaming reply between them), with `reader` for the session's records and `read_events` for
+    the lane's event log. Made from the owner's `Lane.watch` (`of_watch`) or from a follow of a
+    lane another process drives (`of_follow`), so a door reads either the same way.
+
+    Iteration ends at `close()`; it raises what the source raises: `WatchOverflow` (a watch whose
+    reader fell behind) or `FollowBehind` (a follow whose position left the log), after which the
+    reader watches again, and the store's errors."""
+
+    def __init__(self, snapshot: LaneSnapshot, reader: SessionReader, events: AsyncIterator[HarnessEvent],
+                 buffered: Callable[[], list[HarnessEvent]], close: Callable[[], None]) -> None:
+        self.snapshot = snapshot
+        self.reader = reader
+        self._events = events
+        self._buffered = buffered
+        self._close = close
+
+    @classmethod
+    def of_watch(cls, watch: LaneWatch, reader: SessionReader) -> LaneEvents:
+        """The events of the owner's watch (`Lane.watch`) of a lane of `reader`'s session."""
+
+        async def events() -> AsyncIterator[HarnessEvent]:
+            async for delivery in watch:
+                yield delivery.event
+
+        return cls(watch.snapshot, reader, events(), lambda: [delivery.event for delivery in watch.buffered()],
+                   watch.close)
+
+    @classmethod
+    def of_follow(cls, follow: LaneFollow, reader: SessionReader) -> LaneEvents:
+        """The events of a follow (`follow_lane`) of a lane of `reader`'s session. A follow
+        reads the log as it is iterated, so nothing is ever delivered and unread: `buffered` is
+        always empty."""
+        return cls(follow.snapshot, reader, aiter(follow), list, follow.close)
+
+    def __aiter__(self) -> AsyncIterator[HarnessEvent]:
+        return self._events
+
+    def buffered(self) -> list[HarnessEvent]:
+        """Take the events already delivered and not yet read, in order, without waiting (see
+        `LaneWatch.buffered`)."""
+        return self._buffered()
+
+    async def read_events(self, after_seq: int | None, limit: int, context: Context) -> LaneEventPage:
+        """The lane's logged events after `after_seq`, at most `limit` (`read_lane_events`)."""
+        return await read_lane_events(self.reader, self.snapshot.lane, after_seq, limit, context)
+
+    def close(self) -> None:
+        """Stop: iteration ends at its next step. Idempotent."""
+        self._close()
+
+
 class ConversationWatch:
     """A conversation's snapshot, then every later event, with chat-event rows and replies'
-    blocks typed (CE-24, CE-26)."""
+    blocks typed (CE-24, CE-26), from a lane's events (`LaneEvents`): the owner's watch or a
+    follow of the lane another process drives."""
 
-    def __init__(self, watch: LaneWatch) -> None:
-        self._watch = watch
-        self._deliveries = watch.__aiter__()
+    def __init__(self, events: LaneEvents) -> None:
+        self.events = events
+        self._deliveries = aiter(events)
         self._ready: deque[ConversationEvent] = deque()  # events of a delivery not yet read
-        self.snapshot: LaneSnapshot = watch.snapshot
-        self.rows = chat_event_rows(watch.snapshot.transcript)
-        self.delegations: list[DelegationView] = delegation_rows(watch.snapshot.transcript)
+        self.snapshot: LaneSnapshot = events.snapshot
+        self.rows = chat_event_rows(events.snapshot.transcript)
+        self.delegations: list[DelegationView] = delegation_rows(events.snapshot.transcript)
 
     def __aiter__(self) -> ConversationWatch:
         return self
 
     async def __anext__(self) -> ConversationEvent:
         while not self._ready:
-            delivery = await anext(self._deliveries)
-            self._ready.extend(conversation_events(delivery.event))
+            self._ready.extend(conversation_events(await anext(self._deliveries)))
         return self._ready.popleft()
 
     def buffered(self) -> list[ConversationEvent]:
@@ -256,14 +313,14 @@ class ConversationWatch:
         reach a watch as they are committed, so a reader that merges the watch with a source told
         synchronously by the run (the server's approvals) reads these first and keeps the order
         in which things happened."""
-        for delivery in self._watch.buffered():
-            self._ready.extend(conversation_events(delivery.event))
+        for event in self.events.buffered():
+            self._ready.extend(conversation_events(event))
         taken = list(self._ready)
         self._ready.clear()
         return taken
 
     def close(self) -> None:
-        self._watch.close()
+        self.events.close()
 
 
 class Conversation:
@@ -330,7 +387,7 @@ class Conversation:
         return await record_chat_event(self.harness, details, context)
 
     async def watch(self, context: Context) -> ConversationWatch:
-        return ConversationWatch(await self.lane.watch(context))
+        return ConversationWatch(LaneEvents.of_watch(await self.lane.watch(context), self.harness.session))
 
 
 class ConversationService:

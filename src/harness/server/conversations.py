@@ -69,10 +69,8 @@ async def create_conversation(body: CreateConversation, user: CurrentUser, state
                               context: RequestContext) -> ConversationOut:
     """A new conversation of the current user, live in this server (with external workers:
     stored and let go)."""
-    conversation = await state.service.create(user, state.new_lane(body.model), context, name=body.name)
-    if state.external:
-        await state.service.close(user, conversation.id, context)
-    return ConversationOut.of(conversation.info)
+    async with state.new_conversation(user, body.model, context, name=body.name) as conversation:
+        return ConversationOut.of(conversation.info)
 
 
 @router.get("/conversations", response_model=list[ConversationOut])

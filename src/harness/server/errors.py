@@ -34,9 +34,9 @@ class ConversationHeld(HarnessError):
 
 
 class ExternalModeUnsupported(HarnessError):
-    """`harness serve --workers external`: this route would drive work or keep a conversation
-    attached in the API process, which that mode never does; use the native routes (`/api/...`
-    messages, steer, follow-up, stop, events). Details `{route}`."""
+    """`harness serve --workers external`: this route would drive work in the API process (a
+    compaction's summary, `/compact`), which that mode never does, and no worker takes it over.
+    Details `{route}`."""
 
     code = "external_mode_unsupported"
 

@@ -3,7 +3,8 @@ them, so `langgraph_sdk.get_client(url=...)` works against `harness serve` (issu
 
 A thread is a conversation (thread id = conversation id), a run one harness operation on its main
 lane (run id = operation id), and the one assistant the server's agent. What a run streams is
-rendered by `langgraph_wire` from the journal and the lane's watch, so a stream resumed with
+rendered by `langgraph_wire` from the journal and the lane's events (`ServerState.watch`: the live
+watch, or with external workers a follow of the lane a worker drives), so a stream resumed with
 `Last-Event-ID` (after a dropped connection or a server restart) continues exactly where it was.
 The door keeps a small record per run beside the conversation (`langgraph.run`): the assistant,
 stream modes and strategy it was asked with, the branch tip it started from and where the lane's
@@ -15,6 +16,7 @@ started the runs after it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import uuid
 import weakref
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
@@ -29,17 +31,21 @@ from pydantic import BaseModel, ConfigDict, JsonValue
 from harness.context import Context
 from harness.conversation import MAIN_LANE, Conversation, ConversationWatch
 from harness.errors import HarnessError, InvalidInput
-from harness.messages import AssistantMessage, UserMessage
+from harness.messages import AssistantMessage
 from harness.runtime import (
+    AcceptedRun,
     EntryAdded,
+    FollowBehind,
     HarnessEvent,
     LaneBusy,
     LaneLastResult,
     MessageStart,
     MessageUpdate,
+    NoActiveOperation,
     RunEnd,
     RunStart,
     WatchOverflow,
+    read_lane_events,
 )
 from harness.server.langgraph_wire import (
     RUN_STATUS,
@@ -62,7 +68,14 @@ from harness.server.langgraph_wire import (
 from harness.server.sse import json_event
 from harness.server.state import CurrentUser, RequestContext, ServerState, State
 from harness.server.streams import REPLAY_PAGE
-from harness.session import AssistantEffectPending, CompactionPayload, DeferredEffectPending, Entry, Session, addresses
+from harness.session import (
+    AssistantEffectPending,
+    CompactionPayload,
+    DeferredEffectPending,
+    Entry,
+    SessionReader,
+    addresses,
+)
 
 router = APIRouter(tags=["langgraph"])
 
@@ -202,16 +215,15 @@ def _run_json(thread_id: str, record: RunRecord, result: LaneLastResult | None) 
 
 
 async def _thread_json(state: ServerState, user: str, thread_id: str, context: Context) -> dict[str, JsonValue]:
-    conversation = await state.service.open(user, thread_id, context)
-    watch = await conversation.watch(context)
+    watch = await state.watch(user, thread_id, context)
     watch.close()
     snapshot = watch.snapshot
     last = snapshot.last_result
     thread_status = ("busy" if snapshot.operation is not None
                      else "error" if last is not None and last.outcome == "failed"
                      else "interrupted" if last is not None and last.outcome == "aborted" else "idle")
-    metadata = await conversation.harness.session.get(THREAD_METADATA, context) or {}
-    info = conversation.info
+    metadata = await watch.reader.get(THREAD_METADATA, context) or {}
+    info = watch.reader.info
     return {"thread_id": thread_id, "created_at": _iso(info.created_at), "updated_at": _iso(info.updated_at),
             "metadata": metadata, "status": thread_status, "values": {"messages": _messages(snapshot.transcript)},
             "interrupts": {}}
@@ -259,29 +271,24 @@ def _thread_lock(state: ServerState, thread_id: str) -> asyncio.Lock:
     return _thread_locks.setdefault((id(state), thread_id), asyncio.Lock())
 
 
-async def _record(session: Session, run_id: str, context: Context) -> RunRecord | None:
-    return await session.get(_run_address(run_id), context)
-
-
-async def _known(conversation: Conversation, run_id: str, context: Context) -> RunRecord:
+async def _known(session: SessionReader, run_id: str, context: Context) -> RunRecord:
     """The door's record of `run_id`; for a run another door started that is still open, one made
     now from its durable meta. Raises `RunNotFound`."""
-    session = conversation.harness.session
-    record = await _record(session, run_id, context)
+    record = await session.get(_run_address(run_id), context)
     if record is not None:
         return record
     meta = await session.get(addresses.operation_meta(run_id), context)
     if meta is None or meta.lane != MAIN_LANE:
-        raise RunNotFound(f"thread {conversation.id} has no run {run_id[:80]!r}", run_id=run_id[:80])
+        raise RunNotFound(f"thread {session.id} has no run {run_id[:80]!r}", run_id=run_id[:80])
     return RunRecord(run_id=run_id, assistant_id=ASSISTANT_ID, stream_mode=["values"], multitask_strategy="reject",
                      metadata={}, created_at=meta.started_at, source_tip_id=meta.source_tip_id, log_after=None)
 
 
-async def _log_events(conversation: Conversation, after: int | None,
+async def _log_events(session: SessionReader, after: int | None,
                       context: Context) -> AsyncGenerator[HarnessEvent, None]:
     """The main lane's logged events after seq `after` (None: from the oldest kept), page by page."""
     while True:
-        page = await conversation.lane.read_events(after, REPLAY_PAGE, context)
+        page = await read_lane_events(session, MAIN_LANE, after, REPLAY_PAGE, context)
         for event in page.events:
             yield event
         if not page.events:
@@ -289,13 +296,13 @@ async def _log_events(conversation: Conversation, after: int | None,
         after = page.events[-1].event_seq
 
 
-async def _logged_items(conversation: Conversation, record: RunRecord, upto: int | None,
+async def _logged_items(session: SessionReader, record: RunRecord, upto: int | None,
                         context: Context) -> AsyncGenerator[RunItem, None]:
     """The run's durable items from the lane's event log, read as they are taken: its `run_start`,
     every `entry_added` after it, and its `run_end`, as far as event `upto` (None: the newest).
     None at all when the log no longer holds the run's start."""
     started = False
-    async with aclosing(_log_events(conversation, record.log_after, context)) as events:
+    async with aclosing(_log_events(session, record.log_after, context)) as events:
         async for event in events:
             seq = event.event_seq
             assert seq is not None, "a logged event carries its seq"
@@ -311,91 +318,92 @@ async def _logged_items(conversation: Conversation, record: RunRecord, upto: int
                 return
 
 
-def _run_gone(conversation: Conversation, record: RunRecord) -> RunNotFound:
-    return RunNotFound(f"run {record.run_id} of thread {conversation.id} has left the lane's event log",
+def _run_gone(session: SessionReader, record: RunRecord) -> RunNotFound:
+    return RunNotFound(f"run {record.run_id} of thread {session.id} has left the lane's event log",
                        run_id=record.run_id)
 
 
-async def _run_items(conversation: Conversation, record: RunRecord, upto: int | None,
+async def _run_items(session: SessionReader, record: RunRecord, upto: int | None,
                      context: Context) -> list[RunItem]:
     """The run's durable items (`_logged_items`) as far as event `upto` (None: the newest). Raises
     `RunNotFound` when the log no longer holds the run's start."""
-    async with aclosing(_logged_items(conversation, record, upto, context)) as logged:
+    async with aclosing(_logged_items(session, record, upto, context)) as logged:
         items = [item async for item in logged]
     if not items:
-        raise _run_gone(conversation, record)
+        raise _run_gone(session, record)
     return items
 
 
-async def _check_held(conversation: Conversation, record: RunRecord, context: Context) -> None:
+async def _check_held(session: SessionReader, record: RunRecord, context: Context) -> None:
     """Raises `RunNotFound` when the lane's log no longer holds the run's start; reads the log
     only as far as that start."""
-    async with aclosing(_logged_items(conversation, record, None, context)) as logged:
+    async with aclosing(_logged_items(session, record, None, context)) as logged:
         if await anext(logged, None) is None:
-            raise _run_gone(conversation, record)
+            raise _run_gone(session, record)
 
 
-async def _run_result(conversation: Conversation, record: RunRecord, context: Context) -> LaneLastResult | None:
+async def _run_result(session: SessionReader, record: RunRecord, context: Context) -> LaneLastResult | None:
     """How the run ended, read from the lane's event log; None while it runs."""
-    last = (await _run_items(conversation, record, None, context))[-1]
+    last = (await _run_items(session, record, None, context))[-1]
     return last.result if isinstance(last, RunSettled) else None
 
 
-async def _until_settled(conversation: Conversation, operation_id: str, context: Context) -> None:
-    """Return once `operation_id` is no longer the lane's current operation."""
-    watch = await conversation.watch(context)
-    try:
-        if watch.snapshot.operation is None or watch.snapshot.operation.id != operation_id:
-            return
-        async for event in watch:
-            if isinstance(event, RunEnd) and event.operation_id == operation_id:
-                return
-    finally:
-        watch.close()
+async def _current_run(session: SessionReader, context: Context) -> str | None:
+    """The main lane's open operation, read from the journal (whoever drives it)."""
+    state = await session.get(addresses.lane_state(MAIN_LANE), context)
+    return state.current_operation_id if state is not None else None
 
 
 async def _create_run(state: ServerState, user: str, thread_id: str, body: RunCreate,
                       context: Context) -> tuple[RunRecord, bool]:
-    """Take a run request on `user`'s thread: a new run driven by the server, or, for `enqueue`
-    while a run is open, its input as that run's follow-up (the open run's record is returned).
-    The second value says whether a new run was made. Everything is checked before any write."""
+    """Take a run request on `user`'s thread: a new run, driven by the server or its workers, or,
+    for `enqueue` while a run is open, its input as that run's follow-up (the open run's record is
+    returned). The second value says whether a new run was made. Everything is checked before any
+    write."""
     assistant_id = _assistant_id(body.assistant_id)
     modes = stream_modes(body.stream_mode)
     strategy = multitask_strategy(body.multitask_strategy)
     text = _input_text(body)
-    conversation = await state.service.open(user, thread_id, context)
     async with _thread_lock(state, thread_id):
-        current = conversation.lane.info().operation
+        session = await state.reader(user, thread_id, context)
+        current = await _current_run(session, context)
         if current is not None:
             if strategy == "reject":
-                raise LaneBusy(f"thread {thread_id} is running {current.id}; wait for it, or ask for multitask "
-                               f"strategy 'enqueue' or 'interrupt'", lane=MAIN_LANE, operation_id=current.id)
+                raise LaneBusy(f"thread {thread_id} is running {current}; wait for it, or ask for multitask "
+                               f"strategy 'enqueue' or 'interrupt'", lane=MAIN_LANE, operation_id=current)
             if strategy == "enqueue":
-                record = await _known(conversation, current.id, context)
-                await conversation.lane.follow_up(UserMessage(content=text), context)
+                record = await _known(session, current, context)
+                await state.queue(user, thread_id, "follow_up", text, context)
                 return record, False
-            await conversation.lane.request_abort("user", context)
-            await _until_settled(conversation, current.id, context)
+            with contextlib.suppress(NoActiveOperation):  # it settled meanwhile
+                await state.stop(user, thread_id, context, operation_id=current)
+            await state.until_settled(user, thread_id, current, context)
         # Read before the run is accepted: its `run_start` is logged after this seq.
-        log_after = (await conversation.lane.read_events(None, 1, context)).newest_seq
-        conversation, accepted = await state.service.admit(user, thread_id, text, context)
-        session = conversation.harness.session
-        meta = await session.get(addresses.operation_meta(accepted.operation_id), context)
-        record = RunRecord(run_id=accepted.operation_id, assistant_id=assistant_id, stream_mode=list(modes),
-                           multitask_strategy=strategy, metadata=body.metadata or {}, created_at=accepted.started_at,
-                           source_tip_id=meta.source_tip_id if meta is not None else None, log_after=log_after)
-        await conversation.harness.set_value(_run_address(record.run_id), record, context)
-        runs = await session.get(THREAD_RUNS, context) or []
-        await conversation.harness.set_value(THREAD_RUNS, [*runs, record.run_id], context)
-    # Driven only once its record is written: a stream always finds where the run began.
-    state.drives.start(conversation, MAIN_LANE, record.run_id)
-    return record, True
+        log_after = (await read_lane_events(session, MAIN_LANE, None, 1, context)).newest_seq
+        made: list[RunRecord] = []
+
+        async def keep(conversation: Conversation, accepted: AcceptedRun) -> None:
+            # Written before the run is driven (or let go for the workers): a stream always finds
+            # where the run began.
+            journal = conversation.harness.session
+            meta = await journal.get(addresses.operation_meta(accepted.operation_id), context)
+            record = RunRecord(run_id=accepted.operation_id, assistant_id=assistant_id, stream_mode=list(modes),
+                               multitask_strategy=strategy, metadata=body.metadata or {},
+                               created_at=accepted.started_at,
+                               source_tip_id=meta.source_tip_id if meta is not None else None, log_after=log_after)
+            await conversation.harness.set_value(_run_address(record.run_id), record, context)
+            runs = await journal.get(THREAD_RUNS, context) or []
+            await conversation.harness.set_value(THREAD_RUNS, [*runs, record.run_id], context)
+            made.append(record)
+
+        await state.start_turn(user, thread_id, text, context, before_drive=keep)
+    return made[0], True
 
 
 # -- streaming ------------------------------------------------------------------------------------
 
 
-async def _branch_back(session: Session, tip: str | None, stop: str | None, context: Context, *,
+async def _branch_back(session: SessionReader, tip: str | None, stop: str | None, context: Context, *,
                        to_compaction: bool) -> list[Entry]:
     """The branch entries from `tip` back to (not including) `stop`, or, `to_compaction`, to the newest
     compaction entry (included), oldest first."""
@@ -438,19 +446,19 @@ async def _sse(parts: AsyncGenerator[Part, None], heartbeat_s: float) -> AsyncIt
         await parts.aclose()
 
 
-async def _run_parts(conversation: Conversation, record: RunRecord, modes: tuple[StreamMode, ...], cursor: Cursor,
-                     context: Context) -> AsyncGenerator[Part, None]:
+async def _run_parts(state: ServerState, user: str, thread_id: str, record: RunRecord,
+                     modes: tuple[StreamMode, ...], cursor: Cursor, context: Context) -> AsyncGenerator[Part, None]:
     """The parts of run `record` after `cursor`: those of its items the lane's log holds, then,
     while it runs, the live ones, until it settles (or the server stops or the client falls too
     far behind, when the stream just ends and the client reconnects with its last id). Raises
     `RunNotFound` when the log no longer holds the run."""
-    session = conversation.harness.session
-    watch: ConversationWatch = await conversation.watch(context)
+    events = await state.watch(user, thread_id, context)
+    session, watch = events.reader, ConversationWatch(events)
     try:
         # The log up to the snapshot, then the watch: every event once, in order.
-        items = await _run_items(conversation, record, watch.snapshot.event_seq or 0, context)
+        items = await _run_items(session, record, watch.snapshot.event_seq or 0, context)
         before = await _branch_back(session, record.source_tip_id, None, context, to_compaction=True)
-        stream = RunStream(run_id=record.run_id, thread_id=conversation.id, modes=modes, before=before, cursor=cursor)
+        stream = RunStream(run_id=record.run_id, thread_id=thread_id, modes=modes, before=before, cursor=cursor)
         for item in items:
             for part in stream.item(item):
                 yield part
@@ -479,26 +487,26 @@ async def _run_parts(conversation: Conversation, record: RunRecord, modes: tuple
                     yield part
                 if stream.ended:
                     return
-        except WatchOverflow:
-            return
+        except (WatchOverflow, FollowBehind):
+            return  # the client reconnects with its last event id
     finally:
         watch.close()
 
 
-async def _reply_id(session: Session, run_id: str, context: Context) -> str | None:
+async def _reply_id(session: SessionReader, run_id: str, context: Context) -> str | None:
     """The entry id reserved for the reply run `run_id` is streaming (HA-24); None when no reply is
     pending any more (it committed, and its entry follows in the watch with all of its text)."""
     state = await session.get(addresses.operation_state(run_id), context)
     return state.response_entry_id if isinstance(state, AssistantEffectPending | DeferredEffectPending) else None
 
 
-async def _event_stream(state: ServerState, conversation: Conversation, record: RunRecord,
+async def _event_stream(state: ServerState, user: str, session: SessionReader, record: RunRecord,
                         modes: tuple[StreamMode, ...], cursor: Cursor, context: Context, *,
                         headers: dict[str, str] | None = None) -> EventSourceResponse:
     """The run's stream after `cursor`; raises `RunNotFound` (404, before any of it is sent) when
     the lane's log no longer holds the run."""
-    await _check_held(conversation, record, context)
-    parts = _run_parts(conversation, record, modes, cursor, context)
+    await _check_held(session, record, context)
+    parts = _run_parts(state, user, session.id, record, modes, cursor, context)
     return EventSourceResponse(_sse(parts, state.options.heartbeat_s), headers={"Cache-Control": "no-store",
                                                                                   **(headers or {})})
 
@@ -546,9 +554,9 @@ async def create_thread(body: ThreadCreate, user: CurrentUser, state: State,
         if body.if_exists == "do_nothing":
             return existing
         raise ThreadExists(f"thread {body.thread_id} exists", thread_id=body.thread_id[:80])
-    conversation = await state.service.create(user, state.new_lane(None), context)
-    if body.metadata:
-        await conversation.harness.set_value(THREAD_METADATA, body.metadata, context)
+    async with state.new_conversation(user, None, context) as conversation:
+        if body.metadata:
+            await conversation.harness.set_value(THREAD_METADATA, body.metadata, context)
     return await _thread_json(state, user, conversation.id, context)
 
 
@@ -604,8 +612,8 @@ async def stream_run(conversation_id: str, body: RunCreate, user: CurrentUser, s
     streams that run, `interrupt` aborts it durably and starts this one once it settled;
     `rollback` is refused (`rollback_unsupported`). Every event has an `id:`."""
     record, _ = await _create_run(state, user, conversation_id, body, context)
-    conversation = await state.service.open(user, conversation_id, context)
-    return await _event_stream(state, conversation, record, stream_modes(body.stream_mode), START, context,
+    session = await state.reader(user, conversation_id, context)
+    return await _event_stream(state, user, session, record, stream_modes(body.stream_mode), START, context,
                                headers=_locations(conversation_id, record.run_id))
 
 
@@ -613,17 +621,16 @@ async def stream_run(conversation_id: str, body: RunCreate, user: CurrentUser, s
 async def list_runs(conversation_id: str, user: CurrentUser, state: State, context: RequestContext,
                     limit: int = 10, offset: int = 0) -> list[dict[str, JsonValue]]:
     """The thread's runs made through this door, newest first."""
-    conversation = await state.service.open(user, conversation_id, context)
-    session = conversation.harness.session
+    session = await state.reader(user, conversation_id, context)
     # Each run's status is read from the lane's log: read no further back than the page reaches.
     wanted = offset + limit if offset >= 0 and limit >= 0 else None
     runs: list[dict[str, JsonValue]] = []
     for run_id in reversed(await session.get(THREAD_RUNS, context) or []):
         if wanted is not None and len(runs) >= wanted:
             break
-        record = await _known(conversation, run_id, context)
+        record = await _known(session, run_id, context)
         try:
-            runs.append(_run_json(conversation_id, record, await _run_result(conversation, record, context)))
+            runs.append(_run_json(conversation_id, record, await _run_result(session, record, context)))
         except RunNotFound:
             continue  # forgotten: it left the lane's event log
     return runs[offset:offset + limit]
@@ -632,9 +639,9 @@ async def list_runs(conversation_id: str, user: CurrentUser, state: State, conte
 @router.get("/threads/{conversation_id}/runs/{run_id}")
 async def get_run(conversation_id: str, run_id: str, user: CurrentUser, state: State,
                   context: RequestContext) -> dict[str, JsonValue]:
-    conversation = await state.service.open(user, conversation_id, context)
-    record = await _known(conversation, run_id, context)
-    return _run_json(conversation_id, record, await _run_result(conversation, record, context))
+    session = await state.reader(user, conversation_id, context)
+    record = await _known(session, run_id, context)
+    return _run_json(conversation_id, record, await _run_result(session, record, context))
 
 
 @router.get("/threads/{conversation_id}/runs/{run_id}/stream")
@@ -644,20 +651,19 @@ async def join_run_stream(conversation_id: str, run_id: str, user: CurrentUser, 
     """The run's stream after `Last-Event-ID` (all of it without one), in the modes it was made
     with unless `stream_mode` asks for others; ends with `end` once the run settled."""
     cursor = _cursor(last_event_id)
-    conversation = await state.service.open(user, conversation_id, context)
-    record = await _known(conversation, run_id, context)
+    session = await state.reader(user, conversation_id, context)
+    record = await _known(session, run_id, context)
     asked = [mode for mode in stream_mode or [] if mode]  # the client sends `stream_mode=` for none
     modes = stream_modes(asked) if asked else tuple(record.stream_mode)
-    return await _event_stream(state, conversation, record, modes, cursor, context)
+    return await _event_stream(state, user, session, record, modes, cursor, context)
 
 
 @router.get("/threads/{conversation_id}/runs/{run_id}/join")
 async def join_run(conversation_id: str, run_id: str, user: CurrentUser, state: State,
                    context: RequestContext) -> JsonValue:
     """Wait for the run to settle; answers the thread's values then."""
-    conversation = await state.service.open(user, conversation_id, context)
-    await _known(conversation, run_id, context)
-    await _until_settled(conversation, run_id, context)
+    await _known(await state.reader(user, conversation_id, context), run_id, context)
+    await state.until_settled(user, conversation_id, run_id, context)
     thread = await _thread_json(state, user, conversation_id, context)
     return thread["values"]
 
@@ -673,13 +679,11 @@ async def cancel_run(conversation_id: str, run_id: str, user: CurrentUser, state
                                   "journaled: cancel with action 'interrupt'")
     if action != "interrupt":
         raise InvalidInput(f"unknown cancel action {action[:40]!r}; use 'interrupt'", action=action[:40])
-    conversation = await state.service.open(user, conversation_id, context)
-    await _known(conversation, run_id, context)
-    current = conversation.lane.info().operation
-    if current is not None and current.id == run_id:
-        await conversation.lane.request_abort("user", context)
+    await _known(await state.reader(user, conversation_id, context), run_id, context)
+    with contextlib.suppress(NoActiveOperation):  # it settled already
+        await state.stop(user, conversation_id, context, operation_id=run_id)
         if wait:
-            await _until_settled(conversation, run_id, context)
+            await state.until_settled(user, conversation_id, run_id, context)
     return Response(status_code=status.HTTP_204_NO_CONTENT if wait else status.HTTP_202_ACCEPTED)
 
 
@@ -689,48 +693,47 @@ async def join_thread_stream(conversation_id: str, user: CurrentUser, state: Sta
     """The thread's runs (made through this door) one after the other, each as its own stream
     would carry it, with ids `{run_id}:{id}`: after `Last-Event-ID`, the rest of that run and every
     later one; without it, from the open run (or the next one) on. Runs until the client leaves."""
-    conversation = await state.service.open(user, conversation_id, context)
+    session = await state.reader(user, conversation_id, context)
     start_run, cursor = None, START
     if last_event_id:
         start_run, _, rest = last_event_id.partition(":")
         cursor = parse_event_id(rest)
-    return EventSourceResponse(_sse(_thread_parts(conversation, start_run, cursor, context),
+    return EventSourceResponse(_sse(_thread_parts(state, user, session, start_run, cursor, context),
                                     state.options.heartbeat_s), headers={"Cache-Control": "no-store"})
 
 
-async def _thread_parts(conversation: Conversation, start_run: str | None, cursor: Cursor,
-                        context: Context) -> AsyncGenerator[Part, None]:
-    session = conversation.harness.session
+async def _thread_parts(state: ServerState, user: str, session: SessionReader, start_run: str | None,
+                        cursor: Cursor, context: Context) -> AsyncGenerator[Part, None]:
     done: set[str] = set()
     runs = await session.get(THREAD_RUNS, context) or []
     if start_run is not None:
         if start_run not in runs:
-            raise RunNotFound(f"thread {conversation.id} has no run {start_run[:80]!r}", run_id=start_run[:80])
+            raise RunNotFound(f"thread {session.id} has no run {start_run[:80]!r}", run_id=start_run[:80])
         done.update(runs[:runs.index(start_run)])
     else:
-        current = conversation.lane.info().operation
-        done.update(run for run in runs if current is None or run != current.id)
+        current = await _current_run(session, context)
+        done.update(run for run in runs if run != current)
     seen: set[str] = set()  # operations already waited past: this door's runs and other doors'
     while True:
         runs = await session.get(THREAD_RUNS, context) or []
         todo = [run for run in runs if run not in done]
         if not todo:
             seen.update(runs)
-            await _next_run(conversation, seen, context)
+            await _next_run(state, user, session.id, seen, context)
             continue
         run_id = todo[0]
         done.add(run_id)
-        record = await _known(conversation, run_id, context)
-        async for part in _run_parts(conversation, record, tuple(record.stream_mode),
+        record = await _known(session, run_id, context)
+        async for part in _run_parts(state, user, session.id, record, tuple(record.stream_mode),
                                      cursor if run_id == start_run else START, context):
             yield Part(f"{run_id}:{part.id}", part.event, part.data)
 
 
-async def _next_run(conversation: Conversation, seen: set[str], context: Context) -> None:
+async def _next_run(state: ServerState, user: str, thread_id: str, seen: set[str], context: Context) -> None:
     """Return once the thread's main lane may have a run to follow: it holds an operation not in
     `seen` (added to it, so an operation of another door, which the thread stream does not follow,
     is returned for once and then waited past), or a run starts, ends or adds an entry."""
-    watch = await conversation.watch(context)
+    watch = await state.watch(user, thread_id, context)
     try:
         operation = watch.snapshot.operation
         if operation is not None and operation.id not in seen:

@@ -3,7 +3,8 @@ dependencies a door module's routes take: the state, the request's Context and t
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Sequence
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Annotated, Literal, Protocol, cast
@@ -12,18 +13,20 @@ from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from harness.context import Context
-from harness.conversation import MAIN_LANE, Conversation, ConversationService
+from harness.conversation import MAIN_LANE, Conversation, ConversationService, LaneEvents
 from harness.messages import ImageContent, ModelIdentity, UserMessage, now_ms
-from harness.runtime import FOLLOW_POLL_S, AbortRequest, AcceptedRun, NoActiveOperation
+from harness.runtime import FOLLOW_POLL_S, AbortRequest, AcceptedRun, NoActiveOperation, RunEnd, follow_lane
 from harness.server.approvals import Approvals
 from harness.server.drives import Drives
 from harness.server.errors import ConversationHeld, ExternalModeUnsupported, Unauthorized
 from harness.session import (
     CancelRequested,
+    ChangeSubscription,
     LaneConfig,
     QueueRequest,
     Session,
     SessionOwned,
+    SessionReader,
     StopRequest,
     Tokens,
     WorkNeedsPostgres,
@@ -32,6 +35,14 @@ from harness.session import (
 
 HEARTBEAT_S = 15.0
 """How often a quiet event stream sends a heartbeat comment, so proxies keep it open."""
+
+RELEASE_WAIT_S = 10.0
+"""How long a turn waits for a worker that holds the conversation with no run open (it lets go
+right after a run settles) to let go of it (external workers), before it is `ConversationHeld`."""
+
+RELEASE_POLL_S = 0.02
+"""How often such a turn tries again meanwhile: a release notifies the workers' channel, not the
+change feed this server listens to, so a commit wakes it early and otherwise it looks again."""
 
 CLIENT_BUFFER = 1_000
 """Events an event stream holds for a client that reads too slowly; past it the stream ends and
@@ -68,6 +79,10 @@ class StoreTokens:
                                "`harness token create USER`" if token is None else "this bearer token is not valid")
         return user
 
+
+BeforeDrive = Callable[[Conversation, AcceptedRun], Awaitable[None]]
+"""What a door writes beside a turn it admitted, on the live conversation, before anything drives
+it (the LangGraph door's run record)."""
 
 NewLane = Callable[[ModelIdentity | None], LaneConfig]
 """The main lane's configuration of a new conversation, given the model a request named (None:
@@ -146,6 +161,61 @@ class ServerState:
         finally:
             await self.service.close(user, conversation_id, context)
 
+    @asynccontextmanager
+    async def new_conversation(self, user: str, model: ModelIdentity | None, context: Context, *,
+                               name: str | None = None) -> AsyncIterator[Conversation]:
+        """A new conversation of `user` on `new_lane(model)`, live for the block; with external
+        workers it is let go when the block ends, as `conversation` does."""
+        conversation = await self.service.create(user, self.new_lane(model), context, name=name)
+        try:
+            yield conversation
+        finally:
+            if self.external:
+                await self.service.close(user, conversation.id, context)
+
+    async def reader(self, user: str, conversation_id: str, context: Context) -> SessionReader:
+        """`user`'s conversation's journal, to read: in-process the live conversation's session;
+        with external workers the session read cold, whoever holds it. Raises `SessionNotFound`
+        and `Forbidden` (another user's)."""
+        if not self.external:
+            return (await self.service.open(user, conversation_id, context)).harness.session
+        await self.service.is_open(user, conversation_id, context)  # the owner check
+        return await self.service.store.open_session(conversation_id, context)
+
+    async def watch(self, user: str, conversation_id: str, context: Context) -> LaneEvents:
+        """The main lane of `user`'s conversation from now on: its snapshot, then every later
+        event (`LaneEvents`); close it when done. In-process the live lane's watch (HA-7); with
+        external workers a follow of the lane the workers drive (`follow_lane`, woken by the
+        store's change notifications, every `follow_poll_s` without them): the same events and
+        ids, the streaming reply from its persisted frames. Raises `SessionNotFound`, `Forbidden`
+        and `StorageCorruption`."""
+        if not self.external:
+            conversation = await self.service.open(user, conversation_id, context)
+            return LaneEvents.of_watch(await conversation.lane.watch(context), conversation.harness.session)
+        await self.service.is_open(user, conversation_id, context)
+        follow = await follow_lane(self.service.store, conversation_id, MAIN_LANE, context,
+                                   poll_s=self.options.follow_poll_s)
+        try:
+            reader = await self.service.store.open_session(conversation_id, context)
+        except BaseException:
+            follow.close()
+            raise
+        return LaneEvents.of_follow(follow, reader)
+
+    async def until_settled(self, user: str, conversation_id: str, operation_id: str, context: Context) -> None:
+        """Return once run `operation_id` is no longer the main lane's open operation, whoever
+        drives it."""
+        events = await self.watch(user, conversation_id, context)
+        try:
+            operation = events.snapshot.operation
+            if operation is None or operation.id != operation_id:
+                return
+            async for event in events:
+                if isinstance(event, RunEnd) and event.operation_id == operation_id:
+                    return
+        finally:
+            events.close()
+
     def drive(self, conversation: Conversation, lane: str, operation_id: str) -> None:
         """Drive an operation accepted during the request: in a task of the server in-process;
         with external workers not here (the conversation's release at the request's end wakes them)."""
@@ -153,32 +223,58 @@ class ServerState:
             self.drives.start(conversation, lane, operation_id)
 
     async def start_turn(self, user: str, conversation_id: str, text: str, context: Context, *,
-                         images: Sequence[ImageContent] = ()) -> tuple[Conversation, AcceptedRun]:
-        """Admit a prompt in `user`'s conversation (`ConversationService.admit`) and drive it in a
-        task of the server; returns as soon as the run is durable. With external workers: admit
-        and close (the release wakes a worker), never drive; `ConversationHeld` while a worker
-        holds the conversation. Raises what `admit` raises (`LaneBusy` while a run is open,
+                         images: Sequence[ImageContent] = (),
+                         before_drive: BeforeDrive | None = None) -> tuple[Conversation, AcceptedRun]:
+        """Admit a prompt in `user`'s conversation (`ConversationService.admit`), await
+        `before_drive` on it, and drive it in a task of the server; returns as soon as the run
+        is durable. With external workers: admit and close (the release wakes a worker), never
+        drive; `ConversationHeld` while a worker holds the conversation with a run open, and
+        when one that holds it with none (it lets go right after a run settles) has not let go
+        within `RELEASE_WAIT_S`. Raises what `admit` raises (`LaneBusy` while a run is open,
         `PromptTooLarge`, `ConversationEnded`, ...)."""
-        async with self.conversation(user, conversation_id, context) as conversation:
-            accepted = await conversation.settings.admit(text, images, context)
-            self.drive(conversation, conversation.lane.name, accepted.operation_id)
-        return conversation, accepted
+        deadline = time.monotonic() + RELEASE_WAIT_S
+        changes: ChangeSubscription | None = None
+        try:
+            while True:
+                try:
+                    async with self.conversation(user, conversation_id, context) as conversation:
+                        accepted = await conversation.settings.admit(text, images, context)
+                        if before_drive is not None:
+                            await before_drive(conversation, accepted)
+                        self.drive(conversation, conversation.lane.name, accepted.operation_id)
+                    return conversation, accepted
+                except ConversationHeld:
+                    if changes is None:
+                        changes = self.service.store.changes.subscribe(conversation_id)
+                    session = await self.service.store.open_session(conversation_id, context)
+                    lane = await session.get(addresses.lane_state(MAIN_LANE), context)
+                    if (lane is not None and lane.current_operation_id is not None) or time.monotonic() >= deadline:
+                        raise
+                    await changes.wait(RELEASE_POLL_S)
+        finally:
+            if changes is not None:
+                changes.close()
 
-    async def stop(self, user: str, conversation_id: str, context: Context) -> AbortRequest:
-        """Record a durable abort (cause `user`) of the conversation's open run, wherever it is
-        driven: the drive stops at its next safe point and answers every open tool call. With
-        external workers the abort is posted for the worker (`Session.post_request`); drained
-        queues are then not known here. Raises `NoActiveOperation` when nothing runs."""
+    async def stop(self, user: str, conversation_id: str, context: Context, *,
+                   operation_id: str | None = None) -> AbortRequest:
+        """Record a durable abort (cause `user`) of the conversation's open run (only if it is
+        `operation_id`, when given), wherever it is driven: the drive stops at its next safe point
+        and answers every open tool call. With external workers the abort is posted for the
+        worker (`Session.post_request`); drained queues are then not known here. Raises
+        `NoActiveOperation` when nothing runs, or another run than `operation_id`."""
         if not self.external:
-            conversation = await self.service.open(user, conversation_id, context)
-            return await conversation.lane.request_abort("user", context)
-        session, operation_id = await self._open_run(user, conversation_id, context)
-        state = await session.get(addresses.operation_state(operation_id), context)
+            lane = (await self.service.open(user, conversation_id, context)).lane
+            current = lane.info().operation
+            _refuse_another_run(conversation_id, operation_id, current.id if current is not None else None)
+            return await lane.request_abort("user", context)
+        session, current_id = await self._open_run(user, conversation_id, context)
+        _refuse_another_run(conversation_id, operation_id, current_id)
+        state = await session.get(addresses.operation_state(current_id), context)
         already = state is not None and isinstance(state.control, CancelRequested)
         if not already:
-            await session.post_request(StopRequest(lane=MAIN_LANE, operation_id=operation_id, cause="user",
+            await session.post_request(StopRequest(lane=MAIN_LANE, operation_id=current_id, cause="user",
                                                    requested_at=now_ms()), context)
-        return AbortRequest(operation_id=operation_id, newly_requested=not already, steer=(), follow_up=())
+        return AbortRequest(operation_id=current_id, newly_requested=not already, steer=(), follow_up=())
 
     async def queue(self, user: str, conversation_id: str, kind: Literal["steer", "follow_up"], text: str,
                     context: Context) -> tuple[str | None, str | None]:
@@ -204,6 +300,11 @@ class ServerState:
         if state is None or state.current_operation_id is None:
             raise NoActiveOperation(f"conversation {conversation_id} has no run open", lane=MAIN_LANE)
         return session, state.current_operation_id
+
+
+def _refuse_another_run(conversation_id: str, wanted: str | None, current: str | None) -> None:
+    if wanted is not None and current != wanted:
+        raise NoActiveOperation(f"run {wanted} of conversation {conversation_id} is not open", lane=MAIN_LANE)
 
 
 def server_state(request: Request) -> ServerState:

@@ -21,9 +21,8 @@ import asyncio
 import contextlib
 import re
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
-from functools import partial
 from typing import Annotated, Generic, TypeVar
 
 from fastapi import APIRouter, Depends, Header
@@ -31,8 +30,8 @@ from fastapi.sse import EventSourceResponse, ServerSentEvent
 from pydantic import BaseModel
 
 from harness.context import Context
-from harness.conversation import MAIN_LANE, Conversation, Forbidden, InstanceEvent, conversation_events
-from harness.runtime import HarnessEvent, LaneEventPage, LaneSnapshot, MessageUpdate, follow_lane, read_lane_events
+from harness.conversation import Forbidden, InstanceEvent, LaneEvents, conversation_events
+from harness.runtime import HarnessEvent, LaneSnapshot, MessageUpdate
 from harness.server.approvals import ApprovalChange
 from harness.server.langgraph_wire import InvalidEventId
 from harness.server.state import CurrentUser, RequestContext, State
@@ -150,16 +149,12 @@ def _snapshot(snapshot: LaneSnapshot, *, reset: bool) -> ServerSentEvent:
     return ServerSentEvent(event="snapshot", id=event_id, data={**snapshot.model_dump(mode="json"), "reset": reset})
 
 
-ReadEvents = Callable[[int | None, int, Context], Awaitable[LaneEventPage]]
-"""A lane's event log read (`Lane.read_events`, or `read_lane_events` on a cold reader)."""
-
-
-async def _replay(read_events: ReadEvents, snapshot: LaneSnapshot, after: WatchPosition,
-                  context: Context) -> list[ServerSentEvent] | None:
-    """The parts after `after` up to the event `snapshot` is current to, from the lane's log, to
-    send instead of the snapshot; None when the log does not hold `after.seq` (trimmed past it, or
-    an id of another lane or store)."""
-    newest = snapshot.event_seq
+async def _replay(watch: LaneEvents, after: WatchPosition, context: Context) -> list[ServerSentEvent] | None:
+    """The parts after `after` up to the event `watch.snapshot` is current to, from the lane's
+    log, to send instead of the snapshot; None when the log does not hold `after.seq` (trimmed
+    past it, or an id of another lane or store)."""
+    read_events = watch.read_events
+    newest = watch.snapshot.event_seq
     if newest is None or after.seq > newest:
         return None
     # Read from event `after.seq` itself: finding it proves the log holds it, and its rows may be unsent.
@@ -183,50 +178,17 @@ async def _replay(read_events: ReadEvents, snapshot: LaneSnapshot, after: WatchP
 # stream starts, where an error inside the stream could only cut it.
 
 
-async def _watched(conversation_id: str, user: CurrentUser, state: State,
-                   context: RequestContext) -> Conversation | None:
-    """The live conversation; None with external workers, where the stream follows the journal
-    (after the owner check)."""
-    if state.external:
-        await state.service.is_open(user, conversation_id, context)
-        return None
-    return await state.service.open(user, conversation_id, context)
-
-
-@dataclass
-class _Watched:
-    """What a conversation's stream reads: a snapshot, the events after it, the lane's log and
-    how to stop. In-process the live lane's watch; with external workers a follow (`follow_lane`)."""
-
-    snapshot: LaneSnapshot
-    events: AsyncIterator[HarnessEvent]
-    read_events: ReadEvents
-    close: Callable[[], None]
-
-
-async def _watch(state: State, conversation_id: str, conversation: Conversation | None,
-                 context: Context) -> _Watched:
-    if conversation is None:
-        follow = await follow_lane(state.service.store, conversation_id, MAIN_LANE, context,
-                                   poll_s=state.options.follow_poll_s)
-        session = await state.service.store.open_session(conversation_id, context)
-        return _Watched(follow.snapshot, aiter(follow), partial(read_lane_events, session, MAIN_LANE), follow.close)
-    watch = await conversation.lane.watch(context)
-
-    async def deliveries() -> AsyncIterator[HarnessEvent]:
-        async for delivery in watch:
-            yield delivery.event
-
-    return _Watched(watch.snapshot, deliveries(), conversation.lane.read_events, watch.close)
+async def _owner_checked(conversation_id: str, user: CurrentUser, state: State, context: RequestContext) -> None:
+    await state.reader(user, conversation_id, context)
 
 
 def _resumed_after(last_event_id: Annotated[str | None, Header()] = None) -> WatchPosition | None:
     return WatchPosition.parse(last_event_id) if last_event_id else None
 
 
-@router.get("/conversations/{conversation_id}/events", response_class=EventSourceResponse)
-async def conversation_events_stream(conversation_id: str,
-                                     conversation: Annotated[Conversation | None, Depends(_watched)],
+@router.get("/conversations/{conversation_id}/events", response_class=EventSourceResponse,
+            dependencies=[Depends(_owner_checked)])
+async def conversation_events_stream(conversation_id: str, user: CurrentUser,
                                      after: Annotated[WatchPosition | None, Depends(_resumed_after)], state: State,
                                      context: RequestContext) -> AsyncIterator[ServerSentEvent]:
     """The conversation live: a `snapshot` event (the lane snapshot: transcript since the newest
@@ -244,7 +206,7 @@ async def conversation_events_stream(conversation_id: str,
     With external workers the stream follows the journal the worker writes (`follow_lane`): the
     same snapshot, ids and resume, the streaming reply from its persisted frames (one
     `frame_interval_s` behind), no approvals (the worker's own policy answers them)."""
-    watch = await _watch(state, conversation_id, conversation, context)
+    watch = await state.watch(user, conversation_id, context)
     buffer: _Buffer[HarnessEvent | ApprovalChange] = _Buffer(state.options.client_buffer)
 
     def on_approval(change: ApprovalChange) -> None:
@@ -258,9 +220,9 @@ async def conversation_events_stream(conversation_id: str,
         return _parts(item)
 
     stop_listening = state.approvals.listen(on_approval)
-    pump = asyncio.create_task(_pump(watch.events, buffer))
+    pump = asyncio.create_task(_pump(aiter(watch), buffer))
     try:
-        replay = None if after is None else await _replay(watch.read_events, watch.snapshot, after, context)
+        replay = None if after is None else await _replay(watch, after, context)
         if replay is None:
             yield _snapshot(watch.snapshot, reset=after is not None)
         else:

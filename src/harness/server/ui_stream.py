@@ -2,7 +2,8 @@
 parts, as `useChat` and the `ai` package's `DefaultChatTransport` read it, and its routes:
 `POST /api/chat` starts a turn and streams it, `GET /api/chat/{id}/stream` resumes the turn in
 progress from its start (204 when none is), `POST /api/chat/{id}/stop` stops it durably. The chat id
-is the conversation's id.
+is the conversation's id. With external workers the turn is admitted for them and the stream
+follows the lane they drive (`ServerState.watch`), the same parts either way.
 
 A run is one UI message whose id is the run's operation id, so a client that resumes the stream
 replaces the message it has instead of adding a second one. `RunParts` turns the run into parts:
@@ -37,11 +38,11 @@ from harness.context import Context
 from harness.conversation import (
     MAIN_LANE,
     ChatEventPublished,
-    Conversation,
     ConversationEvent,
     ConversationWatch,
     DelegationFinished,
     Forbidden,
+    LaneEvents,
     MessageBlocksPublished,
     SenderRow,
     conversation_events,
@@ -559,15 +560,14 @@ async def send(body: ChatRequest, user: CurrentUser, state: State, context: Requ
     answers = approval_answers(newest) if newest is not None and newest.role == "assistant" else None
     text, images = prompt_of(body.messages) if answers is None else ("", [])
     try:
-        conversation = await state.service.open(user, body.id, context)
+        # Watched before the turn is accepted or the calls answered, so what follows is all watched.
+        sources = _Sources(state, body.id, await state.watch(user, body.id, context))
     except (Forbidden, SessionNotFound):
         return not_found(body.id)
-    # Watch before the turn is accepted or the calls answered, so what follows is all watched.
-    sources = _Sources(state, body.id, await conversation.watch(context))
     try:
         if newest is not None and answers is not None:
             parts = RunParts(MAIN_LANE, newest.id)
-            first = await _answer(state, conversation, sources.watch.snapshot, parts, answers, newest, context)
+            first = await _answer(state, body.id, sources.watch, parts, answers, newest, context)
         else:
             _, accepted = await state.start_turn(user, body.id, text, context, images=images)
             parts, first = RunParts(MAIN_LANE, accepted.operation_id), []
@@ -577,13 +577,13 @@ async def send(body: ChatRequest, user: CurrentUser, state: State, context: Requ
     return EventSourceResponse(_stream(sources, parts, first, state.options.heartbeat_s), headers=_STREAM_HEADERS)
 
 
-async def _answer(state: ServerState, conversation: Conversation, snapshot: LaneSnapshot, parts: RunParts,
+async def _answer(state: ServerState, conversation_id: str, watch: ConversationWatch, parts: RunParts,
                   answers: dict[str, Approval], message: UiMessageIn, context: Context) -> list[UiPart]:
     """Answer the calls of run `message.id` that `answers` names, all or none, and return the
-    parts of the run `message` lacks (the replay of `snapshot`, the watch's, as far as it is new
-    to the client)."""
-    meta = await conversation.harness.session.get(addresses.operation_meta(message.id), context)
-    pending = state.approvals.pending(conversation.id)
+    parts of the run `message` lacks (the replay of the watch's snapshot, as far as it is new to
+    the client)."""
+    meta = await watch.events.reader.get(addresses.operation_meta(message.id), context)
+    pending = state.approvals.pending(conversation_id)
     waiting = {call.tool_call_id for call in pending if call.operation_id == message.id}
     unknown = [approval_id for approval_id in answers if approval_id not in waiting]
     if unknown:
@@ -591,10 +591,10 @@ async def _answer(state: ServerState, conversation: Conversation, snapshot: Lane
                                tool_call_id=unknown[0][:80])
     # Replayed before anything is answered (a replay that fails answers nothing), without the
     # calls answered now: the stream must not pause on them.
-    replayed = parts.replay(snapshot, meta.source_tip_id if meta is not None else None,
+    replayed = parts.replay(watch.snapshot, meta.source_tip_id if meta is not None else None,
                             [call for call in pending if call.tool_call_id not in answers])
     for approval_id, answer in answers.items():
-        state.approvals.answer(conversation.id, approval_id, answer)
+        state.approvals.answer(conversation_id, approval_id, answer)
     return unseen(replayed, message)
 
 
@@ -606,15 +606,14 @@ async def resume(conversation_id: str, user: CurrentUser, state: State, context:
     running tools and the calls waiting for approval as the lane's snapshot and the server hold
     them) and then live, as one message with the same id as the stream that started it; 204 when
     no turn is in progress. 404 for a missing conversation or another user's."""
-    conversation = await state.service.open(user, conversation_id, context)
-    sources = _Sources(state, conversation_id, await conversation.watch(context))
+    sources = _Sources(state, conversation_id, await state.watch(user, conversation_id, context))
     snapshot = sources.watch.snapshot
     operation = snapshot.operation
     if operation is None or operation.kind != "run":
         sources.close()
         return Response(status_code=status.HTTP_204_NO_CONTENT)
     try:
-        meta = await conversation.harness.session.get(addresses.operation_meta(operation.id), context)
+        meta = await sources.watch.events.reader.get(addresses.operation_meta(operation.id), context)
         parts = RunParts(MAIN_LANE, operation.id)
         first = parts.replay(snapshot, meta.source_tip_id if meta is not None else None,
                              state.approvals.pending(conversation_id))
@@ -637,8 +636,8 @@ class _Sources:
     """What one stream reads: the conversation's watch and the changes of its approvals, both
     subscribed before anything is read, so nothing between them is missed."""
 
-    def __init__(self, state: ServerState, conversation_id: str, watch: ConversationWatch) -> None:
-        self.watch = watch
+    def __init__(self, state: ServerState, conversation_id: str, events: LaneEvents) -> None:
+        self.watch = ConversationWatch(events)
         self.changes: asyncio.Queue[ApprovalChange] = asyncio.Queue()
 
         def on_change(change: ApprovalChange) -> None:
