@@ -234,3 +234,36 @@ async def test_the_log_keeps_the_newest_events_and_says_when_it_no_longer_holds_
     assert newest.events == ()
     assert not (await rig.lane.read_events((seen[-1].event_seq or 0) + 1000, 100, ctx)).holds  # never reached
     await rig.harness.close(ctx)
+
+
+async def test_the_log_trims_past_a_tenth_over_its_limit_to_its_newest_events_across_a_restart(
+    store: Store, ctx: Context
+) -> None:
+    """A settlement trims a log grown past 1.1 times `event_log_limit` to its newest `limit` events,
+    exactly, though one commit's events share a row; a harness attached again counts on from the
+    log as the last one left it. Every event keeps its id, and a read from any of them, in the
+    middle of a commit's events too, continues with the next."""
+    seen: list[HarnessEvent] = []
+    session = None
+    for _ in range(2):  # a harness, then another attached to the same session
+        rig = await start_rig(store, ctx, script_for(["none"] * 3), tools=[ProbeTool().tool], event_log_limit=20,
+                              session=session)
+        session = rig.session
+        for turn in range(3):
+            watch = await rig.lane.watch(ctx)
+            await within(rig.lane.prompt(f"turn {turn}", None, ctx))
+            seen += durable(await drained(watch))
+            kept = (await rig.lane.read_events(None, 100, ctx)).events
+            assert kept == tuple(seen[-len(kept):])  # the newest, in order, as published
+            assert min(len(seen), 20) <= len(kept) <= 22
+        await rig.harness.close(ctx)
+    seqs = [event.event_seq or 0 for event in seen]
+    assert seqs == sorted(set(seqs))
+    assert len(seen) > 40  # trimmed more than once
+    cold = await store.open_session(rig.session.id, ctx)
+    kept = (await read_lane_events(cold, "main", None, 100, ctx)).events
+    for index in range(len(kept)):
+        page = await read_lane_events(cold, "main", kept[index].event_seq, 100, ctx)
+        assert page.holds
+        assert page.events == kept[index + 1:]
+    assert not (await read_lane_events(cold, "main", (kept[0].event_seq or 0) - 1, 100, ctx)).holds
