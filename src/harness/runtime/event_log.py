@@ -33,13 +33,22 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cache
-from typing import Literal, TypeAlias
+from typing import Any, Literal, TypeAlias, get_args
 
 from pydantic import BaseModel, ConfigDict, JsonValue, TypeAdapter, ValidationError
 
 from harness.context import Context
 from harness.messages import AssistantMessage, Message, ToolResultMessage
-from harness.runtime.events import EntryAdded, HarnessEvent, MessageEnd, MessageStart, RunEnd, TurnEnd, event_lane
+from harness.runtime.events import (
+    EntryAdded,
+    HarnessEvent,
+    MessageEnd,
+    MessageStart,
+    RunEnd,
+    ToolEnd,
+    TurnEnd,
+    event_lane,
+)
 from harness.session import (
     CommitResult,
     CustomMessagePayload,
@@ -101,7 +110,16 @@ class TurnEndOf:
     result_entry_ids: tuple[str, ...] = ()
 
 
-Announcement: TypeAlias = HarnessEvent | EntryEvent | TurnEndOf
+@dataclass(frozen=True)
+class ToolEndOf:
+    """A `tool_end` whose result the same commit places as entry `result_entry_id`: the log keeps
+    the id, not a second copy."""
+
+    event: ToolEnd
+    result_entry_id: str
+
+
+Announcement: TypeAlias = HarnessEvent | EntryEvent | TurnEndOf | ToolEndOf
 """What a job announces before its commit: an event, or one whose messages are entries."""
 
 
@@ -146,20 +164,53 @@ def _optional_fields(kind: type[BaseModel]) -> tuple[tuple[str, object], ...]:
                  if name != "type" and not info.is_required() and info.default_factory is None)
 
 
+@cache
+def _nested_defaults_restored(kind: type[BaseModel]) -> bool:
+    """Whether every model event class `kind` holds gets its left-out defaults back on decoding:
+    none has a field with a default factory (made anew, e.g. a message's timestamp) or a literal
+    with a default (it may tell a union's members apart, as a content block's `type` does)."""
+
+    def restored(annotation: Any, seen: set[type]) -> bool:
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            if annotation in seen:
+                return True
+            seen.add(annotation)
+            return all(info.default_factory is None and (info.is_required() or not _is_literal(info.annotation))
+                       and restored(info.annotation, seen) for info in annotation.model_fields.values())
+        return all(restored(argument, seen) for argument in get_args(annotation))
+
+    return all(restored(info.annotation, {kind}) for name, info in kind.model_fields.items() if name != "type")
+
+
+def _is_literal(annotation: Any) -> bool:
+    return getattr(annotation, "__origin__", None) is Literal
+
+
+def _dumped(event: BaseModel, *, without: set[str]) -> dict[str, JsonValue]:
+    """`event`'s JSON form without `lane`, `event_seq`, the fields `without` and the fields at
+    their defaults, nested ones too where decoding restores them."""
+    if _nested_defaults_restored(type(event)):
+        return {"type": getattr(event, "type"), **event.model_dump(mode="json", exclude_defaults=True,
+                                                                   exclude={"lane", "event_seq", *without})}
+    left_out = {"lane", *without,
+                *(name for name, default in _optional_fields(type(event)) if getattr(event, name) == default)}
+    return event.model_dump(mode="json", exclude=left_out)
+
+
 def _stored(item: Announcement) -> dict[str, JsonValue]:
-    """How `item` is kept in its row: without `lane`, `event_seq` and top-level defaults; an
-    entry's events and a `turn_end` as references to their entries."""
+    """How `item` is kept in its row (`_dumped`); an entry's events, a `turn_end` and a `tool_end`
+    whose messages are entries as references to them."""
     if isinstance(item, EntryEvent):
         return {"type": item.kind, _REF: item.entry_id}
     if isinstance(item, TurnEndOf):
-        end = item.event
-        stored: dict[str, JsonValue] = {"type": "turn_end", "operation_id": end.operation_id, "turn_id": end.turn_id,
-                                        _REF: item.message_entry_id}
+        stored = _dumped(item.event, without={"message", "tool_results"})
+        stored[_REF] = item.message_entry_id
         if item.result_entry_ids:
             stored["results"] = list(item.result_entry_ids)
         return stored
-    left_out = {"lane", *(name for name, default in _optional_fields(type(item)) if getattr(item, name) == default)}
-    return item.model_dump(mode="json", exclude=left_out)
+    if isinstance(item, ToolEndOf):
+        return {**_dumped(item.event, without={"result"}), _REF: item.result_entry_id}
+    return _dumped(item, without=set())
 
 
 @dataclass
@@ -205,8 +256,9 @@ class EventLog:
         lanes: list[str | None] = []
         settled: set[str] = set()
         for item in announced:
-            lane = (item.lane if isinstance(item, EntryEvent) else item.event.lane if isinstance(item, TurnEndOf)
-                    else event_lane(item) if item.type in DURABLE_EVENT_TYPES else None)
+            lane = (item.lane if isinstance(item, EntryEvent) else item.event.lane
+                    if isinstance(item, TurnEndOf | ToolEndOf) else event_lane(item)
+                    if item.type in DURABLE_EVENT_TYPES else None)
             lanes.append(lane)
             if lane is not None:
                 rows.setdefault(lane, []).append(_stored(item))
@@ -275,7 +327,7 @@ def published(announced: Sequence[Announcement], result: CommitResult | None,
         if isinstance(item, EntryEvent):
             assert result is not None, "an entry's events come from the commit that inserts it"
             events.append(item.event(result, event_seq))
-        elif isinstance(item, TurnEndOf):
+        elif isinstance(item, TurnEndOf | ToolEndOf):
             events.append(item.event if event_seq is None else item.event.model_copy(update={"event_seq": event_seq}))
         else:
             events.append(item if event_seq is None else item.model_copy(update={"event_seq": event_seq}))
@@ -371,16 +423,20 @@ def _event(lane: str, seq: int, stored: dict[str, JsonValue], entries: dict[str,
         return _message_event("message_start", lane, entry.id, entry.payload, seq)
     if kind == "message_end":
         return _message_event("message_end", lane, entry.id, entry.payload, seq)
-    operation_id, turn_id, results = stored.get("operation_id"), stored.get("turn_id"), stored.get("results", [])
-    if kind == "turn_end" and isinstance(operation_id, str) and isinstance(turn_id, str) and isinstance(results, list):
-        reply = _message_of(entry)
+    fields = {name: value for name, value in stored.items() if name not in (_REF, "results")}
+    message, results = _message_of(entry), stored.get("results", [])
+    if kind == "turn_end" and isinstance(message, AssistantMessage) and isinstance(results, list):
         named = [_message_of(entry_of(entry_id)) for entry_id in results]
         tool_results = tuple(result for result in named if isinstance(result, ToolResultMessage))
-        if isinstance(reply, AssistantMessage) and len(tool_results) == len(named):
-            return TurnEnd(lane=lane, operation_id=operation_id, turn_id=turn_id, message=reply,
-                           tool_results=tool_results, event_seq=seq)
-    raise StorageCorruption(f"event {seq} of lane {lane} names entries that are no {kind} of theirs",
-                            lane=lane, event_seq=seq)
+        if len(tool_results) == len(named):
+            fields |= {"message": message, "tool_results": tool_results}
+    elif kind == "tool_end" and isinstance(message, ToolResultMessage):
+        fields["result"] = message
+    try:
+        return _EVENT.validate_python({**fields, "lane": lane, "event_seq": seq})
+    except ValidationError as error:
+        raise StorageCorruption(f"event {seq} of lane {lane} names entries that are no {kind} of theirs",
+                                lane=lane, event_seq=seq) from error
 
 
 def _message_of(entry: Entry) -> Message:
