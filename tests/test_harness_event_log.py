@@ -246,8 +246,8 @@ async def test_the_log_trims_past_a_tenth_over_its_limit_to_its_newest_events_ac
     seen: list[HarnessEvent] = []
     session = None
     for _ in range(2):  # a harness, then another attached to the same session
-        rig = await start_rig(store, ctx, script_for(["none"] * 3), tools=[ProbeTool().tool], event_log_limit=20,
-                              session=session)
+        rig = await start_rig(store, ctx, script_for(["none"] * 3),  # type: ignore[arg-type]
+                              tools=[ProbeTool().tool], event_log_limit=20, session=session)
         session = rig.session
         for turn in range(3):
             watch = await rig.lane.watch(ctx)

@@ -186,12 +186,12 @@ def _is_literal(annotation: Any) -> bool:
     return getattr(annotation, "__origin__", None) is Literal
 
 
-def _dumped(event: BaseModel, *, without: set[str]) -> dict[str, JsonValue]:
+def _dumped(event: HarnessEvent, *, without: set[str]) -> dict[str, JsonValue]:
     """`event`'s JSON form without `lane`, `event_seq`, the fields `without` and the fields at
     their defaults, nested ones too where decoding restores them."""
     if _nested_defaults_restored(type(event)):
-        return {"type": getattr(event, "type"), **event.model_dump(mode="json", exclude_defaults=True,
-                                                                   exclude={"lane", "event_seq", *without})}
+        return {"type": event.type, **event.model_dump(mode="json", exclude_defaults=True,
+                                                       exclude={"lane", "event_seq", *without})}
     left_out = {"lane", *without,
                 *(name for name, default in _optional_fields(type(event)) if getattr(event, name) == default)}
     return event.model_dump(mode="json", exclude=left_out)
@@ -423,7 +423,7 @@ def _event(lane: str, seq: int, stored: dict[str, JsonValue], entries: dict[str,
         return _message_event("message_start", lane, entry.id, entry.payload, seq)
     if kind == "message_end":
         return _message_event("message_end", lane, entry.id, entry.payload, seq)
-    fields = {name: value for name, value in stored.items() if name not in (_REF, "results")}
+    fields: dict[str, object] = {name: value for name, value in stored.items() if name not in (_REF, "results")}
     message, results = _message_of(entry), stored.get("results", [])
     if kind == "turn_end" and isinstance(message, AssistantMessage) and isinstance(results, list):
         named = [_message_of(entry_of(entry_id)) for entry_id in results]
