@@ -23,7 +23,7 @@ from harness.providers import (
 )
 from harness.runtime.commit import Decision, Transition
 from harness.runtime.drive.operation import DrivenOperation
-from harness.runtime.drive.settlement import DOES_NOT_FIT, failure
+from harness.runtime.drive.settlement import DOES_NOT_FIT, failure, settle_with_reply
 from harness.runtime.event_log import Announcement, EntryEvent, TurnEndOf
 from harness.runtime.events import (
     CompactionStart,
@@ -73,10 +73,11 @@ from harness.session import (
 EffectPending = AssistantEffectPending | DeferredEffectPending
 
 
-async def generate(op: DrivenOperation, state: AssistantReady) -> Transition | None:
+async def generate(op: DrivenOperation, state: AssistantReady) -> DriveOutcome | Transition | None:
     """Commit the step's intent, stream the reply, and return its settlement (HA-24: the reply's
-    entry and usage ids are reserved by the intent, before the request is sent); None when the
-    intent was refused (an abort came first: the pass settles it)."""
+    entry and usage ids are reserved by the intent, before the request is sent), or the run's
+    outcome when that settlement was the run's terminal commit too (`settle_with_reply`); None
+    when the intent was refused (an abort came first: the pass settles it)."""
     generation = state.generation
     try:
         model, provider = op.resolve(generation.config.model, generation.config.active_tools)
@@ -107,7 +108,7 @@ async def generate(op: DrivenOperation, state: AssistantReady) -> Transition | N
     finally:
         op.end_effect(effect)
     reached(FaultPoint.BEFORE_REPLY_SETTLEMENT)
-    return settle_reply(op, intent, message, error)
+    return await settle_with_reply(op, settle_reply(op, intent, message, error))
 
 
 async def consume(
