@@ -269,7 +269,10 @@ class EventLog:
         for lane, events in rows.items():
             log = self._logs.get(lane) or await self._read_log(m, lane, context)
             positions[lane] = m.staged
-            m.append(lane_events(lane), LogRow(first=log.next, events=tuple(events)), span=len(events))
+            # Not validated here: the events are JSON dumps of validated events, and the journal
+            # reads the row's text back before it stores it.
+            m.append(lane_events(lane), LogRow.model_construct(first=log.next, events=tuple(events)),
+                     span=len(events))
             after = _LaneLog(next=log.next + len(events), floor=log.floor)
             if lane in settled and (after.next - after.floor) * 10 > self.limit * 11:
                 after.floor = await self._trim(m, lane, after.next - self.limit, context)

@@ -148,7 +148,7 @@ async def consume(
             if isinstance(event, StartEvent):
                 event = event.model_copy(update={"timestamp": accumulator.timestamp})
             accumulator.apply(event)
-            frames.add(event.model_dump(mode="json"))
+            frames.add(event)
             # Building the partial reply costs O(its length): publish at a bounded rate, and what
             # a pause in the stream holds back is published when the interval is over.
             wait = published_at + op.settings.presentation_interval_s - loop.time()
@@ -319,12 +319,12 @@ class FrameWriter:
 
     def __init__(self, op: DrivenOperation, intent: EffectPending) -> None:
         self.op, self.intent = op, intent
-        self._buffer: list[JsonValue] = []
+        self._buffer: list[StreamEvent] = []  # frozen: dumped only when a page is written
         self._wakeup = asyncio.Event()
         self._closed = asyncio.Event()
         self._task = asyncio.get_running_loop().create_task(self._write())
 
-    def add(self, frame: JsonValue) -> None:
+    def add(self, frame: StreamEvent) -> None:
         self._buffer.append(frame)
         self._wakeup.set()
 
@@ -344,9 +344,9 @@ class FrameWriter:
             self._wakeup.clear()
             page, self._buffer = self._buffer, []
 
-            async def plan(m: SessionMutator, page: list[JsonValue] = page) -> Decision[None]:
+            async def plan(m: SessionMutator, page: list[StreamEvent] = page) -> Decision[None]:
                 if getattr(op.projection.operation_state, "response_entry_id", None) == response_entry_id:
-                    frames: dict[str, JsonValue] = {"frames": list(page)}
+                    frames: dict[str, JsonValue] = {"frames": [frame.model_dump(mode="json") for frame in page]}
                     m.append(address, frames)
                 return Decision(None)
 
