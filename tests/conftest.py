@@ -85,6 +85,23 @@ def postgres_schema_url() -> Iterator[str]:
             conn.execute(f"DROP SCHEMA {schema} CASCADE")
 
 
+@pytest.fixture
+async def ledger_store(postgres_schema_url: str, ctx: Context) -> AsyncIterator[Store]:
+    """A PostgreSQL store in a fresh schema with the `ledger` table the worker tests' tool writes
+    (`worker_child.py`)."""
+    import psycopg
+
+    from worker_child import LEDGER_TABLE
+
+    opened = await connect(postgres_schema_url, ctx)
+    async with await psycopg.AsyncConnection.connect(postgres_schema_url, autocommit=True) as conn:
+        await conn.execute(LEDGER_TABLE)
+    try:
+        yield opened
+    finally:
+        await opened.close()
+
+
 def backend_url(kind: str, tmp_path: Path, request: pytest.FixtureRequest, *, durable: bool = False) -> str:
     """A fresh store URL of `kind`. SQLite runs at synchronous=NORMAL unless `durable`."""
     if kind == "memory":

@@ -126,6 +126,22 @@ async def test_a_job_commits_at_most_once(store: Store, ctx: Context) -> None:
     assert await session.get(addresses.session_name(), ctx) == "a"
 
 
+async def test_values_across_reads_one_address_of_every_session_that_has_it(store: Store, ctx: Context) -> None:
+    """One read gives each session's value at the address, decoded; sessions without it are absent."""
+    named = [await new_session_with_lane(store, ctx) for _ in range(3)]
+    unnamed = await new_session_with_lane(store, ctx)
+    for index, session in enumerate(named):
+        async def name(m: SessionMutator, text: str = f"s{index}") -> None:
+            m.set(addresses.session_name(), text)
+
+        await session.mutate(name, ctx)
+
+    found = await store.values_across(addresses.session_name(), ctx)
+
+    assert found == {session.id: f"s{index}" for index, session in enumerate(named)}
+    assert unnamed.id not in found
+
+
 # -- the session line --------------------------------------------------------------------------
 
 

@@ -221,6 +221,33 @@ async def test_a_worker_claims_a_run_at_its_notification_and_lets_go_on_sigterm(
     assert [item for item in await work_board(store).open_work(ctx) if item.held] == []
 
 
+async def test_a_sigtermed_worker_ends_the_step_in_hand_and_leaves_the_rest_to_the_next(
+        store: Store, workers: Workers, notes: Notes, postgres_schema_url: str, tmp_path: Path, ctx: Context) -> None:
+    """SIGTERM mid-tool: the tool returns its real result, the worker lets go at the next step
+    boundary and exits 0 with the run still open; the next worker asks the model and completes it,
+    the tool having run once."""
+    service = ConversationService(store)
+    async with holding(postgres_schema_url, tmp_path) as release:
+        stopping = workers.start(concurrency=1)
+        run = await accept(service, "go", ctx)
+        await notes.until(ledger_rows(postgres_schema_url, 1))
+        stopping.send_signal(signal.SIGTERM)
+        await release()
+        assert stopping.wait(timeout=15) == 0
+
+    assert (await last_result(store, run[0], ctx)) is None
+    assert [type(m).__name__ for m in await branch(store, run[0], ctx)] == [
+        "UserMessage", "AssistantMessage", "ToolResultMessage"]
+    workers.start(concurrency=1)
+    await notes.until(settled(store, [run], ctx))
+
+    assert set((await ledger(postgres_schema_url)).values()) == {1}
+    messages = await branch(store, run[0], ctx)
+    results = [m for m in messages if isinstance(m, ToolResultMessage)]
+    assert [(len(results), results[0].is_error)] == [(1, False)]
+    assert text(messages[-1]) == "done"
+
+
 async def test_a_killed_workers_session_is_finished_by_another_and_its_tool_never_runs_twice(
         store: Store, workers: Workers, notes: Notes, postgres_schema_url: str, tmp_path: Path, ctx: Context) -> None:
     """SIGKILL mid-tool: the lock dies with the connection, the other worker claims the session

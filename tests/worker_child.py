@@ -3,7 +3,9 @@
 Run as `python worker_child.py URL WORKDIR [CONCURRENCY]`: a `Worker` over a conversation service
 whose model is the faux provider (`answer`) and whose one tool, `ledger` (replay `never`),
 writes its call id to the store's `ledger` table and then waits while the test holds an advisory
-lock (`hold_key`), so a test can kill, stop or steer a run mid-tool. It prints `ready` once it runs and exits 0 after
+lock (`hold_key`), so a test can kill, stop or steer a run mid-tool. A prompt `stream: X` gets a
+reply without a tool call that streams `streaming X, `, then waits on the same lock mid-stream,
+so a test can watch a reply streaming from another process. It prints `ready` once it runs and exits 0 after
 SIGTERM once it let everything go, printing `released`.
 """
 
@@ -26,7 +28,7 @@ from harness.context import Context
 from harness.conversation import ConversationService, ConversationSetup
 from harness.messages import ModelIdentity, TextContent, ToolResultMessage, UserMessage
 from harness.providers import FAUX_MODEL, FauxProvider, ModelRegistry, ToolSpec
-from harness.providers.faux import FauxReply, FauxRequest, reply, tool_call
+from harness.providers.faux import FauxReply, FauxRequest, delay, reply, tool_call
 from harness.runtime import AgentTool, DriveSettings, RetryPolicy, ToolOutput
 from harness.session import LaneConfig, connect
 from harness.worker import Worker, WorkerOptions
@@ -38,18 +40,45 @@ POLL_VARIABLE = "HARNESS_TEST_WORKER_POLL_S"  # a long poll shows that notificat
 OPTIONS = WorkerOptions(poll_s=0.5, lease_s=1.5, deferred_poll_s=0.5, backoff_s=0.5, stop_grace_s=10.0)
 
 
-def answer(recorded: FauxRequest) -> FauxReply:
-    """A user message last: a reply and one ledger call (its id unique per process and request);
-    a steer after a tool result is echoed; anything else gets `done`."""
-    last = recorded.request.messages[-1]
-    if isinstance(last, UserMessage):
-        text = "".join(block.text for block in last.content if isinstance(block, TextContent)) \
-            if not isinstance(last.content, str) else last.content
-        if text.startswith("steer:"):
-            return reply(f"heard {text}")
-        return reply("writing", tool_call(LEDGER, {"key": text}, id=f"call-{os.getpid()}-{recorded.number}"))
-    assert isinstance(last, ToolResultMessage)
-    return reply("done")
+def answerer(url: str, workdir: Path) -> Callable[[FauxRequest], FauxReply]:
+    """The faux model's script. A user message last: a reply and one ledger call (its id unique
+    per process and request); a steer after a tool result is echoed; `stream: X` streams and
+    waits mid-reply while `hold_key(workdir)` is held; anything else gets `done`."""
+
+    def answer(recorded: FauxRequest) -> FauxReply:
+        last = recorded.request.messages[-1]
+        if isinstance(last, UserMessage):
+            text = "".join(block.text for block in last.content if isinstance(block, TextContent)) \
+                if not isinstance(last.content, str) else last.content
+            if text.startswith("steer:"):
+                return reply(f"heard {text}")
+            if text.startswith("stream:"):
+                return reply(f"streaming {text.removeprefix('stream:').strip()}, ", delay(released(url, workdir)),
+                             "then done")
+            return reply("writing", tool_call(LEDGER, {"key": text}, id=f"call-{os.getpid()}-{recorded.number}"))
+        assert isinstance(last, ToolResultMessage)
+        return reply("done")
+
+    return answer
+
+
+def released(url: str, workdir: Path) -> asyncio.Event:
+    """Set once the test no longer holds `hold_key(workdir)` (taken shared, so the wait is the lock's)."""
+    event = asyncio.Event()
+
+    async def wait() -> None:
+        async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+            await conn.execute("SELECT pg_advisory_lock_shared(%s)", (hold_key(workdir),))
+            await conn.execute("SELECT pg_advisory_unlock_shared(%s)", (hold_key(workdir),))
+        event.set()
+
+    waiting = asyncio.get_running_loop().create_task(wait())
+    _waiting.add(waiting)
+    waiting.add_done_callback(_waiting.discard)
+    return event
+
+
+_waiting: set[asyncio.Task[None]] = set()  # the waits of `released`, kept from the collector
 
 
 def hold_key(workdir: Path) -> int:
@@ -87,7 +116,7 @@ async def main(url: str, workdir: Path, concurrency: int) -> None:
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
     context = Context({"process": f"worker-{os.getpid()}"})
     store = await connect(url, context)
-    registry = ModelRegistry([FAUX_MODEL], providers={"faux": FauxProvider(answer)})
+    registry = ModelRegistry([FAUX_MODEL], providers={"faux": FauxProvider(answerer(url, workdir))})
     setup = ConversationSetup(models=registry, tools=[ledger_tool(url, workdir)],
                               drive=DriveSettings(frame_interval_s=0.0, retry=RetryPolicy(base_delay_ms=0)))
     poll_s = float(os.environ.get(POLL_VARIABLE, OPTIONS.poll_s))

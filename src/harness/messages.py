@@ -11,6 +11,7 @@ import json
 import math
 import re
 import time
+from collections.abc import Sequence
 from typing import Annotated, Any, Literal, NoReturn, TypeAlias, get_args
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, JsonValue, TypeAdapter
@@ -239,3 +240,11 @@ MESSAGE_ADAPTER: TypeAdapter[Message] = TypeAdapter(Message)
 def message_from_json(text: str | bytes) -> Message:
     """Decode one message from JSON text, cleaning lone surrogates (see `parse_json_text`)."""
     return MESSAGE_ADAPTER.validate_python(parse_json_text(text), strict=False)
+
+
+def text_of(content: str | Sequence[object], separator: str = "") -> str:
+    """The text of a message's content: a string as it is, or its `TextContent` blocks' texts
+    joined with `separator` (images, thinking and tool calls left out)."""
+    if isinstance(content, str):
+        return content
+    return separator.join(block.text for block in content if isinstance(block, TextContent))

@@ -49,6 +49,7 @@ from harness.messages import (
     Usage,
     UserContent,
     UserMessage,
+    text_of,
 )
 from harness.runtime import (
     INTERRUPTED_REPLY,
@@ -637,7 +638,7 @@ def entry_summary(entry: Entry, limit: int = 100) -> str:
             if isinstance(message, ToolResultMessage):
                 mark = "[red]error[/]" if message.is_error else "ok"
                 return f"[magenta]← {escape(message.tool_name)}[/] {mark}"
-            text = " ".join(b.text for b in message.content if isinstance(b, TextContent))
+            text = text_of(message.content, " ")
             calls = [b.name for b in message.content if isinstance(b, ToolCall)]
             shown = clip(text, limit) if text.strip() else ""
             if calls:

@@ -35,7 +35,7 @@ from harness.conversation import (
     ConversationSetup,
 )
 from harness.errors import HarnessError, ModelUnavailable
-from harness.messages import ModelIdentity, TextContent, UserMessage
+from harness.messages import ModelIdentity, UserMessage, text_of
 from harness.providers import (
     BUILTIN_MODELS,
     EMBEDDED_IDENTITY,
@@ -456,7 +456,7 @@ async def check_embedded(registry: ModelRegistry, context: Context) -> list[Chec
     if not isinstance(final, DoneEvent):
         problem = final.error.message if isinstance(final, ErrorEvent) else "the stream ended without a reply"
         return [*checks, Check("embedded generation", "fail", problem)]
-    text = "".join(b.text for b in final.message.content if isinstance(b, TextContent)).strip()
+    text = text_of(final.message.content).strip()
     if not text:
         return [*checks, Check("embedded generation", "fail", "the reply was empty")]
     elapsed = time.monotonic() - started

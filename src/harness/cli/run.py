@@ -25,7 +25,7 @@ from rich.console import Console
 from harness.cli.config import attach_client, no_tools_note
 from harness.cli.terminal_text import escape, visible
 from harness.context import Context
-from harness.messages import AssistantMessage, ModelIdentity, TextContent, ThinkingContent
+from harness.messages import AssistantMessage, ModelIdentity, ThinkingContent, text_of
 from harness.providers import ModelRegistry
 from harness.runtime import (
     CompactionEnd,
@@ -145,7 +145,7 @@ class TextPrinter:
                 shown = describe_call(name, args if isinstance(args, dict) else {})
                 self.status.print(f"[magenta]→ {escape(shown)}[/]")
             case ToolEnd(result=result):
-                text = " ".join(b.text for b in result.content if isinstance(b, TextContent)).strip()
+                text = text_of(result.content, " ").strip()
                 first = text.splitlines()[0] if text else ""
                 first = first if len(first) <= 160 else first[:159] + "…"
                 mark = "[red]error[/]" if result.is_error else "[green]ok[/]"
@@ -185,7 +185,7 @@ class TextPrinter:
             self.status.print(escape(thinking[self._thinking_shown:]), style="dim", end="")
             self._thinking_shown = len(thinking)
             self._thinking_open = True
-        text = "".join(b.text for b in message.content if isinstance(b, TextContent))
+        text = text_of(message.content)
         if len(text) > self._text_shown:
             self._end_thinking()
             self.out.write(visible(text[self._text_shown:]))

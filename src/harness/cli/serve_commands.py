@@ -17,7 +17,7 @@ from harness.errors import HarnessError
 from harness.home import harness_home
 from harness.messages import ModelIdentity
 from harness.providers import ModelRegistry
-from harness.session import LaneConfig, Store, TokenInfo
+from harness.session import LaneConfig, Store, TokenInfo, WorkNeedsPostgres
 from harness.tools import BackgroundJobs
 
 token_app = typer.Typer(name="token", help="Bearer tokens for `harness serve`, stored hashed in the store.",
@@ -33,10 +33,16 @@ def serve_command(
                                              show_default=False)] = None,
     no_auth: Annotated[bool, typer.Option("--no-auth", help="Serve every request as the local user, without "
                                           "tokens (loopback addresses only).")] = False,
+    workers: Annotated[str, typer.Option(
+        "--workers", help="Who drives the turns: `in-process` (this server) or `external` (`harness worker` "
+        "processes on the same PostgreSQL store; this server only accepts, reads, watches and wakes them). "
+        "With external workers tool approvals cannot be answered over HTTP: each worker's own policy "
+        "decides (`harness worker --yes` runs every call, else the calls that change things are refused); "
+        "the AI SDK and LangGraph routes and /compact answer 501 external_mode_unsupported.")] = "in-process",
     store: StoreOption = None,
 ) -> None:
     """Serve the HTTP API (OpenAPI at /docs) on the store; turns it accepts are driven here, and
-    turns a stopped server left open are finished."""
+    turns a stopped server left open are finished (with `--workers external`: by the workers)."""
     # Imported here, not at the top: the server's web stack would add half a second to every
     # other command's start.
     from harness.server import (
@@ -45,12 +51,15 @@ def serve_command(
         Approvals,
         Authenticator,
         LocalUser,
+        ServerOptions,
         StoreTokens,
         create_app,
         refuse_open_no_auth,
         serve,
     )
 
+    if workers not in ("in-process", "external"):
+        raise typer.BadParameter("in-process or external", param_hint="--workers")
     host = DEFAULT_HOST if host is None else host
     listen_port = DEFAULT_PORT if port is None else port
     if no_auth:
@@ -72,8 +81,14 @@ def serve_command(
 
         auth: Authenticator = LocalUser(local_user()) if no_auth else StoreTokens(opened.tokens)
         service = ConversationService(opened, setup)
+        options = ServerOptions(workers="external" if workers == "external" else "in-process")
         try:
-            await serve(create_app(service, auth, new_lane=new_lane, approvals=approvals), host, listen_port)
+            try:
+                app = create_app(service, auth, new_lane=new_lane, approvals=approvals, options=options)
+            except WorkNeedsPostgres as error:  # a usage error, as a bad option is
+                typer.echo(f"error [{error.code}]: {error.message}", err=True)
+                raise typer.Exit(2) from error
+            await serve(app, host, listen_port)
         finally:
             await jobs.close()
 

@@ -31,7 +31,8 @@ def worker_command(
 ) -> None:
     """Claim the turns a PostgreSQL store holds open (new, left by a dead process, retries that are
     due, deferred replies), drive them and let go, beside any number of other workers. SIGTERM or
-    Ctrl-C stops it: it claims nothing more, lets the turns in hand finish, releases and exits."""
+    Ctrl-C stops it: it claims nothing more, lets each turn in hand finish its current step, releases
+    them open at that step boundary for the next worker and exits."""
     home = harness_home()
 
     async def body(opened: Store, context: Context) -> None:

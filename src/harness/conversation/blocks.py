@@ -29,7 +29,7 @@ from pydantic import BaseModel, ConfigDict, JsonValue, ValidationError
 
 from harness.context import Context
 from harness.conversation.chat_events import logger
-from harness.messages import AssistantMessage, Message, TextContent, ToolResultMessage
+from harness.messages import AssistantMessage, Message, ToolResultMessage, text_of
 from harness.runtime import Lane, ToolOutput
 from harness.session import (
     MAX_IMAGE_BYTES,
@@ -242,7 +242,7 @@ def message_blocks_at_run_end(session: SessionReader) -> Callable[[Lane, Context
         await session.scan_branch(tip, visit, context)
         if not final:
             return
-        reply = "\n".join(block.text for block in final[0].content if isinstance(block, TextContent))
+        reply = text_of(final[0].content, "\n")
         candidates = [block for result in reversed(results) for block in tool_blocks(result)]
         chosen = select_message_blocks(reply, candidates)
         if chosen:

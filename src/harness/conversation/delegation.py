@@ -39,7 +39,7 @@ from harness.conversation.project_switch import PROJECT_TOOL
 from harness.conversation.recording import MAIN_LANE
 from harness.conversation.turn_rows import public_error
 from harness.errors import HarnessError
-from harness.messages import AssistantMessage, CleanStr, CustomMessage, Message, TextContent
+from harness.messages import AssistantMessage, CleanStr, CustomMessage, Message, TextContent, text_of
 from harness.providers import ToolSpec
 from harness.runtime import (
     AgentHarness,
@@ -496,7 +496,7 @@ class Delegation:
         entry = await self.harness.session.entry(entry_id, Context()) if entry_id is not None else None
         message = entry.payload.message if entry is not None and isinstance(entry.payload, MessagePayload) else None
         if isinstance(message, AssistantMessage):
-            text = "\n".join(block.text for block in message.content if isinstance(block, TextContent)).strip()
+            text = text_of(message.content, "\n").strip()
             if text:
                 return text
         return "(the agent ended without a reply)"

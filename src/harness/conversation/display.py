@@ -23,12 +23,12 @@ from harness.messages import (
     AssistantMessage,
     ImageContent,
     StopReason,
-    TextContent,
     ThinkingContent,
     ToolCall,
     ToolResultMessage,
     UserContent,
     UserMessage,
+    text_of,
 )
 from harness.session import CustomMessagePayload, Entry, MessagePayload
 
@@ -145,12 +145,6 @@ def blocks_row(entry: Entry) -> BlocksRow | None:
     return BlocksRow(id=entry.id, assistant_id=entry.parent_id, blocks=data.blocks) if data is not None else None
 
 
-def _text(content: str | Sequence[UserContent]) -> str:
-    if isinstance(content, str):
-        return content
-    return "\n".join(block.text for block in content if isinstance(block, TextContent))
-
-
 def _images(content: str | Sequence[UserContent]) -> int:
     return 0 if isinstance(content, str) else sum(isinstance(block, ImageContent) for block in content)
 
@@ -183,13 +177,13 @@ def display_rows(entries: Sequence[Entry]) -> list[DisplayRow]:
             elif custom.display and isinstance(custom.details, dict) and isinstance(
                     sender := custom.details.get("sender"), str):
                 rows.append(SenderRow(id=entry.id, sender=sender, custom_type=custom.custom_type,
-                                      text=_text(custom.content), timestamp=custom.timestamp))
+                                      text=text_of(custom.content, "\n"), timestamp=custom.timestamp))
         elif entry.id in blocks and blocks[entry.id].assistant_id not in replies:
             rows.append(blocks[entry.id])
         elif not isinstance(payload, MessagePayload):
             continue
         elif isinstance(message := payload.message, UserMessage):
-            rows.append(UserRow(id=entry.id, text=_text(message.content), image_count=_images(message.content),
+            rows.append(UserRow(id=entry.id, text=text_of(message.content, "\n"), image_count=_images(message.content),
                                 timestamp=message.timestamp))
         elif isinstance(message, AssistantMessage):
             rows.append(_reply(entry.id, message, on_reply.get(entry.id)))
@@ -204,7 +198,7 @@ def display_rows(entries: Sequence[Entry]) -> list[DisplayRow]:
 def _reply(entry_id: str, message: AssistantMessage, blocks: BlocksRow | None) -> AssistantRow:
     thinking = [block.thinking for block in message.content if isinstance(block, ThinkingContent)
                 and not block.redacted]
-    return AssistantRow(id=entry_id, text="\n".join(b.text for b in message.content if isinstance(b, TextContent)),
+    return AssistantRow(id=entry_id, text=text_of(message.content, "\n"),
                         thinking="\n".join(thinking), stop_reason=message.stop_reason,
                         model=f"{message.provider}/{message.model}", error_message=message.error_message,
                         blocks=blocks, timestamp=message.timestamp)
@@ -215,6 +209,6 @@ def _tool_row(call_id: str, name: str, assistant_id: str | None, call: ToolCall 
     view = None
     if result is not None and isinstance(result.payload, MessagePayload) and isinstance(
             message := result.payload.message, ToolResultMessage):
-        view = ToolResultView(id=result.id, text=_text(message.content), is_error=message.is_error)
+        view = ToolResultView(id=result.id, text=text_of(message.content, "\n"), is_error=message.is_error)
     return ToolRow(id=call_id, tool_name=name, assistant_id=assistant_id,
                    arguments=dict(call.arguments) if call is not None else None, result=view)

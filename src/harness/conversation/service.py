@@ -386,13 +386,13 @@ class ConversationService:
         return owner is None
 
     async def list(self, user: str, context: Context) -> list[ConversationInfo]:
-        """`user`'s conversations, most recently updated first."""
-        infos = []
-        for info in await self.store.list_sessions(context):
-            session = await self.store.open_session(info.id, context)
-            if await session.get(OWNER, context) == user:
-                infos.append(ConversationInfo(id=info.id, owner=user, name=await _name(session, context),
-                                              created_at=info.created_at, updated_at=info.updated_at))
+        """`user`'s conversations, most recently updated first; three reads, however many
+        sessions the store holds."""
+        owners = await self.store.values_across(OWNER, context)
+        names = await self.store.values_across(addresses.session_name(), context)
+        infos = [ConversationInfo(id=info.id, owner=user, name=names.get(info.id), created_at=info.created_at,
+                                  updated_at=info.updated_at)
+                 for info in await self.store.list_sessions(context) if owners.get(info.id) == user]
         return sorted(infos, key=lambda i: i.updated_at, reverse=True)
 
     async def open(self, user: str, conversation_id: str, context: Context) -> Conversation:

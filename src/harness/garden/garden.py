@@ -27,7 +27,7 @@ from harness.garden.records import GARDENER, ConversationOrigin, Gardener, Garde
 from harness.garden.root import RuntimeRoot, check_name, default_root
 from harness.garden.run_context import RunContext, current_run_context, running
 from harness.home import harness_home
-from harness.messages import AssistantMessage, TextContent, now_ms
+from harness.messages import AssistantMessage, TextContent, now_ms, text_of
 from harness.providers import ModelRegistry, ToolSpec
 from harness.runtime import (
     AgentHarness,
@@ -318,7 +318,7 @@ class Garden:
         message = entry.payload.message
         if not isinstance(message, AssistantMessage):
             return ""
-        return "\n".join(block.text for block in message.content if isinstance(block, TextContent)).strip()
+        return text_of(message.content, "\n").strip()
 
     async def _check_origin(self, origin: ConversationOrigin, context: Context) -> None:
         try:

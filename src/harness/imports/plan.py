@@ -20,12 +20,11 @@ from harness.errors import InvalidInput, UnsupportedFormat
 from harness.messages import (
     AssistantMessage,
     ModelIdentity,
-    TextContent,
     ThinkingLevel,
     ToolResultMessage,
-    UserContent,
     UserMessage,
     parse_json_text,
+    text_of,
 )
 from harness.session import (
     CompactionPayload,
@@ -167,18 +166,11 @@ def clip_name(text: str) -> str | None:
     return None
 
 
-def text_of(content: str | list[UserContent]) -> str:
-    """The text blocks of message content joined by newlines (images left out)."""
-    if isinstance(content, str):
-        return content
-    return "\n".join(block.text for block in content if isinstance(block, TextContent))
-
-
 def first_user_name(entries: list[EntryPayload]) -> str | None:
     """A session name from the first user message on the branch that has text."""
     for payload in entries:
         if isinstance(payload, MessagePayload) and isinstance(payload.message, UserMessage):
-            name = clip_name(text_of(payload.message.content))
+            name = clip_name(text_of(payload.message.content, "\n"))
             if name:
                 return name
     return None

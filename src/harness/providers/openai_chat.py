@@ -30,6 +30,7 @@ from harness.messages import (
     Usage,
     UserContent,
     UserMessage,
+    text_of,
 )
 from harness.providers.protocol import (
     Model,
@@ -180,7 +181,7 @@ def _wire_messages(history: list[Message]) -> list[dict[str, Any]]:
             case AssistantMessage():
                 wire.extend(_wire_assistant(message))
             case ToolResultMessage():
-                text = "\n".join(block.text for block in message.content if isinstance(block, TextContent))
+                text = text_of(message.content, "\n")
                 images = [_image_part(block) for block in message.content if isinstance(block, ImageContent)]
                 if images and not text:
                     text = "(the result is the image that follows)"
@@ -209,7 +210,7 @@ def _image_part(image: ImageContent) -> dict[str, Any]:
 
 
 def _wire_assistant(message: AssistantMessage) -> list[dict[str, Any]]:
-    text = "".join(block.text for block in message.content if isinstance(block, TextContent))
+    text = text_of(message.content)
     calls = [
         {
             "id": call.id,

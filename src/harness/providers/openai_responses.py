@@ -50,6 +50,7 @@ from harness.messages import (
     Usage,
     UserContent,
     UserMessage,
+    text_of,
 )
 from harness.providers.errors import classify_error_payload
 from harness.providers.openai_chat import (
@@ -217,7 +218,7 @@ def _wire_user_part(block: UserContent) -> dict[str, Any]:
 def _wire_output(result: ToolResultMessage) -> str | list[dict[str, Any]]:
     if any(isinstance(block, ImageContent) for block in result.content):
         return [_wire_user_part(block) for block in result.content]
-    return "\n".join(block.text for block in result.content if isinstance(block, TextContent))
+    return text_of(result.content, "\n")
 
 
 def _wire_assistant(message: AssistantMessage) -> list[dict[str, Any]]:

@@ -4,6 +4,7 @@ from harness.messages import ModelIdentity, ThinkingLevel
 from harness.runtime.agent_tool import AgentTool, ProgressCallback, ToolOutput
 from harness.runtime.bus import Listener
 from harness.runtime.errors import (
+    FollowBehind,
     HarnessClosed,
     HarnessFault,
     InvalidMessage,
@@ -17,6 +18,7 @@ from harness.runtime.errors import (
     OperationMismatch,
     PromptTooLarge,
     RebaseRequired,
+    SnapshotContended,
     UnknownSkill,
     UnknownTemplate,
     WatchOverflow,
@@ -59,6 +61,7 @@ from harness.runtime.events import (
     ValueUpdate,
     event_lane,
 )
+from harness.runtime.follow import FOLLOW_POLL_S, LaneFollow, follow_lane
 from harness.runtime.harness import AgentHarness, AgentHarnessOptions
 from harness.runtime.hooks import (
     BeforeTool,
@@ -70,7 +73,7 @@ from harness.runtime.hooks import (
     ToolCallRequest,
 )
 from harness.runtime.lane import AbortRequest, AcceptedRun, Lane, LaneWatch
-from harness.runtime.outcomes import INTERRUPTED_REPLY, DriveOutcome, Settled, Suspended, WaitingRetry
+from harness.runtime.outcomes import INTERRUPTED_REPLY, DriveOutcome, Paused, Settled, Suspended, WaitingRetry
 from harness.runtime.requests import (
     MAX_INPUT_BYTES,
     PromptRequest,
@@ -101,6 +104,7 @@ from harness.session import LaneConfig, LaneLastResult
 __all__ = [
     "DEFAULT_EVENT_LOG_LIMIT",
     "DURABLE_EVENT_TYPES",
+    "FOLLOW_POLL_S",
     "INTERRUPTED_REPLY",
     "MAX_INPUT_BYTES",
     "AbortRequest",
@@ -124,6 +128,7 @@ __all__ = [
     "EntryAdded",
     "EventDelivery",
     "Fault",
+    "FollowBehind",
     "HandlerError",
     "HarnessClosed",
     "HarnessEvent",
@@ -135,6 +140,7 @@ __all__ = [
     "LaneCreated",
     "LaneEventPage",
     "LaneExecutionInfo",
+    "LaneFollow",
     "LaneInfo",
     "LaneLastResult",
     "LaneSnapshot",
@@ -158,6 +164,7 @@ __all__ = [
     "OperationIdTaken",
     "OperationMismatch",
     "OperationStatus",
+    "Paused",
     "PendingWrite",
     "ProgressCallback",
     "PromptRequest",
@@ -183,6 +190,7 @@ __all__ = [
     "SettlementMessages",
     "Skill",
     "SkillRequest",
+    "SnapshotContended",
     "SnapshotOperation",
     "Suspended",
     "SystemPrompt",
@@ -202,6 +210,7 @@ __all__ = [
     "WaitingRetry",
     "WatchOverflow",
     "event_lane",
+    "follow_lane",
     "read_lane_events",
     "reduce_lane_snapshot",
 ]

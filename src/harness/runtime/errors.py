@@ -106,3 +106,17 @@ class WatchOverflow(HarnessError):
     the watch ended; take a new one (a fresh snapshot) to go on."""
 
     code = "watch_overflow"
+
+
+class FollowBehind(HarnessError):
+    """A follow's lane event log no longer holds the event it had reached (trimmed past it): the
+    follow ended; take a new one (a fresh snapshot) to go on. Details `{lane, event_seq}`."""
+
+    code = "follow_behind"
+
+
+class SnapshotContended(HarnessError):
+    """A lane snapshot read from outside the session's owner kept meeting new events: every
+    attempt saw the lane's event log move while it read. Details `{lane, attempts}`."""
+
+    code = "snapshot_contended"

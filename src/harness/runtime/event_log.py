@@ -360,8 +360,10 @@ async def read_lane_events(reader: SessionReader, lane: str, after_seq: int | No
     the middle of a commit's events too. Raises `StorageCorruption` when an item or the entry it
     refers to is missing or does not decode."""
     limit = max(1, min(limit, _PAGE))
-    # Each row holds at least one event, so `limit` rows hold the page. The bounds are read after
-    # the rows and the floor after the bounds: a trim in between can only make `holds` False.
+    # The newest event of every row read is after `after_seq` (it is the row's seq) and kept (a
+    # trim deletes every row wholly under the floor), so `limit` rows hold the page. The bounds
+    # are read after the rows and the floor after the bounds: a trim in between can only make
+    # `holds` False.
     rows = await reader.read_list(lane_events(lane), context, after_seq=after_seq, limit=limit)
     bounds = await reader.list_bounds(lane_events(lane), context)
     floor = await reader.get(_lane_floor(lane), context) or 0
@@ -379,8 +381,8 @@ async def read_lane_events(reader: SessionReader, lane: str, after_seq: int | No
             if after_seq is not None and seq <= after_seq:
                 holds = holds or (bounds is not None and after_seq <= bounds[1])
                 continue
-            if len(chosen) < limit:
-                chosen.append((seq, stored))
+            chosen.append((seq, stored))
+    chosen = chosen[:limit]
     refs: list[str] = []
     for _, stored in chosen:
         refs += _refs(stored)

@@ -17,12 +17,11 @@ from harness.runtime.event_log import DEFAULT_EVENT_LOG_LIMIT
 from harness.runtime.events import LaneCreated, ValueUpdate
 from harness.runtime.hooks import RunHooks
 from harness.runtime.lane import Lane, LaneCore
-from harness.runtime.projection import LaneProjection
+from harness.runtime.projection import LaneProjection, read_lane_projection
 from harness.runtime.requests import PromptTemplate, Skill
 from harness.runtime.settings import DriveSettings, SystemPrompt
 from harness.runtime.types import LaneInfo, OpenOperation
 from harness.session import (
-    PHASES_OF_KIND,
     CancelRequested,
     CommitResult,
     LaneConfig,
@@ -30,7 +29,6 @@ from harness.session import (
     OwnershipLost,
     Session,
     SessionMutator,
-    StorageCorruption,
     UnknownEntry,
     UnknownLane,
     addresses,
@@ -116,29 +114,7 @@ class AgentHarness:
 
     async def _restore(self, m: SessionMutator, context: Context) -> None:
         for name in await m.lanes(context):
-            tip = await m.get_record(addresses.branch_tip(name), context)
-            config = await m.get(addresses.lane_config(name), context)
-            state = await m.get(addresses.lane_state(name), context)
-            if tip is None or config is None or state is None:
-                raise StorageCorruption(f"lane {name} is missing its configuration or state", lane=name)
-            last_result = await m.get(addresses.lane_last_result(name), context)
-            meta = operation_state = None
-            operation_id = state.current_operation_id
-            if operation_id is not None:
-                meta = await m.get(addresses.operation_meta(operation_id), context)
-                operation_state = await m.get(addresses.operation_state(operation_id), context)
-                if meta is None or operation_state is None:
-                    raise StorageCorruption(f"operation {operation_id} of lane {name} has no meta or state",
-                                            lane=name, operation_id=operation_id)
-                if meta.operation_id != operation_id or meta.lane != name:
-                    raise StorageCorruption(f"operation {operation_id} does not belong to lane {name}",
-                                            lane=name, operation_id=operation_id)
-                if operation_state.phase not in PHASES_OF_KIND[meta.intent.kind]:
-                    raise StorageCorruption(
-                        f"operation {operation_id} is a {meta.intent.kind} in phase {operation_state.phase}",
-                        lane=name, operation_id=operation_id)
-            projection = LaneProjection(name, tip.value, config, state, last_result, meta, operation_state)
-            self._lanes[name] = Lane(self._core, projection)
+            self._lanes[name] = Lane(self._core, await read_lane_projection(m, name, context))
 
     # -- lanes ----------------------------------------------------------------------------------
 

@@ -119,6 +119,10 @@ class RunningDrive(Protocol):
         """Stop now, as a crash would (the harness is closing); await the result to know it ended."""
         ...
 
+    def pause(self) -> None:
+        """Return `Paused` at the next step boundary."""
+        ...
+
 
 @dataclass(frozen=True)
 class LaneCore:
@@ -525,6 +529,22 @@ class Lane:
             raise HarnessClosed("the harness closed while driving; the operation stays open for the next attachment",
                                 operation_id=expected_operation_id)
         return owned(claimed.result())
+
+    async def pause_drive(self, context: Context) -> bool:
+        """Ask this process's drive of the lane, if one runs, to return `Paused` at its next step
+        boundary: after the streaming reply or the tool batch in hand, before the next request
+        (a retry's wait ends at once). The operation stays open in its durable phase for the next
+        drive, here or in another process; nothing is written. An abort requested meanwhile still
+        settles the run aborted. A job on the session line, so a drive started before the call
+        is paused too. True when a drive was running."""
+
+        async def plan(m: SessionMutator) -> Decision[bool]:
+            if self.active_drive is None:
+                return Decision(False)
+            self.active_drive.pause()
+            return Decision(True)
+
+        return await self.core.line.run(plan, context)
 
     def _drive_ended(self, drive: RunningDrive) -> None:
         # A done callback, registered before anyone awaits the task: it runs before they resume.

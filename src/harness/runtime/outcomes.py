@@ -47,6 +47,15 @@ class WaitingRetry(_Outcome):
     not_before: int
 
 
-DriveOutcome: TypeAlias = Settled | Suspended | WaitingRetry
+class Paused(_Outcome):
+    """The drive stopped at a step boundary because `Lane.pause_drive` asked it to (a worker
+    shutting down): no effect was in flight, and the operation stays open in its durable phase for
+    the next drive, in this process or another."""
+
+    kind: Literal["paused"] = "paused"
+    operation_id: str
+
+
+DriveOutcome: TypeAlias = Settled | Suspended | WaitingRetry | Paused
 """How one drive of an operation ends: `Lane.drive`, `resume`, `prompt`, `compact` and `navigate`
 return it."""

@@ -17,6 +17,7 @@ from harness.runtime.events import QueueUpdate
 from harness.runtime.snapshot import LaneView, queues_of
 from harness.runtime.types import CurrentOperationInfo, OperationStatus
 from harness.session import (
+    PHASES_OF_KIND,
     CancelRequested,
     Entry,
     LaneConfig,
@@ -27,6 +28,7 @@ from harness.session import (
     PendingEntry,
     SessionReader,
     StorageCorruption,
+    UnknownLane,
     addresses,
 )
 
@@ -125,3 +127,35 @@ def captured_model(state: OperationState) -> ModelIdentity | None:
         return model
     config = getattr(state, "config", None)
     return config.model if isinstance(config, LaneConfig) else None
+
+
+async def read_lane_projection(reader: SessionReader, name: str, context: Context) -> LaneProjection:
+    """Lane `name`'s projection as the journal holds it: its branch tip, configuration, state,
+    last result and its current operation's meta and state, nothing more (HA-2, HA-3).
+
+    Raises `UnknownLane` when the session has no lane `name`, and `StorageCorruption` when a
+    record is missing, the operation belongs to another lane or its phase does not fit its kind."""
+    tip = await reader.get_record(addresses.branch_tip(name), context)
+    if tip is None:
+        raise UnknownLane(f"lane {name} does not exist", lane=name)
+    config = await reader.get(addresses.lane_config(name), context)
+    state = await reader.get(addresses.lane_state(name), context)
+    if config is None or state is None:
+        raise StorageCorruption(f"lane {name} is missing its configuration or state", lane=name)
+    last_result = await reader.get(addresses.lane_last_result(name), context)
+    meta = operation_state = None
+    operation_id = state.current_operation_id
+    if operation_id is not None:
+        meta = await reader.get(addresses.operation_meta(operation_id), context)
+        operation_state = await reader.get(addresses.operation_state(operation_id), context)
+        if meta is None or operation_state is None:
+            raise StorageCorruption(f"operation {operation_id} of lane {name} has no meta or state",
+                                    lane=name, operation_id=operation_id)
+        if meta.operation_id != operation_id or meta.lane != name:
+            raise StorageCorruption(f"operation {operation_id} does not belong to lane {name}",
+                                    lane=name, operation_id=operation_id)
+        if operation_state.phase not in PHASES_OF_KIND[meta.intent.kind]:
+            raise StorageCorruption(
+                f"operation {operation_id} is a {meta.intent.kind} in phase {operation_state.phase}",
+                lane=name, operation_id=operation_id)
+    return LaneProjection(name, tip.value, config, state, last_result, meta, operation_state)

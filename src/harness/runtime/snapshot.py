@@ -233,32 +233,57 @@ async def _deferred_handle(reader: SessionReader, source_entry_id: str, context:
     return DeferredHandle(id=message.deferred_id, provider=message.provider, model_id=message.model, api=message.api)
 
 
+class FrameReader:
+    """The streaming reply of one response rebuilt from its persisted frame pages, read on from
+    where the last read stopped: the pages only grow while the response is effect-pending, and
+    are deleted with the commit that supersedes them."""
+
+    def __init__(self, operation_id: str, state: AssistantEffectPending | DeferredEffectPending) -> None:
+        self.operation_id = operation_id
+        self.response_entry_id = state.response_entry_id
+        self._address = addresses.assistant_frames(operation_id, state.response_entry_id)
+        model = state.generation.config.model
+        self._accumulator = AssistantStreamAccumulator(api="", provider=model.provider, model=model.model_id)
+        self._accumulator.timestamp = 0  # replaced by the persisted start frame's timestamp
+        self._after: int | None = None
+
+    @classmethod
+    def of(cls, operation_id: str | None, state: OperationState | None) -> FrameReader | None:
+        """The reader of the response `state` streams, if it is one that streams."""
+        if operation_id is None or not isinstance(state, AssistantEffectPending | DeferredEffectPending):
+            return None
+        return cls(operation_id, state)
+
+    async def read(self, reader: SessionReader, context: Context) -> AssistantMessage | None:
+        """The reply so far if pages were added since the last read (the first read: if any
+        exist), else None. Raises `StorageCorruption` for a page that does not decode."""
+        pages = await reader.read_list(self._address, context, after_seq=self._after, limit=_FRAME_PAGES)
+        while len(pages) % _FRAME_PAGES == 0 and pages:  # a long reply has more than one read's worth
+            more = await reader.read_list(self._address, context, after_seq=pages[-1].seq, limit=_FRAME_PAGES)
+            if not more:
+                break
+            pages += more
+        if not pages:
+            return None
+        try:
+            for page in pages:
+                for frame in _FRAMES.validate_python(page.item.get("frames")):
+                    self._accumulator.apply(frame)
+        except (ValidationError, ValueError) as error:
+            raise StorageCorruption(f"frames of response {self.response_entry_id} are unreadable: {error}",
+                                    entry_id=self.response_entry_id) from error
+        self._after = pages[-1].seq
+        return self._accumulator.message("stop")
+
+
 async def frames_message(
     reader: SessionReader,
     operation_id: str,
     state: AssistantEffectPending | DeferredEffectPending,
     context: Context,
 ) -> AssistantMessage | None:
-    address = addresses.assistant_frames(operation_id, state.response_entry_id)
-    pages = await reader.read_list(address, context, limit=_FRAME_PAGES)
-    while len(pages) % _FRAME_PAGES == 0 and pages:  # a long reply has more than one read's worth
-        more = await reader.read_list(address, context, after_seq=pages[-1].seq, limit=_FRAME_PAGES)
-        if not more:
-            break
-        pages += more
-    if not pages:
-        return None
-    model = state.generation.config.model
-    accumulator = AssistantStreamAccumulator(api="", provider=model.provider, model=model.model_id)
-    accumulator.timestamp = 0  # replaced by the persisted start frame's timestamp
-    try:
-        for page in pages:
-            for frame in _FRAMES.validate_python(page.item.get("frames")):
-                accumulator.apply(frame)
-    except (ValidationError, ValueError) as error:
-        raise StorageCorruption(f"frames of response {state.response_entry_id} are unreadable: {error}",
-                                entry_id=state.response_entry_id) from error
-    return accumulator.message("stop")
+    """The streaming reply of `state`'s response as its frames hold it; None when none is stored."""
+    return await FrameReader(operation_id, state).read(reader, context)
 
 
 async def _running_tools(

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI
+from fastapi import Depends, FastAPI, Request
 
 from harness.context import Context
 from harness.conversation import ConversationService
@@ -14,7 +14,7 @@ from harness.messages import ModelIdentity
 from harness.server import conversations, gardens, langgraph_api, page, streams, ui_stream
 from harness.server.approvals import Approvals
 from harness.server.errors import install_error_handlers
-from harness.server.state import Authenticator, NewLane, ServerOptions, ServerState
+from harness.server.state import Authenticator, NewLane, ServerOptions, ServerState, State
 from harness.session import LaneConfig
 
 
@@ -27,14 +27,22 @@ def create_app(service: ConversationService, auth: Authenticator, *, new_lane: N
     the next server finishes them. `new_lane` configures a new conversation's main lane (default:
     the requested model or the registry's default, with every shared tool active). Tool calls
     wait for an answer over HTTP when the service's `before_tool` hook is `approvals.hook`. The
-    service is the caller's: closing its store is too."""
+    service is the caller's: closing its store is too.
+
+    With `options.workers="external"` (a PostgreSQL store, else `WorkNeedsPostgres`) the server
+    never drives: `harness worker` processes do. It resumes nothing on start, keeps no
+    conversation attached past a request, wakes the workers by letting go of what it accepted,
+    posts steer, follow-up and stop for them, and follows their runs for the event streams. The
+    AI SDK and LangGraph doors and `/compact` answer `external_mode_unsupported` (501); tool
+    approvals are the workers' own policy."""
     state = ServerState(service, auth, new_lane or _default_lane(service), options or ServerOptions(),
                         approvals or Approvals())
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         context = Context({"server": "lifespan"})
-        await state.drives.resume_open(context)
+        if not state.external:  # external workers find what a stopped server left open themselves
+            await state.drives.resume_open(context)
         try:
             yield
         finally:
@@ -47,10 +55,16 @@ def create_app(service: ConversationService, auth: Authenticator, *, new_lane: N
     app.include_router(conversations.router)
     app.include_router(gardens.router)
     app.include_router(streams.router)
-    app.include_router(ui_stream.router)
-    app.include_router(langgraph_api.router)
+    # Both doors drive and keep their conversation live while a stream reads it.
+    in_process_only = [Depends(_in_process_only)]
+    app.include_router(ui_stream.router, dependencies=in_process_only)
+    app.include_router(langgraph_api.router, dependencies=in_process_only)
     app.include_router(page.router)  # last: its files are low-priority routes, every API route wins
     return app
+
+
+def _in_process_only(request: Request, state: State) -> None:
+    state.refuse_if_external(request.url.path)
 
 
 def _default_lane(service: ConversationService) -> NewLane:

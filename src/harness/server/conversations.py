@@ -4,18 +4,24 @@ current user; another user's conversation answers exactly like a missing one (40
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Annotated
 
 from fastapi import APIRouter, Query, Response, status
 from pydantic import BaseModel, ConfigDict, Field
 
+from harness.context import Context
 from harness.conversation import (
+    BUILT_IN_COMMANDS,
     DISPLAY_PAGE,
+    MAIN_LANE,
     MAX_DISPLAY_PAGE,
+    BuiltInCommand,
     CommandOutcome,
     CompactOutcome,
+    Conversation,
     ConversationInfo,
+    ConversationService,
     DirectoryMoved,
     DisplayPage,
     FastOutcome,
@@ -25,10 +31,12 @@ from harness.conversation import (
     fast,
     run_typed_command,
 )
-from harness.messages import ImageContent, ModelIdentity, UserMessage
+from harness.messages import ImageContent, ModelIdentity
 from harness.runtime import LaneBusy
 from harness.server.approvals import PendingApproval
+from harness.server.errors import ExternalModeUnsupported
 from harness.server.state import CurrentUser, RequestContext, State
+from harness.session import StorageCorruption, addresses
 from harness.tools import Approval
 
 router = APIRouter(prefix="/api", tags=["conversations"])
@@ -59,8 +67,11 @@ class CreateConversation(_Body):
 @router.post("/conversations", status_code=status.HTTP_201_CREATED, response_model=ConversationOut)
 async def create_conversation(body: CreateConversation, user: CurrentUser, state: State,
                               context: RequestContext) -> ConversationOut:
-    """A new conversation of the current user, live in this server."""
+    """A new conversation of the current user, live in this server (with external workers:
+    stored and let go)."""
     conversation = await state.service.create(user, state.new_lane(body.model), context, name=body.name)
+    if state.external:
+        await state.service.close(user, conversation.id, context)
     return ConversationOut.of(conversation.info)
 
 
@@ -80,10 +91,24 @@ class ConversationView(ConversationOut):
 @router.get("/conversations/{conversation_id}", response_model=ConversationView)
 async def read_conversation(conversation_id: str, user: CurrentUser, state: State,
                             context: RequestContext) -> ConversationView:
-    """One conversation of the current user, opened live in this server."""
+    """One conversation of the current user, opened live in this server (with external workers:
+    read from the journal, whoever drives it)."""
+    if state.external:
+        return await _cold_view(state.service, user, conversation_id, context)
     conversation = await state.service.open(user, conversation_id, context)
     listed = ConversationOut.of(conversation.info).model_dump()
     return ConversationView(**listed, model=conversation.lane.config.model)
+
+
+async def _cold_view(service: ConversationService, user: str, conversation_id: str,
+                     context: Context) -> ConversationView:
+    await service.is_open(user, conversation_id, context)  # the owner check
+    session = await service.store.open_session(conversation_id, context)
+    config = await session.get(addresses.lane_config(MAIN_LANE), context)
+    if config is None:
+        raise StorageCorruption(f"conversation {conversation_id} has no main lane", session_id=conversation_id)
+    infos = {info.id: info for info in await service.list(user, context)}
+    return ConversationView(**ConversationOut.of(infos[conversation_id]).model_dump(), model=config.model)
 
 
 class RenameConversation(_Body):
@@ -102,7 +127,11 @@ async def rename_conversation(conversation_id: str, body: RenameConversation, us
 @router.post("/conversations/{conversation_id}/close", status_code=status.HTTP_204_NO_CONTENT)
 async def close_conversation(conversation_id: str, user: CurrentUser, state: State, context: RequestContext) -> None:
     """Detach the live conversation from this server (nothing of it is lost; the next request
-    opens it again). Refused with `lane_busy` (409) while a run is open: stop it first."""
+    opens it again). Refused with `lane_busy` (409) while a run is open: stop it first. With
+    external workers nothing is attached here: only the owner check."""
+    if state.external:
+        await state.service.is_open(user, conversation_id, context)
+        return
     conversation = await state.service.open(user, conversation_id, context)
     if (operation := conversation.lane.info().operation) is not None:
         raise LaneBusy(f"conversation {conversation_id} has a run open; stop it first", operation_id=operation.id)
@@ -167,9 +196,12 @@ class QueueMessage(_Body):
 
 
 class Queued(BaseModel):
-    """A message queued by its pre-minted entry id, placed when the run reaches its boundary."""
+    """A message queued by its pre-minted entry id, placed when the run reaches its boundary.
+    With external workers `entry_id` is null and `request_id` names the request posted for the
+    worker driving the run, which queues it when it takes it."""
 
-    entry_id: str
+    entry_id: str | None
+    request_id: str | None = None
 
 
 @router.post("/conversations/{conversation_id}/steer", status_code=status.HTTP_202_ACCEPTED, response_model=Queued)
@@ -177,8 +209,8 @@ async def steer(conversation_id: str, body: QueueMessage, user: CurrentUser, sta
                 context: RequestContext) -> Queued:
     """Steer the running turn: read after its current tool calls, before its next request.
     `no_active_operation` (409) when nothing runs."""
-    conversation = await state.service.open(user, conversation_id, context)
-    return Queued(entry_id=await conversation.lane.steer(UserMessage(content=body.text), context))
+    entry_id, request_id = await state.queue(user, conversation_id, "steer", body.text, context)
+    return Queued(entry_id=entry_id, request_id=request_id)
 
 
 @router.post("/conversations/{conversation_id}/follow-up", status_code=status.HTTP_202_ACCEPTED,
@@ -187,8 +219,8 @@ async def follow_up(conversation_id: str, body: QueueMessage, user: CurrentUser,
                     context: RequestContext) -> Queued:
     """Queue a follow-up of the running turn: read when it would otherwise end.
     `no_active_operation` (409) when nothing runs."""
-    conversation = await state.service.open(user, conversation_id, context)
-    return Queued(entry_id=await conversation.lane.follow_up(UserMessage(content=body.text), context))
+    entry_id, request_id = await state.queue(user, conversation_id, "follow_up", body.text, context)
+    return Queued(entry_id=entry_id, request_id=request_id)
 
 
 class Stopped(BaseModel):
@@ -217,9 +249,18 @@ class TypedCommand(_Body):
 async def command(conversation_id: str, body: TypedCommand, user: CurrentUser, state: State,
                   context: RequestContext) -> CommandOutcome:
     """Run a typed built-in command (`/compact`, `/fast`, `/model`, `/rename`, `/mode`,
-    `/restart`; `/goal` has its own route), recorded as one row (CE-16). `unknown_command` (400)."""
-    conversation = await state.service.open(user, conversation_id, context)
-    return await run_typed_command(state.service, user, conversation, body.line, context)
+    `/restart`; `/goal` has its own route), recorded as one row (CE-16). `unknown_command` (400).
+    With external workers `/compact`, which would drive, is `external_mode_unsupported` (501)."""
+    commands: Mapping[str, BuiltInCommand] = (
+        {**BUILT_IN_COMMANDS, "compact": _compact_refused} if state.external else BUILT_IN_COMMANDS)
+    async with state.conversation(user, conversation_id, context) as conversation:
+        return await run_typed_command(state.service, user, conversation, body.line, context, commands=commands)
+
+
+async def _compact_refused(service: ConversationService, user: str, conversation: Conversation, args: str | None,
+                           context: Context, *, typed: bool = True) -> CommandOutcome:
+    raise ExternalModeUnsupported("/compact drives a summary, which a server whose workers are external never "
+                                  "does", route="/compact")
 
 
 class CompactBody(_Body):
@@ -229,7 +270,9 @@ class CompactBody(_Body):
 @router.post("/conversations/{conversation_id}/compact", response_model=CompactOutcome)
 async def compact_route(conversation_id: str, body: CompactBody, user: CurrentUser, state: State,
                         context: RequestContext) -> CompactOutcome:
-    """`/compact`: summarize the older part of the conversation (recorded). `lane_busy` (409)."""
+    """`/compact`: summarize the older part of the conversation (recorded). `lane_busy` (409);
+    `external_mode_unsupported` (501) with external workers."""
+    state.refuse_if_external("/compact")
     conversation = await state.service.open(user, conversation_id, context)
     return await compact(state.service, user, conversation, body.instructions, context)
 
@@ -237,8 +280,8 @@ async def compact_route(conversation_id: str, body: CompactBody, user: CurrentUs
 @router.post("/conversations/{conversation_id}/fast", response_model=FastOutcome)
 async def fast_route(conversation_id: str, user: CurrentUser, state: State, context: RequestContext) -> FastOutcome:
     """`/fast`: switch to the fast model, or back (recorded). `no_fast_model` (400)."""
-    conversation = await state.service.open(user, conversation_id, context)
-    return await fast(state.service, user, conversation, None, context)
+    async with state.conversation(user, conversation_id, context) as conversation:
+        return await fast(state.service, user, conversation, None, context)
 
 
 class SwitchModel(_Body):
@@ -273,9 +316,9 @@ async def local_shell(conversation_id: str, body: LocalShell, user: CurrentUser,
                       context: RequestContext) -> ShellOut:
     """`!cmd`: run `command` on the server in the conversation's directory (its project's, or the
     server's own) and record it as a row the model reads with the next message (CE-17)."""
-    conversation = await state.service.open(user, conversation_id, context)
-    row, recorded = await state.service.run_local_shell(user, conversation_id, body.command,
-                                                        conversation.target.directory, context)
+    async with state.conversation(user, conversation_id, context) as conversation:
+        directory = conversation.target.directory
+    row, recorded = await state.service.run_local_shell(user, conversation_id, body.command, directory, context)
     return ShellOut(exit_code=row.exit_code, output=row.output, recorded=recorded)
 
 

@@ -23,7 +23,7 @@ class Drives:
         self._service = service
         self._tasks: dict[str, asyncio.Task[DriveOutcome]] = {}
         self.conversation_of: dict[str, str] = {}
-        """The conversation id of each operation this server drives or drove."""
+        """The conversation id of each operation this server drives now."""
 
     def start(self, conversation: Conversation, lane: str, operation_id: str) -> asyncio.Task[DriveOutcome]:
         """Drive `operation_id` of `conversation`'s `lane` in a task of the server (the same task
@@ -41,6 +41,7 @@ class Drives:
 
     def _ended(self, operation_id: str, task: asyncio.Task[DriveOutcome]) -> None:
         self._tasks.pop(operation_id, None)
+        self.conversation_of.pop(operation_id, None)
         if task.cancelled():
             return
         if (error := task.exception()) is not None:

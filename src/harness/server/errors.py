@@ -25,6 +25,22 @@ class Unauthorized(HarnessError):
     code = "unauthorized"
 
 
+class ConversationHeld(HarnessError):
+    """`harness serve --workers external`: another process holds the conversation, a worker
+    driving its run as a rule; nothing was written. Steer, follow up or stop the run (those
+    reach the worker), or send the turn once the run has ended. Details `{conversation_id}`."""
+
+    code = "conversation_held"
+
+
+class ExternalModeUnsupported(HarnessError):
+    """`harness serve --workers external`: this route would drive work or keep a conversation
+    attached in the API process, which that mode never does; use the native routes (`/api/...`
+    messages, steer, follow-up, stop, events). Details `{route}`."""
+
+    code = "external_mode_unsupported"
+
+
 STATUS_BY_CODE: dict[str, int] = {
     **dict.fromkeys(["unauthorized"], 401),
     **dict.fromkeys(["session_not_found", "image_not_found", "unknown_entry", "unknown_lane", "garden_not_found",
@@ -32,11 +48,13 @@ STATUS_BY_CODE: dict[str, int] = {
                      "run_not_found"], 404),
     **dict.fromkeys(["lane_busy", "model_switch_refused", "session_owned", "no_active_operation", "not_a_run",
                      "conversation_ended", "project_switch_refused", "operation_mismatch", "nothing_to_resume",
-                     "operation_id_taken", "lane_exists", "garden_exists", "id_taken", "thread_exists"], 409),
+                     "operation_id_taken", "lane_exists", "garden_exists", "id_taken", "thread_exists",
+                     "conversation_held"], 409),
     **dict.fromkeys(["prompt_too_large", "record_too_large"], 413),
     **dict.fromkeys(["store_unavailable", "store_connection_lost", "store_closed", "harness_closed"], 503),
     **dict.fromkeys(["storage_corruption", "harness_fault", "ownership_lost", "storage_rolled_back", "store_full",
                      "setting_not_recorded", "listener_reentry", "reentrant_mutation"], 500),
+    **dict.fromkeys(["external_mode_unsupported"], 501),
 }
 """The HTTP status of each error code a route can raise; any other `HarnessError` is the caller's
 request that cannot be done as asked (400)."""

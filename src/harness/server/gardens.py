@@ -99,8 +99,13 @@ async def goal(conversation_id: str, body: GoalCommand, user: CurrentUser, state
     the command's row above the kickoff turn it starts (CE-16); answered once that turn is
     accepted (202). `invalid_input` (400, recorded) for an empty text or when `garden` is not
     given and you have no garden or several; `garden_not_found` (404); `lane_busy` (409) while a
-    turn runs."""
-    conversation = await state.service.open(user, conversation_id, context)
+    turn runs. With external workers the kickoff turn is theirs to drive."""
+    async with state.conversation(user, conversation_id, context) as conversation:
+        return await _give_goal(state, user, conversation, body, context)
+
+
+async def _give_goal(state: ServerState, user: str, conversation: Conversation, body: GoalCommand,
+                     context: Context) -> GoalAccepted:
     if body.garden is not None:
         garden = _open(state, user, body.garden)
     else:
@@ -112,7 +117,7 @@ async def goal(conversation_id: str, body: GoalCommand, user: CurrentUser, state
     kickoff: list[AcceptedRun] = []
 
     async def drive(driven: Conversation, accepted: AcceptedRun, context: Context) -> None:
-        state.drives.start(driven, driven.lane.name, accepted.operation_id)
+        state.drive(driven, driven.lane.name, accepted.operation_id)
         kickoff.append(accepted)
 
     outcome = await goal_command(garden, drive=drive)(state.service, user, conversation, body.text, context)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+import weakref
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from contextlib import aclosing
 from datetime import UTC, datetime
@@ -249,22 +250,13 @@ def _input_text(body: RunCreate) -> str:
 # -- runs -----------------------------------------------------------------------------------------
 
 
-class _Door:
-    """The door's state in one server: a lock per thread, so two requests of one thread record their
-    runs one after the other."""
-
-    def __init__(self) -> None:
-        self._locks: dict[str, asyncio.Lock] = {}
-
-    def lock(self, thread_id: str) -> asyncio.Lock:
-        return self._locks.setdefault(thread_id, asyncio.Lock())
+_thread_locks: weakref.WeakValueDictionary[tuple[int, str], asyncio.Lock] = weakref.WeakValueDictionary()
+"""A lock per (server, thread), so two requests of one thread record their runs one after the
+other; a lock lives only while a request holds it, so the map never outgrows the requests."""
 
 
-_doors: dict[int, _Door] = {}
-
-
-def _door(state: ServerState) -> _Door:
-    return _doors.setdefault(id(state), _Door())
+def _thread_lock(state: ServerState, thread_id: str) -> asyncio.Lock:
+    return _thread_locks.setdefault((id(state), thread_id), asyncio.Lock())
 
 
 async def _record(session: Session, run_id: str, context: Context) -> RunRecord | None:
@@ -372,7 +364,7 @@ async def _create_run(state: ServerState, user: str, thread_id: str, body: RunCr
     strategy = multitask_strategy(body.multitask_strategy)
     text = _input_text(body)
     conversation = await state.service.open(user, thread_id, context)
-    async with _door(state).lock(thread_id):
+    async with _thread_lock(state, thread_id):
         current = conversation.lane.info().operation
         if current is not None:
             if strategy == "reject":

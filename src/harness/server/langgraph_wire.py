@@ -33,6 +33,7 @@ from harness.messages import (
     ToolResultMessage,
     UserContent,
     UserMessage,
+    text_of,
 )
 from harness.server.sse import json_text
 from harness.session import (
@@ -223,7 +224,7 @@ def _reasoning(thinking: str) -> dict[str, JsonValue]:
 
 
 def _text_of(message: AssistantMessage) -> str:
-    return "".join(block.text for block in message.content if isinstance(block, TextContent))
+    return text_of(message.content)
 
 
 def _thinking_of(message: AssistantMessage) -> str:

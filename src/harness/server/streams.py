@@ -21,8 +21,9 @@ import asyncio
 import contextlib
 import re
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass
+from functools import partial
 from typing import Annotated, Generic, TypeVar
 
 from fastapi import APIRouter, Depends, Header
@@ -30,8 +31,8 @@ from fastapi.sse import EventSourceResponse, ServerSentEvent
 from pydantic import BaseModel
 
 from harness.context import Context
-from harness.conversation import Conversation, Forbidden, InstanceEvent, conversation_events
-from harness.runtime import HarnessEvent, Lane, LaneSnapshot, MessageUpdate
+from harness.conversation import MAIN_LANE, Conversation, Forbidden, InstanceEvent, conversation_events
+from harness.runtime import HarnessEvent, LaneEventPage, LaneSnapshot, MessageUpdate, follow_lane, read_lane_events
 from harness.server.approvals import ApprovalChange
 from harness.server.langgraph_wire import InvalidEventId
 from harness.server.state import CurrentUser, RequestContext, State
@@ -149,7 +150,11 @@ def _snapshot(snapshot: LaneSnapshot, *, reset: bool) -> ServerSentEvent:
     return ServerSentEvent(event="snapshot", id=event_id, data={**snapshot.model_dump(mode="json"), "reset": reset})
 
 
-async def _replay(lane: Lane, snapshot: LaneSnapshot, after: WatchPosition,
+ReadEvents = Callable[[int | None, int, Context], Awaitable[LaneEventPage]]
+"""A lane's event log read (`Lane.read_events`, or `read_lane_events` on a cold reader)."""
+
+
+async def _replay(read_events: ReadEvents, snapshot: LaneSnapshot, after: WatchPosition,
                   context: Context) -> list[ServerSentEvent] | None:
     """The parts after `after` up to the event `snapshot` is current to, from the lane's log, to
     send instead of the snapshot; None when the log does not hold `after.seq` (trimmed past it, or
@@ -158,12 +163,12 @@ async def _replay(lane: Lane, snapshot: LaneSnapshot, after: WatchPosition,
     if newest is None or after.seq > newest:
         return None
     # Read from event `after.seq` itself: finding it proves the log holds it, and its rows may be unsent.
-    page = await lane.read_events(after.seq - 1, REPLAY_PAGE, context)
+    page = await read_events(after.seq - 1, REPLAY_PAGE, context)
     if not page.events or page.events[0].event_seq != after.seq:
         return None
     events = list(page.events)
     while (last := events[-1].event_seq) is not None and last < newest:
-        page = await lane.read_events(last, REPLAY_PAGE, context)
+        page = await read_events(last, REPLAY_PAGE, context)
         if not page.holds or not page.events:
             return None
         events.extend(page.events)
@@ -178,8 +183,41 @@ async def _replay(lane: Lane, snapshot: LaneSnapshot, after: WatchPosition,
 # stream starts, where an error inside the stream could only cut it.
 
 
-async def _watched(conversation_id: str, user: CurrentUser, state: State, context: RequestContext) -> Conversation:
+async def _watched(conversation_id: str, user: CurrentUser, state: State,
+                   context: RequestContext) -> Conversation | None:
+    """The live conversation; None with external workers, where the stream follows the journal
+    (after the owner check)."""
+    if state.external:
+        await state.service.is_open(user, conversation_id, context)
+        return None
     return await state.service.open(user, conversation_id, context)
+
+
+@dataclass
+class _Watched:
+    """What a conversation's stream reads: a snapshot, the events after it, the lane's log and
+    how to stop. In-process the live lane's watch; with external workers a follow (`follow_lane`)."""
+
+    snapshot: LaneSnapshot
+    events: AsyncIterator[HarnessEvent]
+    read_events: ReadEvents
+    close: Callable[[], None]
+
+
+async def _watch(state: State, conversation_id: str, conversation: Conversation | None,
+                 context: Context) -> _Watched:
+    if conversation is None:
+        follow = await follow_lane(state.service.store, conversation_id, MAIN_LANE, context,
+                                   poll_s=state.options.follow_poll_s)
+        session = await state.service.store.open_session(conversation_id, context)
+        return _Watched(follow.snapshot, aiter(follow), partial(read_lane_events, session, MAIN_LANE), follow.close)
+    watch = await conversation.lane.watch(context)
+
+    async def deliveries() -> AsyncIterator[HarnessEvent]:
+        async for delivery in watch:
+            yield delivery.event
+
+    return _Watched(watch.snapshot, deliveries(), conversation.lane.read_events, watch.close)
 
 
 def _resumed_after(last_event_id: Annotated[str | None, Header()] = None) -> WatchPosition | None:
@@ -187,7 +225,8 @@ def _resumed_after(last_event_id: Annotated[str | None, Header()] = None) -> Wat
 
 
 @router.get("/conversations/{conversation_id}/events", response_class=EventSourceResponse)
-async def conversation_events_stream(conversation_id: str, conversation: Annotated[Conversation, Depends(_watched)],
+async def conversation_events_stream(conversation_id: str,
+                                     conversation: Annotated[Conversation | None, Depends(_watched)],
                                      after: Annotated[WatchPosition | None, Depends(_resumed_after)], state: State,
                                      context: RequestContext) -> AsyncIterator[ServerSentEvent]:
     """The conversation live: a `snapshot` event (the lane snapshot: transcript since the newest
@@ -200,8 +239,12 @@ async def conversation_events_stream(conversation_id: str, conversation: Annotat
     streaming reply so far as a `message_update`, if one streams; when the lane's log no longer
     holds it, it starts with a snapshot whose `reset` is True. `invalid_event_id` (400) for an id
     the watch never sends. A client that falls `client_buffer` events behind gets `overflow` and
-    the stream ends: reconnect with the last event id."""
-    watch = await conversation.lane.watch(context)
+    the stream ends: reconnect with the last event id.
+
+    With external workers the stream follows the journal the worker writes (`follow_lane`): the
+    same snapshot, ids and resume, the streaming reply from its persisted frames (one
+    `frame_interval_s` behind), no approvals (the worker's own policy answers them)."""
+    watch = await _watch(state, conversation_id, conversation, context)
     buffer: _Buffer[HarnessEvent | ApprovalChange] = _Buffer(state.options.client_buffer)
 
     def on_approval(change: ApprovalChange) -> None:
@@ -214,14 +257,10 @@ async def conversation_events_stream(conversation_id: str, conversation: Annotat
             return [ServerSentEvent(event="approval", data={"pending": item.pending, "answer": answer})]
         return _parts(item)
 
-    async def deliveries() -> AsyncIterator[HarnessEvent]:
-        async for delivery in watch:
-            yield delivery.event
-
     stop_listening = state.approvals.listen(on_approval)
-    pump = asyncio.create_task(_pump(deliveries(), buffer))
+    pump = asyncio.create_task(_pump(watch.events, buffer))
     try:
-        replay = None if after is None else await _replay(conversation.lane, watch.snapshot, after, context)
+        replay = None if after is None else await _replay(watch.read_events, watch.snapshot, after, context)
         if replay is None:
             yield _snapshot(watch.snapshot, reset=after is not None)
         else:

@@ -58,6 +58,7 @@ from harness.messages import (
     ToolCall,
     ToolResultMessage,
     UserMessage,
+    text_of,
 )
 from harness.runtime import (
     EntryAdded,
@@ -359,7 +360,7 @@ class RunParts:
         if result.tool_call_id in self._outputs or result.tool_call_id not in self._inputs:
             return
         self._outputs.add(result.tool_call_id)
-        text = "\n".join(block.text for block in result.content if isinstance(block, TextContent))
+        text = text_of(result.content, "\n")
         if result.is_error:
             self._emit({"type": "tool-output-error", "toolCallId": result.tool_call_id, "errorText": text})
         else:

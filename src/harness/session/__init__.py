@@ -25,6 +25,7 @@ from harness.session.backend import (
     ValueRow,
     Write,
 )
+from harness.session.changes import ChangeFeed, ChangeSubscription
 from harness.session.entries import (
     BranchPage,
     BranchSummaryPayload,
@@ -141,6 +142,8 @@ __all__ = [
     "BranchPage",
     "BranchSummaryPayload",
     "CancelRequested",
+    "ChangeFeed",
+    "ChangeSubscription",
     "Claim",
     "CommitResult",
     "CompactionIntent",

@@ -210,6 +210,11 @@ class Backend(Protocol):
         """Values in `namespace` whose key starts with `key_prefix`, keys ascending."""
         ...
 
+    async def values_across(self, namespace: str, key: str, context: Context) -> dict[str, ValueRow]:
+        """The value at (`namespace`, `key`) of every session that has one, by session id: one
+        query, where reading each session would be two per session."""
+        ...
+
     async def read_list(
         self, session_id: str, namespace: str, key: str, after_seq: int | None, limit: int, context: Context
     ) -> list[ValueRow]:

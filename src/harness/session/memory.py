@@ -130,6 +130,12 @@ class MemoryBackend:
         found = [v for (ns, key), v in values.items() if ns == namespace and key.startswith(key_prefix)]
         return sorted(found, key=lambda v: v.key)
 
+    async def values_across(self, namespace: str, key: str, context: Context) -> dict[str, ValueRow]:
+        if self._closed:
+            raise StoreClosed("the memory store is closed")
+        return {session_id: session.values[(namespace, key)] for session_id, session in self._sessions.items()
+                if (namespace, key) in session.values}
+
     async def read_list(
         self, session_id: str, namespace: str, key: str, after_seq: int | None, limit: int, context: Context
     ) -> list[ValueRow]:

@@ -251,8 +251,11 @@ class PostgresBackend:
         alive with `renew_claims`, and a claimant ends one that went quiet (`end_stale_lease`)."""
         digest = hashlib.blake2b(schema.encode(), digest_size=8).hexdigest()
         self.channel = f"harness_work_{digest}"
-        """The LISTEN/NOTIFY channel of this store: every release and every posted request
+        """The LISTEN/NOTIFY channel of this store's work: every release and every posted request
         notifies it with the session id."""
+        self.change_channel = f"harness_change_{digest}"
+        """The LISTEN/NOTIFY channel of this store's changes: every commit notifies it with the
+        session id, inside its transaction (`harness.session.changes`)."""
         self.images = PostgresImages(self)
         self.tokens = PostgresTokens(self)
         # Test seam for crash tests: awaited inside the commit transaction, before COMMIT.
@@ -377,6 +380,12 @@ class PostgresBackend:
             )
             return [ValueRow(*r) for r in await cur.fetchall()]
 
+    async def values_across(self, namespace: str, key: str, context: Context) -> dict[str, ValueRow]:
+        async with self._connection() as conn:
+            cur = await conn.execute("SELECT session_id, namespace, key, seq, value FROM record_values "
+                                     "WHERE namespace = %s AND key = %s", (namespace, key))
+            return {r[0]: ValueRow(*r[1:]) for r in await cur.fetchall()}
+
     async def read_list(
         self, session_id: str, namespace: str, key: str, after_seq: int | None, limit: int, context: Context
     ) -> list[ValueRow]:
@@ -476,6 +485,9 @@ class PostgresBackend:
                     await _apply(conn, session_id, write, seq, timestamp)
                 await conn.execute("UPDATE sessions SET next_seq = %s, updated_at = %s WHERE id = %s",
                                    (seqs[-1] + 1 if seqs else first, timestamp, session_id))
+                # Pipelined with the writes, so no round trip is added; delivered at COMMIT, so a
+                # reader woken by it sees the commit. A post also wakes the workers.
+                await conn.execute("SELECT pg_notify(%s, %s)", (self.change_channel, session_id))
                 if post:
                     await conn.execute("SELECT pg_notify(%s, %s)", (self.channel, session_id))
                 await pipeline.sync()
@@ -568,13 +580,23 @@ class PostgresBackend:
                 if not claim.connection.closed:
                     await claim.connection.execute("SELECT 1")
 
-    async def listen(self) -> AsyncIterator[str]:
-        """The session ids notified on `channel`, from a dedicated connection, until the caller
-        stops iterating; `StoreConnectionLost` when the connection drops (notifications sent
-        meanwhile are lost: the caller polls to cover them)."""
+    def listen(self) -> AsyncIterator[str]:
+        """The session ids notified on `channel` (releases, posted requests), from a dedicated
+        connection, until the caller stops iterating; `StoreConnectionLost` when the connection
+        drops (notifications sent meanwhile are lost: the caller polls to cover them)."""
+        return self._listen(self.channel, announce=False)
+
+    def listen_changes(self) -> AsyncIterator[str]:
+        """`listen` on `change_channel` (every commit), first yielding "" (no session id) once
+        the LISTEN runs: what was committed before it is to be read, not waited for."""
+        return self._listen(self.change_channel, announce=True)
+
+    async def _listen(self, channel: str, *, announce: bool) -> AsyncIterator[str]:
         try:
             async with await psycopg.AsyncConnection.connect(self.url, autocommit=True) as conn:
-                await conn.execute(f'LISTEN "{self.channel}"')
+                await conn.execute(f'LISTEN "{channel}"')
+                if announce:
+                    yield ""
                 async for notify in conn.notifies():
                     yield notify.payload
         except (psycopg.OperationalError, psycopg.InterfaceError) as error:

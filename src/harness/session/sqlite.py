@@ -458,6 +458,14 @@ class SqliteBackend:
 
         return await self._call(run)
 
+    async def values_across(self, namespace: str, key: str, context: Context) -> dict[str, ValueRow]:
+        def run(db: sqlite3.Connection) -> dict[str, ValueRow]:
+            rows = db.execute(f"SELECT session_id, {_VALUE_COLUMNS} FROM record_values WHERE namespace = ? AND key = ?",
+                              (namespace, key))
+            return {r[0]: _value_row(r[1:]) for r in rows}
+
+        return await self._call(run)
+
     async def read_list(
         self, session_id: str, namespace: str, key: str, after_seq: int | None, limit: int, context: Context
     ) -> list[ValueRow]:

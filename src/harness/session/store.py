@@ -5,7 +5,7 @@ from __future__ import annotations
 import weakref
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar, cast
 from urllib.parse import parse_qs, urlsplit
 
 from harness.context import Context
@@ -14,6 +14,7 @@ from harness.messages import now_ms
 from harness.session import addresses
 from harness.session.addresses import ValueAddress
 from harness.session.backend import Backend, InsertEntry, SessionInfo, SetValue, Write
+from harness.session.changes import ChangeFeed
 from harness.session.entries import custom_type_of
 from harness.session.errors import (
     SessionNotFound,
@@ -27,8 +28,11 @@ from harness.session.images import ImageStore
 from harness.session.memory import MemoryBackend
 from harness.session.migrations import DATA_MIGRATIONS, DataMigration
 from harness.session.records import LaneState
-from harness.session.session import Session, check_lane_name, encode, storable_identifier
+from harness.session.session import Session, check_lane_name, decode_value, encode, storable_identifier
 from harness.session.tokens import Tokens
+
+if TYPE_CHECKING:  # psycopg is imported only by a store that opens PostgreSQL
+    from harness.session.postgres import PostgresBackend
 
 _FORK_PAGE = 1000
 T = TypeVar("T")
@@ -43,6 +47,10 @@ class Store:
         self.url = url
         self._open: weakref.WeakValueDictionary[str, Session] = weakref.WeakValueDictionary()
         self._closed = False
+        listen = cast("PostgresBackend", backend).listen_changes if backend.kind == "postgres" else None
+        self.changes = ChangeFeed(listen)
+        """Wake-ups when a session may have changed, in any process: on PostgreSQL every commit
+        notifies them; on memory and SQLite nothing does and subscribers poll."""
 
     @property
     def images(self) -> ImageStore:
@@ -87,6 +95,17 @@ class Store:
         """Every session, oldest first."""
         self._check_open()
         return await self.backend.list_sessions(context)
+
+    async def values_across(self, address: ValueAddress[T], context: Context) -> dict[str, T]:
+        """The value at `address` in every session that has one, by session id, in one read (a
+        conversation list reads every session's owner and name this way). Raises
+        `StorageCorruption` when a stored value does not decode."""
+        self._check_open()
+        if not (storable_identifier(address.namespace) and storable_identifier(address.key)):
+            return {}
+        rows = await self.backend.values_across(address.namespace, address.key, context)
+        where = f"{address.namespace}/{address.key}"
+        return {session_id: decode_value(address.adapter, row.value, where) for session_id, row in rows.items()}
 
     async def delete_session(self, session_id: str, context: Context) -> None:
         """Delete the session with everything in it: entries, records (lanes, operations, pending
@@ -148,6 +167,7 @@ class Store:
             return
         self._closed = True
         try:
+            await self.changes.close()
             for session in list(self._open.values()):
                 await session.detach(context or Context())
         finally:

@@ -3,17 +3,17 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import math
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from harness.context import Context
 from harness.conversation import OWNER, Conversation, ConversationService
 from harness.errors import HarnessError
 from harness.messages import now_ms
-from harness.runtime import DriveOutcome, Suspended, WaitingRetry
+from harness.runtime import DriveOutcome, Paused, Suspended, WaitingRetry
 from harness.session import DEFAULT_LEASE_S, OpenWork, SessionNotFound, SessionOwned, StoreConnectionLost, work_board
 
 logger = logging.getLogger(__name__)
@@ -28,8 +28,9 @@ class WorkerOptions:
     dropped listening connection lost). `lease_s`: how long a holder's connection may go quiet
     before another worker ends it and takes the session over. `deferred_poll_s`: how often a
     deferred reply is fetched. `backoff_s`: how long a session whose drive failed unexpectedly
-    is left alone. `stop_grace_s`: on `stop`, how long the drives in hand may take to finish
-    before they are halted as a crash would halt them (the next worker resumes them)."""
+    is left alone. `stop_grace_s`: on `stop`, how long the drives in hand may take to reach their
+    next step boundary (the streaming reply or tool batch in hand ends first) before they are
+    halted as a crash would halt them; either way the next worker resumes them."""
 
     concurrency: int = 4
     poll_s: float = 1.0
@@ -70,8 +71,9 @@ class Worker:
         return frozenset(self._held)
 
     def stop(self) -> None:
-        """Ask `run` to return: claim nothing more, let the drives in hand finish (within
-        `stop_grace_s`), release every session. Safe from a signal handler on the loop."""
+        """Ask `run` to return: claim nothing more, pause each drive in hand at its next step
+        boundary (`Lane.pause_drive`; within `stop_grace_s`), release every session with its
+        operations open for the next worker. Safe from a signal handler on the loop."""
         self._stopping.set()
         self._wake.set()
 
@@ -81,11 +83,15 @@ class Worker:
         listener = loop.create_task(self._listen(context))
         renewer = loop.create_task(self._renew(context))
         try:
+            polled = True
             while not self._stopping.is_set():
                 self._wake.clear()
-                timeout = await self._claim_open(context)
-                with contextlib.suppress(TimeoutError):
+                timeout = await self._claim_open(context, polled=polled)
+                try:
                     await asyncio.wait_for(self._wake.wait(), timeout)
+                    polled = False
+                except TimeoutError:
+                    polled = True
         finally:
             listener.cancel()
             held = list(self._held.values())
@@ -99,12 +105,14 @@ class Worker:
 
     # -- claiming ---------------------------------------------------------------------------------
 
-    async def _claim_open(self, context: Context) -> float:
-        """Start a drive for each free session with work that is due, up to the concurrency; take
-        the requests of the sessions held; return how long to wait before the next look."""
+    async def _claim_open(self, context: Context, *, polled: bool) -> float:
+        """Start a drive for each free session with work that is due, up to the concurrency; at a
+        poll (`polled`), also take the requests of the sessions held, which their notifications
+        bring at once otherwise; return how long to wait before the next look."""
         wait = self.options.poll_s
-        for session_id in self._held:
-            self._take_requests(session_id, context)
+        if polled:
+            for session_id in self._held:
+                self._take_requests(session_id, context)
         if len(self._held) >= self.options.concurrency:
             return wait
         try:
@@ -139,17 +147,14 @@ class Worker:
             if conversation is None:
                 return
             try:
-                while True:
+                while not self._stopping.is_set():
                     await self._take_all(conversation, context)
                     operations = [(lane.name, lane.operation.id) for lane in conversation.harness.lanes
                                   if lane.operation is not None]
                     if not operations:
                         break
-                    outcomes = await asyncio.gather(*(
-                        conversation.harness.lane(lane).drive(operation_id, context, wait_for_retry=False,
-                                                              poll_deferred=True)
-                        for lane, operation_id in operations))
-                    if self._wait_on(session_id, outcomes):
+                    outcomes = await self._drive(conversation, operations, context)
+                    if self._wait_on(session_id, outcomes) or any(isinstance(o, Paused) for o in outcomes):
                         break
             except HarnessError as error:
                 # Lost to a claimant that took the session over, or a failing store: the durable
@@ -162,6 +167,28 @@ class Worker:
         finally:
             self._held.pop(session_id, None)
             self._wake.set()
+
+    async def _drive(self, conversation: Conversation, operations: list[tuple[str, str]],
+                     context: Context) -> list[DriveOutcome]:
+        """Drive the operations (lane, operation id) to their ends or waits; once the worker is
+        stopping, pause each at its next step boundary instead."""
+        harness = conversation.harness
+        drives: asyncio.Future[list[DriveOutcome]] = asyncio.gather(*(
+            harness.lane(lane).drive(operation_id, context, wait_for_retry=False, poll_deferred=True)
+            for lane, operation_id in operations))
+        stopping = asyncio.ensure_future(self._stopping.wait())
+        either: list[asyncio.Future[Any]] = [drives, stopping]
+        try:
+            await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
+            if not drives.done():
+                for lane, _ in operations:
+                    await harness.lane(lane).pause_drive(context)
+            return await drives
+        except asyncio.CancelledError:  # the grace ran out: halted with the harness's close
+            drives.cancel()
+            raise
+        finally:
+            stopping.cancel()
 
     async def _attach(self, session_id: str, context: Context) -> Conversation | None:
         try:

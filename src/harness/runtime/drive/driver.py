@@ -24,7 +24,7 @@ from harness.runtime.drive.settlement import settle
 from harness.runtime.drive.structural import finish_navigation, summarize, wait_summary_retry
 from harness.runtime.drive.tool_batch import ToolBatchRunner
 from harness.runtime.lane import Lane
-from harness.runtime.outcomes import DriveOutcome, Suspended
+from harness.runtime.outcomes import DriveOutcome, Paused, Suspended
 from harness.session import (
     AssistantEffectPending,
     AssistantReady,
@@ -48,6 +48,11 @@ from harness.session import (
 Step = DriveOutcome | Transition | None
 """What a handler returns: an outcome ends the pass, a transition is committed, None goes on
 from whatever the durable phase now is."""
+
+STEP_BOUNDARIES = (RunStarting, RunCheckpoint, AssistantReady, AssistantRetryWait, DeferredSuspended,
+                   SummaryRetryWait)
+"""The durable phases in which no effect is in flight and none has started: a pause returns there,
+and the next drive starts the step afresh (a tool batch or a streaming reply runs to its end first)."""
 
 
 class OperationDriver:
@@ -82,7 +87,13 @@ class OperationDriver:
     def on_abort(self) -> None:
         """Called in the commit continuation of a durable abort request."""
         self.op.abort_signal.set()
+        self.op.interrupt.set()
         self.op.cancel_effects("abort requested")
+
+    def pause(self) -> None:
+        """Return `Paused` at the next step boundary (`STEP_BOUNDARIES`); an abort still settles first."""
+        self.op.pause_signal.set()
+        self.op.interrupt.set()
 
     def halt(self) -> Awaitable[object]:
         """Stop this pass now (the harness is closing): cancel its effects and its task; await the
@@ -113,6 +124,8 @@ class OperationDriver:
             return op.settled_elsewhere()
         if isinstance(state.control, CancelRequested):
             return await self._settle_aborted(state, state.control)
+        if op.pause_signal.is_set() and not op.aborting and isinstance(state, STEP_BOUNDARIES):
+            return Paused(operation_id=op.operation_id)
         match state:
             case RunStarting():
                 # Not committed: a restart before the step's intent starts from `starting` again.

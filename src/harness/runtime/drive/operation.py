@@ -53,6 +53,10 @@ class DrivenOperation:
         self.operation_id = operation_id
         self.context = context
         self.abort_signal = asyncio.Event()
+        self.pause_signal = asyncio.Event()
+        """Set by `Lane.pause_drive`: return `Paused` at the next step boundary."""
+        self.interrupt = asyncio.Event()
+        """Set by an abort request or a pause: ends a retry's wait early."""
         self.effect_tasks: set[asyncio.Task[None]] = set()
         self.halted = False
         self.wait_for_retry = True
@@ -97,7 +101,7 @@ class DrivenOperation:
 
     # -- waiting ---------------------------------------------------------------------------------
 
-    async def pause(self, seconds: float, interrupt: asyncio.Event) -> bool:
+    async def sleep(self, seconds: float, interrupt: asyncio.Event) -> bool:
         """Sleep `seconds` with the injectable sleep; False when `interrupt` was set first."""
         if seconds > 0 and not interrupt.is_set():
             sleeper = asyncio.ensure_future(self.settings.sleep(seconds))
@@ -110,8 +114,9 @@ class DrivenOperation:
         return not interrupt.is_set()
 
     async def wait_until(self, not_before: int) -> bool:
-        """Sleep until `not_before` (Unix ms, by the injectable clock); False if an abort came first."""
-        return await self.pause((not_before - self.settings.clock()) / 1000, self.abort_signal)
+        """Sleep until `not_before` (Unix ms, by the injectable clock); False if an abort or a
+        pause came first."""
+        return await self.sleep((not_before - self.settings.clock()) / 1000, self.interrupt)
 
     # -- effects --------------------------------------------------------------------------------
 

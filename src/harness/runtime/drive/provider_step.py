@@ -339,7 +339,7 @@ class FrameWriter:
         address = addresses.assistant_frames(op.operation_id, response_entry_id)
         while True:
             await self._wakeup.wait()
-            if not await op.pause(op.settings.frame_interval_s, self._closed):
+            if not await op.sleep(op.settings.frame_interval_s, self._closed):
                 return
             self._wakeup.clear()
             page, self._buffer = self._buffer, []

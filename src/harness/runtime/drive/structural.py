@@ -10,7 +10,7 @@ from typing import Literal
 from pydantic import JsonValue
 
 from harness.errors import ModelUnavailable
-from harness.messages import AssistantMessage, Message, TextContent
+from harness.messages import AssistantMessage, Message, text_of
 from harness.providers import DoneEvent, ErrorEvent, ProviderErrorInfo, StreamEvent, StreamOptions
 from harness.runtime.branch_context import branch_entries, context_messages
 from harness.runtime.commit import Decision, Placement, Transition
@@ -128,7 +128,7 @@ async def summarize(op: DrivenOperation, state: SummaryPending) -> Step:
 
             return Transition(wait, record_usage)
         return await summary_failed(op, intent, "compaction_failed", text)
-    summary = "".join(block.text for block in message.content if isinstance(block, TextContent))
+    summary = text_of(message.content)
     if navigation is not None:
         return await finish_navigation(op, navigation, (intent, summary, message))
     assert plan is not None
