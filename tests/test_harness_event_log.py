@@ -269,3 +269,27 @@ async def test_the_log_trims_past_a_tenth_over_its_limit_to_its_newest_events_ac
         # A page is short only at the log's end, wherever in a row it starts.
         assert (await read_lane_events(cold, "main", kept[index].event_seq, 2, ctx)).events == kept[index + 1:index + 3]
     assert not (await read_lane_events(cold, "main", (kept[0].event_seq or 0) - 1, 100, ctx)).holds
+
+
+async def test_a_harness_attached_with_a_smaller_limit_trims_a_long_log_at_its_first_settlement(ctx: Context) -> None:
+    """The trim reads the rows it deletes page by page, however many: a log of 40 turns (some 280
+    rows) kept under the default limit is cut to the newest 20 events by the first settlement of
+    a harness attached with `event_log_limit=20`."""
+    store = await connect("memory://", ctx)
+    rig = await start_rig(store, ctx, script_for(["none"] * 41), tools=[ProbeTool().tool])  # type: ignore[arg-type]
+    for turn in range(40):
+        await within(rig.lane.prompt(f"turn {turn}", None, ctx))
+    logged = (await rig.lane.read_events(None, 10_000, ctx)).events
+    await rig.harness.close(ctx)
+
+    again = await start_rig(store, ctx, script_for(["none"]), tools=[ProbeTool().tool],  # type: ignore[arg-type]
+                            event_log_limit=20, session=rig.session)
+    watch = await again.lane.watch(ctx)
+    await within(again.lane.prompt("one more", None, ctx))
+    seen = [*logged, *durable(await drained(watch))]
+
+    kept = await again.lane.read_events(None, 10_000, ctx)
+    assert kept.events == tuple(seen[-20:])
+    assert len(logged) > 256  # in a row per commit, seven a turn: more than one page of the trim's reads
+    await again.harness.close(ctx)
+    await store.close()
