@@ -59,8 +59,10 @@ from harness.runtime import (
     CompactionSettings,
     DriveSettings,
     HarnessEvent,
+    Lane,
     OpenOperation,
     RetryPolicy,
+    RunHooks,
     RunStart,
     ToolEnd,
     ToolOutput,
@@ -205,11 +207,11 @@ def script(tag: str, *, pause: asyncio.Event | None = None) -> Callable[[FauxReq
 
 
 async def attach(session: Session, tools: Sequence[AgentTool], faux: FauxProvider, context: Context,
-                 listeners: Sequence[Callable[[HarnessEvent, Context], None]] = ()
+                 listeners: Sequence[Callable[[HarnessEvent, Context], None]] = (), hooks: RunHooks | None = None,
                  ) -> tuple[AgentHarness, list[OpenOperation]]:
     registry = ModelRegistry([FAUX_MODEL], providers={"faux": faux})
     options = AgentHarnessOptions(session=session, models=registry, tools=tools, drive=drive_settings(),
-                                  listeners=listeners)
+                                  listeners=listeners, hooks=hooks or RunHooks())
     return await AgentHarness.create(options, context)
 
 
@@ -402,7 +404,13 @@ async def main(url: str, session_id: str, workdir: Path) -> None:
         if isinstance(event, RunStart):
             log_operations(workdir, [event.operation_id])
 
-    harness, _ = await attach(session, tools.tools, faux, context, [log_operation, tools.listen])
+    async def before_run_end(lane: Lane, context: Context) -> None:
+        pass
+
+    # Without a hook to run between them, the last reply's settlement is the terminal commit too
+    # (`before_final_reply_settlement`); with one, the terminal commit is a commit of its own.
+    hooks = RunHooks(before_run_end=before_run_end) if point is FaultPoint.BEFORE_TERMINAL_SETTLEMENT else None
+    harness, _ = await attach(session, tools.tools, faux, context, [log_operation, tools.listen], hooks)
     lane = harness.lane("main")
     if point is FaultPoint.SUMMARY_INTENT:
         await lane.prompt("first", None, context)

@@ -13,7 +13,7 @@ import pytest
 from drive_helpers import FakeClock, ProbeTool, Rig, messages, start_rig, text, within
 from harness.context import Context
 from harness.providers.faux import reply, tool_call
-from harness.runtime import Settled
+from harness.runtime import Lane, RunHooks, Settled
 from harness.session import Store
 
 
@@ -50,22 +50,44 @@ async def prompt(rig: Rig, words: str, ctx: Context) -> Settled:
     return outcome
 
 
-async def test_a_turn_of_two_steps_and_one_tool_call_commits_eight_times_and_reads_no_branch_twice(
+async def test_a_turn_of_two_steps_and_one_tool_call_commits_seven_times_and_reads_no_branch_twice(
         store: Store, ctx: Context, monkeypatch: pytest.MonkeyPatch) -> None:
-    # Accept; per step an intent and its settlement; the tool's intent and result; the terminal
-    # commit. Frames are paced at an hour here, so a reply as quick as these writes none.
+    # Accept; per step an intent and its settlement; the tool's intent and result; the last
+    # reply's settlement is the terminal commit too. Frames are paced at an hour here, so a reply
+    # as quick as these writes none.
     probe = ProbeTool()
     clock = FakeClock(hold_waits=True)
     rig = await start_rig(store, ctx, two_steps(probe), tools=[probe.tool], clock=clock, frame_interval_s=3600)
     calls = Calls(store, monkeypatch, "commit", "walk_branch")
 
     await prompt(rig, "first", ctx)
-    assert calls.take() == {"commit": 8, "walk_branch": 1}  # the branch is read once, on the first step
+    assert calls.take() == {"commit": 7, "walk_branch": 1}  # the branch is read once, on the first step
 
     for n in (1, 2):
         await prompt(rig, f"turn {n}", ctx)
-        assert calls.take() == {"commit": 8, "walk_branch": 0}
+        assert calls.take() == {"commit": 7, "walk_branch": 0}
     assert 3600 in clock.sleeps  # each reply started its frame pause, and the settlement did not wait it out
+
+
+async def test_a_before_run_end_hook_runs_between_the_last_reply_and_a_terminal_commit_of_its_own(
+        store: Store, ctx: Context, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The hook may append entries after the reply and before the run settles: the reply is
+    # committed first, the hook reads it on the branch, then the terminal commit settles the run.
+    probe = ProbeTool()
+    seen: list[tuple[str | None, str | None]] = []
+
+    async def before_run_end(lane: Lane, context: Context) -> None:
+        execution = await lane.inspect_execution(context)
+        seen.append((lane.tip_id, execution.current.id if execution.current else None))
+
+    rig = await start_rig(store, ctx, two_steps(probe), tools=[probe.tool], clock=FakeClock(hold_waits=True),
+                          frame_interval_s=3600, hooks=RunHooks(before_run_end=before_run_end))
+    calls = Calls(store, monkeypatch, "commit")
+
+    outcome = await prompt(rig, "first", ctx)
+
+    assert calls.take() == {"commit": 8}
+    assert seen == [(outcome.result.final_assistant_entry_id, outcome.operation_id)]  # the reply, the run still open
 
 
 async def test_each_request_sends_the_branch_the_journal_holds_after_a_navigation(store: Store, ctx: Context) -> None:

@@ -66,6 +66,9 @@ CASES: dict[FaultPoint, Case] = {
     FaultPoint.BEFORE_TOOL_STAGING: Case("run", "tools", 1, 2),
     FaultPoint.SUMMARY_INTENT: Case("compaction", "summary_pending", 2, 2),
     FaultPoint.BEFORE_TERMINAL_SETTLEMENT: Case("run", "checkpoint", 1, 1),
+    # The last reply and the run's settlement were one commit, not written: the calls before it
+    # are kept, and the reply is asked again.
+    FaultPoint.BEFORE_FINAL_REPLY_SETTLEMENT: Case("run", "assistant_effect_pending", 1, 1),
 }
 
 

@@ -144,7 +144,7 @@ async def test_skills_and_templates_are_formatted_and_unknown_names_refused(stor
 async def test_acceptance_writes_exactly_the_contract_and_nothing_else(store: Store, ctx: Context) -> None:
     """HA-19: insert next-run entries, insert prompt entries, delete the captured pending
     entries, set tip, meta, state `starting`, lane state, in that order, in one commit; then the
-    lane's event log items of the events it announces (issue 16), one per durable event."""
+    lane's event log row of the events it announces (issue 16), one seq per durable event."""
     harness, backend = await recorded_harness(store, ctx)
     lane = harness.lane("main")
     queued = await lane.queue_next_run(said("earlier"), ctx)
@@ -158,8 +158,8 @@ async def test_acceptance_writes_exactly_the_contract_and_nothing_else(store: St
         "InsertEntry", "InsertEntry", "DeleteValue", "SetValue", "SetValue", "SetValue", "SetValue",
     ]
     # run_start, three events per placed message, queue_update
-    assert [(type(w).__name__, getattr(w, "namespace", None), getattr(w, "key", None)) for w in logged] == [
-        ("AppendList", "harness.lane.events", "main")] * 8
+    assert [(type(w).__name__, getattr(w, "namespace", None), getattr(w, "key", None), getattr(w, "span", None))
+            for w in logged] == [("AppendList", "harness.lane.events", "main", 8)]
     first, second = writes[0], writes[1]
     assert isinstance(first, InsertEntry)
     assert isinstance(second, InsertEntry)

@@ -234,3 +234,62 @@ async def test_the_log_keeps_the_newest_events_and_says_when_it_no_longer_holds_
     assert newest.events == ()
     assert not (await rig.lane.read_events((seen[-1].event_seq or 0) + 1000, 100, ctx)).holds  # never reached
     await rig.harness.close(ctx)
+
+
+async def test_the_log_trims_past_a_tenth_over_its_limit_to_its_newest_events_across_a_restart(
+    store: Store, ctx: Context
+) -> None:
+    """A settlement trims a log grown past 1.1 times `event_log_limit` to its newest `limit` events,
+    exactly, though one commit's events share a row; a harness attached again counts on from the
+    log as the last one left it. Every event keeps its id, and a read from any of them, in the
+    middle of a commit's events too, continues with the next."""
+    seen: list[HarnessEvent] = []
+    session = None
+    for _ in range(2):  # a harness, then another attached to the same session
+        rig = await start_rig(store, ctx, script_for(["none"] * 3),  # type: ignore[arg-type]
+                              tools=[ProbeTool().tool], event_log_limit=20, session=session)
+        session = rig.session
+        for turn in range(3):
+            watch = await rig.lane.watch(ctx)
+            await within(rig.lane.prompt(f"turn {turn}", None, ctx))
+            seen += durable(await drained(watch))
+            kept = (await rig.lane.read_events(None, 100, ctx)).events
+            assert kept == tuple(seen[-len(kept):])  # the newest, in order, as published
+            assert min(len(seen), 20) <= len(kept) <= 22
+        await rig.harness.close(ctx)
+    seqs = [event.event_seq or 0 for event in seen]
+    assert seqs == sorted(set(seqs))
+    assert len(seen) > 40  # trimmed more than once
+    cold = await store.open_session(rig.session.id, ctx)
+    kept = (await read_lane_events(cold, "main", None, 100, ctx)).events
+    for index in range(len(kept)):
+        page = await read_lane_events(cold, "main", kept[index].event_seq, 100, ctx)
+        assert page.holds
+        assert page.events == kept[index + 1:]
+        # A page is short only at the log's end, wherever in a row it starts.
+        assert (await read_lane_events(cold, "main", kept[index].event_seq, 2, ctx)).events == kept[index + 1:index + 3]
+    assert not (await read_lane_events(cold, "main", (kept[0].event_seq or 0) - 1, 100, ctx)).holds
+
+
+async def test_a_harness_attached_with_a_smaller_limit_trims_a_long_log_at_its_first_settlement(ctx: Context) -> None:
+    """The trim reads the rows it deletes page by page, however many: a log of 40 turns (some 280
+    rows) kept under the default limit is cut to the newest 20 events by the first settlement of
+    a harness attached with `event_log_limit=20`."""
+    store = await connect("memory://", ctx)
+    rig = await start_rig(store, ctx, script_for(["none"] * 41), tools=[ProbeTool().tool])  # type: ignore[arg-type]
+    for turn in range(40):
+        await within(rig.lane.prompt(f"turn {turn}", None, ctx))
+    logged = (await rig.lane.read_events(None, 10_000, ctx)).events
+    await rig.harness.close(ctx)
+
+    again = await start_rig(store, ctx, script_for(["none"]), tools=[ProbeTool().tool],  # type: ignore[arg-type]
+                            event_log_limit=20, session=rig.session)
+    watch = await again.lane.watch(ctx)
+    await within(again.lane.prompt("one more", None, ctx))
+    seen = [*logged, *durable(await drained(watch))]
+
+    kept = await again.lane.read_events(None, 10_000, ctx)
+    assert kept.events == tuple(seen[-20:])
+    assert len(logged) > 256  # in a row per commit, seven a turn: more than one page of the trim's reads
+    await again.harness.close(ctx)
+    await store.close()

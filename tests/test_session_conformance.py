@@ -357,9 +357,9 @@ async def test_values_distinguish_null_from_absent_and_lists_keep_order(store: S
     assert [i.item for i in await session.read_list(frames, ctx)] == [9]
 
 
-async def test_a_list_is_trimmed_to_its_newest_items_in_the_commit_that_appends(store: Store, ctx: Context) -> None:
-    # The lane event log's retention: a trim staged after appends keeps the newest items, in the
-    # same transaction; bounds name the oldest and newest seq held.
+async def test_a_list_is_trimmed_through_a_seq_in_the_commit_that_appends(store: Store, ctx: Context) -> None:
+    # The lane event log's retention: a trim staged with appends deletes the items up to a seq, in
+    # the same transaction; bounds name the oldest and newest seq held.
     session = await new_session_with_lane(store, ctx)
     log, other = list_address("test.log", "a", int), list_address("test.log", "b", int)
     assert await session.list_bounds(log, ctx) is None
@@ -368,40 +368,67 @@ async def test_a_list_is_trimmed_to_its_newest_items_in_the_commit_that_appends(
         for i in range(5):
             m.append(log, i)
         m.append(other, 100)
-        m.trim_list(log, 3)
 
     await session.mutate(job, ctx)
+    seqs = [i.seq for i in await session.read_list(log, ctx)]
+
+    async def trim(m: SessionMutator) -> None:
+        m.append(log, 5)
+        m.trim_list(log, seqs[1])
+
+    await session.mutate(trim, ctx)
     items = await session.read_list(log, ctx)
-    assert [i.item for i in items] == [2, 3, 4]
+    assert [i.item for i in items] == [2, 3, 4, 5]
     assert await session.list_bounds(log, ctx) == (items[0].seq, items[-1].seq)
     assert [i.item for i in await session.read_list(other, ctx)] == [100]
 
-    async def more(m: SessionMutator) -> None:
-        m.append(log, 5)
-        m.trim_list(log, 10)  # longer than the list: nothing goes
-
-    await session.mutate(more, ctx)
-    assert [i.item for i in await session.read_list(log, ctx)] == [2, 3, 4, 5]
-
     async def failing(m: SessionMutator) -> None:
-        m.trim_list(log, 0)
+        m.trim_list(log, items[-1].seq)
         m.insert_entry(CustomPayload(custom_type="x", data=1), parent_id="no-such-entry")
 
     with pytest.raises(InvalidWrite):
         await session.mutate(failing, ctx)
     assert [i.item for i in await session.read_list(log, ctx)] == [2, 3, 4, 5]  # all or nothing
 
-    async def negative(m: SessionMutator) -> None:
-        m.trim_list(log, -1)
-
-    with pytest.raises(InvalidWrite):
-        await session.mutate(negative, ctx)
-
     async def empty(m: SessionMutator) -> None:
-        m.trim_list(log, 0)
+        m.trim_list(log, items[-1].seq)
 
     await session.mutate(empty, ctx)
     assert await session.list_bounds(log, ctx) is None
+
+
+async def test_a_list_item_with_a_span_takes_that_many_seqs_and_is_numbered_by_the_last(
+    store: Store, ctx: Context
+) -> None:
+    # The lane event log's rows: one item for a commit's events, each event with a seq of its own.
+    session = await new_session_with_lane(store, ctx)
+    log = list_address("test.log", "a", int)
+
+    async def job(m: SessionMutator) -> CommitResult:
+        m.append(log, 1, span=3)
+        m.set(value_address("test.value", "k", int), 7)
+        m.append(log, 2)
+        return await m.commit()
+
+    result = await session.mutate(job, ctx)
+    first = result.seqs[0] - 2
+    assert result.seqs == (first + 2, first + 3, first + 4)
+    items = await session.read_list(log, ctx)
+    assert [(i.item, i.seq) for i in items] == [(1, first + 2), (2, first + 4)]
+    assert [i.item for i in await session.read_list(log, ctx, after_seq=first)] == [1, 2]  # inside its span
+    assert [i.item for i in await session.read_list(log, ctx, after_seq=first + 2)] == [2]
+
+    async def next_commit(m: SessionMutator) -> CommitResult:
+        m.append(log, 3)
+        return await m.commit()
+
+    assert (await session.mutate(next_commit, ctx)).seqs == (first + 5,)
+
+    async def no_span(m: SessionMutator) -> None:
+        m.append(log, 4, span=0)
+
+    with pytest.raises(InvalidWrite):
+        await session.mutate(no_span, ctx)
 
 
 async def test_scan_values_matches_key_prefix_literally(store: Store, ctx: Context) -> None:

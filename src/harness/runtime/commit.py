@@ -19,7 +19,7 @@ from harness.context import Context
 from harness.messages import CustomMessage, Message
 from harness.runtime.bus import EventBus
 from harness.runtime.errors import HarnessClosed, HarnessFault, ListenerReentry
-from harness.runtime.event_log import Announcement, EntryEvent, entry_events, published, stage_events
+from harness.runtime.event_log import Announcement, EntryEvent, EventLog, entry_events, published
 from harness.runtime.events import Fault, HarnessEvent
 from harness.runtime.projection import LaneProjection
 from harness.session import (
@@ -64,7 +64,7 @@ class SessionLine:
     def __init__(self, bus: EventBus, event_log_limit: int) -> None:
         self.ownership: SessionOwnership | None = None  # set by the attachment
         self.bus = bus
-        self.event_log_limit = event_log_limit
+        self.event_log = EventLog(event_log_limit)
         self.closed = False
         self.faulted = False
         self.persistence_failure: Exception | None = None
@@ -92,15 +92,18 @@ class SessionLine:
         async def job(m: SessionMutator) -> R:
             self.check_usable()
             decision = await plan(m)
-            positions = stage_events(m, decision.events, self.event_log_limit) if m.staged else None
+            staged = await self.event_log.stage(m, decision.events, context) if m.staged else None
             try:
                 result = await m.commit() if m.staged else None
             except Exception as error:
                 self.persistence_failure = self.persistence_failure or error
+                self.event_log.forget()
                 raise
+            if staged is not None:
+                self.event_log.landed(staged)
             if decision.publish is not None:
                 decision.publish(result)
-            events = published(decision.events, result, positions)
+            events = published(decision.events, result, staged)
             if events:
                 delivered.append(self.bus.emit_batch(events, context))
             return decision.value

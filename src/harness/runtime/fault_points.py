@@ -23,6 +23,8 @@ class FaultPoint(StrEnum):
     BEFORE_TOOL_STAGING = "before_tool_staging"  # the tool returned, its result is not yet staged
     SUMMARY_INTENT = "summary_intent"  # after a compaction's request intent, mid-compaction
     BEFORE_TERMINAL_SETTLEMENT = "before_terminal_settlement"  # the run is done, not yet settled
+    # The last reply is complete; it and the run's settlement are one commit, not yet written.
+    BEFORE_FINAL_REPLY_SETTLEMENT = "before_final_reply_settlement"
 
 
 _armed = os.environ.get(ENVIRONMENT_VARIABLE)

@@ -143,8 +143,12 @@ def assistant_frames(operation_id: str, response_entry_id: str) -> ListAddress[d
 
 
 LANE_EVENTS_NAMESPACE = "harness.lane.events"
-"""A lane's event log, keyed by lane name: one item per durable event, written in the commit of
-the fact it describes; the runtime owns the items' meaning (`harness.runtime.read_lane_events`)."""
+"""A lane's event log, keyed by lane name: one item per commit holding that commit's durable
+events of the lane, each with a seq of its own (the item's `span`); the runtime owns the items'
+meaning (`harness.runtime.read_lane_events`)."""
+
+LANE_EVENTS_FLOOR_NAMESPACE = "harness.lane.events_floor"
+"""Per lane name, the ordinal of the oldest event its trimmed event log still shows."""
 
 
 def session_name() -> ValueAddress[str]:

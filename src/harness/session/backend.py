@@ -96,9 +96,13 @@ class DeleteValue:
 
 @dataclass(frozen=True)
 class AppendList:
+    """Append an item that takes `span` consecutive seqs, its own being the last of them: an item
+    that stands for several numbered parts (a batch of a lane's events, each with its own id)."""
+
     namespace: str
     key: str
     value: str
+    span: int = 1
 
 
 @dataclass(frozen=True)
@@ -109,11 +113,11 @@ class DeleteList:
 
 @dataclass(frozen=True)
 class TrimList:
-    """Keep only the newest `keep` items of a list (by seq); a shorter list is left as it is."""
+    """Delete a list's items whose seq is at most `through_seq`."""
 
     namespace: str
     key: str
-    keep: int
+    through_seq: int
 
 
 Write = InsertEntry | InsertUsage | SetValue | DeleteValue | AppendList | DeleteList | TrimList
@@ -125,6 +129,17 @@ class CommitResult:
 
     seqs: tuple[int, ...]
     timestamp: int
+
+
+def write_seqs(first: int, writes: Sequence[Write]) -> tuple[int, ...]:
+    """The seq of each write of a commit whose first seq is `first`: one seq per write, an
+    `AppendList` the last of its `span`. The session's next seq follows the last of them."""
+    seqs: list[int] = []
+    seq = first - 1
+    for write in writes:
+        seq += write.span if isinstance(write, AppendList) else 1
+        seqs.append(seq)
+    return tuple(seqs)
 
 
 class Claim(Protocol):

@@ -23,6 +23,7 @@ from harness.session.backend import (
     UsageRowRaw,
     ValueRow,
     Write,
+    write_seqs,
 )
 from harness.session.errors import InvalidWrite, OwnershipLost, SessionNotFound, SessionOwned, StoreClosed
 from harness.session.images import MemoryImages
@@ -75,9 +76,10 @@ class MemoryBackend:
             raise InvalidWrite(f"session {info.id} already exists", session_id=info.id)
         session = _MemorySession(info)
         _validate(session, writes)
-        for seq, write in enumerate(writes, start=1):
+        seqs = write_seqs(1, writes)
+        for seq, write in zip(seqs, writes, strict=True):
             _apply(session, write, seq, now_ms())
-        session.next_seq = len(writes) + 1
+        session.next_seq = seqs[-1] + 1 if seqs else 1
         self._sessions[info.id] = session
 
     async def get_session(self, session_id: str, context: Context) -> SessionInfo | None:
@@ -201,11 +203,12 @@ def _commit(session: _MemorySession, writes: Sequence[Write]) -> CommitResult:
     _validate(session, writes)
     timestamp = now_ms()
     first = session.next_seq
-    for seq, write in enumerate(writes, start=first):
+    seqs = write_seqs(first, writes)
+    for seq, write in zip(seqs, writes, strict=True):
         _apply(session, write, seq, timestamp)
-    session.next_seq = first + len(writes)
+    session.next_seq = seqs[-1] + 1 if seqs else first
     session.info = replace(session.info, updated_at=timestamp)
-    return CommitResult(tuple(range(first, first + len(writes))), timestamp)
+    return CommitResult(seqs, timestamp)
 
 
 def _validate(session: _MemorySession, writes: Sequence[Write]) -> None:
@@ -246,5 +249,5 @@ def _apply(session: _MemorySession, write: Write, seq: int, timestamp: int) -> N
             session.lists.pop((write.namespace, write.key), None)
         case TrimList():
             items = session.lists.get((write.namespace, write.key))
-            if items is not None and len(items) > write.keep:
-                del items[:len(items) - write.keep]
+            if items is not None:
+                items[:] = [item for item in items if item.seq > write.through_seq]

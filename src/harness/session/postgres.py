@@ -44,6 +44,7 @@ from harness.session.backend import (
     UsageRowRaw,
     ValueRow,
     Write,
+    write_seqs,
 )
 from harness.session.errors import (
     InvalidWrite,
@@ -294,18 +295,19 @@ class PostgresBackend:
     async def create_session(self, info: SessionInfo, context: Context, writes: Sequence[Write] = ()) -> None:
         """Insert the session row and apply `writes` in one transaction; `InvalidWrite` if the id
         is taken."""
+        seqs = write_seqs(1, writes)
         async with self._connection() as conn, conn.transaction():
             cur = await conn.execute(
                 "INSERT INTO sessions (id, created_at, parent_session_id, forked_from_entry_id, next_seq, updated_at) "
                 "VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT (id) DO NOTHING",
-                (info.id, info.created_at, info.parent_session_id, info.forked_from_entry_id, len(writes) + 1,
-                 info.updated_at),
+                (info.id, info.created_at, info.parent_session_id, info.forked_from_entry_id,
+                 (seqs[-1] if seqs else 0) + 1, info.updated_at),
             )
             if cur.rowcount == 0:
                 raise InvalidWrite(f"session {info.id} already exists", session_id=info.id)
             _check(writes, [])
             timestamp = now_ms()
-            for seq, write in enumerate(writes, start=1):
+            for seq, write in zip(seqs, writes, strict=True):
                 await _apply(conn, info.id, write, seq, timestamp)
 
     async def get_session(self, session_id: str, context: Context) -> SessionInfo | None:
@@ -486,10 +488,11 @@ class PostgresBackend:
                                         session_id=session_id)
                 _check(writes, await taken.fetchall())
                 timestamp = now_ms()
-                for seq, write in enumerate(writes, start=first):
+                seqs = write_seqs(first, writes)
+                for seq, write in zip(seqs, writes, strict=True):
                     await _apply(conn, session_id, write, seq, timestamp)
                 await conn.execute("UPDATE sessions SET next_seq = %s, updated_at = %s WHERE id = %s",
-                                   (first + len(writes), timestamp, session_id))
+                                   (seqs[-1] + 1 if seqs else first, timestamp, session_id))
                 # Pipelined with the writes, so no round trip is added; delivered at COMMIT, so a
                 # reader woken by it sees the commit. A post also wakes the workers.
                 await conn.execute("SELECT pg_notify(%s, %s)", (self.change_channel, session_id))
@@ -501,7 +504,7 @@ class PostgresBackend:
         except (psycopg.DataError, UnicodeEncodeError) as error:
             raise InvalidWrite(f"a write holds text PostgreSQL cannot store: {error}",
                                session_id=session_id) from error
-        return CommitResult(tuple(range(first, first + len(writes))), timestamp)
+        return CommitResult(seqs, timestamp)
 
     async def claim(self, session_id: str, context: Context) -> Claim:
         """Take the session's advisory lock on a new dedicated connection and bump its epoch.
@@ -831,8 +834,6 @@ async def _apply(conn: Connection, session_id: str, write: Write, seq: int, time
                                (session_id, write.namespace, write.key))
         case TrimList():
             await conn.execute(
-                "DELETE FROM list_items WHERE session_id = %(s)s AND namespace = %(n)s AND key = %(k)s AND seq <= "
-                "(SELECT seq FROM list_items WHERE session_id = %(s)s AND namespace = %(n)s AND key = %(k)s "
-                "ORDER BY seq DESC LIMIT 1 OFFSET %(keep)s)",
-                {"s": session_id, "n": write.namespace, "k": write.key, "keep": write.keep},
+                "DELETE FROM list_items WHERE session_id = %s AND namespace = %s AND key = %s AND seq <= %s",
+                (session_id, write.namespace, write.key, write.through_seq),
             )

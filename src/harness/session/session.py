@@ -358,17 +358,21 @@ class SessionMutator(SessionReader):
         """Delete a value; deleting an absent value is a no-op."""
         self._stage(DeleteValue(address.namespace, address.key))
 
-    def append(self, address: ListAddress[T], item: T) -> None:
-        self._stage(AppendList(address.namespace, address.key, encode(address.adapter, item)))
+    def append(self, address: ListAddress[T], item: T, *, span: int = 1) -> None:
+        """Stage `item` at the end of the list. It takes `span` consecutive seqs (its parts' ids,
+        e.g. the events of one commit) and its own seq is the last of them; `InvalidWrite` for a
+        span below 1."""
+        if span < 1:
+            raise InvalidWrite(f"a list item takes at least one seq, not {span}", span=span)
+        self._stage(AppendList(address.namespace, address.key, encode(address.adapter, item), span))
 
     def delete_list(self, address: ListAddress[Any]) -> None:
         self._stage(DeleteList(address.namespace, address.key))
 
-    def trim_list(self, address: ListAddress[Any], keep: int) -> None:
-        """Keep only the newest `keep` items of the list (`InvalidWrite` for a negative `keep`)."""
-        if keep < 0:
-            raise InvalidWrite(f"a list keeps at least no items, not {keep}", keep=keep)
-        self._stage(TrimList(address.namespace, address.key, keep))
+    def trim_list(self, address: ListAddress[Any], through_seq: int) -> None:
+        """Delete the list's items whose seq is at most `through_seq` (a range of the list's key,
+        so the cost is the items deleted, not the list's length)."""
+        self._stage(TrimList(address.namespace, address.key, through_seq))
 
     def insert_usage(
         self,

@@ -44,6 +44,7 @@ from harness.session.backend import (
     UsageRowRaw,
     ValueRow,
     Write,
+    write_seqs,
 )
 from harness.session.commit_mark import CommitMark
 from harness.session.errors import (
@@ -355,6 +356,8 @@ class SqliteBackend:
         return asyncio.get_running_loop().run_in_executor(self._executor, guarded, self._db)
 
     async def create_session(self, info: SessionInfo, context: Context, writes: Sequence[Write] = ()) -> None:
+        seqs = write_seqs(1, writes)
+
         def run(db: sqlite3.Connection) -> None:
             with _counted_transaction(db, self._mark):
                 try:
@@ -362,12 +365,12 @@ class SqliteBackend:
                         "INSERT INTO sessions (id, created_at, parent_session_id, forked_from_entry_id, next_seq, "
                         "updated_at) VALUES (?, ?, ?, ?, ?, ?)",
                         (info.id, info.created_at, info.parent_session_id, info.forked_from_entry_id,
-                         len(writes) + 1, info.updated_at),
+                         (seqs[-1] if seqs else 0) + 1, info.updated_at),
                     )
                 except sqlite3.IntegrityError:
                     raise InvalidWrite(f"session {info.id} already exists", session_id=info.id) from None
                 timestamp = now_ms()
-                for seq, write in enumerate(writes, start=1):
+                for seq, write in zip(seqs, writes, strict=True):
                     _apply(db, info.id, write, seq, timestamp)
                 if self._commit_barrier is not None:
                     self._commit_barrier()
@@ -531,13 +534,14 @@ class SqliteBackend:
             if claim is not None and claim.epoch != epoch:
                 raise OwnershipLost(f"session {session_id} was claimed by another owner", session_id=session_id)
             timestamp = now_ms()
-            for seq, write in enumerate(writes, start=first):
+            seqs = write_seqs(first, writes)
+            for seq, write in zip(seqs, writes, strict=True):
                 _apply(db, session_id, write, seq, timestamp)
             db.execute("UPDATE sessions SET next_seq = ?, updated_at = ? WHERE id = ?",
-                       (first + len(writes), timestamp, session_id))
+                       (seqs[-1] + 1 if seqs else first, timestamp, session_id))
             if self._commit_barrier is not None:
                 self._commit_barrier()
-        return CommitResult(tuple(range(first, first + len(writes))), timestamp)
+        return CommitResult(seqs, timestamp)
 
     def _lock(self, session_id: str, *, shared: bool) -> _SessionLock:
         # An owner holds the lock exclusively; unowned writers share it for one commit, so they
@@ -725,10 +729,9 @@ def _apply(db: sqlite3.Connection, session_id: str, write: Write, seq: int, time
             db.execute("DELETE FROM list_items WHERE session_id = ? AND namespace = ? AND key = ?",
                        (session_id, write.namespace, write.key))
         case TrimList():
-            # Below the newest `keep` items: by the primary key, a range delete without a scan.
-            db.execute("DELETE FROM list_items WHERE session_id = ?1 AND namespace = ?2 AND key = ?3 AND seq <= "
-                       "(SELECT seq FROM list_items WHERE session_id = ?1 AND namespace = ?2 AND key = ?3 "
-                       "ORDER BY seq DESC LIMIT 1 OFFSET ?4)", (session_id, write.namespace, write.key, write.keep))
+            # A range of the primary key: deleted without a scan.
+            db.execute("DELETE FROM list_items WHERE session_id = ? AND namespace = ? AND key = ? AND seq <= ?",
+                       (session_id, write.namespace, write.key, write.through_seq))
 
 
 _TOKEN_SQL = token_sql("?")

@@ -15,6 +15,8 @@ checkpoint that places queued input commits `assistant_ready` with that placemen
                       │        checkpoint                      deferred ──▶ deferred_suspended
                       │                                                     (deferred.py: poll)
                       └── nothing left to do ──▶ settled (settlement.py: the terminal commit)
+    a reply without tool calls settles the run in the reply's own commit when no hook, abort or
+    queued input comes between them (settlement.py: `settle_with_reply`)
     any phase ── failure ──▶ failure_drain ──▶ settled failed
     any phase ── abort requested ──▶ answer what was in flight ──▶ settled aborted
 

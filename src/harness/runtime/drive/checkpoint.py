@@ -64,7 +64,7 @@ def _ready(op: DrivenOperation, state: RunCheckpoint, trigger_entry_id: str | No
 
 
 async def _next_step(op: DrivenOperation, state: RunCheckpoint, ready: AssistantReady | None = None
-                     ) -> Transition | None:
+                     ) -> DriveOutcome | Transition | None:
     if state.steps >= op.settings.step_ceiling:
         await op.lane.request_abort("step_ceiling", op.context)
         return None

@@ -23,7 +23,7 @@ from harness.providers import (
 )
 from harness.runtime.commit import Decision, Transition
 from harness.runtime.drive.operation import DrivenOperation
-from harness.runtime.drive.settlement import DOES_NOT_FIT, failure
+from harness.runtime.drive.settlement import DOES_NOT_FIT, failure, settle_with_reply
 from harness.runtime.event_log import Announcement, EntryEvent, TurnEndOf
 from harness.runtime.events import (
     CompactionStart,
@@ -73,10 +73,11 @@ from harness.session import (
 EffectPending = AssistantEffectPending | DeferredEffectPending
 
 
-async def generate(op: DrivenOperation, state: AssistantReady) -> Transition | None:
+async def generate(op: DrivenOperation, state: AssistantReady) -> DriveOutcome | Transition | None:
     """Commit the step's intent, stream the reply, and return its settlement (HA-24: the reply's
-    entry and usage ids are reserved by the intent, before the request is sent); None when the
-    intent was refused (an abort came first: the pass settles it)."""
+    entry and usage ids are reserved by the intent, before the request is sent), or the run's
+    outcome when that settlement was the run's terminal commit too (`settle_with_reply`); None
+    when the intent was refused (an abort came first: the pass settles it)."""
     generation = state.generation
     try:
         model, provider = op.resolve(generation.config.model, generation.config.active_tools)
@@ -107,7 +108,7 @@ async def generate(op: DrivenOperation, state: AssistantReady) -> Transition | N
     finally:
         op.end_effect(effect)
     reached(FaultPoint.BEFORE_REPLY_SETTLEMENT)
-    return settle_reply(op, intent, message, error)
+    return await settle_with_reply(op, settle_reply(op, intent, message, error))
 
 
 async def consume(
@@ -147,7 +148,7 @@ async def consume(
             if isinstance(event, StartEvent):
                 event = event.model_copy(update={"timestamp": accumulator.timestamp})
             accumulator.apply(event)
-            frames.add(event.model_dump(mode="json"))
+            frames.add(event)
             # Building the partial reply costs O(its length): publish at a bounded rate, and what
             # a pause in the stream holds back is published when the interval is over.
             wait = published_at + op.settings.presentation_interval_s - loop.time()
@@ -320,12 +321,12 @@ class FrameWriter:
 
     def __init__(self, op: DrivenOperation, intent: EffectPending) -> None:
         self.op, self.intent = op, intent
-        self._buffer: list[JsonValue] = []
+        self._buffer: list[StreamEvent] = []  # frozen: dumped only when a page is written
         self._wakeup = asyncio.Event()
         self._closed = asyncio.Event()
         self._task = asyncio.get_running_loop().create_task(self._write())
 
-    def add(self, frame: JsonValue) -> None:
+    def add(self, frame: StreamEvent) -> None:
         self._buffer.append(frame)
         self._wakeup.set()
 
@@ -345,9 +346,9 @@ class FrameWriter:
             self._wakeup.clear()
             page, self._buffer = self._buffer, []
 
-            async def plan(m: SessionMutator, page: list[JsonValue] = page) -> Decision[None]:
+            async def plan(m: SessionMutator, page: list[StreamEvent] = page) -> Decision[None]:
                 if getattr(op.projection.operation_state, "response_entry_id", None) == response_entry_id:
-                    frames: dict[str, JsonValue] = {"frames": list(page)}
+                    frames: dict[str, JsonValue] = {"frames": [frame.model_dump(mode="json") for frame in page]}
                     m.append(address, frames)
                 return Decision(None)
 

@@ -64,6 +64,7 @@ async def settle(
     tip: str | KeepTip | None = KeepTip.KEEP,
     events_before: Callable[[], Sequence[Announcement]] | None = None,
     publish_before: Publish | None = None,
+    fault: FaultPoint = FaultPoint.BEFORE_TERMINAL_SETTLEMENT,
 ) -> Settled | None:
     """The terminal commit: `stage`'s final writes (moving the tip to `tip`, where None is the
     empty branch before the session's first entry), clean up the operation, drain steer and
@@ -73,8 +74,8 @@ async def settle(
 
     Decided on the line from the current projection: an abort requested meanwhile makes a
     completion `aborted`; steer or follow-up input that arrived since the last boundary makes
-    it not settle at all (None: the run goes on to place it)."""
-    reached(FaultPoint.BEFORE_TERMINAL_SETTLEMENT)
+    it not settle at all (None, nothing written: the run goes on to place it)."""
+    reached(fault)
     projection, lane_name = op.projection, op.lane.name
     meta = projection.meta
     assert meta is not None
@@ -154,6 +155,25 @@ async def settle(
         return Decision(settled, events, publish)
 
     return await op.run(plan)
+
+
+async def settle_with_reply(op: DrivenOperation, reply: Transition) -> Settled | Transition | None:
+    """A reply's settlement `reply` and, when it ends the run, the run's terminal commit, as one
+    commit: a crash before it leaves the reply's intent (the reply is asked again, HA-24), after
+    it the settled run, and no phase between them has anything a restart needs. Only when nothing
+    may run between the two: the run may finish with the reply (no tool calls), no
+    `before_run_end` hook, no abort requested, and, decided on the line, no steer or follow-up
+    queued; otherwise `reply` itself, for the checkpoint after it to place what came."""
+    state, meta = reply.state, op.projection.meta
+    if not (isinstance(state, RunCheckpoint) and isinstance(state.continuation, MayFinish)
+            and op.hooks.before_run_end is None and not op.aborting
+            and meta is not None and meta.intent.kind == "run"):
+        return reply
+    # The tip ends at the reply (its trigger), or where it was when an empty abort wrote none.
+    settled = await settle(op, state, "completed", stage=reply.stage, tip=state.trigger_entry_id,
+                           events_before=reply.events, publish_before=reply.publish,
+                           fault=FaultPoint.BEFORE_FINAL_REPLY_SETTLEMENT)
+    return reply if settled is None else settled
 
 
 def _final_assistant(state: OperationState) -> str | None:

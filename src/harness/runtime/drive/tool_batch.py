@@ -24,7 +24,7 @@ from harness.runtime.commit import (
     pending_payload,
 )
 from harness.runtime.drive.operation import DrivenOperation
-from harness.runtime.event_log import Announcement, TurnEndOf
+from harness.runtime.event_log import Announcement, ToolEndOf, TurnEndOf
 from harness.runtime.events import (
     ToolEnd,
     ToolStart,
@@ -324,8 +324,11 @@ class ToolBatchRunner:
 
             placed = [payload.message for _, payload, _ in placement.staged
                       if isinstance(payload, MessagePayload) and isinstance(payload.message, ToolResultMessage)]
-            events: list[Announcement] = [ToolEnd(lane=lane, operation_id=op.operation_id, turn_id=self.batch.turn_id,
-                                                  tool_call_id=block.id, result=result, terminate=final_terminate),
+            tool_end = ToolEnd(lane=lane, operation_id=op.operation_id, turn_id=self.batch.turn_id,
+                               tool_call_id=block.id, result=result, terminate=final_terminate)
+            # Placed now (no earlier call still runs), the result is logged as its entry.
+            placed_now = any(entry_id == call.result_entry_id for entry_id, _, _ in placement.staged)
+            events: list[Announcement] = [ToolEndOf(tool_end, call.result_entry_id) if placed_now else tool_end,
                                           *placement.events(lane)]
             if complete and self.message is not None:
                 turn_end = TurnEnd(lane=lane, operation_id=op.operation_id, turn_id=self.batch.turn_id,
