@@ -360,7 +360,8 @@ class PostgresBackend:
 
     async def get_value(self, session_id: str, namespace: str, key: str, context: Context) -> ValueRow | None:
         rows = await self._rows(
-            "SELECT namespace, key, seq, value FROM record_values WHERE session_id = %s AND namespace = %s AND key = %s",
+            "SELECT namespace, key, seq, value FROM record_values "
+            "WHERE session_id = %s AND namespace = %s AND key = %s",
             (session_id, namespace, key),
         )
         return ValueRow(*rows[0]) if rows else None
