@@ -37,6 +37,7 @@ from harness.session import (
     Entry,
     EntryPayload,
     ListAddress,
+    ListItem,
     MessagePayload,
     SessionMutator,
     SessionReader,
@@ -212,6 +213,33 @@ async def read_lane_events(reader: SessionReader, lane: str, after_seq: int | No
     items = await reader.read_list(lane_events(lane), context, after_seq=after_seq, limit=limit)
     # The bounds are read after the items: a trim in between can only make `holds` False.
     bounds = await reader.list_bounds(lane_events(lane), context)
+    events = await _decoded(reader, lane, items, context)
+    holds = (after_seq is not None and bounds is not None and bounds[0] <= after_seq <= bounds[1])
+    return LaneEventPage(events=events, holds=holds, newest_seq=bounds[1] if bounds else None)
+
+
+async def read_lane_events_from(reader: SessionReader, lane: str, seq: int, limit: int,
+                                context: Context) -> tuple[HarnessEvent, ...] | None:
+    """Lane `lane`'s durable events after its event `seq`, oldest first, at most `limit`; None
+    when the log no longer holds event `seq` (trimmed past it). What `read_lane_events` answers
+    for a position the log held, in one read of the log instead of two (plus one for the entries
+    the events name): the item at `seq` is read too, and finding it proves no gap. For a reader
+    that reads at every commit (`follow_lane`). Raises `StorageCorruption` as `read_lane_events`."""
+    items = await reader.read_list(lane_events(lane), context, after_seq=seq - 1, limit=min(limit, 10_000) + 1)
+    if not items or items[0].seq != seq:
+        return None
+    return await _decoded(reader, lane, items[1:], context)
+
+
+async def newest_event_seq(reader: SessionReader, lane: str, context: Context) -> int | None:
+    """The seq of lane `lane`'s newest logged event; None when its log is empty."""
+    bounds = await reader.list_bounds(lane_events(lane), context)
+    return bounds[1] if bounds else None
+
+
+async def _decoded(reader: SessionReader, lane: str, items: Sequence[ListItem[LoggedEvent]],
+                   context: Context) -> tuple[HarnessEvent, ...]:
+    """The published events of log items `items`, their entries read in one go."""
     refs: list[str] = []
     for item in items:
         if item.item.entry is not None:
@@ -249,14 +277,7 @@ async def read_lane_events(reader: SessionReader, lane: str, after_seq: int | No
         else:
             raise StorageCorruption(f"event {seq} of lane {lane} holds neither an event nor an entry",
                                     lane=lane, event_seq=seq)
-    holds = (after_seq is not None and bounds is not None and bounds[0] <= after_seq <= bounds[1])
-    return LaneEventPage(events=tuple(events), holds=holds, newest_seq=bounds[1] if bounds else None)
-
-
-async def newest_event_seq(reader: SessionReader, lane: str, context: Context) -> int | None:
-    """The seq of lane `lane`'s newest logged event; None when its log is empty."""
-    bounds = await reader.list_bounds(lane_events(lane), context)
-    return bounds[1] if bounds else None
+    return tuple(events)
 
 
 def _message_of(entry: Entry) -> Message:
