@@ -52,6 +52,7 @@ import uvicorn
 from pydantic import JsonValue
 
 from bench.timing import percentile
+from harness.cli.serve_commands import SERVE_POOL_MAX
 from harness.context import Context
 from harness.conversation import ConversationService, ConversationSetup
 from harness.messages import ModelIdentity, TextContent, ToolResultMessage
@@ -222,7 +223,7 @@ async def _run_with_workers(load: Load, context: Context) -> dict[str, Any]:
     store: Store | None = None
     workers: list[asyncio.subprocess.Process] = []
     try:
-        store = await connect(url, context)
+        store = await connect(url, context, pool_max=SERVE_POOL_MAX)  # as `harness serve` opens it
         concurrency = math.ceil(load.conversations / load.workers)
         for _ in range(load.workers):
             worker = await asyncio.create_subprocess_exec(sys.executable, "-m", "bench.faux_worker", url,

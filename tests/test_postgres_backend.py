@@ -26,6 +26,7 @@ from harness.session import (
     SetValue,
     Store,
     StoreUnavailable,
+    UnsupportedStoreUrl,
     addresses,
     connect,
     work_board,
@@ -258,3 +259,25 @@ async def test_a_version_1_schema_gains_updated_at_from_its_newest_entry(postgre
         await store.close()
 
     assert listed == {"with-entries": (1000, 5000), "empty": (2000, 2000)}
+
+
+async def test_pool_max_in_the_url_sizes_the_pool_and_libpq_never_sees_it(postgres_schema_url: str,
+                                                                            ctx: Context) -> None:
+    """`?pool_max=N` is taken out of the URL (libpq refuses unknown parameters), sizes the pool,
+    keeps the other parameters (the private schema) as they were, and wins over `pool_max=`."""
+    store = await connect(f"{postgres_schema_url}&pool_max=2", ctx, pool_max=7)
+    try:
+        assert backend_of(store)._pool.max_size == 2
+        session = await new_session_with_lane(store, ctx)
+        assert [info.id for info in await store.list_sessions(ctx)] == [session.id]  # the private schema
+    finally:
+        await store.close()
+    store = await connect(postgres_schema_url, ctx, pool_max=7)
+    try:
+        assert backend_of(store)._pool.max_size == 7
+    finally:
+        await store.close()
+    for bad in ("0", "x", "1001", ""):
+        with pytest.raises(UnsupportedStoreUrl):
+            await connect(f"{postgres_schema_url}&pool_max={bad}", ctx)
+

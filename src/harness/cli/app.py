@@ -50,13 +50,16 @@ def default_store_url() -> str:
     return f"sqlite:///{(harness_home() / 'harness.db').resolve()}"
 
 
-def run_with_store(store_url: str | None, body: Callable[[Store, Context], Awaitable[T]]) -> T:
-    """Open the store (applying every journal data migration, CE-25), run `body`, close the
-    store; a `HarnessError` becomes a one-line message with its code and exit status 1."""
+def run_with_store(store_url: str | None, body: Callable[[Store, Context], Awaitable[T]], *,
+                   pool_max: int | None = None) -> T:
+    """Open the store (applying every journal data migration, CE-25; a PostgreSQL one pooling
+    `pool_max` connections unless its URL says, `connect`), run `body`, close the store; a
+    `HarnessError` becomes a one-line message with its code and exit status 1."""
 
     async def go() -> T:
         context = Context({"cli": True})
-        store = await connect(store_url or default_store_url(), context, data_migrations=JOURNAL_DATA_MIGRATIONS)
+        store = await connect(store_url or default_store_url(), context, data_migrations=JOURNAL_DATA_MIGRATIONS,
+                              pool_max=pool_max)
         try:
             return await body(store, context)
         finally:

@@ -24,6 +24,12 @@ token_app = typer.Typer(name="token", help="Bearer tokens for `harness serve`, s
                         no_args_is_help=True)
 app.add_typer(token_app)
 
+SERVE_POOL_MAX = 16
+"""The pooled PostgreSQL connections `harness serve` opens at most (a store URL's `?pool_max=N`
+says otherwise): every watch of a run another process drives reads the journal at each of its
+commits, and four connections queued those reads by hundreds of milliseconds under twenty
+conversations (bench/README.md, serve_load)."""
+
 
 @app.command("serve")
 def serve_command(
@@ -93,7 +99,7 @@ def serve_command(
         finally:
             await jobs.close()
 
-    run_with_store(store, body)
+    run_with_store(store, body, pool_max=SERVE_POOL_MAX)
 
 
 @token_app.command("create")

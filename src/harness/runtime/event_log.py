@@ -392,6 +392,15 @@ async def read_lane_events(reader: SessionReader, lane: str, after_seq: int | No
     return LaneEventPage(events=events, holds=holds, newest_seq=bounds[1] if bounds else None)
 
 
+async def read_lane_events_from(reader: SessionReader, lane: str, seq: int, limit: int,
+                                context: Context) -> tuple[HarnessEvent, ...] | None:
+    """Lane `lane`'s durable events after its event `seq`, oldest first, at most `limit`; None
+    when the log no longer holds event `seq` (trimmed past it): `read_lane_events` for a reader
+    that keeps a position (`follow_lane`). Raises `StorageCorruption` as `read_lane_events`."""
+    page = await read_lane_events(reader, lane, seq, limit, context)
+    return page.events if page.holds else None
+
+
 async def newest_event_seq(reader: SessionReader, lane: str, context: Context) -> int | None:
     """The seq of lane `lane`'s newest logged event; None when its log is empty."""
     bounds = await reader.list_bounds(lane_events(lane), context)

@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 
 from harness.context import Context
 from harness.runtime.errors import FollowBehind, SnapshotContended
-from harness.runtime.event_log import newest_event_seq, read_lane_events
+from harness.runtime.event_log import newest_event_seq, read_lane_events, read_lane_events_from
 from harness.runtime.events import HarnessEvent, MessageUpdate
 from harness.runtime.projection import read_lane_projection
 from harness.runtime.snapshot import FrameReader, LanePresentation, capture_snapshot
@@ -53,6 +53,8 @@ class LaneFollow:
         self._position = snapshot.event_seq
         self._frames = frames
         self._unshown: MessageUpdate | None = None
+        self._operation: tuple[str | None, OperationState | None] | None = None
+        self._operation_at: int | None = None  # the position `_operation` was read at
         self._changes = changes
         self._poll_s = poll_s
         self._context = context
@@ -88,26 +90,27 @@ class LaneFollow:
     async def _logged(self) -> AsyncIterator[HarnessEvent]:
         """The durable events after the position, page by page, until the log is read through."""
         while not self._closed:
-            page = await read_lane_events(self._reader, self._lane, self._position, EVENT_PAGE, self._context)
-            if self._position is not None and not page.holds:
+            if self._position is None:  # an empty log at the snapshot: read it from its start
+                events: tuple[HarnessEvent, ...] | None = (await read_lane_events(
+                    self._reader, self._lane, None, EVENT_PAGE, self._context)).events
+            else:  # one read of the log at each commit: the item at the position proves no gap
+                events = await read_lane_events_from(self._reader, self._lane, self._position, EVENT_PAGE,
+                                                     self._context)
+            if events is None:
                 raise FollowBehind(f"the event log of lane {self._lane} no longer holds event {self._position}; "
                                    "follow again from a fresh snapshot", lane=self._lane, event_seq=self._position)
-            for event in page.events:
+            for event in events:
                 if self._closed:
                     return
                 self._position = event.event_seq
                 yield event
-            if len(page.events) < EVENT_PAGE:
+            if len(events) < EVENT_PAGE:
                 return
 
     async def _presentation(self) -> MessageUpdate | None:
         """The streaming reply, when its frames grew since the last look and no durable event
         came meanwhile: an update is shown only after every event committed before it."""
-        state = await self._reader.get(addresses.lane_state(self._lane), self._context)
-        operation_id = state.current_operation_id if state is not None else None
-        operation: OperationState | None = None
-        if operation_id is not None:
-            operation = await self._reader.get(addresses.operation_state(operation_id), self._context)
+        operation_id, operation = await self._current_operation()
         streaming = isinstance(operation, AssistantEffectPending | DeferredEffectPending)
         if not streaming or self._frames is None or (self._frames.operation_id, self._frames.response_entry_id) != (
                 operation_id, getattr(operation, "response_entry_id", None)):
@@ -121,6 +124,20 @@ class LaneFollow:
             return None
         update, self._unshown = self._unshown, None
         return update
+
+    async def _current_operation(self) -> tuple[str | None, OperationState | None]:
+        """The lane's current operation and its state, read again only when the log moved since
+        the last reading: every commit that changes them logs an event (HA-13), so a wake-up for
+        a frame page alone costs no read of them."""
+        if self._operation is None or self._operation_at != self._position:
+            at = self._position
+            state = await self._reader.get(addresses.lane_state(self._lane), self._context)
+            operation_id = state.current_operation_id if state is not None else None
+            operation: OperationState | None = None
+            if operation_id is not None:
+                operation = await self._reader.get(addresses.operation_state(operation_id), self._context)
+            self._operation, self._operation_at = (operation_id, operation), at
+        return self._operation
 
 
 async def follow_lane(store: Store, session_id: str, lane: str, context: Context, *,

@@ -62,7 +62,9 @@ from harness.session.tokens import TokenInfo, TokenRow, token_row, token_sql
 
 Connection = psycopg.AsyncConnection[TupleRow]
 
-_POOL_MAX_SIZE = 4
+DEFAULT_POOL_MAX = 4
+"""The pooled connections a PostgreSQL store opens at most unless told otherwise (`connect(...,
+pool_max=)`, `?pool_max=N`): enough for a command or a worker, whose claims hold their own."""
 # Serialises schema steps and data migrations between processes opening the same database.
 _MIGRATION_LOCK_KEY = int.from_bytes(b"harness", "big")
 
@@ -252,6 +254,7 @@ class PostgresBackend:
         self._pool = pool
         self._schema = schema
         self._claims: set[PostgresClaim] = set()
+        self._reads: set[asyncio.Task[list[TupleRow]]] = set()
         self._closed = False
         self.leases = False
         """Whether this backend's claims are leases (`LEASE_APPLICATION`): the holder keeps each
@@ -269,9 +272,9 @@ class PostgresBackend:
         self._commit_barrier: Callable[[], Awaitable[None]] | None = None
 
     @classmethod
-    async def open(cls, url: str, context: Context) -> PostgresBackend:
+    async def open(cls, url: str, context: Context, *, pool_max: int = DEFAULT_POOL_MAX) -> PostgresBackend:
         """Connect to `url` (a libpq URL; its search_path's first schema must exist), apply pending
-        schema steps and open a pool of 1 to 4 connections.
+        schema steps and open a pool of 1 to `pool_max` connections.
 
         Raises `psycopg.OperationalError` when the database cannot be reached."""
         # A direct connection first: it reports a bad URL or an unreachable server at once, where
@@ -281,7 +284,7 @@ class PostgresBackend:
             row = await (await conn.execute("SELECT current_schema()")).fetchone()
         assert row is not None
         pool = AsyncConnectionPool(
-            url, min_size=1, max_size=_POOL_MAX_SIZE, open=False, kwargs={"autocommit": True}
+            url, min_size=1, max_size=pool_max, open=False, kwargs={"autocommit": True}
         )
         await pool.open()
         return cls(url, pool, row[0])
@@ -311,15 +314,12 @@ class PostgresBackend:
                 await _apply(conn, info.id, write, seq, timestamp)
 
     async def get_session(self, session_id: str, context: Context) -> SessionInfo | None:
-        async with self._connection() as conn:
-            cur = await conn.execute(f"SELECT {SESSION_COLUMNS} FROM sessions WHERE id = %s", (session_id,))
-            row = await cur.fetchone()
-        return SessionInfo(*row) if row else None
+        rows = await self._rows(f"SELECT {SESSION_COLUMNS} FROM sessions WHERE id = %s", (session_id,))
+        return SessionInfo(*rows[0]) if rows else None
 
     async def list_sessions(self, context: Context) -> list[SessionInfo]:
-        async with self._connection() as conn:
-            cur = await conn.execute(f"SELECT {SESSION_COLUMNS} FROM sessions ORDER BY created_at, id")
-            return [SessionInfo(*r) for r in await cur.fetchall()]
+        rows = await self._rows(f"SELECT {SESSION_COLUMNS} FROM sessions ORDER BY created_at, id", ())
+        return [SessionInfo(*r) for r in rows]
 
     async def delete_session(self, session_id: str, context: Context) -> None:
         """Delete the session's rows in one transaction that holds its advisory lock, so no owner
@@ -338,93 +338,80 @@ class PostgresBackend:
     async def get_entries(self, session_id: str, ids: Sequence[str], context: Context) -> dict[str, EntryRow]:
         if not ids:
             return {}
-        async with self._connection() as conn:
-            cur = await conn.execute(
-                "SELECT id, parent_id, seq, timestamp, type, payload FROM entries "
-                "WHERE session_id = %s AND id = ANY(%s)",
-                (session_id, list(dict.fromkeys(ids))),
-            )
-            return {r[0]: EntryRow(*r) for r in await cur.fetchall()}
+        rows = await self._rows(
+            "SELECT id, parent_id, seq, timestamp, type, payload FROM entries WHERE session_id = %s AND id = ANY(%s)",
+            (session_id, list(dict.fromkeys(ids))),
+        )
+        return {r[0]: EntryRow(*r) for r in rows}
 
     async def read_entries(
         self, session_id: str, after_seq: int | None, limit: int, context: Context
     ) -> list[EntryRow]:
-        async with self._connection() as conn:
-            cur = await conn.execute(
-                "SELECT id, parent_id, seq, timestamp, type, payload FROM entries "
-                "WHERE session_id = %s AND seq > %s ORDER BY seq LIMIT %s",
-                (session_id, -1 if after_seq is None else after_seq, limit),
-            )
-            return [EntryRow(*r) for r in await cur.fetchall()]
+        rows = await self._rows(
+            "SELECT id, parent_id, seq, timestamp, type, payload FROM entries "
+            "WHERE session_id = %s AND seq > %s ORDER BY seq LIMIT %s",
+            (session_id, -1 if after_seq is None else after_seq, limit),
+        )
+        return [EntryRow(*r) for r in rows]
 
     async def walk_branch(
         self, session_id: str, start: str, limit: int, stop_at_compaction: bool, context: Context
     ) -> list[EntryRow]:
         params = {"s": session_id, "start": start, "limit": limit, "stop": stop_at_compaction}
-        async with self._connection() as conn:
-            cur = await conn.execute(_WALK, params)
-            return [EntryRow(*r) for r in await cur.fetchall()]
+        return [EntryRow(*r) for r in await self._rows(_WALK, params)]
 
     async def get_value(self, session_id: str, namespace: str, key: str, context: Context) -> ValueRow | None:
-        async with self._connection() as conn:
-            cur = await conn.execute(
-                "SELECT namespace, key, seq, value FROM record_values "
-                "WHERE session_id = %s AND namespace = %s AND key = %s",
-                (session_id, namespace, key),
-            )
-            row = await cur.fetchone()
-        return ValueRow(*row) if row else None
+        rows = await self._rows(
+            "SELECT namespace, key, seq, value FROM record_values "
+            "WHERE session_id = %s AND namespace = %s AND key = %s",
+            (session_id, namespace, key),
+        )
+        return ValueRow(*rows[0]) if rows else None
 
     async def scan_values(
         self, session_id: str, namespace: str, key_prefix: str, context: Context
     ) -> list[ValueRow]:
         # starts_with, not LIKE: `%` and `_` in a prefix are literal characters.
-        async with self._connection() as conn:
-            cur = await conn.execute(
-                "SELECT namespace, key, seq, value FROM record_values "
-                "WHERE session_id = %s AND namespace = %s AND starts_with(key, %s) ORDER BY key",
-                (session_id, namespace, key_prefix),
-            )
-            return [ValueRow(*r) for r in await cur.fetchall()]
+        rows = await self._rows(
+            "SELECT namespace, key, seq, value FROM record_values "
+            "WHERE session_id = %s AND namespace = %s AND starts_with(key, %s) ORDER BY key",
+            (session_id, namespace, key_prefix),
+        )
+        return [ValueRow(*r) for r in rows]
 
     async def values_across(self, namespace: str, key: str, context: Context) -> dict[str, ValueRow]:
-        async with self._connection() as conn:
-            cur = await conn.execute("SELECT session_id, namespace, key, seq, value FROM record_values "
-                                     "WHERE namespace = %s AND key = %s", (namespace, key))
-            return {r[0]: ValueRow(*r[1:]) for r in await cur.fetchall()}
+        rows = await self._rows("SELECT session_id, namespace, key, seq, value FROM record_values "
+                                "WHERE namespace = %s AND key = %s", (namespace, key))
+        return {r[0]: ValueRow(*r[1:]) for r in rows}
 
     async def read_list(
         self, session_id: str, namespace: str, key: str, after_seq: int | None, limit: int, context: Context
     ) -> list[ValueRow]:
-        async with self._connection() as conn:
-            cur = await conn.execute(
-                "SELECT namespace, key, seq, value FROM list_items "
-                "WHERE session_id = %s AND namespace = %s AND key = %s AND seq > %s ORDER BY seq LIMIT %s",
-                (session_id, namespace, key, after_seq if after_seq is not None else -1, limit),
-            )
-            return [ValueRow(*r) for r in await cur.fetchall()]
+        rows = await self._rows(
+            "SELECT namespace, key, seq, value FROM list_items "
+            "WHERE session_id = %s AND namespace = %s AND key = %s AND seq > %s ORDER BY seq LIMIT %s",
+            (session_id, namespace, key, after_seq if after_seq is not None else -1, limit),
+        )
+        return [ValueRow(*r) for r in rows]
 
     async def list_bounds(
         self, session_id: str, namespace: str, key: str, context: Context
     ) -> tuple[int, int] | None:
-        async with self._connection() as conn:
-            cur = await conn.execute(
-                "SELECT min(seq), max(seq) FROM list_items WHERE session_id = %s AND namespace = %s AND key = %s",
-                (session_id, namespace, key),
-            )
-            row = await cur.fetchone()
-            return None if row is None or row[0] is None else (row[0], row[1])
+        rows = await self._rows(
+            "SELECT min(seq), max(seq) FROM list_items WHERE session_id = %s AND namespace = %s AND key = %s",
+            (session_id, namespace, key),
+        )
+        return None if not rows or rows[0][0] is None else (rows[0][0], rows[0][1])
 
     async def read_usage(
         self, session_id: str, after_seq: int | None, limit: int, context: Context
     ) -> list[UsageRowRaw]:
-        async with self._connection() as conn:
-            cur = await conn.execute(
-                "SELECT id, seq, entry_id, adjustment, usage, details FROM usage_ledger "
-                "WHERE session_id = %s AND seq > %s ORDER BY seq LIMIT %s",
-                (session_id, after_seq if after_seq is not None else -1, limit),
-            )
-            return [UsageRowRaw(*r) for r in await cur.fetchall()]
+        rows = await self._rows(
+            "SELECT id, seq, entry_id, adjustment, usage, details FROM usage_ledger "
+            "WHERE session_id = %s AND seq > %s ORDER BY seq LIMIT %s",
+            (session_id, after_seq if after_seq is not None else -1, limit),
+        )
+        return [UsageRowRaw(*r) for r in rows]
 
     async def commit(
         self, session_id: str, writes: Sequence[Write], claim: Claim | None, context: Context
@@ -652,6 +639,21 @@ class PostgresBackend:
                                (migration.name, now_ms()))
         return True
 
+    async def _rows(self, sql: str, params: Sequence[Any] | dict[str, Any]) -> list[TupleRow]:
+        """The rows of one read on a pooled connection, run in a task of its own: a caller
+        cancelled meanwhile (a watcher that left) gets `CancelledError` at once while the query
+        finishes and the connection goes back to the pool. Cancelled mid-query, psycopg would
+        close the connection instead, and the pool would reconnect (tens of ms, under load often)."""
+
+        async def read() -> list[TupleRow]:
+            async with self._connection() as conn:
+                return await (await conn.execute(sql, params)).fetchall()
+
+        task = asyncio.get_running_loop().create_task(read())
+        self._reads.add(task)  # the loop keeps only a weak reference to a task
+        task.add_done_callback(_forget_read(self._reads))
+        return await asyncio.shield(task)
+
     @contextlib.asynccontextmanager
     async def _connection(self) -> AsyncIterator[Connection]:
         """A pooled connection. A broken one makes the pool check every idle connection before
@@ -752,6 +754,18 @@ def driver_error(error: psycopg.OperationalError | psycopg.InterfaceError) -> Ha
                                    "or may not have been applied (read the journal to learn which)",
                                    outcome="unknown")
     return StoreUnavailable(f"PostgreSQL cannot serve the call: {error}", sqlstate=error.sqlstate)
+
+
+def _forget_read(reads: set[asyncio.Task[list[TupleRow]]]) -> Callable[[asyncio.Task[list[TupleRow]]], None]:
+    """The done callback of a shielded read: drop it, and take its error, which nobody awaits
+    when its caller was cancelled (else asyncio logs it as never retrieved)."""
+
+    def forget(task: asyncio.Task[list[TupleRow]]) -> None:
+        reads.discard(task)
+        if not task.cancelled():
+            task.exception()
+
+    return forget
 
 
 async def _migrate_schema(conn: Connection) -> None:

@@ -174,20 +174,49 @@ class Store:
             await self.backend.close()
 
 
+POOL_MAX_LIMIT = 1_000
+"""The largest `pool_max` a store URL may ask for: past it a typo, not a pool."""
+
+
+def _pool_max_of(url: str, query: str, default: int) -> tuple[str, int]:
+    """`url` without its `pool_max` parameters (libpq refuses unknown ones), and the pool size the
+    last of them asks for (`default` without one). The other parameters are kept byte for byte:
+    libpq decodes only percent escapes, so re-encoding them could change them."""
+    kept: list[str] = []
+    asked: str | None = None
+    for item in query.split("&") if query else []:
+        name, _, value = item.partition("=")
+        if name == "pool_max":
+            asked = value
+        else:
+            kept.append(item)
+    if asked is None:
+        return url, default
+    if not asked.isdecimal() or not 1 <= int(asked) <= POOL_MAX_LIMIT:
+        raise UnsupportedStoreUrl(f"pool_max is a whole number from 1 to {POOL_MAX_LIMIT}, not {asked!r}", url=url)
+    base = url.split("?", 1)[0]
+    return (f"{base}?{'&'.join(kept)}" if kept else base), int(asked)
+
+
 def _set(address: ValueAddress[T], value: T) -> SetValue:
     return SetValue(address.namespace, address.key, encode(address.adapter, value))
 
 
 async def connect(
-    url: str, context: Context, *, data_migrations: Sequence[DataMigration] = DATA_MIGRATIONS
+    url: str, context: Context, *, data_migrations: Sequence[DataMigration] = DATA_MIGRATIONS,
+    pool_max: int | None = None,
 ) -> Store:
     """Open the store at `url`, apply pending schema migrations and journal data migrations.
 
     URLs: `memory://`; `sqlite:///relative/path.db` or `sqlite:////absolute/path.db` (optional
     `?synchronous=NORMAL|FULL|EXTRA`, default FULL); `postgresql://user@host:port/db?...` (libpq
-    conninfo). Raises `UnsupportedStoreUrl` for anything else and `StoreUnavailable` when the
-    database cannot be opened."""
-    backend = await _open_backend(url, context)
+    conninfo, plus an optional `pool_max=N`, taken out before libpq sees the URL). A PostgreSQL
+    store pools at most N connections for its reads and unowned commits: the URL's `pool_max`,
+    else `pool_max`, else `DEFAULT_POOL_MAX` (4; a server whose watches follow other processes'
+    work wants more: `harness serve` asks for 16). Raises `UnsupportedStoreUrl` for
+    anything else (a `pool_max` that is no whole number from 1 to 1,000 included) and
+    `StoreUnavailable` when the database cannot be opened."""
+    backend = await _open_backend(url, context, pool_max)
     try:
         for migration in data_migrations:
             await backend.run_data_migration(migration, context)
@@ -197,7 +226,7 @@ async def connect(
     return Store(backend, url)
 
 
-async def _open_backend(url: str, context: Context) -> Backend:
+async def _open_backend(url: str, context: Context, pool_max: int | None) -> Backend:
     parts = urlsplit(url)
     if parts.fragment:
         raise UnsupportedStoreUrl(f"a store URL has no #fragment: {url!r}", url=url)
@@ -222,10 +251,11 @@ async def _open_backend(url: str, context: Context) -> Backend:
     if parts.scheme in ("postgresql", "postgres"):
         import psycopg
 
-        from harness.session.postgres import PostgresBackend
+        from harness.session.postgres import DEFAULT_POOL_MAX, PostgresBackend
 
+        libpq_url, pool_max = _pool_max_of(url, parts.query, DEFAULT_POOL_MAX if pool_max is None else pool_max)
         try:
-            return await PostgresBackend.open(url, context)
+            return await PostgresBackend.open(libpq_url, context, pool_max=pool_max)
         except psycopg.ProgrammingError as error:
             raise UnsupportedStoreUrl(f"not a PostgreSQL URL libpq accepts: {url!r} ({error})", url=url) from error
         except psycopg.Error as error:
