@@ -104,6 +104,7 @@ class Load:
     store_url: str | None = None
     committed_at: dict[tuple[str, int], int] = field(default_factory=dict)  # (conversation, seq) -> ns
     ended: dict[str, asyncio.Queue[None]] = field(default_factory=dict)  # conversation -> one item per run end
+    refused_held: int = 0  # turns refused as `conversation_held` and sent again
 
 
 async def watch(client: httpx.AsyncClient, watcher: Watcher, load: Load, ready: asyncio.Event, *,
@@ -160,7 +161,8 @@ async def watch(client: httpx.AsyncClient, watcher: Watcher, load: Load, ready: 
                     break
 
 
-async def converse(client: httpx.AsyncClient, conversation_id: str, ended: asyncio.Queue[None], turns: int) -> None:
+async def converse(client: httpx.AsyncClient, conversation_id: str, ended: asyncio.Queue[None], turns: int,
+                   load: Load) -> None:
     for turn in range(turns):
         while True:
             answered = await client.post(f"/api/conversations/{conversation_id}/messages",
@@ -169,7 +171,8 @@ async def converse(client: httpx.AsyncClient, conversation_id: str, ended: async
             # go: a turn sent in between is refused as held, and a client sends it again.
             if answered.status_code != 409 or answered.json().get("code") != "conversation_held":
                 break
-            await asyncio.sleep(0.01)
+            load.refused_held += 1
+            await asyncio.sleep(0.05)
         answered.raise_for_status()
         await ended.get()
 
@@ -273,7 +276,7 @@ async def _measure(load: Load, service: ConversationService, client: httpx.Async
     await asyncio.wait_for(asyncio.gather(*(ready.wait() for ready in readiness)), 60)
 
     started = time.perf_counter()
-    await asyncio.gather(*(converse(client, c.id, load.ended[c.id], load.turns) for c in conversations))
+    await asyncio.gather(*(converse(client, c.id, load.ended[c.id], load.turns, load) for c in conversations))
     await asyncio.wait_for(asyncio.gather(*watching), 120)
     elapsed = time.perf_counter() - started
 
@@ -300,7 +303,7 @@ async def _measure(load: Load, service: ConversationService, client: httpx.Async
         "durable_committed_per_second": round(len(load.committed_at) / elapsed),
         "latency_p50_ms": round(percentile(latencies, 50), 2), "latency_p99_ms": round(percentile(latencies, 99), 2),
         "gaps": gaps, "duplicates": duplicates, "watchers_matching_log": matching, "watchers": len(watchers),
-        "resumes": sum(w.resumes for w in watchers),
+        "resumes": sum(w.resumes for w in watchers), "turns_refused_held": load.refused_held,
     }
 
 
