@@ -1,4 +1,7 @@
-"""The commands of `harness` but the session ones (`session_commands`), registered on the application."""
+"""The commands of `harness` but the session ones (`session_commands`), registered on the application.
+
+Each command imports what it runs (the chat's terminal, the runtime, the importers, the model
+checks) in its body, as every command module does: see `harness.cli.app`."""
 
 from __future__ import annotations
 
@@ -8,41 +11,20 @@ import sys
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from harness.cli.app import StoreOption, app, default_store_url, run_with_store
-from harness.cli.chat import ChatClient, ChatSettings
-from harness.cli.chat_commands import COMMANDS
-from harness.cli.config import (
-    Check,
-    LaneHasTools,
-    NewConversationLane,
-    check_embedded,
-    check_model_readiness,
-    check_models,
-    check_readiness,
-    check_store,
-    local_user,
-)
-from harness.cli.render import print_branch
-from harness.cli.run import EXIT_INTERRUPTED, RunTurn, run_turn
 from harness.cli.session_refs import SessionArgument, latest_session, resolve_session
 from harness.context import Context
 from harness.errors import HarnessError, InvalidInput
 from harness.home import harness_home
-from harness.imports import (
-    ImportReport,
-    export_harness_session,
-    import_claude_code_session,
-    import_harness_session,
-    import_pi_session,
-)
 from harness.messages import ModelIdentity
-from harness.providers import ModelRegistry
-from harness.runtime import MAX_INPUT_BYTES
 from harness.session import Store
+
+if TYPE_CHECKING:
+    from harness.imports import ImportReport
 
 import_app = typer.Typer(
     name="import",
@@ -82,6 +64,10 @@ def chat(
 
     if continue_last and session is not None:
         raise typer.BadParameter("give a SESSION or --continue, not both", param_hint="--continue")
+    from harness.cli.chat import ChatClient, ChatSettings
+    from harness.cli.chat_commands import COMMANDS
+    from harness.cli.config import NewConversationLane
+    from harness.providers import ModelRegistry
 
     async def body(s: Store, context: Context) -> int:
         session_id = (await latest_session(s, context) if continue_last
@@ -103,6 +89,7 @@ def chat(
 @app.command()
 def show(session_id: SessionArgument, lane: str = "main", store: StoreOption = None) -> None:
     """Print a session's branch readably, oldest first."""
+    from harness.cli.render import print_branch
 
     async def body(s: Store, context: Context) -> None:
         session = await s.open_session(await resolve_session(s, session_id, context), context)
@@ -147,6 +134,11 @@ def run(
                                  param_hint="--resume")
     if prompt is None and not resume:
         raise typer.BadParameter("a prompt is needed (or --resume with --session)", param_hint="PROMPT")
+    from harness.cli.config import LaneHasTools, NewConversationLane
+    from harness.cli.run import EXIT_INTERRUPTED, RunTurn, run_turn
+    from harness.providers import ModelRegistry
+    from harness.runtime import MAX_INPUT_BYTES
+
     # One character past the bound is enough for the run to be refused (prompt_too_large): a pipe
     # of gigabytes is not read whole first.
     text = sys.stdin.read(MAX_INPUT_BYTES + 1) if prompt == "-" else prompt
@@ -183,6 +175,9 @@ def run(
 def models() -> None:
     """List the configured models (provider/id, api, context window) and whether each can be called:
     its key, its weights file, its server answering; `*` marks the default."""
+    from harness.cli.config import check_readiness
+    from harness.providers import ModelRegistry
+
     home = harness_home()
     try:
         registry = ModelRegistry.load(home=home)
@@ -208,6 +203,9 @@ def doctor(store: StoreOption = None) -> None:
     """Check the store (connect, a write in a scratch session), the models configuration (the
     default model and each model of models.toml can be called: key, weights file, server) and the
     embedded model; one line per check, exit status 1 if any failed."""
+    from harness.cli.config import Check, check_embedded, check_model_readiness, check_models, check_store
+    from harness.providers import ModelRegistry
+
     home = harness_home()
 
     async def checks() -> bool:
@@ -245,6 +243,7 @@ def export_session(
     store: StoreOption = None,
 ) -> None:
     """Write a session as harness JSONL (read it back with `harness import harness FILE`)."""
+    from harness.imports import export_harness_session
 
     async def body(s: Store, context: Context) -> None:
         session = await s.open_session(await resolve_session(s, session_id, context), context)
@@ -269,27 +268,35 @@ def export_session(
 @import_app.command("harness")
 def import_harness(file: ImportFile, store: StoreOption = None) -> None:
     """Import a session file written by `harness export` as a conversation of the local account."""
-    _import(store, lambda s, context: import_harness_session(s, file, local_user(), context))
+    from harness.imports import import_harness_session
+
+    _import(store, lambda s, context, user: import_harness_session(s, file, user, context))
 
 
 @import_app.command("pi")
 def import_pi(file: ImportFile, store: StoreOption = None) -> None:
     """Import a pi coding-agent session file (format v1, v2 or v3) as a conversation of the local
     account."""
-    _import(store, lambda s, context: import_pi_session(s, file, local_user(), context))
+    from harness.imports import import_pi_session
+
+    _import(store, lambda s, context, user: import_pi_session(s, file, user, context))
 
 
 @import_app.command("claude-code")
 def import_claude_code(file: ImportFile, store: StoreOption = None) -> None:
     """Import a Claude Code session transcript as a conversation of the local account."""
-    _import(store, lambda s, context: import_claude_code_session(s, file, local_user(), context))
+    from harness.imports import import_claude_code_session
+
+    _import(store, lambda s, context, user: import_claude_code_session(s, file, user, context))
 
 
-def _import(store: str | None, run: Callable[[Store, Context], Awaitable[ImportReport]]) -> None:
-    """Run one import: the new session id on stdout (for scripts), what was read on stderr."""
+def _import(store: str | None, run: Callable[[Store, Context, str], Awaitable[ImportReport]]) -> None:
+    """Run one import as the local user: the new session id on stdout (for scripts), what was
+    read on stderr."""
+    from harness.cli.config import local_user
 
     async def body(s: Store, context: Context) -> None:
-        report = await run(s, context)
+        report = await run(s, context, local_user())
         typer.echo(report.session_id)
         unanswered = f" ({report.unanswered_tool_calls} unanswered)" if report.unanswered_tool_calls else ""
         typer.echo(f"imported {report.source_format}: {report.messages} messages, {report.tool_calls} tool "

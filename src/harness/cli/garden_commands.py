@@ -4,21 +4,22 @@ inbox (replies and notes, apart, OM-5)."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from harness.cli.app import StoreOption, app, default_store_url, run_with_store
-from harness.cli.config import local_user
 from harness.cli.terminal_text import visible
 from harness.context import Context
-from harness.conversation import ConversationService, ConversationSetup
 from harness.errors import InvalidInput
-from harness.garden import Garden, Gardener, GardenEvent, GardenSetup, GoalType, RunFinished, TendFinished, garden_names
 from harness.home import harness_home
 from harness.messages import ModelIdentity
-from harness.providers import ModelRegistry
 from harness.session import Store
+
+# Gardens and the conversation service under them are imported where a command runs them (see
+# `harness.cli.app`).
+if TYPE_CHECKING:
+    from harness.garden import Garden, GardenEvent, GardenSetup, GoalType
 
 garden_app = typer.Typer(name="garden", help="Gardens: goals pursued by a background agent, the gardener.",
                          no_args_is_help=True)
@@ -32,14 +33,27 @@ RootOption = Annotated[Path | None, typer.Option(
 def garden_setup(store: Store, store_url: str | None) -> GardenSetup:
     """What a garden runs with from the terminal: the models of `models.toml` and the keys set, and
     a conversation service on the same journal."""
+    from harness.conversation import ConversationService, ConversationSetup
+    from harness.garden import GardenSetup
+    from harness.providers import ModelRegistry
+
     registry = ModelRegistry.load(home=harness_home())
     service = ConversationService(store, ConversationSetup(models=registry))
     return GardenSetup(store=store, service=service, models=registry, store_url=store_url or default_store_url())
 
 
+def open_garden(name: str, store: Store, store_url: str | None, root: Path | None) -> Garden:
+    """Garden `name` (at `root`, default its place under $HARNESS_HOME) with `garden_setup`."""
+    from harness.garden import Garden
+
+    return Garden.open(name, garden_setup(store, store_url), root=root)
+
+
 def local_garden(setup: GardenSetup) -> Garden:
     """The garden `/goal` gives goals to: the only one at its default root; `InvalidInput` when
     there is none, or several."""
+    from harness.garden import Garden, garden_names
+
     names = garden_names()
     if len(names) != 1:
         have = f"there are {len(names)} ({', '.join(names)})" if names else "there is none"
@@ -60,6 +74,8 @@ def create(
     store: StoreOption = None,
 ) -> None:
     """Make a garden; its messages go to your conversations."""
+    from harness.cli.config import local_user
+    from harness.garden import Garden, Gardener
 
     async def body(s: Store, context: Context) -> None:
         setup = garden_setup(s, store)
@@ -88,7 +104,7 @@ def goal(
     chosen: GoalType = "tend" if goal_type == "tend" else "durable"
 
     async def body(s: Store, context: Context) -> None:
-        garden = Garden.open(name, garden_setup(s, store), root=root)
+        garden = open_garden(name, s, store, root)
         added = await garden.add_goal(chosen, text, context, every_s=every)
         typer.echo(added.id)
 
@@ -100,7 +116,7 @@ def goals(name: NameArgument, root: RootOption = None, store: StoreOption = None
     """List a garden's goals: id, type, status, text."""
 
     async def body(s: Store, context: Context) -> None:
-        for listed in Garden.open(name, garden_setup(s, store), root=root).goals():
+        for listed in open_garden(name, s, store, root).goals():
             typer.echo(f"{listed.id}  {listed.type:<8} {listed.status:<7} {listed.title}")
 
     run_with_store(store, body)
@@ -111,7 +127,7 @@ def tend(name: NameArgument, root: RootOption = None, store: StoreOption = None)
     """Tend a garden once, now: every active tend goal, and every durable or converse goal still open."""
 
     async def body(s: Store, context: Context) -> None:
-        garden = Garden.open(name, garden_setup(s, store), root=root)
+        garden = open_garden(name, s, store, root)
         try:
             for event in await garden.tend(context):
                 typer.echo(event_line(event))
@@ -133,7 +149,7 @@ def serve(
     are resumed by the next tending."""
 
     async def body(s: Store, context: Context) -> None:
-        garden = Garden.open(name, garden_setup(s, store), root=root)
+        garden = open_garden(name, s, store, root)
         typer.echo(f"tending {garden.name} (Ctrl-C stops); its events: {garden.root.events_file}")
         try:
             await garden.serve(context, poll_s=poll)
@@ -153,7 +169,7 @@ def inbox(name: NameArgument, root: RootOption = None, store: StoreOption = None
     its notes (what it said to nobody in particular)."""
 
     async def body(s: Store, context: Context) -> None:
-        garden = Garden.open(name, garden_setup(s, store), root=root)
+        garden = open_garden(name, s, store, root)
         for title, folder in (("replies", garden.root.reply_dir), ("notes", garden.root.notes_dir)):
             files = sorted(folder.glob("*.md")) if folder.is_dir() else []
             typer.echo(f"{title} ({garden.root.relative(folder)}/): {len(files)}")
@@ -166,6 +182,8 @@ def inbox(name: NameArgument, root: RootOption = None, store: StoreOption = None
 
 def event_line(event: GardenEvent) -> str:
     """One line for a run's end: the goal, the run, how it ended, and a tend run's note."""
+    from harness.garden import RunFinished, TendFinished
+
     if isinstance(event, TendFinished):
         note = event.operator_note_path or "in the conversation" if event.operator_note_written else "no note"
         return f"tend {event.goal_id} run {event.run_id}: {event.status}; {note}"

@@ -10,15 +10,11 @@ from typing import Annotated
 import typer
 
 from harness.cli.app import StoreOption, app, run_with_store
-from harness.cli.config import client_setup, local_user, new_lane_config, tool_workspace
 from harness.context import Context
-from harness.conversation import ConversationService
 from harness.errors import HarnessError
 from harness.home import harness_home
 from harness.messages import ModelIdentity
-from harness.providers import ModelRegistry
 from harness.session import LaneConfig, Store, TokenInfo, WorkNeedsPostgres
-from harness.tools import BackgroundJobs
 
 token_app = typer.Typer(name="token", help="Bearer tokens for `harness serve`, stored hashed in the store.",
                         no_args_is_help=True)
@@ -51,7 +47,10 @@ def serve_command(
     """Serve the HTTP API (OpenAPI at /docs) on the store; turns it accepts are driven here, and
     turns a stopped server left open are finished (with `--workers external`: by the workers)."""
     # Imported here, not at the top: the server's web stack would add half a second to every
-    # other command's start.
+    # other command's start (see `harness.cli.app`).
+    from harness.cli.config import client_setup, local_user, new_lane_config, tool_workspace
+    from harness.conversation import ConversationService
+    from harness.providers import ModelRegistry
     from harness.server import (
         DEFAULT_HOST,
         DEFAULT_PORT,
@@ -64,6 +63,7 @@ def serve_command(
         refuse_open_no_auth,
         serve,
     )
+    from harness.tools import BackgroundJobs
 
     if workers not in ("in-process", "external"):
         raise typer.BadParameter("in-process or external", param_hint="--workers")

@@ -8,12 +8,9 @@ from typing import Annotated, get_args
 import typer
 
 from harness.cli.app import StoreOption, app, run_with_store
-from harness.cli.config import local_user
 from harness.cli.session_refs import SessionArgument, local_time, named_sessions, resolve_session
 from harness.cli.terminal_text import visible
 from harness.context import Context
-from harness.conversation import ConversationService
-from harness.runtime import NoActiveOperation, Settled
 from harness.session import AbortCause, Store, addresses
 
 
@@ -76,6 +73,9 @@ def abort(
     chosen = next((known for known in causes if known == cause), None)
     if chosen is None:
         raise typer.BadParameter(f"one of {', '.join(causes)}", param_hint="--cause")
+    from harness.cli.config import local_user
+    from harness.conversation import ConversationService
+    from harness.runtime import NoActiveOperation, Settled
 
     async def body(s: Store, context: Context) -> None:
         session_id = await resolve_session(s, session, context)

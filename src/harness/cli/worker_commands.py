@@ -10,14 +10,9 @@ from typing import Annotated
 import typer
 
 from harness.cli.app import StoreOption, app, run_with_store
-from harness.cli.config import client_setup, tool_workspace
 from harness.context import Context
-from harness.conversation import ConversationService
 from harness.home import harness_home
-from harness.providers import ModelRegistry
 from harness.session import Store
-from harness.tools import ApprovalPolicy, BackgroundJobs
-from harness.worker import Worker, WorkerOptions
 
 NO_APPROVER = "a worker has nobody to ask (start it with --yes to let every call run)"
 
@@ -33,6 +28,12 @@ def worker_command(
     due, deferred replies), drive them and let go, beside any number of other workers. SIGTERM or
     Ctrl-C stops it: it claims nothing more, lets each turn in hand finish its current step, releases
     them open at that step boundary for the next worker and exits."""
+    from harness.cli.config import client_setup, tool_workspace
+    from harness.conversation import ConversationService
+    from harness.providers import ModelRegistry
+    from harness.tools import ApprovalPolicy, BackgroundJobs
+    from harness.worker import Worker, WorkerOptions
+
     home = harness_home()
 
     async def body(opened: Store, context: Context) -> None:
