@@ -313,9 +313,13 @@ def run_killed_mid_reply(home: Path, server: ReplayServer) -> str:
     return found.group(1)
 
 
+FRAMES = addresses.assistant_frames("", "").namespace
+"""The list namespace of a streaming reply's frame pages (the event log's rows are list items too)."""
+
+
 def persisted_frames(home: Path) -> int:
     with sqlite3.connect(home / "harness.db") as db:
-        count: int = db.execute("SELECT count(*) FROM list_items").fetchone()[0]
+        count: int = db.execute("SELECT count(*) FROM list_items WHERE namespace = ?", (FRAMES,)).fetchone()[0]
     return count
 
 
@@ -363,7 +367,8 @@ def test_abort_settles_a_run_whose_streamed_frames_are_damaged(home: Path, serve
     still settles, instead of failing on them and leaving the lane busy for good."""
     session_id = run_killed_mid_reply(home, server)
     with sqlite3.connect(home / "harness.db") as db:
-        db.execute(f"UPDATE list_items SET value = {NOT_UTF8}")
+        damaged = db.execute(f"UPDATE list_items SET value = {NOT_UTF8} WHERE namespace = ?", (FRAMES,)).rowcount
+    assert damaged > 0
 
     aborted = harness(home, "abort", session_id)
 

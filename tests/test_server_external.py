@@ -37,7 +37,7 @@ from server_helpers import SseEvent, asgi_client, serving, sse_until
 from test_cli_sessions import harness
 from test_server_ai_sdk import chat_body, parts_of
 from test_server_langgraph import MODES, ask, durable, read_until, says, text_of
-from worker_child import CONFIG, LEDGER_TABLE, POLL_VARIABLE, hold_key
+from worker_child import CONFIG, POLL_VARIABLE, hold_key
 
 CHILD = Path(__file__).parent / "worker_child.py"
 USER = "ada"
@@ -89,14 +89,9 @@ async def holding(url: str, workdir: Path) -> AsyncIterator[Callable[[], Awaitab
 
 
 @pytest.fixture
-async def store(postgres_schema_url: str, ctx: Context) -> AsyncIterator[Store]:
-    opened = await connect(postgres_schema_url, ctx)
-    async with await psycopg.AsyncConnection.connect(postgres_schema_url, autocommit=True) as conn:
-        await conn.execute(LEDGER_TABLE)
-    try:
-        yield opened
-    finally:
-        await opened.close()
+def store(ledger_store: Store) -> Store:
+    """This module's store: PostgreSQL with the worker tool's ledger (conftest's `ledger_store`)."""
+    return ledger_store
 
 
 class Watcher:

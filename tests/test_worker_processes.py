@@ -36,10 +36,9 @@ from harness.session import (
     Store,
     WorkBoard,
     addresses,
-    connect,
     work_board,
 )
-from worker_child import CONFIG, LEDGER_TABLE, POLL_VARIABLE, hold_key
+from worker_child import CONFIG, POLL_VARIABLE, hold_key
 
 pytestmark = pytest.mark.postgres
 
@@ -48,14 +47,9 @@ USER = "ada"
 
 
 @pytest.fixture
-async def store(postgres_schema_url: str, ctx: Context) -> AsyncIterator[Store]:
-    opened = await connect(postgres_schema_url, ctx)
-    async with await psycopg.AsyncConnection.connect(postgres_schema_url, autocommit=True) as conn:
-        await conn.execute(LEDGER_TABLE)
-    try:
-        yield opened
-    finally:
-        await opened.close()
+def store(ledger_store: Store) -> Store:
+    """This module's store: PostgreSQL with the worker tool's ledger (conftest's `ledger_store`)."""
+    return ledger_store
 
 
 class Workers:
