@@ -3,8 +3,11 @@ mark that skips a test when a clone has no `../shared` beside it)."""
 
 from __future__ import annotations
 
+import compileall
 import os
+import re
 import secrets
+import sys
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -24,6 +27,7 @@ needs_shared_fixtures = pytest.mark.skipif(
 # The project's own provider streams, written for it: every adapter path, in every clone.
 PROJECT_STREAMS = REPO / "tests" / "streams"
 POSTGRES_URL = os.environ.get("HARNESS_TEST_POSTGRES_URL")
+TEST_MODULE = re.compile(r"[/\\]test_[^/\\]*\.py$")
 
 BACKENDS = ["memory", "sqlite", "postgres"]
 
@@ -38,6 +42,18 @@ def pytest_report_header() -> list[str]:
     else:
         shared = f"Shared recorded fixtures: SKIPPED (no {SHARED_FIXTURES}; tests/streams still covers every adapter)"
     return [postgres, shared]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if sys.dont_write_bytecode:
+        # With bytecode writing off (PYTHONDONTWRITEBYTECODE), no module of this checkout is ever
+        # cached, and each of the hundreds of Python processes the suite starts (CLI commands,
+        # chats, workers, crash children) compiles every one it imports again: a quarter of a
+        # second of CPU each. Compiled once here, in under a second, for this run and the next.
+        # Test modules are left out: pytest rewrites and compiles those itself.
+        for folder in (REPO / "src", REPO / "bench", REPO / "tests"):
+            if folder.is_dir():
+                compileall.compile_dir(folder, quiet=1, rx=TEST_MODULE)
 
 
 @pytest.hookimpl(trylast=True)
