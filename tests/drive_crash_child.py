@@ -13,7 +13,7 @@ must leave in the journal whatever happened to the processes that drove it.
 
 White-box: it kills itself at the runtime's `fault_points`, and checks the journal with the
 runtime's own context projection (`branch_context`), summary prompt and each adapter's
-`build_request_params`.
+`build_request_params` (`request_validators.assert_valid_everywhere`).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import JsonValue
 
@@ -39,18 +39,7 @@ from harness.messages import (
     ToolCall,
     ToolResultMessage,
 )
-from harness.providers import (
-    FAUX_MODEL,
-    FauxProvider,
-    Model,
-    ModelRegistry,
-    ProviderRequest,
-    StreamOptions,
-    ToolSpec,
-    anthropic_messages,
-    openai_chat,
-    openai_responses,
-)
+from harness.providers import FAUX_MODEL, FauxProvider, ModelRegistry, ProviderRequest, ToolSpec
 from harness.providers.faux import FauxPart, FauxReply, FauxRequest, FauxText, delay, reply, tool_call
 from harness.runtime import (
     AgentHarness,
@@ -82,25 +71,12 @@ from harness.session import (
     addresses,
     connect,
 )
-from request_validators import problems
 
 FAUX = ModelIdentity(provider=FAUX_MODEL.provider, model_id=FAUX_MODEL.id)
 NEVER, SAFE = "ledger", "lookup"
 CONFIG = LaneConfig(model=FAUX, active_tools=[NEVER, SAFE])
 OPERATIONS_LOG = "operations.log"  # one started operation id per line, written by the child
 LONG_TEXT = " ".join(f"word{i}" for i in range(60))  # many tokens: a reply that persists frame pages
-
-# The model each built request is validated for, one per wire format.
-BUILDERS: dict[str, tuple[Model, Callable[[Model, ProviderRequest, StreamOptions], dict[str, Any]]]] = {
-    "anthropic-messages": (
-        Model(id="claude-sonnet-4-5", provider="anthropic", api="anthropic-messages", max_tokens=64_000),
-        anthropic_messages.build_request_params,
-    ),
-    "openai-chat": (Model(id="gpt-4o", provider="openai", api="openai-chat"), openai_chat.build_request_params),
-    "openai-responses": (
-        Model(id="gpt-5", provider="openai", api="openai-responses"), openai_responses.build_request_params,
-    ),
-}
 
 KEY_SCHEMA: dict[str, JsonValue] = {
     "type": "object", "properties": {"key": {"type": "string"}}, "required": ["key"],
@@ -339,15 +315,12 @@ async def check_journal(session: Session, lane: str, context: Context, *, tools:
     tip = await session.get(addresses.branch_tip(lane), context)
     context_now = context_messages(await branch_entries(session, tip, context))
     if context_now:  # an empty branch has no request to build
+        # Imported here: the adapters bring both provider SDKs, seconds of imports that every
+        # child process (which never checks a journal) would otherwise pay at its start.
+        from request_validators import assert_valid_everywhere
+
         assert_valid_everywhere(ProviderRequest(messages=tuple(context_now), tools=tuple(tools)))
     return journal
-
-
-def assert_valid_everywhere(request: ProviderRequest) -> None:
-    """`request` built for each of the three wire formats breaks none of its rules."""
-    for api, (model, build) in BUILDERS.items():
-        params = build(model, request, StreamOptions())
-        assert problems(api, params, model) == [], f"{api}: {problems(api, params, model)}"
 
 
 # -- the child program ----------------------------------------------------------------------------

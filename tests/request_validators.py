@@ -34,7 +34,10 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from harness.providers import Model
+from harness.providers import Model, ProviderRequest, StreamOptions
+from harness.providers import anthropic_messages as anthropic_adapter
+from harness.providers import openai_chat as chat_adapter
+from harness.providers import openai_responses as responses_adapter
 
 _ANTHROPIC_TOOL_ID = re.compile(r"[a-zA-Z0-9_-]+")
 _ANTHROPIC_IMAGE_TYPES = {"image/jpeg", "image/png", "image/gif", "image/webp"}
@@ -45,6 +48,26 @@ _MAX_CACHE_BREAKPOINTS = 4
 def problems(api: str, params: Mapping[str, Any], model: Model) -> list[str]:
     """The rules `params` breaks for `api`; raises KeyError for an api without a validator."""
     return VALIDATORS[api](params, model)
+
+
+# The model each built request is validated for, one per wire format.
+BUILDERS: dict[str, tuple[Model, Callable[[Model, ProviderRequest, StreamOptions], dict[str, Any]]]] = {
+    "anthropic-messages": (
+        Model(id="claude-sonnet-4-5", provider="anthropic", api="anthropic-messages", max_tokens=64_000),
+        anthropic_adapter.build_request_params,
+    ),
+    "openai-chat": (Model(id="gpt-4o", provider="openai", api="openai-chat"), chat_adapter.build_request_params),
+    "openai-responses": (
+        Model(id="gpt-5", provider="openai", api="openai-responses"), responses_adapter.build_request_params,
+    ),
+}
+
+
+def assert_valid_everywhere(request: ProviderRequest) -> None:
+    """`request` built for each of the three wire formats breaks none of its rules."""
+    for api, (model, build) in BUILDERS.items():
+        params = build(model, request, StreamOptions())
+        assert problems(api, params, model) == [], f"{api}: {problems(api, params, model)}"
 
 
 def anthropic_messages(params: Mapping[str, Any], model: Model) -> list[str]:

@@ -22,7 +22,6 @@ from drive_crash_child import (
     OPERATIONS_LOG,
     SAFE,
     CrashTools,
-    assert_valid_everywhere,
     attach,
     check_journal,
     effects,
@@ -34,6 +33,7 @@ from harness.providers import FauxProvider
 from harness.runtime import AgentHarness, OpenOperation, Settled
 from harness.runtime.fault_points import ENVIRONMENT_VARIABLE, FaultPoint
 from harness.session import AssistantEffectPending, SessionOwned, Store, addresses, connect
+from request_validators import assert_valid_everywhere
 
 TESTS = Path(__file__).resolve().parent
 CHILD_TIMEOUT_S = 60.0  # a guard against a child that never reaches its point, never a wait

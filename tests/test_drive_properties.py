@@ -25,7 +25,6 @@ from drive_crash_child import (
     KEY_SCHEMA,
     NEVER,
     SAFE,
-    assert_valid_everywhere,
     check_journal,
     drive_settings,
 )
@@ -48,6 +47,7 @@ from harness.runtime import (
     ToolOutput,
 )
 from harness.session import AssistantEffectPending, Session, Store, addresses, connect
+from request_validators import assert_valid_everywhere
 
 GUARD_S = 10.0  # a guard against a hang, never a wait: reaching it fails the example
 QUIET_S = 0.05  # how long `progress` lets the drive run when nothing it could wait for happens
