@@ -19,8 +19,9 @@ from harness.messages import AssistantMessage, ToolCall, ToolResultMessage
 from harness.server import LocalUser, ServerOptions, create_app
 from harness.session import Store, work_board
 from server_helpers import serving
-from test_server_external import Watcher, _lane, holding, logged
+from test_server_external import Watcher, _lane, logged
 from test_worker_processes import Notes, Workers, branch, last_result, ledger, ledger_rows, settled, text
+from worker_child import holding
 
 pytestmark = pytest.mark.postgres
 

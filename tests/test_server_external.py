@@ -15,13 +15,12 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from contextlib import asynccontextmanager, contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import httpx
-import psycopg
 import pytest
 from langgraph_sdk import get_client
 from langgraph_sdk.errors import APIStatusError
@@ -37,7 +36,7 @@ from server_helpers import SseEvent, asgi_client, serving, sse_until
 from test_cli_sessions import harness
 from test_server_ai_sdk import chat_body, parts_of
 from test_server_langgraph import MODES, ask, durable, read_until, says, text_of
-from worker_child import CONFIG, POLL_VARIABLE, hold_key
+from worker_child import CONFIG, POLL_VARIABLE, holding
 
 CHILD = Path(__file__).parent / "worker_child.py"
 USER = "ada"
@@ -66,26 +65,6 @@ def worker(url: str, workdir: Path) -> Iterator[subprocess.Popen[str]]:
             process.wait()
         if process.stdout is not None:
             process.stdout.close()
-
-
-@asynccontextmanager
-async def holding(url: str, workdir: Path) -> AsyncIterator[Callable[[], Awaitable[None]]]:
-    """Hold the worker's lock (its ledger tool and its `stream:` replies wait on it) until the
-    returned release is awaited, or the block ends."""
-    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
-        await conn.execute("SELECT pg_advisory_lock(%s)", (hold_key(workdir),))
-        held = True
-
-        async def release() -> None:
-            nonlocal held
-            if held:
-                held = False
-                await conn.execute("SELECT pg_advisory_unlock(%s)", (hold_key(workdir),))
-
-        try:
-            yield release
-        finally:
-            await release()
 
 
 @pytest.fixture

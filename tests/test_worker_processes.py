@@ -38,7 +38,7 @@ from harness.session import (
     addresses,
     work_board,
 )
-from worker_child import CONFIG, POLL_VARIABLE, hold_key
+from worker_child import CONFIG, POLL_VARIABLE, holding
 
 pytestmark = pytest.mark.postgres
 
@@ -121,25 +121,6 @@ async def notes(store: Store) -> AsyncIterator[Notes]:
         yield listening
     finally:
         await listening.close()
-
-
-@contextlib.asynccontextmanager
-async def holding(url: str, workdir: Path) -> AsyncIterator[Callable[[], Awaitable[None]]]:
-    """Hold the ledger tool after its effect until the returned release is awaited (or the end)."""
-    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
-        await conn.execute("SELECT pg_advisory_lock(%s)", (hold_key(workdir),))
-        released = False
-
-        async def release() -> None:
-            nonlocal released
-            if not released:
-                released = True
-                await conn.execute("SELECT pg_advisory_unlock(%s)", (hold_key(workdir),))
-
-        try:
-            yield release
-        finally:
-            await release()
 
 
 async def accept(service: ConversationService, text: str, ctx: Context) -> tuple[str, str]:

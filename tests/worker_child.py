@@ -12,12 +12,13 @@ SIGTERM once it let everything go, printing `released`. Retries are due at once 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import logging
 import os
 import signal
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -92,6 +93,26 @@ _waiting: set[asyncio.Task[None]] = set()  # the waits of `released`, kept from 
 def hold_key(workdir: Path) -> int:
     """The advisory lock a test holds to keep the ledger tool waiting after its effect."""
     return int.from_bytes(hashlib.blake2b(str(workdir).encode(), digest_size=8).digest(), "big", signed=True)
+
+
+@contextlib.asynccontextmanager
+async def holding(url: str, workdir: Path) -> AsyncIterator[Callable[[], Awaitable[None]]]:
+    """In a test: hold `hold_key(workdir)` (the ledger tool and `stream:` replies wait on it) until
+    the returned release is awaited, or the block ends."""
+    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+        await conn.execute("SELECT pg_advisory_lock(%s)", (hold_key(workdir),))
+        held = True
+
+        async def release() -> None:
+            nonlocal held
+            if held:
+                held = False
+                await conn.execute("SELECT pg_advisory_unlock(%s)", (hold_key(workdir),))
+
+        try:
+            yield release
+        finally:
+            await release()
 
 
 LEDGER_TABLE = "CREATE TABLE IF NOT EXISTS ledger (call_id TEXT NOT NULL, pid INTEGER NOT NULL)"
