@@ -45,6 +45,10 @@ def pytest_report_header() -> list[str]:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    # pytest-xdist hands each worker the controller's terminal size as COLUMNS and LINES; the
+    # processes the tests start in pseudo-terminals would take those over the terminal's own size.
+    for name in ("COLUMNS", "LINES"):
+        os.environ.pop(name, None)
     if sys.dont_write_bytecode:
         # With bytecode writing off (PYTHONDONTWRITEBYTECODE), no module of this checkout is ever
         # cached, and each of the hundreds of Python processes the suite starts (CLI commands,

@@ -64,7 +64,8 @@ def test_project_lists_switches_and_refuses_and_the_tools_follow_it_but_not_cd(
     chat.expect("error [project_switch_refused]")
     chat.send_line("/project 2")
     chat.expect("project: beta")
-    chat.expect(f"this terminal stays in {work}")
+    chat.expect("this terminal stays in")
+    chat.expect(str(work))  # on the next row when the temporary path is long
     chat.send_line("/cd sub")
     chat.expect("the tools stay in project beta")
     chat.send_line("where are you?")
