@@ -460,11 +460,16 @@ class ConversationService:
 
     async def close(self, user: str, conversation_id: str, context: Context) -> None:
         """Dispose the live conversation: its harness detaches; nothing of it is lost, and `open`
-        restores it from the journal."""
-        await self._owned(user, conversation_id, context)
-        live = self._live.pop(conversation_id, None)
-        if live is not None:
-            await live.dispose(context)
+        restores it from the journal. A live one's owner is known here, so its disposal (and the
+        release of its claim) reads nothing from the store that could fail first."""
+        live = self._live.get(conversation_id)
+        if live is None:
+            await self._owned(user, conversation_id, context)
+            return
+        if live.info.owner != user:
+            raise Forbidden(f"conversation {conversation_id} belongs to another user", conversation_id=conversation_id)
+        del self._live[conversation_id]
+        await live.dispose(context)
 
     async def record(self, user: str, conversation_id: str, details: ChatEventDetails, context: Context) -> bool:
         """Record a chat event on the conversation, live here or cold: a closed one is attached
