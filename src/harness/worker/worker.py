@@ -156,10 +156,13 @@ class Worker:
                     outcomes = await self._drive(conversation, operations, context)
                     if self._wait_on(session_id, outcomes) or any(isinstance(o, Paused) for o in outcomes):
                         break
-            except HarnessError as error:
-                # Lost to a claimant that took the session over, or a failing store: the durable
-                # phase stays for whoever holds it next.
-                logger.warning("drive of session %s ended: %s", session_id, error)
+            except Exception as error:
+                # Lost to a claimant that took the session over or a failing store (a HarnessError),
+                # or a bug, said with its traceback: the durable phase stays for whoever holds it next.
+                if isinstance(error, HarnessError):
+                    logger.warning("drive of session %s ended: %s", session_id, error)
+                else:
+                    logger.exception("drive of session %s failed", session_id)
                 self._later[session_id] = time.monotonic() + self.options.backoff_s
             finally:
                 self._live.pop(session_id, None)
