@@ -34,7 +34,7 @@ from harness.server import LocalUser, ServerOptions, create_app, parse_event_id
 from harness.session import LaneConfig, LaneLastResult, Store, WorkNeedsPostgres, addresses, connect
 from server_helpers import SseEvent, asgi_client, serving, sse_until
 from test_cli_sessions import harness
-from test_server_ai_sdk import chat_body, parts_of
+from test_server_ai_sdk import chat_body, node, parts_of, run_client
 from test_server_langgraph import MODES, ask, durable, read_until, says, text_of
 from worker_child import CONFIG, POLL_VARIABLE, holding
 
@@ -411,3 +411,27 @@ async def test_the_ai_sdk_door_streams_resumes_and_stops_a_turn_a_worker_drives(
     assert aborted[0]["messageId"] == stopped.json()["operation_id"]
     assert [part["type"] for part in aborted if isinstance(part, dict)].count("tool-input-available") == 1
     assert aborted[-2:] == [{"type": "abort", "reason": "user"}, "[DONE]"]
+
+
+async def test_the_ai_sdk_client_sends_a_message_a_worker_drives_and_holds_one_reply(
+        store: Store, postgres_schema_url: str, tmp_path: Path) -> None:
+    """The real `ai` client (tests/js/send_chat.mjs, `DefaultChatTransport`) against an
+    external-workers API: the turn it sends is driven by the worker, and the client builds one
+    assistant message with the text before the call, the call with its result, and the reply."""
+    node()
+    app = create_app(ConversationService(store), LocalUser(USER), new_lane=_lane, options=EXTERNAL)
+    with worker(postgres_schema_url, tmp_path):
+        async with serving(app) as base, httpx.AsyncClient(base_url=base, timeout=30) as client:
+            conversation_id = (await client.post("/api/conversations", json={})).json()["id"]
+            chat = await run_client("send_chat.mjs", base, conversation_id)
+
+    assert (chat["status"], chat["errors"]) == ("ready", [])
+    assert chat["sent"][0] == "start"
+    assert chat["sent"][-1] == "finish"
+    user, assistant = chat["messages"]
+    assert user["parts"] == [{"type": "text", "text": "look it up"}]
+    texts = [part["text"] for part in assistant["parts"] if part["type"] == "text"]
+    tools = [part for part in assistant["parts"] if part["type"].startswith("tool-")]
+    assert texts == ["writing", "done"]
+    assert [(tool["type"], tool["state"], tool["input"]) for tool in tools] == [
+        ("tool-ledger", "output-available", {"key": "look it up"})]
