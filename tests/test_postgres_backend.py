@@ -1,5 +1,6 @@
 """PostgreSQL-only behaviour of the journal: the owner's lock lives on its own connection, unowned
-commits from several stores coexist, and text the driver or server could mangle round-trips.
+commits from several stores coexist, a commit waits for the server once, and text the driver or
+server could mangle round-trips.
 
 Runs only with HARNESS_TEST_POSTGRES_URL set; each test gets a private schema (`postgres_schema_url`).
 White-box: it drives `PostgresBackend` itself and reads an attached session's claim.
@@ -8,15 +9,19 @@ White-box: it drives `PostgresBackend` itself and reads an attached session's cl
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import psycopg
 import pytest
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from psycopg.pq import TransactionStatus
 
 from conftest import POSTGRES_URL
 from harness.context import Context
 from harness.session import (
     InsertEntry,
+    InsertUsage,
     InvalidWrite,
     OwnershipLost,
     Session,
@@ -31,6 +36,7 @@ from harness.session import (
     connect,
     work_board,
 )
+from harness.session.backend import SessionInfo, Write
 from harness.session.postgres import PostgresBackend, PostgresClaim
 from journal_helpers import append_chain, new_session_with_lane, text_of, user
 
@@ -281,3 +287,164 @@ async def test_pool_max_in_the_url_sizes_the_pool_and_libpq_never_sees_it(postgr
         with pytest.raises(UnsupportedStoreUrl):
             await connect(f"{postgres_schema_url}&pool_max={bad}", ctx)
 
+
+
+class WireRelay:
+    """A TCP relay between a store and its server that counts round trips on the wire: each time
+    the client sends after the server last did (or first), the client waits for a reply once."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self._target = (host, port)
+        self._last = "server"
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.round_trips = 0
+
+    async def relay(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, side: str) -> None:
+        with contextlib.suppress(ConnectionError):
+            while data := await reader.read(65536):
+                if side == "client" and self._last == "server":
+                    self.round_trips += 1
+                self._last = side
+                writer.write(data)
+                await writer.drain()
+        writer.close()
+
+    async def serve(self, client_reader: asyncio.StreamReader, client_writer: asyncio.StreamWriter) -> None:
+        server_reader, server_writer = await asyncio.open_connection(*self._target)
+        for task in (asyncio.ensure_future(self.relay(client_reader, server_writer, "client")),
+                     asyncio.ensure_future(self.relay(server_reader, client_writer, "server"))):
+            self._tasks.add(task)
+
+    @contextlib.asynccontextmanager
+    async def running(self) -> AsyncIterator[int]:
+        """Listen on a free local port (yielded) until the block ends, then drop every connection."""
+        server = await asyncio.start_server(self.serve, "127.0.0.1", 0)
+        try:
+            yield server.sockets[0].getsockname()[1]
+        finally:
+            server.close()
+            for task in self._tasks:
+                task.cancel()
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+            await server.wait_closed()
+
+    async def count(self, call: Awaitable[object]) -> int:
+        """The round trips `call` makes, on every connection through the relay."""
+        before = self.round_trips
+        await call
+        return self.round_trips - before
+
+
+@pytest.fixture
+async def relayed(postgres_schema_url: str, ctx: Context) -> AsyncIterator[tuple[PostgresBackend, WireRelay]]:
+    """A backend whose connections (pooled and claim) all go through a `WireRelay`."""
+    params = conninfo_to_dict(postgres_schema_url)
+    host = str(params.get("host") or "")
+    if not host or host.startswith("/"):
+        pytest.skip("the round-trip relay needs a TCP server address in HARNESS_TEST_POSTGRES_URL")
+    relay = WireRelay(host, int(params.get("port") or 5432))
+    async with relay.running() as port:
+        backend = await PostgresBackend.open(make_conninfo(postgres_schema_url, host="127.0.0.1", port=port), ctx,
+                                             pool_max=1)
+        try:
+            yield backend, relay
+        finally:
+            await backend.close()
+
+
+def entry(entry_id: str, parent_id: str | None = None) -> InsertEntry:
+    return InsertEntry(entry_id, parent_id, "custom", "test", '{"type":"custom","custom_type":"test","data":1}')
+
+
+async def test_a_commit_is_one_round_trip(relayed: tuple[PostgresBackend, WireRelay], ctx: Context) -> None:
+    """Issue 12: an owner's commit, an unowned one, a post and a refused commit each wait for the
+    server once, however many writes they hold: checks, writes, session row and notification
+    are one statement, and so one transaction. Counted once psycopg has prepared the statement
+    on the connection, which it does the sixth time it runs it, with a round trip of its own."""
+    backend, relay = relayed
+    await backend.create_session(SessionInfo("s", 1), ctx)
+    claim = await backend.claim("s", ctx)
+
+    def owned(n: int) -> list[Write]:
+        return [entry(f"a{n}"), SetValue("test", "k", str(n)), entry(f"b{n}", f"a{n}"),
+                InsertUsage(f"u{n}", f"b{n}", False, "{}", None)]
+
+    async def refused() -> None:
+        with pytest.raises(InvalidWrite):
+            await backend.commit("s", [entry("a0")], claim, ctx)
+
+    for n in range(6):
+        await backend.commit("s", owned(n), claim, ctx)
+    owner_trips = [await relay.count(backend.commit("s", owned(n), claim, ctx)) for n in range(6, 9)]
+    refused_trips = await relay.count(refused())
+    await backend.release(claim, ctx)
+    for n in range(6):
+        await backend.commit("s", [entry(f"c{n}", f"a{n}"), SetValue("test", "k", str(n))], None, ctx)
+        await backend.post("s", [SetValue("test", "request", str(n))], ctx)
+    unowned_trips = await relay.count(backend.commit("s", [entry("c6", "a6"), SetValue("test", "k", "6")], None, ctx))
+    post_trips = await relay.count(backend.post("s", [SetValue("test", "request", "6")], ctx))
+
+    assert (owner_trips, refused_trips, unowned_trips, post_trips) == ([1, 1, 1], 1, 1, 1)
+    seqs = [row.seq for row in await backend.read_entries("s", None, 100, ctx)]
+    assert seqs[:4] == [1, 3, 5, 7]  # a0, b0, then a1 after b0's usage row, ...
+    last = await backend.commit("s", [SetValue("test", "k", "last")], None, ctx)
+    assert last.seqs == (9 * 4 + 7 * 2 + 7 + 1,)
+
+
+async def test_a_refused_commit_names_its_first_failing_write_and_leaves_the_connection_idle(
+    store: Store, ctx: Context
+) -> None:
+    """The server's checks refuse in write order, as every backend does: here an id the session
+    already holds (write 1) before a repeated id (write 2), a parent missing from the session,
+    and text PostgreSQL cannot hold in a write after a refused one. After each refusal nothing is
+    written and the owner's connection is idle again: the next commit goes through."""
+    backend = backend_of(store)
+    session = await store.create_session(ctx)
+    claim = await backend.claim(session.id, ctx)
+    assert isinstance(claim, PostgresClaim)
+    for n in range(5):
+        await backend.commit(session.id, [entry(f"e{n}"), SetValue("test", "k", str(n))], claim, ctx)
+    refused: list[tuple[list[Write], dict[str, object]]] = [
+        ([entry("x"), entry("e0"), entry("x")], {"id": "e0"}),
+        ([entry("y"), InsertUsage("y", None, False, "{}", None)], {"id": "y"}),
+        ([entry("z", "e1"), entry("w", "missing")], {"id": "w", "parent_id": "missing"}),
+        ([entry("v", "later"), entry("later")], {"id": "v", "parent_id": "later"}),
+        ([entry("e2"), SetValue("test", "a\x00b", "1")], {"id": "e2"}),
+        ([SetValue("test", "ok", "1"), SetValue("test", "a\x00b", "1")], {"session_id": session.id}),
+    ]
+
+    for n, (writes, details) in enumerate(refused):
+        with pytest.raises(InvalidWrite) as raised:
+            await backend.commit(session.id, writes, claim, ctx)
+        assert raised.value.details == details
+        assert claim.connection.info.transaction_status == TransactionStatus.IDLE
+        await backend.commit(session.id, [entry(f"after{n}"), SetValue("test", "k", "after")], claim, ctx)
+
+    entries = [row.id for row in await backend.read_entries(session.id, None, 20, ctx)]
+    assert entries == [f"e{n}" for n in range(5)] + [f"after{n}" for n in range(len(refused))]
+    assert await backend.get_value(session.id, "test", "ok", ctx) is None
+    await backend.release(claim, ctx)
+
+
+async def test_refusals_around_the_statement_being_prepared_leave_it_usable(store: Store, ctx: Context) -> None:
+    """psycopg prepares a statement the sixth time it runs it; refused commits before and at
+    that run (here the commit statement's second and sixth runs) leave the connection and the
+    statement usable, and the next commit goes through. (A commit sent as several pipelined
+    statements broke this: psycopg counted a statement prepared when it sent the Parse, which
+    the server skipped after the refusal.)"""
+    backend = backend_of(store)
+    session = await store.create_session(ctx)
+    claim = await backend.claim(session.id, ctx)
+    await backend.commit(session.id, [entry("taken")], claim, ctx)
+    with pytest.raises(InvalidWrite):
+        await backend.commit(session.id, [entry("taken")], claim, ctx)
+    for n in range(3):
+        await backend.commit(session.id, [entry(f"e{n}")], claim, ctx)
+
+    with pytest.raises(InvalidWrite):
+        await backend.commit(session.id, [entry("taken")], claim, ctx)
+    await backend.commit(session.id, [entry("next")], claim, ctx)
+
+    assert [row.id for row in await backend.read_entries(session.id, None, 10, ctx)] == [
+        "taken", "e0", "e1", "e2", "next"]
+    await backend.release(claim, ctx)

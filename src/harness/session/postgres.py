@@ -154,6 +154,115 @@ SCHEMA: tuple[tuple[int, tuple[str, ...]], ...] = (
         "AND (value::jsonb ->> 'current_operation_id') IS NOT NULL",
         "CREATE INDEX lane_requests ON record_values (session_id) WHERE namespace = 'harness.lane.request'",
     )),
+    # A commit as one statement (`PostgresBackend.commit`): one round trip and, on a connection in
+    # autocommit, one transaction, which a refusal rolls back whole.
+    #
+    # harness_commit_check makes a commit's checks: the shared probe of the session's lock, the
+    # session row locked FOR UPDATE, the owner's epoch, then in write order the ids the session
+    # already holds and the parents it lacks. `ids` holds the commit's entry and usage ids in
+    # write order, `repeated` whether an earlier write of the commit used the id too, and
+    # `parents` the parent to look up (NULL when there is none to look up: a usage row, a root
+    # entry, a parent inserted earlier in the commit). Each refusal raises its own SQLSTATE
+    # (`_REFUSALS`) with the write's index among `ids` (from 0) as its DETAIL. The lookups are
+    # LATERAL subqueries with a LIMIT, which the planner cannot turn into joins: they probe the
+    # primary keys once per write in the generic plan PL/pgSQL may cache too, where EXISTS
+    # became a hash of the whole session.
+    #
+    # harness_commit runs the checks, moves the session's next seq on by `span` (and sets
+    # `updated_at` unless it is NULL), applies the writes in order, write i being `kind[i]` with
+    # its fields at index i of the arrays that kind uses (`_write_columns`) and its seq the
+    # session's old next seq plus `offset[i]`, notifies `channels` with the session id, and
+    # returns the commit's first seq.
+    (6, (
+        """CREATE FUNCTION harness_commit_check(
+            p_session TEXT, p_epoch BIGINT, p_probe_key BIGINT,
+            p_ids TEXT[], p_repeated BOOLEAN[], p_parents TEXT[]
+        ) RETURNS VOID LANGUAGE plpgsql AS $$
+        DECLARE
+            stored_epoch BIGINT;
+            failing INTEGER;
+            id_used BOOLEAN;
+        BEGIN
+            IF p_probe_key IS NOT NULL AND NOT pg_try_advisory_xact_lock_shared(p_probe_key) THEN
+                RAISE EXCEPTION USING ERRCODE = 'JR001',
+                    MESSAGE = 'session ' || p_session || ' is owned by another process or harness';
+            END IF;
+            SELECT owner_epoch INTO stored_epoch FROM sessions WHERE id = p_session FOR UPDATE;
+            IF NOT FOUND THEN
+                RAISE EXCEPTION USING ERRCODE = 'JR002', MESSAGE = 'no session ' || p_session;
+            END IF;
+            IF p_epoch IS NOT NULL AND stored_epoch <> p_epoch THEN
+                RAISE EXCEPTION USING ERRCODE = 'JR003',
+                    MESSAGE = 'session ' || p_session || ' was claimed by another owner';
+            END IF;
+            SELECT t.i, t.repeated OR used.hit IS NOT NULL INTO failing, id_used
+            FROM unnest(p_ids, p_repeated, p_parents) WITH ORDINALITY AS t(id, repeated, parent_id, i)
+            LEFT JOIN LATERAL (
+                SELECT 1 FROM entries e WHERE e.session_id = p_session AND e.id = t.id
+                UNION ALL
+                SELECT 1 FROM usage_ledger u WHERE u.session_id = p_session AND u.id = t.id
+                LIMIT 1
+            ) used(hit) ON true
+            LEFT JOIN LATERAL (
+                SELECT 1 FROM entries e WHERE e.session_id = p_session AND e.id = t.parent_id LIMIT 1
+            ) parent(hit) ON true
+            WHERE t.repeated OR used.hit IS NOT NULL OR (t.parent_id IS NOT NULL AND parent.hit IS NULL)
+            ORDER BY t.i LIMIT 1;
+            IF failing IS NULL THEN
+                RETURN;
+            ELSIF id_used THEN
+                RAISE EXCEPTION USING ERRCODE = 'JR004', DETAIL = (failing - 1)::text,
+                    MESSAGE = 'id ' || p_ids[failing] || ' is already used in this session';
+            ELSE
+                RAISE EXCEPTION USING ERRCODE = 'JR005', DETAIL = (failing - 1)::text,
+                    MESSAGE = 'parent ' || p_parents[failing] || ' of entry ' || p_ids[failing] || ' does not exist';
+            END IF;
+        END
+        $$""",
+        """CREATE FUNCTION harness_commit(
+            p_session TEXT, p_epoch BIGINT, p_probe_key BIGINT,
+            p_ids TEXT[], p_repeated BOOLEAN[], p_parents TEXT[],
+            p_kind TEXT[], p_offset INTEGER[], p_name TEXT[], p_ref TEXT[], p_type TEXT[], p_custom_type TEXT[],
+            p_body TEXT[], p_details TEXT[], p_adjustment BOOLEAN[], p_through BIGINT[],
+            p_span BIGINT, p_timestamp BIGINT, p_updated_at BIGINT, p_channels TEXT[]
+        ) RETURNS BIGINT LANGUAGE plpgsql AS $$
+        DECLARE
+            first_seq BIGINT;
+        BEGIN
+            PERFORM harness_commit_check(p_session, p_epoch, p_probe_key, p_ids, p_repeated, p_parents);
+            UPDATE sessions SET next_seq = next_seq + p_span, updated_at = coalesce(p_updated_at, updated_at)
+                WHERE id = p_session RETURNING next_seq - p_span INTO first_seq;
+            FOR i IN 1 .. cardinality(p_kind) LOOP
+                CASE p_kind[i]
+                WHEN 'entry' THEN
+                    INSERT INTO entries (session_id, id, parent_id, seq, timestamp, type, custom_type, payload)
+                    VALUES (p_session, p_name[i], p_ref[i], first_seq + p_offset[i], p_timestamp, p_type[i],
+                            p_custom_type[i], p_body[i]);
+                WHEN 'usage' THEN
+                    INSERT INTO usage_ledger (session_id, id, seq, entry_id, adjustment, usage, details)
+                    VALUES (p_session, p_name[i], first_seq + p_offset[i], p_ref[i], p_adjustment[i], p_body[i],
+                            p_details[i]);
+                WHEN 'set' THEN
+                    INSERT INTO record_values (session_id, namespace, key, seq, value)
+                    VALUES (p_session, p_name[i], p_ref[i], first_seq + p_offset[i], p_body[i])
+                    ON CONFLICT (session_id, namespace, key) DO UPDATE SET seq = excluded.seq, value = excluded.value;
+                WHEN 'delete' THEN
+                    DELETE FROM record_values WHERE session_id = p_session AND namespace = p_name[i] AND key = p_ref[i];
+                WHEN 'append' THEN
+                    INSERT INTO list_items (session_id, namespace, key, seq, value)
+                    VALUES (p_session, p_name[i], p_ref[i], first_seq + p_offset[i], p_body[i]);
+                WHEN 'delete_list' THEN
+                    DELETE FROM list_items WHERE session_id = p_session AND namespace = p_name[i] AND key = p_ref[i];
+                WHEN 'trim' THEN
+                    DELETE FROM list_items WHERE session_id = p_session AND namespace = p_name[i] AND key = p_ref[i]
+                        AND seq <= p_through[i];
+                END CASE;
+            END LOOP;
+            PERFORM pg_notify(channel, p_session) FROM unnest(p_channels) AS channel;
+            RETURN first_seq;
+        END
+        $$""",
+    )),
 )
 
 LEASE_APPLICATION = "harness-lease"
@@ -206,11 +315,25 @@ WITH RECURSIVE path(depth, id, parent_id, seq, timestamp, type, payload) AS (
 SELECT id, parent_id, seq, timestamp, type, payload FROM path ORDER BY depth
 """
 
-_TAKEN_IDS = """
-SELECT id, true FROM entries WHERE session_id = %(s)s AND id = ANY(%(ids)s)
-UNION ALL
-SELECT id, false FROM usage_ledger WHERE session_id = %(s)s AND id = ANY(%(ids)s)
-"""
+# The SQLSTATEs of harness_commit_check (schema step 6), a class of their own: the SQL standard
+# keeps classes starting 0-4 and A-H, PostgreSQL uses 5x, F0, HV, P0 and XX, and psycopg would
+# type an H class as OperationalError, which this module reads as a failing server.
+_SESSION_OWNED, _SESSION_NOT_FOUND, _OWNERSHIP_LOST, _ID_USED, _PARENT_MISSING = (
+    "JR001", "JR002", "JR003", "JR004", "JR005")
+_REFUSALS = frozenset({_SESSION_OWNED, _SESSION_NOT_FOUND, _OWNERSHIP_LOST, _ID_USED, _PARENT_MISSING})
+
+_CHECK = "SELECT harness_commit_check(%s, %s::bigint, %s::bigint, %s::text[], %s::boolean[], %s::text[])"
+# The writes' bodies (payloads, values, usage) and usage details go in binary (`%b`): in text an
+# array element is escaped one quote at a time, which for JSON was a third of a commit's client
+# time. Only the text dumper refuses a NUL before sending, though (in binary the server refuses
+# it, after which the checks could no longer be asked first), so a commit whose bodies hold a
+# raw NUL, which JSON text never does, is sent in text (`_COMMIT_TEXT`).
+_COMMIT, _COMMIT_TEXT = (
+    "SELECT harness_commit(%s, %s::bigint, %s::bigint, %s::text[], %s::boolean[], %s::text[], %s::text[], "
+    f"%s::integer[], %s::text[], %s::text[], %s::text[], %s::text[], {body}::text[], {body}::text[], "
+    "%s::boolean[], %s::bigint[], %s::bigint, %s::bigint, %s::bigint, %s::text[])"
+    for body in ("%b", "%s")
+)
 
 
 @dataclass(frozen=True)
@@ -232,9 +355,8 @@ class PostgresClaim:
     """A claim: `connection` is dedicated to it and holds the advisory lock on `lock_key`.
 
     `in_use` is held by whatever runs on the connection (a commit, the release, a lease renewal):
-    psycopg serializes single statements only, and a statement sent between the statements of a
-    pipelined commit, or while it ends its pipeline, leaves the connection busy with a result
-    nobody reads, so the next commit fails as if the connection were lost."""
+    psycopg serializes single statements only, and a statement sent inside a commit's transaction
+    block (the crash tests' stop before COMMIT) would join it, or fail it once it is refused."""
 
     session_id: str
     epoch: int
@@ -297,21 +419,25 @@ class PostgresBackend:
 
     async def create_session(self, info: SessionInfo, context: Context, writes: Sequence[Write] = ()) -> None:
         """Insert the session row and apply `writes` in one transaction; `InvalidWrite` if the id
-        is taken."""
-        seqs = write_seqs(1, writes)
+        is taken or a write is refused as a commit's would be."""
+        sql, params = _commit_statement(info.id, writes, now_ms(), epoch=None, probe_key=None, updated_at=None,
+                                        channels=())
         async with self._connection() as conn, conn.transaction():
             cur = await conn.execute(
-                "INSERT INTO sessions (id, created_at, parent_session_id, forked_from_entry_id, next_seq, updated_at) "
-                "VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT (id) DO NOTHING",
-                (info.id, info.created_at, info.parent_session_id, info.forked_from_entry_id,
-                 (seqs[-1] if seqs else 0) + 1, info.updated_at),
+                "INSERT INTO sessions (id, created_at, parent_session_id, forked_from_entry_id, updated_at) "
+                "VALUES (%s, %s, %s, %s, %s) ON CONFLICT (id) DO NOTHING",
+                (info.id, info.created_at, info.parent_session_id, info.forked_from_entry_id, info.updated_at),
             )
             if cur.rowcount == 0:
                 raise InvalidWrite(f"session {info.id} already exists", session_id=info.id)
-            _check(writes, [])
-            timestamp = now_ms()
-            for seq, write in zip(seqs, writes, strict=True):
-                await _apply(conn, info.id, write, seq, timestamp)
+            try:
+                # One statement for the checks and every write, however many a fork copies.
+                await conn.execute(sql, params)
+            except psycopg.Error as error:
+                refusal = _refusal(error, info.id, writes)
+                if refusal is None:
+                    raise
+                raise refusal from error
 
     async def get_session(self, session_id: str, context: Context) -> SessionInfo | None:
         rows = await self._rows(f"SELECT {SESSION_COLUMNS} FROM sessions WHERE id = %s", (session_id,))
@@ -416,7 +542,9 @@ class PostgresBackend:
     async def commit(
         self, session_id: str, writes: Sequence[Write], claim: Claim | None, context: Context
     ) -> CommitResult:
-        """Apply `writes` in order as one transaction of three round trips, whatever their number.
+        """Apply `writes` in order as one transaction of one statement and one round trip,
+        whatever their number, refused or not (a write holding text PostgreSQL cannot store
+        takes a second: the checks alone, whose refusal comes first).
 
         With `claim`, runs on the claim's own connection: `OwnershipLost` if that connection is
         gone (its lock died with it; if it died during COMMIT itself the outcome is unknown to
@@ -442,56 +570,42 @@ class PostgresBackend:
         self, conn: Connection, session_id: str, writes: Sequence[Write], claim: PostgresClaim | None, *,
         post: bool = False,
     ) -> CommitResult:
-        new_ids = {w.id for w in writes if isinstance(w, InsertEntry | InsertUsage)}
-        parents = {w.parent_id for w in writes if isinstance(w, InsertEntry) and w.parent_id is not None}
+        timestamp = now_ms()
+        epoch = None if claim is None else claim.epoch
+        # A post is made beside an owner by design; any other unowned commit probes the lock,
+        # shared, so that unowned commits from several processes do not refuse each other; it
+        # still conflicts with an owner's exclusive lock.
+        probe_key = self._lock_key(session_id) if claim is None and not post else None
+        # Notified inside the transaction, so delivered at its commit: a reader woken by it sees
+        # the commit. A post also wakes the workers.
+        channels = (self.change_channel, self.channel) if post else (self.change_channel,)
+        sql, params = _commit_statement(session_id, writes, timestamp, epoch=epoch, probe_key=probe_key,
+                                        updated_at=timestamp, channels=channels)
         try:
-            # Pipelined: the lock, the row and the id checks travel in one round trip, then all the
-            # writes in a second, then COMMIT.
-            async with conn.pipeline() as pipeline, conn.transaction():
-                probe = None
-                # A post is made beside an owner by design; any other unowned commit probes.
-                if claim is None and not post:
-                    # Shared, so unowned commits from several processes do not refuse each other;
-                    # it still conflicts with an owner's exclusive lock.
-                    probe = await conn.execute("SELECT pg_try_advisory_xact_lock_shared(%s)",
-                                               (self._lock_key(session_id),))
-                session = await conn.execute(
-                    "SELECT next_seq, owner_epoch FROM sessions WHERE id = %s FOR UPDATE", (session_id,)
-                )
-                # Never prepared: a reused generic plan for `= ANY` scans the whole session instead
-                # of probing the primary key (measured in bench/journal.py on fresh tables).
-                taken = await conn.execute(
-                    _TAKEN_IDS, {"s": session_id, "ids": list(new_ids | parents)}, prepare=False
-                )
-                if probe is not None and not _scalar(await probe.fetchone()):
-                    raise SessionOwned(f"session {session_id} is owned by another process or harness",
-                                       session_id=session_id)
-                row = await session.fetchone()
-                if row is None:
-                    raise SessionNotFound(f"no session {session_id}", session_id=session_id)
-                first, epoch = row
-                if claim is not None and claim.epoch != epoch:
-                    raise OwnershipLost(f"session {session_id} was claimed by another owner",
-                                        session_id=session_id)
-                _check(writes, await taken.fetchall())
-                timestamp = now_ms()
-                seqs = write_seqs(first, writes)
-                for seq, write in zip(seqs, writes, strict=True):
-                    await _apply(conn, session_id, write, seq, timestamp)
-                await conn.execute("UPDATE sessions SET next_seq = %s, updated_at = %s WHERE id = %s",
-                                   (seqs[-1] + 1 if seqs else first, timestamp, session_id))
-                # Pipelined with the writes, so no round trip is added; delivered at COMMIT, so a
-                # reader woken by it sees the commit. A post also wakes the workers.
-                await conn.execute("SELECT pg_notify(%s, %s)", (self.change_channel, session_id))
-                if post:
-                    await conn.execute("SELECT pg_notify(%s, %s)", (self.channel, session_id))
-                await pipeline.sync()
-                if self._commit_barrier is not None:
+            if self._commit_barrier is None:
+                # On a connection in autocommit one statement is one transaction: no BEGIN, no
+                # COMMIT, and a refusal leaves the connection idle.
+                first = _scalar(await (await conn.execute(sql, params)).fetchone())
+            else:
+                # The crash tests' stop before COMMIT needs a transaction block to stop in.
+                async with conn.transaction():
+                    first = _scalar(await (await conn.execute(sql, params)).fetchone())
                     await self._commit_barrier()
-        except (psycopg.DataError, UnicodeEncodeError) as error:
+        except (psycopg.Error, UnicodeEncodeError) as error:
+            refusal = _refusal(error, session_id, writes) if isinstance(error, psycopg.Error) else None
+            if refusal is not None:
+                raise refusal from error
+            if not isinstance(error, psycopg.DataError | UnicodeEncodeError):
+                raise
+            if isinstance(error, UnicodeEncodeError) or error.sqlstate is None:
+                # psycopg could not send a write, so the server made no check. The checks come
+                # first in a commit: a refusal of theirs is the commit's error.
+                refusal = await _check_alone(conn, session_id, writes, epoch, probe_key)
+                if refusal is not None:
+                    raise refusal from error
             raise InvalidWrite(f"a write holds text PostgreSQL cannot store: {error}",
                                session_id=session_id) from error
-        return CommitResult(seqs, timestamp)
+        return CommitResult(write_seqs(first, writes), timestamp)
 
     async def claim(self, session_id: str, context: Context) -> Claim:
         """Take the session's advisory lock on a new dedicated connection and bump its epoch.
@@ -795,59 +909,114 @@ def _scalar(row: TupleRow | None) -> Any:
     return row[0]
 
 
-def _check(writes: Sequence[Write], taken: list[TupleRow]) -> None:
-    """The SQLite backend's checks, in write order, against `taken`: (id, is_entry) rows of the
-    session's existing entries and usage rows among the ids the writes name."""
-    used = {row[0] for row in taken}
-    entries = {row[0] for row in taken if row[1]}
+def _refusal(error: psycopg.Error, session_id: str, writes: Sequence[Write]) -> HarnessError | None:
+    """The typed error for a refusal of harness_commit_check, None for any other error."""
+    state = error.sqlstate
+    if state == _SESSION_OWNED:
+        return SessionOwned(f"session {session_id} is owned by another process or harness", session_id=session_id)
+    if state == _SESSION_NOT_FOUND:
+        return SessionNotFound(f"no session {session_id}", session_id=session_id)
+    if state == _OWNERSHIP_LOST:
+        return OwnershipLost(f"session {session_id} was claimed by another owner", session_id=session_id)
+    if state not in (_ID_USED, _PARENT_MISSING):
+        return None
+    inserts = [w for w in writes if isinstance(w, InsertEntry | InsertUsage)]
+    write = inserts[int(error.diag.message_detail or "")]
+    if state == _ID_USED or not isinstance(write, InsertEntry):
+        return InvalidWrite(f"id {write.id} is already used in this session", id=write.id)
+    return InvalidWrite(f"parent {write.parent_id} of entry {write.id} does not exist",
+                        id=write.id, parent_id=write.parent_id)
+
+
+async def _check_alone(
+    conn: Connection, session_id: str, writes: Sequence[Write], epoch: int | None, probe_key: int | None
+) -> HarnessError | None:
+    """The refusal harness_commit_check makes of `writes` on its own (`_CHECK`: it writes
+    nothing), or None when it makes none or cannot be sent either (an id PostgreSQL cannot hold)."""
+    try:
+        await conn.execute(_CHECK, _check_params(session_id, writes, epoch, probe_key))
+    except psycopg.Error as error:
+        return _refusal(error, session_id, writes)
+    except UnicodeEncodeError:
+        return None
+    return None
+
+
+def _check_params(
+    session_id: str, writes: Sequence[Write], epoch: int | None, probe_key: int | None
+) -> tuple[Any, ...]:
+    """The parameters of harness_commit_check for `writes` (`_CHECK`), with `epoch`, the owner's,
+    or None, and `probe_key`, the lock to probe, or None. The checks within the commit are made
+    here: whether an earlier write used the id, whether the parent was inserted earlier (then
+    the server need not look it up)."""
+    ids: list[str] = []
+    repeated: list[bool] = []
+    parents: list[str | None] = []
+    used: set[str] = set()
+    entries: set[str] = set()
     for write in writes:
         if isinstance(write, InsertEntry | InsertUsage):
-            if write.id in used:
-                raise InvalidWrite(f"id {write.id} is already used in this session", id=write.id)
+            ids.append(write.id)
+            repeated.append(write.id in used)
             used.add(write.id)
         if isinstance(write, InsertEntry):
-            if write.parent_id is not None and write.parent_id not in entries:
-                raise InvalidWrite(f"parent {write.parent_id} of entry {write.id} does not exist",
-                                   id=write.id, parent_id=write.parent_id)
+            parents.append(None if write.parent_id is None or write.parent_id in entries else write.parent_id)
             entries.add(write.id)
+        elif isinstance(write, InsertUsage):
+            parents.append(None)
+    return session_id, epoch, probe_key, ids, repeated, parents
 
 
-async def _apply(conn: Connection, session_id: str, write: Write, seq: int, timestamp: int) -> None:
-    match write:
-        case InsertEntry():
-            # custom_type is a lookup copy of what the payload holds and is never read back; text
-            # cannot hold NUL, so the copy gets U+FFFD there while the payload keeps the original.
-            custom_type = write.custom_type.replace("\x00", "\ufffd") if write.custom_type is not None else None
-            await conn.execute(
-                "INSERT INTO entries (session_id, id, parent_id, seq, timestamp, type, custom_type, payload) "
-                "VALUES (%s, %s, %s, %s, %s, %s, %s, %s)",
-                (session_id, write.id, write.parent_id, seq, timestamp, write.type, custom_type, write.payload),
-            )
-        case InsertUsage():
-            await conn.execute(
-                "INSERT INTO usage_ledger (session_id, id, seq, entry_id, adjustment, usage, details) "
-                "VALUES (%s, %s, %s, %s, %s, %s, %s)",
-                (session_id, write.id, seq, write.entry_id, write.adjustment, write.usage, write.details),
-            )
-        case SetValue():
-            await conn.execute(
-                "INSERT INTO record_values (session_id, namespace, key, seq, value) VALUES (%s, %s, %s, %s, %s) "
-                "ON CONFLICT (session_id, namespace, key) DO UPDATE SET seq = excluded.seq, value = excluded.value",
-                (session_id, write.namespace, write.key, seq, write.value),
-            )
-        case DeleteValue():
-            await conn.execute("DELETE FROM record_values WHERE session_id = %s AND namespace = %s AND key = %s",
-                               (session_id, write.namespace, write.key))
-        case AppendList():
-            await conn.execute(
-                "INSERT INTO list_items (session_id, namespace, key, seq, value) VALUES (%s, %s, %s, %s, %s)",
-                (session_id, write.namespace, write.key, seq, write.value),
-            )
-        case DeleteList():
-            await conn.execute("DELETE FROM list_items WHERE session_id = %s AND namespace = %s AND key = %s",
-                               (session_id, write.namespace, write.key))
-        case TrimList():
-            await conn.execute(
-                "DELETE FROM list_items WHERE session_id = %s AND namespace = %s AND key = %s AND seq <= %s",
-                (session_id, write.namespace, write.key, write.through_seq),
-            )
+def _commit_statement(
+    session_id: str, writes: Sequence[Write], timestamp: int, *, epoch: int | None, probe_key: int | None,
+    updated_at: int | None, channels: Sequence[str],
+) -> tuple[str, tuple[Any, ...]]:
+    """The harness_commit statement for `writes` (`_COMMIT`, or `_COMMIT_TEXT` when a body holds a
+    NUL) and its parameters: the checks' (`_check_params`), the writes as columns
+    (`_write_columns`), the seqs they take, `timestamp` for entries, `updated_at` for the session
+    row (None: left as it is) and the `channels` to notify."""
+    columns, span = _write_columns(writes)
+    bodies = (*columns[6], *columns[7])
+    sql = _COMMIT_TEXT if any(text is not None and "\x00" in text for text in bodies) else _COMMIT
+    return sql, (*_check_params(session_id, writes, epoch, probe_key), *columns, span, timestamp, updated_at,
+                 list(channels))
+
+
+def _write_columns(writes: Sequence[Write]) -> tuple[tuple[list[Any], ...], int]:
+    """`writes` as the arrays harness_commit reads, one element per write (None where its kind has
+    no such field): kind, offset of its seq from the commit's first, name (an entry's or usage
+    row's id, a record's namespace), ref (an entry's parent, a usage row's entry, a record's key),
+    type, custom_type, body (payload, usage or value), details, adjustment, through (a trim's
+    last seq); and the number of seqs the writes take."""
+    columns: tuple[list[Any], ...] = tuple([] for _ in range(10))
+    span = 0
+
+    def add(kind: str, name: str, ref: str | None, body: str | None = None, *, type_: str | None = None,
+            custom_type: str | None = None, details: str | None = None, adjustment: bool | None = None,
+            through: int | None = None) -> None:
+        for column, value in zip(columns, (kind, span - 1, name, ref, type_, custom_type, body, details,
+                                           adjustment, through), strict=True):
+            column.append(value)
+
+    for write in writes:
+        span += write.span if isinstance(write, AppendList) else 1
+        match write:
+            case InsertEntry():
+                # custom_type is a lookup copy of what the payload holds and is never read back;
+                # text cannot hold NUL, so the copy gets U+FFFD there while the payload keeps it.
+                custom_type = write.custom_type.replace("\x00", "\ufffd") if write.custom_type is not None else None
+                add("entry", write.id, write.parent_id, write.payload, type_=write.type, custom_type=custom_type)
+            case InsertUsage():
+                add("usage", write.id, write.entry_id, write.usage, details=write.details,
+                    adjustment=write.adjustment)
+            case SetValue():
+                add("set", write.namespace, write.key, write.value)
+            case DeleteValue():
+                add("delete", write.namespace, write.key)
+            case AppendList():
+                add("append", write.namespace, write.key, write.value)
+            case DeleteList():
+                add("delete_list", write.namespace, write.key)
+            case TrimList():
+                add("trim", write.namespace, write.key, through=write.through_seq)
+    return columns, span
