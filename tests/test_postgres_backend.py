@@ -25,6 +25,7 @@ from harness.session import (
     InvalidWrite,
     OwnershipLost,
     Session,
+    SessionInfo,
     SessionMutator,
     SessionOwned,
     SessionOwnership,
@@ -32,11 +33,11 @@ from harness.session import (
     Store,
     StoreUnavailable,
     UnsupportedStoreUrl,
+    Write,
     addresses,
     connect,
     work_board,
 )
-from harness.session.backend import SessionInfo, Write
 from harness.session.postgres import PostgresBackend, PostgresClaim
 from journal_helpers import append_chain, new_session_with_lane, text_of, user
 
@@ -286,7 +287,6 @@ async def test_pool_max_in_the_url_sizes_the_pool_and_libpq_never_sees_it(postgr
     for bad in ("0", "x", "1001", ""):
         with pytest.raises(UnsupportedStoreUrl):
             await connect(f"{postgres_schema_url}&pool_max={bad}", ctx)
-
 
 
 class WireRelay:

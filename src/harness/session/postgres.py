@@ -989,34 +989,35 @@ def _write_columns(writes: Sequence[Write]) -> tuple[tuple[list[Any], ...], int]
     type, custom_type, body (payload, usage or value), details, adjustment, through (a trim's
     last seq); and the number of seqs the writes take."""
     columns: tuple[list[Any], ...] = tuple([] for _ in range(10))
-    span = 0
 
-    def add(kind: str, name: str, ref: str | None, body: str | None = None, *, type_: str | None = None,
-            custom_type: str | None = None, details: str | None = None, adjustment: bool | None = None,
-            through: int | None = None) -> None:
-        for column, value in zip(columns, (kind, span - 1, name, ref, type_, custom_type, body, details,
+    def add(kind: str, offset: int, name: str, ref: str | None, body: str | None = None, *,
+            type_: str | None = None, custom_type: str | None = None, details: str | None = None,
+            adjustment: bool | None = None, through: int | None = None) -> None:
+        for column, value in zip(columns, (kind, offset, name, ref, type_, custom_type, body, details,
                                            adjustment, through), strict=True):
             column.append(value)
 
-    for write in writes:
-        span += write.span if isinstance(write, AppendList) else 1
+    # Each write's seq counted from the commit's first: the same numbering every backend uses.
+    offsets = write_seqs(0, writes)
+    for offset, write in zip(offsets, writes, strict=True):
         match write:
             case InsertEntry():
                 # custom_type is a lookup copy of what the payload holds and is never read back;
                 # text cannot hold NUL, so the copy gets U+FFFD there while the payload keeps it.
                 custom_type = write.custom_type.replace("\x00", "\ufffd") if write.custom_type is not None else None
-                add("entry", write.id, write.parent_id, write.payload, type_=write.type, custom_type=custom_type)
+                add("entry", offset, write.id, write.parent_id, write.payload, type_=write.type,
+                    custom_type=custom_type)
             case InsertUsage():
-                add("usage", write.id, write.entry_id, write.usage, details=write.details,
+                add("usage", offset, write.id, write.entry_id, write.usage, details=write.details,
                     adjustment=write.adjustment)
             case SetValue():
-                add("set", write.namespace, write.key, write.value)
+                add("set", offset, write.namespace, write.key, write.value)
             case DeleteValue():
-                add("delete", write.namespace, write.key)
+                add("delete", offset, write.namespace, write.key)
             case AppendList():
-                add("append", write.namespace, write.key, write.value)
+                add("append", offset, write.namespace, write.key, write.value)
             case DeleteList():
-                add("delete_list", write.namespace, write.key)
+                add("delete_list", offset, write.namespace, write.key)
             case TrimList():
-                add("trim", write.namespace, write.key, through=write.through_seq)
-    return columns, span
+                add("trim", offset, write.namespace, write.key, through=write.through_seq)
+    return columns, offsets[-1] + 1 if offsets else 0
