@@ -121,9 +121,14 @@ names it may not be committed yet (`ConversationService.sweep_images`)."""
 
 
 class Forbidden(HarnessError):
-    """The conversation belongs to another user; nothing was read or changed."""
+    """The conversation belongs to another user; nothing was read or changed. Details:
+    `conversation_id`."""
 
     code = "forbidden"
+
+    @classmethod
+    def of(cls, conversation_id: str) -> Forbidden:
+        return cls(f"conversation {conversation_id} belongs to another user", conversation_id=conversation_id)
 
 
 class ImageNotFound(HarnessError):
@@ -439,7 +444,7 @@ class ConversationService:
 
         owner = await session.mutate(claim, context)
         if owner is not None and owner != user:
-            raise Forbidden(f"conversation {conversation_id} belongs to another user", conversation_id=conversation_id)
+            raise Forbidden.of(conversation_id)
         return owner is None
 
     async def list(self, user: str, context: Context) -> list[ConversationInfo]:
@@ -467,7 +472,7 @@ class ConversationService:
             await self._owned(user, conversation_id, context)
             return
         if live.info.owner != user:
-            raise Forbidden(f"conversation {conversation_id} belongs to another user", conversation_id=conversation_id)
+            raise Forbidden.of(conversation_id)
         del self._live[conversation_id]
         await live.dispose(context)
 
@@ -584,7 +589,7 @@ class ConversationService:
         logged, and the command's own effect stands. Other exceptions are not the caller's answer
         and are raised unrecorded. Raises `Forbidden` before anything runs."""
         if conversation.info.owner != user:
-            raise Forbidden(f"conversation {conversation.id} belongs to another user", conversation_id=conversation.id)
+            raise Forbidden.of(conversation.id)
         recorded = False
 
         async def record_now(outcome: CommandOutcome | None) -> bool:
@@ -727,7 +732,7 @@ class ConversationService:
         if owner is None:
             raise SessionNotFound(f"no conversation {conversation_id!r}", session_id=conversation_id)
         if owner != user:
-            raise Forbidden(f"conversation {conversation_id} belongs to another user", conversation_id=conversation_id)
+            raise Forbidden.of(conversation_id)
         return session
 
     @asynccontextmanager
