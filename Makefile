@@ -25,8 +25,8 @@ QUESTION ?= What is the capital of France? Answer in one sentence.
 run: $(STAMP)
 	@if [ -t 0 ] && [ -t 1 ]; then $(BIN)/harness chat; else $(BIN)/harness run --no-tools "$(QUESTION)"; fi
 
-# The whole test suite; PostgreSQL tests run when HARNESS_TEST_POSTGRES_URL is set. Two workers:
-# the tests spend most of their time waiting on the processes they start (chats, workers, servers).
+# The whole test suite; PostgreSQL tests run when HARNESS_TEST_POSTGRES_URL is set. Two workers, one
+# per core: most of a test's time is the Python processes it starts (chats, CLI commands, workers).
 # `worksteal` hands a worker that ran out the other's queued tests, so the two end together.
 TEST_WORKERS ?= 2
 test: $(STAMP)
