@@ -75,6 +75,7 @@ from harness.messages import (
     TextContent,
     ToolCall,
     ToolResultMessage,
+    Usage,
     UserMessage,
 )
 from harness.providers import FAUX_MODEL, FauxProvider, ModelRegistry, ToolSpec
@@ -329,10 +330,14 @@ async def harness_journal(target: Target, script: list[Turn]) -> Written:
 async def harness_loop(target: Target, script: list[Turn]) -> Written:
     context, current = Context(), Current()
 
+    # Usage as a recorded reply reports it, like the peers' scripted models (which report none):
+    # without it the faux model estimates the request's tokens from its JSON, work no peer does.
+    usage = Usage(input=1_000, output=100)
+
     def answer(request: FauxRequest) -> FauxReply:
         if isinstance(request.request.messages[-1], ToolResultMessage):
-            return reply(current.turn.reply)
-        return reply(tool_call(TOOL, dict(current.turn.arguments), id=current.turn.call_id))
+            return reply(current.turn.reply, usage=usage)
+        return reply(tool_call(TOOL, dict(current.turn.arguments), id=current.turn.call_id), usage=usage)
 
     async def lookup(call_id: str, args: dict[str, JsonValue], on_update: object, context: Context) -> ToolOutput:
         return ToolOutput(content=[TextContent(text=current.turn.result)])
@@ -516,7 +521,8 @@ async def agents_session(target: Target, script: list[Turn]) -> Written:
 
 
 async def agents_loop(target: Target, script: list[Turn]) -> Written:
-    from agents import Agent, Model, ModelResponse, RunConfig, Runner, Usage, function_tool
+    from agents import Agent, Model, ModelResponse, RunConfig, Runner, function_tool
+    from agents import Usage as AgentsUsage
     from agents.testing import assistant_message, function_call
 
     current = Current()
@@ -532,7 +538,7 @@ async def agents_loop(target: Target, script: list[Turn]) -> Written:
                 output = assistant_message(current.turn.reply, item_id=f"msg_{current.turn.call_id}")
             else:
                 output = function_call(TOOL, dict(current.turn.arguments), call_id=current.turn.call_id)
-            return ModelResponse(output=[output], usage=Usage(), response_id=None)
+            return ModelResponse(output=[output], usage=AgentsUsage(), response_id=None)
 
         def stream_response(self, **_: Any) -> Any:
             raise TypeError("the benchmark runs Runner.run, which does not stream")

@@ -231,7 +231,8 @@ class FauxProvider:
         else:
             scripted = self._replies.popleft() if self._replies else None
         missing = f"faux provider: no scripted reply for request {recorded.number}"
-        input_tokens = self._request_chars(request) // 4
+        scripted_usage = scripted is not None and not isinstance(scripted, str) and scripted.usage is not None
+        input_tokens = 0 if scripted_usage else self._request_chars(request) // 4
         async for event in _play(recorded.number, model, scripted, missing, input_tokens, context):
             yield event
 

@@ -90,14 +90,18 @@ async def generate(op: DrivenOperation, state: AssistantReady) -> DriveOutcome |
     retry: list[HarnessEvent] = [] if intent.attempt == 1 else [
         RetryStart(lane=lane, operation_id=operation_id, attempt=intent.attempt)]
     # The request is built before the intent commits, so a failing hook leaves the phase as it was.
-    messages = list((await op.branch()).messages)
-    if op.hooks.transform_context is not None:
-        messages = await op.hooks.transform_context(messages, op.context)
+    messages = tuple((await op.branch()).messages)
     tools = tuple(op.environment.tools[name].spec for name in generation.config.active_tools)
     if model.max_tool_steps is not None and generation.step > model.max_tool_steps:
         tools = ()  # a model too small to trust with more tool steps answers in text now
     system = lane_system_prompt(op.environment.system_prompt, lane)
-    request = ProviderRequest(system_prompt=system, messages=tuple(messages), tools=tools)
+    if op.hooks.transform_context is not None:
+        transformed = await op.hooks.transform_context(list(messages), op.context)
+        request = ProviderRequest(system_prompt=system, messages=tuple(transformed), tools=tools)
+    else:
+        # The branch's messages were validated when they were decoded or committed: checking
+        # them again would cost O(history) on every step.
+        request = ProviderRequest.model_construct(system_prompt=system, messages=messages, tools=tools)
     if not await op.commit(Transition(intent, events=lambda: [turn, *retry], intent=True)):
         return None
     reached(FaultPoint.ASSISTANT_INTENT)
