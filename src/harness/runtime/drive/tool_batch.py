@@ -288,7 +288,6 @@ class ToolBatchRunner:
             final_terminate = terminate and not isinstance(state.control, CancelRequested)
             calls[index] = call.model_copy(update={"status": "outcome_ready", "terminate": final_terminate})
             staged = PendingMessage(message=result)
-            m.set(addresses.pending_entry(call.result_entry_id), staged)
             m.delete(addresses.tool_checkpoint(op.operation_id, call.result_entry_id))
             ready = []
             for position, candidate in enumerate(calls):
@@ -297,6 +296,8 @@ class ToolBatchRunner:
                 if candidate.status != "outcome_ready":
                     break
                 ready.append(position)
+            if index not in ready:  # an earlier call still runs: the result waits, staged
+                m.set(addresses.pending_entry(call.result_entry_id), staged)
             earlier = [calls[i].result_entry_id for i in ready if i != index]
             await projection.load_pending(m, earlier, op.context)
             payloads = {**{entry_id: projection.pending[entry_id] for entry_id in earlier},
@@ -305,7 +306,8 @@ class ToolBatchRunner:
             for position in ready:
                 entry_id = calls[position].result_entry_id
                 placement.stage(m, entry_id, pending_payload(payloads[entry_id]))
-                m.delete(addresses.pending_entry(entry_id))
+                if position != index:
+                    m.delete(addresses.pending_entry(entry_id))
                 calls[position] = calls[position].model_copy(update={"status": "completed"})
             parent = placement.tip
             complete = all(c.status == "completed" for c in calls)
