@@ -12,6 +12,7 @@ import pytest
 
 from drive_helpers import FakeClock, ProbeTool, Rig, messages, start_rig, text, within
 from harness.context import Context
+from harness.messages import Message
 from harness.providers.faux import reply, tool_call
 from harness.runtime import Lane, RunHooks, Settled
 from harness.session import Store
@@ -50,22 +51,22 @@ async def prompt(rig: Rig, words: str, ctx: Context) -> Settled:
     return outcome
 
 
-async def test_a_turn_of_two_steps_and_one_tool_call_commits_seven_times_and_reads_no_branch_twice(
+async def test_a_turn_of_two_steps_and_one_tool_call_commits_six_times_and_reads_no_branch_twice(
         store: Store, ctx: Context, monkeypatch: pytest.MonkeyPatch) -> None:
-    # Accept; per step an intent and its settlement; the tool's intent and result; the last
-    # reply's settlement is the terminal commit too. Frames are paced at an hour here, so a reply
-    # as quick as these writes none.
+    # Accept; step 1's intent and settlement; the tool's intent; its result with step 2's intent;
+    # the last reply's settlement is the terminal commit too. Frames are paced at an hour here, so
+    # a reply as quick as these writes none.
     probe = ProbeTool()
     clock = FakeClock(hold_waits=True)
     rig = await start_rig(store, ctx, two_steps(probe), tools=[probe.tool], clock=clock, frame_interval_s=3600)
     calls = Calls(store, monkeypatch, "commit", "walk_branch")
 
     await prompt(rig, "first", ctx)
-    assert calls.take() == {"commit": 7, "walk_branch": 1}  # the branch is read once, on the first step
+    assert calls.take() == {"commit": 6, "walk_branch": 1}  # the branch is read once, on the first step
 
     for n in (1, 2):
         await prompt(rig, f"turn {n}", ctx)
-        assert calls.take() == {"commit": 7, "walk_branch": 0}
+        assert calls.take() == {"commit": 6, "walk_branch": 0}
     assert 3600 in clock.sleeps  # each reply started its frame pause, and the settlement did not wait it out
 
 
@@ -86,7 +87,7 @@ async def test_a_before_run_end_hook_runs_between_the_last_reply_and_a_terminal_
 
     outcome = await prompt(rig, "first", ctx)
 
-    assert calls.take() == {"commit": 8}
+    assert calls.take() == {"commit": 7}
     assert seen == [(outcome.result.final_assistant_entry_id, outcome.operation_id)]  # the reply, the run still open
 
 
@@ -105,3 +106,26 @@ async def test_each_request_sends_the_branch_the_journal_holds_after_a_navigatio
     journal = await messages(rig.lane, ctx)
     assert [text(m) for m in journal[:5]] == ["first", "", "probe:0", "done 0", "third"]
     assert rig.requests()[4:] == [journal[:5], journal[:7]]
+
+
+async def test_a_between_steps_hook_keeps_the_tool_results_commit_apart_from_the_next_intent(
+        store: Store, ctx: Context, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The hook runs at the checkpoint between the result and the next step: the result commits
+    # on its own, the hook sees it at the tip with the run still open, then the step commits
+    # its intent (seven commits where the turn without the hook takes six).
+    probe = ProbeTool()
+    seen: list[list[str]] = []
+
+    async def between(lane: Lane, context: Context) -> list[Message]:
+        seen.append([text(m) for m in await messages(lane, context)])
+        return []
+
+    rig = await start_rig(store, ctx, two_steps(probe), tools=[probe.tool], clock=FakeClock(hold_waits=True),
+                          frame_interval_s=3600, hooks=RunHooks(between_steps=between))
+    calls = Calls(store, monkeypatch, "commit")
+
+    await prompt(rig, "first", ctx)
+
+    assert calls.take() == {"commit": 7}
+    assert seen == [["first", "", "probe:0"]]  # the result on the branch before the second step
+    assert [text(m) for m in rig.requests()[1]] == ["first", "", "probe:0"]

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from harness.errors import ModelUnavailable, ToolsUnavailable
 from harness.messages import Message
+from harness.runtime.branch_context import estimate_tokens
 from harness.runtime.commit import (
     Decision,
     Placement,
@@ -15,9 +17,9 @@ from harness.runtime.commit import (
     pending_payload,
 )
 from harness.runtime.drive.operation import DrivenOperation
-from harness.runtime.drive.provider_step import generate
+from harness.runtime.drive.provider_step import generate, intent_events, step_intent
 from harness.runtime.drive.settlement import settle
-from harness.runtime.drive.structural import threshold_compaction
+from harness.runtime.drive.structural import below_threshold, threshold_compaction
 from harness.runtime.event_log import Announcement
 from harness.runtime.outcomes import DriveOutcome
 from harness.session import (
@@ -80,6 +82,37 @@ async def _next_step(op: DrivenOperation, state: RunCheckpoint, ready: Assistant
     # the step's intent is the commit a restart needs, and before it the durable phase leads back
     # here. A placement commits `assistant_ready` with it (see `place`).
     return await generate(op, ready or _ready(op, state, op.projection.tip_id))
+
+
+def direct_intent(op: DrivenOperation, then: RunCheckpoint, placed: Sequence[Message]) -> Transition | None:
+    """The next step's intent (its `state` an `AssistantEffectPending`, with its events), for the
+    commit that places `placed`, the results completing a tool batch, when checkpoint `then`
+    would do nothing but ask the model again: no `between_steps` or `transform_context` hook, no
+    abort or pause requested, no write or steer item queued, the step ceiling not reached, the
+    context under the compaction threshold and the model resolvable. None otherwise: the batch
+    commits `then` and the checkpoint runs.
+
+    Called on the session line, in that commit's job, so nothing queued can slip in between. A
+    crash before the commit leaves the batch's last call at its intent, after it the step's
+    intent with the results on the branch, as the two commits did (bench/README.md)."""
+    hooks, projection = op.hooks, op.projection
+    branch = projection.branch
+    if (not isinstance(then.continuation, NeedAssistant) or hooks.between_steps is not None
+            or hooks.transform_context is not None or op.aborting or op.pause_signal.is_set()
+            or then.steps >= op.settings.step_ceiling
+            or any(item.kind in ("write", "steer") for item in projection.state.inbox)
+            or branch is None or branch.tip != projection.tip_id):
+        return None
+    ready = _ready(op, then, then.trigger_entry_id)
+    config = ready.generation.config
+    try:
+        model, _ = op.resolve(config.model, config.active_tools)
+    except (ModelUnavailable, ToolsUnavailable):
+        return None  # the step fails in-band, from the checkpoint (HA-23)
+    if not below_threshold(op, then, model, branch.tokens + estimate_tokens(placed)):
+        return None
+    intent = step_intent(ready.generation, 1)
+    return Transition(intent, events=lambda: intent_events(op, intent), intent=True)
 
 
 async def place(op: DrivenOperation, extra: Sequence[Message], *, include_follow_up: bool,

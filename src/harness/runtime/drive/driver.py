@@ -9,10 +9,11 @@ from typing import Any
 
 from harness.context import Context
 from harness.runtime.commit import Transition
-from harness.runtime.drive.checkpoint import checkpoint
+from harness.runtime.drive.checkpoint import checkpoint, direct_intent
 from harness.runtime.drive.deferred import cancel_deferred, deferred_handle, poll, recover_poll
 from harness.runtime.drive.operation import DriveEnvironment, DrivenOperation
 from harness.runtime.drive.provider_step import (
+    ask,
     generate,
     interrupted_reply,
     interruption,
@@ -140,8 +141,10 @@ class OperationDriver:
             case AssistantRetryWait():
                 return await wait_retry(op, state)
             case RunTools():
-                await ToolBatchRunner(op, state).run()
-                return None
+                runner = ToolBatchRunner(op, state, lambda then, placed: direct_intent(op, then, placed))
+                await runner.run()
+                # Its last commit may have committed the next step's intent with the results.
+                return None if runner.asked is None else await ask(op, runner.asked)
             case DeferredSuspended():
                 if op.poll_permits == 0:
                     return Suspended(operation_id=op.operation_id,

@@ -15,6 +15,7 @@ from harness.providers import (
     DoneEvent,
     ErrorEvent,
     Model,
+    Provider,
     ProviderErrorInfo,
     ProviderRequest,
     StartEvent,
@@ -54,6 +55,7 @@ from harness.session import (
     Entry,
     FailureDrain,
     FailureProvenance,
+    GenerationContext,
     MayFinish,
     MessagePayload,
     NeedAssistant,
@@ -83,31 +85,63 @@ async def generate(op: DrivenOperation, state: AssistantReady) -> DriveOutcome |
         model, provider = op.resolve(generation.config.model, generation.config.active_tools)
     except (ModelUnavailable, ToolsUnavailable) as unavailable:
         return failure(unavailable.code, unavailable.message, unavailable.details, "configuration")
-    intent = AssistantEffectPending(generation=generation, attempt=state.next_attempt,
-                                    response_entry_id=new_id(), usage_id=new_id())
-    lane, operation_id = op.lane.name, op.operation_id
-    turn = TurnStart(lane=lane, operation_id=operation_id, turn_id=generation.step_id)
-    retry: list[HarnessEvent] = [] if intent.attempt == 1 else [
-        RetryStart(lane=lane, operation_id=operation_id, attempt=intent.attempt)]
+    intent = step_intent(generation, state.next_attempt)
     # The request is built before the intent commits, so a failing hook leaves the phase as it was.
+    request = await _request(op, generation, model)
+    if not await op.commit(Transition(intent, events=lambda: intent_events(op, intent), intent=True)):
+        return None
+    return await _send(op, intent, model, provider, request)
+
+
+def step_intent(generation: GenerationContext, attempt: int) -> AssistantEffectPending:
+    """A step's intent: attempt `attempt` of `generation`, the reply's entry and usage ids reserved."""
+    return AssistantEffectPending(generation=generation, attempt=attempt, response_entry_id=new_id(),
+                                  usage_id=new_id())
+
+
+def intent_events(op: DrivenOperation, intent: AssistantEffectPending) -> list[HarnessEvent]:
+    """What a step's intent announces: `turn_start`, and `retry_start` for a retried attempt."""
+    lane, operation_id = op.lane.name, op.operation_id
+    turn: list[HarnessEvent] = [TurnStart(lane=lane, operation_id=operation_id, turn_id=intent.generation.step_id)]
+    if intent.attempt == 1:
+        return turn
+    return [*turn, RetryStart(lane=lane, operation_id=operation_id, attempt=intent.attempt)]
+
+
+async def ask(op: DrivenOperation, intent: AssistantEffectPending) -> DriveOutcome | Transition | None:
+    """The step whose intent was committed with the tool results it answers (`checkpoint`'s
+    `direct_intent`): send its request, stream the reply and return its settlement, as `generate`
+    does after its own intent commit."""
+    try:
+        model, provider = op.resolve(intent.generation.config.model, intent.generation.config.active_tools)
+    except (ModelUnavailable, ToolsUnavailable) as unavailable:
+        return failure(unavailable.code, unavailable.message, unavailable.details, "configuration")
+    return await _send(op, intent, model, provider, await _request(op, intent.generation, model))
+
+
+async def _request(op: DrivenOperation, generation: GenerationContext, model: Model) -> ProviderRequest:
+    """The step's request: the system prompt, the branch's messages (through the
+    `transform_context` hook when set) and the tools it may call."""
     messages = tuple((await op.branch()).messages)
     tools = tuple(op.environment.tools[name].spec for name in generation.config.active_tools)
     if model.max_tool_steps is not None and generation.step > model.max_tool_steps:
         tools = ()  # a model too small to trust with more tool steps answers in text now
-    system = lane_system_prompt(op.environment.system_prompt, lane)
+    system = lane_system_prompt(op.environment.system_prompt, op.lane.name)
     if op.hooks.transform_context is not None:
         transformed = await op.hooks.transform_context(list(messages), op.context)
-        request = ProviderRequest(system_prompt=system, messages=tuple(transformed), tools=tools)
-    else:
-        # The branch's messages were validated when they were decoded or committed: checking
-        # them again would cost O(history) on every step.
-        request = ProviderRequest.model_construct(system_prompt=system, messages=messages, tools=tools)
-    if not await op.commit(Transition(intent, events=lambda: [turn, *retry], intent=True)):
-        return None
+        return ProviderRequest(system_prompt=system, messages=tuple(transformed), tools=tools)
+    # The branch's messages were validated when they were decoded or committed: checking them
+    # again would cost O(history) on every step.
+    return ProviderRequest.model_construct(system_prompt=system, messages=messages, tools=tools)
+
+
+async def _send(op: DrivenOperation, intent: AssistantEffectPending, model: Model, provider: Provider,
+                request: ProviderRequest) -> DriveOutcome | Transition | None:
+    """After the intent's commit: send `request`, stream the reply and settle it."""
     reached(FaultPoint.ASSISTANT_INTENT)
     effect = op.effect_context()
     try:
-        options = op.stream_options(model, generation)
+        options = op.stream_options(model, intent.generation)
         message, error = await consume(op, lambda: provider.stream(model, request, options, effect), intent, model)
     finally:
         op.end_effect(effect)

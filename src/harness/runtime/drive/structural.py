@@ -11,7 +11,7 @@ from pydantic import JsonValue
 
 from harness.errors import ModelUnavailable
 from harness.messages import AssistantMessage, Message, text_of
-from harness.providers import DoneEvent, ErrorEvent, ProviderErrorInfo, StreamEvent, StreamOptions
+from harness.providers import DoneEvent, ErrorEvent, Model, ProviderErrorInfo, StreamEvent, StreamOptions
 from harness.runtime.branch_context import branch_entries, context_messages
 from harness.runtime.commit import Decision, Placement, Transition
 from harness.runtime.drive.operation import DrivenOperation
@@ -62,7 +62,7 @@ async def threshold_compaction(op: DrivenOperation, state: RunCheckpoint) -> Tra
     branch = await op.branch()
     if branch.entries and isinstance(branch.entries[-1].payload, CompactionPayload):
         return None  # nothing new since the last compaction: compacting again cannot help
-    if branch.tokens <= model.context_window - settings.reserve_tokens:
+    if below_threshold(op, state, model, branch.tokens):
         return None
     if plan_compaction(branch.entries, settings.keep_recent_tokens) is None:
         return None  # only the latest turn is left: nothing a compaction could remove
@@ -71,6 +71,16 @@ async def threshold_compaction(op: DrivenOperation, state: RunCheckpoint) -> Tra
                              max_attempts=op.settings.retry.max_retries + 1)
     start = CompactionStart(lane=op.lane.name, operation_id=op.operation_id, reason="threshold")
     return Transition(pending, events=lambda: [start], intent=True)
+
+
+def below_threshold(op: DrivenOperation, state: RunCheckpoint, model: Model, tokens: int) -> bool:
+    """Whether a context of `tokens` starts no threshold compaction at checkpoint `state`:
+    compaction is off or has failed too often in this run, or the context fits in `model`'s
+    window less the reserve."""
+    settings = op.settings.compaction
+    if not settings.enabled or state.compaction_failures >= settings.max_failures:
+        return True
+    return tokens <= model.context_window - settings.for_window(model.context_window).reserve_tokens
 
 
 async def summarize(op: DrivenOperation, state: SummaryPending) -> Step:

@@ -11,15 +11,17 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable, Sequence
 
 from jsonschema.validators import validator_for
 from pydantic import JsonValue, ValidationError
 
-from harness.messages import AssistantMessage, TextContent, ToolCall, ToolResultMessage
+from harness.messages import AssistantMessage, Message, TextContent, ToolCall, ToolResultMessage
 from harness.runtime.agent_tool import AgentTool, ToolOutput
 from harness.runtime.commit import (
     Decision,
     Placement,
+    Transition,
     live_phase,
     pending_payload,
 )
@@ -36,6 +38,7 @@ from harness.runtime.hooks import Block, ToolCallRequest
 from harness.runtime.requests import MAX_INPUT_BYTES, input_bytes
 from harness.runtime.snapshot import LanePresentation
 from harness.session import (
+    AssistantEffectPending,
     CancelRequested,
     CommitResult,
     MayFinish,
@@ -60,16 +63,26 @@ TRUNCATED = "The reply was cut off at the output limit, so these arguments may b
 BLOCKED = "The call was blocked: {reason}"
 
 
-class ToolBatchRunner:
-    """Runs the batch of phase `run_tools` to its end: every call answered and placed."""
+DirectIntent = Callable[[RunCheckpoint, Sequence[Message]], Transition | None]
+"""Given the checkpoint a batch's last commit would move to and the results it places, the next
+step's intent to commit instead (its phase an `AssistantEffectPending`), or None
+(`checkpoint.direct_intent`)."""
 
-    def __init__(self, op: DrivenOperation, state: RunTools, reply: AssistantMessage | None = None) -> None:
+
+class ToolBatchRunner:
+    """Runs the batch of phase `run_tools` to its end: every call answered and placed. With
+    `direct`, the commit that completes the batch may commit the next step's intent too; `asked`
+    is then that intent, for the driver to send."""
+
+    def __init__(self, op: DrivenOperation, state: RunTools, direct: DirectIntent | None = None) -> None:
         self.op, self.lane, self.projection = op, op.lane, op.projection
+        self.direct = direct
+        self.asked: AssistantEffectPending | None = None
         self.batch = state.batch
         tools = op.environment.tools
         self.tools = {name: tools[name] for name in self.batch.config.active_tools if name in tools}
         self.tasks: dict[int, asyncio.Task[None]] = {}
-        self.message: AssistantMessage | None = reply
+        self.message: AssistantMessage | None = None
         self.placed_results: list[ToolResultMessage] = []  # every result this runner placed, for turn_end
 
     @property
@@ -310,22 +323,27 @@ class ToolBatchRunner:
                     m.delete(addresses.pending_entry(entry_id))
                 calls[position] = calls[position].model_copy(update={"status": "completed"})
             parent = placement.tip
+            placed = [payload.message for _, payload, _ in placement.staged
+                      if isinstance(payload, MessagePayload) and isinstance(payload.message, ToolResultMessage)]
             complete = all(c.status == "completed" for c in calls)
-            new_state: RunTools | RunCheckpoint
+            direct: Transition | None = None
+            new_state: RunTools | RunCheckpoint | AssistantEffectPending
             if complete:
                 for c in calls:
                     m.delete(addresses.tool_args(op.operation_id, self.batch.turn_id, c.source_index))
                 continuation = MayFinish() if all(c.terminate for c in calls) else NeedAssistant()
                 new_state = RunCheckpoint(continuation=continuation, trigger_entry_id=parent, steps=self.batch.step,
                                           control=state.control)
+                direct = self.direct(new_state, placed) if self.direct is not None else None
+                if direct is not None:
+                    assert isinstance(direct.state, AssistantEffectPending)
+                    new_state = direct.state.model_copy(update={"control": state.control})
             else:
                 new_state = state.model_copy(update={"batch": state.batch.model_copy(update={"calls": calls})})
             m.set(addresses.operation_state(op.operation_id), new_state)
             if placement.staged:
                 m.set(addresses.branch_tip(lane), parent)
 
-            placed = [payload.message for _, payload, _ in placement.staged
-                      if isinstance(payload, MessagePayload) and isinstance(payload.message, ToolResultMessage)]
             tool_end = ToolEnd(lane=lane, operation_id=op.operation_id, turn_id=self.batch.turn_id,
                                tool_call_id=block.id, result=result, terminate=final_terminate)
             # Placed now (no earlier call still runs), the result is logged as its entry.
@@ -337,9 +355,13 @@ class ToolBatchRunner:
                                    message=self.message, tool_results=(*self.placed_results, *placed))
                 events.append(TurnEndOf(turn_end, self.batch.assistant_entry_id,
                                         tuple(c.result_entry_id for c in calls)))
+            if direct is not None and direct.events is not None:
+                events += direct.events()
 
             def publish(commit: CommitResult | None) -> None:
                 projection.operation_state = new_state
+                if isinstance(new_state, AssistantEffectPending):
+                    self.asked = new_state
                 projection.pending[call.result_entry_id] = staged
                 placement.publish(projection, commit)
                 for entry_id, _, _ in placement.staged:
