@@ -64,6 +64,8 @@ CASES: dict[FaultPoint, Case] = {
     FaultPoint.TOOL_EFFECT: Case("run", "tools", 1, 1),
     # Both effects happened, neither result was staged: the ledger is not run again, the lookup is.
     FaultPoint.BEFORE_TOOL_STAGING: Case("run", "tools", 1, 2),
+    # Both results landed with the next step's intent: neither call runs again, the reply is asked.
+    FaultPoint.NEXT_STEP_INTENT: Case("run", "assistant_effect_pending", 1, 1),
     FaultPoint.SUMMARY_INTENT: Case("compaction", "summary_pending", 2, 2),
     FaultPoint.BEFORE_TERMINAL_SETTLEMENT: Case("run", "checkpoint", 1, 1),
     # The last reply and the run's settlement were one commit, not written: the calls before it

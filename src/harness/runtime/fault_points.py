@@ -21,6 +21,8 @@ class FaultPoint(StrEnum):
     TOOL_INTENT = "tool_intent"  # after a tool call's intent commit, before its effect
     TOOL_EFFECT = "tool_effect"  # while a tool's effect runs
     BEFORE_TOOL_STAGING = "before_tool_staging"  # the tool returned, its result is not yet staged
+    # The batch's results and the next step's intent were one commit; its request is not yet sent.
+    NEXT_STEP_INTENT = "next_step_intent"
     SUMMARY_INTENT = "summary_intent"  # after a compaction's request intent, mid-compaction
     BEFORE_TERMINAL_SETTLEMENT = "before_terminal_settlement"  # the run is done, not yet settled
     # The last reply is complete; it and the run's settlement are one commit, not yet written.

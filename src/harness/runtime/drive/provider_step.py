@@ -112,6 +112,7 @@ async def ask(op: DrivenOperation, intent: AssistantEffectPending) -> DriveOutco
     """The step whose intent was committed with the tool results it answers (`checkpoint`'s
     `direct_intent`): send its request, stream the reply and return its settlement, as `generate`
     does after its own intent commit."""
+    reached(FaultPoint.NEXT_STEP_INTENT)
     try:
         model, provider = op.resolve(intent.generation.config.model, intent.generation.config.active_tools)
     except (ModelUnavailable, ToolsUnavailable) as unavailable:
