@@ -111,6 +111,78 @@ async def test_ids_are_unique_across_entries_and_usage(store: Store, ctx: Contex
     assert await session.usage_ledger(ctx) == []
 
 
+# Each case: the inserts of one commit, ("entry", id, parent) or ("usage", id, None), in a session that
+# already holds entry `old-entry` and usage row `old-usage`; and the refusal's message and details.
+ID_USED = "id {0} is already used in this session"
+PARENT_MISSING = "parent {0} of entry {1} does not exist"
+REFUSALS: dict[str, tuple[list[tuple[str, str, str | None]], str, dict[str, str]]] = {
+    "entry-id-of-an-entry": ([("entry", "old-entry", "old-entry")], ID_USED.format("old-entry"), {"id": "old-entry"}),
+    "entry-id-of-a-usage-row": ([("entry", "old-usage", None)], ID_USED.format("old-usage"), {"id": "old-usage"}),
+    "usage-id-of-an-entry": ([("usage", "old-entry", None)], ID_USED.format("old-entry"), {"id": "old-entry"}),
+    "usage-id-of-a-usage-row": ([("usage", "old-usage", None)], ID_USED.format("old-usage"), {"id": "old-usage"}),
+    "missing-parent": ([("entry", "a", "nowhere")], PARENT_MISSING.format("nowhere", "a"),
+                       {"id": "a", "parent_id": "nowhere"}),
+    "taken-entry-id-before-its-missing-parent": ([("entry", "old-entry", "nowhere")], ID_USED.format("old-entry"),
+                                                 {"id": "old-entry"}),
+    "taken-usage-id-before-its-missing-parent": ([("entry", "old-usage", "nowhere")], ID_USED.format("old-usage"),
+                                                 {"id": "old-usage"}),
+    "missing-parent-then-taken-id": ([("entry", "a", "nowhere"), ("entry", "old-entry", None)],
+                                     PARENT_MISSING.format("nowhere", "a"), {"id": "a", "parent_id": "nowhere"}),
+    "taken-id-then-missing-parent": ([("entry", "old-entry", None), ("entry", "a", "nowhere")],
+                                     ID_USED.format("old-entry"), {"id": "old-entry"}),
+    "entry-twice": ([("entry", "a", None), ("entry", "a", None)], ID_USED.format("a"), {"id": "a"}),
+    "entry-twice-the-second-without-parent": ([("entry", "a", None), ("entry", "a", "nowhere")],
+                                              ID_USED.format("a"), {"id": "a"}),
+    "entry-then-usage": ([("entry", "a", None), ("usage", "a", None)], ID_USED.format("a"), {"id": "a"}),
+    "usage-then-entry": ([("usage", "a", None), ("entry", "a", "old-entry")], ID_USED.format("a"), {"id": "a"}),
+    "usage-twice": ([("usage", "a", None), ("usage", "a", None)], ID_USED.format("a"), {"id": "a"}),
+    "its-own-parent": ([("entry", "a", "a")], PARENT_MISSING.format("a", "a"), {"id": "a", "parent_id": "a"}),
+    "parent-later-in-the-commit": ([("entry", "a", "b"), ("entry", "b", None)], PARENT_MISSING.format("b", "a"),
+                                   {"id": "a", "parent_id": "b"}),
+    "parent-a-usage-row": ([("entry", "a", "old-usage")], PARENT_MISSING.format("old-usage", "a"),
+                           {"id": "a", "parent_id": "old-usage"}),
+    "parent-a-usage-row-of-the-commit": ([("usage", "u", None), ("entry", "a", "u")], PARENT_MISSING.format("u", "a"),
+                                         {"id": "a", "parent_id": "u"}),
+    "taken-id-after-valid-inserts": ([("entry", "a", "old-entry"), ("usage", "u", None), ("entry", "b", "a"),
+                                      ("usage", "old-entry", None)], ID_USED.format("old-entry"), {"id": "old-entry"}),
+}
+
+
+@pytest.mark.parametrize("case", sorted(REFUSALS))
+async def test_a_refused_insert_names_the_first_failing_write_and_writes_nothing(
+    store: Store, ctx: Context, case: str
+) -> None:
+    inserts, message, details = REFUSALS[case]
+    session = await new_session_with_lane(store, ctx)
+
+    async def existing(m: SessionMutator) -> CommitResult:
+        m.insert_entry(user("old"), parent_id=None, entry_id="old-entry")
+        m.insert_usage(Usage(input=1), usage_id="old-usage")
+        return await m.commit()
+
+    async def job(m: SessionMutator) -> None:
+        for kind, insert_id, parent_id in inserts:
+            if kind == "entry":
+                m.set(addresses.session_name(), insert_id)
+                m.insert_entry(user(insert_id), parent_id=parent_id, entry_id=insert_id)
+            else:
+                m.insert_usage(Usage(output=1), usage_id=insert_id)
+
+    async def after(m: SessionMutator) -> CommitResult:
+        m.set(addresses.session_name(), "after")
+        return await m.commit()
+
+    before = await session.mutate(existing, ctx)
+    with pytest.raises(InvalidWrite) as refused:
+        await session.mutate(job, ctx)
+    assert (refused.value.message, refused.value.details) == (message, details)
+    assert [e.id for e in await session.read_entries(ctx)] == ["old-entry"]
+    assert [r.id for r in await session.usage_ledger(ctx)] == ["old-usage"]
+    assert await session.get(addresses.session_name(), ctx) is None
+    # The refused commit took no seqs.
+    assert (await session.mutate(after, ctx)).seqs == (before.seqs[-1] + 1,)
+
+
 async def test_a_job_commits_at_most_once(store: Store, ctx: Context) -> None:
     session = await new_session_with_lane(store, ctx)
 
