@@ -715,6 +715,25 @@ async def test_a_session_keeps_when_it_was_created_and_last_updated(store: Store
     assert listed.updated_at == commit.timestamp >= created.created_at
 
 
+async def test_a_commit_of_nothing_takes_no_seq_and_still_updates_the_session(store: Store, ctx: Context) -> None:
+    session = await store.create_session(ctx)
+
+    async def one(m: SessionMutator) -> CommitResult:
+        m.set(addresses.session_name(), "one")
+        return await m.commit()
+
+    async def nothing(m: SessionMutator) -> CommitResult:
+        await asyncio.sleep(0.002)  # a later millisecond than the commit before
+        return await m.commit()
+
+    first = await session.mutate(one, ctx)
+    empty = await session.mutate(nothing, ctx)
+    assert empty.seqs == ()
+    assert empty.timestamp > first.timestamp
+    assert (await store.list_sessions(ctx))[0].updated_at == empty.timestamp
+    assert (await session.mutate(one, ctx)).seqs == (first.seqs[0] + 1,)
+
+
 # -- fork --------------------------------------------------------------------------------------
 
 
