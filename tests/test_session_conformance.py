@@ -27,13 +27,16 @@ from harness.session import (
     DataMigration,
     Entry,
     InboxItem,
+    InsertEntry,
     InvalidWrite,
     LaneExists,
     LaneState,
+    OwnershipLost,
     PendingCustom,
     SessionMutator,
     SessionNotFound,
     SessionOwned,
+    SetValue,
     StorageCorruption,
     Store,
     TokenNotFound,
@@ -181,6 +184,45 @@ async def test_a_refused_insert_names_the_first_failing_write_and_writes_nothing
     assert await session.get(addresses.session_name(), ctx) is None
     # The refused commit took no seqs.
     assert (await session.mutate(after, ctx)).seqs == (before.seqs[-1] + 1,)
+
+
+ORPHAN = InsertEntry("orphan", "nowhere", "message", None, "{}")
+
+
+async def test_a_commit_to_an_unknown_session_is_session_not_found_before_its_writes_are_checked(
+    store: Store, ctx: Context
+) -> None:
+    backend = store.backend
+    with pytest.raises(SessionNotFound) as missing:
+        await backend.commit("no-such-session", [ORPHAN], None, ctx)
+    assert missing.value.details == {"session_id": "no-such-session"}
+    with pytest.raises(SessionNotFound) as missing:
+        await backend.commit("no-such-session", [], None, ctx)
+    assert missing.value.details == {"session_id": "no-such-session"}
+    with pytest.raises(SessionNotFound):
+        await backend.post("no-such-session", [SetValue("test.args", "k", "1")], ctx)
+    assert await store.list_sessions(ctx) == []
+
+
+async def test_a_commit_under_a_claim_taken_again_since_is_ownership_lost_and_writes_nothing(
+    store: Store, ctx: Context
+) -> None:
+    session = await new_session_with_lane(store, ctx)
+    backend = store.backend
+    stale = await backend.claim(session.id, ctx)
+    await backend.release(stale, ctx)
+    current = await backend.claim(session.id, ctx)
+    try:
+        before = await backend.commit(session.id, [SetValue("test.args", "k", "1")], current, ctx)
+        for writes in ([SetValue("test.args", "k", "2")], [ORPHAN], []):
+            with pytest.raises(OwnershipLost) as lost:
+                await backend.commit(session.id, writes, stale, ctx)
+            assert lost.value.details == {"session_id": session.id}
+        after = await backend.commit(session.id, [SetValue("test.args", "k", "3")], current, ctx)
+    finally:
+        await backend.release(current, ctx)
+    assert after.seqs == (before.seqs[0] + 1,)
+    assert await session.get(value_address("test.args", "k"), ctx) == 3
 
 
 async def test_a_job_commits_at_most_once(store: Store, ctx: Context) -> None:
