@@ -11,7 +11,7 @@ import secrets
 import sqlite3
 import subprocess
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import closing, contextmanager
 from pathlib import Path
 
 import psycopg
@@ -20,9 +20,11 @@ import pytest
 from conftest import POSTGRES_URL
 from drive_helpers import start_rig, within
 from harness.context import Context
+from harness.messages import Usage
 from harness.providers.faux import reply
 from harness.runtime import Settled
 from harness.session import (
+    SessionMutator,
     SessionNotFound,
     StorageCorruption,
     StorageRolledBack,
@@ -31,7 +33,15 @@ from harness.session import (
     StoreUnavailable,
     connect,
 )
-from journal_helpers import append_chain, assert_owned_only_by, child, new_session_with_lane, read_word, text_of
+from journal_helpers import (
+    append_chain,
+    assert_owned_only_by,
+    child,
+    new_session_with_lane,
+    read_word,
+    text_of,
+    user,
+)
 
 
 async def test_a_symlinked_sqlite_database_shares_its_session_locks(tmp_path: Path, ctx: Context) -> None:
@@ -189,6 +199,42 @@ async def test_a_damaged_sqlite_file_is_storage_corruption_never_a_driver_error(
             await damaged.close()
     assert 0 in refused  # a damaged header is never taken for a database
     assert len(refused) >= 2
+
+
+@pytest.mark.parametrize("kind", ["entry", "usage"])
+async def test_a_seq_a_stored_row_holds_is_not_blamed_on_the_new_rows_id(
+    tmp_path: Path, ctx: Context, kind: str
+) -> None:
+    """Someone moved a session's next seq back, so a commit's entry or usage row gets the seq of
+    one stored: the driver's refusal names the seq, it is not an `InvalidWrite` saying the new
+    row's id is taken (an insert's checks and its constraints are one statement on SQLite)."""
+    database = tmp_path / "journal.db"
+    store = await connect(f"sqlite:///{database}", ctx)
+    try:
+        session = await new_session_with_lane(store, ctx)
+        [tip] = await append_chain(session, ["stored"], ctx)
+
+        async def job(m: SessionMutator) -> None:
+            m.insert_usage(Usage(input=1), entry_id=tip)
+
+        await session.mutate(job, ctx)
+        with closing(sqlite3.connect(database)) as db, db:
+            db.execute("UPDATE sessions SET next_seq = 1")
+            db.execute("UPDATE entries SET seq = 1 WHERE id = ?", (tip,))
+            db.execute("UPDATE usage_ledger SET seq = 1")
+        table = "entries" if kind == "entry" else "usage_ledger"
+
+        async def collides(m: SessionMutator) -> None:
+            if kind == "entry":
+                m.insert_entry(user("collides"), parent_id=tip)
+            else:
+                m.insert_usage(Usage(input=2), entry_id=tip)
+
+        with pytest.raises(sqlite3.IntegrityError, match=rf"constraint failed: {table}\.session_id, {table}\.seq"):
+            await session.mutate(collides, ctx)
+        assert [text_of(e.payload) for e in await session.read_entries(ctx)] == ["stored"]
+    finally:
+        await store.close()
 
 
 async def test_a_terminated_postgres_connection_is_typed_and_the_next_call_works(ctx: Context) -> None:
