@@ -669,7 +669,7 @@ def _counted_transaction(db: sqlite3.Connection, mark: CommitMark) -> Iterator[N
     """`_transaction` that bumps the store's commit counter and, once committed, its mark."""
     with _transaction(db):
         yield
-        commits = db.execute(commit_mark.BUMP).fetchone()[0]
+        commits = commit_mark.bump(db)
     mark.record(commits)
 
 
