@@ -9,6 +9,7 @@ import signal
 import socket
 import subprocess
 import sys
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -33,12 +34,14 @@ from test_cli_run import (
 home, work, server = test_cli_run.home, test_cli_run.work, test_cli_run.server  # the same fixtures
 
 
-def closed_port() -> int:
-    """A loopback port nothing listens on (bound, then released)."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-    return port
+@pytest.fixture
+def closed_port() -> Iterator[int]:
+    """A loopback port nothing listens on: bound and held, not listening, for the test's length, so
+    a connection to it is refused and no server of another test (another xdist worker) takes it."""
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        port: int = held.getsockname()[1]
+        yield port
 
 
 def readme_models_toml(home: Path, port: int) -> None:
@@ -60,8 +63,9 @@ path = "/models/qwen2.5-7b-instruct-q4_k_m.gguf"
 # -- item 8: declared models do not take over, and say when they cannot be reached ------------------
 
 
-def test_declaring_providers_keeps_the_default_and_models_says_what_is_missing(home: Path, work: Path) -> None:
-    port = closed_port()
+def test_declaring_providers_keeps_the_default_and_models_says_what_is_missing(home: Path, work: Path,
+                                                                                closed_port: int) -> None:
+    port = closed_port
     readme_models_toml(home, port)
 
     listed = harness(home, work, "models")
@@ -93,8 +97,8 @@ id = "small"
     assert run.stdout == "From the box.\n"
 
 
-def test_doctor_fails_on_a_declared_model_that_cannot_be_used(home: Path, work: Path) -> None:
-    port = closed_port()
+def test_doctor_fails_on_a_declared_model_that_cannot_be_used(home: Path, work: Path, closed_port: int) -> None:
+    port = closed_port
     readme_models_toml(home, port)
 
     checked = harness(home, work, "doctor", timeout=EMBEDDED_TIMEOUT_S)
@@ -107,8 +111,9 @@ def test_doctor_fails_on_a_declared_model_that_cannot_be_used(home: Path, work: 
                for line in lines)
 
 
-def test_a_server_nobody_answers_fails_the_run_naming_its_url_once_per_attempt(home: Path, work: Path) -> None:
-    port = closed_port()
+def test_a_server_nobody_answers_fails_the_run_naming_its_url_once_per_attempt(home: Path, work: Path,
+                                                                               closed_port: int) -> None:
+    port = closed_port
     readme_models_toml(home, port)
 
     # The attempts, not the backoff between them (1 s, 2 s, 4 s by default), are what is tested.
@@ -132,8 +137,9 @@ def test_the_retry_delay_comes_from_the_environment_in_whole_milliseconds(monkey
         drive_settings()
 
 
-def test_a_missing_weights_file_is_refused_before_anything_is_written(home: Path, work: Path) -> None:
-    readme_models_toml(home, closed_port())
+def test_a_missing_weights_file_is_refused_before_anything_is_written(home: Path, work: Path,
+                                                                      closed_port: int) -> None:
+    readme_models_toml(home, closed_port)
 
     run = harness(home, work, "run", "--model", "embedded/qwen2.5-7b", "hello")
 
