@@ -873,6 +873,30 @@ async def test_an_active_tool_without_an_implementation_fails_the_run_in_band(st
     assert await rig.session.usage_ledger(ctx) == []
 
 
+async def test_a_tool_configured_away_during_a_batch_fails_the_next_step_in_band(store: Store, ctx: Context) -> None:
+    """HA-23: an active tool configured without an implementation while a batch runs fails the
+    next step before its request, though nothing else stood between the results and that step
+    (the commit of the results would otherwise carry its intent): the result is kept, no second
+    request is sent and no intent is reserved for it."""
+    probe = ProbeTool()
+    gate = probe.gate("a")
+    rig = await start_rig(store, ctx, [reply(call("a")), "never asked"], tools=[probe.tool])
+
+    task = start(rig, "go", ctx)
+    await probe.wait_started("a")
+    await rig.lane.set_active_tools(["probe", "missing"], ctx)
+    gate.set()
+    outcome = settled(await within(task))
+
+    assert outcome.result.outcome == "failed"
+    assert outcome.result.error is not None
+    assert outcome.result.error.code == "configured_tools_unavailable"
+    assert outcome.result.error.details == {"tools": ["missing"]}
+    assert shape(await messages(rig.lane, ctx)) == ["user:go", "assistant:+probe", "result:call-a"]
+    assert len(rig.faux.requests) == 1
+    assert len(rig.events.of(TurnStart)) == 1
+
+
 async def test_a_thinking_level_the_model_does_not_take_still_runs(store: Store, ctx: Context) -> None:
     """Issue 12: `xhigh` on a model without reasoning is kept as set and the run settles
     `completed`, its operation closed: the request carries the level and the adapter sends what the
