@@ -26,6 +26,7 @@ SCHEMA_STEP = (
 )
 """The schema step that gives a database its identity and commit counter."""
 
+
 def bump(db: sqlite3.Connection) -> int:
     """Count one more commit; run inside every write transaction, its result is what
     `CommitMark.record` is given once the transaction has committed."""
@@ -34,6 +35,7 @@ def bump(db: sqlite3.Connection) -> int:
     db.execute("UPDATE store_meta SET commits = commits + 1")
     commits: int = db.execute("SELECT commits FROM store_meta").fetchone()[0]
     return commits
+
 
 _WIDTH = 64
 

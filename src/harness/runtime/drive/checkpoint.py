@@ -95,13 +95,11 @@ def direct_intent(op: DrivenOperation, then: RunCheckpoint, placed: Sequence[Mes
     Called on the session line, in that commit's job, so nothing queued can slip in between. A
     crash before the commit leaves the batch's last call at its intent, after it the step's
     intent with the results on the branch, as the two commits did (bench/README.md)."""
-    hooks, projection = op.hooks, op.projection
-    branch = projection.branch
+    hooks, branch = op.hooks, op.cached_branch()  # a job on the line cannot read the branch itself
     if (not isinstance(then.continuation, NeedAssistant) or hooks.between_steps is not None
             or hooks.transform_context is not None or op.aborting or op.pause_signal.is_set()
             or then.steps >= op.settings.step_ceiling
-            or any(item.kind in ("write", "steer") for item in projection.state.inbox)
-            or branch is None or branch.tip != projection.tip_id):
+            or any(item.kind in ("write", "steer") for item in op.projection.state.inbox) or branch is None):
         return None
     ready = _ready(op, then, then.trigger_entry_id)
     config = ready.generation.config

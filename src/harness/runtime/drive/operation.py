@@ -74,12 +74,17 @@ class DrivenOperation:
         return await commit_transition(self.lane.core.line, self.projection, self.operation_id, transition,
                                        self.context)
 
+    def cached_branch(self) -> BranchContext | None:
+        """The lane's cached branch since the newest compaction when it ends at the tip, else None.
+        Only commit continuations change it, without yielding: reading it between two of them (or
+        in a job on the line) sees what a read on the line would."""
+        cached = self.projection.branch
+        return cached if cached is not None and cached.tip == self.projection.tip_id else None
+
     async def branch(self) -> BranchContext:
         """The lane's branch since the newest compaction: cached, or read once on the line."""
-        cached = self.projection.branch
-        if cached is not None and cached.tip == self.projection.tip_id:
-            # Only commit continuations change it, without yielding: reading it between two of
-            # them sees what a job on the line would.
+        cached = self.cached_branch()
+        if cached is not None:
             return cached
 
         async def plan(m: SessionMutator) -> Decision[BranchContext]:

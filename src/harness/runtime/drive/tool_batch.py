@@ -309,7 +309,8 @@ class ToolBatchRunner:
                 if candidate.status != "outcome_ready":
                     break
                 ready.append(position)
-            if index not in ready:  # an earlier call still runs: the result waits, staged
+            waits = index not in ready  # an earlier call still runs: the result waits, staged
+            if waits:
                 m.set(addresses.pending_entry(call.result_entry_id), staged)
             earlier = [calls[i].result_entry_id for i in ready if i != index]
             await projection.load_pending(m, earlier, op.context)
@@ -319,7 +320,7 @@ class ToolBatchRunner:
             for position in ready:
                 entry_id = calls[position].result_entry_id
                 placement.stage(m, entry_id, pending_payload(payloads[entry_id]))
-                if position != index:
+                if position != index:  # placed from its pending entry
                     m.delete(addresses.pending_entry(entry_id))
                 calls[position] = calls[position].model_copy(update={"status": "completed"})
             parent = placement.tip
@@ -362,7 +363,8 @@ class ToolBatchRunner:
                 projection.operation_state = new_state
                 if isinstance(new_state, AssistantEffectPending):
                     self.asked = new_state
-                projection.pending[call.result_entry_id] = staged
+                if waits:
+                    projection.pending[call.result_entry_id] = staged
                 placement.publish(projection, commit)
                 for entry_id, _, _ in placement.staged:
                     projection.pending.pop(entry_id, None)
