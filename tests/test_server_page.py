@@ -185,8 +185,11 @@ def shown(driver: WebDriver, css: str, text: str) -> WebElement:
 
 
 def rows(driver: WebDriver) -> list[str]:
-    """The transcript's rows as text, top to bottom."""
-    return [row.text for row in driver.find_elements(By.CSS_SELECTOR, "#transcript > .row")]
+    """The transcript's rows as text, top to bottom; read again when the page redrew a row between
+    finding it and reading it (the journal's rows replace the live ones as a turn ends)."""
+    def read(d: WebDriver) -> tuple[list[str]]:  # a tuple, so that no rows is a result too
+        return ([row.text for row in d.find_elements(By.CSS_SELECTOR, "#transcript > .row")],)
+    return wait(driver, read)[0]
 
 
 def open_new_conversation(driver: WebDriver, page: Page) -> str:
