@@ -332,12 +332,15 @@ async def harness_loop(target: Target, script: list[Turn]) -> Written:
 
     # Usage as a recorded reply reports it, like the peers' scripted models (which report none):
     # without it the faux model estimates the request's tokens from its JSON, work no peer does.
+    # Each reply comes whole, in one delta per block, as the peers' scripted models answer (they
+    # are asked without streaming): the faux model's word-by-word stream is ~65 deltas a turn.
     usage = Usage(input=1_000, output=100)
 
     def answer(request: FauxRequest) -> FauxReply:
         if isinstance(request.request.messages[-1], ToolResultMessage):
-            return reply(current.turn.reply, usage=usage)
-        return reply(tool_call(TOOL, dict(current.turn.arguments), id=current.turn.call_id), usage=usage)
+            return reply(current.turn.reply, usage=usage, deltas="block")
+        return reply(tool_call(TOOL, dict(current.turn.arguments), id=current.turn.call_id), usage=usage,
+                     deltas="block")
 
     async def lookup(call_id: str, args: dict[str, JsonValue], on_update: object, context: Context) -> ToolOutput:
         return ToolOutput(content=[TextContent(text=current.turn.result)])

@@ -92,6 +92,21 @@ async def test_thinking_keeps_its_signature_and_tool_arguments_arrive_in_pieces(
     assert message.stop_reason == "tool_use"
 
 
+async def test_block_deltas_send_each_blocks_text_whole_and_build_the_same_message(ctx: Context) -> None:
+    parts = (thinking("Look it up.", signature="sig-1"), "The capital is Paris.",
+             tool_call("read", {"path": "a.txt"}, id="call-1"))
+    faux = FauxProvider([reply(*parts, deltas="block"), reply(*parts)])
+
+    whole = await collect(faux.stream(FAUX_MODEL, REQUEST, OPTIONS, ctx))
+    words = await collect(faux.stream(FAUX_MODEL, REQUEST, OPTIONS, ctx))
+
+    assert [event.delta for event in whole if event.type.endswith("_delta")] == [
+        "Look it up.", "The capital is Paris.", '{"path": "a.txt"}',
+    ]
+    assert len([event for event in words if event.type.endswith("_delta")]) > 3
+    assert final(whole).content == final(words).content
+
+
 async def test_malformed_argument_text_is_kept_raw_and_flagged(ctx: Context) -> None:
     faux = FauxProvider([reply(tool_call("read", raw='{"path": "a.t', id="call_1"), tool_call("list", raw=""))])
 

@@ -23,7 +23,7 @@ _SURROGATE = re.compile("[\ud800-\udfff]")
 
 def clean_text(text: str) -> str:
     """`text` with each lone surrogate replaced by U+FFFD; a valid surrogate pair becomes its character."""
-    if _SURROGATE.search(text) is None:
+    if text.isascii() or _SURROGATE.search(text) is None:  # isascii reads a flag the string keeps
         return text
     return text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
 

@@ -103,6 +103,11 @@ class FauxReply:
     has a tool call, else `stop`). Its usage event comes just before that end, with response id
     `faux-{number}`; `usage` None estimates it: input tokens are the request's JSON length / 4
     (0 for a poll), output tokens the number of deltas, priced at the model's cost.
+
+    `deltas` is how a block's text (a text, thinking or tool call's arguments) is cut: `word`, a
+    delta per word with the whitespace after it, as a streaming model sends tokens; `block`, the
+    whole text in one delta, as a model asked without streaming answers (the benchmark's peers'
+    scripted models do).
     """
 
     parts: tuple[FauxPart, ...] = ()
@@ -110,6 +115,7 @@ class FauxReply:
     usage: Usage | None = None
     error: ProviderErrorInfo | None = None
     deferred_id: str | None = None
+    deltas: Literal["word", "block"] = "word"
 
 
 def _part(part: FauxPart | str) -> FauxPart:
@@ -117,10 +123,13 @@ def _part(part: FauxPart | str) -> FauxPart:
 
 
 def reply(
-    *parts: FauxPart | str, stop_reason: Literal["stop", "length", "tool_use"] | None = None, usage: Usage | None = None
+    *parts: FauxPart | str,
+    stop_reason: Literal["stop", "length", "tool_use"] | None = None,
+    usage: Usage | None = None,
+    deltas: Literal["word", "block"] = "word",
 ) -> FauxReply:
-    """A reply streaming `parts` in order; a string is text."""
-    return FauxReply(tuple(_part(part) for part in parts), stop_reason=stop_reason, usage=usage)
+    """A reply streaming `parts` in order; a string is text. `deltas` as `FauxReply.deltas`."""
+    return FauxReply(tuple(_part(part) for part in parts), stop_reason=stop_reason, usage=usage, deltas=deltas)
 
 
 def thinking(text: str, *, signature: str | None = None, redacted: bool = False) -> FauxThinking:
@@ -314,6 +323,7 @@ def _tokens(text: str) -> list[str]:
 
 
 def _frames(script: FauxReply, number: int) -> Iterator[StreamFrame | FauxDelay]:
+    cut: Callable[[str], list[str]] = _tokens if script.deltas == "word" else lambda text: [text] if text else []
     index = 0
     for position, part in enumerate(script.parts):
         match part:
@@ -322,16 +332,16 @@ def _frames(script: FauxReply, number: int) -> Iterator[StreamFrame | FauxDelay]
                 continue
             case FauxText(text=text):
                 yield TextStartEvent(content_index=index)
-                yield from (TextDeltaEvent(content_index=index, delta=token) for token in _tokens(text))
+                yield from (TextDeltaEvent(content_index=index, delta=token) for token in cut(text))
                 yield TextEndEvent(content_index=index)
             case FauxThinking(text=text, signature=signature, redacted=redacted):
                 yield ThinkingStartEvent(content_index=index, redacted=redacted)
-                yield from (ThinkingDeltaEvent(content_index=index, delta=token) for token in _tokens(text))
+                yield from (ThinkingDeltaEvent(content_index=index, delta=token) for token in cut(text))
                 yield ThinkingEndEvent(content_index=index, signature=signature)
             case FauxToolCall(name=name, arguments=arguments, raw=raw, id=call_id):
                 text = raw if raw is not None else json.dumps(arguments)
                 yield ToolCallStartEvent(content_index=index, id=call_id or f"faux-call-{number}-{position}", name=name)
-                yield from (ToolCallDeltaEvent(content_index=index, delta=token) for token in _tokens(text))
+                yield from (ToolCallDeltaEvent(content_index=index, delta=token) for token in cut(text))
                 yield ToolCallEndEvent(content_index=index)
         index += 1
 
