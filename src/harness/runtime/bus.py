@@ -127,6 +127,11 @@ class EventBus:
             self._watchers.remove(watcher)
         watcher.discard()
 
+    @property
+    def has_recipients(self) -> bool:
+        """Whether an event emitted now would reach anyone: a listener or a watcher."""
+        return bool(self._listeners or self._watchers)
+
     def emit_batch(self, events: Sequence[HarnessEvent], context: Context) -> asyncio.Future[None]:
         """Bind recipients now, without yielding, and queue the batch (HA-12, HA-13).
 

@@ -103,9 +103,10 @@ class SessionLine:
                 self.event_log.landed(staged)
             if decision.publish is not None:
                 decision.publish(result)
-            events = published(decision.events, result, staged)
-            if events:
-                delivered.append(self.bus.emit_batch(events, context))
+            # Recipients are bound at emission (HA-12): with none bound now, nobody could ever
+            # receive these events, so they are not built (a headless drive, a worker).
+            if decision.events and self.bus.has_recipients:
+                delivered.append(self.bus.emit_batch(published(decision.events, result, staged), context))
             return decision.value
 
         try:
