@@ -4,8 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Literal
 
+from jsonschema.protocols import Validator
+from jsonschema.validators import validator_for
 from pydantic import BaseModel, ConfigDict, JsonValue
 
 from harness.context import Context
@@ -44,3 +47,9 @@ class AgentTool:
     @property
     def name(self) -> str:
         return self.spec.name
+
+    @cached_property
+    def arguments_validator(self) -> Validator:
+        """The JSON Schema validator of `spec.parameters`, of the draft the schema names, made once."""
+        schema = self.spec.parameters
+        return validator_for(schema)(schema)

@@ -13,7 +13,6 @@ import asyncio
 import json
 from collections.abc import Callable, Sequence
 
-from jsonschema.validators import validator_for
 from pydantic import JsonValue, ValidationError
 
 from harness.messages import AssistantMessage, Message, TextContent, ToolCall, ToolResultMessage
@@ -144,8 +143,7 @@ class ToolBatchRunner:
             return TRUNCATED
         if block.raw_arguments is not None:
             return INVALID_ARGUMENTS.format(name=block.name, problem="they are not a JSON object")
-        schema = tool.spec.parameters
-        errors = sorted(validator_for(schema)(schema).iter_errors(args), key=lambda e: list(e.path))
+        errors = sorted(tool.arguments_validator.iter_errors(args), key=lambda e: list(e.path))
         if errors:
             return INVALID_ARGUMENTS.format(name=block.name, problem=errors[0].message)
         return None
