@@ -13,12 +13,12 @@ import asyncio
 import fcntl
 import hashlib
 import os
+import queue
 import sqlite3
 import struct
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, TypeVar
@@ -263,17 +263,64 @@ def _set_lock(fd: int, kind: int, offset: int) -> bool:
     return True
 
 
+_Call = tuple[asyncio.AbstractEventLoop, "asyncio.Future[Any]", Callable[[], Any]]
+
+
+class _DatabaseThread:
+    """The one thread that runs a database's calls, in the order submitted, each answered on the
+    event loop that submitted it. A one-worker ThreadPoolExecutor did the same through its
+    futures, locks and condition variables, about 5% of a loop turn's CPU (bench/README.md)."""
+
+    def __init__(self, name: str) -> None:
+        self._calls: queue.SimpleQueue[_Call | None] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
+        self._thread.start()
+
+    def submit(self, fn: Callable[[], T]) -> asyncio.Future[T]:
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[T] = loop.create_future()
+        self._calls.put((loop, future, fn))
+        return future
+
+    def stop(self, *, wait: bool) -> None:
+        """End the thread once the calls already submitted have run; `wait` joins it."""
+        self._calls.put(None)
+        if wait:
+            self._thread.join()
+
+    def _serve(self) -> None:
+        while (call := self._calls.get()) is not None:
+            loop, future, fn = call
+            if future.cancelled():  # given up before it started: run nothing, as an executor would
+                continue
+            try:
+                outcome: tuple[bool, Any] = (True, fn())
+            except BaseException as error:
+                outcome = (False, error)
+            with suppress(RuntimeError):  # the loop has closed: nobody waits for the answer any more
+                loop.call_soon_threadsafe(_settle, future, *outcome)
+
+
+def _settle(future: asyncio.Future[Any], ok: bool, outcome: Any) -> None:
+    if future.cancelled():
+        return
+    if ok:
+        future.set_result(outcome)
+    else:
+        future.set_exception(outcome)
+
+
 class SqliteBackend:
     """Sessions in one SQLite file, driven from one dedicated thread."""
 
     kind: Literal["sqlite"] = "sqlite"
 
-    def __init__(self, path: Path, executor: ThreadPoolExecutor, connection: sqlite3.Connection, mark: CommitMark,
+    def __init__(self, path: Path, thread: _DatabaseThread, connection: sqlite3.Connection, mark: CommitMark,
                  identity: tuple[int, int]) -> None:
         self.path = path
         self.images = FolderImages(image_folder(path))
         self.tokens = SqliteTokens(self)
-        self._executor = executor
+        self._thread = thread
         self._db = connection
         self._mark = mark
         # The database file's (device, inode): what its locks are keyed on; None once closed.
@@ -293,7 +340,7 @@ class SqliteBackend:
             path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as error:
             raise StoreUnavailable(f"cannot open SQLite store {path}: {error}", path=str(path)) from error
-        executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"harness-sqlite:{path.name}")
+        thread = _DatabaseThread(f"harness-sqlite:{path.name}")
 
         def connect() -> sqlite3.Connection:
             db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
@@ -317,17 +364,16 @@ class SqliteBackend:
                 db.close()
                 raise
 
-        loop = asyncio.get_running_loop()
         try:
-            connection, mark, identity = await loop.run_in_executor(executor, connect_and_register)
+            connection, mark, identity = await thread.submit(connect_and_register)
         except BaseException as error:
-            executor.shutdown(wait=False)
+            thread.stop(wait=False)
             if isinstance(error, sqlite3.DatabaseError):
                 raise driver_error(error, path) from error
             if isinstance(error, OSError):
                 raise StoreUnavailable(f"cannot open SQLite store {path}: {error}", path=str(path)) from error
             raise
-        return cls(path, executor, connection, mark, identity)
+        return cls(path, thread, connection, mark, identity)
 
     async def _call(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         return await self._submit(fn)
@@ -353,7 +399,7 @@ class SqliteBackend:
 
         if self._closed:
             raise StoreClosed(f"the SQLite store {self.path} is closed")
-        return asyncio.get_running_loop().run_in_executor(self._executor, guarded, self._db)
+        return self._thread.submit(lambda: guarded(self._db))
 
     async def create_session(self, info: SessionInfo, context: Context, writes: Sequence[Write] = ()) -> None:
         seqs = write_seqs(1, writes)
@@ -628,7 +674,7 @@ class SqliteBackend:
             await self._call(run)
         finally:
             self._closed = True
-            self._executor.shutdown(wait=True)
+            self._thread.stop(wait=True)
             if self._identity is not None:  # once, even if two closes raced
                 identity, self._identity = self._identity, None
                 _DESCRIPTORS.close_store(identity)
