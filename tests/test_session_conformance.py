@@ -438,6 +438,35 @@ async def test_text_round_trips_cleaned_and_identical(store: Store, ctx: Context
 # -- records -----------------------------------------------------------------------------------
 
 
+# Text a backend might read as syntax: an array literal's quotes, separators, braces and NULL.
+AWKWARD_NAMES = ('a,b', '{x}', 'NULL', '"q"', 'back\\slash', ' spaced ', "it's")
+
+
+async def test_names_that_look_like_syntax_are_kept_as_they_are(store: Store, ctx: Context) -> None:
+    session = await new_session_with_lane(store, ctx)
+
+    async def job(m: SessionMutator) -> None:
+        parent = None
+        for name in AWKWARD_NAMES:
+            m.set(value_address(f"test.{name}", name), name)
+            m.append(list_address("test.list", name), name)
+            parent = m.insert_entry(CustomPayload(custom_type=name, data=name), parent_id=parent, entry_id=name)
+            m.insert_usage(Usage(input=1), usage_id=f"usage {name}", entry_id=name)
+
+    await session.mutate(job, ctx)
+
+    for name in AWKWARD_NAMES:
+        assert await session.get(value_address(f"test.{name}", name), ctx) == name
+        assert [i.item for i in await session.read_list(list_address("test.list", name), ctx)] == [name]
+        entry = await session.entry(name, ctx)
+        assert entry is not None
+        assert isinstance(entry.payload, CustomPayload)
+        assert entry.payload.custom_type == name
+    page = await session.read_branch(AWKWARD_NAMES[-1], ctx)
+    assert [e.id for e in reversed(page.entries)] == list(AWKWARD_NAMES)
+    assert {row.entry_id for row in await session.usage_ledger(ctx)} == set(AWKWARD_NAMES)
+
+
 async def test_values_distinguish_null_from_absent_and_lists_keep_order(store: Store, ctx: Context) -> None:
     session = await new_session_with_lane(store, ctx)
     frames = list_address("test.frames", "r1", int)
