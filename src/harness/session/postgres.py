@@ -990,17 +990,13 @@ def _commit_statement(
 def _array_literal(values: Sequence[str | int | bool | None]) -> str:
     """`values` as a PostgreSQL array literal for a `%s::type[]` parameter: NULL, `t`/`f`, an
     integer, or text quoted with its quotes and backslashes escaped (identifiers hold no NUL)."""
-    return "{" + ",".join(_element(value) for value in values) + "}"
-
-
-def _element(value: str | int | bool | None) -> str:
-    if value is None:
-        return "NULL"
-    if isinstance(value, bool):
-        return "t" if value else "f"
-    if isinstance(value, int):
-        return str(value)
-    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    return "{" + ",".join(
+        "NULL" if value is None
+        else '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"' if isinstance(value, str)
+        else ("t" if value else "f") if isinstance(value, bool)
+        else str(value)
+        for value in values
+    ) + "}"
 
 
 def _write_columns(writes: Sequence[Write]) -> tuple[tuple[list[Any], ...], int]:
