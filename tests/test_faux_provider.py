@@ -18,6 +18,9 @@ from harness.providers import (
     ProviderRequest,
     StreamEvent,
     StreamOptions,
+    TextDeltaEvent,
+    ThinkingDeltaEvent,
+    ToolCallDeltaEvent,
 )
 from harness.providers.faux import (
     FAUX_MODEL,
@@ -100,10 +103,11 @@ async def test_block_deltas_send_each_blocks_text_whole_and_build_the_same_messa
     whole = await collect(faux.stream(FAUX_MODEL, REQUEST, OPTIONS, ctx))
     words = await collect(faux.stream(FAUX_MODEL, REQUEST, OPTIONS, ctx))
 
-    assert [event.delta for event in whole if event.type.endswith("_delta")] == [
+    deltas = (ThinkingDeltaEvent, TextDeltaEvent, ToolCallDeltaEvent)
+    assert [event.delta for event in whole if isinstance(event, deltas)] == [
         "Look it up.", "The capital is Paris.", '{"path": "a.txt"}',
     ]
-    assert len([event for event in words if event.type.endswith("_delta")]) > 3
+    assert len([event for event in words if isinstance(event, deltas)]) > 3
     assert final(whole).content == final(words).content
 
 
