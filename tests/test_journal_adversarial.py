@@ -270,6 +270,88 @@ async def test_store_close_releases_a_claim_whose_session_was_dropped(tmp_path: 
         await other.close()
 
 
+async def test_a_close_cancelled_while_it_waits_its_turn_still_closes(tmp_path: Path, ctx: Context) -> None:
+    """Regression (SQLite): a `close()` cancelled while a commit held the database thread was
+    skipped there but marked done here, so the connection and the claim's lock stayed held and
+    another store could never attach the session."""
+    url = sqlite_url(tmp_path)
+    store = await connect(url, ctx)
+    session = await new_session_with_lane(store, ctx)
+    ownership = await session.attach("owner", ctx)
+    started, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        started.set()
+        release.wait(10)
+
+    store.backend._commit_barrier = hold  # type: ignore[attr-defined]
+    committing = asyncio.create_task(ownership.mutate(lambda m: set_name(m, "landed"), ctx))
+    await asyncio.to_thread(started.wait, 10)
+    closing = asyncio.create_task(store.backend.close())
+    await asyncio.sleep(0.01)
+    closing.cancel()
+    release.set()
+    await asyncio.gather(committing, closing, return_exceptions=True)
+
+    other = await connect(url, ctx)
+    try:
+        reopened = await other.open_session(session.id, ctx)
+        assert await reopened.get(addresses.session_name(), ctx) == "landed"
+        await (await reopened.attach("next", ctx)).detach(ctx)
+    finally:
+        await other.close()
+
+
+EXIT_CHILD = """
+import asyncio, sys, time
+from harness.context import Context
+from harness.session import SetValue, connect
+
+async def main(url):
+    ctx = Context()
+    store = await connect(url, ctx)
+    session = await store.create_session(ctx)
+    print(session.id, flush=True)
+    store.backend._commit_barrier = lambda: time.sleep(0.3)
+    store.backend.post(session.id, [SetValue("test.exit", "", '"kept"')], ctx)  # handed over, never awaited
+
+asyncio.run(main(sys.argv[1]))
+"""
+
+
+async def test_a_commit_handed_to_the_database_thread_lands_when_the_process_exits(
+    tmp_path: Path, ctx: Context
+) -> None:
+    """Regression (SQLite): the database thread, a daemon, was stopped at interpreter exit with a
+    commit it had been handed still running, which the executor before it finished."""
+    url = sqlite_url(tmp_path)
+    child = await asyncio.create_subprocess_exec(sys.executable, "-c", EXIT_CHILD, url, cwd=TESTS,
+                                                 stdout=asyncio.subprocess.PIPE)
+    out, _ = await asyncio.wait_for(child.communicate(), 60)
+    assert child.returncode == 0
+    store = await connect(url, ctx)
+    try:
+        session = await store.open_session(out.decode().strip(), ctx)
+        assert await session.get(value_address("test.exit"), ctx) == "kept"
+    finally:
+        await store.close()
+
+
+async def test_a_store_dropped_unclosed_leaves_no_database_thread(tmp_path: Path, ctx: Context) -> None:
+    """Regression (SQLite): a store dropped without `close()` kept its database thread waiting for
+    work forever, one per store."""
+    import gc
+
+    def database_threads() -> int:
+        return sum(thread.name.startswith("harness-sqlite:") for thread in threading.enumerate())
+
+    before = database_threads()
+    for index in range(3):
+        await connect(f"sqlite:///{tmp_path / f'dropped-{index}.db'}", ctx)
+    gc.collect()
+    assert database_threads() == before
+
+
 FORK_CHILD = """
 import asyncio, sys, time
 from harness.context import Context

@@ -17,6 +17,7 @@ import queue
 import sqlite3
 import struct
 import threading
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
@@ -269,12 +270,17 @@ _Call = tuple[asyncio.AbstractEventLoop, "asyncio.Future[Any]", Callable[[], Any
 class _DatabaseThread:
     """The one thread that runs a database's calls, in the order submitted, each answered on the
     event loop that submitted it. A one-worker ThreadPoolExecutor did the same through its
-    futures, locks and condition variables, about 5% of a loop turn's CPU (bench/README.md)."""
+    futures, locks and condition variables, about 5% of a loop turn's CPU (bench/README.md).
+
+    As an executor's worker, it ends when its owner is dropped unstopped, and at interpreter exit
+    it first runs what was submitted: a commit handed to it still lands."""
 
     def __init__(self, name: str) -> None:
         self._calls: queue.SimpleQueue[_Call | None] = queue.SimpleQueue()
-        self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
+        # The thread holds the queue, not this object, so dropping it runs the finalizer.
+        self._thread = threading.Thread(target=_serve, args=(self._calls,), name=name, daemon=True)
         self._thread.start()
+        weakref.finalize(self, _finish, self._calls, self._thread)
 
     def submit(self, fn: Callable[[], T]) -> asyncio.Future[T]:
         loop = asyncio.get_running_loop()
@@ -288,17 +294,25 @@ class _DatabaseThread:
         if wait:
             self._thread.join()
 
-    def _serve(self) -> None:
-        while (call := self._calls.get()) is not None:
-            loop, future, fn = call
-            if future.cancelled():  # given up before it started: run nothing, as an executor would
-                continue
-            try:
-                outcome: tuple[bool, Any] = (True, fn())
-            except BaseException as error:
-                outcome = (False, error)
-            with suppress(RuntimeError):  # the loop has closed: nobody waits for the answer any more
-                loop.call_soon_threadsafe(_settle, future, *outcome)
+
+def _serve(calls: queue.SimpleQueue[_Call | None]) -> None:
+    while (call := calls.get()) is not None:
+        loop, future, fn = call
+        if future.cancelled():  # given up before it started: run nothing, as an executor would
+            continue
+        try:
+            outcome: tuple[bool, Any] = (True, fn())
+        except BaseException as error:
+            outcome = (False, error)
+        with suppress(RuntimeError):  # the loop has closed: nobody waits for the answer any more
+            loop.call_soon_threadsafe(_settle, future, *outcome)
+
+
+def _finish(calls: queue.SimpleQueue[_Call | None], thread: threading.Thread) -> None:
+    """Run by the finalizer, when the owner is dropped or at exit (before daemon threads stop)."""
+    calls.put(None)
+    if thread is not threading.current_thread():
+        thread.join()
 
 
 def _settle(future: asyncio.Future[Any], ok: bool, outcome: Any) -> None:
@@ -671,10 +685,11 @@ class SqliteBackend:
         if self._closed:
             return
         try:
-            await self._call(run)
+            # Shielded: a close that is cancelled while it waits its turn still closes.
+            await asyncio.shield(self._submit(run))
         finally:
-            self._closed = True
             self._thread.stop(wait=True)
+            self._closed = True
             if self._identity is not None:  # once, even if two closes raced
                 identity, self._identity = self._identity, None
                 _DESCRIPTORS.close_store(identity)
