@@ -280,7 +280,7 @@ class _DatabaseThread:
         # The thread holds the queue, not this object, so dropping it runs the finalizer.
         self._thread = threading.Thread(target=_serve, args=(self._calls,), name=name, daemon=True)
         self._thread.start()
-        weakref.finalize(self, _finish, self._calls, self._thread)
+        self._finish = weakref.finalize(self, _finish, self._calls, self._thread)
 
     def submit(self, fn: Callable[[], T]) -> asyncio.Future[T]:
         loop = asyncio.get_running_loop()
@@ -290,9 +290,10 @@ class _DatabaseThread:
 
     def stop(self, *, wait: bool) -> None:
         """End the thread once the calls already submitted have run; `wait` joins it."""
-        self._calls.put(None)
         if wait:
-            self._thread.join()
+            self._finish()  # what dropping it or exiting would do, now and once
+        else:
+            self._calls.put(None)
 
 
 def _serve(calls: queue.SimpleQueue[_Call | None]) -> None:
@@ -309,7 +310,8 @@ def _serve(calls: queue.SimpleQueue[_Call | None]) -> None:
 
 
 def _finish(calls: queue.SimpleQueue[_Call | None], thread: threading.Thread) -> None:
-    """Run by the finalizer, when the owner is dropped or at exit (before daemon threads stop)."""
+    """End `thread` after the calls queued before and join it: by `stop`, or by the finalizer when
+    the owner is dropped or at exit (before daemon threads stop)."""
     calls.put(None)
     if thread is not threading.current_thread():
         thread.join()
