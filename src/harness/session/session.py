@@ -9,8 +9,8 @@ from __future__ import annotations
 import asyncio
 import inspect
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from dataclasses import dataclass, fields
-from typing import Any, Generic, TypeVar, get_args
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
 
 from pydantic import JsonValue, TypeAdapter, ValidationError
 from pydantic_core import PydanticSerializationError
@@ -151,13 +151,6 @@ def storable_identifier(identifier: object) -> bool:
     Identifiers are text columns; PostgreSQL cannot hold NUL or a lone surrogate in one, so no
     backend stores them, and reads of them find nothing."""
     return isinstance(identifier, str) and "\x00" not in identifier and clean_text(identifier) == identifier
-
-
-# The fields of each kind of write that name a row: its id, parent, entry, namespace or key.
-_IDENTIFIERS: dict[type, tuple[str, ...]] = {
-    kind: tuple(f.name for f in fields(kind) if f.name in ("id", "parent_id", "namespace", "key", "entry_id"))
-    for kind in get_args(Write)
-}
 
 
 def _check_identifier(name: str, value: str | None) -> None:
@@ -347,8 +340,8 @@ class SessionMutator(SessionReader):
             raise InvalidWrite("this job has already committed or ended; stage writes before commit")
         if self._committing:
             raise InvalidWrite("this job is committing; stage writes before commit")
-        for name in _IDENTIFIERS[type(write)]:
-            _check_identifier(name, getattr(write, name))
+        for name in ("id", "parent_id", "namespace", "key", "entry_id"):
+            _check_identifier(name, getattr(write, name, None))
         self._writes.append(write)
 
     def insert_entry(self, payload: EntryPayload, *, parent_id: str | None, entry_id: str | None = None) -> str:
