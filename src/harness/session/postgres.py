@@ -946,9 +946,9 @@ def _check_params(
     session_id: str, writes: Sequence[Write], epoch: int | None, probe_key: int | None
 ) -> tuple[Any, ...]:
     """The parameters of harness_commit_check for `writes` (`_CHECK`), with `epoch`, the owner's,
-    or None, and `probe_key`, the lock to probe, or None. The checks within the commit are made
-    here: whether an earlier write used the id, whether the parent was inserted earlier (then
-    the server need not look it up)."""
+    or None, and `probe_key`, the lock to probe, or None, the arrays as literals (`_array_literal`).
+    The checks within the commit are made here: whether an earlier write used the id, whether the
+    parent was inserted earlier (then the server need not look it up)."""
     ids: list[str] = []
     repeated: list[bool] = []
     parents: list[str | None] = []
@@ -964,7 +964,7 @@ def _check_params(
             entries.add(write.id)
         elif isinstance(write, InsertUsage):
             parents.append(None)
-    return session_id, epoch, probe_key, ids, repeated, parents
+    return session_id, epoch, probe_key, _array_literal(ids), _array_literal(repeated), _array_literal(parents)
 
 
 def _commit_statement(
@@ -978,18 +978,16 @@ def _commit_statement(
     columns, span = _write_columns(writes)
     bodies = (*columns[6], *columns[7])
     sql = _COMMIT_TEXT if any(text is not None and "\x00" in text for text in bodies) else _COMMIT
-    session, epoch_, probe, ids, repeated, parents = _check_params(session_id, writes, epoch, probe_key)
-    # The small columns go as array literals: psycopg dumps a list one element at a time in
-    # Python, about 80 us a commit for these fourteen; the bodies stay lists, sent in binary.
-    small = [_array_literal(column) for column in columns[:6]]
-    return sql, (session, epoch_, probe, _array_literal(ids), _array_literal(repeated), _array_literal(parents),
-                 *small, columns[6], columns[7], _array_literal(columns[8]), _array_literal(columns[9]), span,
-                 timestamp, updated_at, _array_literal(channels))
+    before, after = ([_array_literal(column) for column in part] for part in (columns[:6], columns[8:]))
+    return sql, (*_check_params(session_id, writes, epoch, probe_key), *before, columns[6], columns[7], *after,
+                 span, timestamp, updated_at, _array_literal(channels))
 
 
 def _array_literal(values: Sequence[str | int | bool | None]) -> str:
     """`values` as a PostgreSQL array literal for a `%s::type[]` parameter: NULL, `t`/`f`, an
-    integer, or text quoted with its quotes and backslashes escaped (identifiers hold no NUL)."""
+    integer, or text quoted with its quotes and backslashes escaped (identifiers hold no NUL).
+    psycopg dumps a list one element at a time in Python, about 80 us a commit for a commit's
+    fourteen small arrays; its bodies stay lists, sent in binary (`_COMMIT`)."""
     return "{" + ",".join(
         "NULL" if value is None
         else '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"' if isinstance(value, str)
