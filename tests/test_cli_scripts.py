@@ -65,15 +65,14 @@ path = "/models/qwen2.5-7b-instruct-q4_k_m.gguf"
 
 def test_declaring_providers_keeps_the_default_and_models_says_what_is_missing(home: Path, work: Path,
                                                                                 closed_port: int) -> None:
-    port = closed_port
-    readme_models_toml(home, port)
+    readme_models_toml(home, closed_port)
 
     listed = harness(home, work, "models")
 
     assert listed.returncode == 0, listed.stderr
     rows = {line[2:].split()[0]: line for line in listed.stdout.splitlines() if not line.startswith("#")}
     assert [line for line in rows.values() if line.startswith("*")] == [rows["embedded/smollm2-135m"]]
-    assert f"no answer from http://127.0.0.1:{port}/v1" in rows["ollama/qwen2.5:7b"]
+    assert f"no answer from http://127.0.0.1:{closed_port}/v1" in rows["ollama/qwen2.5:7b"]
     assert "no file at /models/qwen2.5-7b-instruct-q4_k_m.gguf" in rows["embedded/qwen2.5-7b"]
     assert rows["embedded/smollm2-135m"].endswith("ready")
 
@@ -98,29 +97,28 @@ id = "small"
 
 
 def test_doctor_fails_on_a_declared_model_that_cannot_be_used(home: Path, work: Path, closed_port: int) -> None:
-    port = closed_port
-    readme_models_toml(home, port)
+    readme_models_toml(home, closed_port)
 
     checked = harness(home, work, "doctor", timeout=EMBEDDED_TIMEOUT_S)
 
     assert checked.returncode == 1, checked.stdout + checked.stderr
     lines = checked.stdout.splitlines()
     assert any(line.startswith("ok    default model: embedded/smollm2-135m") for line in lines), lines
-    assert any(line.startswith("fail  model ollama/qwen2.5:7b") and f"127.0.0.1:{port}" in line for line in lines)
+    assert any(line.startswith("fail  model ollama/qwen2.5:7b") and f"127.0.0.1:{closed_port}" in line
+               for line in lines)
     assert any(line.startswith("fail  model embedded/qwen2.5-7b") and "no file at /models/" in line
                for line in lines)
 
 
 def test_a_server_nobody_answers_fails_the_run_naming_its_url_once_per_attempt(home: Path, work: Path,
                                                                                closed_port: int) -> None:
-    port = closed_port
-    readme_models_toml(home, port)
+    readme_models_toml(home, closed_port)
 
     # The attempts, not the backoff between them (1 s, 2 s, 4 s by default), are what is tested.
     run = harness(home, work, "run", "--model", "ollama/qwen2.5:7b", "hello", env={RETRY_DELAY_VARIABLE: "0"})
 
     assert run.returncode == 1
-    url = f"http://127.0.0.1:{port}/v1/chat/completions"
+    url = f"http://127.0.0.1:{closed_port}/v1/chat/completions"
     mentions = [line for line in run.stderr.splitlines() if url in line]
     assert [line.split(":")[0] for line in mentions] == [
         "retrying (attempt 2 of 4)", "retrying (attempt 3 of 4)", "retrying (attempt 4 of 4)",
