@@ -439,10 +439,7 @@ async def test_a_background_child_holding_the_output_is_let_go_once_the_command_
 
     assert not output.is_error, text(output)
     child = int(text(output).split()[0])
-    for _ in range(200):  # the child wakes after 3 s: wait for it to be gone, boundedly
-        if not _alive(child):
-            break
-        await asyncio.sleep(0.05)
+    assert await _wait_dead(child, timeout_s=10)  # the child wakes after 3 s
     assert (root / "write-failed").exists()
 
 
@@ -587,25 +584,24 @@ async def test_shell_reports_progress_and_persists_a_checkpoint(workspace: Works
     assert first["output"] == "first\n"
 
 
-def _alive(pid: int) -> bool:
+async def _wait_dead(pid: int, timeout_s: float = 5.0) -> bool:
+    """Whether process `pid` (not our child, so not ours to reap) ends within `timeout_s`: waits on
+    a pidfd, which becomes readable once the process has exited, zombie or reaped."""
     try:
-        os.kill(pid, 0)
+        pidfd = os.pidfd_open(pid)
     except ProcessLookupError:
-        return False
-    # A zombie is dead but not yet reaped by its parent (here: nobody, it was orphaned to init).
+        return True
+    loop = asyncio.get_running_loop()
+    exited = loop.create_future()
+    loop.add_reader(pidfd, lambda: exited.done() or exited.set_result(None))
     try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().split()[2] != "Z"
-    except FileNotFoundError:
+        await asyncio.wait_for(exited, timeout_s)
+        return True
+    except TimeoutError:
         return False
-
-
-async def _wait_dead(pid: int) -> bool:
-    for _ in range(100):
-        if not _alive(pid):
-            return True
-        await asyncio.sleep(0.05)
-    return False
+    finally:
+        loop.remove_reader(pidfd)
+        os.close(pidfd)
 
 
 async def test_a_shell_command_past_its_timeout_is_killed_with_its_children(workspace: Workspace,
