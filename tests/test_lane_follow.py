@@ -204,7 +204,7 @@ async def test_a_follow_whose_log_was_trimmed_past_it_says_so(stores: tuple[Stor
 async def test_on_postgresql_a_commit_wakes_the_follow_without_a_poll(
         postgres_schema_url: str, ctx: Context) -> None:
     """With a 60 s poll, only the commits' notifications can wake the follow: a turn driven
-    through another store reaches it within a second."""
+    through another store reaches it within seconds (bounded loosely: CI's two cores are busy)."""
     driver = await connect(postgres_schema_url, ctx)
     follower = await connect(postgres_schema_url, ctx)
     try:
@@ -216,9 +216,9 @@ async def test_on_postgresql_a_commit_wakes_the_follow_without_a_poll(
         started = time.monotonic()
 
         await rig.lane.prompt("hi", None, ctx)
-        await collected.until(ended(1), timeout_s=5)
+        await collected.until(ended(1), timeout_s=10)
 
-        assert time.monotonic() - started < 1.0
+        assert time.monotonic() - started < 10.0
         await collected.close()
     finally:
         await follower.close()

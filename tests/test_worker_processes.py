@@ -178,7 +178,8 @@ def text(message: object) -> str:
 async def test_a_worker_claims_a_run_at_its_notification_and_lets_go_on_sigterm(
         store: Store, workers: Workers, notes: Notes, postgres_schema_url: str, ctx: Context) -> None:
     """With a 60 s poll, only the release's NOTIFY can wake the worker: the run still settles in
-    well under a second. SIGTERM then ends the worker cleanly, holding nothing."""
+    seconds, far inside the poll (bounded loosely: CI's two cores are busy). SIGTERM then ends
+    the worker cleanly, holding nothing."""
     worker = workers.start(poll_s=60)
     service = ConversationService(store)
     started = time.monotonic()
@@ -186,7 +187,7 @@ async def test_a_worker_claims_a_run_at_its_notification_and_lets_go_on_sigterm(
     run = await accept(service, "go", ctx)
     await notes.until(settled(store, [run], ctx), within_s=10)
 
-    assert time.monotonic() - started < 2.0
+    assert time.monotonic() - started < 10.0
     assert (result := await last_result(store, run[0], ctx)) is not None
     assert result.outcome == "completed"
     worker.send_signal(signal.SIGTERM)
