@@ -592,8 +592,13 @@ async def _wait_dead(pid: int, timeout_s: float = 5.0) -> bool:
     except ProcessLookupError:
         return True
     loop = asyncio.get_running_loop()
-    exited = loop.create_future()
-    loop.add_reader(pidfd, lambda: exited.done() or exited.set_result(None))
+    exited: asyncio.Future[None] = loop.create_future()
+
+    def readable() -> None:
+        if not exited.done():
+            exited.set_result(None)
+
+    loop.add_reader(pidfd, readable)
     try:
         await asyncio.wait_for(exited, timeout_s)
         return True
