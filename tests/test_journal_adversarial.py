@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
+from conftest import backend_url
 from harness.context import Context
 from harness.errors import HarnessError
 from harness.messages import Usage
@@ -434,6 +435,33 @@ async def test_bad_sqlite_options_and_paths_raise_typed_errors(tmp_path: Path, c
     (tmp_path / "adir").mkdir()
     with pytest.raises(HarnessError):
         await connect(f"sqlite:///{tmp_path / 'adir'}", ctx)
+
+
+@pytest.mark.parametrize("kind", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+async def test_a_data_migration_raising_stop_iteration_fails_the_connect(
+        kind: str, tmp_path: Path, request: pytest.FixtureRequest, ctx: Context) -> None:
+    """Regression: a migration's function runs on the SQLite database thread, and a StopIteration
+    it raised (a `next()` on an empty iterator) could not be handed to the waiting future, so
+    `connect` waited forever. It fails on every backend as a coroutine's StopIteration does
+    (PEP 479), and nothing changed."""
+    url = backend_url(kind, tmp_path, request)
+    store = await connect(url, ctx)
+    session = await new_session_with_lane(store, ctx)
+    ids = await append_chain(session, ["a"], ctx)
+    await store.close()
+
+    def migrate(payload: dict[str, Any]) -> dict[str, Any] | None:
+        return next(iter([]))
+
+    with pytest.raises(RuntimeError, match="StopIteration") as raised:
+        await asyncio.wait_for(connect(url, ctx, data_migrations=[DataMigration("stops", migrate)]), 30)
+    assert isinstance(raised.value.__cause__, StopIteration)
+    reopened = await connect(url, ctx)
+    try:
+        entry = await (await reopened.open_session(session.id, ctx)).entry(ids[0], ctx)
+        assert entry is not None
+    finally:
+        await reopened.close()
 
 
 async def test_a_data_migration_over_a_corrupt_row_names_it(tmp_path: Path, ctx: Context) -> None:

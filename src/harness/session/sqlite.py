@@ -322,6 +322,12 @@ def _settle(future: asyncio.Future[Any], ok: bool, outcome: Any) -> None:
         return
     if ok:
         future.set_result(outcome)
+    elif isinstance(outcome, StopIteration):
+        # A future refuses StopIteration (TypeError, leaving it pending and its caller waiting for
+        # good); a data migration's function may raise it. As a coroutine's would (PEP 479):
+        error = RuntimeError("a call on the database thread raised StopIteration")
+        error.__cause__ = outcome
+        future.set_exception(error)
     else:
         future.set_exception(outcome)
 
