@@ -29,8 +29,10 @@ store (imports and first-call set-up are not the first tenth's), then the measur
 store. The systems run interleaved, round-robin (`--rounds` repeats, the first of each round moving
 on by one), with a run of the bare floor of the same backend before each of them and one of each
 floor at the end. Per system it prints the write time per message over the whole conversation,
-over its first and its last tenth of turns, the reload (median of three), the size of the store,
-and each figure as a ratio to bare `sqlite3` (PostgreSQL rows also to bare `psycopg`) measured on
+over its first and its last tenth of turns, the CPU time its process spent writing per message
+(every thread, user and kernel: it tells the CPU's cost from waiting on a disk or a server, whose
+speeds differ from machine to machine and day to day), the reload (median of three), the size of
+the store, and each figure as a ratio to bare `sqlite3` (PostgreSQL rows also to bare `psycopg`) measured on
 either side of it, the faster of the two: a noisy machine slows a system and its floor alike.
 Figures and ratios are the medians over rounds. Then the goals of issue 12, each met or not (not
 judged below JUDGED_TURNS turns, where a single slow fsync moves a ratio).
@@ -172,11 +174,19 @@ class Current:
 
 
 @dataclass(frozen=True)
-class Written:
-    """One system's run: each turn's write time (ns, four messages), the median reload (ns) and how
-    many messages the reload read back."""
+class Timed:
+    """The measured turns: each turn's write time (ns, four messages) and the CPU time the writing
+    process spent over all of them (ns, every thread, user and kernel: the SQLite systems' fsyncs
+    are in it, a PostgreSQL server's work is not)."""
 
     turn_ns: list[int]
+    cpu_ns: int
+
+
+@dataclass(frozen=True)
+class Written(Timed):
+    """`Timed`, the median reload (ns) and how many messages the reload read back."""
+
     reload_ns: int
     read_back: int
 
@@ -188,18 +198,19 @@ class Measured(Written):
     store_bytes: int
 
 
-async def time_turns(script: list[Turn], write: Callable[[Turn], Awaitable[None]]) -> list[int]:
-    """Write every turn; each turn's time in ns."""
+async def time_turns(script: list[Turn], write: Callable[[Turn], Awaitable[None]]) -> Timed:
+    """Write every turn, timing each, and the process's CPU time over them all."""
     turn_ns = []
+    cpu_started = time.process_time_ns()
     for turn in script:
         started = time.perf_counter_ns()
         await write(turn)
         turn_ns.append(time.perf_counter_ns() - started)
-    return turn_ns
+    return Timed(turn_ns, time.process_time_ns() - cpu_started)
 
 
-async def reloaded(script: list[Turn], turn_ns: list[int], read: Callable[[], Awaitable[int]]) -> Written:
-    """`turn_ns` with the median of RELOADS runs of `read` (which reopens the store after its writer
+async def reloaded(script: list[Turn], timed: Timed, read: Callable[[], Awaitable[int]]) -> Written:
+    """`timed` with the median of RELOADS runs of `read` (which reopens the store after its writer
     has closed it and returns the messages it read back); refuses a reload that does not read back
     every message written."""
     reloads, counts = [], set()
@@ -210,7 +221,7 @@ async def reloaded(script: list[Turn], turn_ns: list[int], read: Callable[[], Aw
     expected = MESSAGES_PER_TURN * len(script)
     if counts != {expected}:
         raise RuntimeError(f"the reload read back {sorted(counts)} messages, {expected} were written")
-    return Written(turn_ns, int(statistics.median(reloads)), expected)
+    return Written(timed.turn_ns, timed.cpu_ns, int(statistics.median(reloads)), expected)
 
 
 @dataclass(frozen=True)
@@ -261,8 +272,8 @@ async def bare_sqlite(target: Target, script: list[Turn]) -> Written:
     with closing(durable_sqlite(path, isolation_level=None)) as db:
         db.execute(_MESSAGES_TABLE.format(id="INTEGER"))
         db.execute(_MESSAGES_INDEX)
-        turn_ns = await time_turns(script, write)
-    return await reloaded(script, turn_ns, read)
+        timed = await time_turns(script, write)
+    return await reloaded(script, timed, read)
 
 
 async def bare_psycopg(target: Target, script: list[Turn]) -> Written:
@@ -284,8 +295,8 @@ async def bare_psycopg(target: Target, script: list[Turn]) -> Written:
         db.execute(_MESSAGES_TABLE.format(id="BIGSERIAL"))
         db.execute(_MESSAGES_INDEX)
         db.commit()
-        turn_ns = await time_turns(script, write)
-    return await reloaded(script, turn_ns, read)
+        timed = await time_turns(script, write)
+    return await reloaded(script, timed, read)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -321,10 +332,10 @@ async def harness_journal(target: Target, script: list[Turn]) -> Written:
             await again.close(context)
 
     try:
-        turn_ns = await time_turns(script, write)
+        timed = await time_turns(script, write)
     finally:
         await store.close(context)
-    return await reloaded(script, turn_ns, read)
+    return await reloaded(script, timed, read)
 
 
 async def harness_loop(target: Target, script: list[Turn]) -> Written:
@@ -389,12 +400,12 @@ async def harness_loop(target: Target, script: list[Turn]) -> Written:
             AgentHarnessOptions(session=session, models=registry, tools=[tool]), context)
         lane = harness.lane(LANE)
         try:
-            turn_ns = await time_turns(script, write)
+            timed = await time_turns(script, write)
         finally:
             await harness.close(context)
     finally:
         await store.close(context)
-    return await reloaded(script, turn_ns, read)
+    return await reloaded(script, timed, read)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -463,8 +474,8 @@ def langgraph_loop(delta: bool) -> Callable[[Target, list[Turn]], Coroutine[Any,
 
         with closing(durable_sqlite(path, check_same_thread=False)) as db:
             graph = builder.compile(checkpointer=SqliteSaver(db))
-            turn_ns = await time_turns(script, write)
-        return await reloaded(script, turn_ns, read)
+            timed = await time_turns(script, write)
+        return await reloaded(script, timed, read)
 
     return run
 
@@ -509,10 +520,10 @@ async def on_agents_session(target: Target, script: list[Turn],
 
     session = session_class("bench", path)
     try:
-        turn_ns = await time_turns(script, lambda turn: write(session, turn))
+        timed = await time_turns(script, lambda turn: write(session, turn))
     finally:
         session.close()
-    return await reloaded(script, turn_ns, read)
+    return await reloaded(script, timed, read)
 
 
 async def agents_session(target: Target, script: list[Turn]) -> Written:
@@ -645,7 +656,7 @@ def child(name: str, folder: str, turns: int, postgres: str | None) -> Measured:
         asyncio.run(system.run(target, conversation(WARMUP_TURNS)))
     with fresh_store(system, Path(folder) / "measured", postgres) as (target, size):
         written = asyncio.run(system.run(target, conversation(turns)))
-        return Measured(written.turn_ns, written.reload_ns, written.read_back, size())
+        return Measured(written.turn_ns, written.cpu_ns, written.reload_ns, written.read_back, size())
 
 
 def run_child(name: str, turns: int, postgres: str | None) -> Measured:
@@ -658,19 +669,21 @@ def run_child(name: str, turns: int, postgres: str | None) -> Measured:
 # ---------------------------------------------------------------------------------------------
 # Figures, ratios, the table and the goals.
 
-FIGURES = ("all", "first", "last", "reload", "store")
+FIGURES = ("all", "first", "last", "cpu", "reload", "store")
 
 
 def figures(measured: Measured) -> dict[str, float]:
-    """ms per message over all turns, the first tenth and the last tenth; reload ms; store KiB."""
+    """ms per message over all turns, the first tenth and the last tenth; the writing process's CPU
+    ms per message; reload ms; store KiB."""
     tenth = max(1, len(measured.turn_ns) // 10)
 
     def per_message(turns: list[int]) -> float:
         return sum(turns) / (MESSAGES_PER_TURN * len(turns)) / 1e6
 
     return {"all": per_message(measured.turn_ns), "first": per_message(measured.turn_ns[:tenth]),
-            "last": per_message(measured.turn_ns[-tenth:]), "reload": measured.reload_ns / 1e6,
-            "store": measured.store_bytes / 1024}
+            "last": per_message(measured.turn_ns[-tenth:]),
+            "cpu": measured.cpu_ns / (MESSAGES_PER_TURN * len(measured.turn_ns)) / 1e6,
+            "reload": measured.reload_ns / 1e6, "store": measured.store_bytes / 1024}
 
 
 FLOORS = ("sqlite3", "psycopg")
@@ -729,15 +742,15 @@ def times(ratio: float) -> str:
 
 def print_table(timeline: Timeline, systems: list[System], floor: System, title: str) -> None:
     print(f"\n{title}")
-    print(f"{'':<35}{'ms per message':^25}{'last/':>7}{'reload':>9}{'store':>9}  "
-          f"{'ratio to ' + floor.label:^35}")
-    print(f"{'system':<26}{'store':<9}{'all':>8}{'first10':>9}{'last10':>8}{'first':>7}{'ms':>9}{'KiB':>9}  "
-          f"{'all':>7}{'first':>7}{'last':>7}{'reload':>7}{'store':>7}")
+    print(f"{'':<35}{'ms per message':^25}{'last/':>7}{'cpu':>7}{'reload':>9}{'store':>9}  "
+          f"{'ratio to ' + floor.label:^42}")
+    print(f"{'system':<26}{'store':<9}{'all':>8}{'first10':>9}{'last10':>8}{'first':>7}{'ms':>7}{'ms':>9}{'KiB':>9}  "
+          f"{'all':>7}{'first':>7}{'last':>7}{'cpu':>7}{'reload':>7}{'store':>7}")
     for system in systems:
         m = {figure: timeline.median(system.name, figure) for figure in FIGURES}
         ratios = "".join(times(timeline.ratio(system.name, figure, floor.name)) for figure in FIGURES)
         print(f"{system.label:<26}{system.backend:<9}{m['all']:>8.3f}{m['first']:>9.3f}{m['last']:>8.3f}"
-              f"{times(timeline.drift(system.name))}{m['reload']:>9.1f}{m['store']:>9.0f}  {ratios}")
+              f"{times(timeline.drift(system.name))}{m['cpu']:>7.3f}{m['reload']:>9.1f}{m['store']:>9.0f}  {ratios}")
 
 
 def print_goals(timeline: Timeline, measured: set[str], turns: int) -> None:
