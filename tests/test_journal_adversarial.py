@@ -353,6 +353,44 @@ async def test_a_store_dropped_unclosed_leaves_no_database_thread(tmp_path: Path
     assert database_threads() == before
 
 
+async def test_a_connect_cancelled_while_the_file_opens_leaves_nothing_open(tmp_path: Path, ctx: Context) -> None:
+    """Regression: it used to be that a connect cancelled while the database thread opened the
+    file (here: waiting for another connection's write lock to create the schema) dropped what
+    the thread went on to open: the connection and the commit mark's descriptor stayed open for
+    good, and the file's lock descriptors with them."""
+    path = (tmp_path / "journal.db").resolve()
+    holder = sqlite3.connect(path, isolation_level=None)
+    holder.execute("PRAGMA journal_mode=WAL")
+    holder.execute("BEGIN IMMEDIATE")
+
+    def open_files() -> list[str]:
+        links = []
+        for fd in os.listdir("/proc/self/fd"):
+            with contextlib.suppress(OSError):  # the listing's own descriptor is gone by now
+                links.append(os.readlink(f"/proc/self/fd/{fd}"))
+        return [link for link in links if link.startswith(str(path))]
+
+    held = len(open_files())
+    opening = asyncio.ensure_future(connect(f"sqlite:///{path}", ctx))
+    # Nothing to wait on: watch for the thread's connection to open the file (it then waits for
+    # the holder's lock), boundedly.
+    for _ in range(2000):
+        if len(open_files()) > held:
+            break
+        await asyncio.sleep(0.005)
+    assert len(open_files()) > held, "the connect never opened the file"
+    [thread] = [t for t in threading.enumerate() if t.name == "harness-sqlite:journal.db"]
+    opening.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await opening
+    holder.execute("COMMIT")
+    holder.close()
+    await asyncio.to_thread(thread.join, 30)
+
+    assert not thread.is_alive()
+    assert open_files() == []
+
+
 FORK_CHILD = """
 import asyncio, sys, time
 from harness.context import Context

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import fcntl
+import functools
 import hashlib
 import os
 import queue
@@ -317,6 +318,21 @@ def _finish(calls: queue.SimpleQueue[_Call | None], thread: threading.Thread) ->
         thread.join()
 
 
+def _abandoned(thread: _DatabaseThread,
+               opening: asyncio.Future[tuple[sqlite3.Connection, CommitMark, tuple[int, int]]]) -> None:
+    """After an open whose caller was cancelled: close what the thread opened, then end it."""
+    if not opening.cancelled() and opening.exception() is None:
+        connection, mark, identity = opening.result()
+
+        def close() -> None:
+            connection.close()
+            mark.close()
+            _DESCRIPTORS.close_store(identity)
+
+        thread.submit(close)
+    thread.stop(wait=False)
+
+
 def _settle(future: asyncio.Future[Any], ok: bool, outcome: Any) -> None:
     if future.cancelled():
         return
@@ -386,8 +402,13 @@ class SqliteBackend:
                 db.close()
                 raise
 
+        opening = thread.submit(connect_and_register)
         try:
-            connection, mark, identity = await thread.submit(connect_and_register)
+            connection, mark, identity = await asyncio.shield(opening)
+        except asyncio.CancelledError:
+            # The thread goes on opening the file: what it opens is closed once it has.
+            opening.add_done_callback(functools.partial(_abandoned, thread))
+            raise
         except BaseException as error:
             thread.stop(wait=False)
             if isinstance(error, sqlite3.DatabaseError):
