@@ -25,12 +25,15 @@ from harness.conversation import (
     ConversationService,
     ConversationSetup,
     DirectoryMoved,
+    Forbidden,
     ProjectsFileInvalid,
     ProjectSwitchRefused,
     SwitchableProject,
     UnknownProject,
     chat_event_of,
+    fork_conversation,
     load_projects,
+    mode,
     resolve_project_argument,
 )
 from harness.messages import CustomMessage, Message, TextContent, ToolResultMessage
@@ -231,6 +234,33 @@ async def test_a_persons_switch_is_a_row_the_tools_run_there_and_a_reopened_conv
     stored = await reopened.harness.session.get(PROJECT_SELECTION, ctx)
     assert stored is not None
     assert stored.slug == "beta"
+    await conversations.close_all(ctx)
+
+
+async def test_a_fork_runs_in_the_project_and_the_mode_of_its_conversation(
+        store: Store, rig: Rig, ctx: Context) -> None:
+    """CE-19: `/fork`'s half in the service carries the conversation's project and plan mode (its
+    build set) with the branch, so the fork's next turn runs where the conversation does now;
+    another user's conversation is refused and nothing is forked."""
+    read_where = reply(tool_call("read", {"path": "where.txt"}))
+    conversations, _ = rig.service(store, ["first", read_where, "in beta"])
+    source = await conversations.create(ALICE, CONFIG, ctx)
+    settled(await within(conversations.send(ALICE, source.id, "hi", ctx)))
+    await conversations.select_project_execution(ALICE, source.id, "project:2", ctx)
+    await mode(conversations, ALICE, source, "plan", ctx)
+    tip = source.lane.tip_id
+    assert tip is not None
+
+    with pytest.raises(Forbidden):
+        await fork_conversation(conversations, "bob", source.id, tip, ctx)
+    forked_id = await fork_conversation(conversations, ALICE, source.id, tip, ctx)
+    forked = await conversations.open(ALICE, forked_id, ctx)
+    settled(await within(conversations.send(ALICE, forked_id, "where now?", ctx)))
+
+    assert forked.target.directory == rig.beta
+    assert forked.settings.mode == "plan"
+    assert results(await transcript(forked, ctx)) == ["beta"]
+    assert len(await store.list_sessions(ctx)) == 2
     await conversations.close_all(ctx)
 
 

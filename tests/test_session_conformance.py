@@ -835,6 +835,22 @@ async def test_fork_holds_the_branch_to_the_entry_and_nothing_operational(store:
     assert {s.id for s in await store.list_sessions(ctx)} == {session.id, fork.id}
 
 
+async def test_fork_sets_the_values_it_is_given_in_its_one_transaction(store: Store, ctx: Context) -> None:
+    """`values`: each `(address, value)` lands in the fork, none in the source; a value its
+    address's type refuses is refused before anything is written."""
+    session = await new_session_with_lane(store, ctx)
+    [entry_id] = await append_chain(session, ["a"], ctx)
+    project = value_address("app.settings", "project", dict[str, int])
+
+    fork = await store.fork_session(session.id, entry_id, ctx, values=[(project, {"id": 2})])
+    with pytest.raises(InvalidInput):
+        await store.fork_session(session.id, entry_id, ctx, values=[(project, {"id": "two"})])
+
+    assert await fork.get(project, ctx) == {"id": 2}
+    assert await session.get(project, ctx) is None
+    assert {s.id for s in await store.list_sessions(ctx)} == {session.id, fork.id}
+
+
 # -- data migrations ---------------------------------------------------------------------------
 
 

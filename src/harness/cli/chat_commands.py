@@ -215,11 +215,13 @@ async def _fork(client: ChatClient, argument: str) -> None:
         client.screen.print("[dim]nothing to fork: the branch is empty[/]")
         return
     name = await source.session_name(client.context)
-    forked = await client.store.fork_session(source.session.id, target, client.context, lane=client.lane.name)
-    await client.switch_session(forked.id)
+    service, user, _ = client.command_door()
+    forked = await conversation.fork_conversation(service, user, source.session.id, target, client.context,
+                                                  lane=client.lane.name)
+    await client.switch_session(forked)
     if name:
         await client.attached.harness.set_session_name(f"{name} (fork)", client.context)
-    client.screen.print(f"forked session [cyan]{escape(forked.id)}[/] at entry {escape(target)}; now chatting in it "
+    client.screen.print(f"forked session [cyan]{escape(forked)}[/] at entry {escape(target)}; now chatting in it "
                         f"[dim](the original, {escape(source.session.id)}, is unchanged)[/]")
 
 

@@ -5,12 +5,14 @@ the same row (CE-16, CE-17).
 Each takes `(service, user, conversation, args, context)` and `typed`: True when the person typed
 it (one `CommandRan` row is recorded), False for a program's call (nothing is). Each returns its
 typed outcome; a refusal is a `HarnessError`, recorded with its exact text and raised on.
+`fork_conversation` is the store's half of `/fork`, which records no row: its outcome is a new
+conversation.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Literal, Protocol, TypeVar
+from typing import Any, Literal, Protocol, TypeVar
 
 from pydantic import BaseModel, ConfigDict
 
@@ -25,12 +27,14 @@ from harness.conversation.chat_events import (
     RestartOutcome,
 )
 from harness.conversation.command_rows import CommandInvocation, compact_outcome, fast_outcome
-from harness.conversation.recording import CONVERSATION_VALUES
-from harness.conversation.service import Conversation, ConversationService, RecordNow
+from harness.conversation.projects import PROJECT_SELECTION
+from harness.conversation.recording import CONVERSATION_VALUES, MAIN_LANE
+from harness.conversation.service import OWNER, Conversation, ConversationService, RecordNow
+from harness.conversation.settings import BUILD_TOOLS
 from harness.errors import HarnessError, InvalidInput
 from harness.messages import THINKING_LEVELS, ModelIdentity, ThinkingLevel
 from harness.runtime import NothingToCompact, Settled
-from harness.session import CompactionPayload, addresses
+from harness.session import CompactionPayload, ValueAddress, addresses
 
 Outcome = TypeVar("Outcome", bound=CommandOutcome)
 
@@ -192,6 +196,30 @@ async def restart(service: ConversationService, user: str, conversation: Convers
         return outcome
 
     return await service.run_command(user, conversation, _invocation("restart", args, typed), run, _itself, context)
+
+
+FORK_VALUES: tuple[ValueAddress[Any], ...] = (PROJECT_SELECTION, BUILD_TOOLS, FAST_BEFORE)
+"""What a fork carries of its conversation's own values beside the branch and the lane's
+configuration, which the store copies: the project its tools run in (CE-19), plan mode's build
+set and fast mode's way back, so the fork runs as the conversation does now. Not its end (a fork
+is live); its owner is the user who forks it."""
+
+
+async def fork_conversation(service: ConversationService, user: str, conversation_id: str, entry_id: str,
+                            context: Context, *, lane: str = MAIN_LANE) -> str:
+    """A new conversation of `user` holding their conversation's branch from its root to
+    `entry_id`, its lane `lane` idle at that entry with the conversation's configuration and
+    `FORK_VALUES` as they are now, all in one transaction (`Store.fork_session`); returns its id.
+    The source may be live, cold or ended and is left as it is. Raises `SessionNotFound`,
+    `Forbidden` (another user's conversation) and `UnknownEntry`; nothing was written then."""
+    await service.is_open(user, conversation_id, context)  # the owner check; an ended one forks too
+    source = await service.store.open_session(conversation_id, context)
+    values: list[tuple[ValueAddress[Any], Any]] = [(OWNER, user)]
+    for address in FORK_VALUES:
+        if (record := await source.get_record(address, context)) is not None:
+            values.append((address, record.value))
+    forked = await service.store.fork_session(conversation_id, entry_id, context, lane=lane, values=values)
+    return forked.id
 
 
 def _check_usable(service: ConversationService, identity: ModelIdentity) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import weakref
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeVar, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 from urllib.parse import parse_qs, urlsplit
 
 from harness.context import Context
@@ -119,11 +119,15 @@ class Store:
         self._open.pop(session_id, None)
 
     async def fork_session(
-        self, session_id: str, entry_id: str, context: Context, *, lane: str = "main"
+        self, session_id: str, entry_id: str, context: Context, *, lane: str = "main",
+        values: Sequence[tuple[ValueAddress[Any], Any]] = (),
     ) -> Session:
         """A new session holding the branch from the root to `entry_id`, with lane `lane` at that
         entry (its configuration copied when the source has that lane) and idle: no operation
-        state, no pending entries. The new session records its source and fork point."""
+        state, no pending entries; and `(address, value)` for each of `values`, in the same
+        transaction (an application's own, e.g. a conversation's owner and project). The new
+        session records its source and fork point. Raises `UnknownEntry`, `InvalidInput` for a
+        value its address's type refuses; nothing was written then."""
         check_lane_name(lane)
         source = await self.open_session(session_id, context)
         if await source.entry(entry_id, context) is None:
@@ -151,6 +155,7 @@ class Store:
         if config is not None:
             writes.append(_set(addresses.lane_config(lane), config))
             writes.append(_set(addresses.lane_state(lane), LaneState()))
+        writes.extend(_set(address, value) for address, value in values)
         await self.backend.create_session(info, context, writes)
         return self._session(info)
 
