@@ -797,12 +797,11 @@ def _refusal(
 ) -> InvalidWrite | None:
     """The `InvalidWrite` for an insert its statement (`_INSERT_ENTRY`, `_INSERT_USAGE`) refused
     with `error`: its id taken, else its parent missing. None for any other broken constraint."""
-    if error.sqlite_errorcode == sqlite3.SQLITE_CONSTRAINT_PRIMARYKEY:  # a row of its own table has the id
-        return InvalidWrite(f"id {write.id} is already used in this session", id=write.id)
+    taken = error.sqlite_errorcode == sqlite3.SQLITE_CONSTRAINT_PRIMARYKEY  # a row of its own table has the id
     guard = f"NOT NULL constraint failed: {'entries' if isinstance(write, InsertEntry) else 'usage_ledger'}.seq"
-    if error.sqlite_errorcode != sqlite3.SQLITE_CONSTRAINT_NOTNULL or str(error) != guard:
+    if not taken and (error.sqlite_errorcode != sqlite3.SQLITE_CONSTRAINT_NOTNULL or str(error) != guard):
         return None
-    if db.execute(
+    if taken or db.execute(
         "SELECT 1 FROM entries WHERE session_id = ?1 AND id = ?2 "
         "UNION ALL SELECT 1 FROM usage_ledger WHERE session_id = ?1 AND id = ?2",
         (session_id, write.id),
