@@ -17,7 +17,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from conftest import POSTGRES_URL
+from conftest import POSTGRES_URL, backend_url
 from drive_helpers import start_rig, within
 from harness.context import Context
 from harness.messages import Usage
@@ -201,15 +201,17 @@ async def test_a_damaged_sqlite_file_is_storage_corruption_never_a_driver_error(
     assert len(refused) >= 2
 
 
+@pytest.mark.parametrize("backend", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
 @pytest.mark.parametrize("kind", ["entry", "usage"])
 async def test_a_seq_a_stored_row_holds_is_not_blamed_on_the_new_rows_id(
-    tmp_path: Path, ctx: Context, kind: str
+    tmp_path: Path, request: pytest.FixtureRequest, ctx: Context, kind: str, backend: str
 ) -> None:
     """Someone moved a session's next seq back, so a commit's entry or usage row gets the seq of
-    one stored: the driver's refusal names the seq, it is not an `InvalidWrite` saying the new
-    row's id is taken (an insert's checks and its constraints are one statement on SQLite)."""
-    database = tmp_path / "journal.db"
-    store = await connect(f"sqlite:///{database}", ctx)
+    one stored: `StorageCorruption` naming the session and the seq on every backend, not an
+    `InvalidWrite` saying the new row's id is taken (an insert's checks and its constraints are
+    one statement) nor the driver's raw error, and nothing of the commit lands."""
+    url = backend_url(backend, tmp_path, request, durable=True)
+    store = await connect(url, ctx)
     try:
         session = await new_session_with_lane(store, ctx)
         [tip] = await append_chain(session, ["stored"], ctx)
@@ -218,11 +220,16 @@ async def test_a_seq_a_stored_row_holds_is_not_blamed_on_the_new_rows_id(
             m.insert_usage(Usage(input=1), entry_id=tip)
 
         await session.mutate(job, ctx)
-        with closing(sqlite3.connect(database)) as db, db:
-            db.execute("UPDATE sessions SET next_seq = 1")
-            db.execute("UPDATE entries SET seq = 1 WHERE id = ?", (tip,))
-            db.execute("UPDATE usage_ledger SET seq = 1")
-        table = "entries" if kind == "entry" else "usage_ledger"
+        moved_back = ("UPDATE sessions SET next_seq = 1", f"UPDATE entries SET seq = 1 WHERE id = '{tip}'",
+                      "UPDATE usage_ledger SET seq = 1")
+        if backend == "sqlite":
+            with closing(sqlite3.connect(tmp_path / "journal.db")) as db, db:
+                for statement in moved_back:
+                    db.execute(statement)
+        else:
+            with psycopg.connect(url, autocommit=True) as pg:
+                for statement in moved_back:
+                    pg.execute(statement.encode())  # bytes: the statement is not a literal
 
         async def collides(m: SessionMutator) -> None:
             if kind == "entry":
@@ -230,8 +237,9 @@ async def test_a_seq_a_stored_row_holds_is_not_blamed_on_the_new_rows_id(
             else:
                 m.insert_usage(Usage(input=2), entry_id=tip)
 
-        with pytest.raises(sqlite3.IntegrityError, match=rf"constraint failed: {table}\.session_id, {table}\.seq"):
+        with pytest.raises(StorageCorruption, match="seq 1 is already held") as raised:
             await session.mutate(collides, ctx)
+        assert raised.value.details == {"session_id": session.id, "seq": 1}
         assert [text_of(e.payload) for e in await session.read_entries(ctx)] == ["stored"]
     finally:
         await store.close()

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Literal, Protocol
 
 from harness.context import Context
+from harness.session.errors import StorageCorruption
 from harness.session.images import ImageStore
 from harness.session.migrations import DataMigration
 from harness.session.tokens import TokenTable
@@ -140,6 +141,15 @@ def write_seqs(first: int, writes: Sequence[Write]) -> tuple[int, ...]:
         seq += write.span if isinstance(write, AppendList) else 1
         seqs.append(seq)
     return tuple(seqs)
+
+
+def seq_already_held(session_id: str, seq: int) -> StorageCorruption:
+    """The error for a commit whose write takes seq `seq`, which a stored row already holds: every
+    seq a commit takes is past the session's counter, so the counter was moved back outside the
+    journal (a hand edit, a restored table). Nothing of the commit lands."""
+    return StorageCorruption(f"session {session_id}: seq {seq} is already held by a stored row, so its seq "
+                             "counter is behind its rows: the database was changed outside the journal",
+                             session_id=session_id, seq=seq)
 
 
 class Claim(Protocol):

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -44,6 +45,7 @@ from harness.session.backend import (
     UsageRowRaw,
     ValueRow,
     Write,
+    seq_already_held,
     write_seqs,
 )
 from harness.session.errors import (
@@ -909,6 +911,10 @@ def _scalar(row: TupleRow | None) -> Any:
     return row[0]
 
 
+_SEQ_CONSTRAINTS = ("entries_by_seq", "usage_by_seq", "list_items_pkey")
+"""The unique keys a write's seq is part of (the schema's names)."""
+
+
 def _refusal(error: psycopg.Error, session_id: str, writes: Sequence[Write]) -> HarnessError | None:
     """The typed error for a refusal of harness_commit_check, None for any other error."""
     state = error.sqlstate
@@ -918,6 +924,11 @@ def _refusal(error: psycopg.Error, session_id: str, writes: Sequence[Write]) -> 
         return SessionNotFound(f"no session {session_id}", session_id=session_id)
     if state == _OWNERSHIP_LOST:
         return OwnershipLost(f"session {session_id} was claimed by another owner", session_id=session_id)
+    if isinstance(error, psycopg.errors.UniqueViolation) and error.diag.constraint_name in _SEQ_CONSTRAINTS:
+        # The seq is the last column of each of these keys: "Key (..., seq)=(..., 7) already exists."
+        held = re.search(r"(\d+)\) already exists\.?$", error.diag.message_detail or "")
+        if held is not None:
+            return seq_already_held(session_id, int(held.group(1)))
     if state not in (_ID_USED, _PARENT_MISSING):
         return None
     inserts = [w for w in writes if isinstance(w, InsertEntry | InsertUsage)]

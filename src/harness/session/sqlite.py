@@ -46,6 +46,7 @@ from harness.session.backend import (
     UsageRowRaw,
     ValueRow,
     Write,
+    seq_already_held,
     write_seqs,
 )
 from harness.session.commit_mark import CommitMark
@@ -627,7 +628,12 @@ class SqliteBackend:
             timestamp = now_ms()
             seqs = write_seqs(first, writes)
             for seq, write in zip(seqs, writes, strict=True):
-                _apply(db, session_id, write, seq, timestamp)
+                try:
+                    _apply(db, session_id, write, seq, timestamp)
+                except sqlite3.IntegrityError as error:
+                    if not str(error).endswith(".seq"):
+                        raise
+                    raise seq_already_held(session_id, seq) from error
             db.execute("UPDATE sessions SET next_seq = ?, updated_at = ? WHERE id = ?",
                        (seqs[-1] + 1 if seqs else first, timestamp, session_id))
             if self._commit_barrier is not None:
