@@ -89,7 +89,8 @@ def encode(adapter: TypeAdapter[T], value: T) -> str:
     try:
         validated = adapter.validate_python(value)
         try:
-            encoded = adapter.dump_json(validated, warnings="error")
+            # No type checks while dumping: the read-back below refuses whatever does not fit.
+            encoded = adapter.dump_json(validated, warnings=False)
         except PydanticSerializationError:
             # A type of the application's that does not clean its text: clean the JSON form.
             cleaned = clean_json(adapter.dump_python(validated, mode="json", warnings=False))
