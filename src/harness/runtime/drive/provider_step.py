@@ -356,43 +356,58 @@ class FrameWriter:
     """Persists a streaming reply in pages, at most one page write in flight, never awaited by the
     stream loop (HA-14). Each page waits `frame_interval_s` first, so a reply that ends within
     one interval writes none, and closing cancels that wait: the settlement, which supersedes
-    the frames, waits on no timer. A page lands only while its response is still effect-pending."""
+    the frames, waits on no timer. A page lands only while its response is still effect-pending.
+    The writer's task starts with the first frame and ends when no frame waits to be written."""
 
     def __init__(self, op: DrivenOperation, intent: EffectPending) -> None:
         self.op, self.intent = op, intent
         self._buffer: list[StreamEvent] = []  # frozen: dumped only when a page is written
-        self._wakeup = asyncio.Event()
-        self._closed = asyncio.Event()
-        self._task = asyncio.get_running_loop().create_task(self._write())
+        self._task: asyncio.Task[None] | None = None
+        self._waiting = False  # the task sleeps out an interval (which closing cancels)
+        self._closed = False
 
     def add(self, frame: StreamEvent) -> None:
         self._buffer.append(frame)
-        self._wakeup.set()
+        if self._task is None and not self._closed:
+            self._task = asyncio.get_running_loop().create_task(self._write())
 
     async def close(self) -> None:
         """Stop writing; waits only for a page write already on the line."""
-        self._closed.set()
-        self._wakeup.set()
-        await self._task
+        self._closed = True
+        task = self._task
+        if task is None:
+            return
+        if self._waiting:
+            task.cancel()  # the wait ends at once; `_write` returns
+        await task
 
     async def _write(self) -> None:
         op, response_entry_id = self.op, self.intent.response_entry_id
         address = addresses.assistant_frames(op.operation_id, response_entry_id)
-        while True:
-            await self._wakeup.wait()
-            if not await op.sleep(op.settings.frame_interval_s, self._closed):
-                return
-            self._wakeup.clear()
-            page, self._buffer = self._buffer, []
+        try:
+            while self._buffer and not self._closed:
+                if op.settings.frame_interval_s > 0:
+                    self._waiting = True
+                    try:
+                        await op.settings.sleep(op.settings.frame_interval_s)
+                    except asyncio.CancelledError:
+                        if self._closed:  # close() ended the wait
+                            return
+                        raise
+                    finally:
+                        self._waiting = False
+                page, self._buffer = self._buffer, []
 
-            async def plan(m: SessionMutator, page: list[StreamEvent] = page) -> Decision[None]:
-                if getattr(op.projection.operation_state, "response_entry_id", None) == response_entry_id:
-                    frames: dict[str, JsonValue] = {"frames": [frame.model_dump(mode="json") for frame in page]}
-                    m.append(address, frames)
-                return Decision(None)
+                async def plan(m: SessionMutator, page: list[StreamEvent] = page) -> Decision[None]:
+                    if getattr(op.projection.operation_state, "response_entry_id", None) == response_entry_id:
+                        frames: dict[str, JsonValue] = {"frames": [frame.model_dump(mode="json") for frame in page]}
+                        m.append(address, frames)
+                    return Decision(None)
 
-            await op.run(plan)
-            reached(FaultPoint.MID_STREAM)
+                await op.run(plan)
+                reached(FaultPoint.MID_STREAM)
+        finally:
+            self._task = None
 
 
 def nothing_streamed(state: EffectPending) -> AssistantMessage:
