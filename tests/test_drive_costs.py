@@ -6,15 +6,16 @@ in history), and every count here is the one bench/README.md lists with the reas
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, Literal
 
 import pytest
+from pydantic import JsonValue
 
 from drive_helpers import FakeClock, ProbeTool, Rig, messages, start_rig, text, within
 from harness.context import Context
 from harness.messages import Message
 from harness.providers.faux import reply, tool_call
-from harness.runtime import Lane, RunHooks, Settled
+from harness.runtime import DriveSettings, Lane, RunHooks, Settled, ToolCallRequest, ToolStart
 from harness.session import Store
 
 
@@ -51,22 +52,22 @@ async def prompt(rig: Rig, words: str, ctx: Context) -> Settled:
     return outcome
 
 
-async def test_a_turn_of_two_steps_and_one_tool_call_commits_six_times_and_reads_no_branch_twice(
+async def test_a_turn_of_two_steps_and_one_tool_call_commits_five_times_and_reads_no_branch_twice(
         store: Store, ctx: Context, monkeypatch: pytest.MonkeyPatch) -> None:
-    # Accept; step 1's intent and settlement; the tool's intent; its result with step 2's intent;
-    # the last reply's settlement is the terminal commit too. Frames are paced at an hour here, so
-    # a reply as quick as these writes none.
+    # Accept; step 1's intent; its settlement with the tool's intent; the tool's result with step
+    # 2's intent; the last reply's settlement is the terminal commit too. Frames are paced at an
+    # hour here, so a reply as quick as these writes none.
     probe = ProbeTool()
     clock = FakeClock(hold_waits=True)
     rig = await start_rig(store, ctx, two_steps(probe), tools=[probe.tool], clock=clock, frame_interval_s=3600)
     calls = Calls(store, monkeypatch, "commit", "walk_branch")
 
     await prompt(rig, "first", ctx)
-    assert calls.take() == {"commit": 6, "walk_branch": 1}  # the branch is read once, on the first step
+    assert calls.take() == {"commit": 5, "walk_branch": 1}  # the branch is read once, on the first step
 
     for n in (1, 2):
         await prompt(rig, f"turn {n}", ctx)
-        assert calls.take() == {"commit": 6, "walk_branch": 0}
+        assert calls.take() == {"commit": 5, "walk_branch": 0}
     assert 3600 in clock.sleeps  # each reply started its frame pause, and the settlement did not wait it out
 
 
@@ -87,8 +88,53 @@ async def test_a_before_run_end_hook_runs_between_the_last_reply_and_a_terminal_
 
     outcome = await prompt(rig, "first", ctx)
 
-    assert calls.take() == {"commit": 7}
+    assert calls.take() == {"commit": 6}
     assert seen == [(outcome.result.final_assistant_entry_id, outcome.operation_id)]  # the reply, the run still open
+
+
+async def test_a_before_tool_hook_keeps_the_calls_intent_apart_from_the_reply(
+        store: Store, ctx: Context, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The hook may block the call or change its arguments, so the intent commits after it, on its
+    # own: six commits where the turn without the hook takes five, and no `tool_start` before it.
+    probe = ProbeTool()
+    starts_before_the_hook: list[int] = []
+    rig: list[Rig] = []
+
+    async def before_tool(request: ToolCallRequest, context: Context) -> dict[str, JsonValue]:
+        starts_before_the_hook.append(len(rig[0].events.of(ToolStart)))
+        return {"key": "changed"}
+
+    rig.append(await start_rig(store, ctx, two_steps(probe), tools=[probe.tool], clock=FakeClock(hold_waits=True),
+                               frame_interval_s=3600, hooks=RunHooks(before_tool=before_tool)))
+    calls = Calls(store, monkeypatch, "commit")
+
+    await prompt(rig[0], "first", ctx)
+
+    assert calls.take() == {"commit": 6}
+    assert starts_before_the_hook == [0]
+    assert [event.args for event in rig[0].events.of(ToolStart)] == [{"key": "changed"}]
+    assert probe.runs == [{"key": "changed"}]
+
+
+async def test_parallel_calls_start_with_the_reply_and_sequential_ones_one_by_one(
+        store: Store, ctx: Context, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Two calls in parallel: both intents commit with the reply; their results commit one by one,
+    # the second with the next step's intent. In sequential execution the second call's intent
+    # waits for the first call's result, one commit more.
+    calls = Calls(store, monkeypatch, "commit")
+    runs: list[tuple[Literal["parallel", "sequential"], int]] = [("parallel", 6), ("sequential", 7)]
+    for execution, commits in runs:
+        probe = ProbeTool()
+        script = [reply(tool_call(probe.name, {"key": "a"}), tool_call(probe.name, {"key": "b"})), reply("done")]
+        rig = await start_rig(store, ctx, script, tools=[probe.tool], clock=FakeClock(hold_waits=True),
+                              frame_interval_s=3600, drive=DriveSettings(tool_execution=execution))
+        calls.take()
+
+        await prompt(rig, "first", ctx)
+
+        assert calls.take() == {"commit": commits}, execution
+        assert probe.runs == [{"key": "a"}, {"key": "b"}]
+        await rig.harness.close(ctx)
 
 
 async def test_each_request_sends_the_branch_the_journal_holds_after_a_navigation(store: Store, ctx: Context) -> None:
@@ -112,7 +158,7 @@ async def test_a_between_steps_hook_keeps_the_tool_results_commit_apart_from_the
         store: Store, ctx: Context, monkeypatch: pytest.MonkeyPatch) -> None:
     # The hook runs at the checkpoint between the result and the next step: the result commits
     # on its own, the hook sees it at the tip with the run still open, then the step commits
-    # its intent (seven commits where the turn without the hook takes six).
+    # its intent (six commits where the turn without the hook takes five).
     probe = ProbeTool()
     seen: list[list[str]] = []
 
@@ -126,6 +172,6 @@ async def test_a_between_steps_hook_keeps_the_tool_results_commit_apart_from_the
 
     await prompt(rig, "first", ctx)
 
-    assert calls.take() == {"commit": 7}
+    assert calls.take() == {"commit": 6}
     assert seen == [["first", "", "probe:0"]]  # the result on the branch before the second step
     assert [text(m) for m in rig.requests()[1]] == ["first", "", "probe:0"]

@@ -49,6 +49,7 @@ from harness.runtime import (
     Block,
     DriveSettings,
     EntryAdded,
+    HarnessEvent,
     InvalidMessage,
     Lane,
     MessageEnd,
@@ -505,6 +506,41 @@ async def test_abort_inside_before_tool_of_the_first_call_answers_both_and_runs_
         assert "not run" in text(result) or "interrupted" in text(result)
     assert len(rig.faux.requests) == 1
     assert rig.events.of(ToolStart) == []
+
+
+async def test_an_abort_that_lands_between_the_reply_and_its_calls_answers_them_as_not_run(
+    store: Store, ctx: Context
+) -> None:
+    """Issue 12: the reply's settlement commits the intents of the calls that start at once (their
+    `tool_start`s come with it); an abort committed before the drive starts them answers each call
+    "not run", never "interrupted", and runs neither."""
+    probe = ProbeTool()
+    rig = await start_rig(store, ctx, [reply(call("a"), call("b")), "never asked"], tools=[probe.tool])
+    watch = await rig.lane.watch(ctx)
+    aborts: list[asyncio.Task[object]] = []
+
+    async def abort_on_the_first_tool_start(event: HarnessEvent, context: Context) -> None:
+        # The drive waits for this delivery before it goes on; the abort's own events reach the
+        # watch at its commit, while this listener still holds the bus.
+        if isinstance(event, ToolStart) and not aborts:
+            aborts.append(asyncio.get_running_loop().create_task(rig.lane.request_abort("user", ctx)))
+            async for seen in watch:
+                if isinstance(seen.event, OperationAbort):
+                    break
+
+    rig.harness.add_listener(abort_on_the_first_tool_start)
+    outcome = settled(await within(rig.lane.prompt("go", None, ctx)))
+    await within(aborts[0])
+    watch.close()
+
+    assert probe.runs == []
+    assert (outcome.result.outcome, outcome.result.abort_cause) == ("aborted", "user")
+    assert [e.tool_call_id for e in rig.events.of(ToolStart)] == ["call-a", "call-b"]
+    transcript = await messages(rig.lane, ctx)
+    assert shape(transcript) == ["user:go", "assistant:+probe+probe", "result:call-a", "result:call-b"]
+    not_run = "The run was aborted before this tool call started; it was not run."
+    assert [text(r) for r in results(transcript)] == [not_run, not_run]
+    assert len(rig.faux.requests) == 1
 
 
 async def test_a_tool_that_ignores_cancellation_cannot_hold_the_abort(store: Store, ctx: Context) -> None:

@@ -61,6 +61,9 @@ class DrivenOperation:
         self.halted = False
         self.wait_for_retry = True
         self.poll_permits = 0
+        self.unstarted_calls: set[str] = set()
+        """The result entry ids of the tool calls whose intents this drive committed and whose
+        effects it has not started (`tool_batch.with_tool_intents`)."""
         self._effects: set[Context] = set()
 
     # -- commits --------------------------------------------------------------------------------

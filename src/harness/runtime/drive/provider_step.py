@@ -25,6 +25,7 @@ from harness.providers import (
 from harness.runtime.commit import Decision, Transition
 from harness.runtime.drive.operation import DrivenOperation
 from harness.runtime.drive.settlement import DOES_NOT_FIT, failure, settle_with_reply
+from harness.runtime.drive.tool_batch import with_tool_intents
 from harness.runtime.event_log import Announcement, EntryEvent, TurnEndOf
 from harness.runtime.events import (
     CompactionStart,
@@ -229,7 +230,8 @@ def interruption() -> ProviderErrorInfo:
 
 def settle_reply(op: DrivenOperation, intent: EffectPending, message: AssistantMessage,
                  error: ProviderErrorInfo | None) -> Transition:
-    """The reply under its reserved ids and the next phase, as one commit."""
+    """The reply under its reserved ids and the next phase, as one commit; with tool calls, the
+    intents of those that start at once too (`with_tool_intents`)."""
     lane, projection, generation = op.lane.name, op.projection, intent.generation
     message = _well_formed_calls(message)
     aborting = op.aborting
@@ -286,7 +288,7 @@ def settle_reply(op: DrivenOperation, intent: EffectPending, message: AssistantM
             projection.move_tip(entry_id, [Entry(id=entry_id, parent_id=parent, seq=result.seqs[0],
                                                  timestamp=result.timestamp, payload=payload)])
 
-    return Transition(next_state, stage, events, publish)
+    return with_tool_intents(op, Transition(next_state, stage, events, publish), message)
 
 
 def _after_reply(op: DrivenOperation, intent: EffectPending, message: AssistantMessage,

@@ -5,6 +5,10 @@ without running, HA-25), `before_tool` (fails closed; may block or replace the a
 intent commit (arguments stored, status `effect_pending`, `tool_start`), the effect, `after_tool`,
 then staging (`outcome_ready`, `tool_end`). Staged results are placed on the branch in source
 order as soon as every earlier call has one, so a call and its result are never separated.
+
+When nothing may run between the reply's settlement and a call's intent (no `before_tool` hook,
+no abort), the intents of the calls that start at once are committed with the reply itself
+(`with_tool_intents`): still durable before their effects, one commit fewer a tool step.
 """
 
 from __future__ import annotations
@@ -48,6 +52,7 @@ from harness.session import (
     RunTools,
     SessionMutator,
     StorageCorruption,
+    ToolBatch,
     ToolCallState,
     addresses,
 )
@@ -78,8 +83,7 @@ class ToolBatchRunner:
         self.direct = direct
         self.asked: AssistantEffectPending | None = None
         self.batch = state.batch
-        tools = op.environment.tools
-        self.tools = {name: tools[name] for name in self.batch.config.active_tools if name in tools}
+        self.tools = _batch_tools(op, self.batch)
         self.tasks: dict[int, asyncio.Task[None]] = {}
         self.message: AssistantMessage | None = None
         self.placed_results: list[ToolResultMessage] = []  # every result this runner placed, for turn_end
@@ -109,7 +113,11 @@ class ToolBatchRunner:
             if not isinstance(block, ToolCall):  # HA-11: indexes count every content block
                 raise StorageCorruption(f"content {call.source_index} of the reply is not a tool call",
                                         entry_id=self.batch.assistant_entry_id)
-            if current.status == "effect_pending":
+            if current.status == "effect_pending" and current.result_entry_id in self.op.unstarted_calls:
+                # Its intent was committed with the reply (`with_tool_intents`): start it now.
+                tool = self.tools[block.name]
+                await self._launch(index, block, tool, dict(block.arguments))
+            elif current.status == "effect_pending":
                 await self._restore(index, block)
             else:
                 await self._start(index, block, message)
@@ -135,24 +143,11 @@ class ToolBatchRunner:
 
     # -- one call -------------------------------------------------------------------------------
 
-    def _problem(self, block: ToolCall, tool: AgentTool | None, args: dict[str, JsonValue],
-                 message: AssistantMessage) -> str | None:
-        if tool is None:
-            return UNKNOWN_TOOL.format(name=block.name)
-        if message.stop_reason == "length":
-            return TRUNCATED
-        if block.raw_arguments is not None:
-            return INVALID_ARGUMENTS.format(name=block.name, problem="they are not a JSON object")
-        errors = sorted(tool.arguments_validator.iter_errors(args), key=lambda e: list(e.path))
-        if errors:
-            return INVALID_ARGUMENTS.format(name=block.name, problem=errors[0].message)
-        return None
-
     async def _start(self, index: int, block: ToolCall, message: AssistantMessage) -> None:
         op = self.op
         tool = self.tools.get(block.name)
         args: dict[str, JsonValue] = dict(block.arguments)
-        problem = self._problem(block, tool, args, message)
+        problem = _problem(block, tool, args, message)
         if problem is None and tool is not None and op.hooks.before_tool is not None:
             request = ToolCallRequest(op.operation_id, block.id, block.name, args)
             # An effect's Context, so a durable abort cancels a hook that waits for a person's answer.
@@ -169,12 +164,17 @@ class ToolBatchRunner:
                 problem = BLOCKED.format(reason=decision.reason)
             elif decision is not None:
                 args = decision
-                problem = self._problem(block, tool, args, message)
+                problem = _problem(block, tool, args, message)
         if problem is not None or tool is None:
             await self._stage(index, block, _error_result(block, problem or UNKNOWN_TOOL.format(name=block.name)))
             return
-        if not await self._intent(index, block, tool, args):
-            return
+        if await self._intent(index, block, tool, args):
+            await self._launch(index, block, tool, args)
+
+    async def _launch(self, index: int, block: ToolCall, tool: AgentTool, args: dict[str, JsonValue]) -> None:
+        """Start the effect of call `index`, whose intent has committed."""
+        op = self.op
+        op.unstarted_calls.discard(self.batch.calls[index].result_entry_id)
         reached(FaultPoint.TOOL_INTENT)
         task = self.tasks[index] = op.spawn(self._execute(index, block, tool, args))
         if op.settings.tool_execution == "sequential":
@@ -399,10 +399,85 @@ class ToolBatchRunner:
         for index, call in enumerate(self._calls()):
             block = message.content[call.source_index]
             assert isinstance(block, ToolCall)
-            if call.status == "planned":
+            if call.status == "planned" or call.result_entry_id in op.unstarted_calls:
+                op.unstarted_calls.discard(call.result_entry_id)
                 await self._stage(index, block, _error_result(block, NOT_RUN_ABORTED))
             elif call.status == "effect_pending":
                 await self._stage(index, block, await self._interrupted(block, call))
+
+
+def with_tool_intents(op: DrivenOperation, settlement: Transition, message: AssistantMessage) -> Transition:
+    """The settlement of `message` (a reply whose next phase is `run_tools`) with the intents of the
+    calls that start at once committed in it: each call's arguments, status `effect_pending` and
+    replay rule, and its `tool_start` after the reply's events. Still durable before the effect
+    (HA-25), one commit fewer than an intent of its own.
+
+    Only when nothing may run between the two: no `before_tool` hook (it may block the call or
+    change its arguments) and no abort requested; calls answered without running (unknown tool,
+    invalid arguments, a truncated reply) keep their own path. In parallel execution every call
+    that will run starts at once, in sequential execution only a first call that will. The calls
+    whose intents committed wait in `DrivenOperation.unstarted_calls` for the batch runner, which
+    starts them, or answers them as not run under an abort that came after the reply's commit."""
+    state = settlement.state
+    if not isinstance(state, RunTools) or op.hooks.before_tool is not None or op.aborting:
+        return settlement
+    batch, tools = state.batch, _batch_tools(op, state.batch)
+    starting: list[tuple[int, ToolCall, AgentTool]] = []
+    for index, call in enumerate(batch.calls):
+        block = message.content[call.source_index]
+        assert isinstance(block, ToolCall)  # the batch is made from the reply's tool calls
+        tool = tools.get(block.name)
+        if tool is not None and _problem(block, tool, dict(block.arguments), message) is None:
+            starting.append((index, block, tool))
+        if op.settings.tool_execution == "sequential":
+            break  # the next call starts only after this one's result
+    if not starting:
+        return settlement
+    calls = list(batch.calls)
+    for index, _, tool in starting:
+        calls[index] = calls[index].model_copy(update={"status": "effect_pending", "replay": tool.replay})
+    intended = state.model_copy(update={"batch": batch.model_copy(update={"calls": calls})})
+    lane, operation_id = op.lane.name, op.operation_id
+
+    def stage(m: SessionMutator) -> None:
+        if settlement.stage is not None:
+            settlement.stage(m)
+        for index, block, _ in starting:
+            m.set(addresses.tool_args(operation_id, batch.turn_id, batch.calls[index].source_index),
+                  dict(block.arguments))
+
+    def events() -> Sequence[Announcement]:
+        return [*(settlement.events() if settlement.events is not None else ()),
+                *(ToolStart(lane=lane, operation_id=operation_id, turn_id=batch.turn_id, tool_call_id=block.id,
+                            tool_name=block.name, args=dict(block.arguments)) for _, block, _ in starting)]
+
+    def publish(result: CommitResult | None) -> None:
+        if settlement.publish is not None:
+            settlement.publish(result)
+        op.unstarted_calls.update(batch.calls[index].result_entry_id for index, _, _ in starting)
+
+    return Transition(intended, stage, events, publish)
+
+
+def _batch_tools(op: DrivenOperation, batch: ToolBatch) -> dict[str, AgentTool]:
+    """The tools the batch's calls may run: the active ones of its configuration this harness has."""
+    tools = op.environment.tools
+    return {name: tools[name] for name in batch.config.active_tools if name in tools}
+
+
+def _problem(block: ToolCall, tool: AgentTool | None, args: dict[str, JsonValue],
+             message: AssistantMessage) -> str | None:
+    """Why call `block` is answered with an error result without running (HA-25), or None."""
+    if tool is None:
+        return UNKNOWN_TOOL.format(name=block.name)
+    if message.stop_reason == "length":
+        return TRUNCATED
+    if block.raw_arguments is not None:
+        return INVALID_ARGUMENTS.format(name=block.name, problem="they are not a JSON object")
+    errors = sorted(tool.arguments_validator.iter_errors(args), key=lambda e: list(e.path))
+    if errors:
+        return INVALID_ARGUMENTS.format(name=block.name, problem=errors[0].message)
+    return None
 
 
 def _failure_output(error: BaseException) -> ToolOutput:
