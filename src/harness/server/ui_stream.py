@@ -632,19 +632,39 @@ async def stop(conversation_id: str, user: CurrentUser, state: State, context: R
     return StopOut(operation_id=request.operation_id, requested=request.newly_requested)
 
 
+@dataclass(frozen=True)
+class _Change:
+    """An approval change and what the watch had delivered before it and the stream had not yet
+    translated: the read that had finished (if any), then the buffered events, in order."""
+
+    read: asyncio.Future[ConversationEvent] | None
+    earlier: list[ConversationEvent]
+    change: ApprovalChange
+
+
 class _Sources:
     """What one stream reads: the conversation's watch and the changes of its approvals, both
-    subscribed before anything is read, so nothing between them is missed."""
+    subscribed before anything is read, so nothing between them is missed. An approval changes
+    synchronously with the run, so what the watch delivered before a change is known when it
+    changes: the change carries it, and the stream puts the change after those events and before
+    any later one, whichever the stream's task sees first."""
 
     def __init__(self, state: ServerState, conversation_id: str, events: LaneEvents) -> None:
         self.watch = ConversationWatch(events)
-        self.changes: asyncio.Queue[ApprovalChange] = asyncio.Queue()
+        self.changes: asyncio.Queue[_Change] = asyncio.Queue()
+        self._reading: asyncio.Future[ConversationEvent] | None = None
 
         def on_change(change: ApprovalChange) -> None:
             if change.pending.conversation_id == conversation_id:
-                self.changes.put_nowait(change)
+                read = self._reading if self._reading is not None and self._reading.done() else None
+                self.changes.put_nowait(_Change(read, self.watch.buffered(), change))
 
         self._stop_listening = state.approvals.listen(on_change)
+
+    def read(self) -> asyncio.Future[ConversationEvent]:
+        """The watch's next event, as a future."""
+        self._reading = asyncio.ensure_future(anext(self.watch))
+        return self._reading
 
     def close(self) -> None:
         self._stop_listening()
@@ -653,14 +673,13 @@ class _Sources:
 
 async def _stream(sources: _Sources, parts: RunParts, first: list[UiPart],
                   heartbeat_s: float) -> AsyncIterator[bytes]:
-    """`first`, then the parts of each watched event and approval change until the stream's end
-    (the run's, or its pause for an approval), then `[DONE]`; a comment every `heartbeat_s` of
-    quiet. A watch that fails (a slow client overflowed it, the harness stopped) ends the stream
-    with an `error` part. The sources are closed however the stream ends, also when the client
-    goes away."""
-    watch = sources.watch
-    event: asyncio.Future[ConversationEvent] = asyncio.ensure_future(anext(watch))
-    change: asyncio.Future[ApprovalChange] = asyncio.ensure_future(sources.changes.get())
+    """`first`, then the parts of each watched event and approval change, in the order they
+    happened, until the stream's end (the run's, or its pause for an approval), then `[DONE]`; a
+    comment every `heartbeat_s` of quiet. A watch that fails (a slow client overflowed it, the
+    harness stopped) ends the stream with an `error` part. The sources are closed however the
+    stream ends, also when the client goes away."""
+    event = sources.read()
+    change: asyncio.Future[_Change] = asyncio.ensure_future(sources.changes.get())
     try:
         for part in first:
             yield json_event(part)
@@ -669,7 +688,9 @@ async def _stream(sources: _Sources, parts: RunParts, first: list[UiPart],
             done, _ = await asyncio.wait(sources_ready, timeout=heartbeat_s, return_when=asyncio.FIRST_COMPLETED)
             if not done:
                 yield KEEPALIVE_COMMENT
-            elif event in done:
+                continue
+            changed = change.result() if change in done else None
+            if changed is None or changed.read is event:  # the event came first
                 try:
                     translated = parts.translate(event.result())
                 except StopAsyncIteration:
@@ -679,15 +700,12 @@ async def _stream(sources: _Sources, parts: RunParts, first: list[UiPart],
                     break
                 for part in translated:
                     yield json_event(part)
-                event = asyncio.ensure_future(anext(watch))
-            else:
-                # An approval changes synchronously with the run, so every event committed before
-                # it is already in the watch's buffer: those go first (a tool that ran before it
-                # was asked, the reply that made the call).
-                for earlier in watch.buffered():
+                event = sources.read()
+            if changed is not None:
+                for earlier in changed.earlier:
                     for part in parts.translate(earlier):
                         yield json_event(part)
-                for part in parts.approval(change.result()):
+                for part in parts.approval(changed.change):
                     yield json_event(part)
                 change = asyncio.ensure_future(sources.changes.get())
         yield format_sse_event(data_str=DONE)
