@@ -130,6 +130,7 @@ async def test_unowned_writers_on_two_sqlite_stores_do_not_refuse_each_other(tmp
             entered.set()
             time.sleep(0.3)
 
+        first.backend.inline_commit_limit_s = 0  # type: ignore[attr-defined]  # on its thread, stopped there
         first.backend._commit_barrier = slow_commit  # type: ignore[attr-defined]
         in_flight = asyncio.create_task(session.mutate(lambda m: set_name(m, "first"), ctx))
         assert await asyncio.to_thread(entered.wait, 10)
@@ -197,6 +198,7 @@ async def test_cancelled_commit_is_either_undone_or_continued(tmp_path: Path, ct
             entered.set()
             time.sleep(0.3)
 
+        store.backend.inline_commit_limit_s = 0  # type: ignore[attr-defined]  # on its thread, stopped there
         store.backend._commit_barrier = slow_commit  # type: ignore[attr-defined]
         continued: list[object] = []
         task = asyncio.create_task(session.create_lane("main", CONFIG, ctx, on_committed=continued.append))
@@ -285,6 +287,7 @@ async def test_a_close_cancelled_while_it_waits_its_turn_still_closes(tmp_path: 
         started.set()
         release.wait(10)
 
+    store.backend.inline_commit_limit_s = 0  # type: ignore[attr-defined]  # on its thread, stopped there
     store.backend._commit_barrier = hold  # type: ignore[attr-defined]
     committing = asyncio.create_task(ownership.mutate(lambda m: set_name(m, "landed"), ctx))
     await asyncio.to_thread(started.wait, 10)
@@ -313,6 +316,7 @@ async def main(url):
     store = await connect(url, ctx)
     session = await store.create_session(ctx)
     print(session.id, flush=True)
+    store.backend.inline_commit_limit_s = 0  # handed to the database thread
     store.backend._commit_barrier = lambda: time.sleep(0.3)
     store.backend.post(session.id, [SetValue("test.exit", "", '"kept"')], ctx)  # handed over, never awaited
 

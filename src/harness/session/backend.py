@@ -164,7 +164,7 @@ class Claim(Protocol):
 
 class Backend(Protocol):
     """One database holding many sessions. Every method is one round trip (SQLite: one hop to
-    its thread); `commit` is one transaction, all or nothing."""
+    its thread, or a quick commit on the caller's); `commit` is one transaction, all or nothing."""
 
     @property
     def kind(self) -> Literal["memory", "sqlite", "postgres"]: ...

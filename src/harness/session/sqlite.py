@@ -1,10 +1,12 @@
 """The SQLite backend: the embedded default. One file, WAL, `synchronous=FULL` unless configured.
 
-Every call is one hop to the database's own thread, a whole commit included. Ownership between
-processes is a lock on one byte of the database file itself, chosen by the session id (released
-by the OS when its holder dies), plus the session's epoch, which the claimant bumps and every
-owner commit checks. Locking the file, not a path, means every alias of one database (a symlink,
-a hard link, a relative path) shares one lock, and there is no lock folder to lose.
+Every call runs on the database's own thread, except a commit while commits are quick: that one
+runs on the caller's event loop thread, where it takes less time than the hop to the thread and
+back (`SqliteBackend.inline_commit_limit_s`). Ownership between processes is a lock on one byte of
+the database file itself, chosen by the session id (released by the OS when its holder dies),
+plus the session's epoch, which the claimant bumps and every owner commit checks. Locking the
+file, not a path, means every alias of one database (a symlink, a hard link, a relative path)
+shares one lock, and there is no lock folder to lose.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import queue
 import sqlite3
 import struct
 import threading
+import time
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
@@ -266,12 +269,45 @@ def _set_lock(fd: int, kind: int, offset: int) -> bool:
     return True
 
 
-_Call = tuple[asyncio.AbstractEventLoop, "asyncio.Future[Any]", Callable[[], Any]]
+_Call = tuple[asyncio.AbstractEventLoop, "asyncio.Future[Any]", Callable[[], Any], Callable[[], None]]
+_Outcome = tuple[bool, Any] | None  # (True, result), (False, error), or None: the call did not run
+
+BUSY_TIMEOUT_MS = 10_000
+"""How long a call on the database thread waits for another connection's write lock."""
+
+INLINE_COMMIT_LIMIT_S = 0.001
+"""A commit runs on the event loop's thread while commits take less than this (an exponential
+average of the latest few, fsync included): no longer than the harness's own Python per commit
+blocks the loop anyway, and less than the hop to the database thread and back costs on a fast disk.
+On a slower disk commits run on the database thread, which the loop does not wait for."""
+
+INLINE_COMMIT_WRITES = 64
+"""A commit of more writes than this (an import, a large fork) always runs on the database thread."""
+
+
+class _WouldWait(Exception):
+    """A commit on the event loop's thread found the write lock held by another connection: it
+    goes to the database thread instead, which waits for it without holding up the loop."""
+
+
+class _Backlog:
+    """How many calls a database thread was handed and has not answered yet, counted on the
+    event loop's thread (it answers there); kept apart from the thread object, which dropping
+    must be able to finalize while a call is queued."""
+
+    __slots__ = ("calls",)
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def answered(self) -> None:
+        self.calls -= 1
 
 
 class _DatabaseThread:
     """The one thread that runs a database's calls, in the order submitted, each answered on the
-    event loop that submitted it. A one-worker ThreadPoolExecutor did the same through its
+    event loop that submitted it; `idle` when it has answered every call (a commit may then run
+    on the loop's own thread). A one-worker ThreadPoolExecutor did the same through its
     futures, locks and condition variables, about 5% of a loop turn's CPU (bench/README.md).
 
     As an executor's worker, it ends when its owner is dropped unstopped, and at interpreter exit
@@ -283,11 +319,18 @@ class _DatabaseThread:
         self._thread = threading.Thread(target=_serve, args=(self._calls,), name=name, daemon=True)
         self._thread.start()
         self._finish = weakref.finalize(self, _finish, self._calls, self._thread)
+        self._backlog = _Backlog()
+
+    @property
+    def idle(self) -> bool:
+        """Every call handed to the thread has been answered: it is not using the connection."""
+        return self._backlog.calls == 0
 
     def submit(self, fn: Callable[[], T]) -> asyncio.Future[T]:
         loop = asyncio.get_running_loop()
         future: asyncio.Future[T] = loop.create_future()
-        self._calls.put((loop, future, fn))
+        self._backlog.calls += 1
+        self._calls.put((loop, future, fn, self._backlog.answered))
         return future
 
     def stop(self, *, wait: bool) -> None:
@@ -300,15 +343,15 @@ class _DatabaseThread:
 
 def _serve(calls: queue.SimpleQueue[_Call | None]) -> None:
     while (call := calls.get()) is not None:
-        loop, future, fn = call
-        if future.cancelled():  # given up before it started: run nothing, as an executor would
-            continue
-        try:
-            outcome: tuple[bool, Any] = (True, fn())
-        except BaseException as error:
-            outcome = (False, error)
+        loop, future, fn, answered = call
+        outcome: _Outcome = None
+        if not future.cancelled():  # given up before it started: run nothing, as an executor would
+            try:
+                outcome = (True, fn())
+            except BaseException as error:
+                outcome = (False, error)
         with suppress(RuntimeError):  # the loop has closed: nobody waits for the answer any more
-            loop.call_soon_threadsafe(_settle, future, *outcome)
+            loop.call_soon_threadsafe(_answer, future, outcome, answered)
 
 
 def _finish(calls: queue.SimpleQueue[_Call | None], thread: threading.Thread) -> None:
@@ -334,6 +377,13 @@ def _abandoned(thread: _DatabaseThread,
     thread.stop(wait=False)
 
 
+def _answer(future: asyncio.Future[Any], outcome: _Outcome, answered: Callable[[], None]) -> None:
+    """On the event loop's thread, once the database thread is done with a call."""
+    answered()
+    if outcome is not None:
+        _settle(future, *outcome)
+
+
 def _settle(future: asyncio.Future[Any], ok: bool, outcome: Any) -> None:
     if future.cancelled():
         return
@@ -350,7 +400,8 @@ def _settle(future: asyncio.Future[Any], ok: bool, outcome: Any) -> None:
 
 
 class SqliteBackend:
-    """Sessions in one SQLite file, driven from one dedicated thread."""
+    """Sessions in one SQLite file, driven from one dedicated thread; quick commits run on the
+    event loop's thread (`inline_commit_limit_s`)."""
 
     kind: Literal["sqlite"] = "sqlite"
 
@@ -368,6 +419,11 @@ class SqliteBackend:
         self._claims: set[SqliteClaim] = set()  # released by close(), whoever forgot to detach
         # Test seam for crash tests: called inside the commit transaction, before COMMIT.
         self._commit_barrier: Callable[[], None] | None = None
+        self.inline_commit_limit_s = INLINE_COMMIT_LIMIT_S
+        """Commits run on the event loop's thread while they take less than this on average
+        (`INLINE_COMMIT_LIMIT_S`); 0 runs every commit on the database thread."""
+        self._commit_s = 0.0  # the average commit's time, fsync included: quick until shown otherwise
+        self._busy_timeout_ms = BUSY_TIMEOUT_MS  # the connection's, as the last call set it
 
     @classmethod
     async def open(cls, path: Path, synchronous: str, context: Context) -> SqliteBackend:
@@ -385,7 +441,7 @@ class SqliteBackend:
             db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
             db.execute("PRAGMA journal_mode=WAL")
             db.execute(f"PRAGMA synchronous={synchronous}")
-            db.execute("PRAGMA busy_timeout=10000")
+            db.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
             _migrate_schema(db)
             return db
 
@@ -424,26 +480,60 @@ class SqliteBackend:
 
     def _submit(self, fn: Callable[[sqlite3.Connection], T]) -> asyncio.Future[T]:
         """Run `fn` on the database thread; the thread's future, awaited by `_call` or handed out."""
-        def guarded(db: sqlite3.Connection) -> T:
-            # Checked on the thread too: a call queued behind close() must not meet a closed db.
-            if self._closed:
-                raise StoreClosed(f"the SQLite store {self.path} is closed")
-            try:
-                return fn(db)
-            except sqlite3.OperationalError as error:
-                # Payloads are decoded by name (`_text`); this is damage in an id or key column.
-                if not str(error).startswith("Could not decode to UTF-8"):
-                    raise driver_error(error, self.path) from error
-                raise StorageCorruption(f"the SQLite store {self.path} holds a damaged row: {error}",
-                                        path=str(self.path)) from error
-            except (sqlite3.IntegrityError, sqlite3.ProgrammingError):
-                raise  # a broken rule of ours, not a failing store
-            except sqlite3.DatabaseError as error:
-                raise driver_error(error, self.path) from error
-
         if self._closed:
             raise StoreClosed(f"the SQLite store {self.path} is closed")
-        return self._thread.submit(lambda: guarded(self._db))
+        return self._thread.submit(lambda: self._guarded(fn, BUSY_TIMEOUT_MS))
+
+    def _submit_commit(self, fn: Callable[[sqlite3.Connection], CommitResult], writes: int
+                       ) -> asyncio.Future[CommitResult]:
+        """Run commit `fn` of `writes` writes on the event loop's thread when it can be quick (the
+        database thread is idle, commits have been quick, the commit is small) and the write lock
+        is free, else on the database thread; either way its time feeds the average."""
+
+        def timed(db: sqlite3.Connection) -> CommitResult:
+            started = time.perf_counter()
+            result = fn(db)
+            # Written on whichever thread runs the commit: never both at once, as a commit runs
+            # here only while the database thread is idle.
+            self._commit_s += (time.perf_counter() - started - self._commit_s) / 4
+            return result
+
+        if (self._closed or not self._thread.idle or writes > INLINE_COMMIT_WRITES
+                or self._commit_s >= self.inline_commit_limit_s):
+            return self._submit(timed)
+        future: asyncio.Future[CommitResult] = asyncio.get_running_loop().create_future()
+        try:
+            future.set_result(self._guarded(timed, 0))
+        except _WouldWait:
+            return self._submit(timed)
+        except Exception as error:
+            _settle(future, False, error)
+        return future
+
+    def _guarded(self, fn: Callable[[sqlite3.Connection], T], busy_timeout_ms: int) -> T:
+        """`fn` on the connection, waiting at most `busy_timeout_ms` for another connection's
+        write lock (0: `_WouldWait` at once), its driver errors as typed ones."""
+        # Checked on the thread too: a call queued behind close() must not meet a closed db.
+        if self._closed:
+            raise StoreClosed(f"the SQLite store {self.path} is closed")
+        db = self._db
+        if self._busy_timeout_ms != busy_timeout_ms:
+            db.execute(f"PRAGMA busy_timeout={busy_timeout_ms}")
+            self._busy_timeout_ms = busy_timeout_ms
+        try:
+            return fn(db)
+        except sqlite3.OperationalError as error:
+            if busy_timeout_ms == 0 and error.sqlite_errorcode & 0xFF == sqlite3.SQLITE_BUSY:
+                raise _WouldWait from error  # it wrote nothing: its transaction rolled back
+            # Payloads are decoded by name (`_text`); this is damage in an id or key column.
+            if not str(error).startswith("Could not decode to UTF-8"):
+                raise driver_error(error, self.path) from error
+            raise StorageCorruption(f"the SQLite store {self.path} holds a damaged row: {error}",
+                                    path=str(self.path)) from error
+        except (sqlite3.IntegrityError, sqlite3.ProgrammingError):
+            raise  # a broken rule of ours, not a failing store
+        except sqlite3.DatabaseError as error:
+            raise driver_error(error, self.path) from error
 
     async def create_session(self, info: SessionInfo, context: Context, writes: Sequence[Write] = ()) -> None:
         seqs = write_seqs(1, writes)
@@ -607,11 +697,11 @@ class SqliteBackend:
                 if probe is not None:
                     _unlock(probe)
 
-        return self._submit(run)
+        return self._submit_commit(run, len(writes))
 
     def post(self, session_id: str, writes: Sequence[SetValue], context: Context) -> asyncio.Future[CommitResult]:
         # No lock probe: an owner's commits and this one are serialised by SQLite's write lock.
-        return self._submit(lambda db: self._commit(db, session_id, writes, None))
+        return self._submit_commit(lambda db: self._commit(db, session_id, writes, None), len(writes))
 
     def _commit(
         self, db: sqlite3.Connection, session_id: str, writes: Sequence[Write], claim: Claim | None
