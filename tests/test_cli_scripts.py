@@ -16,10 +16,12 @@ from pathlib import Path
 import pytest
 
 import test_cli_run
-from harness.cli.config import RETRY_DELAY_VARIABLE, drive_settings
+from harness.cli.config import RETRY_DELAY_VARIABLE, client_setup, drive_settings, tool_workspace
 from harness.errors import InvalidInput
+from harness.providers import FAUX_MODEL, ModelRegistry
 from harness.providers.replay import Hold, ReplayResponse, ReplayServer
 from harness.runtime import DriveSettings
+from harness.tools import ApprovalPolicy, BackgroundJobs
 from test_cli_run import (
     EMBEDDED_TIMEOUT_S,
     TIMEOUT_S,
@@ -133,6 +135,20 @@ def test_the_retry_delay_comes_from_the_environment_in_whole_milliseconds(monkey
     monkeypatch.setenv(RETRY_DELAY_VARIABLE, "soon")
     with pytest.raises(InvalidInput, match=RETRY_DELAY_VARIABLE):
         drive_settings()
+
+
+def test_a_clients_approval_hook_decides_only_the_calls_its_policy_would_ask_about(tmp_path: Path) -> None:
+    # The others start with the reply that made them, one commit fewer (issue 12).
+    approval = ApprovalPolicy(None)
+    setup = client_setup(ModelRegistry([FAUX_MODEL]), tool_workspace(tmp_path, tmp_path), tmp_path, approval,
+                         BackgroundJobs())
+    decides = setup.hooks.before_tool_applies
+    assert setup.hooks.before_tool is approval
+    assert decides is not None
+    assert [name for name in ("read", "list", "grep", "jobs", "write", "edit", "shell") if decides(name)] == [
+        "write", "edit", "shell"]
+    approval.allow_for_session("shell")
+    assert not decides("shell")
 
 
 def test_a_missing_weights_file_is_refused_before_anything_is_written(home: Path, work: Path,

@@ -116,6 +116,61 @@ async def test_a_before_tool_hook_keeps_the_calls_intent_apart_from_the_reply(
     assert probe.runs == [{"key": "changed"}]
 
 
+async def test_a_call_the_before_tool_hook_does_not_decide_starts_with_the_reply(
+        store: Store, ctx: Context, monkeypatch: pytest.MonkeyPatch) -> None:
+    # An approval policy gates only some tools (the terminal's: write, edit, shell): a call of
+    # another tool never reaches the hook, so its intent commits with the reply, five commits.
+    probe = ProbeTool()
+    asked: list[str] = []
+
+    async def before_tool(request: ToolCallRequest, context: Context) -> None:
+        asked.append(request.tool_name)
+
+    hooks = RunHooks(before_tool=before_tool, before_tool_applies=lambda name: name == "write")
+    rig = await start_rig(store, ctx, two_steps(probe), tools=[probe.tool], clock=FakeClock(hold_waits=True),
+                          frame_interval_s=3600, hooks=hooks)
+    calls = Calls(store, monkeypatch, "commit")
+
+    await prompt(rig, "first", ctx)
+
+    assert calls.take() == {"commit": 5}
+    assert probe.runs == [{"key": "0"}]
+    await rig.harness.close(ctx)
+
+    # In sequential execution the second call starts after the first one's result, on its own
+    # intent: the hook is not asked about it either.
+    script = [reply(tool_call(probe.name, {"key": "a"}), tool_call(probe.name, {"key": "b"})), reply("done")]
+    rig = await start_rig(store, ctx, script, tools=[probe.tool], drive=DriveSettings(tool_execution="sequential"),
+                          hooks=hooks)
+    await prompt(rig, "second", ctx)
+
+    assert probe.runs[1:] == [{"key": "a"}, {"key": "b"}]
+    assert asked == []
+
+
+async def test_calls_after_one_the_hook_decides_start_only_after_its_answer(store: Store, ctx: Context) -> None:
+    # In parallel execution the calls before the first one the hook decides start with the reply;
+    # that one waits for its answer, and so do the calls after it: none of them starts earlier.
+    probe, gated = ProbeTool(), ProbeTool("write")
+    started_when_asked: list[list[JsonValue]] = []
+    rig: list[Rig] = []
+
+    async def before_tool(request: ToolCallRequest, context: Context) -> None:
+        started_when_asked.append([event.args for event in rig[0].events.of(ToolStart)])
+
+    script = [reply(tool_call(probe.name, {"key": "a"}), tool_call(gated.name, {"key": "b"}),
+                    tool_call(probe.name, {"key": "c"})), reply("done")]
+    rig.append(await start_rig(store, ctx, script, tools=[probe.tool, gated.tool],
+                               hooks=RunHooks(before_tool=before_tool,
+                                              before_tool_applies=lambda name: name == gated.name)))
+
+    await prompt(rig[0], "first", ctx)
+
+    assert started_when_asked == [[{"key": "a"}]]
+    assert [event.args for event in rig[0].events.of(ToolStart)] == [{"key": "a"}, {"key": "b"}, {"key": "c"}]
+    assert (probe.runs, gated.runs) == ([{"key": "a"}, {"key": "c"}], [{"key": "b"}])
+
+
 async def test_parallel_calls_start_with_the_reply_and_sequential_ones_one_by_one(
         store: Store, ctx: Context, monkeypatch: pytest.MonkeyPatch) -> None:
     # Two calls in parallel: both intents commit with the reply; their results commit one by one,

@@ -48,7 +48,6 @@ from harness.providers import (
 )
 from harness.runtime import (
     AgentHarness,
-    BeforeTool,
     DriveSettings,
     Lane,
     LaneConfig,
@@ -211,17 +210,20 @@ def drive_settings() -> DriveSettings:
     return replace(drive, retry=replace(drive.retry, base_delay_ms=int(delay)))
 
 
-def client_setup(registry: ModelRegistry, workspace: Workspace, home: Path, approval: BeforeTool, jobs: BackgroundJobs,
-                 *, drive: DriveSettings | None = None, listeners: Sequence[Listener] = ()) -> ConversationSetup:
+def client_setup(registry: ModelRegistry, workspace: Workspace, home: Path, approval: ApprovalPolicy,
+                 jobs: BackgroundJobs, *, drive: DriveSettings | None = None,
+                 listeners: Sequence[Listener] = ()) -> ConversationSetup:
     """What a client's conversations run with: `registry`'s models (its `fast_identity` for
     `/fast`), the built-in tools working in `workspace.root` (or in the conversation's project)
-    with `approval` as their `before_tool` hook and background commands tracked in `jobs`,
-    projects listed from `home/projects.toml`, and the `general` agent to delegate to (CE-18). The
-    terminal and `harness serve` both build theirs here; `drive` defaults to `drive_settings()`."""
+    with `approval` as their `before_tool` hook (for the tools it gates) and background commands
+    tracked in `jobs`, projects listed from `home/projects.toml`, and the `general` agent to
+    delegate to (CE-18). The terminal and `harness serve` both build theirs here; `drive` defaults
+    to `drive_settings()`."""
     return ConversationSetup(
         models=registry, system_prompt=system_prompt(workspace), drive=drive or drive_settings(),
-        hooks=RunHooks(before_tool=approval), listeners=listeners, directory=workspace.root,
-        projects_file=home / PROJECTS_FILE, running_jobs=jobs.running, fast_model=registry.fast_identity,
+        hooks=RunHooks(before_tool=approval, before_tool_applies=approval.needs_approval), listeners=listeners,
+        directory=workspace.root, projects_file=home / PROJECTS_FILE, running_jobs=jobs.running,
+        fast_model=registry.fast_identity,
         tools_for=lambda target: builtin_tools(workspace, directory=lambda: target.directory, jobs=jobs,
                                                owner=target.conversation_id),
         agents=DEFAULT_AGENTS)

@@ -76,6 +76,10 @@ It must be quick and must not raise; an exception fails the commit."""
 @dataclass(frozen=True)
 class RunHooks:
     before_tool: BeforeTool | None = None
+    before_tool_applies: Callable[[str], bool] | None = None
+    """Whether `before_tool` decides the calls of the tool of this name; None: every call. A call
+    of a tool it does not decide runs as if the hook had returned None, and may start with the
+    reply that asked for it, its intent committed with that reply (one commit fewer)."""
     after_tool: AfterTool | None = None
     transform_context: TransformContext | None = None
     between_steps: BetweenSteps | None = None

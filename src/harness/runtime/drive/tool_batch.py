@@ -148,7 +148,7 @@ class ToolBatchRunner:
         tool = self.tools.get(block.name)
         args: dict[str, JsonValue] = dict(block.arguments)
         problem = _problem(block, tool, args, message)
-        if problem is None and tool is not None and op.hooks.before_tool is not None:
+        if problem is None and tool is not None and op.hooks.before_tool is not None and _decides(op, block.name):
             request = ToolCallRequest(op.operation_id, block.id, block.name, args)
             # An effect's Context, so a durable abort cancels a hook that waits for a person's answer.
             asking = op.effect_context()
@@ -412,14 +412,15 @@ def with_tool_intents(op: DrivenOperation, settlement: Transition, message: Assi
     replay rule, and its `tool_start` after the reply's events. Still durable before the effect
     (HA-25), one commit fewer than an intent of its own.
 
-    Only when nothing may run between the two: no `before_tool` hook (it may block the call or
-    change its arguments) and no abort requested; calls answered without running (unknown tool,
-    invalid arguments, a truncated reply) keep their own path. In parallel execution every call
-    that will run starts at once, in sequential execution only a first call that will. The calls
-    whose intents committed wait in `DrivenOperation.unstarted_calls` for the batch runner, which
-    starts them, or answers them as not run under an abort that came after the reply's commit."""
+    Only when nothing may run between the two: no abort requested, and no `before_tool` hook
+    deciding the call (it may block it or change its arguments) nor any call before it (the call
+    would wait for that one's answer); calls answered without running (unknown tool, invalid
+    arguments, a truncated reply) keep their own path. In parallel execution every such call
+    starts at once, in sequential execution only a first one. The calls whose intents committed
+    wait in `DrivenOperation.unstarted_calls` for the batch runner, which starts them, or answers
+    them as not run under an abort that came after the reply's commit."""
     state = settlement.state
-    if not isinstance(state, RunTools) or op.hooks.before_tool is not None or op.aborting:
+    if not isinstance(state, RunTools) or op.aborting:
         return settlement
     batch, tools = state.batch, _batch_tools(op, state.batch)
     starting: list[tuple[int, ToolCall, AgentTool]] = []
@@ -428,6 +429,8 @@ def with_tool_intents(op: DrivenOperation, settlement: Transition, message: Assi
         assert isinstance(block, ToolCall)  # the batch is made from the reply's tool calls
         tool = tools.get(block.name)
         if tool is not None and _problem(block, tool, dict(block.arguments), message) is None:
+            if op.hooks.before_tool is not None and _decides(op, block.name):
+                break  # this call waits for the hook's answer, and every later call for this one
             starting.append((index, block, tool))
         if op.settings.tool_execution == "sequential":
             break  # the next call starts only after this one's result
@@ -457,6 +460,12 @@ def with_tool_intents(op: DrivenOperation, settlement: Transition, message: Assi
         op.unstarted_calls.update(batch.calls[index].result_entry_id for index, _, _ in starting)
 
     return Transition(intended, stage, events, publish)
+
+
+def _decides(op: DrivenOperation, tool_name: str) -> bool:
+    """Whether the `before_tool` hook decides the calls of `tool_name` (`RunHooks.before_tool_applies`)."""
+    applies = op.hooks.before_tool_applies
+    return applies is None or applies(tool_name)
 
 
 def _batch_tools(op: DrivenOperation, batch: ToolBatch) -> dict[str, AgentTool]:
