@@ -190,6 +190,7 @@ _LOCK_BASE = 1 << 62
 _LOCK_SPAN = 1 << 48
 
 
+@functools.lru_cache(maxsize=1024)  # an unowned commit probes the lock: one hash per session, not per commit
 def _lock_offset(session_id: str) -> int:
     digest = hashlib.sha256(session_id.encode()).digest()
     return _LOCK_BASE + int.from_bytes(digest[:8], "big") % _LOCK_SPAN
