@@ -5,6 +5,7 @@ in history), and every count here is the one bench/README.md lists with the reas
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any, Literal
 
@@ -13,9 +14,18 @@ from pydantic import JsonValue
 
 from drive_helpers import FakeClock, ProbeTool, Rig, messages, start_rig, text, within
 from harness.context import Context
-from harness.messages import Message
+from harness.messages import AssistantMessage, Message
 from harness.providers.faux import reply, tool_call
-from harness.runtime import DriveSettings, Lane, RunHooks, Settled, ToolCallRequest, ToolStart
+from harness.runtime import (
+    DriveSettings,
+    HarnessEvent,
+    Lane,
+    MessageEnd,
+    RunHooks,
+    Settled,
+    ToolCallRequest,
+    ToolStart,
+)
 from harness.session import Store
 
 
@@ -57,7 +67,7 @@ async def test_a_turn_of_two_steps_and_one_tool_call_commits_five_times_and_read
     # Accept; step 1's intent; its settlement with the tool's intent; the tool's result with step
     # 2's intent; the last reply's settlement is the terminal commit too. Frames are paced at an
     # hour here, so a reply as quick as these writes none.
-    probe = ProbeTool()
+    probe = ProbeTool(replay="safe")
     clock = FakeClock(hold_waits=True)
     rig = await start_rig(store, ctx, two_steps(probe), tools=[probe.tool], clock=clock, frame_interval_s=3600)
     calls = Calls(store, monkeypatch, "commit", "walk_branch")
@@ -75,7 +85,7 @@ async def test_a_before_run_end_hook_runs_between_the_last_reply_and_a_terminal_
         store: Store, ctx: Context, monkeypatch: pytest.MonkeyPatch) -> None:
     # The hook may append entries after the reply and before the run settles: the reply is
     # committed first, the hook reads it on the branch, then the terminal commit settles the run.
-    probe = ProbeTool()
+    probe = ProbeTool(replay="safe")
     seen: list[tuple[str | None, str | None]] = []
 
     async def before_run_end(lane: Lane, context: Context) -> None:
@@ -92,11 +102,50 @@ async def test_a_before_run_end_hook_runs_between_the_last_reply_and_a_terminal_
     assert seen == [(outcome.result.final_assistant_entry_id, outcome.operation_id)]  # the reply, the run still open
 
 
+async def test_a_call_that_must_never_run_twice_commits_its_own_intent_and_a_close_before_it_leaves_it_to_run(
+        store: Store, ctx: Context, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Listeners take the reply's events before a call starts. A call of a never-replay tool
+    # commits its intent on its own, right before its effect (six commits), so a harness closed
+    # while a listener holds the reply leaves the call planned: the next attachment runs it,
+    # rather than answering it "interrupted" as if it might have run.
+    probe = ProbeTool()
+    rig = await start_rig(store, ctx, two_steps(probe), tools=[probe.tool], clock=FakeClock(hold_waits=True),
+                          frame_interval_s=3600)
+    calls = Calls(store, monkeypatch, "commit")
+    await prompt(rig, "first", ctx)
+    assert calls.take() == {"commit": 6}
+    await rig.harness.close(ctx)
+
+    holding, release = asyncio.Event(), asyncio.Event()
+
+    async def slow_listener(event: HarnessEvent, context: Context) -> None:
+        if isinstance(event, MessageEnd) and isinstance(event.message, AssistantMessage):
+            holding.set()
+            await release.wait()
+
+    rig = await start_rig(store, ctx, [reply(tool_call(probe.name, {"key": "late"}))], tools=[probe.tool],
+                          session=rig.session)
+    rig.harness.add_listener(slow_listener)
+    prompting = asyncio.get_running_loop().create_task(rig.lane.prompt("second", None, ctx))
+    await within(holding.wait())
+    closing = asyncio.get_running_loop().create_task(rig.harness.close(ctx))
+    await asyncio.sleep(0)
+    release.set()
+    await within(closing)
+    await asyncio.gather(prompting, return_exceptions=True)
+    assert probe.runs == [{"key": "0"}]  # the second call never started
+
+    rig = await start_rig(store, ctx, ["done"], tools=[probe.tool], session=rig.session)
+    assert isinstance(await within(rig.lane.resume(ctx)), Settled)
+    assert probe.runs == [{"key": "0"}, {"key": "late"}]
+    assert [text(m) for m in await messages(rig.lane, ctx)][-2:] == ["probe:late", "done"]
+
+
 async def test_a_before_tool_hook_keeps_the_calls_intent_apart_from_the_reply(
         store: Store, ctx: Context, monkeypatch: pytest.MonkeyPatch) -> None:
     # The hook may block the call or change its arguments, so the intent commits after it, on its
     # own: six commits where the turn without the hook takes five, and no `tool_start` before it.
-    probe = ProbeTool()
+    probe = ProbeTool(replay="safe")
     starts_before_the_hook: list[int] = []
     rig: list[Rig] = []
 
@@ -120,7 +169,7 @@ async def test_a_call_the_before_tool_hook_does_not_decide_starts_with_the_reply
         store: Store, ctx: Context, monkeypatch: pytest.MonkeyPatch) -> None:
     # An approval policy gates only some tools (the terminal's: write, edit, shell): a call of
     # another tool never reaches the hook, so its intent commits with the reply, five commits.
-    probe = ProbeTool()
+    probe = ProbeTool(replay="safe")
     asked: list[str] = []
 
     async def before_tool(request: ToolCallRequest, context: Context) -> None:
@@ -151,7 +200,7 @@ async def test_a_call_the_before_tool_hook_does_not_decide_starts_with_the_reply
 async def test_calls_after_one_the_hook_decides_start_only_after_its_answer(store: Store, ctx: Context) -> None:
     # In parallel execution the calls before the first one the hook decides start with the reply;
     # that one waits for its answer, and so do the calls after it: none of them starts earlier.
-    probe, gated = ProbeTool(), ProbeTool("write")
+    probe, gated = ProbeTool(replay="safe"), ProbeTool("write", replay="safe")
     started_when_asked: list[list[JsonValue]] = []
     rig: list[Rig] = []
 
@@ -179,7 +228,7 @@ async def test_parallel_calls_start_with_the_reply_and_sequential_ones_one_by_on
     calls = Calls(store, monkeypatch, "commit")
     runs: list[tuple[Literal["parallel", "sequential"], int]] = [("parallel", 6), ("sequential", 7)]
     for execution, commits in runs:
-        probe = ProbeTool()
+        probe = ProbeTool(replay="safe")
         script = [reply(tool_call(probe.name, {"key": "a"}), tool_call(probe.name, {"key": "b"})), reply("done")]
         rig = await start_rig(store, ctx, script, tools=[probe.tool], clock=FakeClock(hold_waits=True),
                               frame_interval_s=3600, drive=DriveSettings(tool_execution=execution))
@@ -214,7 +263,7 @@ async def test_a_between_steps_hook_keeps_the_tool_results_commit_apart_from_the
     # The hook runs at the checkpoint between the result and the next step: the result commits
     # on its own, the hook sees it at the tip with the run still open, then the step commits
     # its intent (six commits where the turn without the hook takes five).
-    probe = ProbeTool()
+    probe = ProbeTool(replay="safe")
     seen: list[list[str]] = []
 
     async def between(lane: Lane, context: Context) -> list[Message]:

@@ -514,7 +514,7 @@ async def test_an_abort_that_lands_between_the_reply_and_its_calls_answers_them_
     """Issue 12: the reply's settlement commits the intents of the calls that start at once (their
     `tool_start`s come with it); an abort committed before the drive starts them answers each call
     "not run", never "interrupted", and runs neither."""
-    probe = ProbeTool()
+    probe = ProbeTool(replay="safe")
     rig = await start_rig(store, ctx, [reply(call("a"), call("b")), "never asked"], tools=[probe.tool])
     watch = await rig.lane.watch(ctx)
     aborts: list[asyncio.Task[object]] = []

@@ -6,9 +6,10 @@ intent commit (arguments stored, status `effect_pending`, `tool_start`), the eff
 then staging (`outcome_ready`, `tool_end`). Staged results are placed on the branch in source
 order as soon as every earlier call has one, so a call and its result are never separated.
 
-When nothing may run between the reply's settlement and a call's intent (no `before_tool` hook,
-no abort), the intents of the calls that start at once are committed with the reply itself
-(`with_tool_intents`): still durable before their effects, one commit fewer a tool step.
+When nothing but listeners may run between the reply's settlement and a call's intent (no
+`before_tool` hook deciding it, no abort), the intents of the calls of tools safe to run again that
+start at once are committed with the reply itself (`with_tool_intents`): still durable before
+their effects, one commit fewer a tool step.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ from harness.session import (
     MayFinish,
     MessagePayload,
     NeedAssistant,
+    OperationState,
     PendingMessage,
     RunCheckpoint,
     RunTools,
@@ -412,13 +414,17 @@ def with_tool_intents(op: DrivenOperation, settlement: Transition, message: Assi
     replay rule, and its `tool_start` after the reply's events. Still durable before the effect
     (HA-25), one commit fewer than an intent of its own.
 
-    Only when nothing may run between the two: no abort requested, and no `before_tool` hook
-    deciding the call (it may block it or change its arguments) nor any call before it (the call
-    would wait for that one's answer); calls answered without running (unknown tool, invalid
-    arguments, a truncated reply) keep their own path. In parallel execution every such call
-    starts at once, in sequential execution only a first one. The calls whose intents committed
-    wait in `DrivenOperation.unstarted_calls` for the batch runner, which starts them, or answers
-    them as not run under an abort that came after the reply's commit."""
+    Only for a call whose tool is safe to run again (`replay="safe"`): listeners take the reply's
+    events before the call starts, and a harness closed meanwhile leaves it `effect_pending`, to be
+    run again on the next attachment as a planned call would be; a never-replay call commits its
+    own intent right before its effect, so such a close leaves it planned, not "interrupted". And
+    only when nothing else comes between: no abort requested (decided on the session line, in the
+    commit itself), no `before_tool` hook deciding the call (it may block it or change its
+    arguments) nor any call before it (the call would wait for that one's answer); calls answered
+    without running (unknown tool, invalid arguments, a truncated reply) keep their own path. In
+    parallel execution every such call starts at once, in sequential execution only a first one.
+    The calls whose intents committed wait in `DrivenOperation.unstarted_calls` for the batch
+    runner, which starts them, or answers them as not run under an abort that came after."""
     state = settlement.state
     if not isinstance(state, RunTools) or op.aborting:
         return settlement
@@ -431,7 +437,8 @@ def with_tool_intents(op: DrivenOperation, settlement: Transition, message: Assi
         if tool is not None and _problem(block, tool, dict(block.arguments), message) is None:
             if op.hooks.before_tool is not None and _decides(op, block.name):
                 break  # this call waits for the hook's answer, and every later call for this one
-            starting.append((index, block, tool))
+            if tool.replay == "safe":
+                starting.append((index, block, tool))
         if op.settings.tool_execution == "sequential":
             break  # the next call starts only after this one's result
     if not starting:
@@ -441,25 +448,32 @@ def with_tool_intents(op: DrivenOperation, settlement: Transition, message: Assi
         calls[index] = calls[index].model_copy(update={"status": "effect_pending", "replay": tool.replay})
     intended = state.model_copy(update={"batch": batch.model_copy(update={"calls": calls})})
     lane, operation_id = op.lane.name, op.operation_id
+    merged: list[bool] = []  # decided on the line: no abort was committed before this commit
+
+    def next_state(current: OperationState) -> OperationState:
+        merged.append(not isinstance(current.control, CancelRequested))
+        return intended if merged[0] else state
 
     def stage(m: SessionMutator) -> None:
         if settlement.stage is not None:
             settlement.stage(m)
-        for index, block, _ in starting:
+        for index, block, _ in starting if merged[0] else ():
             m.set(addresses.tool_args(operation_id, batch.turn_id, batch.calls[index].source_index),
                   dict(block.arguments))
 
     def events() -> Sequence[Announcement]:
         return [*(settlement.events() if settlement.events is not None else ()),
                 *(ToolStart(lane=lane, operation_id=operation_id, turn_id=batch.turn_id, tool_call_id=block.id,
-                            tool_name=block.name, args=dict(block.arguments)) for _, block, _ in starting)]
+                            tool_name=block.name, args=dict(block.arguments))
+                  for _, block, _ in (starting if merged[0] else ()))]
 
     def publish(result: CommitResult | None) -> None:
         if settlement.publish is not None:
             settlement.publish(result)
-        op.unstarted_calls.update(batch.calls[index].result_entry_id for index, _, _ in starting)
+        if merged[0]:
+            op.unstarted_calls.update(batch.calls[index].result_entry_id for index, _, _ in starting)
 
-    return Transition(intended, stage, events, publish)
+    return Transition(next_state, stage, events, publish)
 
 
 def _decides(op: DrivenOperation, tool_name: str) -> bool:
