@@ -8,15 +8,17 @@ its `inline_commit_limit_s`."""
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 import threading
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from harness.context import Context
-from harness.session import Session, SessionMutator, Store, addresses, connect
+from harness.session import AppendList, Session, SessionMutator, SetValue, Store, addresses, connect
 from harness.session.sqlite import INLINE_COMMIT_WRITES, SqliteBackend
 
 
@@ -150,3 +152,143 @@ async def test_a_commit_that_finds_the_write_lock_held_waits_on_the_database_thr
         assert await session.get(addresses.session_name(), ctx) == "waited"
     finally:
         await other.close()
+
+
+class Interrupting:
+    """The connection, but the first `statement` raises `error` as it returns (`before=False`, as a
+    signal's handler raises once the call is back on the loop's thread) or instead of running."""
+
+    def __init__(self, db: sqlite3.Connection, statement: str, error: BaseException, *, before: bool) -> None:
+        self.db, self.statement, self.error, self.before = db, statement, error, before
+        self.armed = True
+
+    def execute(self, sql: str, *args: Any) -> sqlite3.Cursor:
+        if self.armed and sql == self.statement and self.before:
+            self.armed = False
+            raise self.error
+        cursor = self.db.execute(sql, *args)
+        if self.armed and sql == self.statement:
+            self.armed = False
+            raise self.error
+        return cursor
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.db, name)
+
+
+def locked() -> sqlite3.OperationalError:
+    error = sqlite3.OperationalError("database is locked")
+    error.sqlite_errorcode = sqlite3.SQLITE_BUSY
+    return error
+
+
+async def test_an_interrupt_as_begin_returns_leaves_no_transaction_open(sqlite_store: Store, ctx: Context) -> None:
+    # On the loop's thread a signal's handler runs between statements (a second Ctrl-C, a SIGTERM
+    # handler calling sys.exit): the transaction is rolled back, the store stays usable.
+    backend = backend_of(sqlite_store)
+    session = await sqlite_store.create_session(ctx)
+    db = backend._db
+    backend._db = Interrupting(db, "BEGIN IMMEDIATE", KeyboardInterrupt(), before=False)  # type: ignore[assignment]
+    with pytest.raises(KeyboardInterrupt):
+        await backend.commit(session.id, [SetValue("test", "k", '"lost"')], None, ctx)
+    backend._db = db
+
+    assert not db.in_transaction
+    await backend.commit(session.id, [SetValue("test", "k", '"kept"')], None, ctx)
+    assert (await backend.get_value(session.id, "test", "k", ctx)).value == '"kept"'  # type: ignore[union-attr]
+
+
+async def test_a_commit_refused_as_busy_is_rolled_back_and_made_once_on_the_database_thread(
+        sqlite_store: Store, ctx: Context) -> None:
+    backend = backend_of(sqlite_store)
+    session = await sqlite_store.create_session(ctx)
+    threads = backend._commit_barrier = Threads()
+    db = backend._db
+    backend._db = Interrupting(db, "COMMIT", locked(), before=True)  # type: ignore[assignment]
+
+    result = await backend.commit(session.id, [AppendList("test", "l", '"once"')], None, ctx)
+
+    backend._db = db
+    assert not db.in_transaction
+    assert threads.on_the_loop() == [True, False]  # tried here, rolled back, made on the thread
+    rows = await backend.read_list(session.id, "test", "l", None, 10, ctx)
+    assert [(row.seq, row.value) for row in rows] == [(result.seqs[0], '"once"')]
+
+
+def test_a_store_used_from_two_event_loops_at_once_never_shares_its_connection(tmp_path: Path) -> None:
+    # The database thread answers each call on the loop that made it; a commit runs on a loop's
+    # own thread only while it has the connection to itself.
+    ctx = Context()
+    home = asyncio.new_event_loop()
+    store = home.run_until_complete(connect(f"sqlite:///{tmp_path / 'journal.db'}", ctx))
+    sessions = [home.run_until_complete(store.create_session(ctx)).id for _ in range(2)]
+    backend = backend_of(store)
+    start, failures = threading.Barrier(2), []
+
+    def writer(session_id: str, reads: bool) -> None:
+        async def write() -> None:
+            start.wait()
+            for n in range(300):
+                try:
+                    if reads and n % 2:
+                        await backend.read_list(session_id, "test", "l", None, 5, ctx)
+                    else:
+                        await backend.commit(session_id, [AppendList("test", "l", f'"{n}"')], None, ctx)
+                except Exception as error:
+                    failures.append(error)
+
+        asyncio.run(write())
+
+    threads = [threading.Thread(target=writer, args=(sessions[0], False)),
+               threading.Thread(target=writer, args=(sessions[1], True))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+
+    async def count(session_id: str) -> int:
+        return len(await backend.read_list(session_id, "test", "l", None, 1000, ctx))
+
+    try:
+        assert failures == []
+        assert [home.run_until_complete(count(s)) for s in sessions] == [300, 150]
+        assert not backend._db.in_transaction
+    finally:
+        home.run_until_complete(store.close())
+        home.close()
+
+
+def test_a_call_whose_loop_closed_before_its_answer_does_not_keep_the_thread_busy(tmp_path: Path) -> None:
+    # Nobody can be answered on a closed loop; the call still counts as answered, so the store's
+    # next loop commits on its own thread again.
+    ctx = Context()
+    first, second = asyncio.new_event_loop(), asyncio.new_event_loop()
+    store = first.run_until_complete(connect(f"sqlite:///{tmp_path / 'journal.db'}", ctx))
+    session = first.run_until_complete(store.create_session(ctx))
+    backend = backend_of(store)
+    started, release = threading.Event(), threading.Event()
+
+    def held(db: sqlite3.Connection) -> None:
+        started.set()
+        release.wait(10)
+
+    async def leave_a_call_running() -> None:
+        backend._submit(held)
+        await asyncio.to_thread(started.wait, 10)
+
+    first.run_until_complete(leave_a_call_running())
+    first.close()
+    release.set()
+    threads = backend._commit_barrier = Threads()
+
+    async def commit_once() -> None:
+        while not backend._thread.idle:  # the thread finishes the call it had in hand
+            await asyncio.sleep(0.01)
+        await backend.commit(session.id, [SetValue("test", "k", '"next"')], None, ctx)
+
+    try:
+        second.run_until_complete(asyncio.wait_for(commit_once(), 10))
+        assert [thread is threading.current_thread() for thread in threads.seen] == [True]
+    finally:
+        second.run_until_complete(store.close())
+        second.close()

@@ -23,7 +23,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, TypeVar
@@ -270,7 +270,7 @@ def _set_lock(fd: int, kind: int, offset: int) -> bool:
     return True
 
 
-_Call = tuple[asyncio.AbstractEventLoop, "asyncio.Future[Any]", Callable[[], Any], Callable[[], None]]
+_Call = tuple[asyncio.AbstractEventLoop, "asyncio.Future[Any]", Callable[[], Any], Callable[[], None], threading.Lock]
 _Outcome = tuple[bool, Any] | None  # (True, result), (False, error), or None: the call did not run
 
 BUSY_TIMEOUT_MS = 10_000
@@ -292,17 +292,23 @@ class _WouldWait(Exception):
 
 
 class _Backlog:
-    """How many calls a database thread was handed and has not answered yet, counted on the
-    event loop's thread (it answers there); kept apart from the thread object, which dropping
-    must be able to finalize while a call is queued."""
+    """How many calls a database thread was handed and has not answered yet (it answers on each
+    call's own event loop, and a store may serve several); kept apart from the thread object,
+    which dropping must be able to finalize while a call is queued."""
 
-    __slots__ = ("calls",)
+    __slots__ = ("_mutex", "calls")
 
     def __init__(self) -> None:
         self.calls = 0
+        self._mutex = threading.Lock()
+
+    def handed(self) -> None:
+        with self._mutex:
+            self.calls += 1
 
     def answered(self) -> None:
-        self.calls -= 1
+        with self._mutex:
+            self.calls -= 1
 
 
 class _DatabaseThread:
@@ -321,17 +327,20 @@ class _DatabaseThread:
         self._thread.start()
         self._finish = weakref.finalize(self, _finish, self._calls, self._thread)
         self._backlog = _Backlog()
+        self.connection = threading.Lock()
+        """Held while a call uses the connection: the thread's each call, a commit on an event
+        loop's thread for its length (it may only try: the thread never waits on a loop)."""
 
     @property
     def idle(self) -> bool:
-        """Every call handed to the thread has been answered: it is not using the connection."""
+        """Every call handed to the thread has been answered: none waits its turn before a commit."""
         return self._backlog.calls == 0
 
     def submit(self, fn: Callable[[], T]) -> asyncio.Future[T]:
         loop = asyncio.get_running_loop()
         future: asyncio.Future[T] = loop.create_future()
-        self._backlog.calls += 1
-        self._calls.put((loop, future, fn, self._backlog.answered))
+        self._backlog.handed()
+        self._calls.put((loop, future, fn, self._backlog.answered, self.connection))
         return future
 
     def stop(self, *, wait: bool) -> None:
@@ -344,15 +353,18 @@ class _DatabaseThread:
 
 def _serve(calls: queue.SimpleQueue[_Call | None]) -> None:
     while (call := calls.get()) is not None:
-        loop, future, fn, answered = call
+        loop, future, fn, answered, connection = call
         outcome: _Outcome = None
         if not future.cancelled():  # given up before it started: run nothing, as an executor would
-            try:
-                outcome = (True, fn())
-            except BaseException as error:
-                outcome = (False, error)
-        with suppress(RuntimeError):  # the loop has closed: nobody waits for the answer any more
+            with connection:
+                try:
+                    outcome = (True, fn())
+                except BaseException as error:
+                    outcome = (False, error)
+        try:
             loop.call_soon_threadsafe(_answer, future, outcome, answered)
+        except RuntimeError:  # the loop has closed: nobody waits for the answer any more
+            answered()
 
 
 def _finish(calls: queue.SimpleQueue[_Call | None], thread: threading.Thread) -> None:
@@ -500,7 +512,8 @@ class SqliteBackend:
             return result
 
         if (self._closed or not self._thread.idle or writes > INLINE_COMMIT_WRITES
-                or self._commit_s >= self.inline_commit_limit_s):
+                or self._commit_s >= self.inline_commit_limit_s
+                or not self._thread.connection.acquire(blocking=False)):  # another loop's call has it
             return self._submit(timed)
         future: asyncio.Future[CommitResult] = asyncio.get_running_loop().create_future()
         try:
@@ -509,6 +522,8 @@ class SqliteBackend:
             return self._submit(timed)
         except Exception as error:
             _settle(future, False, error)
+        finally:
+            self._thread.connection.release()
         return future
 
     def _guarded(self, fn: Callable[[sqlite3.Connection], T], busy_timeout_ms: int) -> T:
@@ -863,14 +878,17 @@ def _counted_transaction(db: sqlite3.Connection, mark: CommitMark) -> Iterator[N
 @contextmanager
 def _transaction(db: sqlite3.Connection) -> Iterator[None]:
     """One write transaction: BEGIN IMMEDIATE (so the seq read and the writes cannot interleave
-    with another writer's), COMMIT on leaving, ROLLBACK on any exception."""
-    db.execute("BEGIN IMMEDIATE")
+    with another writer's), COMMIT on leaving, ROLLBACK on any exception, also one raised as
+    BEGIN or COMMIT returns (a signal's, on the event loop's thread) or a COMMIT that failed: the
+    connection is never left inside a transaction."""
     try:
+        db.execute("BEGIN IMMEDIATE")
         yield
+        db.execute("COMMIT")
     except BaseException:
-        db.execute("ROLLBACK")
+        if db.in_transaction:
+            db.execute("ROLLBACK")
         raise
-    db.execute("COMMIT")
 
 
 # An insert makes its own checks, in one statement: an id the other table holds (its own table's
