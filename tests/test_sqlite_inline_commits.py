@@ -282,8 +282,8 @@ def test_a_call_whose_loop_closed_before_its_answer_does_not_keep_the_thread_bus
     threads = backend._commit_barrier = Threads()
 
     async def commit_once() -> None:
-        while not backend._thread.idle:  # the thread finishes the call it had in hand
-            await asyncio.sleep(0.01)
+        await backend._submit(lambda db: None)  # behind the call the thread had in hand
+        assert backend._thread.idle
         await backend.commit(session.id, [SetValue("test", "k", '"next"')], None, ctx)
 
     try:
