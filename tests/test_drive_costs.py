@@ -6,7 +6,7 @@ in history), and every count here is the one bench/README.md lists with the reas
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Literal
 
 import pytest
@@ -14,19 +14,23 @@ from pydantic import JsonValue
 
 from drive_helpers import FakeClock, ProbeTool, Rig, messages, start_rig, text, within
 from harness.context import Context
-from harness.messages import AssistantMessage, Message
+from harness.messages import AssistantMessage, Message, TextContent
+from harness.providers import ToolSpec
 from harness.providers.faux import reply, tool_call
 from harness.runtime import (
+    AgentTool,
     DriveSettings,
     HarnessEvent,
     Lane,
     MessageEnd,
+    ProgressCallback,
     RunHooks,
     Settled,
     ToolCallRequest,
+    ToolOutput,
     ToolStart,
 )
-from harness.session import Store
+from harness.session import DeleteList, DeleteValue, Store, Write, addresses
 
 
 class Calls:
@@ -239,6 +243,43 @@ async def test_parallel_calls_start_with_the_reply_and_sequential_ones_one_by_on
         assert calls.take() == {"commit": commits}, execution
         assert probe.runs == [{"key": "a"}, {"key": "b"}]
         await rig.harness.close(ctx)
+
+
+async def test_a_turn_deletes_only_frame_pages_and_tool_checkpoints_it_wrote(
+        store: Store, ctx: Context, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A reply that ends within one frame interval wrote no page and a call that reported no
+    # progress persisted no checkpoint: their settlements delete nothing. A call that did persist
+    # progress has its checkpoint deleted with its result (the journal keeps none after a turn).
+    namespaces: list[str] = []
+    commit = store.backend.commit
+
+    def recording(session_id: str, writes: Sequence[Write], claim: Any, context: Context) -> Any:
+        namespaces.extend(w.namespace for w in writes if isinstance(w, DeleteList | DeleteValue))
+        return commit(session_id, writes, claim, context)
+
+    monkeypatch.setattr(store.backend, "commit", recording)
+    probe = ProbeTool(replay="safe")
+    rig = await start_rig(store, ctx, two_steps(probe), tools=[probe.tool], clock=FakeClock(hold_waits=True),
+                          frame_interval_s=3600)
+    await prompt(rig, "first", ctx)
+    assert "harness.pending.assistant_frame" not in namespaces
+    assert "harness.pending.tool_output" not in namespaces
+
+    async def reporting(call_id: str, args: dict[str, JsonValue], on_update: ProgressCallback,
+                        context: Context) -> ToolOutput:
+        await on_update({"done": "half"}, True)
+        return ToolOutput(content=[TextContent(text="reported")])
+
+    reporter = AgentTool(spec=ToolSpec(name="reporter", description="reports progress", parameters={}),
+                         execute=reporting, replay="safe")
+    rig = await start_rig(store, ctx, [reply(tool_call("reporter", {})), reply("done")], tools=[reporter],
+                          frame_interval_s=0)
+    namespaces.clear()
+    outcome = await prompt(rig, "second", ctx)
+    assert namespaces.count("harness.pending.tool_output") == 1
+    assert namespaces.count("harness.pending.assistant_frame") == 2  # both replies wrote pages
+    session = rig.harness.session
+    assert await session.scan_values(addresses.tool_checkpoint(outcome.operation_id, ""), ctx) == []
 
 
 async def test_each_request_sends_the_branch_the_journal_holds_after_a_navigation(store: Store, ctx: Context) -> None:

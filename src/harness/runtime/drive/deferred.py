@@ -48,11 +48,12 @@ async def poll(op: DrivenOperation, state: DeferredSuspended) -> Transition | No
     effect = op.effect_context()
     try:
         options = op.stream_options(model, generation)
-        message, error = await consume(op, lambda: provider.poll(model, handle.id, options, effect), intent, model)
+        message, error, framed = await consume(op, lambda: provider.poll(model, handle.id, options, effect), intent,
+                                               model)
     finally:
         op.end_effect(effect)
     reached(FaultPoint.BEFORE_REPLY_SETTLEMENT)
-    return settle_reply(op, intent, message, error)
+    return settle_reply(op, intent, message, error, framed=framed)
 
 
 def recover_poll(op: DrivenOperation, state: DeferredEffectPending) -> Transition:

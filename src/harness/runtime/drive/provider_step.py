@@ -144,18 +144,20 @@ async def _send(op: DrivenOperation, intent: AssistantEffectPending, model: Mode
     effect = op.effect_context()
     try:
         options = op.stream_options(model, intent.generation)
-        message, error = await consume(op, lambda: provider.stream(model, request, options, effect), intent, model)
+        message, error, framed = await consume(op, lambda: provider.stream(model, request, options, effect), intent,
+                                               model)
     finally:
         op.end_effect(effect)
     reached(FaultPoint.BEFORE_REPLY_SETTLEMENT)
-    return await settle_with_reply(op, settle_reply(op, intent, message, error))
+    return await settle_with_reply(op, settle_reply(op, intent, message, error, framed=framed))
 
 
 async def consume(
     op: DrivenOperation, open_stream: Callable[[], AsyncIterator[StreamEvent]], intent: EffectPending, model: Model
-) -> tuple[AssistantMessage, ProviderErrorInfo | None]:
+) -> tuple[AssistantMessage, ProviderErrorInfo | None, bool]:
     """Read the reply, publishing it live and persisting frames without awaiting storage in the
-    loop (HA-14); returns the final message and, for a failure, its classification."""
+    loop (HA-14); returns the final message, for a failure its classification, and whether a
+    frame page was written."""
     lane = op.lane
     accumulator = AssistantStreamAccumulator(api=model.api, provider=model.provider, model=model.id)
     frames = FrameWriter(op, intent)
@@ -208,7 +210,7 @@ async def consume(
     if final is None:
         error = ProviderErrorInfo(kind="other", message="the provider stream ended without a final message")
         final = accumulator.message("error", error_message=error.message)
-    return final, error
+    return final, error, frames.wrote
 
 
 async def interrupted_reply(op: DrivenOperation, state: EffectPending) -> AssistantMessage:
@@ -229,9 +231,11 @@ def interruption() -> ProviderErrorInfo:
 
 
 def settle_reply(op: DrivenOperation, intent: EffectPending, message: AssistantMessage,
-                 error: ProviderErrorInfo | None) -> Transition:
+                 error: ProviderErrorInfo | None, *, framed: bool = True) -> Transition:
     """The reply under its reserved ids and the next phase, as one commit; with tool calls, the
-    intents of those that start at once too (`with_tool_intents`)."""
+    intents of those that start at once too (`with_tool_intents`). `framed` False: the reply
+    was streamed by this drive under this intent and no frame page was written, so there are
+    none to delete (a reply restored after a crash, or interrupted, may have some)."""
     lane, projection, generation = op.lane.name, op.projection, intent.generation
     message = _well_formed_calls(message)
     aborting = op.aborting
@@ -251,7 +255,8 @@ def settle_reply(op: DrivenOperation, intent: EffectPending, message: AssistantM
         m.insert_usage(message.usage, usage_id=intent.usage_id, entry_id=None if empty_abort else entry_id)
         if on_branch:
             m.set(addresses.branch_tip(lane), entry_id)
-        m.delete_list(addresses.assistant_frames(op.operation_id, entry_id))
+        if framed:
+            m.delete_list(addresses.assistant_frames(op.operation_id, entry_id))
 
     # The reply's entry is write 0 of the commit (`commit_transition` stages it first).
     end: Announcement = (MessageEnd(lane=lane, message=message) if empty_abort
@@ -367,6 +372,8 @@ class FrameWriter:
         self._task: asyncio.Task[None] | None = None
         self._waiting = False  # the task sleeps out an interval (which closing cancels)
         self._closed = False
+        self.wrote = False
+        """Whether a page was staged: frames of the reply may be stored."""
 
     def add(self, frame: StreamEvent) -> None:
         self._buffer.append(frame)
@@ -404,6 +411,7 @@ class FrameWriter:
                     if getattr(op.projection.operation_state, "response_entry_id", None) == response_entry_id:
                         frames: dict[str, JsonValue] = {"frames": [frame.model_dump(mode="json") for frame in page]}
                         m.append(address, frames)
+                        self.wrote = True
                     return Decision(None)
 
                 await op.run(plan)

@@ -89,6 +89,10 @@ class ToolBatchRunner:
         self.tasks: dict[int, asyncio.Task[None]] = {}
         self.message: AssistantMessage | None = None
         self.placed_results: list[ToolResultMessage] = []  # every result this runner placed, for turn_end
+        # The calls this runner started and those whose progress it persisted: a call started here
+        # that persisted none has no checkpoint to delete (a restored one may have one).
+        self.launched: set[int] = set()
+        self.checkpointed: set[int] = set()
 
     @property
     def aborting(self) -> bool:
@@ -177,6 +181,7 @@ class ToolBatchRunner:
         """Start the effect of call `index`, whose intent has committed."""
         op = self.op
         op.unstarted_calls.discard(self.batch.calls[index].result_entry_id)
+        self.launched.add(index)
         reached(FaultPoint.TOOL_INTENT)
         task = self.tasks[index] = op.spawn(self._execute(index, block, tool, args))
         if op.settings.tool_execution == "sequential":
@@ -243,6 +248,7 @@ class ToolBatchRunner:
                 async def plan(m: SessionMutator) -> Decision[None]:
                     if self._calls()[index].status == "effect_pending":
                         m.set(checkpoint, partial)
+                        self.checkpointed.add(index)
                     return Decision(None)
 
                 await op.run(plan)
@@ -301,7 +307,8 @@ class ToolBatchRunner:
             final_terminate = terminate and not isinstance(state.control, CancelRequested)
             calls[index] = call.model_copy(update={"status": "outcome_ready", "terminate": final_terminate})
             staged = PendingMessage(message=result)
-            m.delete(addresses.tool_checkpoint(op.operation_id, call.result_entry_id))
+            if index not in self.launched or index in self.checkpointed:
+                m.delete(addresses.tool_checkpoint(op.operation_id, call.result_entry_id))
             ready = []
             for position, candidate in enumerate(calls):
                 if candidate.status == "completed":
