@@ -18,8 +18,8 @@ checkpoint that places queued input commits `assistant_ready` with that placemen
     a reply without tool calls settles the run in the reply's own commit when no hook, abort or
     queued input comes between them (settlement.py: `settle_with_reply`); a reply with tool calls
     commits the intents of the safe-to-repeat ones that start at once with it when no `before_tool`
-    hook or abort comes between (tool_batch.py: `with_tool_intents`); likewise the results completing a batch
-    commit the next step's intent with them, straight from run_tools to
+    hook or abort comes between (tool_batch.py: `with_tool_intents`); likewise the results
+    completing a batch commit the next step's intent with them, straight from run_tools to
     assistant_effect_pending, when the checkpoint would only ask the model (`direct_intent`)
     any phase ── failure ──▶ failure_drain ──▶ settled failed
     any phase ── abort requested ──▶ answer what was in flight ──▶ settled aborted

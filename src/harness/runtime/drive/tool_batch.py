@@ -38,7 +38,7 @@ from harness.runtime.events import (
     TurnEnd,
 )
 from harness.runtime.fault_points import FaultPoint, reached
-from harness.runtime.hooks import Block, ToolCallRequest
+from harness.runtime.hooks import BeforeTool, Block, ToolCallRequest
 from harness.runtime.requests import MAX_INPUT_BYTES, input_bytes
 from harness.runtime.snapshot import LanePresentation
 from harness.session import (
@@ -154,12 +154,13 @@ class ToolBatchRunner:
         tool = self.tools.get(block.name)
         args: dict[str, JsonValue] = dict(block.arguments)
         problem = _problem(block, tool, args, message)
-        if problem is None and tool is not None and op.hooks.before_tool is not None and _decides(op, block.name):
+        hook = _deciding_hook(op, block.name) if problem is None and tool is not None else None
+        if hook is not None:
             request = ToolCallRequest(op.operation_id, block.id, block.name, args)
             # An effect's Context, so a durable abort cancels a hook that waits for a person's answer.
             asking = op.effect_context()
             try:
-                decision = await op.hooks.before_tool(request, asking)
+                decision = await hook(request, asking)
             except Exception as error:  # approval fails closed
                 decision = Block(reason=f"the approval check failed: {error}")
             finally:
@@ -202,31 +203,25 @@ class ToolBatchRunner:
         if tool is None or tool.replay != "safe" or call.replay != "safe" or args is None:
             await self._stage(index, block, await self._interrupted(block, call))
             return
-        self.lane.present(lambda _: None, [ToolStart(lane=self.lane.name, operation_id=op.operation_id,
-                                                    turn_id=self.batch.turn_id, tool_call_id=block.id,
-                                                    tool_name=block.name, args=args)], op.context)
+        self.lane.present(lambda _: None, [_tool_start(op, self.batch, block, args)], op.context)
         self.tasks[index] = op.spawn(self._execute(index, block, tool, args))
 
     async def _intent(self, index: int, block: ToolCall, tool: AgentTool, args: dict[str, JsonValue]) -> bool:
         op, projection = self.op, self.projection
-        address = addresses.tool_args(op.operation_id, self.batch.turn_id, self.batch.calls[index].source_index)
 
         async def plan(m: SessionMutator) -> Decision[bool]:
             state = live_phase(projection, op.operation_id, RunTools, intent=True)
             if state is None:
                 return Decision(False)
-            calls = list(state.batch.calls)
-            calls[index] = calls[index].model_copy(update={"status": "effect_pending", "replay": tool.replay})
-            new_state = state.model_copy(update={"batch": state.batch.model_copy(update={"calls": calls})})
-            m.set(address, args)
+            new_state = _at_intent(state, [(index, tool)])
+            m.set(addresses.tool_args(op.operation_id, self.batch.turn_id, self.batch.calls[index].source_index),
+                  args)
             m.set(addresses.operation_state(op.operation_id), new_state)
 
             def publish(result: CommitResult | None) -> None:
                 projection.operation_state = new_state
 
-            return Decision(True, [ToolStart(lane=self.lane.name, operation_id=op.operation_id,
-                                             turn_id=self.batch.turn_id, tool_call_id=block.id, tool_name=block.name,
-                                             args=args)], publish)
+            return Decision(True, [_tool_start(op, self.batch, block, args)], publish)
 
         return await op.run(plan)
 
@@ -440,53 +435,62 @@ def with_tool_intents(op: DrivenOperation, settlement: Transition, message: Assi
     for index, call in enumerate(batch.calls):
         block = message.content[call.source_index]
         assert isinstance(block, ToolCall)  # the batch is made from the reply's tool calls
-        tool = tools.get(block.name)
-        if tool is not None and _problem(block, tool, dict(block.arguments), message) is None:
-            if op.hooks.before_tool is not None and _decides(op, block.name):
+        tool, decided = tools.get(block.name), _deciding_hook(op, block.name) is not None
+        # A call answered without running (its problem) is not asked about and holds up nothing.
+        if tool is not None and (tool.replay == "safe" or decided) and _problem(
+                block, tool, dict(block.arguments), message) is None:
+            if decided:
                 break  # this call waits for the hook's answer, and every later call for this one
-            if tool.replay == "safe":
-                starting.append((index, block, tool))
+            starting.append((index, block, tool))
         if op.settings.tool_execution == "sequential":
             break  # the next call starts only after this one's result
     if not starting:
         return settlement
-    calls = list(batch.calls)
-    for index, _, tool in starting:
-        calls[index] = calls[index].model_copy(update={"status": "effect_pending", "replay": tool.replay})
-    intended = state.model_copy(update={"batch": batch.model_copy(update={"calls": calls})})
-    lane, operation_id = op.lane.name, op.operation_id
-    merged: list[bool] = []  # decided on the line: no abort was committed before this commit
+    intended = _at_intent(state, [(index, tool) for index, _, tool in starting])
+    operation_id = op.operation_id
 
     def next_state(current: OperationState) -> OperationState:
-        merged.append(not isinstance(current.control, CancelRequested))
-        return intended if merged[0] else state
+        if isinstance(current.control, CancelRequested):  # decided on the line: an abort came first
+            starting.clear()  # so the writes, events and publication below carry no intent
+            return state
+        return intended
 
     def stage(m: SessionMutator) -> None:
         if settlement.stage is not None:
             settlement.stage(m)
-        for index, block, _ in starting if merged[0] else ():
+        for index, block, _ in starting:
             m.set(addresses.tool_args(operation_id, batch.turn_id, batch.calls[index].source_index),
                   dict(block.arguments))
 
     def events() -> Sequence[Announcement]:
         return [*(settlement.events() if settlement.events is not None else ()),
-                *(ToolStart(lane=lane, operation_id=operation_id, turn_id=batch.turn_id, tool_call_id=block.id,
-                            tool_name=block.name, args=dict(block.arguments))
-                  for _, block, _ in (starting if merged[0] else ()))]
+                *(_tool_start(op, batch, block, dict(block.arguments)) for _, block, _ in starting)]
 
     def publish(result: CommitResult | None) -> None:
         if settlement.publish is not None:
             settlement.publish(result)
-        if merged[0]:
-            op.unstarted_calls.update(batch.calls[index].result_entry_id for index, _, _ in starting)
+        op.unstarted_calls.update(batch.calls[index].result_entry_id for index, _, _ in starting)
 
     return Transition(next_state, stage, events, publish)
 
 
-def _decides(op: DrivenOperation, tool_name: str) -> bool:
-    """Whether the `before_tool` hook decides the calls of `tool_name` (`RunHooks.before_tool_applies`)."""
-    applies = op.hooks.before_tool_applies
-    return applies is None or applies(tool_name)
+def _at_intent(state: RunTools, calls: Sequence[tuple[int, AgentTool]]) -> RunTools:
+    """`state` with calls `index` at their intent: `effect_pending`, with their tool's replay rule."""
+    updated = list(state.batch.calls)
+    for index, tool in calls:
+        updated[index] = updated[index].model_copy(update={"status": "effect_pending", "replay": tool.replay})
+    return state.model_copy(update={"batch": state.batch.model_copy(update={"calls": updated})})
+
+
+def _tool_start(op: DrivenOperation, batch: ToolBatch, block: ToolCall, args: dict[str, JsonValue]) -> ToolStart:
+    return ToolStart(lane=op.lane.name, operation_id=op.operation_id, turn_id=batch.turn_id, tool_call_id=block.id,
+                     tool_name=block.name, args=args)
+
+
+def _deciding_hook(op: DrivenOperation, tool_name: str) -> BeforeTool | None:
+    """The `before_tool` hook when it decides the calls of `tool_name` (`RunHooks.before_tool_applies`)."""
+    hook, applies = op.hooks.before_tool, op.hooks.before_tool_applies
+    return hook if hook is not None and (applies is None or applies(tool_name)) else None
 
 
 def _batch_tools(op: DrivenOperation, batch: ToolBatch) -> dict[str, AgentTool]:
