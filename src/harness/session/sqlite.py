@@ -23,7 +23,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, TypeVar
@@ -270,8 +270,7 @@ def _set_lock(fd: int, kind: int, offset: int) -> bool:
     return True
 
 
-_Call = tuple[asyncio.AbstractEventLoop, "asyncio.Future[Any]", Callable[[], Any], Callable[[], None], threading.Lock]
-_Outcome = tuple[bool, Any] | None  # (True, result), (False, error), or None: the call did not run
+_Call = tuple[asyncio.AbstractEventLoop, "asyncio.Future[Any]", Callable[[], Any]]
 
 BUSY_TIMEOUT_MS = 10_000
 """How long a call on the database thread waits for another connection's write lock."""
@@ -292,21 +291,23 @@ class _WouldWait(Exception):
 
 
 class _Backlog:
-    """How many calls a database thread was handed and has not answered yet (it answers on each
-    call's own event loop, and a store may serve several); kept apart from the thread object,
-    which dropping must be able to finalize while a call is queued."""
+    """How many calls a database thread was handed and has not finished (handed on any event
+    loop's thread, a store may serve several, finished on its own), and the lock on the connection
+    its calls and a commit on a loop's thread take; kept apart from the thread object, which
+    dropping must be able to finalize while a call is queued."""
 
-    __slots__ = ("_mutex", "calls")
+    __slots__ = ("_mutex", "calls", "connection")
 
     def __init__(self) -> None:
         self.calls = 0
         self._mutex = threading.Lock()
+        self.connection = threading.Lock()
 
     def handed(self) -> None:
         with self._mutex:
             self.calls += 1
 
-    def answered(self) -> None:
+    def finished(self) -> None:
         with self._mutex:
             self.calls -= 1
 
@@ -322,25 +323,28 @@ class _DatabaseThread:
 
     def __init__(self, name: str) -> None:
         self._calls: queue.SimpleQueue[_Call | None] = queue.SimpleQueue()
-        # The thread holds the queue, not this object, so dropping it runs the finalizer.
-        self._thread = threading.Thread(target=_serve, args=(self._calls,), name=name, daemon=True)
+        self._backlog = _Backlog()
+        # The thread holds the queue and the backlog, not this object, so dropping it runs the finalizer.
+        self._thread = threading.Thread(target=_serve, args=(self._calls, self._backlog), name=name, daemon=True)
         self._thread.start()
         self._finish = weakref.finalize(self, _finish, self._calls, self._thread)
-        self._backlog = _Backlog()
-        self.connection = threading.Lock()
-        """Held while a call uses the connection: the thread's each call, a commit on an event
-        loop's thread for its length (it may only try: the thread never waits on a loop)."""
+
+    @property
+    def connection(self) -> threading.Lock:
+        """Held while a call uses the connection: each of the thread's, and a commit on an event
+        loop's thread for its length (that one only tries it: the thread never waits on a loop)."""
+        return self._backlog.connection
 
     @property
     def idle(self) -> bool:
-        """Every call handed to the thread has been answered: none waits its turn before a commit."""
+        """Every call handed to the thread has finished: none waits its turn before a commit."""
         return self._backlog.calls == 0
 
     def submit(self, fn: Callable[[], T]) -> asyncio.Future[T]:
         loop = asyncio.get_running_loop()
         future: asyncio.Future[T] = loop.create_future()
         self._backlog.handed()
-        self._calls.put((loop, future, fn, self._backlog.answered, self.connection))
+        self._calls.put((loop, future, fn))
         return future
 
     def stop(self, *, wait: bool) -> None:
@@ -351,20 +355,20 @@ class _DatabaseThread:
             self._calls.put(None)
 
 
-def _serve(calls: queue.SimpleQueue[_Call | None]) -> None:
+def _serve(calls: queue.SimpleQueue[_Call | None], backlog: _Backlog) -> None:
     while (call := calls.get()) is not None:
-        loop, future, fn, answered, connection = call
-        outcome: _Outcome = None
-        if not future.cancelled():  # given up before it started: run nothing, as an executor would
-            with connection:
-                try:
-                    outcome = (True, fn())
-                except BaseException as error:
-                    outcome = (False, error)
-        try:
-            loop.call_soon_threadsafe(_answer, future, outcome, answered)
-        except RuntimeError:  # the loop has closed: nobody waits for the answer any more
-            answered()
+        loop, future, fn = call
+        if future.cancelled():  # given up before it started: run nothing, as an executor would
+            backlog.finished()
+            continue
+        with backlog.connection:
+            try:
+                outcome: tuple[bool, Any] = (True, fn())
+            except BaseException as error:
+                outcome = (False, error)
+        backlog.finished()
+        with suppress(RuntimeError):  # the loop has closed: nobody waits for the answer any more
+            loop.call_soon_threadsafe(_settle, future, *outcome)
 
 
 def _finish(calls: queue.SimpleQueue[_Call | None], thread: threading.Thread) -> None:
@@ -388,13 +392,6 @@ def _abandoned(thread: _DatabaseThread,
 
         thread.submit(close)
     thread.stop(wait=False)
-
-
-def _answer(future: asyncio.Future[Any], outcome: _Outcome, answered: Callable[[], None]) -> None:
-    """On the event loop's thread, once the database thread is done with a call."""
-    answered()
-    if outcome is not None:
-        _settle(future, *outcome)
 
 
 def _settle(future: asyncio.Future[Any], ok: bool, outcome: Any) -> None:
