@@ -11,22 +11,21 @@ import asyncio
 import sqlite3
 import threading
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from conftest import backend_url
 from harness.context import Context
 from harness.session import AppendList, Session, SessionMutator, SetValue, Store, addresses, connect
 from harness.session.sqlite import INLINE_COMMIT_WRITES, SqliteBackend
 
 
 @pytest.fixture
-async def sqlite_store(tmp_path: Path, ctx: Context) -> AsyncIterator[Store]:
-    opened = await connect(f"sqlite:///{tmp_path / 'journal.db'}", ctx)
-    yield opened
-    await opened.close()
+def store_url(tmp_path: Path, request: pytest.FixtureRequest) -> str:
+    """SQLite alone, for conftest's `store` (at synchronous=NORMAL: commits far under the limit)."""
+    return backend_url("sqlite", tmp_path, request)
 
 
 def backend_of(store: Store) -> SqliteBackend:
@@ -56,9 +55,9 @@ async def name(session: Session, value: str, ctx: Context) -> None:
     await session.mutate(job, ctx)
 
 
-async def test_a_quick_commit_runs_on_the_event_loops_thread(sqlite_store: Store, ctx: Context) -> None:
-    session = await sqlite_store.create_session(ctx)
-    threads = backend_of(sqlite_store)._commit_barrier = Threads()
+async def test_a_quick_commit_runs_on_the_event_loops_thread(store: Store, ctx: Context) -> None:
+    session = await store.create_session(ctx)
+    threads = backend_of(store)._commit_barrier = Threads()
 
     await name(session, "first", ctx)
     await name(session, "second", ctx)
@@ -68,9 +67,9 @@ async def test_a_quick_commit_runs_on_the_event_loops_thread(sqlite_store: Store
 
 
 async def test_after_slow_commits_they_run_on_the_database_thread_until_they_are_quick_again(
-        sqlite_store: Store, ctx: Context) -> None:
-    backend = backend_of(sqlite_store)
-    session = await sqlite_store.create_session(ctx)
+        store: Store, ctx: Context) -> None:
+    backend = backend_of(store)
+    session = await store.create_session(ctx)
     threads = backend._commit_barrier = Threads(sleep_s=0.005)  # a slow disk: 5 ms a commit
 
     for n in range(3):
@@ -85,9 +84,9 @@ async def test_after_slow_commits_they_run_on_the_database_thread_until_they_are
     assert await session.get(addresses.session_name(), ctx) == "quick"
 
 
-async def test_a_commit_of_many_writes_runs_on_the_database_thread(sqlite_store: Store, ctx: Context) -> None:
-    session = await sqlite_store.create_session(ctx)
-    threads = backend_of(sqlite_store)._commit_barrier = Threads()
+async def test_a_commit_of_many_writes_runs_on_the_database_thread(store: Store, ctx: Context) -> None:
+    session = await store.create_session(ctx)
+    threads = backend_of(store)._commit_barrier = Threads()
 
     async def job(m: SessionMutator) -> None:
         for n in range(INLINE_COMMIT_WRITES + 1):
@@ -99,9 +98,9 @@ async def test_a_commit_of_many_writes_runs_on_the_database_thread(sqlite_store:
     assert await session.get(addresses.session_name(), ctx) == f"name {INLINE_COMMIT_WRITES}"
 
 
-async def test_a_commit_queues_behind_a_call_the_database_thread_has_in_hand(sqlite_store: Store, ctx: Context) -> None:
-    backend = backend_of(sqlite_store)
-    session = await sqlite_store.create_session(ctx)
+async def test_a_commit_queues_behind_a_call_the_database_thread_has_in_hand(store: Store, ctx: Context) -> None:
+    backend = backend_of(store)
+    session = await store.create_session(ctx)
     threads = backend._commit_barrier = Threads()
     release = threading.Event()
     holding = backend._submit(lambda db: release.wait(10))  # the thread is using the connection
@@ -118,12 +117,12 @@ async def test_a_commit_queues_behind_a_call_the_database_thread_has_in_hand(sql
 
 
 async def test_a_commit_that_finds_the_write_lock_held_waits_on_the_database_thread_not_the_loop(
-        tmp_path: Path, sqlite_store: Store, ctx: Context) -> None:
+        store_url: str, store: Store, ctx: Context) -> None:
     # Another connection to the same file holds the write lock inside a commit of its own. A
     # commit on the loop's thread would hold the whole loop until that lock is let go; it goes
     # to the database thread instead and lands once the other commit has.
-    session = await sqlite_store.create_session(ctx)
-    other = await connect(f"sqlite:///{tmp_path / 'journal.db'}", ctx)
+    session = await store.create_session(ctx)
+    other = await connect(store_url, ctx)
     try:
         other_backend = backend_of(other)
         other_backend.inline_commit_limit_s = 0  # held on its own thread, which the test releases
@@ -138,7 +137,7 @@ async def test_a_commit_that_finds_the_write_lock_held_waits_on_the_database_thr
         holding = asyncio.create_task(name(other_session, "holding", ctx))
         assert await asyncio.to_thread(entered.wait, 10)
 
-        threads = backend_of(sqlite_store)._commit_barrier = Threads()
+        threads = backend_of(store)._commit_barrier = Threads()
         committing = asyncio.create_task(name(session, "waited", ctx))
         ticks = 0
         while ticks < 20:  # the loop keeps running while the commit waits for the lock
@@ -182,11 +181,11 @@ def locked() -> sqlite3.OperationalError:
     return error
 
 
-async def test_an_interrupt_as_begin_returns_leaves_no_transaction_open(sqlite_store: Store, ctx: Context) -> None:
+async def test_an_interrupt_as_begin_returns_leaves_no_transaction_open(store: Store, ctx: Context) -> None:
     # On the loop's thread a signal's handler runs between statements (a second Ctrl-C, a SIGTERM
     # handler calling sys.exit): the transaction is rolled back, the store stays usable.
-    backend = backend_of(sqlite_store)
-    session = await sqlite_store.create_session(ctx)
+    backend = backend_of(store)
+    session = await store.create_session(ctx)
     db = backend._db
     backend._db = Interrupting(db, "BEGIN IMMEDIATE", KeyboardInterrupt(), before=False)  # type: ignore[assignment]
     with pytest.raises(KeyboardInterrupt):
@@ -199,9 +198,9 @@ async def test_an_interrupt_as_begin_returns_leaves_no_transaction_open(sqlite_s
 
 
 async def test_a_commit_refused_as_busy_is_rolled_back_and_made_once_on_the_database_thread(
-        sqlite_store: Store, ctx: Context) -> None:
-    backend = backend_of(sqlite_store)
-    session = await sqlite_store.create_session(ctx)
+        store: Store, ctx: Context) -> None:
+    backend = backend_of(store)
+    session = await store.create_session(ctx)
     threads = backend._commit_barrier = Threads()
     db = backend._db
     backend._db = Interrupting(db, "COMMIT", locked(), before=True)  # type: ignore[assignment]
@@ -215,12 +214,12 @@ async def test_a_commit_refused_as_busy_is_rolled_back_and_made_once_on_the_data
     assert [(row.seq, row.value) for row in rows] == [(result.seqs[0], '"once"')]
 
 
-def test_a_store_used_from_two_event_loops_at_once_never_shares_its_connection(tmp_path: Path) -> None:
+def test_a_store_used_from_two_event_loops_at_once_never_shares_its_connection(store_url: str) -> None:
     # The database thread answers each call on the loop that made it; a commit runs on a loop's
     # own thread only while it has the connection to itself.
     ctx = Context()
     home = asyncio.new_event_loop()
-    store = home.run_until_complete(connect(f"sqlite:///{tmp_path / 'journal.db'}", ctx))
+    store = home.run_until_complete(connect(store_url, ctx))
     sessions = [home.run_until_complete(store.create_session(ctx)).id for _ in range(2)]
     backend = backend_of(store)
     start, failures = threading.Barrier(2), []
@@ -258,12 +257,12 @@ def test_a_store_used_from_two_event_loops_at_once_never_shares_its_connection(t
         home.close()
 
 
-def test_a_call_whose_loop_closed_before_its_answer_does_not_keep_the_thread_busy(tmp_path: Path) -> None:
+def test_a_call_whose_loop_closed_before_its_answer_does_not_keep_the_thread_busy(store_url: str) -> None:
     # Nobody can be answered on a closed loop; the call still counts as answered, so the store's
     # next loop commits on its own thread again.
     ctx = Context()
     first, second = asyncio.new_event_loop(), asyncio.new_event_loop()
-    store = first.run_until_complete(connect(f"sqlite:///{tmp_path / 'journal.db'}", ctx))
+    store = first.run_until_complete(connect(store_url, ctx))
     session = first.run_until_complete(store.create_session(ctx))
     backend = backend_of(store)
     started, release = threading.Event(), threading.Event()
