@@ -6,7 +6,7 @@ in history), and every count here is the one bench/README.md lists with the reas
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from typing import Any, Literal
 
 import pytest
@@ -34,19 +34,27 @@ from harness.session import DeleteList, DeleteValue, Store, Write, addresses
 
 
 class Calls:
-    """Counts calls of some of a real backend's methods (they still run)."""
+    """Counts calls of some of a real backend's methods (they still run) and keeps the writes of
+    each `commit` counted."""
 
     def __init__(self, store: Store, monkeypatch: pytest.MonkeyPatch, *names: str) -> None:
         self.counts = dict.fromkeys(names, 0)
+        self.writes: list[Write] = []
         for name in names:
             monkeypatch.setattr(store.backend, name, self._counting(name, getattr(store.backend, name)))
 
     def _counting(self, name: str, method: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
         async def counted(*args: Any, **kwargs: Any) -> Any:
             self.counts[name] += 1
+            if name == "commit":
+                self.writes += args[1]
             return await method(*args, **kwargs)
 
         return counted
+
+    def deleted(self) -> list[str]:
+        """The namespaces of the values and lists the counted commits deleted, in order."""
+        return [write.namespace for write in self.writes if isinstance(write, DeleteList | DeleteValue)]
 
     def take(self) -> dict[str, int]:
         """The counts since the last take."""
@@ -250,20 +258,13 @@ async def test_a_turn_deletes_only_frame_pages_and_tool_checkpoints_it_wrote(
     # A reply that ends within one frame interval wrote no page and a call that reported no
     # progress persisted no checkpoint: their settlements delete nothing. A call that did persist
     # progress has its checkpoint deleted with its result (the journal keeps none after a turn).
-    namespaces: list[str] = []
-    commit = store.backend.commit
-
-    def recording(session_id: str, writes: Sequence[Write], claim: Any, context: Context) -> Any:
-        namespaces.extend(w.namespace for w in writes if isinstance(w, DeleteList | DeleteValue))
-        return commit(session_id, writes, claim, context)
-
-    monkeypatch.setattr(store.backend, "commit", recording)
+    calls = Calls(store, monkeypatch, "commit")
     probe = ProbeTool(replay="safe")
     rig = await start_rig(store, ctx, two_steps(probe), tools=[probe.tool], clock=FakeClock(hold_waits=True),
                           frame_interval_s=3600)
     await prompt(rig, "first", ctx)
-    assert "harness.pending.assistant_frame" not in namespaces
-    assert "harness.pending.tool_output" not in namespaces
+    assert "harness.pending.assistant_frame" not in calls.deleted()
+    assert "harness.pending.tool_output" not in calls.deleted()
 
     async def reporting(call_id: str, args: dict[str, JsonValue], on_update: ProgressCallback,
                         context: Context) -> ToolOutput:
@@ -274,10 +275,10 @@ async def test_a_turn_deletes_only_frame_pages_and_tool_checkpoints_it_wrote(
                          execute=reporting, replay="safe")
     rig = await start_rig(store, ctx, [reply(tool_call("reporter", {})), reply("done")], tools=[reporter],
                           frame_interval_s=0)
-    namespaces.clear()
+    calls.writes.clear()
     outcome = await prompt(rig, "second", ctx)
-    assert namespaces.count("harness.pending.tool_output") == 1
-    assert namespaces.count("harness.pending.assistant_frame") == 2  # both replies wrote pages
+    assert calls.deleted().count("harness.pending.tool_output") == 1
+    assert calls.deleted().count("harness.pending.assistant_frame") == 2  # both replies wrote pages
     session = rig.harness.session
     assert await session.scan_values(addresses.tool_checkpoint(outcome.operation_id, ""), ctx) == []
 
