@@ -27,14 +27,21 @@ SCHEMA_STEP = (
 """The schema step that gives a database its identity and commit counter."""
 
 
-def bump(db: sqlite3.Connection) -> int:
+def bump(db: sqlite3.Connection, *, counted: int | None = None) -> int:
     """Count one more commit; run inside every write transaction, its result is what
-    `CommitMark.record` is given once the transaction has committed."""
-    # Two statements: SQLite runs an UPDATE ... RETURNING through a temporary table, which measured
-    # more work per commit than the SELECT after it.
+    `CommitMark.record` is given once the transaction has committed. `counted`: the counter as
+    this transaction already read it (`COMMITS`), which saves reading it again."""
+    # Not one UPDATE ... RETURNING: SQLite runs it through a temporary table, which measured more
+    # work per commit than a SELECT.
     db.execute("UPDATE store_meta SET commits = commits + 1")
-    commits: int = db.execute("SELECT commits FROM store_meta").fetchone()[0]
+    if counted is not None:
+        return counted + 1
+    commits: int = db.execute(f"SELECT {COMMITS}").fetchone()[0]
     return commits
+
+
+COMMITS = "(SELECT commits FROM store_meta)"
+"""The commit counter as an SQL expression, for a transaction to read with its first statement."""
 
 
 _WIDTH = 64

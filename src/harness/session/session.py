@@ -154,6 +154,13 @@ def storable_identifier(identifier: object) -> bool:
     return isinstance(identifier, str) and "\x00" not in identifier and clean_text(identifier) == identifier
 
 
+_IDENTIFIER_FIELDS: dict[type[Write], tuple[str, ...]] = {
+    InsertEntry: ("id", "parent_id"), InsertUsage: ("id", "entry_id"),
+    **dict.fromkeys([SetValue, DeleteValue, AppendList, DeleteList, TrimList], ("namespace", "key")),
+}
+"""The fields of each kind of write that name something, which `_check_identifier` checks."""
+
+
 def _check_identifier(name: str, value: str | None) -> None:
     empty = not value and name != "key"  # the key of a namespace's single value is ""
     if value is not None and (empty or not storable_identifier(value)):
@@ -341,8 +348,8 @@ class SessionMutator(SessionReader):
             raise InvalidWrite("this job has already committed or ended; stage writes before commit")
         if self._committing:
             raise InvalidWrite("this job is committing; stage writes before commit")
-        for name in ("id", "parent_id", "namespace", "key", "entry_id"):
-            _check_identifier(name, getattr(write, name, None))
+        for name in _IDENTIFIER_FIELDS[type(write)]:
+            _check_identifier(name, getattr(write, name))
         self._writes.append(write)
 
     def insert_entry(self, payload: EntryPayload, *, parent_id: str | None, entry_id: str | None = None) -> str:

@@ -719,13 +719,14 @@ class SqliteBackend:
     def _commit(
         self, db: sqlite3.Connection, session_id: str, writes: Sequence[Write], claim: Claim | None
     ) -> CommitResult:
-        with _counted_transaction(db, self._mark):
+        with _transaction(db):
             # Read here and written below, two statements: one UPDATE ... RETURNING measured more
             # work per commit than this SELECT (SQLite buffers a RETURNING row in a temporary table).
-            row = db.execute("SELECT next_seq, owner_epoch FROM sessions WHERE id = ?", (session_id,)).fetchone()
+            row = db.execute(f"SELECT next_seq, owner_epoch, {commit_mark.COMMITS} FROM sessions WHERE id = ?",
+                             (session_id,)).fetchone()
             if row is None:
                 raise SessionNotFound(f"no session {session_id}", session_id=session_id)
-            first, epoch = row
+            first, epoch, counted = row
             if claim is not None and claim.epoch != epoch:
                 raise OwnershipLost(f"session {session_id} was claimed by another owner", session_id=session_id)
             timestamp = now_ms()
@@ -739,8 +740,10 @@ class SqliteBackend:
                     raise seq_already_held(session_id, seq) from error
             db.execute("UPDATE sessions SET next_seq = ?, updated_at = ? WHERE id = ?",
                        (seqs[-1] + 1 if seqs else first, timestamp, session_id))
+            commits = commit_mark.bump(db, counted=counted)
             if self._commit_barrier is not None:
                 self._commit_barrier()
+        self._mark.record(commits)
         return CommitResult(seqs, timestamp)
 
     def _lock(self, session_id: str, *, shared: bool) -> _SessionLock:
