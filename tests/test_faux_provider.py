@@ -111,6 +111,33 @@ async def test_block_deltas_send_each_blocks_text_whole_and_build_the_same_messa
     assert final(whole).content == final(words).content
 
 
+async def test_a_block_reply_yields_to_other_tasks_once_and_a_word_reply_before_each_frame(ctx: Context) -> None:
+    faux = FauxProvider([reply("One two three.", deltas="block"), reply("One two three.")])
+    ticks = 0
+
+    async def count_ticks() -> None:
+        nonlocal ticks
+        while True:
+            ticks += 1
+            await asyncio.sleep(0)
+
+    async def ticks_per_event() -> list[int]:
+        seen = []
+        async for _ in faux.stream(FAUX_MODEL, REQUEST, OPTIONS, ctx):
+            seen.append(ticks)
+        return seen
+
+    counter = asyncio.create_task(count_ticks())
+    try:
+        whole, words = await ticks_per_event(), await ticks_per_event()
+    finally:
+        counter.cancel()
+
+    # A block reply comes in one read: nothing else runs between its first frame and its end.
+    assert whole[1] > whole[0] and len(set(whole[1:])) == 1
+    assert len(set(words[1:])) > 3
+
+
 async def test_malformed_argument_text_is_kept_raw_and_flagged(ctx: Context) -> None:
     faux = FauxProvider([reply(tool_call("read", raw='{"path": "a.t', id="call_1"), tool_call("list", raw=""))])
 

@@ -107,7 +107,8 @@ class FauxReply:
     `deltas` is how a block's text (a text, thinking or tool call's arguments) is cut: `word`, a
     delta per word with the whitespace after it, as a streaming model sends tokens; `block`, the
     whole text in one delta, as a model asked without streaming answers (the benchmark's peers'
-    scripted models do).
+    scripted models do), and all of the reply's frames at once: the stream yields to other tasks
+    before its first frame only, where `word` yields before each frame (a `FauxDelay` always waits).
     """
 
     parts: tuple[FauxPart, ...] = ()
@@ -288,13 +289,14 @@ async def _play(
         return
     script = reply(scripted) if isinstance(scripted, str) else scripted
     deltas = 0
-    for item in _frames(script, number):
+    for position, item in enumerate(_frames(script, number)):
         if isinstance(item, FauxDelay):
             item.reached.set()
             await _wait(item, context)
-        else:
+        elif script.deltas == "word" or position == 0:
             # A yield point per token, as a network stream has: other tasks (an abort, a
-            # watcher) run while the reply streams.
+            # watcher) run while the reply streams. A reply asked without streaming comes in
+            # one read: one yield point, before its first frame.
             await asyncio.sleep(0)
         if context.cancelled:
             reason = context.cancel_reason or "cancelled"
