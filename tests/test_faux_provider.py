@@ -134,7 +134,8 @@ async def test_a_block_reply_yields_to_other_tasks_once_and_a_word_reply_before_
         counter.cancel()
 
     # A block reply comes in one read: nothing else runs between its first frame and its end.
-    assert whole[1] > whole[0] and len(set(whole[1:])) == 1
+    assert whole[1] > whole[0]
+    assert len(set(whole[1:])) == 1
     assert len(set(words[1:])) > 3
 
 
