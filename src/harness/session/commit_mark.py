@@ -14,6 +14,7 @@ Deleting the mark accepts the database as it is.
 
 from __future__ import annotations
 
+import mmap
 import os
 import sqlite3
 from pathlib import Path
@@ -44,7 +45,8 @@ COMMITS = "(SELECT commits FROM store_meta)"
 """The commit counter as an SQL expression, for a transaction to read with its first statement."""
 
 
-_WIDTH = 64
+_LINE = 65
+"""The mark's length in bytes: `{store_id} {commits}` padded to 64 characters, and a newline."""
 
 
 def mark_path(database: Path) -> Path:
@@ -52,12 +54,17 @@ def mark_path(database: Path) -> Path:
 
 
 class CommitMark:
-    """The mark of one open database; used from the database's own thread only."""
+    """The mark of one open database, written by whichever thread runs a commit (one at a time).
 
-    def __init__(self, path: Path, store_id: str, fd: int) -> None:
+    The file is mapped shared: a record is a copy into the page cache, not a system call, and
+    like a write it survives a killed process (the kernel writes the page back)."""
+
+    def __init__(self, path: Path, store_id: str, fd: int, commits: int) -> None:
         self.path = path
         self._store_id = store_id
         self._fd = fd
+        os.pwrite(fd, self._line(commits), 0)  # the file holds a whole line before it is mapped
+        self._map = mmap.mmap(fd, _LINE)
 
     @classmethod
     def check_and_open(cls, database: Path, db: sqlite3.Connection) -> CommitMark:
@@ -86,13 +93,20 @@ class CommitMark:
                     f"write-ahead log was probably deleted or an old copy restored, so recent turns and the "
                     f"record of what their tools did are gone. {accept}",
                     path=str(database), mark=str(path), marked_commits=marked_commits, commits=commits)
-        mark = cls(path, store_id, os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600))
-        mark.record(commits)
-        return mark
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            return cls(path, store_id, fd, commits)
+        except BaseException:
+            os.close(fd)
+            raise
 
     def record(self, commits: int) -> None:
         """Write that the database holds at least `commits` commits."""
-        os.pwrite(self._fd, f"{self._store_id} {commits}".ljust(_WIDTH).encode("ascii") + b"\n", 0)
+        self._map[:] = self._line(commits)
+
+    def _line(self, commits: int) -> bytes:
+        return f"{self._store_id} {commits}".ljust(_LINE - 1).encode("ascii") + b"\n"
 
     def close(self) -> None:
+        self._map.close()
         os.close(self._fd)
