@@ -86,11 +86,14 @@ def encode(adapter: TypeAdapter[T], value: T) -> str:
     and a value whose JSON takes more than `MAX_RECORD_BYTES` is refused (`RecordTooLarge`)."""
     if _contains_context(value):
         raise ContextNotStorable("a Context is per-invocation and is never written to the journal (HA-22)")
+    # The adapter's core validator and serializer, called directly: the adapter's own methods
+    # add a Python frame and their keyword defaults to each of a turn's two dozen records.
+    validator, serializer = adapter.validator, adapter.serializer
     try:
-        validated = adapter.validate_python(value)
+        validated = validator.validate_python(value)
         try:
             # No type checks while dumping: the read-back below refuses whatever does not fit.
-            encoded = adapter.dump_json(validated, warnings=False)
+            encoded = serializer.to_json(validated, warnings=False)
         except PydanticSerializationError:
             # A type of the application's that does not clean its text: clean the JSON form.
             cleaned = clean_json(adapter.dump_python(validated, mode="json", warnings=False))
@@ -102,7 +105,7 @@ def encode(adapter: TypeAdapter[T], value: T) -> str:
         # Model instances are not revalidated (one built with `model_construct` or
         # `model_copy(update=...)` can hold anything): read the text back as every reader will,
         # so a write never stores what its own reader refuses.
-        adapter.validate_json(text)
+        validator.validate_json(text)
     except (ValidationError, PydanticSerializationError, RecursionError) as error:
         raise InvalidInput(f"value does not fit its record type: {error}") from error
     return text
@@ -405,6 +408,9 @@ class SessionMutator(SessionReader):
         self._committing = True
         writes, self._writes = self._writes, []
         in_flight = asyncio.ensure_future(self._backend.commit(self.id, writes, self._claim, self._context))
+        if in_flight.done():  # committed on this thread already: nothing to wait for or shield
+            self._committed = in_flight.result()
+            return self._committed
         while True:
             try:
                 self._committed = await asyncio.shield(in_flight)

@@ -503,9 +503,7 @@ class SqliteBackend:
         def timed(db: sqlite3.Connection) -> CommitResult:
             started = time.perf_counter()
             result = fn(db)
-            # Written on whichever thread runs the commit: never both at once, as a commit runs
-            # here only while the database thread is idle.
-            self._commit_s += (time.perf_counter() - started - self._commit_s) / 4
+            self._time_commit(started)
             return result
 
         if (self._closed or not self._thread.idle or writes > INLINE_COMMIT_WRITES
@@ -514,7 +512,9 @@ class SqliteBackend:
             return self._submit(timed)
         future: asyncio.Future[CommitResult] = asyncio.get_running_loop().create_future()
         try:
-            future.set_result(self._guarded(timed, 0))
+            started = time.perf_counter()
+            future.set_result(self._guarded(fn, 0))
+            self._time_commit(started)
         except _WouldWait:
             return self._submit(timed)
         except Exception as error:
@@ -522,6 +522,11 @@ class SqliteBackend:
         finally:
             self._thread.connection.release()
         return future
+
+    def _time_commit(self, started: float) -> None:
+        # Written on whichever thread runs the commit: never both at once, as a commit runs on
+        # the loop's thread only while the database thread is idle.
+        self._commit_s += (time.perf_counter() - started - self._commit_s) / 4
 
     def _guarded(self, fn: Callable[[sqlite3.Connection], T], busy_timeout_ms: int) -> T:
         """`fn` on the connection, waiting at most `busy_timeout_ms` for another connection's
@@ -875,20 +880,38 @@ def _counted_transaction(db: sqlite3.Connection, mark: CommitMark) -> Iterator[N
     mark.record(commits)
 
 
-@contextmanager
-def _transaction(db: sqlite3.Connection) -> Iterator[None]:
+class _transaction:  # noqa: N801 - used as a function, like the context managers it sits among
     """One write transaction: BEGIN IMMEDIATE (so the seq read and the writes cannot interleave
     with another writer's), COMMIT on leaving, ROLLBACK on any exception, also one raised as
     BEGIN or COMMIT returns (a signal's, on the event loop's thread) or a COMMIT that failed: the
-    connection is never left inside a transaction."""
-    try:
-        db.execute("BEGIN IMMEDIATE")
-        yield
-        db.execute("COMMIT")
-    except BaseException:
-        if db.in_transaction:
-            db.execute("ROLLBACK")
-        raise
+    connection is never left inside a transaction. A class, not a generator: it is on every
+    commit's path."""
+
+    __slots__ = ("_db",)
+
+    def __init__(self, db: sqlite3.Connection) -> None:
+        self._db = db
+
+    def __enter__(self) -> None:
+        try:
+            self._db.execute("BEGIN IMMEDIATE")
+        except BaseException:
+            self._roll_back()
+            raise
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, trace: object) -> None:
+        if kind is not None:
+            self._roll_back()
+            return
+        try:
+            self._db.execute("COMMIT")
+        except BaseException:
+            self._roll_back()
+            raise
+
+    def _roll_back(self) -> None:
+        if self._db.in_transaction:
+            self._db.execute("ROLLBACK")
 
 
 # An insert makes its own checks, in one statement: an id the other table holds (its own table's
