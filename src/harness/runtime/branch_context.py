@@ -46,7 +46,7 @@ def estimate_tokens(messages: Sequence[Message], system_prompt: str = "") -> int
     their JSON per token, plus `IMAGE_TOKENS` per image."""
     chars, images = len(system_prompt), 0
     for message in messages:
-        chars += len(message.model_dump_json())
+        chars += len(message.__pydantic_serializer__.to_json(message).decode())
         for block in message.content if isinstance(message.content, list) else ():
             if isinstance(block, ImageContent):
                 chars -= len(block.data)  # base64: its JSON form is as long as the data

@@ -190,12 +190,16 @@ def _is_literal(annotation: Any) -> bool:
 def _dumped(event: HarnessEvent, *, without: set[str]) -> dict[str, JsonValue]:
     """`event`'s JSON form without `lane`, `event_seq`, the fields `without` and the fields at
     their defaults, nested ones too where decoding restores them."""
+    # The model's serializer, called directly: `model_dump` adds a Python frame and its keyword
+    # defaults to each of the few events a commit logs.
+    serializer = event.__pydantic_serializer__
     if _nested_defaults_restored(type(event)):
-        return {"type": event.type, **event.model_dump(mode="json", exclude_defaults=True,
-                                                       exclude={"lane", "event_seq", *without})}
+        return {"type": event.type, **serializer.to_python(event, mode="json", exclude_defaults=True,
+                                                           exclude={"lane", "event_seq", *without})}
     left_out = {"lane", *without,
                 *(name for name, default in _optional_fields(type(event)) if getattr(event, name) == default)}
-    return event.model_dump(mode="json", exclude=left_out)
+    dumped: dict[str, JsonValue] = serializer.to_python(event, mode="json", exclude=left_out)
+    return dumped
 
 
 def _stored(item: Announcement) -> dict[str, JsonValue]:

@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequenc
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, TypeVar, overload
 
-from pydantic import JsonValue, ValidationError
+from pydantic import BaseModel, JsonValue, ValidationError
 from pydantic_core import PydanticSerializationError
 
 from harness.context import Context
@@ -774,8 +774,21 @@ T = TypeVar("T")
 
 
 def owned(value: T) -> T:
-    """A deep copy: what a caller passes in or gets back never aliases the projection (HA-10)."""
-    return copy.deepcopy(value)
+    """A deep copy: what a caller passes in or gets back never aliases the projection (HA-10).
+    A value with nothing in it that can change (scalars, tuples and frozen models all the way
+    down, as a settled run's outcome usually is) is handed over as it is: sharing it aliases
+    nothing anyone could write to."""
+    return value if _unchangeable(value) else copy.deepcopy(value)
+
+
+def _unchangeable(value: object) -> bool:
+    if value is None or isinstance(value, str | int | float):  # bool is an int
+        return True
+    if isinstance(value, tuple):
+        return all(_unchangeable(item) for item in value)
+    if isinstance(value, BaseModel) and value.model_config.get("frozen") and not value.__pydantic_private__:
+        return all(_unchangeable(item) for item in value.__dict__.values())
+    return False
 
 
 def _config_value(config: LaneConfig, field: str) -> JsonValue:

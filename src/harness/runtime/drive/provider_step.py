@@ -300,13 +300,16 @@ def _after_reply(op: DrivenOperation, intent: EffectPending, message: AssistantM
                  error: ProviderErrorInfo | None, aborting: bool, retrying: bool) -> OperationState:
     """Classify the reply into the next phase (first match wins)."""
     generation = intent.generation
-    written = not (message.stop_reason == "aborted" and _says_nothing(message))  # an empty abort writes none
-    finish = RunCheckpoint(continuation=MayFinish(include_final_assistant=written),
-                           trigger_entry_id=intent.response_entry_id if written else op.projection.tip_id,
-                           steps=generation.step)
+
+    def finish() -> RunCheckpoint:
+        written = not (message.stop_reason == "aborted" and _says_nothing(message))  # an empty abort writes none
+        return RunCheckpoint(continuation=MayFinish(include_final_assistant=written),
+                             trigger_entry_id=intent.response_entry_id if written else op.projection.tip_id,
+                             steps=generation.step)
+
     calls = [i for i, block in enumerate(message.content) if block.type == "tool_call"]
     if aborting and not (calls and message.stop_reason != "aborted"):
-        return finish  # the pass then sees the abort request and settles aborted
+        return finish()  # the pass then sees the abort request and settles aborted
     if retrying:
         assert error is not None
         assert isinstance(intent, AssistantEffectPending)
@@ -339,7 +342,7 @@ def _after_reply(op: DrivenOperation, intent: EffectPending, message: AssistantM
                           config=generation.config, step=generation.step,
                           calls=[ToolCallState(source_index=i, result_entry_id=new_id()) for i in calls])
         return RunTools(batch=batch)
-    return finish
+    return finish()
 
 
 def _recovers_overflow(op: DrivenOperation, intent: EffectPending, error: ProviderErrorInfo | None) -> bool:
