@@ -724,7 +724,7 @@ class SqliteBackend:
     def _commit(
         self, db: sqlite3.Connection, session_id: str, writes: Sequence[Write], claim: Claim | None
     ) -> CommitResult:
-        with _transaction(db):
+        with _Transaction(db):
             # Read here and written below, two statements: one UPDATE ... RETURNING measured more
             # work per commit than this SELECT (SQLite buffers a RETURNING row in a temporary table).
             row = db.execute(f"SELECT next_seq, owner_epoch, {commit_mark.COMMITS} FROM sessions WHERE id = ?",
@@ -842,7 +842,7 @@ class SqliteBackend:
 
 
 def _migrate_schema(db: sqlite3.Connection) -> None:
-    with _transaction(db):
+    with _Transaction(db):
         db.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER PRIMARY KEY, applied_at INTEGER)")
         current = db.execute("SELECT coalesce(max(version), 0) FROM schema_version").fetchone()[0]
         for version, statements in SCHEMA:
@@ -873,14 +873,14 @@ def _value_row(row: tuple[Any, ...]) -> ValueRow:
 
 @contextmanager
 def _counted_transaction(db: sqlite3.Connection, mark: CommitMark) -> Iterator[None]:
-    """`_transaction` that bumps the store's commit counter and, once committed, its mark."""
-    with _transaction(db):
+    """`_Transaction` that bumps the store's commit counter and, once committed, its mark."""
+    with _Transaction(db):
         yield
         commits = commit_mark.bump(db)
     mark.record(commits)
 
 
-class _transaction:  # noqa: N801 - used as a function, like the context managers it sits among
+class _Transaction:
     """One write transaction: BEGIN IMMEDIATE (so the seq read and the writes cannot interleave
     with another writer's), COMMIT on leaving, ROLLBACK on any exception, also one raised as
     BEGIN or COMMIT returns (a signal's, on the event loop's thread) or a COMMIT that failed: the
