@@ -29,6 +29,19 @@ async def test_cancel_wakes_waiters_and_children() -> None:
         child.raise_if_cancelled()
 
 
+async def test_cancellation_is_a_future_that_cancel_resolves_and_its_waiter_may_give_up() -> None:
+    context = Context()
+    given_up, waiting = context.cancellation(), context.cancellation()
+    given_up.cancel()
+    await asyncio.sleep(0)
+
+    context.cancel("stop")
+
+    await asyncio.wait_for(waiting, timeout=5)
+    assert given_up.cancelled()
+    assert context.cancellation().done()  # asked after the cancel: done already
+
+
 def test_cancelling_a_child_leaves_the_parent_running() -> None:
     parent = Context()
     parent.child().cancel()

@@ -71,15 +71,23 @@ class Context:
 
     async def wait_cancelled(self) -> None:
         """Return once this Context is cancelled (at once if it already is)."""
-        if self._cancelled:
-            return
+        await self.cancellation()
+
+    def cancellation(self) -> asyncio.Future[None]:
+        """A future of the running loop, done once this Context is cancelled (already done if it
+        is); cancel it to stop waiting. Racing it against other work (`asyncio.wait`) needs no
+        task of its own, as racing `wait_cancelled()` does."""
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        if self._cancelled:
+            waiter.set_result(None)
+            return waiter
         self._waiters.append(waiter)
-        try:
-            await waiter
-        finally:
-            if waiter in self._waiters:
-                self._waiters.remove(waiter)
+        waiter.add_done_callback(self._forget)
+        return waiter
+
+    def _forget(self, waiter: asyncio.Future[None]) -> None:
+        if waiter in self._waiters:
+            self._waiters.remove(waiter)
 
     def __reduce__(self) -> NoReturn:
         raise ContextNotStorable("a Context is per-invocation and is never stored or pickled (HA-22)")

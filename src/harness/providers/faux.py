@@ -24,7 +24,7 @@ import re
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Literal, TypeAlias
+from typing import Any, Literal, TypeAlias
 
 from pydantic import JsonValue
 
@@ -350,7 +350,7 @@ def _frames(script: FauxReply, number: int) -> Iterator[StreamFrame | FauxDelay]
 
 async def _wait(pause: FauxDelay, context: Context) -> None:
     """Wait until `pause` is over or `context` is cancelled."""
-    waiters: list[asyncio.Future[object]] = [asyncio.ensure_future(context.wait_cancelled())]
+    waiters: list[asyncio.Future[Any]] = [context.cancellation()]
     if pause.until is not None:
         waiters.append(asyncio.ensure_future(pause.until.wait()))
     try:

@@ -152,7 +152,7 @@ class _AbortGuard:
         self._context = context
         self._reading: asyncio.Task[Any] | None = None
         self._cancel_sent = False
-        self._watcher = asyncio.ensure_future(context.wait_cancelled())
+        self._watcher = context.cancellation()
         self._watcher.add_done_callback(self._on_cancel)
 
     async def run(self, awaitable: Awaitable[T]) -> T:

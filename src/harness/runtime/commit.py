@@ -240,7 +240,9 @@ async def commit_transition(line: SessionLine, projection: LaneProjection, opera
         if current is None:
             return Decision(False)
         make = transition.state
-        new_state = (make(current) if callable(make) else make).model_copy(update={"control": current.control})
+        new_state = make(current) if callable(make) else make
+        if new_state.control != current.control:
+            new_state = new_state.model_copy(update={"control": current.control})
         if transition.stage is not None:
             transition.stage(m)  # first, so an entry it inserts is write 0 of the commit
         m.set(addresses.operation_state(operation_id), new_state)

@@ -9,7 +9,7 @@ import copy
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, overload
 
 from pydantic import BaseModel, JsonValue, ValidationError
 from pydantic_core import PydanticSerializationError
@@ -519,9 +519,10 @@ class Lane:
         claimed = await self.core.line.run(plan, context)
         if isinstance(claimed, Settled):
             return claimed
-        waiter = asyncio.ensure_future(context.wait_cancelled())
+        waiter = context.cancellation()
+        racing: set[asyncio.Future[Any]] = {claimed, waiter}
         try:
-            await asyncio.wait({claimed, waiter}, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait(racing, return_when=asyncio.FIRST_COMPLETED)
         finally:
             waiter.cancel()
         if not claimed.done():

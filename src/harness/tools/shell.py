@@ -57,7 +57,7 @@ async def run_shell(workspace: Workspace, tool_call_id: str, args: dict[str, Jso
         capture.close()
         raise
     exited = process.exited
-    cancelled = asyncio.ensure_future(context.wait_cancelled())
+    cancelled = context.cancellation()
     ends: set[asyncio.Future[Any]] = {exited, cancelled}
     ended_by: str | None = None
     try:
