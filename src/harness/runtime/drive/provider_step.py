@@ -367,11 +367,14 @@ class FrameWriter:
     stream loop (HA-14). Each page waits `frame_interval_s` first, so a reply that ends within
     one interval writes none, and closing cancels that wait: the settlement, which supersedes
     the frames, waits on no timer. A page lands only while its response is still effect-pending.
-    The writer's task starts with the first frame and ends when no frame waits to be written."""
+    The writer's task starts once the stream first yields to the loop after a frame (a reply
+    that arrives whole and closes first never starts one) and ends when no frame waits to be
+    written."""
 
     def __init__(self, op: DrivenOperation, intent: EffectPending) -> None:
         self.op, self.intent = op, intent
         self._buffer: list[StreamEvent] = []  # frozen: dumped only when a page is written
+        self._starting: asyncio.Handle | None = None
         self._task: asyncio.Task[None] | None = None
         self._waiting = False  # the task sleeps out an interval (which closing cancels)
         self._closed = False
@@ -380,12 +383,19 @@ class FrameWriter:
 
     def add(self, frame: StreamEvent) -> None:
         self._buffer.append(frame)
-        if self._task is None and not self._closed:
-            self._task = asyncio.get_running_loop().create_task(self._write())
+        if self._task is None and self._starting is None and not self._closed:
+            self._starting = asyncio.get_running_loop().call_soon(self._start)
+
+    def _start(self) -> None:
+        self._starting = None
+        self._task = asyncio.get_running_loop().create_task(self._write())
 
     async def close(self) -> None:
         """Stop writing; waits only for a page write already on the line."""
         self._closed = True
+        if self._starting is not None:
+            self._starting.cancel()
+            self._starting = None
         task = self._task
         if task is None:
             return
