@@ -883,6 +883,42 @@ async def test_an_id_column_that_is_not_utf8_is_storage_corruption(tmp_path: Pat
         await store.close()
 
 
+async def test_a_version_4_sqlite_store_keeps_its_records_and_list_items_when_they_lose_their_rowid(
+    tmp_path: Path, ctx: Context
+) -> None:
+    """Schema step 5 rebuilds `record_values` and `list_items` as WITHOUT ROWID tables; a store
+    written before it reads back every record and list item, and keeps writing after it."""
+    from harness.session.sqlite import SCHEMA
+
+    note, log = value_address("app.note", "n", str), list_address("app.log", "l", int)
+    with sqlite3.connect(tmp_path / "journal.db") as db:
+        db.execute("CREATE TABLE schema_version (version INTEGER PRIMARY KEY, applied_at INTEGER)")
+        for version, statements in SCHEMA[:4]:
+            for statement in statements:
+                db.execute(statement)
+            db.execute("INSERT INTO schema_version VALUES (?, 0)", (version,))
+        db.execute("INSERT INTO sessions (id, created_at, next_seq) VALUES ('s', 1000, 4)")
+        db.execute("INSERT INTO record_values VALUES ('s', 'app.note', 'n', 1, '\"kept\"')")
+        db.executemany("INSERT INTO list_items VALUES ('s', 'app.log', 'l', ?, ?)", [(2, "20"), (3, "30")])
+
+    store = await connect(sqlite_url(tmp_path), ctx)
+    try:
+        session = await store.open_session("s", ctx)
+        assert await session.get(note, ctx) == "kept"
+
+        async def job(m: SessionMutator) -> None:
+            m.append(log, 40)
+
+        await session.mutate(job, ctx)
+        assert [item.item for item in await session.read_list(log, ctx)] == [20, 30, 40]
+    finally:
+        await store.close()
+    with sqlite3.connect(tmp_path / "journal.db") as db:
+        tables = dict(db.execute("SELECT name, sql FROM sqlite_master WHERE name IN ('record_values', 'list_items')"))
+    assert len(tables) == 2
+    assert all("WITHOUT ROWID" in sql for sql in tables.values())
+
+
 async def test_a_version_1_sqlite_store_gains_updated_at_from_its_newest_entry(tmp_path: Path, ctx: Context) -> None:
     """Schema step 2 adds `sessions.updated_at`; a store written before it gets each session's
     newest entry time (or its creation time when it has none)."""

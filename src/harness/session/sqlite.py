@@ -69,6 +69,25 @@ from harness.session.tokens import TokenInfo, TokenRow, token_row, token_sql
 
 T = TypeVar("T")
 
+
+def _without_rowid(table: str, key: str) -> tuple[str, ...]:
+    """The statements that rebuild `table` (session_id, namespace, key, seq, value) as a WITHOUT
+    ROWID table with primary key `key`, its rows kept."""
+    return (
+        f"""CREATE TABLE {table}_rebuilt (
+            session_id TEXT NOT NULL,
+            namespace TEXT NOT NULL,
+            key TEXT NOT NULL,
+            seq INTEGER NOT NULL,
+            value TEXT NOT NULL,
+            {key}
+        ) WITHOUT ROWID""",
+        f"INSERT INTO {table}_rebuilt SELECT session_id, namespace, key, seq, value FROM {table}",
+        f"DROP TABLE {table}",
+        f"ALTER TABLE {table}_rebuilt RENAME TO {table}",
+    )
+
+
 # Ordered schema steps; a database records the highest version it has applied. Never edit a
 # released step: add a new one.
 SCHEMA: tuple[tuple[int, tuple[str, ...]], ...] = (
@@ -140,6 +159,10 @@ SCHEMA: tuple[tuple[int, tuple[str, ...]], ...] = (
             revoked_at INTEGER
         )""",
     )),
+    # Records and list items kept in their primary key's b-tree alone (WITHOUT ROWID): a rowid
+    # table beside its key index wrote two pages where one does, on nearly every commit of a turn.
+    (5, _without_rowid("record_values", "PRIMARY KEY (session_id, namespace, key)")
+        + _without_rowid("list_items", "PRIMARY KEY (session_id, namespace, key, seq)")),
 )
 
 # Payload columns are read as bytes and decoded here: sqlite3 would raise an untyped
