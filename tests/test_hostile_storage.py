@@ -309,8 +309,8 @@ async def test_a_journal_whose_write_ahead_log_was_lost_is_reported_on_open(tmp_
 
     with pytest.raises(StorageRolledBack) as refused:
         await connect(f"sqlite:///{tmp_path / 'copy' / 'journal.db'}", ctx)
-    assert "went back from commit" in refused.value.message
-    assert refused.value.details["commits"] < refused.value.details["marked_commits"]  # type: ignore[operator]
+    assert "went back from" in refused.value.message
+    assert refused.value.details["progress"] < refused.value.details["marked_progress"]  # type: ignore[operator]
 
 
 async def test_a_database_replaced_by_an_empty_file_is_reported_and_deleting_the_mark_accepts_it(
@@ -344,6 +344,74 @@ async def test_a_journal_reopened_as_it_was_left_opens(tmp_path: Path, ctx: Cont
             await store.close()
 
 
+async def test_deleting_a_session_is_not_taken_for_a_journal_that_went_back(tmp_path: Path, ctx: Context) -> None:
+    """The mark counts the seqs sessions handed out; a deleted session's stay counted, so the
+    store reopens, and losing the delete with a write after it is noticed (the session deleted
+    is back, yet less was written than the mark says)."""
+    database = tmp_path / "journal.db"
+    store = await connect(f"sqlite:///{database}", ctx)
+    try:
+        gone, kept = await new_session_with_lane(store, ctx), await new_session_with_lane(store, ctx)
+        await append_chain(gone, ["one", "two", "three"], ctx)
+        with sqlite3.connect(database) as raw:  # as SQLite does by itself every 1,000 pages
+            raw.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        await store.delete_session(gone.id, ctx)
+        await append_chain(kept, ["after the delete"], ctx)
+        (tmp_path / "copy").mkdir()
+        for name in ("journal.db", "journal.db.commit-mark"):
+            (tmp_path / "copy" / name).write_bytes((tmp_path / name).read_bytes())
+    finally:
+        await store.close()
+
+    reopened = await connect(f"sqlite:///{database}", ctx)
+    await reopened.close()
+    with pytest.raises(StorageRolledBack):
+        await connect(f"sqlite:///{tmp_path / 'copy' / 'journal.db'}", ctx)
+
+
+async def test_the_mark_counts_what_another_connection_wrote_between_two_commits(tmp_path: Path, ctx: Context) -> None:
+    """A store whose last commit follows another connection's writes marks them too: losing
+    those is noticed, though this store never wrote them."""
+    database = tmp_path / "journal.db"
+    mine, other = await connect(f"sqlite:///{database}", ctx), await connect(f"sqlite:///{database}", ctx)
+    try:
+        session = await new_session_with_lane(mine, ctx)
+        await append_chain(session, ["mine"], ctx)
+        with sqlite3.connect(database) as raw:
+            raw.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        await append_chain(await new_session_with_lane(other, ctx), ["other", "other", "other"], ctx)
+        await append_chain(session, ["mine again"], ctx)  # the last write to the mark
+        (tmp_path / "copy").mkdir()
+        (tmp_path / "copy" / "journal.db.commit-mark").write_bytes((tmp_path / "journal.db.commit-mark").read_bytes())
+    finally:
+        await other.close()
+        await mine.close()
+    # The database as the checkpoint left it: the other connection's session and both later writes lost.
+    with sqlite3.connect(database) as raw, sqlite3.connect(tmp_path / "copy" / "journal.db") as copy:
+        raw.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        raw.backup(copy)
+        newest = copy.execute("SELECT max(seq) FROM entries").fetchone()[0]
+        copy.execute("DELETE FROM sessions WHERE id NOT IN (SELECT session_id FROM entries WHERE seq < ?)", (newest,))
+        copy.execute("UPDATE sessions SET next_seq = next_seq - 1")
+
+    with pytest.raises(StorageRolledBack):
+        await connect(f"sqlite:///{tmp_path / 'copy' / 'journal.db'}", ctx)
+
+
+async def test_a_mark_of_the_older_format_is_replaced_unchecked(tmp_path: Path, ctx: Context) -> None:
+    """A mark that counted commits (`{store_id} {commits}`) says nothing about progress: the
+    store opens and writes the mark anew."""
+    database = await _store_with_commits(tmp_path, ctx, 2)
+    mark = tmp_path / "journal.db.commit-mark"
+    store_id = mark.read_text().split()[1]
+    mark.write_text(f"{store_id} 999999".ljust(64) + "\n")
+
+    store = await connect(f"sqlite:///{database}", ctx)
+    await store.close()
+
+    assert mark.read_text().split()[:2] == ["v2", store_id]
+
+
 async def test_a_run_stopped_by_a_full_disk_resumes_in_the_same_harness_once_there_is_room(
     tmp_path: Path, ctx: Context
 ) -> None:
@@ -351,7 +419,7 @@ async def test_a_run_stopped_by_a_full_disk_resumes_in_the_same_harness_once_the
     and resuming in the same harness finishes it, and the next prompt works."""
     with small_tmpfs(tmp_path, "3m") as disk:
         store = await connect(f"sqlite:///{disk / 'journal.db'}", ctx)
-        rig = await start_rig(store, ctx, [reply("x" * 200_000), reply("resumed"), reply("short")])
+        rig = await start_rig(store, ctx, [reply("x" * 400_000), reply("resumed"), reply("short")])
         try:
             room = os.statvfs(disk)
             filler = disk / "filler"

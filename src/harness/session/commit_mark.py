@@ -1,15 +1,20 @@
-"""The commit mark: a small file beside a SQLite database saying which database it is and how many
-commits it has been seen to hold, so that a journal that went backwards is noticed on open.
+"""The commit mark: a small file beside a SQLite database saying which database it is and how far
+its writing had got, so that a journal that went backwards is noticed on open.
 
 SQLite itself cannot tell: deleting the `-wal` file after a crash, restoring an old copy, or
 replacing the file by an empty one all open cleanly and silently lose commits (and with them the
-record of effects, such as a shell command, that already happened). Every write transaction bumps
-a counter inside the database; after it commits, the counter is written to the mark (no fsync: it
-survives a killed process, which is what it guards). On open, a database whose counter is behind
-its mark, or whose identity differs, is refused with `StorageRolledBack` before anything is driven.
+record of effects, such as a shell command, that already happened). How far a database has got
+is its progress: the seqs its sessions have handed out (each session's `next_seq`) plus those of
+deleted sessions (`store_meta.retired`), a number every commit that writes anything raises and
+nothing lowers. After a commit, the progress is written to the mark (no fsync: it survives a
+killed process, which is what it guards). On open, a database whose progress is behind its mark,
+or whose identity differs, is refused with `StorageRolledBack` before anything is driven.
 
-The mark is a lower bound, never ahead of the database: it is written only after a commit.
-Deleting the mark accepts the database as it is.
+The progress is read from columns each commit writes anyway (the session's `next_seq`), so
+keeping it costs a commit no statement and no page of its own. The mark is a lower bound, never
+ahead of the database: it is written only after a commit. Deleting the mark accepts the database
+as it is. A mark written before progress was counted (commits, in the older format) is replaced
+unchecked.
 """
 
 from __future__ import annotations
@@ -25,28 +30,24 @@ SCHEMA_STEP = (
     "CREATE TABLE store_meta (id INTEGER PRIMARY KEY CHECK (id = 1), store_id TEXT NOT NULL, commits INTEGER NOT NULL)",
     "INSERT INTO store_meta VALUES (1, lower(hex(randomblob(16))), 0)",
 )
-"""The schema step that gives a database its identity and commit counter."""
+"""The schema step that gives a database its identity (its `commits` column is no longer written)."""
 
+PROGRESS_STEP = ("ALTER TABLE store_meta ADD COLUMN retired INTEGER NOT NULL DEFAULT 0",)
+"""The schema step that keeps the seqs of deleted sessions, so deleting one lowers no progress."""
 
-def bump(db: sqlite3.Connection, *, counted: int | None = None) -> int:
-    """Count one more commit; run inside every write transaction, its result is what
-    `CommitMark.record` is given once the transaction has committed. `counted`: the counter as
-    this transaction already read it (`COMMITS`), which saves reading it again."""
-    # Not one UPDATE ... RETURNING: SQLite runs it through a temporary table, which measured more
-    # work per commit than a SELECT.
-    db.execute("UPDATE store_meta SET commits = commits + 1")
-    if counted is not None:
-        return counted + 1
-    commits: int = db.execute(f"SELECT {COMMITS}").fetchone()[0]
-    return commits
+RETIRE = "UPDATE store_meta SET retired = retired + coalesce((SELECT next_seq FROM sessions WHERE id = ?), 0)"
+"""Run before deleting session `?`: its seqs stay counted."""
 
+DATA_VERSION = "(SELECT data_version FROM pragma_data_version)"
+"""Changes whenever another connection commits: for a commit's first statement to read."""
 
-COMMITS = "(SELECT commits FROM store_meta)"
-"""The commit counter as an SQL expression, for a transaction to read with its first statement."""
-
+_PROGRESS = ("SELECT retired + (SELECT coalesce(sum(next_seq), 0) FROM sessions), "
+             f"{DATA_VERSION} FROM store_meta")
 
 _LINE = 65
-"""The mark's length in bytes: `{store_id} {commits}` padded to 64 characters, and a newline."""
+"""The mark's length in bytes: `v2 {store_id} {progress}` padded to 64 characters, and a newline."""
+
+_FORMAT = "v2"
 
 
 def mark_path(database: Path) -> Path:
@@ -54,16 +55,18 @@ def mark_path(database: Path) -> Path:
 
 
 class CommitMark:
-    """The mark of one open database, written by whichever thread runs a commit (one at a time).
+    """The mark of one open database and the database's progress as this connection last left it,
+    used by whichever thread runs a transaction (one at a time).
 
     The file is mapped shared: a record is a copy into the page cache, not a system call, and
     like a write it survives a killed process (the kernel writes the page back)."""
 
-    def __init__(self, path: Path, store_id: str, fd: int, commits: int) -> None:
+    def __init__(self, path: Path, store_id: str, fd: int, progress: int, data_version: int) -> None:
         self.path = path
         self._store_id = store_id
         self._fd = fd
-        os.pwrite(fd, self._line(commits), 0)  # the file holds a whole line before it is mapped
+        self._progress, self._data_version = progress, data_version
+        os.pwrite(fd, self._line(progress), 0)  # the file holds a whole line before it is mapped
         self._map = mmap.mmap(fd, _LINE)
 
     @classmethod
@@ -77,35 +80,53 @@ class CommitMark:
             text = ""
         # The mark first: another process may commit meanwhile, and the mark never runs ahead of
         # the database, so a mark read before the database is never ahead of what is read.
-        store_id, commits = db.execute("SELECT store_id, commits FROM store_meta").fetchone()
+        store_id = db.execute("SELECT store_id FROM store_meta").fetchone()[0]
+        progress, data_version = db.execute(_PROGRESS).fetchone()
         marked = text.split()
-        if len(marked) == 2 and marked[1].isdigit():
-            marked_id, marked_commits = marked[0], int(marked[1])
+        if len(marked) == 3 and marked[0] == _FORMAT and marked[2].isdigit():
+            marked_id, marked_progress = marked[1], int(marked[2])
             accept = f"If that is intended (a restored backup), delete {path} to accept the database as it is."
             if marked_id != store_id:
                 raise StorageRolledBack(
                     f"the SQLite store {database} is not the database last written here: it was replaced "
                     f"(by an empty or another file), and every commit of the one before is missing. {accept}",
                     path=str(database), mark=str(path))
-            if marked_commits > commits:
+            if marked_progress > progress:
                 raise StorageRolledBack(
-                    f"the SQLite store {database} went back from commit {marked_commits} to {commits}: its "
+                    f"the SQLite store {database} went back from {marked_progress} writes to {progress}: its "
                     f"write-ahead log was probably deleted or an old copy restored, so recent turns and the "
                     f"record of what their tools did are gone. {accept}",
-                    path=str(database), mark=str(path), marked_commits=marked_commits, commits=commits)
+                    path=str(database), mark=str(path), marked_progress=marked_progress, progress=progress)
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         try:
-            return cls(path, store_id, fd, commits)
+            return cls(path, store_id, fd, progress, data_version)
         except BaseException:
             os.close(fd)
             raise
 
-    def record(self, commits: int) -> None:
-        """Write that the database holds at least `commits` commits."""
-        self._map[:] = self._line(commits)
+    def progress(self, db: sqlite3.Connection, data_version: int) -> int:
+        """Inside a write transaction: the database's progress before it, read again only when
+        another connection has committed since this one last did (`data_version`, as the
+        transaction read `DATA_VERSION`)."""
+        if data_version != self._data_version:
+            progress: int = db.execute(_PROGRESS).fetchone()[0]
+            return progress
+        return self._progress
 
-    def _line(self, commits: int) -> bytes:
-        return f"{self._store_id} {commits}".ljust(_LINE - 1).encode("ascii") + b"\n"
+    def landed(self, progress: int, data_version: int) -> None:
+        """After a transaction committed: the database's progress is now `progress` (and
+        `data_version` what the transaction read); write it to the mark."""
+        self._progress, self._data_version = progress, data_version
+        self._map[:] = self._line(progress)
+
+    def counted(self, db: sqlite3.Connection) -> tuple[int, int]:
+        """Inside a write transaction that may have changed the progress in any way (a session
+        created or deleted): the progress and data version to give `landed` once it commits."""
+        progress, data_version = db.execute(_PROGRESS).fetchone()
+        return progress, data_version
+
+    def _line(self, progress: int) -> bytes:
+        return f"{_FORMAT} {self._store_id} {progress}".ljust(_LINE - 1).encode("ascii") + b"\n"
 
     def close(self) -> None:
         self._map.close()

@@ -163,6 +163,8 @@ SCHEMA: tuple[tuple[int, tuple[str, ...]], ...] = (
     # table beside its key index wrote two pages where one does, on nearly every commit of a turn.
     (5, _without_rowid("record_values", "PRIMARY KEY (session_id, namespace, key)")
         + _without_rowid("list_items", "PRIMARY KEY (session_id, namespace, key, seq)")),
+    # The commit mark's progress: the seqs sessions handed out, deleted ones' kept here.
+    (6, commit_mark.PROGRESS_STEP),
 )
 
 # Payload columns are read as bytes and decoded here: sqlite3 would raise an untyped
@@ -617,6 +619,7 @@ class SqliteBackend:
             lock = self._lock(session_id, shared=False)
             try:
                 with _counted_transaction(db, self._mark):
+                    db.execute(commit_mark.RETIRE, (session_id,))  # its seqs stay counted
                     if db.execute("DELETE FROM sessions WHERE id = ?", (session_id,)).rowcount == 0:
                         raise SessionNotFound(f"no session {session_id}", session_id=session_id)
                     for table in SESSION_TABLES:
@@ -750,11 +753,12 @@ class SqliteBackend:
         with _Transaction(db):
             # Read here and written below, two statements: one UPDATE ... RETURNING measured more
             # work per commit than this SELECT (SQLite buffers a RETURNING row in a temporary table).
-            row = db.execute(f"SELECT next_seq, owner_epoch, {commit_mark.COMMITS} FROM sessions WHERE id = ?",
+            row = db.execute(f"SELECT next_seq, owner_epoch, {commit_mark.DATA_VERSION} FROM sessions WHERE id = ?",
                              (session_id,)).fetchone()
             if row is None:
                 raise SessionNotFound(f"no session {session_id}", session_id=session_id)
-            first, epoch, counted = row
+            first, epoch, data_version = row
+            before = self._mark.progress(db, data_version)  # before this commit's writes change it
             if claim is not None and claim.epoch != epoch:
                 raise OwnershipLost(f"session {session_id} was claimed by another owner", session_id=session_id)
             timestamp = now_ms()
@@ -766,12 +770,12 @@ class SqliteBackend:
                     if not str(error).endswith(".seq"):
                         raise
                     raise seq_already_held(session_id, seq) from error
-            db.execute("UPDATE sessions SET next_seq = ?, updated_at = ? WHERE id = ?",
-                       (seqs[-1] + 1 if seqs else first, timestamp, session_id))
-            commits = commit_mark.bump(db, counted=counted)
+            after = seqs[-1] + 1 if seqs else first
+            db.execute("UPDATE sessions SET next_seq = ?, updated_at = ? WHERE id = ?", (after, timestamp, session_id))
+            progress = before + after - first
             if self._commit_barrier is not None:
                 self._commit_barrier()
-        self._mark.record(commits)
+        self._mark.landed(progress, data_version)
         return CommitResult(seqs, timestamp)
 
     def _lock(self, session_id: str, *, shared: bool) -> _SessionLock:
@@ -896,11 +900,12 @@ def _value_row(row: tuple[Any, ...]) -> ValueRow:
 
 @contextmanager
 def _counted_transaction(db: sqlite3.Connection, mark: CommitMark) -> Iterator[None]:
-    """`_Transaction` that bumps the store's commit counter and, once committed, its mark."""
+    """`_Transaction` that reads the store's progress once its statements ran and, once
+    committed, writes it to the mark."""
     with _Transaction(db):
         yield
-        commits = commit_mark.bump(db)
-    mark.record(commits)
+        progress, data_version = mark.counted(db)
+    mark.landed(progress, data_version)
 
 
 class _Transaction:
