@@ -38,11 +38,7 @@ PROGRESS_STEP = ("ALTER TABLE store_meta ADD COLUMN retired INTEGER NOT NULL DEF
 RETIRE = "UPDATE store_meta SET retired = retired + coalesce((SELECT next_seq FROM sessions WHERE id = ?), 0)"
 """Run before deleting session `?`: its seqs stay counted."""
 
-DATA_VERSION = "(SELECT data_version FROM pragma_data_version)"
-"""Changes whenever another connection commits: for a commit's first statement to read."""
-
-_PROGRESS = ("SELECT retired + (SELECT coalesce(sum(next_seq), 0) FROM sessions), "
-             f"{DATA_VERSION} FROM store_meta")
+_PROGRESS = "SELECT retired + (SELECT coalesce(sum(next_seq), 0) FROM sessions) FROM store_meta"
 
 _LINE = 65
 """The mark's length in bytes: `v2 {store_id} {progress}` padded to 64 characters, and a newline."""
@@ -59,14 +55,17 @@ class CommitMark:
     used by whichever thread runs a transaction (one at a time).
 
     The file is mapped shared: a record is a copy into the page cache, not a system call, and
-    like a write it survives a killed process (the kernel writes the page back)."""
+    like a write it survives a killed process (the kernel writes the page back). Every store
+    writes the mark after its commits, so a mark that no longer holds what this one last wrote
+    says another connection has committed since: the progress is then read again."""
 
-    def __init__(self, path: Path, store_id: str, fd: int, progress: int, data_version: int) -> None:
+    def __init__(self, path: Path, store_id: str, fd: int, progress: int) -> None:
         self.path = path
         self._store_id = store_id
         self._fd = fd
-        self._progress, self._data_version = progress, data_version
-        os.pwrite(fd, self._line(progress), 0)  # the file holds a whole line before it is mapped
+        self._progress = progress
+        self._written = self._line(progress)
+        os.pwrite(fd, self._written, 0)  # the file holds a whole line before it is mapped
         self._map = mmap.mmap(fd, _LINE)
 
     @classmethod
@@ -81,7 +80,7 @@ class CommitMark:
         # The mark first: another process may commit meanwhile, and the mark never runs ahead of
         # the database, so a mark read before the database is never ahead of what is read.
         store_id = db.execute("SELECT store_id FROM store_meta").fetchone()[0]
-        progress, data_version = db.execute(_PROGRESS).fetchone()
+        progress = db.execute(_PROGRESS).fetchone()[0]
         marked = text.split()
         if len(marked) == 3 and marked[0] == _FORMAT and marked[2].isdigit():
             marked_id, marked_progress = marked[1], int(marked[2])
@@ -99,31 +98,31 @@ class CommitMark:
                     path=str(database), mark=str(path), marked_progress=marked_progress, progress=progress)
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         try:
-            return cls(path, store_id, fd, progress, data_version)
+            return cls(path, store_id, fd, progress)
         except BaseException:
             os.close(fd)
             raise
 
-    def progress(self, db: sqlite3.Connection, data_version: int) -> int:
-        """Inside a write transaction: the database's progress before it, read again only when
-        another connection has committed since this one last did (`data_version`, as the
-        transaction read `DATA_VERSION`)."""
-        if data_version != self._data_version:
-            progress: int = db.execute(_PROGRESS).fetchone()[0]
-            return progress
+    def progress(self, db: sqlite3.Connection) -> int:
+        """Inside a write transaction, before its writes: the database's progress, read again
+        only when the mark shows another connection's commit since this one's last. (One whose
+        mark is not yet written is missed: the mark may then be written lower than it could be,
+        never higher.)"""
+        if self._map[:] != self._written:
+            return self.counted(db)
         return self._progress
 
-    def landed(self, progress: int, data_version: int) -> None:
-        """After a transaction committed: the database's progress is now `progress` (and
-        `data_version` what the transaction read); write it to the mark."""
-        self._progress, self._data_version = progress, data_version
-        self._map[:] = self._line(progress)
+    def landed(self, progress: int) -> None:
+        """After a transaction committed: the database's progress is now `progress`; write it to
+        the mark."""
+        self._progress, self._written = progress, self._line(progress)
+        self._map[:] = self._written
 
-    def counted(self, db: sqlite3.Connection) -> tuple[int, int]:
-        """Inside a write transaction that may have changed the progress in any way (a session
-        created or deleted): the progress and data version to give `landed` once it commits."""
-        progress, data_version = db.execute(_PROGRESS).fetchone()
-        return progress, data_version
+    def counted(self, db: sqlite3.Connection) -> int:
+        """Inside a write transaction: the database's progress as its statements so far left it
+        (read whole, from every session: for the rare transactions that create or delete one)."""
+        progress: int = db.execute(_PROGRESS).fetchone()[0]
+        return progress
 
     def _line(self, progress: int) -> bytes:
         return f"{_FORMAT} {self._store_id} {progress}".ljust(_LINE - 1).encode("ascii") + b"\n"

@@ -753,12 +753,11 @@ class SqliteBackend:
         with _Transaction(db):
             # Read here and written below, two statements: one UPDATE ... RETURNING measured more
             # work per commit than this SELECT (SQLite buffers a RETURNING row in a temporary table).
-            row = db.execute(f"SELECT next_seq, owner_epoch, {commit_mark.DATA_VERSION} FROM sessions WHERE id = ?",
-                             (session_id,)).fetchone()
+            row = db.execute("SELECT next_seq, owner_epoch FROM sessions WHERE id = ?", (session_id,)).fetchone()
             if row is None:
                 raise SessionNotFound(f"no session {session_id}", session_id=session_id)
-            first, epoch, data_version = row
-            before = self._mark.progress(db, data_version)  # before this commit's writes change it
+            first, epoch = row
+            before = self._mark.progress(db)  # before this commit's writes change it
             if claim is not None and claim.epoch != epoch:
                 raise OwnershipLost(f"session {session_id} was claimed by another owner", session_id=session_id)
             timestamp = now_ms()
@@ -775,7 +774,7 @@ class SqliteBackend:
             progress = before + after - first
             if self._commit_barrier is not None:
                 self._commit_barrier()
-        self._mark.landed(progress, data_version)
+        self._mark.landed(progress)
         return CommitResult(seqs, timestamp)
 
     def _lock(self, session_id: str, *, shared: bool) -> _SessionLock:
@@ -904,8 +903,8 @@ def _counted_transaction(db: sqlite3.Connection, mark: CommitMark) -> Iterator[N
     committed, writes it to the mark."""
     with _Transaction(db):
         yield
-        progress, data_version = mark.counted(db)
-    mark.landed(progress, data_version)
+        progress = mark.counted(db)
+    mark.landed(progress)
 
 
 class _Transaction:
