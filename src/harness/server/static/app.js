@@ -128,8 +128,11 @@ async function openConversation(id) {
     current.streaming?.abort();
     current.watch.abort();
   }
+  // `opened`: settled once the view is drawn and the server said whether a turn runs; a message
+  // typed before then waits for it instead of racing the view's first read.
+  let answered;
   current = { id, streaming: null, watch: new AbortController(), nextBefore: null, pendingModel: null,
-    reading: false, readAgain: false };
+    reading: false, readAgain: false, opened: new Promise((resolve) => { answered = resolve; }) };
   for (const link of document.querySelectorAll("#conversations a")) {
     if (link.dataset.id === id) link.setAttribute("aria-current", "page");
     else link.removeAttribute("aria-current");
@@ -138,12 +141,16 @@ async function openConversation(id) {
   showError(null);
   setRunning(false);
   transcript.clear();
-  const info = await authorized(() => json("GET", routes.conversation(id)));
-  $("title").textContent = info.name ?? `Conversation ${id.slice(0, 8)}`;
-  await showModel(info);
-  await readDisplay();
-  watch(current);
-  await resume(current);
+  try {
+    const info = await authorized(() => json("GET", routes.conversation(id)));
+    $("title").textContent = info.name ?? `Conversation ${id.slice(0, 8)}`;
+    await showModel(info);
+    await readDisplay();
+    watch(current);
+    await resume(current, answered);
+  } finally {
+    answered();
+  }
 }
 
 async function readDisplay({ older = false } = {}) {
@@ -175,7 +182,7 @@ async function imageUrl(conversationId, ref) {
  * Draw a UI message stream until its message ends. A connection that drops mid-turn reconnects to
  * the resume route, which replays the turn from its start over what is drawn (the same rows).
  */
-async function follow(conversation, open) {
+async function follow(conversation, open, answered = () => {}) {
   if (conversation.streaming) return;
   const controller = new AbortController();
   conversation.streaming = controller;
@@ -185,6 +192,7 @@ async function follow(conversation, open) {
       let response;
       try {
         response = await open(controller.signal);
+        answered(); // the first answer says whether a turn runs
       } catch (error) {
         if (controller.signal.aborted) return;
         if (error instanceof ApiError) throw error;
@@ -219,8 +227,8 @@ async function follow(conversation, open) {
   }
 }
 
-function resume(conversation) {
-  return follow(conversation, (signal) => request("GET", routes.resume(conversation.id), { signal }));
+function resume(conversation, answered) {
+  return follow(conversation, (signal) => request("GET", routes.resume(conversation.id), { signal }), answered);
 }
 
 /** Whether the page draws a turn: its stream is open, or paused on a call waiting for approval. */
@@ -321,7 +329,10 @@ async function readSoon(conversation) {
 // -- composing: a new turn, or a steer or follow-up while one runs -------------------------------------
 
 async function send(text) {
+  await choosing;
   const conversation = current;
+  if (!conversation) throw new Error("open a conversation or start a new one first");
+  await conversation.opened;
   if (following(conversation)) {
     const route = $("delivery").value === "steer" ? routes.steer : routes.followUp;
     await authorized(() => json("POST", route(conversation.id), { text }));
@@ -412,10 +423,23 @@ $("older").addEventListener("click", () => readDisplay({ older: true }).catch(sh
 $("new-conversation").addEventListener("click", () => newConversation().catch(showError));
 window.addEventListener("popstate", () => boot().catch(showError));
 
+// Settled once the page knows which conversation its address opens: a message typed while the
+// page loads waits for it instead of finding none open.
+let chosen;
+const choosing = new Promise((resolve) => { chosen = resolve; });
+
 async function boot() {
-  const conversations = await listConversations();
-  const id = new URLSearchParams(location.search).get("c");
-  if (id && conversations.some((conversation) => conversation.id === id)) await openConversation(id);
+  try {
+    const conversations = await listConversations();
+    const id = new URLSearchParams(location.search).get("c");
+    if (id && conversations.some((conversation) => conversation.id === id)) {
+      const opening = openConversation(id); // makes it current before its first await
+      chosen();
+      await opening;
+    }
+  } finally {
+    chosen();
+  }
 }
 
 boot().catch(showError);
