@@ -58,6 +58,21 @@ class ListAddress(Generic[T]):
     adapter: TypeAdapter[T] = field(compare=False, repr=False)
 
 
+# The built-in addresses' adapters, resolved once: looking a type up in `_ADAPTERS` hashes it,
+# and hashing an annotated union such as `OperationState` walks all of its members.
+_TIP = _adapter(str | None)
+_LANE_CONFIG = _adapter(LaneConfig)
+_LANE_STATE = _adapter(LaneState)
+_LAST_RESULT = _adapter(LaneLastResult)
+_LANE_REQUEST = _adapter(LaneRequest)
+_OPERATION_META = _adapter(OperationMeta)
+_OPERATION_STATE = _adapter(OperationState)
+_PENDING_ENTRY = _adapter(PendingEntry)
+_JSON_OBJECT = _adapter(CleanJsonObject)
+_JSON = _adapter(CleanJson)
+_TEXT = _adapter(CleanStr)
+
+
 def _check_part(name: str, part: str) -> None:
     if "\x00" in part:
         raise ValueError(f"address {name} must not contain NUL")
@@ -83,55 +98,55 @@ def list_address(namespace: str, key: str = "", tp: Any = CleanJson) -> ListAddr
 
 def branch_tip(lane: str) -> ValueAddress[str | None]:
     """The entry a lane continues from; None for a lane on an empty branch."""
-    return ValueAddress("harness.branch.tip", lane, _adapter(str | None))
+    return ValueAddress("harness.branch.tip", lane, _TIP)
 
 
 BRANCH_TIP_NAMESPACE = "harness.branch.tip"
 
 
 def lane_config(lane: str) -> ValueAddress[LaneConfig]:
-    return ValueAddress("harness.lane.config", lane, _adapter(LaneConfig))
+    return ValueAddress("harness.lane.config", lane, _LANE_CONFIG)
 
 
 def lane_state(lane: str) -> ValueAddress[LaneState]:
-    return ValueAddress("harness.lane.state", lane, _adapter(LaneState))
+    return ValueAddress("harness.lane.state", lane, _LANE_STATE)
 
 
 def lane_last_result(lane: str) -> ValueAddress[LaneLastResult]:
-    return ValueAddress("harness.lane.last_result", lane, _adapter(LaneLastResult))
+    return ValueAddress("harness.lane.last_result", lane, _LAST_RESULT)
 
 
 def lane_request(request_id: str) -> ValueAddress[LaneRequest]:
     """A request another process posted for a lane's owner (`Session.post_request`), until the
     owner takes it, in commit order; the request names its lane."""
-    return ValueAddress(LANE_REQUEST_NAMESPACE, request_id, _adapter(LaneRequest))
+    return ValueAddress(LANE_REQUEST_NAMESPACE, request_id, _LANE_REQUEST)
 
 
 LANE_REQUEST_NAMESPACE = "harness.lane.request"
 
 
 def operation_meta(operation_id: str) -> ValueAddress[OperationMeta]:
-    return ValueAddress("harness.op.meta", operation_id, _adapter(OperationMeta))
+    return ValueAddress("harness.op.meta", operation_id, _OPERATION_META)
 
 
 def operation_state(operation_id: str) -> ValueAddress[OperationState]:
-    return ValueAddress("harness.op.state", operation_id, _adapter(OperationState))
+    return ValueAddress("harness.op.state", operation_id, _OPERATION_STATE)
 
 
 def pending_entry(entry_id: str) -> ValueAddress[PendingEntry]:
     """A queued message or custom entry, stored by its pre-minted entry id until placed."""
-    return ValueAddress("harness.pending.entry", entry_id, _adapter(PendingEntry))
+    return ValueAddress("harness.pending.entry", entry_id, _PENDING_ENTRY)
 
 
 def tool_args(operation_id: str, turn_id: str, source_index: int) -> ValueAddress[dict[str, JsonValue]]:
     """The effective arguments of one tool call, written at its intent (HA-8, HA-11)."""
     return ValueAddress("harness.op.tool_args", f"{operation_id}:{turn_id}:{source_index}",
-                        _adapter(CleanJsonObject))
+                        _JSON_OBJECT)
 
 
 def tool_checkpoint(operation_id: str, invocation_id: str) -> ValueAddress[JsonValue]:
     """A running tool's persisted partial result."""
-    return ValueAddress("harness.pending.tool_output", f"{operation_id}:{invocation_id}", _adapter(CleanJson))
+    return ValueAddress("harness.pending.tool_output", f"{operation_id}:{invocation_id}", _JSON)
 
 
 def assistant_frames(operation_id: str, response_entry_id: str) -> ListAddress[dict[str, JsonValue]]:
@@ -139,7 +154,7 @@ def assistant_frames(operation_id: str, response_entry_id: str) -> ListAddress[d
     is `{"frames": [...]}`, stream frames in the JSON of `harness.providers.StreamFrame`; the
     runtime owns their meaning (this layer does not import providers)."""
     return ListAddress("harness.pending.assistant_frame", f"{operation_id}:{response_entry_id}",
-                       _adapter(CleanJsonObject))
+                       _JSON_OBJECT)
 
 
 LANE_EVENTS_NAMESPACE = "harness.lane.events"
@@ -152,8 +167,8 @@ LANE_EVENTS_FLOOR_NAMESPACE = "harness.lane.events_floor"
 
 
 def session_name() -> ValueAddress[str]:
-    return ValueAddress("harness.session.name", "", _adapter(CleanStr))
+    return ValueAddress("harness.session.name", "", _TEXT)
 
 
 def entry_label(entry_id: str) -> ValueAddress[str]:
-    return ValueAddress("harness.entry.label", entry_id, _adapter(CleanStr))
+    return ValueAddress("harness.entry.label", entry_id, _TEXT)
