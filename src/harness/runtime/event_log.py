@@ -143,6 +143,7 @@ class LogRow(BaseModel):
 
 
 _ROW = TypeAdapter(LogRow)
+_FLOOR = TypeAdapter(int)
 _EVENT: TypeAdapter[HarnessEvent] = TypeAdapter(HarnessEvent)
 _REF = "ref"  # the key of an event stored as the entry it is about; no event has a field of that name
 
@@ -154,7 +155,7 @@ def lane_events(lane: str) -> ListAddress[LogRow]:
 
 def _lane_floor(lane: str) -> ValueAddress[int]:
     """The ordinal of lane `lane`'s oldest kept event; absent until its log is first trimmed."""
-    return ValueAddress(LANE_EVENTS_FLOOR_NAMESPACE, lane, TypeAdapter(int))
+    return ValueAddress(LANE_EVENTS_FLOOR_NAMESPACE, lane, _FLOOR)
 
 
 @cache
