@@ -322,6 +322,9 @@ def parse_tool_arguments(text: str) -> tuple[dict[str, JsonValue], str | None]:
     return cleaned, None
 
 
+_NO_USAGE = Usage()  # frozen: one shared until a usage event replaces it
+
+
 class AssistantStreamAccumulator:
     """Folds stream events into an `AssistantMessage`; the one reducer of events and frames.
 
@@ -332,7 +335,7 @@ class AssistantStreamAccumulator:
     def __init__(self, *, api: str, provider: str, model: str) -> None:
         self.api, self.provider, self.model = api, provider, model
         self.response_id: str | None = None
-        self.usage = Usage()
+        self.usage = _NO_USAGE
         self.timestamp = now_ms()
         self._blocks: dict[int, _OpenBlock] = {}
 
