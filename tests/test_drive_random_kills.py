@@ -10,6 +10,7 @@ long campaign (300 per backend)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import random
 import sys
@@ -47,11 +48,13 @@ async def run_and_maybe_kill(url: str, session_id: str, workdir: Path, mode: str
             try:
                 await asyncio.wait_for(process.wait(), kill_after_s)  # it may finish first: fine
             except TimeoutError:
-                process.kill()
+                with contextlib.suppress(ProcessLookupError):  # it ended as the wait timed out
+                    process.kill()
         await asyncio.wait_for(process.wait(), CHILD_TIMEOUT_S)
     finally:
         if process.returncode is None:
-            process.kill()
+            with contextlib.suppress(ProcessLookupError):
+                process.kill()
             await process.wait()
     assert process.returncode in (0, -9), f"the {mode} child failed with {process.returncode}"
 
