@@ -986,6 +986,32 @@ async def test_two_processes_cannot_both_own_and_a_killed_owner_releases(
         await store.close()
 
 
+async def test_a_session_whose_owner_was_killed_takes_writes_of_no_owner_again(durable_url: str, ctx: Context) -> None:
+    """An owner killed before it released leaves its claim behind in the store (on SQLite, an odd
+    epoch, which makes a commit of no owner probe the lock); the probe finds the lock gone and
+    the commit lands."""
+    store = await connect(durable_url, ctx)
+    try:
+        session = await new_session_with_lane(store, ctx)
+        with child(durable_url, session.id, "attach-and-hang") as owner:
+            assert await asyncio.to_thread(read_word, owner) == "attached"
+            owner.send_signal(signal.SIGKILL)
+            owner.wait(timeout=30)
+
+        for _ in range(100):  # PostgreSQL notices a killed client's connection a moment later
+            try:
+                await append_chain(session, ["after its owner died"], ctx)
+                break
+            except SessionOwned:
+                await asyncio.sleep(0.05)
+        else:
+            pytest.fail("the dead owner's claim kept refusing commits of no owner")
+        entries = await session.read_entries(ctx)
+        assert text_of(entries[-1].payload) == "after its owner died"
+    finally:
+        await store.close()
+
+
 async def attach_when_released(session: Any, ctx: Context) -> Any:
     """PostgreSQL notices a killed client's connection a moment later; retry briefly."""
     for _ in range(100):

@@ -4,7 +4,9 @@ Every call runs on the database's own thread, except a commit while commits are 
 runs on the caller's event loop thread, where it takes less time than the hop to the thread and
 back (`SqliteBackend.inline_commit_limit_s`). Ownership between processes is a lock on one byte of
 the database file itself, chosen by the session id (released by the OS when its holder dies),
-plus the session's epoch, which the claimant bumps and every owner commit checks. Locking the
+plus the session's epoch, which the claimant bumps and every owner commit checks. The epoch is
+odd from a claim to its release: a commit of no owner probes the lock only then (an odd epoch a
+dead owner left costs a probe, never a wrong answer). Locking the
 file, not a path, means every alias of one database (a symlink, a hard link, a relative path)
 shares one lock, and there is no lock folder to lose.
 """
@@ -733,22 +735,15 @@ class SqliteBackend:
     def commit(
         self, session_id: str, writes: Sequence[Write], claim: Claim | None, context: Context
     ) -> asyncio.Future[CommitResult]:
-        def run(db: sqlite3.Connection) -> CommitResult:
-            probe = None if claim is not None else self._lock(session_id, shared=True)
-            try:
-                return self._commit(db, session_id, writes, claim)
-            finally:
-                if probe is not None:
-                    _unlock(probe)
-
-        return self._submit_commit(run, len(writes))
+        return self._submit_commit(lambda db: self._commit(db, session_id, writes, claim, probe=claim is None),
+                                   len(writes))
 
     def post(self, session_id: str, writes: Sequence[SetValue], context: Context) -> asyncio.Future[CommitResult]:
         # No lock probe: an owner's commits and this one are serialised by SQLite's write lock.
-        return self._submit_commit(lambda db: self._commit(db, session_id, writes, None), len(writes))
+        return self._submit_commit(lambda db: self._commit(db, session_id, writes, None, probe=False), len(writes))
 
     def _commit(
-        self, db: sqlite3.Connection, session_id: str, writes: Sequence[Write], claim: Claim | None
+        self, db: sqlite3.Connection, session_id: str, writes: Sequence[Write], claim: Claim | None, *, probe: bool
     ) -> CommitResult:
         with _Transaction(db):
             # Read here and written below, two statements: one UPDATE ... RETURNING measured more
@@ -757,6 +752,11 @@ class SqliteBackend:
             if row is None:
                 raise SessionNotFound(f"no session {session_id}", session_id=session_id)
             first, epoch = row
+            if probe and epoch % 2:
+                # Claimed and not released (or its owner died): `SessionOwned` while an owner lives.
+                # Read inside the write transaction, an even epoch means no claim commits before
+                # this one does, and a claim made after the probe commits after it too.
+                _unlock(self._lock(session_id, shared=True))
             before = self._mark.progress(db)  # before this commit's writes change it
             if claim is not None and claim.epoch != epoch:
                 raise OwnershipLost(f"session {session_id} was claimed by another owner", session_id=session_id)
@@ -796,7 +796,9 @@ class SqliteBackend:
             try:
                 with _counted_transaction(db, self._mark):
                     row = db.execute(
-                        "UPDATE sessions SET owner_epoch = owner_epoch + 1 WHERE id = ? RETURNING owner_epoch",
+                        # The next odd epoch: odd while claimed (see the module's docstring).
+                        "UPDATE sessions SET owner_epoch = owner_epoch + 1 + owner_epoch % 2 WHERE id = ? "
+                        "RETURNING owner_epoch",
                         (session_id,),
                     ).fetchone()
                     if row is None:
@@ -814,8 +816,16 @@ class SqliteBackend:
         assert isinstance(claim, SqliteClaim)
 
         def run(db: sqlite3.Connection) -> None:
-            if claim in self._claims:
-                self._claims.remove(claim)
+            if claim not in self._claims:
+                return
+            self._claims.remove(claim)
+            try:
+                # Even again, so commits of no owner skip the probe; best effort: left odd (a full
+                # disk, a lock held elsewhere), they only go on probing.
+                with suppress(sqlite3.DatabaseError), _Transaction(db):
+                    db.execute("UPDATE sessions SET owner_epoch = owner_epoch + 1 WHERE id = ? AND owner_epoch = ?",
+                               (claim.session_id, claim.epoch))
+            finally:
                 _unlock(claim.lock)
 
         await self._call(run)
