@@ -14,7 +14,17 @@ import time
 from collections.abc import Sequence
 from typing import Annotated, Any, Literal, NoReturn, TypeAlias, get_args
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, JsonValue, TypeAdapter
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    GetCoreSchemaHandler,
+    GetPydanticSchema,
+    JsonValue,
+    TypeAdapter,
+)
+from pydantic_core import core_schema
 
 from harness.errors import InvalidInput
 
@@ -70,7 +80,15 @@ def now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
-CleanStr = Annotated[str, AfterValidator(clean_text)]
+def _clean_from_python(source: Any, handler: GetCoreSchemaHandler) -> core_schema.CoreSchema:
+    # JSON text cannot carry a lone surrogate (the parser refuses one, escaped or raw), so only
+    # text from Python needs cleaning: a read-back or a decode skips a Python call per string.
+    text = handler(source)
+    return core_schema.json_or_python_schema(
+        json_schema=text, python_schema=core_schema.no_info_after_validator_function(clean_text, text))
+
+
+CleanStr = Annotated[str, GetPydanticSchema(_clean_from_python)]
 CleanJson = Annotated[JsonValue, AfterValidator(clean_json)]
 CleanJsonObject = Annotated[dict[str, JsonValue], AfterValidator(clean_json)]
 
