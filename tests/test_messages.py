@@ -81,6 +81,15 @@ def test_lone_surrogates_become_replacement_characters_everywhere() -> None:
     MESSAGE_ADAPTER.dump_json(message)  # encodable as UTF-8 now
 
 
+@pytest.mark.parametrize("raw", ['{"role": "user", "content": "x\\ud800"}', '{"role": "user", "content": "x\ud800"}',
+                                 b'{"role": "user", "content": "x\xed\xa0\x80"}'])
+def test_json_text_cannot_bring_a_lone_surrogate_into_a_model(raw: str | bytes) -> None:
+    # Why CleanStr cleans only text from Python: the models' own JSON parser refuses a lone
+    # surrogate, escaped, as a character or as its UTF-8 bytes, so no decoded text holds one.
+    with pytest.raises(ValidationError):
+        MESSAGE_ADAPTER.validate_json(raw)
+
+
 def test_nul_is_data_and_is_kept() -> None:
     message = UserMessage(content="a\x00b")
     decoded = MESSAGE_ADAPTER.validate_json(MESSAGE_ADAPTER.dump_json(message))
