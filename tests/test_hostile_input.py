@@ -4,15 +4,17 @@ Each case is one an attacker tried; the docstrings say what used to happen."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
+from pydantic import BaseModel, ValidationError
 
 from drive_helpers import branch, start_rig, within
 from harness.context import Context, NotAContext
 from harness.errors import HarnessError, InvalidInput
-from harness.messages import ModelIdentity, TextContent, UserMessage
+from harness.messages import Cost, ModelIdentity, TextContent, Usage, UserMessage
 from harness.runtime import MAX_INPUT_BYTES, InvalidMessage, Lane, PromptRequest, PromptTooLarge, Settled
 from harness.session import (
     MAX_RECORD_BYTES,
@@ -22,6 +24,7 @@ from harness.session import (
     SessionMutator,
     SessionNotFound,
     Store,
+    value_address,
 )
 from harness_helpers import recording, said
 
@@ -50,10 +53,18 @@ def _untyped(value: Any) -> Any:
     return value  # the calls below break the types on purpose, as an untyped caller would
 
 
+def _forged(record: Any, **fields: Any) -> Any:
+    """`record` with `fields` set behind validation's back: `model_copy` and `model_construct`
+    validate on a `Record`, so only writing its attributes directly can do this."""
+    for name, value in fields.items():
+        object.__setattr__(record, name, value)
+    return record
+
+
 UNVALIDATED_MESSAGES: dict[str, Any] = {
-    "model_copy with a wrong type": UserMessage(content="hi").model_copy(update={"content": 123}),
-    "model_construct with a bogus block": UserMessage.model_construct(role="user", content=[_untyped({"type": "x"})]),
-    "model_copy inside a block": UserMessage(content=[TextContent(text="a").model_copy(update={"text": 5})]),
+    "a forged wrong type": _forged(UserMessage(content="hi"), content=123),
+    "a forged bogus block": _forged(UserMessage(content="hi"), content=[_untyped({"type": "x"})]),
+    "a forged block inside": UserMessage(content=[_forged(TextContent(text="a"), text=5)]),
     "a dict": {"role": "user", "content": "hi"},
     "a string": "hi",
 }
@@ -85,7 +96,7 @@ async def test_bad_input_at_the_lane_gets_a_typed_error_and_changes_nothing(
     store: Store, ctx: Context, case: str
 ) -> None:
     """These raised pydantic's ValidationError or AttributeError; a message built with
-    `model_copy(update=...)` was even committed, after which every read of the session raised
+    `model_copy(update=...)` (which now validates) was even committed, after which every read of the session raised
     StorageCorruption and the lane stayed busy forever."""
     expected, call = BAD_CALLS[case]
     rig = await start_rig(store, ctx, ["fine"])
@@ -100,17 +111,50 @@ async def test_bad_input_at_the_lane_gets_a_typed_error_and_changes_nothing(
         await rig.harness.close(ctx)
 
 
-async def test_the_journal_refuses_a_message_its_reader_would_refuse(store: Store, ctx: Context) -> None:
-    """The journal's own backstop: a write never stores an entry that no reader can decode."""
+class _Note(BaseModel):
+    """An application's own record type: pydantic's `model_construct` skips its validation."""
+
+    text: str
+    weight: float
+
+
+@pytest.mark.parametrize("bad", [_Note.model_construct(text=_untyped(5), weight=1.0), _Note(text="x", weight=math.nan)],
+                         ids=["unvalidated", "nan"])
+async def test_the_journal_reads_back_an_application_model_and_refuses_what_would_not_read(
+        store: Store, ctx: Context, bad: _Note) -> None:
+    """The journal's backstop: a write never stores what no reader can decode. A type not built
+    only of `Record`s is read back as it is written, so an instance built unchecked, or a NaN
+    (written as null), is refused with `InvalidInput` and nothing is written."""
     session = await store.create_session(ctx)
-    bad = said("x").model_copy(update={"content": 123})
-
-    async def write(m: SessionMutator) -> None:
-        m.insert_entry(MessagePayload(message=bad), parent_id=None)
-
+    address = value_address("app.note", "k", _Note)
     with pytest.raises(InvalidInput):
-        await session.mutate(write, ctx)
-    assert await session.read_entries(ctx) == []
+        await session.mutate(lambda m: _set(m, address, bad), ctx)
+    assert await session.get(address, ctx) is None
+
+
+async def _set(m: SessionMutator, address: Any, value: Any) -> None:
+    m.set(address, value)
+
+
+def test_a_record_is_never_built_unchecked() -> None:
+    """`model_construct` and `model_copy(update=...)` validate a `Record` (pydantic's skip it),
+    and a subclass's instance is validated again where the record takes one, so the journal can
+    write records without reading them back."""
+    with pytest.raises(ValidationError):
+        UserMessage.model_construct(content=_untyped(123))
+    with pytest.raises(ValidationError):
+        said("x").model_copy(update={"content": 123})
+    with pytest.raises(ValidationError):
+        Usage(cost=Cost(input=math.inf))
+    assert said("x").model_copy(update={"content": "y"}).content == "y"
+
+    class Loose(TextContent):
+        pass
+
+    loose = Loose.model_validate({"text": "a"})
+    object.__setattr__(loose, "text", 5)  # a subclass instance, changed behind validation's back
+    with pytest.raises(ValidationError):
+        UserMessage(content=[loose])
 
 
 async def test_the_journal_refuses_a_record_over_its_bound(store: Store, ctx: Context) -> None:

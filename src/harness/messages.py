@@ -11,8 +11,8 @@ import json
 import math
 import re
 import time
-from collections.abc import Sequence
-from typing import Annotated, Any, Literal, NoReturn, TypeAlias, get_args
+from collections.abc import Mapping, Sequence
+from typing import Annotated, Any, Literal, NoReturn, Self, TypeAlias, get_args
 
 from pydantic import (
     AfterValidator,
@@ -93,11 +93,35 @@ CleanJson = Annotated[JsonValue, AfterValidator(clean_json)]
 CleanJsonObject = Annotated[dict[str, JsonValue], AfterValidator(clean_json)]
 
 
-class _Record(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
+class Record(BaseModel):
+    """A value the journal keeps: frozen, strict, extra fields refused, and only ever built by
+    validation, so its JSON form always reads back (the journal skips reading back what it writes).
+
+    `model_construct` validates as the constructor does, and so does `model_copy` with `update`
+    (pydantic's own skip validation); an instance of a subclass is validated again where a field
+    takes this class (`revalidate_instances`), so a subclass cannot bring in what this class
+    refuses; a float must be finite (JSON has no NaN: it would be written as null and refused on
+    reading). Raises pydantic's `ValidationError` for what does not fit.
+
+    A record's lists and dicts are part of it: never change one in place. Nothing validates
+    such a change, and the journal writes a record without reading it back."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True, allow_inf_nan=False,
+                              revalidate_instances="subclass-instances")
+
+    @classmethod
+    def model_construct(  # type: ignore[override]  # the pydantic plugin types each model's own fields
+            cls, _fields_set: set[str] | None = None, **values: Any) -> Self:
+        """Validates `values`, unlike pydantic's: a record is never built unchecked."""
+        return cls.model_validate(values)
+
+    def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> Self:
+        """A copy (`deep`: of everything in it too) with `update`'s fields replaced, validated."""
+        copied = super().model_copy(deep=deep)
+        return copied if not update else type(self).model_validate({**copied.__dict__, **update})
 
 
-class ModelIdentity(_Record):
+class ModelIdentity(Record):
     """A durable `{provider, model_id}` pair; nothing here resolves it (HA-6, HA-23)."""
 
     provider: CleanStr
@@ -128,12 +152,12 @@ THINKING_LEVELS: tuple[ThinkingLevel, ...] = get_args(ThinkingLevel)
 """Every thinking level, lowest first."""
 
 
-class TextContent(_Record):
+class TextContent(Record):
     type: Literal["text"] = "text"
     text: CleanStr
 
 
-class ThinkingContent(_Record):
+class ThinkingContent(Record):
     """Model reasoning. `signature` is replayed byte-exact to the provider that made it;
     `redacted` marks opaque reasoning whose text is not readable."""
 
@@ -143,7 +167,7 @@ class ThinkingContent(_Record):
     redacted: bool = False
 
 
-class ImageContent(_Record):
+class ImageContent(Record):
     """An image as base64 `data` with its `mime_type`."""
 
     type: Literal["image"] = "image"
@@ -151,7 +175,7 @@ class ImageContent(_Record):
     mime_type: CleanStr
 
 
-class ToolCall(_Record):
+class ToolCall(Record):
     """A model's request to run tool `name` with JSON `arguments`; `id` pairs it with its result.
 
     `raw_arguments` is set only when the model's argument text was not a JSON object: it keeps that
@@ -175,7 +199,7 @@ AssistantContent: TypeAlias = Annotated[
 StopReason: TypeAlias = Literal["stop", "length", "tool_use", "error", "aborted", "deferred"]
 
 
-class Cost(_Record):
+class Cost(Record):
     """Cost in US dollars, per token kind and in total."""
 
     input: float = 0.0
@@ -185,7 +209,7 @@ class Cost(_Record):
     total: float = 0.0
 
 
-class Usage(_Record):
+class Usage(Record):
     """Token counts of one provider reply; `total_tokens` is what the provider reported or the sum."""
 
     input: int = 0
@@ -196,13 +220,13 @@ class Usage(_Record):
     cost: Cost = Cost()
 
 
-class UserMessage(_Record):
+class UserMessage(Record):
     role: Literal["user"] = "user"
     content: CleanStr | list[UserContent]
     timestamp: int = Field(default_factory=now_ms)
 
 
-class AssistantMessage(_Record):
+class AssistantMessage(Record):
     """One model reply. `api` is the wire format (e.g. `openai-chat`), `provider` and `model` name
     who answered; `error_message` is set when `stop_reason` is `error` or `aborted`."""
 
@@ -223,7 +247,7 @@ class AssistantMessage(_Record):
         return [block for block in self.content if isinstance(block, ToolCall)]
 
 
-class ToolResultMessage(_Record):
+class ToolResultMessage(Record):
     """The answer to tool call `tool_call_id`. `details` is the tool's own structured data, never
     sent to a provider; synthetic results carry none (HA-25)."""
 
@@ -236,7 +260,7 @@ class ToolResultMessage(_Record):
     timestamp: int = Field(default_factory=now_ms)
 
 
-class CustomMessage(_Record):
+class CustomMessage(Record):
     """An application message the model reads as user-role text (e.g. a chat event, CE-1);
     `display` says whether surfaces show it."""
 

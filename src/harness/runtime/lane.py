@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar, overload
 
 from pydantic import BaseModel, JsonValue, ValidationError
-from pydantic_core import PydanticSerializationError
 
 from harness.context import Context
 from harness.errors import InvalidInput, ModelUnavailable
@@ -680,7 +679,7 @@ class Lane:
 
     async def set_model(self, model: ModelIdentity, context: Context) -> None:
         """Configure the model for the lane's next steps; it is resolved only when one executes (HA-23)."""
-        await self._configure(self.projection.config.model_copy(update={"model": model}), "model", context)
+        await self._configure("model", model, context)
 
     async def set_thinking_level(self, level: ThinkingLevel, context: Context) -> None:
         """Configure how hard the lane's model thinks from its next step on.
@@ -691,20 +690,16 @@ class Lane:
         for a model without reasoning, its highest level for one above it, as `xhigh` is for most).
         A caller that can tell a person (the chat) refuses such a level up front instead. Raises
         `InvalidInput` for a value that is not a `ThinkingLevel`; nothing is written then."""
-        config = self.projection.config.model_copy(update={"thinking_level": level})
-        await self._configure(config, "thinking_level", context)
+        await self._configure("thinking_level", level, context)
 
     async def set_active_tools(self, tools: Sequence[str], context: Context) -> None:
         """Set the names of the tools the model may call; unknown names fail the next step in-band (HA-23)."""
-        config = LaneConfig(model=self.projection.config.model, thinking_level=self.projection.config.thinking_level,
-                            active_tools=list(tools))
-        await self._configure(config, "active_tools", context)
+        await self._configure("active_tools", list(tools) if isinstance(tools, list | tuple) else tools, context)
 
-    async def _configure(self, config: LaneConfig, field: str, context: Context) -> None:
-        # Refuse bad input before the line: `model_copy(update=...)` validated nothing.
-        try:
-            LaneConfig.model_validate_json(config.model_dump_json(warnings="error"))
-        except (ValidationError, PydanticSerializationError) as error:
+    async def _configure(self, field: str, value: object, context: Context) -> None:
+        try:  # bad input is refused before the line (a record's `model_copy` validates)
+            config = self.projection.config.model_copy(update={field: value})
+        except ValidationError as error:
             raise InvalidInput(f"invalid {field}: {describe_invalid(error)}", field=field) from None
 
         async def plan(m: SessionMutator) -> Decision[None]:

@@ -12,35 +12,31 @@ from harness.messages import (
     CleanStr,
     CustomMessage,
     Message,
+    Record,
     ToolResultMessage,
     UserMessage,
 )
-
-
-class _Payload(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
-
 
 ConversationMessage: TypeAlias = Annotated[
     UserMessage | AssistantMessage | ToolResultMessage, Field(discriminator="role")
 ]
 
 
-class MessagePayload(_Payload):
+class MessagePayload(Record):
     """A user message, an assistant reply or a tool result on the branch."""
 
     type: Literal["message"] = "message"
     message: ConversationMessage
 
 
-class CustomMessagePayload(_Payload):
+class CustomMessagePayload(Record):
     """A message the model reads as user-role text, written by the application (e.g. a chat event)."""
 
     type: Literal["custom_message"] = "custom_message"
     message: CustomMessage
 
 
-class CustomPayload(_Payload):
+class CustomPayload(Record):
     """Application state on the branch that the model never reads."""
 
     type: Literal["custom"] = "custom"
@@ -48,7 +44,7 @@ class CustomPayload(_Payload):
     data: CleanJson | None = None
 
 
-class CompactionPayload(_Payload):
+class CompactionPayload(Record):
     """A summary of the branch before this entry plus the retained tail of messages kept verbatim.
 
     Context reads stop here (HA-29): everything a request needs from older history is in
@@ -56,12 +52,12 @@ class CompactionPayload(_Payload):
 
     type: Literal["compaction"] = "compaction"
     summary: CleanStr
-    retained_tail: list[Message] = []
+    retained_tail: list[Message] = Field(default_factory=list)
     tokens_before: int = 0
     details: CleanJson | None = None
 
 
-class BranchSummaryPayload(_Payload):
+class BranchSummaryPayload(Record):
     """A summary of a branch the lane navigated away from (`from_id`, its old tip)."""
 
     type: Literal["branch_summary"] = "branch_summary"

@@ -7,28 +7,24 @@ from typing import Annotated, Literal, TypeAlias
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from harness.messages import CleanJson, CleanStr, Message, ModelIdentity, ThinkingLevel, Usage
+from harness.messages import CleanJson, CleanStr, Message, ModelIdentity, Record, ThinkingLevel, Usage
 
 OperationKind: TypeAlias = Literal["run", "compaction", "navigation"]
 
 
-class _Record(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
-
-
-class LaneConfig(_Record):
+class LaneConfig(Record):
     """What a lane runs with: the model identity (unresolved), thinking level, active tool names."""
 
     model: ModelIdentity
     thinking_level: ThinkingLevel = "off"
-    active_tools: list[CleanStr] = []
+    active_tools: list[CleanStr] = Field(default_factory=list)
 
 
 InboxKind: TypeAlias = Literal["steer", "follow_up", "next_run", "write"]
 AbortCause: TypeAlias = Literal["user", "user_during_tool", "step_ceiling", "parent", "deleted", "probe"]
 
 
-class InboxItem(_Record):
+class InboxItem(Record):
     """One pending entry waiting on a lane: `steer` (next boundary of the run), `follow_up` (when
     the run would otherwise end), `next_run` (the next accepted run) or `write` (an append made while
     an operation was open, placed at the next safe point). Its payload is at `pending_entry(entry_id)`."""
@@ -37,17 +33,17 @@ class InboxItem(_Record):
     kind: InboxKind
 
 
-class LaneState(_Record):
+class LaneState(Record):
     """A lane's current operation (None when idle) and its inbox, in arrival order."""
 
     current_operation_id: str | None = None
-    inbox: list[InboxItem] = []
+    inbox: list[InboxItem] = Field(default_factory=list)
 
     def ids_of(self, kind: InboxKind) -> list[str]:
         return [item.entry_id for item in self.inbox if item.kind == kind]
 
 
-class QueueRequest(_Record):
+class QueueRequest(Record):
     """A message another process asks the lane's owner to queue: `steer` or `follow_up` for the
     run `operation_id` it saw open. Should that run have ended when the owner takes it, the
     message waits for the next run instead, so nothing a person sent is lost."""
@@ -59,7 +55,7 @@ class QueueRequest(_Record):
     requested_at: int
 
 
-class StopRequest(_Record):
+class StopRequest(Record):
     """A durable abort another process asks for, of operation `operation_id` only: one that has
     settled meanwhile needs no stopping."""
 
@@ -75,7 +71,7 @@ LaneRequest = Annotated[QueueRequest | StopRequest, Field(discriminator="kind")]
 the owner takes each once (`Lane.take_requests`)."""
 
 
-class OperationErrorRecord(_Record):
+class OperationErrorRecord(Record):
     """A machine-readable run-level failure (HA-26): stable `code`, English `message`, `details`."""
 
     code: CleanStr
@@ -83,7 +79,7 @@ class OperationErrorRecord(_Record):
     details: CleanJson | None = None
 
 
-class LaneLastResult(_Record):
+class LaneLastResult(Record):
     """How the lane's latest operation ended."""
 
     operation_id: str
@@ -97,17 +93,17 @@ class LaneLastResult(_Record):
     ended_at: int
 
 
-class RunIntent(_Record):
+class RunIntent(Record):
     kind: Literal["run"] = "run"
     prompt_entry_ids: list[str]
 
 
-class CompactionIntent(_Record):
+class CompactionIntent(Record):
     kind: Literal["compaction"] = "compaction"
     custom_instructions: CleanStr | None = None
 
 
-class NavigationIntent(_Record):
+class NavigationIntent(Record):
     kind: Literal["navigation"] = "navigation"
     target_id: str | None
     summarize: bool = False
@@ -120,7 +116,7 @@ OperationIntent: TypeAlias = Annotated[
 ]
 
 
-class OperationMeta(_Record):
+class OperationMeta(Record):
     """An operation's intent, written once when it is accepted."""
 
     operation_id: str
@@ -130,33 +126,33 @@ class OperationMeta(_Record):
     intent: OperationIntent
 
 
-class Running(_Record):
+class Running(Record):
     """No abort has been requested."""
 
     status: Literal["running"] = "running"
 
 
-class CancelRequested(_Record):
+class CancelRequested(Record):
     """A durable abort request (HA-5) with its cause (CE-7). The steer and follow-up entries it
     drained from the lane stay stored under these ids until the operation settles."""
 
     status: Literal["cancel_requested"] = "cancel_requested"
     cause: AbortCause
     requested_at: int
-    drained_steer: list[str] = []
-    drained_follow_up: list[str] = []
+    drained_steer: list[str] = Field(default_factory=list)
+    drained_follow_up: list[str] = Field(default_factory=list)
 
 
 Control: TypeAlias = Annotated[Running | CancelRequested, Field(discriminator="status")]
 
 
-class _Phase(_Record):
+class _Phase(Record):
     """Every phase carries the operation's control; a transition replaces the whole state."""
 
     control: Control = Running()
 
 
-class GenerationContext(_Record):
+class GenerationContext(Record):
     """What a step captured when it was planned: the lane configuration (model and tools are
     resolved only when the step executes, HA-23), the retry policy, and `step`, this step's number
     in the run (1-based; the step ceiling counts it)."""
@@ -170,12 +166,12 @@ class GenerationContext(_Record):
     overflow_recovery_used: bool = False
 
 
-class NeedAssistant(_Record):
+class NeedAssistant(Record):
     kind: Literal["need_assistant"] = "need_assistant"
     overflow_recovery_used: bool = False
 
 
-class MayFinish(_Record):
+class MayFinish(Record):
     kind: Literal["may_finish"] = "may_finish"
     include_final_assistant: bool = False
 
@@ -232,7 +228,7 @@ class AssistantRetryWait(_Phase):
 ToolCallStatus: TypeAlias = Literal["planned", "effect_pending", "outcome_ready", "completed"]
 
 
-class ToolCallState(_Record):
+class ToolCallState(Record):
     """One call of a batch. `source_index` is its index in the assistant message's full content
     list (HA-11); its result is written under `result_entry_id` (staged at `pending_entry` when
     `outcome_ready`)."""
@@ -244,7 +240,7 @@ class ToolCallState(_Record):
     terminate: bool = False
 
 
-class ToolBatch(_Record):
+class ToolBatch(Record):
     """The calls of one assistant reply; args are at `tool_args(op, turn_id, source_index)`."""
 
     assistant_entry_id: str
@@ -277,7 +273,7 @@ class DeferredEffectPending(_Phase):
     usage_id: str
 
 
-class SummaryTask(_Record):
+class SummaryTask(Record):
     """A compaction or branch summary to produce; `resume_after` is where a run continues (None:
     the operation ends with it)."""
 
@@ -318,7 +314,7 @@ class NavigationReady(_Phase):
     label: CleanStr | None = None
 
 
-class FailureProvenance(_Record):
+class FailureProvenance(Record):
     """Where a run-level failure came from (HA-26)."""
 
     kind: Literal["provider", "tool", "configuration", "storage"]
@@ -360,14 +356,14 @@ PHASES_OF_KIND: dict[str, frozenset[str]] = {
 }
 
 
-class PendingMessage(_Record):
+class PendingMessage(Record):
     """A queued message waiting to be placed on the branch."""
 
     type: Literal["message"] = "message"
     message: Message
 
 
-class PendingCustom(_Record):
+class PendingCustom(Record):
     """A queued custom entry waiting to be placed on the branch."""
 
     type: Literal["custom"] = "custom"

@@ -47,6 +47,7 @@ from harness.session.errors import (
 )
 from harness.session.ids import new_id
 from harness.session.records import LaneConfig, LaneRequest, LaneState, UsageRow
+from harness.session.round_trip import always_reads_back
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -92,20 +93,23 @@ def encode(adapter: TypeAdapter[T], value: T) -> str:
     try:
         validated = validator.validate_python(value)
         try:
-            # No type checks while dumping: the read-back below refuses whatever does not fit.
+            # No type checks while dumping (they cost more than reading a small record back): a
+            # record was validated when it was built, and any other value is read back below.
             encoded = serializer.to_json(validated, warnings=False)
         except PydanticSerializationError:
-            # A type of the application's that does not clean its text: clean the JSON form.
+            # Text that does not clean itself (a lone surrogate in a plain `str`): clean the JSON
+            # form, validated again, so this value too always reads back.
             cleaned = clean_json(adapter.dump_python(validated, mode="json", warnings=False))
             encoded = adapter.dump_json(adapter.validate_python(cleaned), warnings="error")
         if len(encoded) > MAX_RECORD_BYTES:
             raise RecordTooLarge(f"the record would take {len(encoded):,} bytes; the journal keeps at most "
                                  f"{MAX_RECORD_BYTES:,} in one", bytes=len(encoded), limit_bytes=MAX_RECORD_BYTES)
         text = encoded.decode()
-        # Model instances are not revalidated (one built with `model_construct` or
-        # `model_copy(update=...)` can hold anything): read the text back as every reader will,
-        # so a write never stores what its own reader refuses.
-        validator.validate_json(text)
+        if not always_reads_back(adapter):
+            # A model that is not a `Record` may have been built with `model_construct` or
+            # `model_copy(update=...)` and hold anything: read the text back as every reader
+            # will, so a write never stores what its own reader refuses.
+            validator.validate_json(text)
     except (ValidationError, PydanticSerializationError, RecursionError) as error:
         raise InvalidInput(f"value does not fit its record type: {error}") from error
     return text
