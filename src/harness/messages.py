@@ -117,8 +117,10 @@ class Record(BaseModel):
 
     def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> Self:
         """A copy (`deep`: of everything in it too) with `update`'s fields replaced, validated."""
-        copied = super().model_copy(deep=deep)
-        return copied if not update else type(self).model_validate({**copied.__dict__, **update})
+        if not update:
+            return super().model_copy(deep=deep)
+        fields = super().model_copy(deep=True).__dict__ if deep else self.__dict__
+        return type(self).model_validate({**fields, **update})
 
 
 class ModelIdentity(Record):

@@ -61,7 +61,7 @@ class CommitMark:
 
     def __init__(self, path: Path, store_id: str, fd: int, progress: int) -> None:
         self.path = path
-        self._store_id = store_id
+        self._prefix = f"{_FORMAT} {store_id} ".encode("ascii")  # a line is this and the progress
         self._fd = fd
         self._progress = progress
         self._written = self._line(progress)
@@ -125,7 +125,7 @@ class CommitMark:
         return progress
 
     def _line(self, progress: int) -> bytes:
-        return f"{_FORMAT} {self._store_id} {progress}".ljust(_LINE - 1).encode("ascii") + b"\n"
+        return (self._prefix + b"%d" % progress).ljust(_LINE - 1) + b"\n"
 
     def close(self) -> None:
         self._map.close()
