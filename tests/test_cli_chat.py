@@ -13,9 +13,11 @@ import json
 import os
 import re
 import signal
+import sqlite3
 import sys
 import time
 from collections.abc import Iterator
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
@@ -699,17 +701,27 @@ def test_a_prompt_too_large_while_a_run_is_left_open_is_refused_and_the_chat_goe
 
 def test_reopening_after_a_double_ctrl_c_asks_to_finish_the_abort_and_enter_does(
         chats: list[Chat], dirs: tuple[Path, Path], server: ReplayServer) -> None:
-    """Ctrl-C requests a durable abort and a second Ctrl-C leaves before it settles: the chat says
-    the abort is what remains, and on reopening asks to finish the abort; Enter finishes it."""
+    """Ctrl-C requests a durable abort and a second Ctrl-C leaves before it settles: the chat
+    stops its drive, saves the abort request, says the abort is what remains, and on reopening
+    asks to finish the abort; Enter finishes it.
+
+    The test holds the database's write lock from before the first Ctrl-C until the chat says
+    it is leaving, so the abort cannot settle before the second Ctrl-C. (It once could: the
+    chat then still said the turn was open, and the reopened chat found none.)"""
+    home, _ = dirs
     hold = Hold()
     server.enqueue(text_reply("Streaming along\n", "never sent", hold=hold))
     first = start(chats, dirs, server)
     first.send_line("a long story")
     first.expect("Streaming along")
     session_id = first.session_id()
-    first.process.sendcontrol("c")
-    first.expect("aborting the turn")
-    first.process.sendcontrol("c")
+    with closing(sqlite3.connect(home / "harness.db", isolation_level=None)) as writer:
+        writer.execute("BEGIN IMMEDIATE")  # the abort request's commit waits for this
+        first.process.sendcontrol("c")
+        first.expect("aborting the turn")
+        first.process.sendcontrol("c")
+        first.expect("saving the abort request before leaving")
+        writer.execute("ROLLBACK")
     first.expect(f"`harness chat {session_id}` finishes its abort")
     first.process.expect(pexpect.EOF)
 

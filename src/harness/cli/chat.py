@@ -66,7 +66,8 @@ RECENT_ENTRIES = 6
 
 
 ABORT_COMMIT_WAIT_S = 5.0
-"""How long leaving at once waits for an abort request's commit (one journal write) to land."""
+"""How long leaving at once waits for the harness to close: for an abort request's commit (one
+journal write) to land, and the drive to stop."""
 
 
 @dataclass(frozen=True)
@@ -191,10 +192,8 @@ class ChatClient:
                 await prompting
                 loop.remove_signal_handler(signal.SIGINT)
                 self.screen.drain()
-            if self._leave_now or self._turn is not None:
-                if self._background:  # an abort requested just before leaving must be durable first
-                    await asyncio.wait(list(self._background), timeout=ABORT_COMMIT_WAIT_S)
-                what = "its abort" if self._abort_wanted else "it"
+            what = "its abort" if self._abort_wanted else "it"  # before the turn's end resets it
+            if (self._leave_now or self._turn is not None) and await self._leave_turn_open():
                 self.screen.print("[yellow]left with the turn still open; `harness chat "
                                   f"{self.attached.harness.session.id}` finishes {what}[/]")
                 self.screen.drain()
@@ -205,6 +204,18 @@ class ChatClient:
             await self.jobs.close()
         await self._say_how_to_come_back()
         return 0
+
+    async def _leave_turn_open(self) -> bool:
+        """Leave at once: the drive stops where it is, as a crash would stop it, and settles
+        nothing more here; an abort requested just before (a job already on the session line) is
+        made durable first, within `ABORT_COMMIT_WAIT_S`. True if the turn is still open; False
+        if it settled before the leave, and the chat ends as it would after any turn."""
+        if self._background:
+            self.screen.print("[dim]saving the abort request before leaving…[/]")
+            self.screen.drain()
+        closing = asyncio.ensure_future(self.attached.harness.close(self.context))
+        await asyncio.wait([closing], timeout=ABORT_COMMIT_WAIT_S)
+        return self.lane.info().operation is not None
 
     async def _say_how_to_come_back(self) -> None:
         """On leaving: a draft is dropped, and so is a saved session still without entries (its
