@@ -227,9 +227,9 @@ def check_input_message(message: object) -> None:
     """Input a person or program queues must be a valid user or custom message (HA-17): an
     assistant reply or a tool result cannot start or steer a run.
 
-    The message is read back through its JSON form, as the journal will read it: an instance
-    built with `model_construct` or `model_copy(update=...)` skipped validation and may hold
-    anything. Raises `InvalidMessage`, or `PromptTooLarge` when it takes more than
+    The message is read back through its JSON form, as the journal will read it: one changed
+    after validation (a list of it edited in place, an attribute written directly) may hold
+    anything, and the journal writes records without reading them back. Raises `InvalidMessage`, or `PromptTooLarge` when it takes more than
     `MAX_INPUT_BYTES`."""
     if not isinstance(message, UserMessage | CustomMessage):
         role = getattr(message, "role", None)
