@@ -9,12 +9,12 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, Field, ValidationError
 
 from drive_helpers import branch, start_rig, within
 from harness.context import Context, NotAContext
 from harness.errors import HarnessError, InvalidInput
-from harness.messages import Cost, ModelIdentity, TextContent, Usage, UserMessage
+from harness.messages import Cost, ModelIdentity, Record, TextContent, ToolResultMessage, Usage, UserMessage
 from harness.runtime import MAX_INPUT_BYTES, InvalidMessage, Lane, PromptRequest, PromptTooLarge, Settled
 from harness.session import (
     MAX_RECORD_BYTES,
@@ -134,6 +134,53 @@ async def test_the_journal_reads_back_an_application_model_and_refuses_what_woul
 
 async def _set(m: SessionMutator, address: Any, value: Any) -> None:
     m.set(address, value)
+
+
+class _Tree(Record):
+    """An application's recursive record: its values may nest past the JSON reader's limit."""
+
+    children: list[_Tree] = Field(default_factory=list)
+
+
+def _nested(depth: int) -> _Tree:
+    tree = _Tree()
+    for _ in range(depth):
+        tree = _Tree(children=[tree])
+    return tree
+
+
+async def test_what_no_reader_could_decode_is_refused_even_from_a_record(store: Store, ctx: Context) -> None:
+    """Found by trying to break the skipped read-back: an int of more than 4,300 digits (which
+    pydantic writes and its JSON reader refuses) in a tool result's details, and a recursive
+    record nested past the reader's depth limit, were written and made the branch unreadable.
+    Both are refused with `InvalidInput` now and nothing is written."""
+    session = await store.create_session(ctx)
+    huge = ToolResultMessage(tool_call_id="c1", tool_name="calc", content=[TextContent(text="ok")],
+                             details={"value": math.factorial(2000)})
+
+    async def write(m: SessionMutator) -> None:
+        m.insert_entry(MessagePayload(message=huge), parent_id=None)
+
+    with pytest.raises(InvalidInput):
+        await session.mutate(write, ctx)
+    address = value_address("app.tree", "k", _Tree)
+    with pytest.raises(InvalidInput):
+        await session.mutate(lambda m: _set(m, address, _nested(150)), ctx)
+    assert await session.read_entries(ctx) == []
+    assert await session.get(address, ctx) is None
+
+
+class _Tagged(Record):
+    tags: tuple[str, ...]
+
+
+async def test_a_lone_surrogate_in_a_plain_string_of_a_strict_record_is_cleaned(store: Store, ctx: Context) -> None:
+    """Text a record does not clean itself is cleaned from its JSON form and validated again:
+    leniently, as a tuple is a list there (strictly, it was refused)."""
+    session = await store.create_session(ctx)
+    address = value_address("app.tags", "k", _Tagged)
+    await session.mutate(lambda m: _set(m, address, _Tagged(tags=("caf\ud800",))), ctx)
+    assert await session.get(address, ctx) == _Tagged(tags=("caf\ufffd",))
 
 
 def test_a_record_is_never_built_unchecked() -> None:

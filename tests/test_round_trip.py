@@ -42,6 +42,18 @@ class _Aliased(Record):
     text: str = Field(serialization_alias="words")
 
 
+class _Tree(Record):
+    children: list[_Tree] = Field(default_factory=list)
+
+
+class _Untyped(Record):
+    anything: Any
+
+
+class _RawJson(Record):
+    data: JsonValue
+
+
 class _Floats(Record):
     ratio: float
     details: CleanJson = None
@@ -57,8 +69,10 @@ def test_records_and_plain_values_are_written_without_a_read_back(adapter: TypeA
 @pytest.mark.parametrize("adapter", [
     TypeAdapter(_Plain), TypeAdapter(_BadDefault), TypeAdapter(_ConstructsUnchecked), TypeAdapter(_Validated),
     TypeAdapter(_Aliased), TypeAdapter(float), TypeAdapter(JsonValue), TypeAdapter(list[_Plain]),
+    TypeAdapter(_Tree), TypeAdapter(_Untyped), TypeAdapter(_RawJson),
 ], ids=["a plain model", "an invalid default", "unchecked construction", "a validator of its own", "an alias",
-        "a float that may be NaN", "JSON that may hold NaN", "a list of plain models"])
+        "a float that may be NaN", "JSON that may hold NaN", "a list of plain models",
+        "a recursive record (nesting past the reader's limit)", "any Python value", "JSON of any depth"])
 def test_anything_that_might_not_read_back_is_read_back(adapter: TypeAdapter[Any]) -> None:
     """Each of these can turn a validated (or unvalidated) value into JSON its reader refuses or
     reads differently, so the journal keeps reading it back."""

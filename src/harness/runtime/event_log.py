@@ -35,10 +35,10 @@ from dataclasses import dataclass, field
 from functools import cache
 from typing import Any, Literal, TypeAlias, get_args
 
-from pydantic import BaseModel, JsonValue, TypeAdapter, ValidationError
+from pydantic import BaseModel, ConfigDict, JsonValue, TypeAdapter, ValidationError
 
 from harness.context import Context
-from harness.messages import AssistantMessage, Message, Record, ToolResultMessage
+from harness.messages import AssistantMessage, Message, ToolResultMessage
 from harness.runtime.events import (
     EntryAdded,
     HarnessEvent,
@@ -132,14 +132,16 @@ def entry_events(lane: str, entry_id: str, parent_id: str | None, payload: Entry
     return [EntryEvent(kind, lane, entry_id, parent_id, payload, position) for kind in [*kinds, "entry_added"]]
 
 
-class LogRow(Record):
+class LogRow(BaseModel):
     """One commit's events of one lane: `first` is the ordinal of the first of them in the lane's
-    log (how many events the lane logged before it), `events` their stored forms, oldest first."""
+    log (how many events the lane logged before it), `events` their stored forms, oldest first.
+    Not a `Record`: a row is built unvalidated, and the journal reads it back (an event holds
+    JSON no record type bounds, such as a hook's tool arguments)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
 
     first: int
-    # JSON by construction (each a validated event's JSON-mode dump, `_stored`): typed `Any` so a
-    # commit does not check every value of every event again.
-    events: tuple[dict[str, Any], ...]
+    events: tuple[dict[str, JsonValue], ...]
 
 
 _ROW = TypeAdapter(LogRow)
@@ -275,7 +277,9 @@ class EventLog:
         for lane, events in rows.items():
             log = self._logs.get(lane) or await self._read_log(m, lane, context)
             positions[lane] = m.staged
-            m.append(lane_events(lane), LogRow(first=log.next, events=tuple(events)),
+            # Not validated here: the events are JSON dumps of validated events, and the journal
+            # reads the row's text back before it stores it.
+            m.append(lane_events(lane), LogRow.model_construct(first=log.next, events=tuple(events)),
                      span=len(events))
             after = _LaneLog(next=log.next + len(events), floor=log.floor)
             if lane in settled and (after.next - after.floor) * 10 > self.limit * 11:

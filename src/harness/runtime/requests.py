@@ -229,8 +229,8 @@ def check_input_message(message: object) -> None:
 
     The message is read back through its JSON form, as the journal will read it: one changed
     after validation (a list of it edited in place, an attribute written directly) may hold
-    anything, and the journal writes records without reading them back. Raises `InvalidMessage`, or `PromptTooLarge` when it takes more than
-    `MAX_INPUT_BYTES`."""
+    anything, and the journal writes records without reading them back. Raises
+    `InvalidMessage`, or `PromptTooLarge` when it takes more than `MAX_INPUT_BYTES`."""
     if not isinstance(message, UserMessage | CustomMessage):
         role = getattr(message, "role", None)
         if isinstance(message, BaseModel) and isinstance(role, str):

@@ -9,13 +9,13 @@ round-trip needs no read-back: its validated value serializes to JSON that valid
 is a type built only of `Record` models (built only by validation, finite floats, defaults that
 validate), strings, numbers, booleans, literals, lists, tuples, dicts, unions, JSON values and
 the cleaning validators of `harness.messages`, with no alias, custom serializer, computed or
-excluded field. Anything else (an application's own model, a plain validator function) keeps the
-read-back.
+excluded field, and no recursion but within JSON values `clean_json` bounds. Anything else (an
+application's own model, a plain validator function, `Any`, a recursive type) keeps the read-back.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cache
 from typing import Any
 
@@ -25,9 +25,11 @@ from harness.messages import Record, clean_json, clean_text
 
 _PLAIN_NODES = frozenset({
     "definitions", "definition-ref", "model-fields", "tagged-union", "union", "nullable", "literal",
-    "json-or-python", "str", "int", "bool", "none", "list", "tuple", "dict", "any",
+    "str", "int", "bool", "none", "list", "tuple", "dict",
 })
-"""Schema nodes whose validated value serializes to JSON the same node accepts ("any" reads any JSON)."""
+"""Schema nodes whose validated value serializes to JSON the same node accepts. (An int of more
+than 4,300 digits is written but not read: `session.encode` reads back a record with so long a
+number in it, which no schema can rule out.)"""
 
 _CLEANING = frozenset({clean_text, clean_json})
 """After-validators that return a value their own inner schema accepts again."""
@@ -49,10 +51,12 @@ def always_reads_back(adapter: TypeAdapter[Any]) -> bool:
 
 @dataclass(frozen=True)
 class _Config:
-    """What the enclosing model promises: floats here are finite, defaults here are valid."""
+    """What holds where the walk is: floats are finite, defaults are valid, nesting is bounded
+    (by the enclosing model, or by `clean_json`)."""
 
     finite: bool
     validated_defaults: bool
+    bounded_depth: bool
 
 
 def _keeps_validating_copies(cls: type[Record]) -> bool:
@@ -78,15 +82,16 @@ def _defaults_validate(cls: type[BaseModel]) -> bool:
 
 
 class _Walk:
-    """One pass over a core schema, following definition references once each."""
+    """One pass over a core schema, following each definition reference once per context."""
 
     def __init__(self, schema: Any) -> None:
         self._root = schema
         self._definitions: dict[str, Any] = {}
-        self._seen: set[tuple[str, _Config]] = set()
+        self._walking: set[str] = set()
+        self._verdicts: dict[tuple[str, _Config], bool] = {}
 
     def safe(self) -> bool:
-        return self._node(self._root, _Config(finite=False, validated_defaults=False))
+        return self._node(self._root, _Config(finite=False, validated_defaults=False, bounded_depth=False))
 
     def _node(self, node: Any, config: _Config) -> bool:
         if isinstance(node, list):
@@ -102,18 +107,18 @@ class _Walk:
             self._definitions.update((d["ref"], d) for d in node["definitions"] if "ref" in d)
             return self._node(node["schema"], config)
         if kind == "definition-ref":
-            key = (node["schema_ref"], config)
-            if key in self._seen:
-                return True
-            self._seen.add(key)
-            return self._node(self._definitions.get(node["schema_ref"]), config)
+            return self._reference(node["schema_ref"], config)
+        if kind == "json-or-python":  # the JSON side only reads: accepting any JSON is safe there
+            json_side = node["json_schema"]
+            return ((json_side.get("type") == "any" or self._node(json_side, config))
+                    and self._node(node["python_schema"], config))
         if kind == "model":
             cls = node["cls"]
             if not (issubclass(cls, Record) and _keeps_validating_copies(cls)
                     and cls.model_config.get("revalidate_instances") == "subclass-instances"
                     and not node.get("custom_init") and not node.get("post_init")):
                 return False
-            config = _Config(finite=cls.model_config.get("allow_inf_nan") is False,
+            config = replace(config, finite=cls.model_config.get("allow_inf_nan") is False,
                              validated_defaults=_defaults_validate(cls))
         elif kind == "model-field":
             if {"validation_alias", "serialization_alias", "serialization_exclude"} & node.keys():
@@ -128,9 +133,24 @@ class _Walk:
             function = node["function"].get("function")
             if function not in _CLEANING:
                 return False
-            if function is clean_json:  # it refuses NaN and the infinities
-                config = _Config(finite=True, validated_defaults=config.validated_defaults)
+            if function is clean_json:  # it refuses NaN, the infinities and nesting past MAX_JSON_DEPTH
+                config = replace(config, finite=True, bounded_depth=True)
         elif kind not in _PLAIN_NODES:
-            return False
+            return False  # "any" among them: it takes any Python value, however deep or odd
         return all(self._node(value, config) for key, value in node.items()
                    if key not in ("cls", "config", "metadata", "ref", "function") and isinstance(value, dict | list))
+
+    def _reference(self, ref: str, config: _Config) -> bool:
+        """A definition where it is referenced. One reached again inside itself is a recursive
+        type: its values may nest deeper than the JSON reader's limit (about 200 levels), unless
+        `clean_json` bounds them."""
+        if ref in self._walking:
+            return config.bounded_depth
+        key = (ref, config)
+        if key not in self._verdicts:
+            self._walking.add(ref)
+            try:
+                self._verdicts[key] = self._node(self._definitions.get(ref), config)
+            finally:
+                self._walking.discard(ref)
+        return self._verdicts[key]

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-from pydantic import JsonValue, TypeAdapter, ValidationError
+from pydantic import JsonValue, TypeAdapter
 from pydantic_core import PydanticSerializationError
 
 from harness.context import Context, check_context
@@ -82,6 +83,12 @@ recent messages with their images fits; far below what SQLite (1e9 bytes) and Po
 could store, which no process would read back without ballooning."""
 
 
+_LONG_DIGITS = 1_000
+_LONG_NUMBER = re.compile(rb"[0-9]{%d}" % _LONG_DIGITS)
+"""A run of digits long enough to be a number the JSON reader may refuse (it takes 4,300 digits at
+most); one inside a string only costs a record its read-back."""
+
+
 def encode(adapter: TypeAdapter[T], value: T) -> str:
     """Validate (cleaning text) and encode `value` as JSON text; a Context inside fails loudly,
     and a value whose JSON takes more than `MAX_RECORD_BYTES` is refused (`RecordTooLarge`)."""
@@ -90,6 +97,7 @@ def encode(adapter: TypeAdapter[T], value: T) -> str:
     # The adapter's core validator and serializer, called directly: the adapter's own methods
     # add a Python frame and their keyword defaults to each of a turn's two dozen records.
     validator, serializer = adapter.validator, adapter.serializer
+    read_back = not always_reads_back(adapter)
     try:
         validated = validator.validate_python(value)
         try:
@@ -98,19 +106,23 @@ def encode(adapter: TypeAdapter[T], value: T) -> str:
             encoded = serializer.to_json(validated, warnings=False)
         except PydanticSerializationError:
             # Text that does not clean itself (a lone surrogate in a plain `str`): clean the JSON
-            # form, validated again, so this value too always reads back.
+            # form and validate it again (lax: a tuple is a list there); rare, so read back too.
             cleaned = clean_json(adapter.dump_python(validated, mode="json", warnings=False))
-            encoded = adapter.dump_json(adapter.validate_python(cleaned), warnings="error")
+            encoded = adapter.dump_json(adapter.validate_python(cleaned, strict=False), warnings="error")
+            read_back = True
         if len(encoded) > MAX_RECORD_BYTES:
             raise RecordTooLarge(f"the record would take {len(encoded):,} bytes; the journal keeps at most "
                                  f"{MAX_RECORD_BYTES:,} in one", bytes=len(encoded), limit_bytes=MAX_RECORD_BYTES)
         text = encoded.decode()
-        if not always_reads_back(adapter):
+        if read_back or (len(encoded) > _LONG_DIGITS and _LONG_NUMBER.search(encoded)):
             # A model that is not a `Record` may have been built with `model_construct` or
-            # `model_copy(update=...)` and hold anything: read the text back as every reader
-            # will, so a write never stores what its own reader refuses.
+            # `model_copy(update=...)` and hold anything, and the JSON reader refuses an int of
+            # more than 4,300 digits: read the text back as every reader will, so a write never
+            # stores what its own reader refuses.
             validator.validate_json(text)
-    except (ValidationError, PydanticSerializationError, RecursionError) as error:
+    except RecordTooLarge:
+        raise
+    except (ValueError, RecursionError) as error:  # pydantic's errors, a depth or an encoding error
         raise InvalidInput(f"value does not fit its record type: {error}") from error
     return text
 
