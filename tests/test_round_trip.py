@@ -1,7 +1,8 @@
 """Which record types the journal writes without reading them back.
 
-White-box: it asks `harness.session.round_trip` for its verdicts directly; the behaviour they
-allow (a write that skips its read-back) is tested through the journal in test_hostile_input.py."""
+White-box: it asks `harness.session.round_trip` for its verdicts directly, on the journal's own
+entry adapter among others; the behaviour they allow (a write that skips its read-back) is
+tested through the journal in test_hostile_input.py."""
 
 from __future__ import annotations
 
@@ -12,10 +13,9 @@ import pytest
 from pydantic import AfterValidator, BaseModel, Field, JsonValue, TypeAdapter
 
 from harness.messages import CleanJson, Record
-from harness.session import EntryPayload, MessagePayload, OperationState
+from harness.session import MessagePayload, OperationState
+from harness.session.entries import ENTRY_PAYLOAD_ADAPTER
 from harness.session.round_trip import always_reads_back
-
-ENTRY_PAYLOAD_ADAPTER: TypeAdapter[EntryPayload] = TypeAdapter(EntryPayload)
 
 
 class _Plain(BaseModel):

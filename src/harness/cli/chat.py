@@ -193,7 +193,7 @@ class ChatClient:
                 loop.remove_signal_handler(signal.SIGINT)
                 self.screen.drain()
             what = "its abort" if self._abort_wanted else "it"  # before the turn's end resets it
-            if (self._leave_now or self._turn is not None) and await self._leave_turn_open():
+            if (self._leave_now or self._turn is not None) and await self._leave_at_once():
                 self.screen.print("[yellow]left with the turn still open; `harness chat "
                                   f"{self.attached.harness.session.id}` finishes {what}[/]")
                 self.screen.drain()
@@ -205,7 +205,7 @@ class ChatClient:
         await self._say_how_to_come_back()
         return 0
 
-    async def _leave_turn_open(self) -> bool:
+    async def _leave_at_once(self) -> bool:
         """Leave at once: the drive stops where it is, as a crash would stop it, and settles
         nothing more here; an abort requested just before (a job already on the session line) is
         made durable first, within `ABORT_COMMIT_WAIT_S`. True if the turn is still open; False

@@ -24,8 +24,8 @@ from pydantic import BaseModel, TypeAdapter, ValidationError
 from harness.messages import Record, clean_json, clean_text
 
 _PLAIN_NODES = frozenset({
-    "definitions", "definition-ref", "model-fields", "tagged-union", "union", "nullable", "literal",
-    "str", "int", "bool", "none", "list", "tuple", "dict",
+    "model-fields", "tagged-union", "union", "nullable", "literal", "str", "int", "bool", "none", "list", "tuple",
+    "dict",
 })
 """Schema nodes whose validated value serializes to JSON the same node accepts. (An int of more
 than 4,300 digits is written but not read: `session.encode` reads back a record with so long a
@@ -51,8 +51,8 @@ def always_reads_back(adapter: TypeAdapter[Any]) -> bool:
 
 @dataclass(frozen=True)
 class _Config:
-    """What holds where the walk is: floats are finite, defaults are valid, nesting is bounded
-    (by the enclosing model, or by `clean_json`)."""
+    """What holds where the walk is: floats are finite and defaults valid (the enclosing model's
+    config says so), nesting is bounded (`clean_json` refuses JSON deeper than `MAX_JSON_DEPTH`)."""
 
     finite: bool
     validated_defaults: bool
