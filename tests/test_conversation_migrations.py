@@ -1,7 +1,8 @@
 """The retirement of the error-notice codes `image-refused` and `provider-timeout` (CE-25) on a
 journal written as version 1 wrote it, on every backend: the migration removes only those notices,
-runs once and is recorded; afterwards the vocabulary refuses the codes, to a reader and a writer.
-The `harness` command applies it when it opens a store."""
+from placed rows and from the copies of rows not placed yet, runs once and is recorded; afterwards
+the vocabulary refuses the codes, to a reader and a writer. The `harness` command applies it when
+it opens a store."""
 
 from __future__ import annotations
 
@@ -14,23 +15,29 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pydantic import ValidationError
+from pydantic import JsonValue, ValidationError
 
 import harness.conversation
 from conftest import backend_url
+from conversation_helpers import faux_service
+from drive_helpers import FAUX
 from harness.context import Context
 from harness.conversation import (
     CHAT_EVENT_TYPE,
     JOURNAL_DATA_MIGRATIONS,
     RETIRE_CHAT_ERROR_NOTICES,
     ContextOverflow,
+    ConversationService,
     ErrorDetails,
+    EventRow,
     ModelSwitchFailed,
     chat_event_message,
     chat_event_of,
     parse_chat_event_details,
 )
 from harness.messages import CustomMessage, ModelIdentity, UserMessage
+from harness.providers import FAUX_MODEL, FauxProvider, ModelRegistry
+from harness.runtime import AgentHarness, AgentHarnessOptions, Settled
 from harness.session import (
     DATA_MIGRATIONS,
     CompactionPayload,
@@ -38,8 +45,14 @@ from harness.session import (
     CustomPayload,
     Entry,
     EntryPayload,
+    LaneConfig,
     MessagePayload,
+    PendingCustom,
+    PendingEntry,
+    PendingMessage,
+    QueueRequest,
     SessionMutator,
+    StopRequest,
     Store,
     addresses,
     connect,
@@ -47,6 +60,8 @@ from harness.session import (
 from journal_helpers import new_session_with_lane
 from test_cli_run import environment
 
+ALICE = "alice"
+MAIN_LANE = "main"
 RETIRED = ["image-refused", "provider-timeout"]
 V1_NOTICE_TEXT = {"image-refused": "The provider refused the image.",
                   "provider-timeout": "The provider did not answer in time."}
@@ -225,6 +240,118 @@ async def test_the_migration_is_recorded_and_runs_once(store_url: str, store: St
 
     assert entry is not None
     assert entry.payload == retired("provider-timeout", 12)
+
+
+# -- the copies of a row not placed yet ------------------------------------------------------------
+
+async def test_an_error_row_pending_when_the_store_is_migrated_is_placed_without_its_notice(
+        store_url: str, store: Store, ctx: Context) -> None:
+    """CE-25, CE-11: an error row recorded while a turn was open waits as a pending write, a copy no
+    entry holds yet; the migration rewrites that copy too, so the row the turn places afterwards
+    shows on the conversation's surface with its text, its content for the model kept, no notice."""
+    conversations, _ = faux_service(store, [])
+    conversation = await conversations.create(ALICE, LaneConfig(model=FAUX), ctx)
+    await conversations.admit(ALICE, conversation.id, "describe this image", ctx)  # open, not driven yet
+    text = V1_NOTICE_TEXT["image-refused"]
+    assert await conversations.record(ALICE, conversation.id, ErrorDetails(text=text), ctx)
+    await conversations.close_all(ctx)
+    session = await store.open_session(conversation.id, ctx)
+    state = await session.get(addresses.lane_state(MAIN_LANE), ctx)
+    assert state is not None
+    [write] = state.ids_of("write")
+    stored_by_version_1 = v1_error_event(text, {"code": "image-refused"}, 1)
+
+    async def as_version_1_stored_it(m: SessionMutator) -> None:
+        m.set(addresses.pending_entry(write), PendingMessage(message=stored_by_version_1))
+
+    await session.mutate(as_version_1_stored_it, ctx)
+
+    after_store = await migrated(store_url, store, ctx)
+    try:
+        journal = await after_store.open_session(conversation.id, ctx)
+        registry = ModelRegistry([FAUX_MODEL], providers={"faux": FauxProvider(["I cannot see it."])})
+        harness, _ = await AgentHarness.create(AgentHarnessOptions(session=journal, models=registry), ctx)
+        try:
+            outcome = await harness.lane(MAIN_LANE).resume(ctx)  # places the pending write
+        finally:
+            await harness.close(ctx)
+        page = await ConversationService(after_store).read_display(ALICE, conversation.id, ctx)
+        placed = await journal.entry(write, ctx)
+    finally:
+        await after_store.close()
+
+    assert isinstance(outcome, Settled)
+    assert outcome.result.outcome == "completed"
+    assert [row.details for row in page.rows if isinstance(row, EventRow)] == [ErrorDetails(text=text)]
+    assert placed is not None
+    assert placed.payload.model_dump(mode="json") == {
+        "type": "custom_message", "message": without_notice(stored_by_version_1.model_dump(mode="json"))}
+
+
+async def test_every_copy_a_record_holds_is_migrated_and_nothing_else(
+        store_url: str, store: Store, ctx: Context) -> None:
+    """CE-25: a retired notice goes from each copy of a row that a record holds before the row is
+    placed (a pending entry, the message of a posted queue request), keeping every other byte;
+    other pending entries, look-alikes and requests stay as stored."""
+    session = await new_session_with_lane(store, ctx)
+    retired_row = v1_error_event(V1_NOTICE_TEXT["provider-timeout"], {"code": "provider-timeout"}, 1)
+    look_alike = v1_error_event("not a chat event", {"code": "image-refused"}, 2)
+    pending: dict[str, PendingEntry] = {
+        "retired": PendingMessage(message=retired_row),
+        "user": PendingMessage(message=UserMessage(content="kept verbatim", timestamp=3)),
+        "other-custom-type": PendingMessage(message=look_alike.model_copy(update={"custom_type": "someone.else"})),
+        "custom-data": PendingCustom(custom_type=CHAT_EVENT_TYPE, data=look_alike.model_dump(mode="json")),
+    }
+
+    async def queue(m: SessionMutator) -> None:
+        for key, value in pending.items():
+            m.set(addresses.pending_entry(key), value)
+
+    await session.mutate(queue, ctx)
+    steer = QueueRequest(kind="steer", lane=MAIN_LANE, operation_id="op", message=retired_row, requested_at=4)
+    stop = StopRequest(lane=MAIN_LANE, operation_id="op", cause="user", requested_at=5)
+    request_ids = [await session.post_request(request, ctx) for request in (steer, stop)]
+    before = raw_values(store_url)
+
+    after_store = await migrated(store_url, store, ctx)
+    try:
+        reopened = await after_store.open_session(session.id, ctx)
+        after: dict[str, JsonValue] = {}
+        for key in pending:
+            value = await reopened.get(addresses.pending_entry(key), ctx)
+            after[key] = None if value is None else value.model_dump(mode="json")
+        requests: list[JsonValue] = []
+        for request_id in request_ids:
+            request = await reopened.get(addresses.lane_request(request_id), ctx)
+            requests.append(None if request is None else request.model_dump(mode="json"))
+    finally:
+        await after_store.close()
+
+    migrated_row = without_notice(retired_row.model_dump(mode="json"))
+    assert after == {**{key: value.model_dump(mode="json") for key, value in pending.items()},
+                     "retired": {"type": "message", "message": migrated_row}}
+    assert requests == [{**steer.model_dump(mode="json"), "message": migrated_row}, stop.model_dump(mode="json")]
+    if before:  # a SQL store: the stored text is the version-1 text less the notice
+        notice = ',"notice":{"code":"provider-timeout"}'
+        changed = {("harness.pending.entry", "retired"), ("harness.lane.request", request_ids[0])}
+        assert raw_values(store_url) == {
+            address: text.replace(notice, "") if address in changed else text for address, text in before.items()}
+        assert all(notice in before[address] for address in changed)
+
+
+def raw_values(store_url: str) -> dict[tuple[str, str], str]:
+    """Every record value's stored text by (namespace, key), read past the store; none in memory."""
+    if store_url.startswith("sqlite:"):
+        with sqlite3.connect(store_url.removeprefix("sqlite:///").split("?")[0]) as db:
+            return {(namespace, key): value
+                    for namespace, key, value in db.execute("SELECT namespace, key, value FROM record_values")}
+    if store_url == "memory://":
+        return {}
+    import psycopg
+
+    with psycopg.connect(store_url) as conn:
+        return {(namespace, key): value
+                for namespace, key, value in conn.execute("SELECT namespace, key, value FROM record_values")}
 
 
 # -- the vocabulary after it -----------------------------------------------------------------------

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 import harness.garden as garden_api
-from conversation_helpers import transcript
+from conversation_helpers import faux_service, transcript
 from drive_helpers import within
 from garden_helpers import OWNER, conversation, conversations, files_in, in_run, make_garden
 from harness.context import Context
@@ -29,6 +29,7 @@ from harness.garden import (
     OperatorMessageRejected,
     RunContext,
     RuntimeRoot,
+    TendFinished,
     current_run_context,
     emit_recently_concluded,
     emit_tend_survey,
@@ -40,6 +41,7 @@ from harness.garden import (
     validate_operator_message_record,
     validate_operator_message_request,
 )
+from harness.providers.faux import FauxRequest
 from harness.session import Store, new_id
 
 SRC = Path(garden_api.__file__).resolve().parents[2]
@@ -182,6 +184,8 @@ BAD_RECORDS: list[tuple[str, Any]] = [
     ("INVALID_OPERATOR_MESSAGE_VALUE", {**GOOD_NOTE, "emitted_at": "yesterday"}),
     ("INVALID_OPERATOR_MESSAGE_VALUE", {**GOOD_NOTE, "emitted_at": True}),
     ("INVALID_OPERATOR_MESSAGE_VALUE", {**GOOD_NOTE, "emission_id": "e1\n"}),
+    ("INVALID_OPERATOR_MESSAGE_VALUE", {**GOOD_NOTE, "emission_id": ""}),
+    ("INVALID_OPERATOR_MESSAGE_VALUE", {**GOOD_NOTE, "emission_id": None}),
     ("INVALID_OPERATOR_MESSAGE_VALUE", ["not", "an", "object"]),
 ]
 
@@ -191,6 +195,22 @@ BAD_RECORDS: list[tuple[str, Any]] = [
     {**GOOD_NOTE, "emitted_at": 5.0}])
 def test_a_valid_record_passes_the_validator_and_the_schema(record: dict[str, Any]) -> None:
     """OM-3, OM-8a: both policy pairs, a reply whose copy failed (no delivery_path)."""
+    assert validate_operator_message_record(record).ok
+    assert schema_errors(record) == []
+
+
+SEED_FIELDS = {"schema_version", "kind", "sender", "transcript_policy", "delivery_policy", "emitted_at",
+               "source_goal_id", "source_run_id"}
+SEED_NOTE = {key: value for key, value in GOOD_NOTE.items() if key != "emission_id"}
+SEED_REPLY = {key: value for key, value in GOOD_REPLY.items() if key != "emission_id"}
+
+
+@pytest.mark.parametrize("record", [
+    SEED_NOTE, SEED_REPLY, {key: value for key, value in SEED_REPLY.items() if key != "delivery_path"}])
+def test_a_record_with_exactly_the_seeds_fields_validates(record: dict[str, Any]) -> None:
+    """OM-6: the seed's fields and no others (a note with its path; a reply with its origin, with
+    and without a copy) pass the validator and the shipped schema: `emission_id` is not required."""
+    assert set(record) - SEED_FIELDS <= {"origin", "conversation_message_id", "delivery_path"}
     assert validate_operator_message_record(record).ok
     assert schema_errors(record) == []
 
@@ -438,6 +458,51 @@ def test_a_record_line_that_does_not_validate_is_left_out(tmp_path: Path) -> Non
     assert [record.emission_id for record in read_operator_message_records("r1", root=root)] == ["e1"]
     with pytest.raises(ValueError, match="run id"):
         read_operator_message_records("../r1", root=root)
+
+
+async def test_an_old_record_without_an_emission_id_is_read_and_observed(
+        store: Store, tmp_path: Path, ctx: Context) -> None:
+    """OM-6, OM-9: a survey record holding only the seed's fields, written during a tend run, is
+    loaded by the reader (no emission id) and is the note the driver's tend-finished observes."""
+    def survey_as_an_older_writer(request: FauxRequest) -> str:
+        run = current_run_context()
+        assert run is not None
+        root = RuntimeRoot(run.garden, run.root)
+        root.append_line(root.records_file(run.run_id), {
+            **SEED_NOTE, "source_goal_id": run.goal_id, "source_run_id": run.run_id,
+            "delivery_path": "inbox/allotment/notes/older.md"})
+        return "Surveyed."
+
+    service, _ = faux_service(store, survey_as_an_older_writer)
+    garden = await make_garden(store, service, tmp_path / "root", ctx)
+    goal = await garden.add_goal("tend", "Look at the beds.", ctx)
+    try:
+        event = await within(garden.pursue(goal.id, ctx))
+    finally:
+        await garden.close(ctx)
+        await service.close_all(ctx)
+
+    assert isinstance(event, TendFinished)
+    [record] = read_operator_message_records(event.run_id, root=garden.root)
+    assert (record.emission_id, record.kind, record.source_run_id) == (None, "tend_survey", event.run_id)
+    assert (event.operator_note_written, event.operator_note_path) == (True, "inbox/allotment/notes/older.md")
+
+
+async def test_a_retry_beside_an_old_record_without_an_emission_id_appends_once(garden: Garden, ctx: Context) -> None:
+    """OM-6: a record lacking `emission_id` is no emission's record: an emission appends its own
+    beside it, and its retry finds that one and appends nothing."""
+    _, run = await in_run(garden, "tend", ctx)
+    records = garden.root.records_file(run.run_id)
+    older = {**SEED_NOTE, "source_goal_id": run.goal_id, "source_run_id": run.run_id}
+    garden.root.append_line(records, older)
+    with running(run):
+        first = await emit_tend_survey("one", ctx, emission_id="e9")
+        again = await emit_tend_survey("one", ctx, emission_id="e9")
+
+    assert again == first
+    assert [json.loads(line).get("emission_id") for line in records.read_text().splitlines()] == [None, "e9"]
+    assert [record.emission_id for record in read_operator_message_records(run.run_id, root=garden.root)] == [
+        None, "e9"]
 
 
 def test_the_subprocess_environment_carries_the_run_context(tmp_path: Path) -> None:

@@ -52,7 +52,9 @@ def _retire_chat_error_notices(payload: dict[str, Any]) -> dict[str, Any] | None
 RETIRE_CHAT_ERROR_NOTICES = DataMigration("retire-chat-error-notices", _retire_chat_error_notices)
 """Removes `details.notice` from every error chat event whose notice code is `image-refused` or
 `provider-timeout` (`RETIRED_NOTICE_CODES`, notice vocabulary version 1), in every session of the
-store, chat-event copies in compaction tails included. Nothing else changes: the text, the content
+store, on every copy the journal keeps: placed rows, chat-event copies in compaction tails, and
+rows not placed yet (a pending write of an open operation, a queued or posted message), which the
+session layer offers in the shape of the entry they become. Nothing else changes: the text, the content
 the model reads, ids, parents, seqs, timestamps and every other byte of the payload stay as stored
 (CE-25). Afterwards the parser refuses those codes."""
 

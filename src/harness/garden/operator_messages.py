@@ -53,12 +53,14 @@ logger = logging.getLogger("harness.garden")
 
 class OperatorMessageRecord(BaseModel):
     """One validated line of a run's `operator-messages.jsonl` (OM-2, OM-6). `delivery_path` is
-    relative to the runtime root."""
+    relative to the runtime root. `emission_id` is not one of the seed's fields: this module's
+    emissions write it, and a record without it (written before, or by another writer) reads
+    with None there."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     schema_version: Literal[1]
-    emission_id: str
+    emission_id: str | None = None
     kind: OperatorMessageKind
     sender: Literal["garden"]
     transcript_policy: Literal["canonical", "none"]

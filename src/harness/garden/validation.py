@@ -142,8 +142,8 @@ def validate_operator_message_request(data: object) -> ValidationResult:
 
 def validate_operator_message_record(data: object) -> ValidationResult:
     """Check one operator-message record, as written or as read back (OM-3, OM-6, OM-8, OM-8a):
-    only known fields, `schema_version` 1 and a well-formed `emission_id` and `emitted_at` (Unix
-    ms) (`INVALID_OPERATOR_MESSAGE_VALUE`), one of the two kinds, sender `garden`, well-formed
+    only known fields, `schema_version` 1, `emitted_at` (Unix ms) and, when present, a well-formed
+    `emission_id` (`INVALID_OPERATOR_MESSAGE_VALUE`), one of the two kinds, sender `garden`, well-formed
     source goal and run ids (`INVALID_OPERATOR_MESSAGE_CONTEXT`), a policy pair of OM-4
     (`INVALID_OPERATOR_MESSAGE_POLICY`), `origin` and `conversation_message_id` exactly on a
     conversation-backed record (`INVALID_OPERATOR_MESSAGE_ORIGIN`), and a `delivery_path` in the
@@ -157,7 +157,8 @@ def validate_operator_message_record(data: object) -> ValidationResult:
     if data.get("schema_version") != SCHEMA_VERSION or isinstance(data.get("schema_version"), bool | float):
         found.append(_reject("INVALID_OPERATOR_MESSAGE_VALUE", "schema_version",
                              f"schema_version is {SCHEMA_VERSION}, not {data.get('schema_version')!r}"))
-    if not _matches("id", data.get("emission_id")):
+    # Not a field of the seed's record (OM-6): optional, and refused only when it is malformed.
+    if "emission_id" in data and not _matches("id", data["emission_id"]):
         found.append(_reject("INVALID_OPERATOR_MESSAGE_VALUE", "emission_id",
                              f"emission_id is not an id: {data.get('emission_id')!r}"))
     emitted_at = data.get("emitted_at")

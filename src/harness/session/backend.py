@@ -266,7 +266,8 @@ class Backend(Protocol):
 
     async def run_data_migration(self, migration: DataMigration, context: Context) -> bool:
         """In one transaction: unless `migration.name` is recorded, rewrite every entry payload it
-        changes and record it. True when it ran now."""
+        changes (`DataMigration.apply`) and every record value in `COPY_NAMESPACES` it changes
+        (`DataMigration.apply_to_value`), and record it. True when it ran now."""
         ...
 
     async def close(self) -> None: ...

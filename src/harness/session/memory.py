@@ -185,13 +185,20 @@ class MemoryBackend:
         if migration.name in self._applied_migrations:
             return False
         changed: list[tuple[_MemorySession, EntryRow, str]] = []
+        copies: list[tuple[_MemorySession, ValueRow, str]] = []
         for session in self._sessions.values():
             for row in session.entries.values():
                 payload = migration.apply(row.id, row.payload)
                 if payload is not None:
                     changed.append((session, row, payload))
+            for value_row in session.values.values():
+                value = migration.apply_to_value(value_row.namespace, value_row.key, value_row.value)
+                if value is not None:
+                    copies.append((session, value_row, value))
         for session, row, payload in changed:
             session.entries[row.id] = replace(row, payload=payload)
+        for session, value_row, value in copies:
+            session.values[(value_row.namespace, value_row.key)] = replace(value_row, value=value)
         self._applied_migrations.add(migration.name)
         return True
 

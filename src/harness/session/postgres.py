@@ -59,7 +59,7 @@ from harness.session.errors import (
     StoreUnavailable,
 )
 from harness.session.images import StoredImage, check_image, is_image_ref, stored_image
-from harness.session.migrations import DataMigration
+from harness.session.migrations import COPY_NAMESPACES, DataMigration
 from harness.session.tokens import TokenInfo, TokenRow, token_row, token_sql
 
 Connection = psycopg.AsyncConnection[TupleRow]
@@ -730,16 +730,21 @@ class PostgresBackend:
             raise driver_error(error) from error
 
     async def run_data_migration(self, migration: DataMigration, context: Context) -> bool:
-        """Unless recorded, rewrite every entry payload `migration` changes and record it, in one
-        transaction that holds off entry writers meanwhile. True when it ran now; a migration
-        that raises rolls everything back."""
+        """Unless recorded, rewrite every entry payload `migration` changes, and every copy of
+        one a record holds (`COPY_NAMESPACES`), and record it, in one transaction that holds off
+        writers meanwhile. True when it ran now; a migration that raises rolls everything back."""
         async with self._connection() as conn, conn.transaction():
             await conn.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATION_LOCK_KEY,))
             cur = await conn.execute("SELECT 1 FROM data_migrations WHERE name = %s", (migration.name,))
             if await cur.fetchone():
                 return False
-            # SHARE: commits inserting entries wait, so none slips past the scan unmigrated.
-            await conn.execute("LOCK TABLE entries IN SHARE MODE")
+            # Writers wait, so nothing slips past the scans unmigrated. Every writer (a commit, a
+            # post, a session's creation or deletion) locks or writes its session's row before it
+            # touches another table: EXCLUSIVE on `sessions` first waits for those under way and
+            # holds off the rest, where taking the two SHARE locks alone could deadlock with a
+            # commit that set a value and then inserts an entry.
+            await conn.execute("LOCK TABLE sessions IN EXCLUSIVE MODE")
+            await conn.execute("LOCK TABLE entries, record_values IN SHARE MODE")
             changed: list[tuple[str, str, str]] = []
             async with conn.cursor(name="harness_data_migration") as rows:
                 await rows.execute("SELECT session_id, id, payload FROM entries")
@@ -747,9 +752,21 @@ class PostgresBackend:
                     new_payload = migration.apply(entry_id, payload)
                     if new_payload is not None:
                         changed.append((new_payload, session_id, entry_id))
+            copies: list[tuple[str, str, str, str]] = []
+            async with conn.cursor(name="harness_data_migration_copies") as rows:
+                await rows.execute("SELECT session_id, namespace, key, value FROM record_values "
+                                   "WHERE namespace = ANY(%s)", (list(COPY_NAMESPACES),))
+                async for session_id, namespace, key, value in rows:
+                    new_value = migration.apply_to_value(namespace, key, value)
+                    if new_value is not None:
+                        copies.append((new_value, session_id, namespace, key))
             async with conn.cursor() as update:
                 await update.executemany(
                     "UPDATE entries SET payload = %s WHERE session_id = %s AND id = %s", changed
+                )
+                await update.executemany(
+                    "UPDATE record_values SET value = %s WHERE session_id = %s AND namespace = %s AND key = %s",
+                    copies,
                 )
             await conn.execute("INSERT INTO data_migrations (name, applied_at) VALUES (%s, %s)",
                                (migration.name, now_ms()))

@@ -66,7 +66,7 @@ from harness.session.errors import (
     StoreUnavailable,
 )
 from harness.session.images import FolderImages
-from harness.session.migrations import DataMigration
+from harness.session.migrations import COPY_NAMESPACES, DataMigration
 from harness.session.tokens import TokenInfo, TokenRow, token_row, token_sql
 
 T = TypeVar("T")
@@ -847,6 +847,22 @@ class SqliteBackend:
                     if new_payload is not None:
                         changed.append((new_payload, session_id, entry_id))
                 db.executemany("UPDATE entries SET payload = ? WHERE session_id = ? AND id = ?", changed)
+                # The copies records hold of entries not placed yet, in the same transaction (CE-25).
+                copies = []
+                marks = ", ".join("?" * len(COPY_NAMESPACES))
+                for session_id, namespace, key, raw in db.execute(
+                    "SELECT session_id, namespace, key, CAST(value AS BLOB) FROM record_values "
+                    f"WHERE namespace IN ({marks})", COPY_NAMESPACES,
+                ):
+                    try:
+                        stored = _text(raw, f"record {namespace}/{key}", namespace=namespace, key=key)
+                    except StorageCorruption:
+                        continue
+                    new_value = migration.apply_to_value(namespace, key, stored)
+                    if new_value is not None:
+                        copies.append((new_value, session_id, namespace, key))
+                db.executemany("UPDATE record_values SET value = ? WHERE session_id = ? AND namespace = ? AND key = ?",
+                               copies)
                 db.execute("INSERT INTO data_migrations (name, applied_at) VALUES (?, ?)",
                            (migration.name, now_ms()))
             return True
