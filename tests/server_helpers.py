@@ -1,14 +1,19 @@
 """Builders shared by the server tests: the app over a faux-provider service, a client of it
-through ASGI (its lifespan run), and the app served by uvicorn on a free loopback port."""
+through ASGI (its lifespan run), the app served by uvicorn on a free loopback port, and `harness
+serve` in a process of its own, to be killed and started again."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import socket
+import subprocess
+import sys
+import threading
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -23,6 +28,7 @@ from harness.providers.faux import FauxScript
 from harness.runtime import DEFAULT_EVENT_LOG_LIMIT, DriveSettings, RunHooks
 from harness.server import Approvals, Authenticator, LocalUser, ServerOptions, create_app
 from harness.session import LaneConfig, Store
+from test_cli_run import environment
 
 USER = "alice"
 FAUX = ModelIdentity(provider="faux", model_id="faux")
@@ -148,3 +154,73 @@ async def serving(app: FastAPI) -> AsyncIterator[str]:
         server.should_exit = True
         await task
         listener.close()
+
+
+SERVE_START_S = 60.0
+"""A guard, not a wait: how long `harness serve` may take to import, open its store and listen."""
+
+
+class ServeProcess:
+    """`harness serve --no-auth` in a process of its own, on the SQLite store `home/harness.db` and
+    one loopback port across restarts, with HARNESS_HOME `home`, working directory `home` and
+    `env` (a model endpoint: `OPENAI_BASE_URL` and `OPENAI_API_KEY` of a replay server).
+
+    `start()` returns once it listens, its lifespan having resumed the runs the store holds open;
+    `kill()` SIGKILLs it, as a crash would, and returns once it is gone."""
+
+    def __init__(self, home: Path, env: dict[str, str]) -> None:
+        self.home = home
+        self.env = env
+        with socket.socket() as probe:  # a free port, kept by every start
+            probe.bind(("127.0.0.1", 0))
+            self.port: int = probe.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log: list[str] = []  # what every start printed on stderr, to tell why one failed
+        self._process: subprocess.Popen[str] | None = None
+
+    async def start(self) -> None:
+        listening = self._launch()
+        started = await asyncio.to_thread(listening.wait, SERVE_START_S)
+        if not started or self._process is None or self._process.poll() is not None:
+            self.kill()
+            raise AssertionError("harness serve did not start:\n" + "".join(self.log))
+
+    def kill(self) -> None:
+        if self._process is not None:
+            self._process.kill()
+            self._process.wait()
+            self._process = None
+
+    def _launch(self) -> threading.Event:
+        """Start the process; the event is set once it listens, or once it ended."""
+        assert self._process is None, "already serving"
+        process = subprocess.Popen(
+            [sys.executable, "-m", "harness.cli", "serve", "--no-auth", "--port", str(self.port),
+             "--store", f"sqlite:///{self.home / 'harness.db'}"],
+            cwd=self.home, env=environment(self.home, **self.env), stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        self._process = process
+        listening = threading.Event()
+
+        def read_stderr() -> None:  # to its end, so the pipe never fills
+            assert process.stderr is not None
+            with process.stderr as lines:
+                for line in lines:
+                    self.log.append(line)
+                    if "Uvicorn running on" in line:
+                        listening.set()
+            listening.set()  # it ended
+
+        threading.Thread(target=read_stderr, daemon=True).start()
+        return listening
+
+
+@asynccontextmanager
+async def serve_process(home: Path, env: dict[str, str]) -> AsyncIterator[ServeProcess]:
+    """`ServeProcess(home, env)` started; killed on leaving."""
+    served = ServeProcess(home, env)
+    await served.start()
+    try:
+        yield served
+    finally:
+        served.kill()

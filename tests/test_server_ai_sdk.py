@@ -1,11 +1,13 @@
 """The AI SDK UI message stream door of `harness serve` (issue 16 item 5): `POST /api/chat` starts a
 turn and streams it, `GET /api/chat/{id}/stream` resumes it (204 when idle), `POST
 /api/chat/{id}/stop` stops it durably; and the real `ai` client (tests/js) sends, loses its
-connection mid-reply, resumes, and holds one message with nothing twice."""
+connection mid-reply (or the server, killed and started again), resumes, and holds one message
+with nothing twice."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import shutil
 import subprocess
@@ -13,6 +15,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from drive_helpers import FAUX, ProbeTool, within
@@ -20,10 +23,12 @@ from harness.context import Context
 from harness.conversation import GardenMessage, chat_event_rows
 from harness.messages import UserMessage
 from harness.providers.faux import FauxReply, delay, failure, reply, tool_call
+from harness.providers.replay import Hold, ReplayServer
 from harness.runtime import DriveSettings, RetryPolicy
 from harness.server import Approvals, PendingApproval
 from harness.session import Store, connect
-from server_helpers import USER, Served, asgi_client, faux_app, serving
+from server_helpers import SERVE_START_S, USER, Served, asgi_client, faux_app, serve_process, serving, sse_until
+from test_cli_run import chat_text, openai_env
 
 JS = Path(__file__).parent / "js"
 Scope = MutableMapping[str, Any]
@@ -400,7 +405,7 @@ async def test_the_ai_sdk_client_takes_a_retried_step_a_steer_and_a_garden_messa
     async def turn() -> None:
         await probe.wait_started("a")
         conversation = await served.service.open(USER, conversation_id, ctx)
-        await conversation.lane.steer(UserMessage(content="and be brief"), ctx)
+        await conversation.steer(UserMessage(content="and be brief"), ctx)
         await served.service.post_garden_message(USER, conversation_id, said, ctx)
         gate.set()
 
@@ -418,3 +423,55 @@ async def test_the_ai_sdk_client_takes_a_retried_step_a_steer_and_a_garden_messa
     assert garden["data"]["sender"] == "garden"
     assert garden["data"]["text"].endswith("The beans are up.")
     assert garden["id"] == garden["data"]["id"]
+
+
+async def test_the_ai_sdk_client_resumes_a_reply_a_restart_cut_off_into_the_final_message(tmp_path: Path) -> None:
+    """One conversation door, item 4: `harness serve` SIGKILLed mid-reply and started again on the
+    same store keeps the cut-off attempt off the branch and asks the step again; the real client,
+    whose stream failed with the server, resumes while the new attempt streams and holds one
+    assistant message under the run's id (the one it had) whose text is the final reply's, whole
+    and once."""
+    node_path = node()
+    parts = ["The first part of a long answer, ", "then the second part of it, ", "and at last the end."]
+    cut, retried = Hold(), Hold()
+    with ReplayServer([chat_text(parts[0], cut, "never sent."),
+                       chat_text(parts[0], parts[1], retried, parts[2])]) as models:
+        async with serve_process(tmp_path, openai_env(models)) as server, \
+                httpx.AsyncClient(base_url=server.url, timeout=SERVE_START_S) as http:
+            created = await http.post("/api/conversations", json={})
+            assert created.status_code == 201, created.text
+            conversation_id = created.json()["id"]
+            client = await asyncio.create_subprocess_exec(
+                node_path, str(JS / "restart_chat.mjs"), server.url, conversation_id, parts[0], cwd=JS,
+                stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+            assert client.stdin is not None
+            assert client.stdout is not None
+            try:
+                assert await within(client.stdout.readline(), SERVE_START_S) == b"cut\n"
+                server.kill()
+                await server.start()
+                client.stdin.write(b"serving\n")
+                await client.stdin.drain()
+                assert await within(client.stdout.readline(), SERVE_START_S) == b"resumed\n"
+                retried.release()
+                out, err = await within(client.communicate(), SERVE_START_S)
+            finally:
+                if client.returncode is None:
+                    with contextlib.suppress(ProcessLookupError):
+                        client.kill()
+                    await client.wait()
+            assert client.returncode == 0, err.decode()
+            [snapshot] = await within(sse_until(http, f"/api/conversations/{conversation_id}/events",
+                                                lambda event: event.name == "snapshot"))
+
+    chat = json.loads(out)
+    reply_entry = snapshot.data["transcript"][-1]["payload"]["message"]
+    final = "".join(block["text"] for block in reply_entry["content"] if block["type"] == "text")
+    assert final == "".join(parts)
+    assert chat["afterCut"]["status"] == "error"
+    assert chat["cut"]["text"] == parts[0]
+    user, assistant = chat["messages"]
+    assert user["role"] == "user"
+    assert assistant["id"] == chat["cut"]["messageId"] == snapshot.data["last_result"]["operation_id"]
+    assert [p["text"] for p in assistant["parts"] if p["type"] == "text"] == [final]
+    assert chat["status"] == "ready"

@@ -1,6 +1,7 @@
 """The LangGraph door with the real client (`langgraph-sdk`) against `harness serve` on a loopback
 port (issue 16 item 6): a run's stream and the thread's stream, cut several times and rejoined with
-the last event id, give the durable log exactly once; a reply streams under its entry id; a run's
+the last event id, give the durable log exactly once; a reply streams under its entry id, also when
+an attempt of it is dropped (retried, or cut off by a server killed and started again); a run's
 status outlives runs other doors start; cancel is the durable abort; the multitask strategies."""
 
 from __future__ import annotations
@@ -8,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -18,11 +20,13 @@ from langgraph_sdk.schema import StreamPart
 
 from drive_helpers import within
 from harness.context import Context
-from harness.providers.faux import delay, reply
-from harness.runtime import EntryAdded, RunEnd, RunStart
+from harness.providers.faux import delay, failure, reply
+from harness.providers.replay import Hold, ReplayServer
+from harness.runtime import DriveSettings, EntryAdded, RetryPolicy, RunEnd, RunStart, read_lane_events
 from harness.server import parse_event_id
 from harness.session import Store, connect
-from server_helpers import USER, Served, faux_app, serving
+from server_helpers import SERVE_START_S, USER, Served, faux_app, serve_process, serving
+from test_cli_run import chat_text, openai_env
 
 MODES: list[Any] = ["values", "messages-tuple", "updates"]
 PARTS = ["The first part of a long answer, ", "then the second part of it, ", "and at last the end."]
@@ -43,6 +47,22 @@ def ask(text: str) -> Any:
 def text_of(parts: list[StreamPart]) -> str:
     chunks = [part.data[0] for part in parts if part.event == "messages"]
     return "".join(chunk["content"] for chunk in chunks if chunk["type"] == "AIMessageChunk")
+
+
+def held_by_id(parts: list[StreamPart]) -> dict[str, str]:
+    """The replies a client that merges the `messages-tuple` chunks by id ends up holding: each
+    id's chunks' text joined; a `remove` message drops its id, as LangGraph's `add_messages`
+    reducer does (and, as that reducer does, fails for an id the client never had)."""
+    held: dict[str, str] = {}
+    for part in parts:
+        if part.event != "messages":
+            continue
+        message = part.data[0]
+        if message["type"] == "remove":
+            del held[message["id"]]
+        elif message["type"] == "AIMessageChunk":
+            held[message["id"]] = held.get(message["id"], "") + message["content"]
+    return held
 
 
 def durable(parts: list[StreamPart]) -> list[tuple[str | None, str, Any]]:
@@ -76,7 +96,7 @@ async def read_until(stream: AsyncIterator[StreamPart], into: list[StreamPart],
 async def logged_seqs(served: Served, thread_id: str, run_id: str, ctx: Context) -> list[int]:
     """The event seqs of the run's `run_start`, `entry_added` and `run_end` in the lane's log."""
     conversation = await served.service.open(USER, thread_id, ctx)
-    events = (await conversation.lane.read_events(None, 10_000, ctx)).events
+    events = (await read_lane_events(conversation.journal, "main", None, 10_000, ctx)).events
     start = next(index for index, event in enumerate(events)
                  if isinstance(event, RunStart) and event.operation_id == run_id)
     seqs = []
@@ -251,6 +271,80 @@ async def test_a_replys_chunks_carry_the_id_of_its_message_in_values(store: Stor
     values = [part.data for part in got if part.event == "values"]
     [ai] = [message for message in values[-1]["messages"] if message["type"] == "ai"]
     assert {chunk["id"] for chunk in chunks} == {ai["id"]}
+
+
+async def test_a_reply_retried_mid_stream_is_held_once_whole_under_its_id(store: Store) -> None:
+    """A retryable failure after part of a reply streamed: the failed attempt is a side entry
+    under its own id and the retry streams under a new one. The client gets the attempt taken
+    back (a `remove` of its id) and the retried reply from its first character: merged by id, it
+    holds the one reply `values` has, whole."""
+    gate = asyncio.Event()
+    quick = DriveSettings(frame_interval_s=0, retry=RetryPolicy(base_delay_ms=1))
+    served = faux_app(store, [failure("retryable", "overloaded", PARTS[0], delay(gate)), reply(*PARTS)], drive=quick)
+    async with serving(served.app) as url:
+        client = get_client(url=url, api_key=None)
+        thread_id = (await client.threads.create())["thread_id"]
+        got: list[StreamPart] = []
+        async for part in client.runs.stream(thread_id, "harness", input=ask("Go"), stream_mode=MODES):
+            got.append(part)
+            if says(PARTS[0])(got):
+                gate.set()  # the first attempt fails once the client has its first part
+        state = await client.threads.get_state(thread_id)
+        await client.aclose()
+
+    final: Any = state["values"]
+    [ai] = [message for message in final["messages"] if message["type"] == "ai"]
+    assert ai["content"] == "".join(PARTS)
+    assert held_by_id(got) == {ai["id"]: ai["content"]}
+    assert [part.data for part in got if part.event == "values"][-1] == final
+    assert got[-1].data["status"] == "success"
+
+
+async def test_a_stream_rejoined_after_a_restart_cut_its_reply_holds_the_final_reply_whole_under_its_id(
+        tmp_path: Path) -> None:
+    """One conversation door, item 4: `harness serve` SIGKILLed mid-reply and started again on the
+    same store keeps the cut-off attempt off the branch and asks the step again. The client that
+    rejoins with its last event id while the new attempt streams gets the cut-off attempt taken
+    back (a `remove` of its id) and the new attempt from its first character: merged by id, it
+    holds exactly the final message, under the id `values` gives it, and its durable parts are a
+    full replay's. A client that rejoins only once the run ended, and a full replay, hold the same."""
+    cut, retried = Hold(), Hold()
+    with ReplayServer([chat_text(PARTS[0], cut, "never sent."),
+                       chat_text(PARTS[0], PARTS[1], retried, PARTS[2])]) as models:
+        async with serve_process(tmp_path, openai_env(models)) as server:
+            client = get_client(url=server.url, api_key=None)
+            thread_id = (await client.threads.create())["thread_id"]
+            got: list[StreamPart] = []
+            await within(read_until(client.runs.stream(thread_id, "harness", input=ask("Tell me a long answer."),
+                                                       stream_mode=MODES), got, says(PARTS[0])), SERVE_START_S)
+            run_id = got[0].data["run_id"]
+            server.kill()
+            await server.start()
+            assert await asyncio.to_thread(retried.reached.wait, SERVE_START_S)
+            before = len(got)
+
+            async def rejoin() -> None:
+                async for part in client.runs.join_stream(thread_id, run_id, last_event_id=got[-1].id):
+                    got.append(part)
+                    if part.event == "messages":
+                        retried.release()  # the rejoined stream is under way: let the reply end
+
+            await within(rejoin(), SERVE_START_S)
+            state = await client.threads.get_state(thread_id)
+            replay = [part async for part in client.runs.join_stream(thread_id, run_id)]
+            late = [part async for part in client.runs.join_stream(thread_id, run_id, last_event_id=got[before - 1].id)]
+            await client.aclose()
+
+    final: Any = state["values"]
+    [ai] = [message for message in final["messages"] if message["type"] == "ai"]
+    assert ai["content"] == "".join(PARTS)
+    assert held_by_id(got[:before]) == {got[before - 1].data[0]["id"]: PARTS[0]}  # the cut-off attempt's
+    assert held_by_id(got) == held_by_id(got[:before] + late) == held_by_id(replay) == {ai["id"]: ai["content"]}
+    assert [part.data for part in got if part.event == "values"][-1] == final
+    assert durable(got) == durable(replay)
+    ids = [parse_event_id(str(part.id)) for part in got]
+    assert all(earlier < later for earlier, later in itertools.pairwise(ids))
+    assert got[-1].data == {"run_id": run_id, "status": "success"}
 
 
 async def test_a_runs_status_outlives_a_run_another_door_started(store: Store) -> None:

@@ -1,21 +1,27 @@
 """The native watch's durable event ids (issue 16 item 4): every event describing a committed fact
 carries `id:` = its `event_seq`; `Last-Event-ID` resumes after it without a snapshot while the
-lane's log holds it, and with a `reset` snapshot once the log no longer does."""
+lane's log holds it (also from a server killed and started again), and with a `reset` snapshot
+once the log no longer does."""
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 import httpx
 
 from drive_helpers import ProbeTool, within
 from harness.context import Context
-from harness.conversation import chat_event_rows
+from harness.conversation import Conversation, chat_event_rows
 from harness.providers.faux import FauxReply, delay, reply, tool_call
-from harness.runtime import Lane, MessageUpdate
+from harness.providers.replay import Hold, ReplayServer
+from harness.runtime import MessageUpdate
 from harness.session import Store
-from server_helpers import USER, Served, SseEvent, faux_app, serving, sse_until
+from server_helpers import SERVE_START_S, USER, Served, SseEvent, faux_app, serve_process, serving, sse_until
+from test_cli_run import chat_text, openai_env
 
 
 def named(name: str) -> Callable[[SseEvent], bool]:
@@ -28,14 +34,13 @@ def last_id(events: list[SseEvent]) -> str | None:
     return ids[-1] if ids else None
 
 
-async def shown(lane: Lane, text: str, then: Callable[[], None]) -> None:
-    """Call `then`, and return once the lane's streaming reply shows `text` (the reply publishes
-    its progress at a bounded rate, so the provider reaching a pause is not yet enough)."""
-    watch = await lane.watch(Context())
+async def shown(conversation: Conversation, text: str, then: Callable[[], None]) -> None:
+    """Call `then`, and return once the conversation's streaming reply shows `text` (the reply
+    publishes its progress at a bounded rate, so the provider reaching a pause is not yet enough)."""
+    watch = await conversation.lane_events(Context())
     try:
         then()
-        async for delivery in watch:
-            event = delivery.event
+        async for event in watch:
             if isinstance(event, MessageUpdate) and text in [getattr(block, "text", None)
                                                               for block in event.message.content]:
                 return
@@ -71,7 +76,7 @@ async def test_reconnects_with_last_event_id_receive_the_durable_log_once_with_n
         connections = [await within(first)]  # cut while the tool call runs
 
         await served.service.record_local_shell(USER, conversation.id, "ls", 0, "notes.txt\n", ctx)
-        await within(shown(conversation.lane, "First half. ", gate.set))
+        await within(shown(conversation, "First half. ", gate.set))
         connections.append(await within(sse_until(client, path, named("chat_event"),
                                                   last_event_id=last_id(connections[-1]))))  # cut mid-group
         connections.append(await within(sse_until(client, path, named("message_update"),
@@ -80,8 +85,10 @@ async def test_reconnects_with_last_event_id_receive_the_durable_log_once_with_n
         await settle(served, accepted["operation_id"])
         connections.append(await within(sse_until(client, path, named("run_end"),
                                                   last_event_id=last_id(connections[-1]))))
-        log = await conversation.lane.read_events(connections[0][0].data["event_seq"], 10_000, ctx)
-        snapshot = (await conversation.lane.watch(ctx)).snapshot
+        watch = await conversation.lane_events(ctx)
+        watch.close()
+        log = await watch.read_events(connections[0][0].data["event_seq"], 10_000, ctx)
+        snapshot = watch.snapshot
 
     received = [event for events in connections for event in events]
     durable = [(event.id, event.name) for event in received if event.id is not None and "." not in event.id]
@@ -146,3 +153,72 @@ async def test_a_watch_refuses_an_id_it_never_sends_and_someone_elses_conversati
     assert wrong.json()["code"] == "invalid_event_id"
     assert other.status_code == 404
     assert other.json()["code"] == "session_not_found"
+
+
+def text_of(message: Any) -> str:
+    content = message["content"]
+    return content if isinstance(content, str) else "".join(
+        block["text"] for block in content if block["type"] == "text")
+
+
+def held_by_id(events: list[SseEvent]) -> dict[str, str]:
+    """The messages a client of the watch holds, by entry id, with their text: the snapshot's
+    transcript, then each `entry_added` (a reply that ended off the branch is never added)."""
+    held: dict[str, str] = {}
+    for event in events:
+        entries = (event.data["transcript"] if event.name == "snapshot"
+                   else [event.data["entry"]] if event.name == "entry_added" else [])
+        held |= {entry["id"]: text_of(entry["payload"]["message"]) for entry in entries
+                 if entry["payload"]["type"] == "message"}
+    return held
+
+
+def streams(text: str) -> Callable[[SseEvent], bool]:
+    return lambda event: event.name in ("message_start", "message_update") and text_of(event.data["message"]) == text
+
+
+async def test_a_watch_resumed_after_a_restart_cut_its_reply_holds_the_final_reply_whole(tmp_path: Path) -> None:
+    """One conversation door, item 4: `harness serve` SIGKILLed mid-reply and started again on the
+    same store keeps the cut-off attempt off the branch and asks the step again. The watch resumed
+    with its last event id gets the log's events after it once (the cut-off attempt's
+    `message_end`, the retry), then the new attempt's streaming reply, each update whole from its
+    first character; by entry id the client holds what a fresh snapshot holds, the final reply
+    whole. (A guard: the native watch held before the fix of the other doors.)"""
+    parts = ["The first part of a long answer, ", "then the second part of it, ", "and at last the end."]
+    cut, retried = Hold(), Hold()
+    with ReplayServer([chat_text(parts[0], cut, "never sent."),
+                       chat_text(parts[0], parts[1], retried, parts[2])]) as models:
+        async with serve_process(tmp_path, openai_env(models)) as server, \
+                httpx.AsyncClient(base_url=server.url, timeout=SERVE_START_S) as client:
+            conversation_id = (await client.post("/api/conversations", json={})).json()["id"]
+            path = f"/api/conversations/{conversation_id}/events"
+            opened = asyncio.Event()
+            first = asyncio.create_task(sse_until(client, path, streams(parts[0]), opened=opened))
+            await within(opened.wait())
+            sent = await client.post(f"/api/conversations/{conversation_id}/messages",
+                                     json={"text": "Tell me a long answer."})
+            assert sent.status_code == 202, sent.text
+            before = await within(first, SERVE_START_S)
+            server.kill()
+            await server.start()
+            assert await asyncio.to_thread(retried.reached.wait, SERVE_START_S)
+            resumed = asyncio.Event()
+            rejoined = asyncio.create_task(sse_until(client, path, named("run_end"), last_event_id=last_id(before),
+                                                     opened=resumed))
+            await within(resumed.wait(), SERVE_START_S)
+            retried.release()
+            after = await within(rejoined, SERVE_START_S)
+            [fresh] = await within(sse_until(client, path, named("snapshot")))
+
+    final = held_by_id([fresh])
+    assert list(final.values())[-1] == "".join(parts)
+    assert held_by_id(before + after) == final
+    assert after[0].name != "snapshot"  # resumed from the log, no snapshot
+    shown = [text_of(event.data["message"]) for event in after if event.name == "message_update"]
+    assert shown
+    assert all("".join(parts).startswith(text) for text in shown)
+    ends = [event.data for event in after if event.name == "message_end"]
+    assert (ends[-1]["entry_id"], text_of(ends[-1]["message"])) == list(final.items())[-1]
+    ids = [int(event.id) for event in before + after if event.id is not None and event.name != "snapshot"
+           and "." not in event.id]
+    assert all(earlier < later for earlier, later in itertools.pairwise(ids))

@@ -9,8 +9,9 @@ watch, or with external workers a follow of the lane a worker drives), so a stre
 The door keeps a small record per run beside the conversation (`langgraph.run`): the assistant,
 stream modes and strategy it was asked with, the branch tip it started from and where the lane's
 event log stood before it. What the run did and how it ended are read from that log (its
-`run_start`, `entry_added` and `run_end`), so a run's status and stream are right whichever door
-started the runs after it.
+`run_start`, `entry_added`, `message_end` and `run_end`: `langgraph_wire.RunItems`), so a run's
+status and stream are right whichever door started the runs after it, and a stream rejoined after a
+restart that cut a reply off drops the cut-off attempt and gets the reply asked again whole.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from fastapi.sse import EventSourceResponse
 from pydantic import BaseModel, ConfigDict, JsonValue
 
 from harness.context import Context
-from harness.conversation import MAIN_LANE, Conversation, ConversationWatch
+from harness.conversation import MAIN_LANE, Conversation
 from harness.errors import HarnessError, InvalidInput
 from harness.messages import AssistantMessage
 from harness.runtime import (
@@ -51,12 +52,11 @@ from harness.server.langgraph_wire import (
     RUN_STATUS,
     START,
     Cursor,
-    EntryPlaced,
     MultitaskStrategy,
     Part,
     RollbackUnsupported,
-    RunAccepted,
     RunItem,
+    RunItems,
     RunSettled,
     RunStream,
     StreamMode,
@@ -296,26 +296,22 @@ async def _log_events(session: SessionReader, after: int | None,
         after = page.events[-1].event_seq
 
 
-async def _logged_items(session: SessionReader, record: RunRecord, upto: int | None,
-                        context: Context) -> AsyncGenerator[RunItem, None]:
-    """The run's durable items from the lane's event log, read as they are taken: its `run_start`,
-    every `entry_added` after it, and its `run_end`, as far as event `upto` (None: the newest).
-    None at all when the log no longer holds the run's start."""
-    started = False
+async def _logged_items(session: SessionReader, record: RunRecord, upto: int | None, context: Context,
+                        picker: RunItems | None = None) -> AsyncGenerator[RunItem, None]:
+    """The run's durable items from the lane's event log (`RunItems`), read as they are taken, as
+    far as event `upto` (None: the newest); `picker` goes on with the events after `upto`. None at
+    all when the log no longer holds the run's start."""
+    picker = picker or RunItems(record.run_id, MAIN_LANE)
     async with aclosing(_log_events(session, record.log_after, context)) as events:
         async for event in events:
             seq = event.event_seq
             assert seq is not None, "a logged event carries its seq"
             if upto is not None and seq > upto:
                 return
-            if isinstance(event, RunStart) and event.operation_id == record.run_id:
-                started = True
-                yield RunAccepted(seq)
-            elif started and isinstance(event, EntryAdded):
-                yield EntryPlaced(event.entry, seq)
-            elif started and isinstance(event, RunEnd) and event.operation_id == record.run_id:
-                yield RunSettled(event.result, seq)
-                return
+            for item in picker.take(event):
+                yield item
+                if isinstance(item, RunSettled):
+                    return
 
 
 def _run_gone(session: SessionReader, record: RunRecord) -> RunNotFound:
@@ -323,11 +319,11 @@ def _run_gone(session: SessionReader, record: RunRecord) -> RunNotFound:
                        run_id=record.run_id)
 
 
-async def _run_items(session: SessionReader, record: RunRecord, upto: int | None,
-                     context: Context) -> list[RunItem]:
+async def _run_items(session: SessionReader, record: RunRecord, upto: int | None, context: Context,
+                     picker: RunItems | None = None) -> list[RunItem]:
     """The run's durable items (`_logged_items`) as far as event `upto` (None: the newest). Raises
     `RunNotFound` when the log no longer holds the run's start."""
-    async with aclosing(_logged_items(session, record, upto, context)) as logged:
+    async with aclosing(_logged_items(session, record, upto, context, picker)) as logged:
         items = [item async for item in logged]
     if not items:
         raise _run_gone(session, record)
@@ -385,15 +381,15 @@ async def _create_run(state: ServerState, user: str, thread_id: str, body: RunCr
         async def keep(conversation: Conversation, accepted: AcceptedRun) -> None:
             # Written before the run is driven (or let go for the workers): a stream always finds
             # where the run began.
-            journal = conversation.harness.session
+            journal = conversation.journal
             meta = await journal.get(addresses.operation_meta(accepted.operation_id), context)
             record = RunRecord(run_id=accepted.operation_id, assistant_id=assistant_id, stream_mode=list(modes),
                                multitask_strategy=strategy, metadata=body.metadata or {},
                                created_at=accepted.started_at,
                                source_tip_id=meta.source_tip_id if meta is not None else None, log_after=log_after)
-            await conversation.harness.set_value(_run_address(record.run_id), record, context)
+            await conversation.set_value(_run_address(record.run_id), record, context)
             runs = await journal.get(THREAD_RUNS, context) or []
-            await conversation.harness.set_value(THREAD_RUNS, [*runs, record.run_id], context)
+            await conversation.set_value(THREAD_RUNS, [*runs, record.run_id], context)
             made.append(record)
 
         await state.start_turn(user, thread_id, text, context, before_drive=keep)
@@ -452,11 +448,12 @@ async def _run_parts(state: ServerState, user: str, thread_id: str, record: RunR
     while it runs, the live ones, until it settles (or the server stops or the client falls too
     far behind, when the stream just ends and the client reconnects with its last id). Raises
     `RunNotFound` when the log no longer holds the run."""
-    events = await state.watch(user, thread_id, context)
-    session, watch = events.reader, ConversationWatch(events)
+    watch = await state.watch(user, thread_id, context)  # the harness's events: rows are not this door's
+    session = watch.reader
+    picker = RunItems(record.run_id, MAIN_LANE)
     try:
         # The log up to the snapshot, then the watch: every event once, in order.
-        items = await _run_items(session, record, watch.snapshot.event_seq or 0, context)
+        items = await _run_items(session, record, watch.snapshot.event_seq or 0, context, picker)
         before = await _branch_back(session, record.source_tip_id, None, context, to_compaction=True)
         stream = RunStream(run_id=record.run_id, thread_id=thread_id, modes=modes, before=before, cursor=cursor)
         for item in items:
@@ -473,16 +470,15 @@ async def _run_parts(state: ServerState, user: str, thread_id: str, record: RunR
         try:
             async for event in watch:
                 parts: list[Part] = []
-                if isinstance(event, EntryAdded) and event.lane == MAIN_LANE and event.event_seq is not None:
-                    parts, reply_id = stream.item(EntryPlaced(event.entry, event.event_seq)), None
-                elif isinstance(event, RunEnd) and event.operation_id == record.run_id and event.event_seq is not None:
-                    parts = stream.item(RunSettled(event.result, event.event_seq))
-                elif isinstance(event, MessageStart | MessageUpdate) and event.event_seq is None \
+                if isinstance(event, MessageStart | MessageUpdate) and event.event_seq is None \
                         and event.lane == MAIN_LANE and isinstance(event.message, AssistantMessage):
                     # A new attempt of the reply is written under a new reserved id.
                     if reply_id is None or isinstance(event, MessageStart):
                         reply_id = await _reply_id(session, record.run_id, context)
                     parts = stream.live(reply_id, event.message) if reply_id is not None else []
+                else:
+                    for item in picker.take(event):
+                        parts, reply_id = parts + stream.item(item), None
                 for part in parts:
                     yield part
                 if stream.ended:
@@ -556,7 +552,7 @@ async def create_thread(body: ThreadCreate, user: CurrentUser, state: State,
         raise ThreadExists(f"thread {body.thread_id} exists", thread_id=body.thread_id[:80])
     async with state.new_conversation(user, None, context) as conversation:
         if body.metadata:
-            await conversation.harness.set_value(THREAD_METADATA, body.metadata, context)
+            await conversation.set_value(THREAD_METADATA, body.metadata, context)
     return await _thread_json(state, user, conversation.id, context)
 
 

@@ -4,14 +4,22 @@ dicts, a run's items as stream parts per stream mode, and the event ids a client
 Pure functions and one renderer per connection; the routes in `langgraph_api` feed them.
 
 A run's stream is a list of durable items (the run's acceptance, each entry it placed on the
-branch, its settlement: its `run_start`, `entry_added` and `run_end` in the lane's event log) with
-live presentation between them (the reply streaming after an item). An event id is the position of
-one part in that stream, `"{s}-{L}-{j}"`: part `j` of the durable item whose event seq is `s`
-(`L` = 0), or the live reply after item `s` through its `L`th character (`j` = 0). Ids only grow,
-every part has one, and the stream after any id can be rebuilt from the lane's event log and its
-snapshot, so a client resuming after the last id it saw gets no gap and no duplicate. A reply's
-chunks carry the id of the entry the reply is written under (reserved before its request is sent,
-HA-24), the same id `values` and `updates` show for it.
+branch, each reply that ended off it, its settlement: its `run_start`, `entry_added`, a
+`message_end` no `entry_added` follows, and `run_end` in the lane's event log) with live
+presentation between them (the reply streaming after an item). An event id is the position of one
+part in that stream, `"{s}-{L}-{j}"`: part `j` of the durable item whose event seq is `s` (`L` =
+0), or the live reply after item `s` through its `L`th character (`j` = 0), or that reply's
+retraction (`j` = 1). Ids only grow, every part has one, and the stream after any id can be
+rebuilt from the lane's event log and its snapshot, so a client resuming after the last id it saw
+gets no gap and no duplicate.
+
+A reply's chunks carry the id of the entry the reply is written under (reserved before its
+request is sent, HA-24), the same id `values` and `updates` show for it. An attempt that fails and
+is asked again (a retryable provider error, or a restart that cut it off) is kept as a side entry
+under its own id, which `values` never shows, and the next attempt streams under a new one: so a
+client that had chunks of the dropped attempt gets a LangChain `remove` message for its id (as a
+graph node removes a message; LangGraph's `add_messages` reducer drops it), the thread's `values`
+again, and then the next attempt from its first character.
 """
 
 from __future__ import annotations
@@ -35,6 +43,7 @@ from harness.messages import (
     UserMessage,
     text_of,
 )
+from harness.runtime import EntryAdded, HarnessEvent, MessageEnd, RunEnd, RunStart, event_lane
 from harness.server.sse import json_text
 from harness.session import (
     BranchSummaryPayload,
@@ -284,7 +293,53 @@ class RunSettled:
     seq: int
 
 
-RunItem: TypeAlias = RunAccepted | EntryPlaced | RunSettled
+@dataclass(frozen=True)
+class ReplyDropped:
+    """A reply the run streamed ended off the branch, as the side entry `entry_id` (`values` never
+    shows it): its attempt failed and is asked again, or gave way to a compaction (its
+    `message_end`, event `seq`, that no `entry_added` of it follows)."""
+
+    entry_id: str
+    seq: int
+
+
+RunItem: TypeAlias = RunAccepted | EntryPlaced | ReplyDropped | RunSettled
+
+
+class RunItems:
+    """Picks run `run_id`'s durable items out of lane `lane`'s logged events, fed to `take` in
+    the log's order (the log read first, then the watch after it): its `run_start`, each
+    `entry_added` after it, each reply it dropped and its `run_end`. A reply's `message_end` says
+    where it went only with the event after it (its `entry_added`, or anything else when it stays
+    off the branch), which is logged in the same commit."""
+
+    def __init__(self, run_id: str, lane: str) -> None:
+        self.run_id = run_id
+        self.lane = lane
+        self.started = False
+        self._ended: ReplyDropped | None = None  # a reply's `message_end`, until the next event
+
+    def take(self, event: HarnessEvent) -> list[RunItem]:
+        """The run's items `event` completes, in order; none for an event that is not logged
+        (`event_seq` None), of another lane or run, or before the run's start."""
+        seq = event.event_seq
+        if seq is None or event_lane(event) != self.lane:
+            return []
+        if not self.started:
+            self.started = isinstance(event, RunStart) and event.operation_id == self.run_id
+            return [RunAccepted(seq)] if self.started else []
+        items: list[RunItem] = []
+        ended, self._ended = self._ended, None
+        if ended is not None and not (isinstance(event, EntryAdded) and event.entry.id == ended.entry_id):
+            items.append(ended)
+        if isinstance(event, EntryAdded):
+            items.append(EntryPlaced(event.entry, seq))
+        elif isinstance(event, MessageEnd) and isinstance(event.message, AssistantMessage) \
+                and event.entry_id is not None:
+            self._ended = ReplyDropped(event.entry_id, seq)
+        elif isinstance(event, RunEnd) and event.operation_id == self.run_id:
+            items.append(RunSettled(event.result, seq))
+        return items
 
 
 RUN_STATUS = {"completed": "success", "failed": "error", "aborted": "interrupted"}
@@ -315,6 +370,7 @@ class RunStream:
     cursor: Cursor = START
     _last: int = 0
     _live_seen: int = 0
+    _retracted: bool = False  # the client has the retraction of the live reply after `_last`
     _state: list[dict[str, JsonValue]] = field(default_factory=list)
     ended: bool = False
 
@@ -324,14 +380,16 @@ class RunStream:
     def item(self, item: RunItem) -> list[Part]:
         """The parts of the run's next durable item that the client has not seen."""
         seq, seen = item.seq, self.cursor
+        retraction = self._retraction(item.entry_id) if isinstance(item, ReplyDropped) else []
         parts = [Part(Cursor(seq, 0, n).event_id, event, data) for n, (event, data) in enumerate(self._render(item))]
-        self._last = seq
+        self._last, self._retracted = seq, False
         self.ended = isinstance(item, RunSettled)
         if seq != seen.item:
-            return parts if seq > seen.item else []
+            return retraction + parts if seq > seen.item else []
         # The item the client stopped in: it has its parts up to `seen.part`, and after them
-        # `seen.live` characters of the reply that streamed next.
-        self._live_seen = seen.live
+        # `seen.live` characters of the reply that streamed next, and that reply's retraction
+        # when `seen.part` is 1.
+        self._live_seen, self._retracted = seen.live, seen.live > 0 and seen.part == 1
         return [] if seen.live > 0 else parts[seen.part + 1:]
 
     def live(self, message_id: str, message: AssistantMessage) -> list[Part]:
@@ -347,6 +405,15 @@ class RunStream:
         self._live_seen = total
         return [Part(Cursor(self._last, total, 0).event_id, "messages", [chunk, self._metadata("agent")])]
 
+    def _retraction(self, entry_id: str) -> list[Part]:
+        """The part that takes back what the client has of the live reply after the last item,
+        dropped as side entry `entry_id`: nothing when it has none of it, or has its retraction.
+        Its id comes after the reply's last chunk and before the next item's parts."""
+        if self._live_seen == 0 or self._retracted or "messages-tuple" not in self.modes:
+            return []
+        removal: dict[str, JsonValue] = {"type": "remove", "id": entry_id, "content": ""}
+        return [Part(Cursor(self._last, self._live_seen, 1).event_id, "messages", [removal, self._metadata("agent")])]
+
     def _metadata(self, node: str) -> dict[str, JsonValue]:
         return {"run_id": self.run_id, "thread_id": self.thread_id, "langgraph_node": node}
 
@@ -360,9 +427,13 @@ class RunStream:
                 parts.append(("error", {"error": result.error.code, "message": result.error.message}))
             parts.append(("end", {"run_id": self.run_id, "status": RUN_STATUS[result.outcome]}))
             return parts
+        live_seen, self._live_seen = self._live_seen, 0
+        if isinstance(item, ReplyDropped):
+            # The thread's messages as they were: a client that shows the dropped reply's chunks
+            # until the next `values` (LangGraph's `useStream`) drops them here.
+            return [("values", {"messages": list(self._state)})] if "values" in self.modes else []
         entry = item.entry
         message = langchain_message(entry)
-        live_seen, self._live_seen = self._live_seen, 0
         if message is None:
             return [("values", {"messages": list(self._state)})] if "values" in self.modes else []
         self._state.append(message)
