@@ -267,7 +267,7 @@ async def _measure(load: Load, service: ConversationService, client: httpx.Async
                 if event.event_seq is not None:
                     load.committed_at[(conversation_id, event.event_seq)] = time.time_ns()
 
-            conversation.harness.add_listener(listen)
+            conversation.listen(listen)
         conversations.append(conversation)
     watchers = [Watcher(conversation.id) for conversation in conversations for _ in range(load.watchers)]
     readiness = [asyncio.Event() for _ in watchers]

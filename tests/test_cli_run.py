@@ -4,6 +4,7 @@ streams as ordinary OpenAI and Anthropic endpoints, and the embedded model offli
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import re
@@ -18,10 +19,14 @@ import pytest
 from pydantic import TypeAdapter
 
 from conftest import SHARED_FIXTURES, backend_url, needs_shared_fixtures
+from harness.cli.config import local_user
+from harness.context import Context
+from harness.conversation import ChatEventDetails, ConversationService, ErrorDetails, EventRow, ModelSwitched
 from harness.messages import ModelIdentity, TextContent
 from harness.providers import BUILTIN_MODELS, ModelRegistry
 from harness.providers.replay import Hold, ReplayResponse, ReplayServer
 from harness.runtime import MAX_INPUT_BYTES, HarnessEvent
+from harness.session import connect
 from request_validators import problems
 
 STREAMS = SHARED_FIXTURES / "provider-streams"
@@ -373,6 +378,57 @@ def test_session_continues_a_conversation(home: Path, work: Path, server: Replay
     assert session_of(second) == session_of(first)
     sent = [(m["role"], m["content"]) for m in server.requests[1].json()["messages"] if m["role"] != "system"]
     assert sent == [("user", "first question"), ("assistant", "First answer."), ("user", "second question")]
+
+
+def conversation_rows(home: Path, session_id: str) -> list[ChatEventDetails]:
+    """The chat-event rows on the conversation's branch, read from the home's store."""
+
+    async def read() -> list[ChatEventDetails]:
+        context = Context()
+        store = await connect(f"sqlite:///{home / 'harness.db'}", context)
+        try:
+            page = await ConversationService(store).read_display(local_user(), session_id, context)
+            return [row.details for row in page.rows if isinstance(row, EventRow)]
+        finally:
+            await store.close(context)
+
+    return asyncio.run(read())
+
+
+def test_run_goes_through_the_conversation_door(home: Path, work: Path, server: ReplayServer) -> None:
+    """`harness run` acts as every door does: `--model` on an existing conversation is a recorded
+    switch (CE-12), a failed turn prints the stored row's cleaned text, not the provider's raw body
+    (CE-9), and an ended conversation takes no run (it used to accept one and call the model)."""
+    server.enqueue(chat_text("First answer."),
+                   ReplayResponse(400, "text/html", (b"<html><body><h1>400 Bad Request</h1></body></html>",)))
+    first = harness(home, work, "run", "first question", "--model", "openai/gpt-4o", env=openai_env(server))
+    session_id = session_of(first)
+
+    failed = harness(home, work, "run", "again", "--session", session_id, "--model", "openai/gpt-4.1",
+                     env=openai_env(server))
+
+    assert failed.returncode == 1
+    assert "<h1>" not in failed.stderr
+    rows = conversation_rows(home, session_id)
+    assert rows[0] == ModelSwitched(previous=ModelIdentity(provider="openai", model_id="gpt-4o"),
+                                    model=ModelIdentity(provider="openai", model_id="gpt-4.1"))
+    assert isinstance(rows[-1], ErrorDetails)
+    assert f"run failed [assistant_error]: {rows[-1].text}" in failed.stderr
+
+    async def end() -> None:
+        context = Context()
+        store = await connect(f"sqlite:///{home / 'harness.db'}", context)
+        try:
+            assert await ConversationService(store).end(local_user(), session_id, context) is True
+        finally:
+            await store.close(context)
+
+    asyncio.run(end())
+    ended = harness(home, work, "run", "are you there?", "--session", session_id, env=openai_env(server))
+
+    assert ended.returncode == 1
+    assert "conversation_ended" in ended.stderr
+    assert len(server.requests) == 2
 
 
 def test_no_tools_gives_a_new_lane_no_tools(home: Path, work: Path, server: ReplayServer) -> None:

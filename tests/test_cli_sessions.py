@@ -340,9 +340,12 @@ def test_abort_settles_a_run_a_killed_process_left_open(home: Path, server: Repl
     assert last.abort_cause == "user"
 
 
-def test_a_run_that_fails_on_damaged_bytes_is_aborted_from_the_cli(home: Path, server: ReplayServer) -> None:
-    """Issue 10: a run on a branch holding damaged bytes fails with `storage_corruption` (no
-    traceback) and stays open; `harness abort` settles it without reading the damaged entry."""
+def test_a_damaged_branch_refuses_a_run_and_a_run_left_open_on_one_is_aborted_from_the_cli(
+        home: Path, server: ReplayServer) -> None:
+    """Issue 10: a run on a branch holding damaged bytes is refused with `storage_corruption` (no
+    traceback) and nothing is admitted (admission reads the branch for the reasoning level it
+    announces, CE-14); a run a killed process left open on a branch damaged since is settled by
+    `harness abort` without reading the damaged entry."""
     session_id, ids = make_session(home, ["damaged history"])
     damage_entry(home, ids[0])
 
@@ -352,14 +355,21 @@ def test_a_run_that_fails_on_damaged_bytes_is_aborted_from_the_cli(home: Path, s
     assert "Traceback" not in run.stderr
     assert f"error [storage_corruption]: entry {ids[0]}" in run.stderr
     assert server.requests == []
-    operation_id, _ = lane_record(home, session_id)
-    assert operation_id is not None
+    assert lane_record(home, session_id)[0] is None
 
-    aborted = harness(home, "abort", session_id, "--cause", "user")
+    left_open = run_killed_mid_reply(home, server)
+    operation_id, _ = lane_record(home, left_open)
+    assert operation_id is not None
+    with sqlite3.connect(home / "harness.db") as db:
+        [first] = db.execute("SELECT id FROM entries WHERE session_id = ? ORDER BY seq LIMIT 1",
+                             (left_open,)).fetchone()
+    damage_entry(home, first)
+
+    aborted = harness(home, "abort", left_open, "--cause", "user")
 
     assert aborted.returncode == 0, aborted.stderr
-    assert aborted.stdout.strip() == f"run {operation_id} on lane main of session {session_id}: aborted (user)"
-    assert lane_record(home, session_id)[0] is None
+    assert aborted.stdout.strip() == f"run {operation_id} on lane main of session {left_open}: aborted (user)"
+    assert lane_record(home, left_open)[0] is None
 
 
 def test_abort_settles_a_run_whose_streamed_frames_are_damaged(home: Path, server: ReplayServer) -> None:

@@ -249,10 +249,10 @@ async def test_the_next_request_is_the_same_with_or_without_the_blocks_entry(sto
     conversation = await conversations.create(ALICE, CONFIG, ctx)
     settled(await within(conversations.send(ALICE, conversation.id, "go", ctx)))
     [entry] = blocks_entries(await entries_of(store, conversation.id, ctx))
-    assert conversation.lane.tip_id == entry.id
+    assert conversation.tip_id() == entry.id
 
     settled(await within(conversations.send(ALICE, conversation.id, "next", ctx)))
-    await within(conversation.lane.navigate(entry.parent_id, ctx))
+    await within(conversation.navigate(entry.parent_id, ctx))
     settled(await within(conversations.send(ALICE, conversation.id, "next", ctx)))
 
     with_entry, without = (faux.requests[-2].request, faux.requests[-1].request)
@@ -276,7 +276,7 @@ async def test_a_finished_turn_with_blocks_reads_final_after_a_restart(store: St
     reopened = await conversations.open(ALICE, conversation.id, ctx)
     assert reopened.open_operations == []
     with pytest.raises(NothingToResume):
-        await reopened.lane.resume(ctx)
+        await reopened.resume(ctx)
     watch = await reopened.watch(ctx)
     watch.close()
     assert watch.snapshot.operation is None
@@ -294,24 +294,24 @@ async def test_the_terminal_and_the_export_draw_no_blocks(store: Store, ctx: Con
     """CE-24: the chat view draws nothing for the live blocks event or the entry; `harness show`
     prints the reply without its card; the export holds the entry's `{ref}` and no image bytes."""
     cards = CardTool({"blocks": [card("alpha", title="Secret title", image={"data": b64(PNG)})]})
-    conversations, _ = card_service(store, [reply(tool_call("cards")), "alpha shown"], cards)
-    conversation = await conversations.create(ALICE, CONFIG, ctx)
     out = io.StringIO()
     view = ChatView(Screen(out, color=False), "main")
-    conversation.harness.add_listener(view)
+    conversations, _ = card_service(store, [reply(tool_call("cards")), "alpha shown"], cards,
+                                    setup=ConversationSetup(listeners=[view]))
+    conversation = await conversations.create(ALICE, CONFIG, ctx)
     settled(await within(conversations.send(ALICE, conversation.id, "go", ctx)))
     view.screen.drain()
     assert "alpha shown" in out.getvalue()
     assert "Secret title" not in out.getvalue()
 
     printed = io.StringIO()
-    await print_branch(conversation.harness.session, "main", ctx, console=Console(file=printed, width=200))
+    await print_branch(conversation.journal, "main", ctx, console=Console(file=printed, width=200))
     assert "alpha shown" in printed.getvalue()
     assert "Secret title" not in printed.getvalue()
     assert "message-blocks" not in printed.getvalue()
 
     exported = io.StringIO()
-    await export_harness_session(conversation.harness.session, exported, ctx)
+    await export_harness_session(conversation.journal, exported, ctx)
     assert image_ref(PNG) in exported.getvalue()
     assert b64(PNG) not in exported.getvalue()
     await conversations.close_all(ctx)
@@ -329,11 +329,12 @@ async def test_the_display_read_shapes_every_kind_of_row(store: Store, ctx: Cont
     conversation = await conversations.create(ALICE, CONFIG, ctx)
     settled(await within(conversations.send(ALICE, conversation.id, "find alpha", ctx)))
     assert await conversation.record(Renamed(name="cards"), ctx)
-    await conversation.lane.append_message(CustomMessage(custom_type="garden.operator", content="hello from the garden",
-                                                         details={"sender": "gardener"}), ctx)
-    await conversation.lane.append_message(CustomMessage(custom_type="app.note", content="hidden", display=False,
+    garden = CustomMessage(custom_type="garden.operator", content="hello from the garden",
+                           details={"sender": "gardener"})
+    await conversation._lane.append_message(garden, ctx)
+    await conversation._lane.append_message(CustomMessage(custom_type="app.note", content="hidden", display=False,
                                                          details={"sender": "app"}), ctx)
-    await conversation.lane.append_custom("app.state", {"x": 1}, ctx)
+    await conversation._lane.append_custom("app.state", {"x": 1}, ctx)
 
     page = await conversations.read_display(ALICE, conversation.id, ctx)
     kinds = [row.kind for row in page.rows]
@@ -399,14 +400,14 @@ async def test_rewind_and_fork_move_the_blocks_with_their_turn(store: Store, ctx
     settled(await within(conversations.send(ALICE, conversation.id, "go", ctx)))
     settled(await within(conversations.send(ALICE, conversation.id, "more", ctx)))
 
-    fork = await store.fork_session(conversation.id, conversation.lane.tip_id or "", ctx)
+    fork = await store.fork_session(conversation.id, conversation.tip_id() or "", ctx)
     assert await conversations.adopt(ALICE, fork.id, ctx)
     forked = await conversations.read_display(ALICE, fork.id, ctx)
     assert [row.blocks is not None for row in forked.rows if isinstance(row, AssistantRow)] == [False, True, False]
 
     user = next(r for r in (await conversations.read_display(ALICE, conversation.id, ctx)).rows
                 if isinstance(r, UserRow))
-    await within(conversation.lane.navigate(user.id, ctx))
+    await within(conversation.navigate(user.id, ctx))
     rewound = await conversations.read_display(ALICE, conversation.id, ctx)
     assert [row.kind for row in rewound.rows] == ["user"]
     await conversations.close_all(ctx)

@@ -69,7 +69,7 @@ async def test_a_typed_command_records_one_row_and_a_programs_call_none(store: S
     await model(conversations, ALICE, conversation, "faux/faux", ctx, typed=False)
 
     assert typed == ModelOutcome(model=FAST)
-    assert conversation.lane.config.model == FAUX
+    assert conversation.config().model == FAUX
     assert await rows(conversation, ctx) == [CommandRan(name="model", args="faux/faux-fast", outcome=typed)]
     await conversations.close_all(ctx)
 
@@ -87,7 +87,7 @@ async def test_a_failed_command_records_the_exact_error_text_and_raises_it(store
     assert await rows(conversation, ctx) == [
         CommandRan(name="model", args="nowhere/none", error=unavailable.value.message),
         CommandRan(name="mode", args="sideways", error=malformed.value.message)]
-    assert conversation.lane.config == CONFIG
+    assert conversation.config() == CONFIG
     await conversations.close_all(ctx)
 
 
@@ -98,7 +98,7 @@ async def test_a_command_can_record_its_row_above_the_turn_it_starts(store: Stor
 
     async def kick_off(record_now: RecordNow) -> DriveOutcome:
         assert await record_now(None) is True
-        return await conversation.lane.prompt("review the diff", None, ctx)
+        return await conversation.send("review the diff", ctx)
 
     invocation = CommandInvocation(name="review", args="the diff")
     settled(await within(conversations.run_command(ALICE, conversation, invocation, kick_off, lambda _: None, ctx)))
@@ -132,9 +132,9 @@ async def test_a_session_value_of_the_harness_itself_cannot_be_written_by_an_app
     conversation = await conversations.create(ALICE, CONFIG, ctx)
 
     with pytest.raises(InvalidInput):
-        await conversation.harness.set_value(addresses.session_name(), "sneaked in", ctx)
+        await conversation.set_value(addresses.session_name(), "sneaked in", ctx)
 
-    assert await conversation.harness.session_name(ctx) is None
+    assert await conversation.session_name(ctx) is None
     await conversations.close_all(ctx)
 
 
@@ -145,11 +145,11 @@ async def test_compact_records_after_the_compaction_entry_so_the_model_reads_it(
     """CE-17: the row follows the compaction entry, inside the context the next request sends."""
     conversations, faux = service(store, [reply(LONG), reply(LONG), "SUMMARY", "after"], drive=KEEP_LITTLE)
     conversation = await conversations.create(ALICE, CONFIG, ctx)
-    settled(await within(conversation.lane.prompt("first", None, ctx)))
-    settled(await within(conversation.lane.prompt("second", None, ctx)))
+    settled(await within(conversation.send("first", ctx)))
+    settled(await within(conversation.send("second", ctx)))
 
     outcome = await within(compact(conversations, ALICE, conversation, None, ctx))
-    settled(await within(conversation.lane.prompt("third", None, ctx)))
+    settled(await within(conversation.send("third", ctx)))
 
     watch = await conversation.watch(ctx)
     watch.close()
@@ -169,7 +169,7 @@ async def test_compact_with_nothing_old_enough_records_why(store: Store, ctx: Co
     """CE-5, CE-17: the lane's refusal is a typed outcome, not an error."""
     conversations, _ = service(store, ["short"])
     conversation = await conversations.create(ALICE, CONFIG, ctx)
-    settled(await within(conversation.lane.prompt("hi", None, ctx)))
+    settled(await within(conversation.send("hi", ctx)))
 
     outcome = await compact(conversations, ALICE, conversation, None, ctx)
 
@@ -182,8 +182,8 @@ async def test_a_failed_compaction_records_its_public_reason(store: Store, ctx: 
     conversations, _ = service(store, [reply(LONG), reply(LONG), reply("cut", stop_reason="length")],
                                drive=KEEP_LITTLE)
     conversation = await conversations.create(ALICE, CONFIG, ctx)
-    settled(await within(conversation.lane.prompt("first", None, ctx)))
-    settled(await within(conversation.lane.prompt("second", None, ctx)))
+    settled(await within(conversation.send("first", ctx)))
+    settled(await within(conversation.send("second", ctx)))
 
     outcome = await within(compact(conversations, ALICE, conversation, "keep names", ctx))
 
@@ -209,8 +209,8 @@ async def test_fast_switches_to_the_fast_model_and_back_to_what_was_set_across_a
 
     assert on == FastOutcome(on=True, model=FAST, thinking_level="low")
     assert off == FastOutcome(on=False, model=FAUX, thinking_level="high")
-    assert reopened.lane.config == CONFIG
-    assert await reopened.harness.session.get(FAST_BEFORE, ctx) is None
+    assert reopened.config() == CONFIG
+    assert await reopened.journal.get(FAST_BEFORE, ctx) is None
     assert await rows(reopened, ctx) == [CommandRan(name="fast", outcome=on), CommandRan(name="fast", outcome=off)]
     await conversations.close_all(ctx)
 
@@ -224,7 +224,7 @@ async def test_fast_without_a_fast_model_is_refused_and_recorded(store: Store, c
 
     assert refused.value.code == "no_fast_model"
     assert await rows(conversation, ctx) == [CommandRan(name="fast", error=refused.value.message)]
-    assert conversation.lane.config == CONFIG
+    assert conversation.config() == CONFIG
     await conversations.close_all(ctx)
 
 
@@ -234,11 +234,11 @@ async def test_plan_mode_offers_only_read_only_tools_and_build_every_one(store: 
     conversation = await conversations.create(ALICE, LaneConfig(model=FAUX, active_tools=["read", "write"]), ctx)
 
     plan = await mode(conversations, ALICE, conversation, "plan", ctx)
-    planned = conversation.lane.config.active_tools
+    planned = conversation.config().active_tools
     build = await mode(conversations, ALICE, conversation, "build", ctx)
 
     assert (plan, planned) == (ModeOutcome(mode="plan"), ["read"])
-    assert (build, conversation.lane.config.active_tools) == (ModeOutcome(mode="build"), ["read", "write"])
+    assert (build, conversation.config().active_tools) == (ModeOutcome(mode="build"), ["read", "write"])
     await conversations.close_all(ctx)
 
 
@@ -257,12 +257,12 @@ async def test_a_mode_selects_among_the_configured_tools_and_a_conversation_with
     await mode(conversations, ALICE, configured, "plan", ctx)
     await conversations.close(ALICE, configured.id, ctx)
     reopened = await conversations.open(ALICE, configured.id, ctx)
-    planned = (reopened.settings.mode, reopened.lane.config.active_tools)
+    planned = (reopened.mode, reopened.config().active_tools)
     await conversations.select_mode(ALICE, reopened.id, "build", ctx)  # Shift+Tab's door
 
-    assert (bare.settings.mode, bare.lane.config.active_tools) == ("build", [])
+    assert (bare.mode, bare.config().active_tools) == ("build", [])
     assert planned == ("plan", ["read"])
-    assert (reopened.settings.mode, reopened.lane.config.active_tools) == ("build", ["read", "write"])
+    assert (reopened.mode, reopened.config().active_tools) == ("build", ["read", "write"])
     await conversations.close_all(ctx)
 
 
@@ -307,7 +307,7 @@ async def test_a_shell_row_precedes_the_next_message_which_is_sent_as_typed(stor
     conversation = await conversations.create(ALICE, CONFIG, ctx)
 
     assert await conversations.record_local_shell(ALICE, conversation.id, "ls", 0, "a.txt\n", ctx) is True
-    settled(await within(conversation.lane.prompt("what is in a.txt?", None, ctx)))
+    settled(await within(conversation.send("what is in a.txt?", ctx)))
 
     sent = list(faux.requests[0].request.messages)
     assert [chat_event_of(m) if isinstance(m, CustomMessage) else text(m) for m in sent] == [

@@ -87,11 +87,11 @@ def tool_results(messages: Sequence[Message], name: str) -> list[ToolResultMessa
 
 
 def child_lanes(conversation: Conversation) -> list[str]:
-    return sorted(info.name for info in conversation.harness.lanes if info.name != "main")
+    return sorted(info.name for info in conversation.lanes() if info.name != "main")
 
 
 async def child_transcript(conversation: Conversation, lane: str, ctx: Context) -> list[Message]:
-    watch = await conversation.harness.lane(lane).watch(ctx)
+    watch = await conversation.watch(ctx, lane=lane)
     watch.close()
     return [entry.payload.message for entry in watch.snapshot.transcript if hasattr(entry.payload, "message")]
 
@@ -177,7 +177,7 @@ async def test_a_background_result_reaches_the_idle_parent_with_its_marker_live_
     assert isinstance(result_message, CustomMessage)
     assert result_message.custom_type == SUBAGENT_RESULT_TYPE
     assert not result_message.display
-    assert conversation.lane.info().operation is None  # no turn started for it
+    assert conversation.operation() is None  # no turn started for it
     assert len(scripts.asked["parent"]) == 2
 
     settled(await within(conversations.send(ALICE, conversation.id, "and?", ctx)))
@@ -270,12 +270,11 @@ async def test_aborting_the_parent_during_a_foreground_delegation_aborts_the_chi
     turn = asyncio.create_task(conversations.send(ALICE, conversation.id, "go", ctx))
     await within(reached(streaming))
 
-    await conversation.lane.request_abort("user", ctx)
+    await conversation.stop(ctx)
 
     assert settled(await within(turn)).result.outcome == "aborted"
     [lane] = child_lanes(conversation)
-    child = conversation.harness.lane(lane)
-    last = (await child.inspect_execution(ctx)).last_result
+    last = (await conversation.inspect(ctx, lane=lane)).last_result
     assert last is not None
     assert last.outcome == "aborted"
     assert last.abort_cause == "parent"
@@ -302,14 +301,14 @@ async def test_aborting_the_parent_while_a_background_child_runs_aborts_it(store
     await within(reached(streaming))
     await probe.wait_started("slow")
 
-    await conversation.lane.request_abort("user", ctx)
+    await conversation.stop(ctx)
 
     assert settled(await within(turn)).result.outcome == "aborted"
     row = await next_row(watch)
     watch.close()
     assert row.row.finish == AgentFinish(agent="writer", task="Slow job", outcome="aborted")
     [lane] = child_lanes(conversation)
-    last = (await conversation.harness.lane(lane).inspect_execution(ctx)).last_result
+    last = (await conversation.inspect(ctx, lane=lane)).last_result
     assert last is not None
     assert last.abort_cause == "parent"
     await conversations.close_all(ctx)
@@ -330,7 +329,7 @@ async def test_a_foreground_delegation_reopened_mid_reply_completes_once(store: 
     turn = asyncio.create_task(conversations.send(ALICE, conversation.id, "go", ctx))
     await within(reached(streaming))
     [lane] = child_lanes(conversation)
-    child_operation = conversation.harness.lane(lane).info().operation
+    child_operation = conversation.operation(lane)
     assert child_operation is not None
     await conversations.close(ALICE, conversation.id, ctx)
     with pytest.raises(HarnessClosed):
@@ -341,10 +340,10 @@ async def test_a_foreground_delegation_reopened_mid_reply_completes_once(store: 
     reopened = await reopened_service.open(ALICE, conversation.id, ctx)
     assert {op.lane for op in reopened.open_operations} == {"main", lane}
 
-    settled(await within(reopened.lane.resume(ctx)))
+    settled(await within(reopened.resume(ctx)))
 
     assert child_lanes(reopened) == [lane]
-    last = (await reopened.harness.lane(lane).inspect_execution(ctx)).last_result
+    last = (await reopened.inspect(ctx, lane=lane)).last_result
     assert last is not None
     assert last.operation_id == child_operation.id
     assert last.outcome == "completed"

@@ -80,7 +80,7 @@ async def test_a_chat_event_is_one_entry_the_model_reads_live_and_after_a_restor
     once; the next request carries it, and so does the first after the conversation is reopened."""
     conversations, faux = service(store, ["first", "second"])
     conversation = await conversations.create(ALICE, CONFIG, ctx)
-    settled(await within(conversation.lane.prompt("hello", None, ctx)))
+    settled(await within(conversation.send("hello", ctx)))
     switched = ModelSwitched(previous=FAUX, model=OTHER_MODEL)
     assert await conversation.record(switched, ctx) is True
 
@@ -93,7 +93,7 @@ async def test_a_chat_event_is_one_entry_the_model_reads_live_and_after_a_restor
 
     await conversations.close(ALICE, conversation.id, ctx)
     reopened = await conversations.open(ALICE, conversation.id, ctx)
-    settled(await within(reopened.lane.prompt("again", None, ctx)))
+    settled(await within(reopened.send("again", ctx)))
     sent = list(faux.requests[-1].request.messages)
     assert [m for m in sent if isinstance(m, CustomMessage)] == stored
     await conversations.close_all(ctx)
@@ -105,7 +105,7 @@ async def test_recording_never_starts_a_turn_and_a_refused_append_says_false(sto
     conversation = await conversations.create(ALICE, CONFIG, ctx)
     assert await conversation.record(Renamed(name="a name"), ctx) is True
     assert faux.requests == []
-    await conversation.harness.close(ctx)
+    await conversation.detach_now(ctx)
     assert await conversation.record(Renamed(name="another"), ctx) is False
 
 
@@ -116,7 +116,7 @@ async def test_a_row_recorded_during_a_tool_call_waits_for_its_result(store: Sto
     gate = probe.gate("k")
     conversations, _ = service(store, [reply(tool_call("probe", {"key": "k"})), "done"], tools=[probe])
     conversation = await conversations.create(ALICE, LaneConfig(model=FAUX, active_tools=["probe"]), ctx)
-    running = asyncio.ensure_future(conversation.lane.prompt("go", None, ctx))
+    running = asyncio.ensure_future(conversation.send("go", ctx))
     await probe.wait_started("k")
     assert await conversation.record(Renamed(name="while a tool runs"), ctx) is True
     gate.set()
@@ -133,7 +133,7 @@ async def test_a_row_recorded_while_the_final_reply_streams_starts_no_step(store
     held = delay(release)
     conversations, faux = service(store, [reply("the answer", held)])
     conversation = await conversations.create(ALICE, CONFIG, ctx)
-    running = asyncio.ensure_future(conversation.lane.prompt("a question", None, ctx))
+    running = asyncio.ensure_future(conversation.send("a question", ctx))
     await within(held.reached.wait())
     assert await conversation.record(Renamed(name="while it answers"), ctx)
     release.set()
@@ -164,9 +164,9 @@ async def test_an_aborted_turn_leaves_one_interrupted_row_published_before_its_e
     conversations, faux = service(store, [reply(thinking("secret plan"), "I was saying", held), "a new answer"])
     conversation = await conversations.create(ALICE, CONFIG, ctx)
     watch = await conversation.watch(ctx)
-    running = asyncio.ensure_future(conversation.lane.prompt("talk", None, ctx))
+    running = asyncio.ensure_future(conversation.send("talk", ctx))
     await within(held.reached.wait())
-    await conversation.lane.request_abort("user", ctx)
+    await conversation.stop(ctx)
     assert settled(await within(running)).result.outcome == "aborted"
 
     published: list[object] = []
@@ -181,7 +181,7 @@ async def test_an_aborted_turn_leaves_one_interrupted_row_published_before_its_e
     assert row.row.details == Interrupted(cause="user")
     assert rows_of(await transcript(conversation, ctx)) == [Interrupted(cause="user")]
 
-    settled(await within(conversation.lane.prompt("go on", None, ctx)))
+    settled(await within(conversation.send("go on", ctx)))
     sent = list(faux.requests[-1].request.messages)
     replayed = [m for m in sent if isinstance(m, AssistantMessage)]
     assert len(replayed) == 1
@@ -199,9 +199,9 @@ async def test_a_run_aborted_for_a_deleted_conversation_or_a_probe_records_nothi
         held = delay(asyncio.Event())
         conversations, _ = service(store, [reply("partial", held)])
         conversation = await conversations.create(ALICE, CONFIG, ctx)
-        running = asyncio.ensure_future(conversation.lane.prompt("talk", None, ctx))
+        running = asyncio.ensure_future(conversation.send("talk", ctx))
         await within(held.reached.wait())
-        await conversation.lane.request_abort(cause, ctx)
+        await conversation.stop(ctx, cause=cause)
         assert settled(await within(running)).result.abort_cause == cause
         assert rows_of(await transcript(conversation, ctx)) == []
         await conversations.close_all(ctx)
@@ -213,7 +213,7 @@ async def test_a_failed_turn_leaves_one_error_row_with_public_text(store: Store,
     raw = "<html><body><h1>502 Bad Gateway</h1>" + "upstream said no " * 100 + "</body></html>"
     conversations, _ = service(store, [failure("other", raw)])
     conversation = await conversations.create(ALICE, CONFIG, ctx)
-    assert settled(await within(conversation.lane.prompt("hi", None, ctx))).result.outcome == "failed"
+    assert settled(await within(conversation.send("hi", ctx))).result.outcome == "failed"
 
     messages = await transcript(conversation, ctx)
     [row] = rows_of(messages)
@@ -237,8 +237,8 @@ async def test_a_compaction_circuit_breaker_stop_leaves_an_error_row_with_its_st
                              compaction=CompactionSettings(reserve_tokens=10, keep_recent_tokens=30))
     conversations = ConversationService(store, ConversationSetup(models=registry, drive=settings))
     conversation = await conversations.create(ALICE, CONFIG, ctx)
-    settled(await within(conversation.lane.prompt("first", None, ctx)))
-    assert settled(await within(conversation.lane.prompt("y " * 100, None, ctx))).result.outcome == "completed"
+    settled(await within(conversation.send("first", ctx)))
+    assert settled(await within(conversation.send("y " * 100, ctx))).result.outcome == "completed"
     await conversations.close(ALICE, conversation.id, ctx)
 
     reopened = await conversations.open(ALICE, conversation.id, ctx)
@@ -256,7 +256,7 @@ async def test_renaming_a_closed_conversation_appends_one_row_the_next_restore_r
     """Spoken in first: before the first message a rename records no row (CE-13)."""
     conversations, _ = service(store, ["hi"])
     conversation = await conversations.create(ALICE, CONFIG, ctx)
-    settled(await within(conversation.lane.prompt("hello", None, ctx)))
+    settled(await within(conversation.send("hello", ctx)))
     await conversations.close(ALICE, conversation.id, ctx)
 
     assert await conversations.rename(ALICE, conversation.id, "a better name", ctx) is True
@@ -274,7 +274,7 @@ async def test_a_cold_row_for_a_run_a_stopped_process_left_open_waits_for_its_bo
     probe.gate("k")
     conversations, _ = service(store, [reply(tool_call("probe", {"key": "k"})), "done"], tools=[probe])
     conversation = await conversations.create(ALICE, LaneConfig(model=FAUX, active_tools=["probe"]), ctx)
-    running = asyncio.ensure_future(conversation.lane.prompt("go", None, ctx))
+    running = asyncio.ensure_future(conversation.send("go", ctx))
     await probe.wait_started("k")
     await conversations.close(ALICE, conversation.id, ctx)  # stops where it is, as a crash would
     with pytest.raises(Exception):  # noqa: B017, PT011  (HarnessClosed: the drive was halted)
@@ -283,7 +283,7 @@ async def test_a_cold_row_for_a_run_a_stopped_process_left_open_waits_for_its_bo
     assert await conversations.record(ALICE, conversation.id, Renamed(name="from outside"), ctx) is True
     probe.gate("k").set()
     reopened = await conversations.open(ALICE, conversation.id, ctx)
-    settled(await within(reopened.lane.resume(ctx)))
+    settled(await within(reopened.resume(ctx)))
     roles = [m.role for m in await transcript(reopened, ctx)]
     assert roles == ["user", "assistant", "tool_result", "custom", "assistant"]
     await conversations.close_all(ctx)
@@ -313,8 +313,8 @@ async def test_the_instance_feed_carries_activity_and_presence_and_no_chat_event
     conversations, _ = service(store, ["fine", failure("other", "<b>quota</b> exceeded")])
     feed = conversations.feed.watch()
     conversation = await conversations.create(ALICE, CONFIG, ctx)
-    settled(await within(conversation.lane.prompt("one", None, ctx)))
-    settled(await within(conversation.lane.prompt("two", None, ctx)))
+    settled(await within(conversation.send("one", ctx)))
+    settled(await within(conversation.send("two", ctx)))
     assert await conversation.record(Renamed(name="renamed"), ctx)
     await conversations.close(ALICE, conversation.id, ctx)
 

@@ -39,7 +39,7 @@ from harness.conversation import (
 from harness.messages import CustomMessage, Message, TextContent, ToolResultMessage
 from harness.providers import FauxProvider
 from harness.providers.faux import FauxScript, delay, reply, tool_call
-from harness.runtime import DriveSettings, PromptRequest, Settled
+from harness.runtime import DriveSettings, Settled
 from harness.session import LaneConfig, Store
 from harness.tools import BUILTIN_TOOL_NAMES, BackgroundJobs, Workspace, builtin_tools
 
@@ -231,7 +231,7 @@ async def test_a_persons_switch_is_a_row_the_tools_run_there_and_a_reopened_conv
     assert results(await transcript(reopened, ctx)) == ["local", "beta", "beta"]
     assert reopened.target.directory == rig.beta
     assert "[The person moved the working directory to project beta" in text(faux.requests[2].request.messages[-2])
-    stored = await reopened.harness.session.get(PROJECT_SELECTION, ctx)
+    stored = await reopened.journal.get(PROJECT_SELECTION, ctx)
     assert stored is not None
     assert stored.slug == "beta"
     await conversations.close_all(ctx)
@@ -248,7 +248,7 @@ async def test_a_fork_runs_in_the_project_and_the_mode_of_its_conversation(
     settled(await within(conversations.send(ALICE, source.id, "hi", ctx)))
     await conversations.select_project_execution(ALICE, source.id, "project:2", ctx)
     await mode(conversations, ALICE, source, "plan", ctx)
-    tip = source.lane.tip_id
+    tip = source.tip_id()
     assert tip is not None
 
     with pytest.raises(Forbidden):
@@ -258,7 +258,7 @@ async def test_a_fork_runs_in_the_project_and_the_mode_of_its_conversation(
     settled(await within(conversations.send(ALICE, forked_id, "where now?", ctx)))
 
     assert forked.target.directory == rig.beta
-    assert forked.settings.mode == "plan"
+    assert forked.mode == "plan"
     assert results(await transcript(forked, ctx)) == ["beta"]
     assert len(await store.list_sessions(ctx)) == 2
     await conversations.close_all(ctx)
@@ -330,7 +330,7 @@ async def test_a_requested_switch_survives_a_restart_before_its_boundary(store: 
 
     probe.gate("k").set()
     reopened = await conversations.open(ALICE, conversation.id, ctx)
-    settled(await within(reopened.lane.resume(ctx)))
+    settled(await within(reopened.resume(ctx)))
 
     assert reopened.target.directory == rig.beta
     assert chat_event_of(faux.requests[-1].request.messages[-1]) == DirectoryMoved(
@@ -357,7 +357,7 @@ async def test_the_project_tool_lists_the_projects_without_an_argument(store: St
 
 async def assert_nothing_stored(conversations: ConversationService, conversation: Conversation,
                                 ctx: Context) -> None:
-    assert await conversation.harness.session.get(PROJECT_SELECTION, ctx) is None
+    assert await conversation.journal.get(PROJECT_SELECTION, ctx) is None
     assert conversation.target.directory == conversations.setup.directory
     assert not [row for row in await rows(conversation, ctx) if isinstance(row, DirectoryMoved)]
 
@@ -387,8 +387,8 @@ async def test_a_switch_is_refused_while_another_lane_of_the_conversation_runs(
     """CE-20: work on another lane (a delegated child's, say) was launched against this target."""
     conversations, _ = rig.service(store, ["hi"])
     conversation = await spoken(conversations, ctx)
-    child = await conversation.harness.create_lane("child", LaneConfig(model=FAUX), ctx)
-    await child.accept(PromptRequest(text="a task"), ctx)
+    await conversation.ensure_lane("child", LaneConfig(model=FAUX), ctx)
+    await conversation.admit("a task", ctx, lane="child")
 
     with pytest.raises(ProjectSwitchRefused) as refused:
         await conversations.select_project_execution(ALICE, conversation.id, "project:2", ctx)

@@ -35,7 +35,7 @@ from harness.errors import ModelUnavailable
 from harness.messages import ModelIdentity
 from harness.providers import FAUX_MODEL, FauxProvider
 from harness.providers.faux import FauxDelay, FauxScript, delay, reply, tool_call
-from harness.runtime import LaneBusy, Settled
+from harness.runtime import Settled
 from harness.session import LaneConfig, Store
 
 ALICE = "alice"
@@ -92,9 +92,9 @@ async def waiting_switch(conversation: Conversation, model: ModelIdentity, ctx: 
     when this returns. It is called on the live conversation's settings (what the service's
     `switch_model` calls after its owner check), which register the pick before their first
     suspension: one step of the loop, where the service's store read would take an unknown number."""
-    waiting = asyncio.ensure_future(conversation.settings.switch_model(model, ctx, wait_for_completion=True))
+    waiting = asyncio.ensure_future(conversation.switch_model(model, ctx, wait_for_completion=True))
     await asyncio.sleep(0)
-    assert conversation.settings.waiting_model == model
+    assert conversation.waiting_model == model
     return waiting
 
 
@@ -111,7 +111,7 @@ async def test_setting_changes_record_nothing_before_the_first_message_but_modes
     assert await conversations.record_setting(ALICE, conversation.id, DirectoryMoved(path="/srv"), ctx) is True
     assert await conversations.switch_model(ALICE, conversation.id, FAUX_2, ctx) == ModelSwitch(model=FAUX_2,
                                                                                                  queued=False)
-    assert conversation.lane.config.model == FAUX_2
+    assert conversation.config().model == FAUX_2
     assert await conversations.select_mode(ALICE, conversation.id, "plan", ctx) is True
     await conversations.close(ALICE, conversation.id, ctx)
     assert await conversations.rename(ALICE, conversation.id, "still early", ctx) is True
@@ -157,7 +157,7 @@ async def test_a_live_conversations_info_follows_its_renames(store: Store, ctx: 
     conversation = await conversations.create(ALICE, CONFIG, ctx, name="first")
     await conversations.rename(ALICE, conversation.id, "second", ctx)
     renamed = conversation.info.name
-    await conversation.harness.set_session_name(None, ctx)
+    await conversations.rename(ALICE, conversation.id, None, ctx)
 
     assert (renamed, conversation.info.name) == ("second", None)
     await conversations.close_all(ctx)
@@ -183,18 +183,20 @@ async def test_a_mode_selected_during_a_tool_call_lands_after_its_result_and_lim
     assert await roles(conversation, ctx) == ["user", "assistant", "tool_result", "custom", "assistant"]
     assert await rows(conversation, ctx) == [ModeSelected(mode="plan")]
     assert [tool.name for tool in faux.requests[-1].request.tools] == ["read"]
-    assert conversation.lane.config.active_tools == sorted(READ_ONLY_TOOLS & {"probe", "read"})
+    assert conversation.config().active_tools == sorted(READ_ONLY_TOOLS & {"probe", "read"})
     assert await conversations.select_mode(ALICE, conversation.id, "build", ctx) is True
-    assert conversation.lane.config.active_tools == ["probe", "read"]
+    assert conversation.config().active_tools == ["probe", "read"]
     await conversations.close_all(ctx)
 
 
 async def test_a_cold_rename_while_a_stopped_process_left_a_tool_call_open_waits_for_its_result(
         store: Store, ctx: Context) -> None:
-    """CE-10, CE-11: recorded on the closed conversation, the row is placed after the result."""
+    """CE-10, CE-11, CE-12: recorded on the closed conversation, the rows are placed after the
+    result; a turn nobody drives holds no turn lock, so the switch lands at once and the resumed
+    turn runs on the new model."""
     probe = ProbeTool(replay="safe")
     probe.gate("k")
-    conversations, _ = service(store, [reply(tool_call("probe", {"key": "k"})), "done"], tools=[probe])
+    conversations, faux = service(store, [reply(tool_call("probe", {"key": "k"})), "done"], tools=[probe])
     conversation = await conversations.create(ALICE, LaneConfig(model=FAUX, active_tools=["probe"]), ctx)
     running = asyncio.ensure_future(conversations.send(ALICE, conversation.id, "go", ctx))
     await probe.wait_started("k")
@@ -203,14 +205,15 @@ async def test_a_cold_rename_while_a_stopped_process_left_a_tool_call_open_waits
         await running
 
     assert await conversations.rename(ALICE, conversation.id, "from outside", ctx) is True
-    with pytest.raises(LaneBusy):  # nobody here would end that turn, so a switch cannot wait for it
-        await conversations.switch_model(ALICE, conversation.id, FAUX_2, ctx)
+    switch = await conversations.switch_model(ALICE, conversation.id, FAUX_2, ctx)
     probe.gate("k").set()
     reopened = await conversations.open(ALICE, conversation.id, ctx)
-    settled(await within(reopened.lane.resume(ctx)))
-    assert await roles(reopened, ctx) == ["user", "assistant", "tool_result", "custom", "assistant"]
-    assert await rows(reopened, ctx) == [Renamed(name="from outside")]
-    assert reopened.lane.config.model == FAUX
+    settled(await within(reopened.resume(ctx)))
+    assert switch == ModelSwitch(model=FAUX_2, queued=False)
+    assert await roles(reopened, ctx) == ["user", "assistant", "tool_result", "custom", "custom", "assistant"]
+    assert await rows(reopened, ctx) == [Renamed(name="from outside"), ModelSwitched(previous=FAUX, model=FAUX_2)]
+    assert reopened.config().model == FAUX_2
+    assert faux.requests[-1].model.id == "faux-2"
     await conversations.close_all(ctx)
 
 
@@ -227,7 +230,7 @@ async def test_an_immediate_switch_records_only_a_real_change_and_fails_synchron
                                                                                                  queued=False)
     with pytest.raises(ModelUnavailable):
         await conversations.switch_model(ALICE, conversation.id, NOWHERE, ctx)
-    assert conversation.lane.config.model == FAUX_2
+    assert conversation.config().model == FAUX_2
     assert await rows(conversation, ctx) == [ModelSwitched(previous=FAUX, model=FAUX_2)]
     settled(await within(conversations.send(ALICE, conversation.id, "and now?", ctx)))
     assert faux.requests[-1].model.id == "faux-2"
@@ -247,15 +250,15 @@ async def test_a_switch_during_a_turn_is_acknowledged_queued_and_applies_when_th
 
     ack = await conversations.switch_model(ALICE, conversation.id, FAUX_2, ctx, acknowledge_after_s=0)
     assert ack == ModelSwitch(model=FAUX_2, queued=True)
-    assert conversation.lane.config.model == FAUX
-    assert conversation.settings.waiting_model == FAUX_2
+    assert conversation.config().model == FAUX
+    assert conversation.waiting_model == FAUX_2
     await turn.release()
     async for event in watch:
         if isinstance(event, ChatEventPublished) and isinstance(event.row.details, ModelSwitched):
             break
     watch.close()
-    assert conversation.lane.config.model == FAUX_2
-    assert conversation.settings.waiting_model is None
+    assert conversation.config().model == FAUX_2
+    assert conversation.waiting_model is None
     assert faux.requests[-1].model.id == "faux"
     assert await roles(conversation, ctx) == ["user", "assistant", "user", "assistant", "custom"]
     assert (await rows(conversation, ctx)) == [ModelSwitched(previous=FAUX, model=FAUX_2)]
@@ -289,7 +292,7 @@ async def test_a_later_pick_supersedes_a_waiting_one_which_is_refused(store: Sto
         await within(first)
     assert refused.value.code == "model_switch_refused"
     assert refused.value.details["reason"] == "superseded"
-    assert conversation.lane.config.model == FAUX  # the refused pick never applied
+    assert conversation.config().model == FAUX  # the refused pick never applied
 
     watch = await conversation.watch(ctx)
     await turn.release()
@@ -297,7 +300,7 @@ async def test_a_later_pick_supersedes_a_waiting_one_which_is_refused(store: Sto
         if isinstance(event, ChatEventPublished):
             break
     watch.close()
-    assert conversation.lane.config.model == FAUX_3
+    assert conversation.config().model == FAUX_3
     assert await rows(conversation, ctx) == [ModelSwitched(previous=FAUX, model=FAUX_3)]
     await conversations.close_all(ctx)
 
@@ -312,14 +315,14 @@ async def test_closing_the_conversation_drops_its_waiting_pick(store: Store, ctx
     with pytest.raises(ModelSwitchRefused) as refused:
         await within(waiting)
     assert refused.value.details["reason"] == "closed"
-    assert conversation.settings.waiting_model is None
+    assert conversation.waiting_model is None
     with pytest.raises(Exception):  # noqa: B017, PT011  (HarnessClosed: the drive was halted)
         await turn.task
 
     reopened = await conversations.open(ALICE, conversation.id, ctx)
     turn.gate.set()
-    settled(await within(reopened.lane.resume(ctx)))
-    assert reopened.lane.config.model == FAUX
+    settled(await within(reopened.resume(ctx)))
+    assert reopened.config().model == FAUX
     assert await rows(reopened, ctx) == []
     await conversations.close_all(ctx)
 
@@ -344,7 +347,7 @@ async def test_a_failure_after_the_acknowledgement_is_logged_and_recorded_with_a
     assert isinstance(row, ErrorDetails)
     assert row.notice == ModelSwitchFailed(requested=NOWHERE)
     assert row.text.startswith("the switch to nowhere/absent failed: model nowhere/absent is not available")
-    assert conversation.lane.config.model == FAUX
+    assert conversation.config().model == FAUX
     assert any("nowhere/absent" in record.getMessage() for record in caplog.records)
     await conversations.close_all(ctx)
 
@@ -389,7 +392,7 @@ async def test_a_switch_of_a_closed_conversation_applies_and_always_records(stor
     with pytest.raises(ModelUnavailable):
         await conversations.switch_model(ALICE, conversation.id, NOWHERE, ctx)
     reopened = await conversations.open(ALICE, conversation.id, ctx)
-    assert reopened.lane.config.model == FAUX_2
+    assert reopened.config().model == FAUX_2
     assert await rows(reopened, ctx) == [ModelSwitched(previous=FAUX, model=FAUX_2)]
     await conversations.close_all(ctx)
 
@@ -402,12 +405,12 @@ async def test_a_reasoning_change_is_announced_once_at_the_next_admission(store:
     real change; not again on the next turn, nor after a respawn."""
     conversations, faux = service(store, ["one", "two", "three", "four", "five"])
     conversation = await spoken(conversations, ctx)
-    await conversation.lane.set_thinking_level("high", ctx)
-    await conversation.lane.set_thinking_level("off", ctx)
+    await conversation.set_thinking_level("high", ctx)
+    await conversation.set_thinking_level("off", ctx)
     settled(await within(conversations.send(ALICE, conversation.id, "cycled", ctx)))
     assert await rows(conversation, ctx) == []
 
-    await conversation.lane.set_thinking_level("high", ctx)
+    await conversation.set_thinking_level("high", ctx)
     assert await rows(conversation, ctx) == []  # recorded at admission only
     settled(await within(conversations.send(ALICE, conversation.id, "think harder", ctx)))
     changed = ReasoningChanged(previous="off", level="high")
@@ -429,12 +432,12 @@ async def test_a_change_announced_by_an_admission_whose_baseline_was_lost_is_not
     never happened (a crash between the two commits)."""
     conversations, _ = service(store, ["one", "two", "three"])
     conversation = await spoken(conversations, ctx)
-    stale = await conversation.harness.session.get(TURN_BASELINE, ctx)
+    stale = await conversation.journal.get(TURN_BASELINE, ctx)
     assert isinstance(stale, TurnBaseline)
     assert stale.level == "off"
-    await conversation.lane.set_thinking_level("medium", ctx)
+    await conversation.set_thinking_level("medium", ctx)
     settled(await within(conversations.send(ALICE, conversation.id, "announce", ctx)))
-    await conversation.harness.set_value(TURN_BASELINE, stale, ctx)  # as if that write was lost
+    await conversation.set_value(TURN_BASELINE, stale, ctx)  # as if that write was lost
     settled(await within(conversations.send(ALICE, conversation.id, "once more", ctx)))
     assert await rows(conversation, ctx) == [ReasoningChanged(previous="off", level="medium")]
     await conversations.close_all(ctx)

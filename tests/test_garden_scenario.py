@@ -95,6 +95,7 @@ async def test_a_garden_tends_concludes_a_goal_from_goal_and_answers_a_conversat
     assert [(r.kind, r.transcript_policy, r.delivery_policy) for r in concluded] == [
         ("recently_concluded", "canonical", "reply_copy")]
     record = concluded[0]
+    assert record.emission_id is not None
     assert record.origin == durable.origin
     assert record.delivery_path == f"inbox/allotment/{record.emission_id}.md"
     assert garden.goal(durable.id).status == "done"

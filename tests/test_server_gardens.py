@@ -51,7 +51,7 @@ async def test_goal_gives_the_garden_a_goal_from_the_conversation_and_answers_on
         empty = await client.post(f"{path}/goal", json={"text": "  "})
         await garden_of(served, ctx, name="orchard")
         unnamed = await client.post(f"{path}/goal", json={"text": "Prune"})
-        watch = await conversation.lane.watch(ctx)
+        watch = await conversation.watch(ctx)
         watch.close()
 
     assert given.status_code == 202

@@ -117,7 +117,7 @@ async def record_run(conversations: ConversationService, ctx: Context, prompt: s
     returns the lane's snapshot from before the send, every event after it up to the run's end, and
     the run's operation id."""
     conversation = await conversations.create(ALICE, config, ctx)
-    watch = await conversation.lane.watch(ctx)
+    watch = await conversation.lane_events(ctx)
     send = asyncio.create_task(conversations.send(ALICE, conversation.id, prompt, ctx))
     if during is not None:
         await during(conversation)
@@ -125,9 +125,9 @@ async def record_run(conversations: ConversationService, ctx: Context, prompt: s
     events: list[HarnessEvent] = []
 
     async def collect() -> None:
-        async for delivery in watch:
-            events.append(delivery.event)
-            if isinstance(delivery.event, RunEnd):
+        async for event in watch:
+            events.append(event)
+            if isinstance(event, RunEnd):
                 return
 
     await within(collect())
@@ -189,7 +189,7 @@ async def test_a_run_is_one_message_of_steps_tools_rows_and_steers_live_and_from
     async def during(conversation: Any) -> None:
         await probe.wait_started("a")
         await conversations.record_local_shell(ALICE, conversation.id, "ls", 0, "notes.txt\n", ctx)
-        await conversation.lane.steer(UserMessage(content="and then stop"), ctx)
+        await conversation.steer(UserMessage(content="and then stop"), ctx)
         gate.set()
 
     snapshot, events, operation_id = await record_run(conversations, ctx, "look it up", during,
@@ -230,7 +230,7 @@ async def test_a_stopped_run_ends_with_its_interrupted_row_then_abort(store: Sto
 
     async def during(conversation: Any) -> None:
         await within(pause.reached.wait())
-        await conversation.lane.request_abort("user", ctx)
+        await conversation.stop(ctx)
         release.set()
 
     snapshot, events, operation_id = await record_run(conversations, ctx, "hi", during)

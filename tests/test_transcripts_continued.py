@@ -116,7 +116,7 @@ async def test_an_imported_conversation_continues_with_a_valid_request_in_every_
     faux = FauxProvider(["Continuing from here."])
     service = conversations(store, faux)
     conversation = await service.open(USER, conversation_id, ctx)
-    await conversation.lane.set_model(FAUX, ctx)
+    await conversation.switch_model(FAUX, ctx)
 
     outcome = await within(service.send(USER, conversation_id, "Please go on.", ctx))
 
@@ -143,7 +143,7 @@ async def test_a_stopped_pi_reply_is_replayed_as_its_text_without_its_unfinished
     faux = FauxProvider(["Continuing from here."])
     service = conversations(store, faux)
     conversation = await service.open(USER, conversation_id, ctx)
-    await conversation.lane.set_model(FAUX, ctx)
+    await conversation.switch_model(FAUX, ctx)
 
     await within(service.send(USER, conversation_id, "Please go on.", ctx))
 
@@ -152,7 +152,7 @@ async def test_a_stopped_pi_reply_is_replayed_as_its_text_without_its_unfinished
     assert [m.content for m in replayed] == [
         [TextContent(text="I'll start by")], [TextContent(text="It is a small project.")],
         [TextContent(text="Checking the sources.")]]
-    assert sent[-2].content == "[The request failed: terminated]"
+    assert sent[-3].content == "[The request failed: terminated]"  # then the switch's row, then the prompt
     await service.close_all(ctx)
 
 
@@ -163,7 +163,7 @@ async def test_a_claude_code_api_error_is_the_error_row_and_never_a_reply(store:
     faux = FauxProvider(["Continuing from here."])
     service = conversations(store, faux)
     conversation = await service.open(USER, conversation_id, ctx)
-    await conversation.lane.set_model(FAUX, ctx)
+    await conversation.switch_model(FAUX, ctx)
 
     await within(service.send(USER, conversation_id, "Please go on.", ctx))
 

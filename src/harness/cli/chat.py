@@ -29,24 +29,17 @@ from harness.cli.call_preview import call_preview
 from harness.cli.chat_input import Line, Terminal
 from harness.cli.chat_rows import chat_row
 from harness.cli.chat_view import ChatView, Screen, UsageMeter, clip, content_text
-from harness.cli.config import (
-    Attached,
-    MissingApiKey,
-    attach_client,
-    no_tools_note,
-    session_name_from,
-    usable_model,
-)
+from harness.cli.config import Attached, attach_client, no_tools_note, session_name_from
 from harness.cli.render import branch_oldest_first, entry_lines
 from harness.cli.terminal_text import escape
 from harness.context import Context
-from harness.conversation import CONVERSATION_VALUES, Conversation, ConversationService, WorkMode
+from harness.conversation import Conversation, ConversationService, WorkMode
 from harness.conversation import restart as restart_conversation
 from harness.errors import HarnessError, ModelUnavailable
 from harness.messages import AssistantMessage, ModelIdentity, UserMessage
-from harness.providers import ModelRegistry
-from harness.runtime import DriveOutcome, Lane, LaneBusy, NoActiveOperation, NotARun, PromptRequest, Settled
-from harness.session import SessionMutator, Store, addresses, connect
+from harness.providers import MissingApiKey, ModelRegistry
+from harness.runtime import DriveOutcome, LaneBusy, NoActiveOperation, NotARun, Settled
+from harness.session import Store, connect
 from harness.tools import (
     ALLOW_FOR_SESSION,
     ALLOW_ONCE,
@@ -144,7 +137,13 @@ class ChatClient:
         return self._attached
 
     @property
-    def lane(self) -> Lane:
+    def conversation(self) -> Conversation:
+        """The conversation this chat talks in: every act on it goes through its door."""
+        return self.attached.conversation
+
+    @property
+    def lane(self) -> str:
+        """The lane this chat talks on: `main`, or the side lane `--lane` named."""
         return self.attached.lane
 
     def command_door(self) -> tuple[ConversationService, str, Conversation]:
@@ -155,7 +154,7 @@ class ChatClient:
     @property
     def mode(self) -> WorkMode:
         """The conversation's work mode."""
-        return self.attached.conversation.settings.mode
+        return self.conversation.mode
 
     @property
     def busy(self) -> bool:
@@ -164,7 +163,7 @@ class ChatClient:
 
     def where(self) -> str:
         """Where the tools run, as the terminal says it: the project and its path, or the directory."""
-        selection = self.attached.conversation.target.selection
+        selection = self.conversation.target.selection
         return f"project {selection.slug} ({selection.path})" if selection is not None else str(self.cwd)
 
     def error(self, error: HarnessError) -> None:
@@ -195,7 +194,7 @@ class ChatClient:
             what = "its abort" if self._abort_wanted else "it"  # before the turn's end resets it
             if (self._leave_now or self._turn is not None) and await self._leave_at_once():
                 self.screen.print("[yellow]left with the turn still open; `harness chat "
-                                  f"{self.attached.harness.session.id}` finishes {what}[/]")
+                                  f"{self.conversation.id}` finishes {what}[/]")
                 self.screen.drain()
                 os._exit(EXIT_LEFT_RUNNING)  # the journal holds the open run; nothing here must outlive it
         finally:
@@ -213,21 +212,21 @@ class ChatClient:
         if self._background:
             self.screen.print("[dim]saving the abort request before leaving…[/]")
             self.screen.drain()
-        closing = asyncio.ensure_future(self.attached.harness.close(self.context))
+        closing = asyncio.ensure_future(self.conversation.detach_now(self.context))
         await asyncio.wait([closing], timeout=ABORT_COMMIT_WAIT_S)
-        return self.lane.info().operation is not None
+        return self.conversation.operation(self.lane) is not None
 
     async def _say_how_to_come_back(self) -> None:
         """On leaving: a draft is dropped, and so is a saved session still without entries (its
         first prompt was refused); any other session is named, with how to continue it."""
-        session = self.attached.harness.session
+        journal = self.conversation.journal
         if self._draft is not None:
             await self._draft.close(self.context)
             return
-        if session.id == self._saved_draft_id and not await session.read_entries(self.context, limit=1):
-            await self.store.delete_session(session.id, self.context)
+        if journal.id == self._saved_draft_id and not await journal.read_entries(self.context, limit=1):
+            await self.store.delete_session(journal.id, self.context)
             return
-        self.screen.print(f"session [cyan]{session.id}[/] [dim]· continue it with `harness chat {session.id}` "
+        self.screen.print(f"session [cyan]{journal.id}[/] [dim]· continue it with `harness chat {journal.id}` "
                           "(or `harness chat -c`, the most recent session)[/]")
         self.screen.drain()
 
@@ -275,8 +274,7 @@ class ChatClient:
         chat goes on with the conversation reopened from the journal, in the same session."""
         service, user, talking = self.command_door()
         await restart_conversation(service, user, talking, None, self.context)
-        reopened = await service.open(user, talking.id, self.context)
-        self._attached = replace(self.attached, conversation=reopened, lane=reopened.harness.lane(self.lane.name))
+        self._attached = replace(self.attached, conversation=await service.open(user, talking.id, self.context))
 
     def beside_the_prompt(self, work: Callable[[], Awaitable[None]]) -> None:
         """Run `work` in the background, its errors shown: the prompt takes input meanwhile."""
@@ -293,15 +291,6 @@ class ChatClient:
 
     def _toggle_mode_soon(self) -> None:
         self.beside_the_prompt(self.toggle_mode)
-
-    async def queue_model_switch(self, identity: ModelIdentity) -> None:
-        """`/model provider/id` typed during a turn: the conversation's queued switch (CE-12). The
-        turn runs to its end on its model; the switch is acknowledged here if it still waits after
-        the acknowledgement delay, and its `model` row shows when it lands, before the next turn."""
-        service, user, talking = self.command_door()
-        switch = await service.switch_model(user, talking.id, identity, self.context)
-        if switch.queued:
-            self.screen.print(f"[dim]model {escape(identity.spec)} queued: the next turn starts on it[/]")
 
     async def toggle_mode(self) -> None:
         """Shift+Tab: build to plan and back, recorded as a mode row at once (CE-13)."""
@@ -355,7 +344,7 @@ class ChatClient:
         """A prompt at the idle prompt: a new turn; while a stopped process's run is left open, a
         follow-up it answers once finished; refused (and put back on the input line) when it
         cannot be either."""
-        current = (await self.lane.inspect_execution(self.context)).current
+        current = (await self.conversation.inspect(self.context, lane=self.lane)).current
         if current is not None:
             if current.kind != "run" or current.status == "aborting":
                 what = "the abort of the open run" if current.kind == "run" else f"the open {current.kind}"
@@ -363,7 +352,7 @@ class ChatClient:
                 self.terminal.give_back(text)
                 return
             try:
-                await self.lane.follow_up(UserMessage(content=text), self.context)
+                await self.conversation.follow_up(UserMessage(content=text), self.context, lane=self.lane)
             except HarnessError as error:  # refused (too large): nothing was queued
                 self.error(error)
                 return
@@ -379,7 +368,7 @@ class ChatClient:
         """Why model `identity` cannot run a turn now (its API key is not set, or it is not
         configured here); None when it can."""
         try:
-            usable_model(self.registry, identity)
+            self.registry.usable(identity)
         except MissingApiKey as error:
             return f"{error.details['env']} is not set"
         except ModelUnavailable:
@@ -388,45 +377,43 @@ class ChatClient:
 
     def model_notice(self) -> str | None:
         """The notice that the lane's model cannot run a turn, with the way out; None when it can."""
-        identity = self.lane.config.model
+        identity = self.conversation.config(self.lane).model
         if (reason := self.unusable(identity)) is None:
             return None
         return f"model {identity.spec} is not usable: {reason}; /model to switch"
 
     async def _prompt(self, text: str) -> DriveOutcome:
         await self.save_draft()
-        conversation = self.attached.conversation
-        if text and self.lane is conversation.lane:
-            # Admitted as the service admits a turn: after a queued model switch, with the row of
-            # a reasoning level changed since the last turn right above it (CE-14).
-            accepted = await conversation.settings.admit(text, (), self.context)
-        else:  # the next-run input a compaction kept, or another lane of the session
-            accepted = await self.lane.accept(PromptRequest(text=text), self.context)
+        conversation = self.conversation
+        if text:
+            # Admitted as every door admits a turn: after a queued model switch, with the row of a
+            # reasoning level changed since the last turn right above it (CE-14).
+            accepted = await conversation.admit(text, self.context, lane=self.lane)
+        else:  # the input typed during a compaction or navigation, kept for this run
+            accepted = await conversation.admit_next_run(self.context, lane=self.lane)
         if self._abort_wanted:  # Ctrl-C came before the run existed
             await self._request_abort()
         await self._name_session(text)
-        return await self.lane.drive(accepted.operation_id, self.context)
+        return await conversation.drive(accepted.operation_id, self.context, lane=self.lane)
 
     async def _name_session(self, text: str) -> None:
         if self._named:
             return
         self._named = True
-        if await self.attached.harness.session_name(self.context) is None and (name := session_name_from(text)):
-            await self.attached.harness.set_session_name(name, self.context)
+        if name := session_name_from(text):
+            await self.conversation.name_from_first_prompt(name, self.context)
 
     async def _queue(self, text: str, *, follow_up: bool) -> None:
         message = UserMessage(content=text)
+        queue = self.conversation.follow_up if follow_up else self.conversation.steer
         try:
-            if follow_up:
-                await self.lane.follow_up(message, self.context)
-            else:
-                await self.lane.steer(message, self.context)
+            await queue(message, self.context, lane=self.lane)
         except NoActiveOperation:  # the run settled meanwhile: this is the next prompt
             await self.wait_turn()
             self.start_turn(lambda: self._prompt(text))
             return
         except NotARun as error:  # a compaction or navigation: kept for the run that follows it
-            await self.lane.queue_next_run(message, self.context)
+            await self.conversation.queue_next_run(message, self.context, lane=self.lane)
             self._run_queued = True
             self.screen.print(f"[dim]queued: sent when the {error.details['kind']} ends[/]")
             return
@@ -451,7 +438,7 @@ class ChatClient:
 
     async def _request_abort(self) -> None:
         try:
-            await self.lane.request_abort("user", self.context)
+            await self.conversation.stop(self.context, lane=self.lane)
         except NoActiveOperation:
             pass  # not accepted yet (the turn asks again once it is) or already settled
         except HarnessError as error:
@@ -472,7 +459,7 @@ class ChatClient:
     def context_window(self) -> int | None:
         """The lane's model's context window in tokens; None when no provider here offers the model."""
         try:
-            return self.registry.model(self.lane.config.model).context_window
+            return self.registry.model(self.conversation.config(self.lane).model).context_window
         except ModelUnavailable:
             return None
 
@@ -480,7 +467,7 @@ class ChatClient:
 
     def approvals(self) -> str:
         """Which of the lane's tools still ask before they run, e.g. `edit, shell ask first; write allowed`."""
-        active = set(self.lane.config.active_tools)
+        active = set(self.conversation.config(self.lane).active_tools)
         if not active:
             return "no tools"
         gated = sorted(self.approval.gated & active)
@@ -497,7 +484,7 @@ class ChatClient:
         for the rest of the chat, n refuses. What a write or edit would change is shown first."""
         self.screen.end_stream()
         self.screen.print(f"[bold yellow]?[/] [magenta]{escape(request.summary)}[/] [dim]needs approval[/]")
-        directory = self.attached.conversation.target.directory
+        directory = self.conversation.target.directory
         for preview_row in call_preview(directory, request.tool_name, request.args):
             self.screen.print(preview_row)
         hint = f"y: allow once · a: allow {request.tool_name} for this chat · n: refuse · Ctrl-C: abort the turn"
@@ -525,14 +512,15 @@ class ChatClient:
             cwd=self.cwd, approval=self.approval, jobs=self.jobs, model=model, lane=self.settings.lane,
             listeners=[self.view], require_model=False, tools=self.settings.tools,
         )
-        self.view.meter = await UsageMeter.read(attached.harness.session, attached.lane.tip_id, self.context)
+        conversation = attached.conversation
+        self.view.meter = await UsageMeter.read(conversation.journal, conversation.tip_id(attached.lane), self.context)
         return attached
 
     async def switch_session(self, session_id: str) -> None:
         """Detach from this session and attach to `session_id` (the chat must be idle); on failure
         the chat stays on the old session and the error is raised."""
-        previous = self.attached.harness.session.id
-        await self.attached.conversation.dispose(self.context)
+        previous = self.conversation.id
+        await self.conversation.dispose(self.context)
         try:
             self._attached = await self._attach(session_id)
         except HarnessError:
@@ -547,59 +535,41 @@ class ChatClient:
         draft = self._draft
         if draft is None:
             return
-        drafted, lane = self.attached.conversation, self.lane
-        name = await drafted.harness.session_name(self.context)
-        # What was recorded before anyone spoke (command and mode rows) moves with the draft, and
-        # so does what the conversation keeps of its own (a project chosen, fast mode).
-        tip = lane.tip_id
-        rows = [] if tip is None else (await drafted.harness.session.read_branch(tip, self.context)).entries
-        values = await drafted.harness.session.scan_values(CONVERSATION_VALUES, self.context)
-        session = await self.store.create_session(self.context, session_id=drafted.id)
-        await session.create_lane(lane.name, lane.config, self.context)
-
-        async def keep(m: SessionMutator) -> None:
-            if name is not None:
-                m.set(addresses.session_name(), name)
-            for key, value in values:
-                m.set(addresses.value_address(CONVERSATION_VALUES.namespace, key), value)
-            for entry in reversed(rows):
-                m.insert_entry(entry.payload, parent_id=entry.parent_id, entry_id=entry.id)
-            if rows:
-                m.set(addresses.branch_tip(lane.name), tip)
-
-        await session.mutate(keep, self.context)
+        drafted = self.conversation
+        session_id = await drafted.copy_into(self.store, self.context, lane=self.lane)
         self._draft = None
         try:
-            attached = await self._attach(session.id)
+            attached = await self._attach(session_id)
         except BaseException:
             self._draft = draft
-            await self.store.delete_session(session.id, self.context)
+            await self.store.delete_session(session_id, self.context)
             raise
         await drafted.dispose(self.context)
         await draft.close(self.context)
-        self._attached, self._saved_draft_id = attached, session.id
+        self._attached, self._saved_draft_id = attached, session_id
 
     # -- start and resume -------------------------------------------------------------------------
 
     async def _show_start(self) -> None:
-        harness, lane = self.attached.harness, self.lane
-        name = await harness.session_name(self.context)
+        conversation, lane = self.conversation, self.lane
+        name = await conversation.session_name(self.context)
         title = f" · {escape(name)}" if name else ""
-        self.screen.print(f"[bold]harness chat[/] · session [cyan]{harness.session.id}[/]{title}")
-        self.screen.print(f"[dim]lane {escape(lane.name)} · model {escape(lane.config.model.spec)} · "
+        config, tip = conversation.config(lane), conversation.tip_id(lane)
+        self.screen.print(f"[bold]harness chat[/] · session [cyan]{conversation.id}[/]{title}")
+        self.screen.print(f"[dim]lane {escape(lane)} · model {escape(config.model.spec)} · "
                           f"{escape(self.where())} · {escape(self.approvals())}[/]")
-        if note := no_tools_note(lane.config):
+        if note := no_tools_note(config):
             self.screen.print(f"[dim]{escape(note)}[/]")
-        if not self.attached.created_session and lane.tip_id is not None:
-            await self._show_recent(lane.tip_id)
+        if not self.attached.created_session and tip is not None:
+            await self._show_recent(tip)
         if (notice := self.model_notice()) is not None:
             self.screen.print(f"[yellow]{escape(notice)}[/]")
         self.screen.print("[dim]/help: commands · Enter sends · Ctrl-C interrupts a turn · Ctrl-D leaves[/]")
 
     async def _show_recent(self, tip: str) -> None:
         """The branch's last entries; older ones are clipped, the latest reply is shown whole."""
-        entries = await branch_oldest_first(self.attached.harness.session, tip, self.context)
-        show_all = f"`harness show {self.attached.harness.session.id}` prints them whole"
+        entries = await branch_oldest_first(self.conversation.journal, tip, self.context)
+        show_all = f"`harness show {self.conversation.id}` prints them whole"
         if len(entries) > RECENT_ENTRIES:
             self.screen.print(f"[dim]… {len(entries) - RECENT_ENTRIES} earlier entries (/tree lists them; "
                               f"{escape(show_all)})[/]")
@@ -618,8 +588,8 @@ class ChatClient:
     async def _offer_resume(self) -> None:
         """Show the lane's open operation left by a stopped process, then finish it (after asking,
         or at once with `--resume`), abort it, or leave it open."""
-        mine = [op for op in self.attached.open_operations if op.lane == self.lane.name]
-        others = [op for op in self.attached.open_operations if op.lane != self.lane.name]
+        mine = [op for op in self.attached.open_operations if op.lane == self.lane]
+        others = [op for op in self.attached.open_operations if op.lane != self.lane]
         for op in others:
             self.screen.print(f"[dim]lane {escape(op.lane)} has an open {op.kind} (not this chat's lane)[/]")
         if not mine:
@@ -629,7 +599,7 @@ class ChatClient:
         aborting = ", abort requested" if op.aborting else ""
         self.screen.print(f"[bold yellow]open {op.kind}[/] [yellow]{op.operation_id} (started {started}{aborting}): "
                           "the process running it stopped before it ended[/]")
-        watch = await self.lane.watch(self.context)
+        watch = await self.conversation.lane_events(self.context, lane=self.lane)
         watch.close()
         operation = watch.snapshot.operation
         if operation is not None:
@@ -662,7 +632,7 @@ class ChatClient:
             if (action := "leave" if answer is None else actions.get(answer.strip().lower())) is not None:
                 break  # Ctrl-D leaves it open
         if action == "finish":
-            self.start_turn(lambda: self.lane.resume(self.context))
+            self.start_turn(self._resume)
         elif action == "abort":
             self.start_turn(self._abort_and_settle)
         elif op.kind == "run" and not op.aborting:
@@ -674,10 +644,10 @@ class ChatClient:
     async def open_blocked(self) -> str | None:
         """Why the lane's open operation cannot be finished now (its model is not usable), with the
         way out; None when it can (an abort needs no model), or when there is none."""
-        current = (await self.lane.inspect_execution(self.context)).current
+        current = (await self.conversation.inspect(self.context, lane=self.lane)).current
         if current is None or current.status == "aborting":
             return None
-        identity = current.captured_model or self.lane.config.model
+        identity = current.captured_model or self.conversation.config(self.lane).model
         if (reason := self.unusable(identity)) is None:
             return None
         # A phase that captured its model keeps it; otherwise the next step takes the lane's.
@@ -691,12 +661,15 @@ class ChatClient:
         if (blocked := await self.open_blocked()) is not None:
             self.screen.print(f"[yellow]{escape(blocked)}[/]")
             return
-        self.start_turn(lambda: self.lane.resume(self.context))
+        self.start_turn(self._resume)
+
+    async def _resume(self) -> DriveOutcome:
+        return await self.conversation.resume(self.context, lane=self.lane)
 
     async def _abort_and_settle(self) -> DriveOutcome:
         with contextlib.suppress(NoActiveOperation):
-            await self.lane.request_abort("user", self.context)
-        return await self.lane.resume(self.context)
+            await self.conversation.stop(self.context, lane=self.lane)
+        return await self._resume()
 
 
 def _sources(rows: list[RenderableType]) -> list[object]:

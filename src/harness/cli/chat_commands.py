@@ -10,14 +10,12 @@ from pathlib import Path
 import harness.conversation as conversation
 from harness.cli.chat import ChatClient, ChatCommand, CommandRun
 from harness.cli.chat_view import entry_summary
-from harness.cli.config import usable_model
 from harness.cli.garden_commands import local_garden
 from harness.cli.render import branch_oldest_first
 from harness.cli.session_refs import local_time, named_sessions
 from harness.cli.terminal_text import escape
 from harness.errors import InvalidInput
 from harness.garden import GardenSetup, goal_command
-from harness.messages import ModelIdentity
 from harness.runtime import DriveOutcome, Settled
 
 TREE_SHOWN = 40
@@ -57,14 +55,17 @@ async def _help(client: ChatClient, argument: str) -> None:
 @command("model", "/model [provider/id]", "show the models, or switch this lane's model (during a turn: for the "
          "next one)", while_busy=True)
 async def _model(client: ChatClient, argument: str) -> None:
-    current = client.lane.config.model
+    current = client.conversation.config(client.lane).model
     if argument:
-        identity = ModelIdentity.parse(argument)
-        usable_model(client.registry, identity)
+        async def switch() -> None:
+            outcome = await conversation.model(*client.command_door(), argument, client.context)
+            if outcome.queued:  # its row waits for the turn's end, where it is placed: say so now
+                client.screen.print(f"[dim]model {escape(outcome.model.spec)} queued: the next turn starts on it[/]")
+
         if client.busy:  # queued behind the running turn, which ends on the model it started with
-            client.beside_the_prompt(lambda: client.queue_model_switch(identity))
+            client.beside_the_prompt(switch)
         else:
-            await conversation.model(*client.command_door(), argument, client.context)
+            await switch()
         return
     client.screen.print(f"model: [bold]{escape(current.spec)}[/]")
     for row in client.registry.configured():
@@ -77,10 +78,11 @@ async def _model(client: ChatClient, argument: str) -> None:
 async def _thinking(client: ChatClient, argument: str) -> None:
     """Refuses a level the lane's model does not take, rather than let the lane keep it and each
     step send the nearest one (`Lane.set_thinking_level`): a person who asked for it is here to be told."""
-    name = client.lane.config.model.spec
-    levels = client.registry.model(client.lane.config.model).thinking_levels()
+    config = client.conversation.config(client.lane)
+    name = config.model.spec
+    levels = client.registry.model(config.model).thinking_levels()
     if not argument:
-        client.screen.print(f"thinking: [bold]{client.lane.config.thinking_level}[/] [dim](levels on "
+        client.screen.print(f"thinking: [bold]{config.thinking_level}[/] [dim](levels on "
                             f"{escape(name)}: {', '.join(levels)})[/]")
         return
     level = next((known for known in levels if known == argument), None)
@@ -89,7 +91,7 @@ async def _thinking(client: ChatClient, argument: str) -> None:
                            "does)", level=argument)
     if level is None:
         raise InvalidInput(f"{name} takes the thinking levels {', '.join(levels)}, not {argument!r}", level=argument)
-    await client.lane.set_thinking_level(level, client.context)
+    await client.conversation.set_thinking_level(level, client.context, lane=client.lane)
 
 
 @command("think", "/think", "collapse or expand the model's thinking", while_busy=True)
@@ -100,9 +102,8 @@ async def _think(client: ChatClient, argument: str) -> None:
 
 @command("rename", "/rename NAME", "name this session", while_busy=True)
 async def _rename(client: ChatClient, argument: str) -> None:
-    if not argument:
-        raise InvalidInput("/rename needs the new name")
-    await client.save_draft()  # a session worth naming is worth keeping
+    if argument:
+        await client.save_draft()  # a session worth naming is worth keeping
     await conversation.rename(*client.command_door(), argument, client.context)
 
 
@@ -117,13 +118,8 @@ async def _mode(client: ChatClient, argument: str) -> None:
 
 @command("fast", "/fast", "switch the next turns to the fast model at a lower reasoning level, or back")
 async def _fast(client: ChatClient, argument: str) -> None:
-    service, user, talking = client.command_door()
-    target = service.setup.fast_model
-    switching_on = await talking.harness.session.get(conversation.FAST_BEFORE, client.context) is None
-    if target is not None and switching_on:
-        usable_model(client.registry, target)  # a missing key is said before anything changes
     try:
-        await conversation.fast(service, user, talking, argument or None, client.context)
+        await conversation.fast(*client.command_door(), argument or None, client.context)
     except conversation.NoFastModel as error:
         client.error(error)
         client.screen.print('[dim]name one in models.toml: fast = "provider/id"[/]')
@@ -160,7 +156,7 @@ async def _goal(client: ChatClient, argument: str) -> None:
 async def _last_settled(client: ChatClient) -> DriveOutcome | None:
     """The lane's last operation as settled: what a command that ran one through the conversation
     (`/compact`, `/goal`'s kickoff) hands `start_turn` for its outcome row."""
-    last = (await client.lane.inspect_execution(client.context)).last_result
+    last = (await client.conversation.inspect(client.context, lane=client.lane)).last_result
     return Settled(operation_id=last.operation_id, result=last) if last is not None else None
 
 
@@ -171,7 +167,7 @@ async def _restart(client: ChatClient, argument: str) -> None:
 
 @command("sessions", "/sessions", "list the sessions in the store", while_busy=True)
 async def _sessions(client: ChatClient, argument: str) -> None:
-    current = client.attached.harness.session.id
+    current = client.conversation.id
     for info, name in await named_sessions(client.store, client.context):
         mark = "●" if info.id == current else " "
         fork = f" [dim](fork of {escape(info.parent_session_id)})[/]" if info.parent_session_id else ""
@@ -181,11 +177,11 @@ async def _sessions(client: ChatClient, argument: str) -> None:
 
 @command("tree", "/tree [N]", "list this branch's entries and move to one (0: the start of the session)")
 async def _tree(client: ChatClient, argument: str) -> None:
-    tip = client.lane.tip_id
+    tip = client.conversation.tip_id(client.lane)
     if tip is None:
         client.screen.print("[dim]the branch is empty[/]")
         return
-    entries = await branch_oldest_first(client.attached.harness.session, tip, client.context)
+    entries = await branch_oldest_first(client.conversation.journal, tip, client.context)
     client.listing = [entry.id for entry in entries]
     if not argument:
         # Going back before entry 1 is the way out of a session whose first entry is too large.
@@ -204,30 +200,26 @@ async def _tree(client: ChatClient, argument: str) -> None:
     if target == tip:
         client.screen.print("[dim]already there[/]")
         return
-    client.start_turn(lambda: client.lane.navigate(target, client.context))
+    client.start_turn(lambda: client.conversation.navigate(target, client.context, lane=client.lane))
 
 
 @command("fork", "/fork [N | ENTRY_ID]", "start a new session from an entry of this one (default: the last)")
 async def _fork(client: ChatClient, argument: str) -> None:
-    source = client.attached.harness
-    target = _entry_id(client, argument) if argument else client.lane.tip_id
+    service, user, source = client.command_door()
+    target = _entry_id(client, argument) if argument else source.tip_id(client.lane)
     if target is None:
         client.screen.print("[dim]nothing to fork: the branch is empty[/]")
         return
-    name = await source.session_name(client.context)
-    service, user, _ = client.command_door()
-    forked = await conversation.fork_conversation(service, user, source.session.id, target, client.context,
-                                                  lane=client.lane.name)
+    forked = await conversation.fork_conversation(service, user, source.id, target, client.context,
+                                                  lane=client.lane)
     await client.switch_session(forked)
-    if name:
-        await client.attached.harness.set_session_name(f"{name} (fork)", client.context)
     client.screen.print(f"forked session [cyan]{escape(forked)}[/] at entry {escape(target)}; now chatting in it "
-                        f"[dim](the original, {escape(source.session.id)}, is unchanged)[/]")
+                        f"[dim](the original, {escape(source.id)}, is unchanged)[/]")
 
 
 @command("cd", "/cd [DIR]", "show or change this terminal's directory (the tools follow it unless in a project)")
 async def _cd(client: ChatClient, argument: str) -> None:
-    target = client.attached.conversation.target
+    target = client.conversation.target
     if argument:
         moved_to = _directory(client.cwd, argument)
         os.chdir(moved_to)

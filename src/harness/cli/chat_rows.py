@@ -155,6 +155,8 @@ def _outcome_text(outcome: CommandOutcome | None) -> str:
         case FastOutcome():
             state = "on" if outcome.on else "off"
             return f"fast mode {state}: {outcome.model.spec}, reasoning {outcome.thinking_level}"
+        case ModelOutcome(queued=True):
+            return f"model {outcome.model.spec} after the running turn"
         case ModelOutcome():
             return f"model {outcome.model.spec}"
         case RenameOutcome():

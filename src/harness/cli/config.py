@@ -41,15 +41,14 @@ from harness.providers import (
     EMBEDDED_IDENTITY,
     DoneEvent,
     ErrorEvent,
+    MissingApiKey,
     Model,
     ModelRegistry,
     ProviderRequest,
     StreamOptions,
 )
 from harness.runtime import (
-    AgentHarness,
     DriveSettings,
-    Lane,
     LaneConfig,
     Listener,
     OpenOperation,
@@ -70,12 +69,6 @@ SESSION_NAME_LIMIT = 80
 RETRY_DELAY_VARIABLE = "HARNESS_RETRY_DELAY_MS"
 
 
-class MissingApiKey(HarnessError):
-    """The chosen model needs an API key that is not in the environment; details `{model, env}`."""
-
-    code = "missing_api_key"
-
-
 class NewConversationLane(HarnessError):
     """A lane other than `main` was asked for a new session: a conversation talks to its person on
     lane `main`, which a new one is made with (another lane is a session's own, e.g. a delegated
@@ -89,19 +82,6 @@ class LaneHasTools(HarnessError):
     setting, kept across runs); details `{lane, tools}`. Nothing was written."""
 
     code = "lane_has_tools"
-
-
-def usable_model(registry: ModelRegistry, identity: ModelIdentity) -> Model:
-    """The model `identity` names, checked before anything runs: `ModelUnavailable` if the
-    registry has none or its weights file (`path`) is not there, `MissingApiKey` if its key
-    variable is not set."""
-    model = registry.model(identity)
-    if (missing := _missing_weights(model)) is not None:
-        raise ModelUnavailable(identity.provider, identity.model_id, reason=missing)
-    if model.api_key_env is not None and registry.api_key(model) is None:
-        raise MissingApiKey(f"model {identity.spec} needs an API key: set {model.api_key_env}",
-                            model=identity.spec, env=model.api_key_env)
-    return model
 
 
 @dataclass(frozen=True)
@@ -242,21 +222,17 @@ def new_lane_config(identity: ModelIdentity, home: Path, tools: bool | None = No
 
 @dataclass(frozen=True)
 class Attached:
-    """A conversation opened live for a terminal client, the lane it works on, and the operations a
-    crashed process left open (inventory, not yet resumed)."""
+    """A conversation opened live for a terminal client, the lane it works on (`main`, or a side
+    lane of the session named with `--lane`), and what the client acts on it through."""
 
     conversation: Conversation
-    lane: Lane
+    lane: str
     model: Model | None
     """The lane's model, resolved; None when it is not usable (see `attach_client`'s `require_model`)."""
     created_session: bool
     service: ConversationService
     """The service the conversation was opened through: commands and `!cmd` rows go through it."""
     user: str
-
-    @property
-    def harness(self) -> AgentHarness:
-        return self.conversation.harness
 
     @property
     def open_operations(self) -> list[OpenOperation]:
@@ -319,7 +295,7 @@ async def attach_client(
     identity = model or (configured.model if configured else registry.default_identity())
     resolved: Model | None = None
     try:
-        resolved = usable_model(registry, identity)
+        resolved = registry.usable(identity)
     except (ModelUnavailable, MissingApiKey):
         if require_model or model is not None or configured is None:
             raise
@@ -335,18 +311,15 @@ async def attach_client(
     else:
         await service.adopt(user, session_id, context)
         conversation = await service.open(user, session_id, context)
-    harness = conversation.harness
     try:
-        if lane not in {info.name for info in harness.lanes}:
-            lane_handle = await harness.create_lane(lane, config, context)
-        else:
-            lane_handle = harness.lane(lane)
-            if lane_handle.config.model != identity:
-                await lane_handle.set_model(identity, context)
+        await conversation.ensure_lane(lane, config, context)
+        if conversation.config(lane).model != identity:
+            # A switch as every door makes it, recorded (CE-12); nothing runs yet, so it lands now.
+            await conversation.switch_model(identity, context, lane=lane, wait_for_completion=True)
     except BaseException:
         await conversation.dispose(context)
         raise
-    return Attached(conversation, lane_handle, resolved, session_id is None, service, user)
+    return Attached(conversation, lane, resolved, session_id is None, service, user)
 
 
 # -- doctor ---------------------------------------------------------------------------------------

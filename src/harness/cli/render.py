@@ -31,7 +31,7 @@ from harness.messages import (
     UserContent,
     UserMessage,
 )
-from harness.session import Entry, Session, UnknownLane, addresses
+from harness.session import Entry, SessionReader, UnknownLane, addresses
 
 _PAGE = 500
 _CUSTOM_LIMIT = 200
@@ -123,7 +123,7 @@ def _assistant_lines(message: AssistantMessage, limit: int | None) -> list[Rende
     return lines
 
 
-async def branch_oldest_first(session: Session, tip: str, context: Context) -> list[Entry]:
+async def branch_oldest_first(session: SessionReader, tip: str, context: Context) -> list[Entry]:
     """Every entry of the branch ending at `tip`, root first, read page by page."""
     newest_first: list[Entry] = []
     before: str | None = tip
@@ -135,7 +135,7 @@ async def branch_oldest_first(session: Session, tip: str, context: Context) -> l
 
 
 async def print_branch(
-    session: Session, lane: str, context: Context, *, limit: int | None = 400, console: Console | None = None
+    session: SessionReader, lane: str, context: Context, *, limit: int | None = 400, console: Console | None = None
 ) -> None:
     """Print the lane's branch, root first, ending at its last line of text; raises `UnknownLane`
     if the lane does not exist."""

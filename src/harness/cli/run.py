@@ -25,15 +25,16 @@ from rich.console import Console
 from harness.cli.config import attach_client, no_tools_note
 from harness.cli.terminal_text import escape, visible
 from harness.context import Context
+from harness.conversation import Conversation, ErrorDetails, chat_event_of
 from harness.messages import AssistantMessage, ModelIdentity, ThinkingContent, text_of
 from harness.providers import ModelRegistry
 from harness.runtime import (
     CompactionEnd,
     CompactionStart,
     DriveOutcome,
+    EntryAdded,
     Fault,
     HarnessEvent,
-    Lane,
     LaneBusy,
     MessageEnd,
     MessageStart,
@@ -41,7 +42,6 @@ from harness.runtime import (
     NoActiveOperation,
     NothingToResume,
     OperationAbort,
-    PromptRequest,
     RetryScheduled,
     RunEnd,
     Settled,
@@ -49,7 +49,7 @@ from harness.runtime import (
     ToolEnd,
     ToolStart,
 )
-from harness.session import Store
+from harness.session import CustomMessagePayload, Entry, Store
 from harness.tools import ApprovalPolicy, BackgroundJobs, describe_call
 
 EXIT_COMPLETED = 0
@@ -128,6 +128,7 @@ class TextPrinter:
     _thinking_shown: int = 0
     _ended_line: bool = True
     _thinking_open: bool = False
+    _error_row: str | None = None
 
     def __call__(self, event: HarnessEvent, context: Context) -> None:
         match event:
@@ -162,11 +163,14 @@ class TextPrinter:
             case OperationAbort(cause=cause):
                 self._end_line()
                 self.status.print(f"[yellow]abort requested ({cause}); waiting for the run to settle…[/]")
+            case EntryAdded(entry=entry) if (row := _error_row(entry)) is not None:
+                self._error_row = row.text
             case RunEnd(result=result):
                 self._end_line()
                 if result.outcome == "failed" and result.error is not None:
-                    error = result.error
-                    self.status.print(f"[red]run failed \\[{escape(error.code)}]: {escape(error.message)}[/]")
+                    # The stored row's cleaned text, as every reader shows it; the raw text is logged (CE-9).
+                    text = f": {self._error_row}" if self._error_row is not None else ""
+                    self.status.print(f"[red]run failed \\[{escape(result.error.code)}]{escape(text)}[/]")
                 elif result.outcome == "aborted":
                     self.status.print(f"[yellow]run aborted ({result.abort_cause or 'unknown cause'})[/]")
             case Fault(code=code, message=text):
@@ -230,18 +234,20 @@ async def run_turn(store: Store, turn: RunTurn, registry: ModelRegistry, context
         store, turn.session_id, context, registry=registry, home=turn.home, cwd=turn.cwd, approval=approval,
         jobs=jobs, model=turn.model, lane=turn.lane, listeners=[printer], name_from=turn.prompt, tools=turn.tools,
     )
-    session_id = attached.harness.session.id
+    conversation, lane = attached.conversation, attached.lane
+    session_id = conversation.id
     if isinstance(printer, JsonEventPrinter):
-        printer.begin(session_id, turn.lane)
+        printer.begin(session_id, lane)
     status.print(f"[dim]session {session_id}[/]")
-    if turn.tools is None and (note := no_tools_note(attached.lane.config)):
+    config = conversation.config(lane)
+    if turn.tools is None and (note := no_tools_note(config)):
         status.print(f"[dim]{escape(note)}[/]")
-    identity, model = attached.lane.config.model, attached.model
+    identity, model = config.model, attached.model
     if model is not None and not registry.is_listed(identity):
         status.print(f"[yellow]{escape(identity.spec)} is not a listed model: using default limits "
                      f"({model.context_window:,} tokens of context, {model.max_tokens:,} per reply); declare it "
                      f"in models.toml to set them[/]")
-    interrupt = _Interrupts(attached.lane, context, status)
+    interrupt = _Interrupts(conversation, lane, context, status)
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGINT, interrupt.on_signal)
     outcome: DriveOutcome | None = None
@@ -249,23 +255,25 @@ async def run_turn(store: Store, turn: RunTurn, registry: ModelRegistry, context
         if turn.resume:
             await interrupt.accepted()
             try:
-                outcome = await attached.lane.resume(context)
+                outcome = await conversation.resume(context, lane=lane)
             except NothingToResume:
                 if turn.prompt is None:
                     raise
         if turn.prompt is not None and (outcome is None or _settled(outcome, "completed", "failed")):
             try:
-                accepted = await attached.lane.accept(PromptRequest(text=turn.prompt), context)
+                # Admitted as every door admits a turn: refused once the conversation was ended, after a
+                # queued model switch, with a changed reasoning level's row above it (CE-14).
+                accepted = await conversation.admit(turn.prompt, context, lane=lane)
             except LaneBusy as error:
                 raise LaneBusy(f"{error.message}; finish it with `harness run --session {session_id} "
                                f"{_lane_option(turn.lane)}--resume` (a prompt given as well is sent after it)",
                                **error.details) from error
             await interrupt.accepted()
-            outcome = await attached.lane.drive(accepted.operation_id, context)
+            outcome = await conversation.drive(accepted.operation_id, context, lane=lane)
     finally:
         loop.remove_signal_handler(signal.SIGINT)
         await interrupt.settle()
-        await attached.conversation.dispose(context)
+        await conversation.dispose(context)
         await jobs.close()
     if isinstance(outcome, Suspended):
         status.print(f"[yellow]the provider will answer later (deferred {outcome.deferred.id}); the run stays "
@@ -274,6 +282,12 @@ async def run_turn(store: Store, turn: RunTurn, registry: ModelRegistry, context
     if isinstance(outcome, Settled):
         return {"completed": EXIT_COMPLETED, "aborted": EXIT_ABORTED}.get(outcome.result.outcome, EXIT_FAILED)
     return EXIT_FAILED
+
+
+def _error_row(entry: Entry) -> ErrorDetails | None:
+    payload = entry.payload
+    details = chat_event_of(payload.message) if isinstance(payload, CustomMessagePayload) else None
+    return details if isinstance(details, ErrorDetails) else None
 
 
 def _settled(outcome: DriveOutcome, *outcomes: str) -> bool:
@@ -288,8 +302,8 @@ class _Interrupts:
     """Ctrl-C during a run: the first requests a durable abort (as soon as the run is accepted),
     the second leaves at once."""
 
-    def __init__(self, lane: Lane, context: Context, status: Console) -> None:
-        self._lane, self._context, self._status = lane, context, status
+    def __init__(self, conversation: Conversation, lane: str, context: Context, status: Console) -> None:
+        self._conversation, self._lane, self._context, self._status = conversation, lane, context, status
         self._count = 0
         self._is_accepted = False
         self._abort: asyncio.Task[None] | None = None
@@ -316,7 +330,7 @@ class _Interrupts:
 
     async def _request(self) -> None:
         with contextlib.suppress(NoActiveOperation):  # it settled meanwhile
-            await self._lane.request_abort("user", self._context)
+            await self._conversation.stop(self._context, lane=self._lane)
 
     async def settle(self) -> None:
         if self._abort is not None:

@@ -86,13 +86,12 @@ def abort(
         await conversations.adopt(user, session_id, context)
         conversation = await conversations.open(user, session_id, context)
         try:
-            handle = conversation.harness.lane(lane)
             try:
-                await handle.request_abort(chosen, context)
+                await conversation.stop(context, lane=lane, cause=chosen)
             except NoActiveOperation:
                 typer.echo(f"nothing to abort: lane {lane} of session {session_id} has no open operation")
                 return
-            outcome = await handle.resume(context)
+            outcome = await conversation.resume(context, lane=lane)
         finally:
             await conversation.dispose(context)
         if isinstance(outcome, Settled):

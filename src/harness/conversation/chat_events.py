@@ -86,8 +86,12 @@ class FastOutcome(_Fact):
 
 
 class ModelOutcome(_Fact):
+    """`/model`: the model of the next turns; `queued` when it waits for the running turn to end
+    (the switch's own `model` row says when it landed, CE-12)."""
+
     command: Literal["model"] = "model"
     model: ModelIdentity
+    queued: bool = False
 
 
 class RenameOutcome(_Fact):
@@ -334,6 +338,8 @@ def _outcome_text(outcome: CommandOutcome | None) -> str:
             return f" Fast mode is on: {outcome.model.spec} at reasoning level {outcome.thinking_level}."
         case FastOutcome():
             return f" Fast mode is off: {outcome.model.spec} at reasoning level {outcome.thinking_level}."
+        case ModelOutcome(queued=True):
+            return f" The model switches to {outcome.model.spec} once the running turn ends."
         case ModelOutcome():
             return f" The model is now {outcome.model.spec}."
         case RenameOutcome():

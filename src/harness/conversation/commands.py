@@ -86,16 +86,17 @@ async def compact(service: ConversationService, user: str, conversation: Convers
     Raises `LaneBusy` while a turn runs."""
 
     async def run(record_now: RecordNow) -> CompactOutcome:
-        before = conversation.lane.tip_id
+        lane = conversation._lane
+        before = lane.tip_id
         try:
-            outcome = await conversation.lane.compact(context, custom_instructions=args or None)
+            outcome = await lane.compact(context, custom_instructions=args or None)
         except NothingToCompact as refused:
             return compact_outcome(refused, None)
         assert isinstance(outcome, Settled)  # a summary never defers, and `compact` waits out its retries
         tip = outcome.result.tip_id
         written = None
         if tip is not None and tip != before:
-            entry = await conversation.harness.session.entry(tip, context)
+            entry = await conversation.journal.entry(tip, context)
             written = entry.payload if entry is not None and isinstance(entry.payload, CompactionPayload) else None
         return compact_outcome(outcome.result, written)
 
@@ -106,57 +107,69 @@ async def fast(service: ConversationService, user: str, conversation: Conversati
                context: Context, *, typed: bool = True) -> FastOutcome:
     """`/fast`: switch the next turns to the setup's `fast_model` at its `fast_thinking_level` (or
     the current level if that is lower), remembering what was set in `FAST_BEFORE`; `/fast` again
-    switches back to it. Raises `NoFastModel` when none is configured and `ModelUnavailable` when
-    the service's registry cannot run it; nothing changed then."""
+    switches back to it. Applied under the turn lock, between turns. Raises `NoFastModel` when
+    none is configured, `ModelUnavailable` or `MissingApiKey` when it cannot run here, and
+    `LaneBusy` while a turn runs; nothing changed then."""
 
     async def run(record_now: RecordNow) -> FastOutcome:
-        harness, lane = conversation.harness, conversation.lane
-        before = await harness.session.get(FAST_BEFORE, context)
-        if before is not None:
-            # Configure first, forget last: a crash between them leaves fast mode on, and `/fast` again finishes.
-            await lane.set_model(before.model, context)
-            await lane.set_thinking_level(before.thinking_level, context)
-            await harness.set_value(FAST_BEFORE, None, context)
-            return fast_outcome(False, lane.config)
-        target = service.setup.fast_model
-        if target is None:
-            raise NoFastModel("no fast model is configured for this conversation")
-        _check_usable(service, target)
-        config = lane.config
-        level = min(config.thinking_level, service.setup.fast_thinking_level, key=THINKING_LEVELS.index)
-        # Remember first: a crash after it leaves fast mode remembered, and `/fast` switches back.
-        await harness.set_value(FAST_BEFORE, FastBefore(model=config.model, thinking_level=config.thinking_level),
-                                context)
-        await lane.set_model(target, context)
-        await lane.set_thinking_level(level, context)
-        return fast_outcome(True, lane.config)
+        async with conversation._between_turns(context) as settings:
+            harness, lane = settings.harness, settings.lane
+            before = await harness.session.get(FAST_BEFORE, context)
+            if before is not None:
+                # Configure first, forget last: a crash between them leaves fast mode on, and `/fast` again finishes.
+                await lane.set_model(before.model, context)
+                await lane.set_thinking_level(before.thinking_level, context)
+                await harness.set_value(FAST_BEFORE, None, context)
+                return fast_outcome(False, lane.config)
+            target = service.setup.fast_model
+            if target is None:
+                raise NoFastModel("no fast model is configured for this conversation")
+            settings.check_model(target)
+            config = lane.config
+            level = min(config.thinking_level, service.setup.fast_thinking_level, key=THINKING_LEVELS.index)
+            # Remember first: a crash after it leaves fast mode remembered, and `/fast` switches back.
+            await harness.set_value(FAST_BEFORE, FastBefore(model=config.model, thinking_level=config.thinking_level),
+                                    context)
+            await lane.set_model(target, context)
+            await lane.set_thinking_level(level, context)
+            return fast_outcome(True, lane.config)
 
     return await service.run_command(user, conversation, _invocation("fast", args, typed), run, _itself, context)
 
 
 async def model(service: ConversationService, user: str, conversation: Conversation, args: str | None,
                 context: Context, *, typed: bool = True) -> ModelOutcome:
-    """`/model provider/id`: the model of the next turns (the id may contain `/`). Raises
-    `InvalidInput` for anything else and `ModelUnavailable` when the service's registry cannot run
-    it; nothing changed then."""
+    """`/model provider/id`: the model of the next turns (the id may contain `/`), switched as
+    every switch is (`Conversation.switch_model`, CE-12): at once between turns, the command's
+    row its one record; behind a running turn, the command's row recorded at once saying it is
+    queued, and the switch's own `model` row when it lands. Raises `InvalidInput` for anything
+    but `provider/id`, `ModelUnavailable` or `MissingApiKey` when the model cannot run here,
+    before anything changed."""
 
     async def run(record_now: RecordNow) -> ModelOutcome:
         identity = ModelIdentity.parse((args or "").strip())
-        _check_usable(service, identity)
-        await conversation.lane.set_model(identity, context)
-        return ModelOutcome(model=identity)
+        settings = conversation._settings
+        settings.check_model(identity)
+        queued = settings.would_queue()
+        if queued:
+            await record_now(ModelOutcome(model=identity, queued=True))
+        switch = await conversation.switch_model(identity, context, recorded_by_command=typed and not queued)
+        return ModelOutcome(model=identity, queued=switch.queued)
 
     return await service.run_command(user, conversation, _invocation("model", args, typed), run, _itself, context)
 
 
 async def rename(service: ConversationService, user: str, conversation: Conversation, args: str | None,
                  context: Context, *, typed: bool = True) -> RenameOutcome:
-    """`/rename NAME`: name the conversation; without a name, clear it. The command's row is the
-    rename's one record (CE-6): no separate `Renamed` row."""
+    """`/rename NAME`: name the conversation. The command's row is the rename's one record (CE-6):
+    no separate `Renamed` row. Raises `InvalidInput` without a name (the rename route clears
+    one); nothing changed then."""
 
     async def run(record_now: RecordNow) -> RenameOutcome:
-        name = (args or "").strip() or None
-        await conversation.harness.set_session_name(name, context)
+        name = (args or "").strip()
+        if not name:
+            raise InvalidInput("/rename needs the new name: /rename NAME")
+        await conversation._harness.set_session_name(name, context)
         return RenameOutcome(name=name)
 
     return await service.run_command(user, conversation, _invocation("rename", args, typed), run, _itself, context)
@@ -176,7 +189,7 @@ async def mode(service: ConversationService, user: str, conversation: Conversati
         chosen = _MODES.get(typed_mode)
         if chosen is None:
             raise InvalidInput(f"a mode is build or plan, not {typed_mode!r}", mode=typed_mode)
-        await conversation.settings.apply_mode(chosen, context)
+        await conversation._settings.apply_mode(chosen, context)
         return ModeOutcome(mode=chosen)
 
     return await service.run_command(user, conversation, _invocation("mode", args, typed), run, _itself, context)
@@ -209,23 +222,20 @@ async def fork_conversation(service: ConversationService, user: str, conversatio
                             context: Context, *, lane: str = MAIN_LANE) -> str:
     """A new conversation of `user` holding their conversation's branch from its root to
     `entry_id`, its lane `lane` idle at that entry with the conversation's configuration and
-    `FORK_VALUES` as they are now, all in one transaction (`Store.fork_session`); returns its id.
+    `FORK_VALUES` as they are now, named `<name> (fork)` when the source has a name, all in one
+    transaction (`Store.fork_session`); returns its id.
     The source may be live, cold or ended and is left as it is. Raises `SessionNotFound`,
     `Forbidden` (another user's conversation) and `UnknownEntry`; nothing was written then."""
     await service.is_open(user, conversation_id, context)  # the owner check; an ended one forks too
     source = await service.store.open_session(conversation_id, context)
     values: list[tuple[ValueAddress[Any], Any]] = [(OWNER, user)]
+    if (name := await source.get(addresses.session_name(), context)) is not None:
+        values.append((addresses.session_name(), f"{name} (fork)"))
     for address in FORK_VALUES:
         if (record := await source.get_record(address, context)) is not None:
             values.append((address, record.value))
     forked = await service.store.fork_session(conversation_id, entry_id, context, lane=lane, values=values)
     return forked.id
-
-
-def _check_usable(service: ConversationService, identity: ModelIdentity) -> None:
-    """Refuse a model the service's registry cannot run (`ModelUnavailable`), before anything changes."""
-    if service.setup.models is not None:
-        service.setup.models.model(identity)
 
 
 BUILT_IN_COMMANDS: dict[str, BuiltInCommand] = {

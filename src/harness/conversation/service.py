@@ -9,12 +9,13 @@ conversation's owner (`Forbidden`, nothing changed).
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager, suppress
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Literal, TypeAlias, TypeVar
+from typing import Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict
 
@@ -32,6 +33,7 @@ from harness.conversation.chat_events import (
     DirectoryMoved,
     Renamed,
     ShellRan,
+    chat_event_message,
     chat_event_of,
 )
 from harness.conversation.command_rows import CommandInvocation, command_failed, command_ran, shell_ran
@@ -45,7 +47,7 @@ from harness.conversation.display import (
     display_rows,
 )
 from harness.conversation.feed import Alert, InstanceFeed, Presence, TurnActivity
-from harness.conversation.garden_messages import GardenMessage, garden_message, garden_message_of
+from harness.conversation.garden_messages import GardenMessage, garden_message
 from harness.conversation.lifecycle import ENDED_AT, refuse_if_ended
 from harness.conversation.project_switch import (
     SwitchedBy,
@@ -63,25 +65,33 @@ from harness.messages import ImageContent, Message, ModelIdentity, ThinkingLevel
 from harness.providers import ModelRegistry
 from harness.runtime import (
     DEFAULT_EVENT_LOG_LIMIT,
+    AbortRequest,
     AcceptedRun,
     AgentHarness,
     AgentHarnessOptions,
     AgentTool,
     BetweenSteps,
     CompactionEnd,
+    CurrentOperationInfo,
     DriveOutcome,
     DriveSettings,
     EntryAdded,
     Fault,
+    HarnessClosed,
     HarnessEvent,
     Lane,
     LaneBusy,
     LaneEventPage,
+    LaneExecutionInfo,
     LaneFollow,
+    LaneInfo,
     LaneSnapshot,
     LaneWatch,
     Listener,
+    NoActiveOperation,
     OpenOperation,
+    OperationIdTaken,
+    PromptRequest,
     RunEnd,
     RunHooks,
     RunStart,
@@ -91,6 +101,9 @@ from harness.runtime import (
     read_lane_events,
 )
 from harness.session import (
+    AbortCause,
+    AppendRequest,
+    ChangeFeed,
     CustomMessagePayload,
     Entry,
     ImageStore,
@@ -98,9 +111,11 @@ from harness.session import (
     Session,
     SessionMutator,
     SessionNotFound,
+    SessionOwned,
     SessionReader,
     Store,
     StoredImage,
+    ValueAddress,
     addresses,
     is_image_ref,
 )
@@ -111,9 +126,47 @@ OWNER = addresses.value_address(CONVERSATION_VALUES.namespace, "owner", str)
 
 T = TypeVar("T")
 
-RecordNow: TypeAlias = Callable[[CommandOutcome | None], Awaitable[bool]]
-"""`record_now(outcome)`: record a running command's row at once (see `ConversationService.run_command`)."""
+class RecordNow:
+    """`record_now(outcome)`: record a running command's row at once, or `record_now.admit_with(...)`
+    it in the same commit as the turn the command starts (see `ConversationService.run_command`).
+    The row is recorded once, whichever comes first; without an invocation (a program's call)
+    there is none."""
 
+    def __init__(self, conversation: Conversation, invocation: CommandInvocation | None, context: Context) -> None:
+        self._conversation, self._invocation, self._context = conversation, invocation, context
+        self.recorded = invocation is None
+
+    async def __call__(self, outcome: CommandOutcome | None) -> bool:
+        """Record the row with `outcome` now; whether the append was accepted (CE-3; True when
+        there is nothing to record)."""
+        if self.recorded or self._invocation is None:
+            return True
+        self.recorded = True
+        return await self._conversation.record(command_ran(self._invocation, outcome), self._context)
+
+    async def admit_with(self, outcome: CommandOutcome | None, text: str) -> AcceptedRun:
+        """Admit a turn of `text` with the command's row (with `outcome`) right above it, in one
+        commit (`Conversation.admit_messages`): a refused admission leaves no row claiming the
+        command succeeded, and `run_command` records the refusal instead (CE-16)."""
+        rows = [] if self.recorded or self._invocation is None else [
+            chat_event_message(command_ran(self._invocation, outcome))]
+        accepted = await self._conversation.admit_messages(rows, text, self._context)
+        self.recorded = True
+        return accepted
+
+    async def failed(self, error: HarnessError) -> None:
+        """Record the command's failure with the exact text its caller is answered with, unless
+        a row is already recorded."""
+        if not self.recorded and self._invocation is not None:
+            self.recorded = True
+            await self._conversation.record(command_failed(self._invocation, error), self._context)
+
+
+REQUEST_POLL_S = 1.0
+"""How often a live conversation looks for requests other processes posted for it when nothing
+wakes it sooner (SQLite has no notifications; PostgreSQL's wake it at once)."""
+
+logger = logging.getLogger(__name__)
 
 IMAGE_SWEEP_GRACE_S = 3_600.0
 """How long an image stays after its latest store even when no entry names it: a tool result that
@@ -329,22 +382,58 @@ class ConversationWatch:
 
 
 class Conversation:
-    """A live conversation: its attached harness and the lane that talks to the person. `info`
-    follows its renames."""
+    """A live conversation: the one door through which every surface (the terminal, `harness run`,
+    the HTTP doors, the gardener, the workers) acts on it. Its harness, lanes and settings are
+    private to this package, so no door can go around the turn lock, admission or the rows the
+    conversation layer records. `info` follows its renames.
+
+    Reads are of the `main` lane unless a `lane` is named (a session's other lanes: a delegated
+    child's, or one a person opened with `--lane`)."""
 
     def __init__(self, info: ConversationInfo, settings: ConversationSettings, open_operations: list[OpenOperation],
-                 feed: InstanceFeed, delegation: Delegation | None = None) -> None:
+                 feed: InstanceFeed, changes: ChangeFeed, delegation: Delegation | None = None) -> None:
         self.info = info
-        self.harness = harness = settings.harness
+        self._harness = harness = settings.harness
         self.delegation = delegation
         """The conversation's sub-agents, when its setup has agents (CE-18)."""
-        self.lane = harness.lane(MAIN_LANE)
+        self._lane = harness.lane(MAIN_LANE)
         self.open_operations = open_operations
-        self.settings = settings
+        """The operations a stopped process left open when this conversation was attached
+        (inventory, not scheduling advice: HA-1, HA-5)."""
+        self._settings = settings
         self._feed = feed
         self._recording: set[asyncio.Task[bool]] = set()
         harness.add_listener(self._on_event)
+        self._posted = changes.subscribe(info.id)
+        self._taking = True
+        self._taker = asyncio.get_running_loop().create_task(self._take_posted())
         feed.publish(Presence(conversation_id=info.id, live=True))
+
+    async def _take_posted(self) -> None:
+        """Apply what other processes post for this conversation while it is live here: a row, a
+        garden's message, a steer or a stop reaches it this way when this process holds it
+        (`take_requests`), woken by the store's notifications or every `REQUEST_POLL_S`."""
+        context = Context({"conversation_id": self.id, "task": "posted requests"})
+        try:
+            while self._taking:
+                try:
+                    await self.take_requests(context)
+                except HarnessClosed:
+                    return
+                except HarnessError as error:  # the store failing: the next look tries again
+                    logger.warning("requests posted for conversation %s: %s", self.id, error)
+                await self._posted.wait(REQUEST_POLL_S)
+        finally:
+            self._posted.close()
+
+    async def _stop_taking(self) -> None:
+        # A flag and a wake-up besides the cancel: `asyncio.wait_for` (Python 3.11) can swallow a
+        # cancel that lands as its wait ends, and the loop must end all the same.
+        self._taking = False
+        self._posted.wake()
+        self._taker.cancel()
+        with suppress(asyncio.CancelledError):
+            await self._taker
 
     def _on_event(self, event: HarnessEvent, context: Context) -> None:
         # A listener may not call the harness (it runs as events are delivered): the row of a
@@ -370,13 +459,26 @@ class Conversation:
     async def dispose(self, context: Context) -> None:
         """Finish recording what is under way, then detach the harness (the conversation stays in
         the journal)."""
-        self.settings.dispose()
+        await self._stop_taking()
+        self._settings.dispose()
         if self._recording:
             await asyncio.wait(list(self._recording))
-        await self.harness.close(context)
+        await self._harness.close(context)
         if self.delegation is not None:
             await self.delegation.close()
         self._feed.publish(Presence(conversation_id=self.id, live=False))
+
+    async def detach_now(self, context: Context) -> None:
+        """Detach at once, as a crash would: drives stop where they are and settle nothing more
+        here, while a write already on the session line (an abort request) still lands. What is
+        open stays open in the journal for the next attachment to finish. For a door leaving in a
+        hurry (the terminal's second Ctrl-C); `dispose` is the orderly way."""
+        self._taking = False
+        self._posted.wake()
+        self._taker.cancel()
+        await self._harness.close(context)
+
+    # -- reads ------------------------------------------------------------------------------------
 
     @property
     def id(self) -> str:
@@ -385,14 +487,228 @@ class Conversation:
     @property
     def target(self) -> ExecutionTarget:
         """Where this conversation's tools run now (CE-19)."""
-        return self.settings.target
+        return self._settings.target
+
+    @property
+    def mode(self) -> WorkMode:
+        """The work mode the conversation is in (CE-13)."""
+        return self._settings.mode
+
+    @property
+    def waiting_model(self) -> ModelIdentity | None:
+        """The model a queued switch will apply once the running turn ends; not active yet (CE-12)."""
+        return self._settings.waiting_model
+
+    @property
+    def journal(self) -> SessionReader:
+        """The conversation's journal, to read (entries, branches, values)."""
+        return self._harness.session
+
+    def config(self, lane: str = MAIN_LANE) -> LaneConfig:
+        """The lane's configuration as it is now: model, reasoning level, active tools."""
+        return self._harness.lane(lane).config
+
+    def tip_id(self, lane: str = MAIN_LANE) -> str | None:
+        """The entry the lane continues from (None: an empty branch)."""
+        return self._harness.lane(lane).tip_id
+
+    def operation(self, lane: str = MAIN_LANE) -> CurrentOperationInfo | None:
+        """The lane's current operation as this process knows it (None: idle); no read."""
+        return self._harness.lane(lane).info().operation
+
+    def lanes(self) -> list[LaneInfo]:
+        """Every lane of the conversation's session: `main` and delegated children's."""
+        return self._harness.lanes
+
+    async def inspect(self, context: Context, *, lane: str = MAIN_LANE) -> LaneExecutionInfo:
+        """The lane's execution, observed without a write (`Lane.inspect_execution`, HA-6)."""
+        return await self._harness.lane(lane).inspect_execution(context)
+
+    def listen(self, listener: Listener) -> None:
+        """Call `listener` with every event of the conversation's lanes as it is delivered, after
+        its commit (HA-12); for the lifetime of this attachment. A listener may not act on the
+        conversation from inside the call."""
+        self._harness.add_listener(listener)
+
+    async def session_name(self, context: Context) -> str | None:
+        return await self._harness.session_name(context)
+
+    async def watch(self, context: Context, *, lane: str = MAIN_LANE) -> ConversationWatch:
+        """The lane's snapshot, then every later event, chat-event rows typed (HA-7, CE-26)."""
+        return ConversationWatch(await self.lane_events(context, lane=lane))
+
+    async def lane_events(self, context: Context, *, lane: str = MAIN_LANE) -> LaneEvents:
+        """The lane's snapshot and later harness events, untyped (`LaneEvents.of_watch`)."""
+        return LaneEvents.of_watch(await self._harness.lane(lane).watch(context), self._harness.session)
+
+    # -- turns ------------------------------------------------------------------------------------
+
+    async def admit(self, text: str, context: Context, *, images: Sequence[ImageContent] = (),
+                    lane: str = MAIN_LANE) -> AcceptedRun:
+        """Admit a turn of `text` (and `images`), durable in phase `starting`, without driving it.
+
+        On `main`: under the turn lock, after any queued model switch, with a `ReasoningChanged`
+        row right above it when the level changed since the previous turn (CE-14). On another
+        lane (a session's own, not the person's): accepted as it is. Raises `InvalidMessage` for
+        an empty prompt, `ConversationEnded` once the conversation was ended, `LaneBusy` while an
+        operation is open, `PromptTooLarge`; nothing was written then."""
+        if lane == MAIN_LANE:
+            return await self._settings.admit(text, images, context)
+        await refuse_if_ended(self._harness.session, self.id, context)
+        return await self._harness.lane(lane).accept(PromptRequest(text=text, images=images), context)
+
+    async def send(self, text: str, context: Context, *, images: Sequence[ImageContent] = ()) -> DriveOutcome:
+        """Admit a turn of `text` on `main` (`admit`) and drive it to its end or wait."""
+        accepted = await self.admit(text, context, images=images)
+        return await self.drive(accepted.operation_id, context)
+
+    async def admit_messages(self, messages: Sequence[Message], text: str, context: Context) -> AcceptedRun:
+        """Admit a turn on `main` as `admit` does, with `messages` (rows the model reads, e.g. the
+        command row of `/goal`) accepted in the same commit right above the prompt: either all of
+        them land with the turn or, when admission is refused, none does (CE-16)."""
+        return await self._settings.admit(text, (), context, above=messages)
+
+    async def admit_next_run(self, context: Context, *, lane: str = MAIN_LANE) -> AcceptedRun:
+        """Admit a turn of the messages kept for the next run (typed while a compaction or
+        navigation ran), under the turn lock on `main`. Raises `InvalidMessage` when none is
+        kept, `ConversationEnded`, `LaneBusy`."""
+        await refuse_if_ended(self._harness.session, self.id, context)
+        if lane != MAIN_LANE:
+            return await self._harness.lane(lane).accept(PromptRequest(), context)
+        async with self._settings.turn_lock:
+            return await self._lane.accept(PromptRequest(), context)
+
+    async def drive(self, operation_id: str, context: Context, *, lane: str = MAIN_LANE,
+                    wait_for_retry: bool = True, poll_deferred: bool = False) -> DriveOutcome:
+        """Drive the lane's operation `operation_id` until it settles or waits (`Lane.drive`)."""
+        return await self._harness.lane(lane).drive(operation_id, context, wait_for_retry=wait_for_retry,
+                                                     poll_deferred=poll_deferred)
+
+    async def resume(self, context: Context, *, lane: str = MAIN_LANE) -> DriveOutcome:
+        """Finish the lane's open operation, e.g. one a stopped process left (`Lane.resume`).
+        Raises `NothingToResume` when none is open."""
+        return await self._harness.lane(lane).resume(context)
+
+    async def pause_drive(self, context: Context, *, lane: str = MAIN_LANE) -> bool:
+        """Stop this process's drive of the lane at its next safe point, leaving the operation open
+        for whoever drives it next (`Lane.pause_drive`); a worker handing work back."""
+        return await self._harness.lane(lane).pause_drive(context)
+
+    async def steer(self, message: Message, context: Context, *, lane: str = MAIN_LANE) -> str:
+        """Queue `message` for the running turn, read after its current tool calls (HA-18);
+        returns its entry id. Raises `NoActiveOperation` when nothing runs, `NotARun` during a
+        compaction or navigation."""
+        return await self._harness.lane(lane).steer(message, context)
+
+    async def follow_up(self, message: Message, context: Context, *, lane: str = MAIN_LANE) -> str:
+        """Queue `message` for when the running turn would end; returns its entry id. Raises as `steer`."""
+        return await self._harness.lane(lane).follow_up(message, context)
+
+    async def queue_next_run(self, message: Message, context: Context, *, lane: str = MAIN_LANE) -> str:
+        """Keep `message` for the next admitted turn (a compaction or navigation runs now)."""
+        return await self._harness.lane(lane).queue_next_run(message, context)
+
+    async def stop(self, context: Context, *, lane: str = MAIN_LANE, operation_id: str | None = None,
+                   cause: AbortCause = "user") -> AbortRequest:
+        """Stop the lane's open operation durably: it settles `aborted` at its next safe point with
+        every open tool call answered (CE-7). A person's stop (`cause="user"`) that lands while a
+        tool call runs is recorded as `user_during_tool`. Raises `NoActiveOperation` when nothing
+        runs, or when `operation_id` is given and is not the open one; nothing is written then."""
+        handle = self._harness.lane(lane)
+        current = handle.info().operation
+        if current is None or (operation_id is not None and current.id != operation_id):
+            what = f"run {operation_id}" if operation_id is not None else "an operation"
+            raise NoActiveOperation(f"conversation {self.id} has no {what} open", lane=lane)
+        if cause == "user" and handle.in_tool_calls():
+            cause = "user_during_tool"
+        return await handle.request_abort(cause, context)
+
+    async def take_requests(self, context: Context) -> int:
+        """Apply what other processes posted for this conversation's lanes (`Session.post_request`):
+        steer, follow-up, stop; returns how many were applied (`Lane.take_requests`)."""
+        return sum([await self._harness.lane(info.name).take_requests(context) for info in self._harness.lanes])
+
+    async def navigate(self, target_entry_id: str | None, context: Context, *, lane: str = MAIN_LANE) -> DriveOutcome:
+        """Move the lane's tip back to `target_entry_id` (None: the start), as a navigation."""
+        return await self._harness.lane(lane).navigate(target_entry_id, context)
+
+    async def copy_into(self, store: Store, context: Context, *, lane: str = MAIN_LANE) -> str:
+        """Write this conversation into `store` under the same id and return it: lane `lane` on its
+        configuration, its branch up to the tip (command and mode rows recorded before anyone
+        spoke included), the name and the conversation's own values (owner, project, modes). For
+        a draft kept in a memory store until it is worth keeping (the terminal's new chat). Raises
+        what `Store.create_session` raises for an id `store` already has; nothing is written then."""
+        journal, handle = self._harness.session, self._harness.lane(lane)
+        name = await self._harness.session_name(context)
+        tip = handle.tip_id
+        rows = [] if tip is None else (await journal.read_branch(tip, context)).entries
+        values = await journal.scan_values(CONVERSATION_VALUES, context)
+        session = await store.create_session(context, session_id=self.id)
+        await session.create_lane(lane, handle.config, context)
+
+        async def keep(m: SessionMutator) -> None:
+            if name is not None:
+                m.set(addresses.session_name(), name)
+            for key, value in values:
+                m.set(addresses.value_address(CONVERSATION_VALUES.namespace, key), value)
+            for entry in reversed(rows):
+                m.insert_entry(entry.payload, parent_id=entry.parent_id, entry_id=entry.id)
+            if rows:
+                m.set(addresses.branch_tip(lane), tip)
+
+        await session.mutate(keep, context)
+        return session.id
+
+    async def ensure_lane(self, lane: str, config: LaneConfig, context: Context) -> None:
+        """Create lane `lane` on `config` unless the session has it (a person's own side lane)."""
+        if lane not in {info.name for info in self._harness.lanes}:
+            await self._harness.create_lane(lane, config, context)
+
+    # -- settings ---------------------------------------------------------------------------------
+
+    async def switch_model(self, model: ModelIdentity, context: Context, *, wait_for_completion: bool = False,
+                           acknowledge_after_s: float = MODEL_SWITCH_ACK_S, recorded_by_command: bool = False,
+                           lane: str = MAIN_LANE) -> ModelSwitch:
+        """Switch the model under the turn lock, queued behind a running turn (CE-12): the one
+        implementation every door uses (`ConversationSettings.switch_model`). Another lane (a
+        session's own) is configured at once, with no row: it has no person to tell."""
+        if lane == MAIN_LANE:
+            return await self._settings.switch_model(model, context, wait_for_completion=wait_for_completion,
+                                                     acknowledge_after_s=acknowledge_after_s,
+                                                     recorded_by_command=recorded_by_command)
+        self._settings.check_model(model)
+        await self._harness.lane(lane).set_model(model, context)
+        return ModelSwitch(model=model, queued=False)
+
+    async def set_thinking_level(self, level: ThinkingLevel, context: Context, *, lane: str = MAIN_LANE) -> None:
+        """The lane's reasoning level from its next step on; on `main` announced as a row at the
+        next turn's admission, against the previous turn's level (CE-14)."""
+        await self._harness.lane(lane).set_thinking_level(level, context)
+
+    async def name_from_first_prompt(self, name: str, context: Context) -> None:
+        """Name the conversation `name` unless it has a name: a door naming a new conversation
+        from its first prompt. No row: nobody chose the name."""
+        if await self._harness.session_name(context) is None:
+            await self._harness.set_session_name(name, context)
+
+    async def set_value(self, address: ValueAddress[T], value: T | None, context: Context) -> None:
+        """Set (None: delete) a session value a door keeps of its own in the conversation (e.g.
+        the LangGraph door's thread metadata); the model never reads it."""
+        await self._harness.set_value(address, value, context)
 
     async def record(self, details: ChatEventDetails, context: Context) -> bool:
         """Record a chat event here (see `record_chat_event`)."""
-        return await record_chat_event(self.harness, details, context)
+        return await record_chat_event(self._harness, details, context)
 
-    async def watch(self, context: Context) -> ConversationWatch:
-        return ConversationWatch(LaneEvents.of_watch(await self.lane.watch(context), self.harness.session))
+    @asynccontextmanager
+    async def _between_turns(self, context: Context) -> AsyncIterator[ConversationSettings]:
+        """The settings, under the turn lock with no turn running: a change made here lands
+        between two turns. Raises `LaneBusy` while a turn runs (nothing changed)."""
+        async with self._settings.turn_lock:
+            if (operation := self.operation()) is not None and operation.status != "open":
+                raise LaneBusy(f"conversation {self.id} has a turn running; this waits for it to end",
+                               lane=MAIN_LANE, operation_id=operation.id)
+            yield self._settings
 
 
 class ConversationService:
@@ -477,11 +793,17 @@ class ConversationService:
         await live.dispose(context)
 
     async def record(self, user: str, conversation_id: str, details: ChatEventDetails, context: Context) -> bool:
-        """Record a chat event on the conversation, live here or cold: a closed one is attached
-        for the append, under its session lock (`SessionOwned` while another process holds it),
-        and an operation a dead process left open gets the row as a pending write (CE-3, CE-10)."""
-        async with self._settings_of(user, conversation_id, context) as settings:
-            return await record_chat_event(settings.harness, details, context)
+        """Record a chat event on the conversation wherever it is held: live here; cold, attached
+        for the append under its session lock, an operation a dead process left open getting the
+        row as a pending write (CE-3, CE-10); held by another process (a chat, a server, a
+        worker), posted to that holder, which appends it at its next step boundary (True then:
+        the row is durably queued)."""
+        session = await self._owned(user, conversation_id, context)
+        async with self._settings_or_none(session, user, context) as settings:
+            if settings is not None:
+                return await record_chat_event(settings.harness, details, context)
+        await self._post_append(session, chat_event_message(details), context)
+        return True
 
     async def rename(self, user: str, conversation_id: str, name: str | None, context: Context) -> bool:
         """Name the conversation (None clears it) and record the rename row, live or closed, unless
@@ -511,21 +833,17 @@ class ConversationService:
                            acknowledge_after_s: float = MODEL_SWITCH_ACK_S) -> ModelSwitch:
         """Switch the conversation's model under its turn lock (CE-12).
 
-        Live here: `ConversationSettings.switch_model` (immediate, or queued behind the running turn
+        Live here: `Conversation.switch_model` (immediate, or queued behind the running turn
         and acknowledged after `acknowledge_after_s`; `ModelSwitchRefused` for a superseded or
-        closed wait). Cold: applied under the session lock and always recorded, or `LaneBusy`
-        when a stopped process left a turn open, which nobody here would end (resume it first)."""
+        closed wait). Cold: applied under the session lock and always recorded; an operation a
+        stopped process left open takes the new model when it is resumed."""
         session = await self._owned(user, conversation_id, context)
         live = self._live.get(conversation_id)
         if live is not None:
-            return await live.settings.switch_model(model, context, wait_for_completion=wait_for_completion,
-                                                    acknowledge_after_s=acknowledge_after_s)
-        async with self._temporary_settings(session, user, context) as settings:
-            if (operation := settings.lane.info().operation) is not None:
-                raise LaneBusy(f"conversation {conversation_id} has a turn open; resume or abort it first",
-                               lane=MAIN_LANE, operation_id=operation.id)
-            async with settings.turn_lock:
-                await settings.apply_model(model, context, always_record=True)
+            return await live.switch_model(model, context, wait_for_completion=wait_for_completion,
+                                           acknowledge_after_s=acknowledge_after_s)
+        async with self._temporary_settings(session, user, context) as settings, settings.turn_lock:
+            await settings.apply_model(model, context, always_record=True)
         return ModelSwitch(model=model, queued=False)
 
     def list_switchable_projects(self, user: str) -> Sequence[SwitchableProject]:
@@ -563,8 +881,8 @@ class ConversationService:
         under the turn lock after any queued model switch, with a `ReasoningChanged` row above it
         when the reasoning level differs from the previous turn's (CE-14). Raises what
         `ConversationSettings.admit` and `Lane.drive` raise."""
-        conversation, accepted = await self.admit(user, conversation_id, text, context, images=images)
-        return await conversation.lane.drive(accepted.operation_id, context)
+        conversation = await self.open(user, conversation_id, context)
+        return await conversation.send(text, context, images=images)
 
     async def admit(self, user: str, conversation_id: str, text: str, context: Context, *,
                     images: Sequence[ImageContent] = ()) -> tuple[Conversation, AcceptedRun]:
@@ -572,7 +890,7 @@ class ConversationService:
         accepted run, durable in phase `starting`, for a door that drives it in a task of its own
         (the HTTP server answers 202 at once). Raises what `ConversationSettings.admit` raises."""
         conversation = await self.open(user, conversation_id, context)
-        return conversation, await conversation.settings.admit(text, images, context)
+        return conversation, await conversation.admit(text, context, images=images)
 
     async def run_command(self, user: str, conversation: Conversation, invocation: CommandInvocation | None,
                           run: Callable[[RecordNow], Awaitable[T]], outcome_of: Callable[[T], CommandOutcome | None],
@@ -582,29 +900,20 @@ class ConversationService:
         With an `invocation` (the person typed it) one `CommandRan` row is recorded: after `run`
         returns, with `outcome_of(result)`; or, when `run` raises a `HarnessError`, with that
         error's exact message, and the error is raised on. `run` gets `record_now(outcome)` to
-        record the row earlier, so it can sit above a turn the command starts or be durable before
-        the command ends its conversation; the row is recorded once. Without an invocation (a
+        record the row earlier, so it is durable before the command ends its conversation, and
+        `record_now.admit_with(outcome, text)` to admit a turn with the row above it in one
+        commit (a goal command's kickoff); the row is recorded once. Without an invocation (a
         program's call) nothing is recorded and `record_now` does nothing. `record_now` says
         whether the append was accepted (True when there is nothing to record); a refusal is
         logged, and the command's own effect stands. Other exceptions are not the caller's answer
         and are raised unrecorded. Raises `Forbidden` before anything runs."""
         if conversation.info.owner != user:
             raise Forbidden.of(conversation.id)
-        recorded = False
-
-        async def record_now(outcome: CommandOutcome | None) -> bool:
-            nonlocal recorded
-            if invocation is None or recorded:
-                return True
-            recorded = True
-            return await conversation.record(command_ran(invocation, outcome), context)
-
+        record_now = RecordNow(conversation, invocation, context)
         try:
             result = await run(record_now)
         except HarnessError as error:
-            if invocation is not None and not recorded:
-                recorded = True
-                await conversation.record(command_failed(invocation, error), context)
+            await record_now.failed(error)
             raise
         await record_now(outcome_of(result))
         return result
@@ -628,26 +937,23 @@ class ConversationService:
 
     async def post_garden_message(self, user: str, conversation_id: str, message: GardenMessage,
                                   context: Context) -> str:
-        """Append a garden's message (sender `garden`) to the conversation's main lane, live or
-        cold like `record`, and return its entry id: the canonical record of what the garden said
-        there (OM-4). Idempotent by `message.emission_id`: when the branch or the pending writes
-        already hold a garden message of that emission, its id is returned and nothing is written,
-        so a retried emission never appends twice. Never starts a turn (CE-3). Raises
-        `ConversationEnded` for an ended conversation, `SessionOwned` while another process holds
-        it, `SessionNotFound`, `Forbidden`; nothing was written then."""
-        async with self._settings_of(user, conversation_id, context) as settings:
-            harness = settings.harness
-            await refuse_if_ended(harness.session, conversation_id, context)
-            lane = harness.lane(MAIN_LANE)
-            watch = await lane.watch(context)
-            watch.close()
-            placed = [(entry.id, entry.payload.message) for entry in watch.snapshot.transcript
-                      if isinstance(entry.payload, CustomMessagePayload)]
-            pending = [(write.entry_id, write.message) for write in watch.snapshot.pending_writes]
-            for entry_id, sent in [*placed, *pending]:
-                if (known := garden_message_of(sent)) is not None and known.emission_id == message.emission_id:
-                    return entry_id
-            return await lane.append_message(garden_message(message), context)
+        """Append a garden's message (sender `garden`) to the conversation's main lane and return
+        its entry id: the canonical record of what the garden said there (OM-4). Live here or
+        cold, like `record`; held by another process, posted to that holder, which appends it at
+        its next step boundary under the same id. The entry's id is `message.emission_id`, so a
+        retried emission never appends twice: its id is returned and nothing more is written.
+        Never starts a turn (CE-3). Raises `ConversationEnded` for an ended conversation,
+        `SessionNotFound`, `Forbidden`; nothing was written then."""
+        session = await self._owned(user, conversation_id, context)
+        await refuse_if_ended(session, conversation_id, context)
+        entry_id, sent = message.emission_id, garden_message(message)
+        async with self._settings_or_none(session, user, context) as settings:
+            if settings is not None:
+                with suppress(OperationIdTaken):  # appended before: the retry is answered with its id
+                    await settings.lane.append_message(sent, context, entry_id=entry_id)
+                return entry_id
+        await self._post_append(session, sent, context, request_id=entry_id)
+        return entry_id
 
     async def record_local_shell(self, user: str, conversation_id: str, command: str, exit_code: int | None,
                                  output: str, context: Context) -> bool:
@@ -735,6 +1041,29 @@ class ConversationService:
             raise Forbidden.of(conversation_id)
         return session
 
+    async def _post_append(self, session: Session, message: Message, context: Context, *,
+                           request_id: str | None = None) -> str:
+        """Post `message` for whoever holds the conversation to append (`AppendRequest`); its
+        entry id, the request's."""
+        request = AppendRequest(lane=MAIN_LANE, message=message, requested_at=now_ms())
+        return await session.post_request(request, context, request_id=request_id)
+
+    @asynccontextmanager
+    async def _settings_or_none(self, session: Session, user: str, context: Context) -> AsyncIterator[
+            ConversationSettings | None]:
+        """The live conversation's settings, or a temporary attachment's of a cold one, or None
+        when another process (or another attachment here) holds the session."""
+        live = self._live.get(session.id)
+        if live is not None:
+            yield live._settings
+            return
+        async with AsyncExitStack() as stack:
+            try:
+                settings = await stack.enter_async_context(self._temporary_settings(session, user, context))
+            except SessionOwned:
+                settings = None
+            yield settings
+
     @asynccontextmanager
     async def _settings_of(self, user: str, conversation_id: str, context: Context) -> AsyncIterator[
             ConversationSettings]:
@@ -742,7 +1071,7 @@ class ConversationService:
         session = await self._owned(user, conversation_id, context)
         live = self._live.get(conversation_id)
         if live is not None:
-            yield live.settings
+            yield live._settings
             return
         async with self._temporary_settings(session, user, context) as settings:
             yield settings
@@ -789,7 +1118,8 @@ class ConversationService:
         info = ConversationInfo(id=session.id, owner=user, name=await _name(session, context),
                                 created_at=session.info.created_at, updated_at=session.info.updated_at)
         settings = await ConversationSettings.read(harness, target, context)
-        conversation = self._live[session.id] = Conversation(info, settings, open_operations, self.feed, delegation)
+        conversation = self._live[session.id] = Conversation(info, settings, open_operations, self.feed,
+                                                             self.store.changes, delegation)
         return conversation
 
     async def _target(self, session: Session, context: Context) -> ExecutionTarget:

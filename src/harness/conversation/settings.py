@@ -43,6 +43,7 @@ from harness.runtime import (
     Lane,
     PromptRequest,
     RunEnd,
+    check_input_size,
 )
 from harness.session import CustomMessagePayload, Entry, MessagePayload, SessionReader, addresses
 
@@ -189,7 +190,8 @@ class ConversationSettings:
     # -- the model switch (CE-12) ---------------------------------------------------------------
 
     async def switch_model(self, model: ModelIdentity, context: Context, *, wait_for_completion: bool = False,
-                           acknowledge_after_s: float = MODEL_SWITCH_ACK_S) -> ModelSwitch:
+                           acknowledge_after_s: float = MODEL_SWITCH_ACK_S,
+                           recorded_by_command: bool = False) -> ModelSwitch:
         """Switch the lane to `model` under the turn lock.
 
         Immediate (the lock free, the lane idle, no switch waiting): applied now, a row recorded
@@ -200,10 +202,11 @@ class ConversationSettings:
         `ModelSwitched` row. Answered `queued=False` if it applied within `acknowledge_after_s`
         (its errors raised), else `queued=True` while the wait goes on: a later failure is logged
         and recorded as an error row with a `ModelSwitchFailed` notice. `wait_for_completion`
-        waits to the end instead of acknowledging."""
-        if not self.turn_lock.locked() and self._pick is None and self.lane.info().operation is None:
+        waits to the end instead of acknowledging. With `recorded_by_command` (a typed `/model`,
+        whose command row records it) an immediate switch records no row of its own."""
+        if not self.would_queue():
             async with self.turn_lock:
-                await self.apply_model(model, context, always_record=False)
+                await self.apply_model(model, context, always_record=False, record=not recorded_by_command)
             return ModelSwitch(model=model, queued=False)
         pick = _Pick(model, asyncio.get_running_loop().create_future())
         pick.outcome.add_done_callback(_retrieve)
@@ -218,17 +221,38 @@ class ConversationSettings:
         pick.acknowledged = True
         return ModelSwitch(model=model, queued=True)
 
-    async def apply_model(self, model: ModelIdentity, context: Context, *, always_record: bool) -> None:
-        """Configure `model` and record the switch: always with `always_record` (a queued switch's
-        completion, a cold conversation), else only for a real change in a spoken conversation.
-        The caller holds the turn lock with the lane idle. Raises `ModelUnavailable` before
-        anything is written when the harness's registry cannot serve `model`."""
+    def _turn_running(self) -> bool:
+        """Whether a turn holds the lane: one driven in this process. An operation a stopped process
+        left open, which nobody drives until it is resumed, does not: a switch applies at once, so
+        the resumed turn runs on the model picked for it (HA-6's `open` status)."""
+        operation = self.lane.info().operation
+        return operation is not None and operation.status != "open"
+
+    def would_queue(self) -> bool:
+        """Whether a switch asked for now would wait for a running turn (or an earlier pick)."""
+        return self.turn_lock.locked() or self._pick is not None or self._turn_running()
+
+    def check_model(self, model: ModelIdentity) -> None:
+        """Refuse a model that cannot run here, before anything changes: `ModelUnavailable` (no
+        provider offers it, or its weights file is missing), `MissingApiKey` (its key is not set)."""
         registry = self.harness.options.models
         if registry is not None:
-            registry.model(model)
+            registry.usable(model)
+
+    async def apply_model(self, model: ModelIdentity, context: Context, *, always_record: bool,
+                          record: bool = True) -> None:
+        """Configure `model` and record the switch: always with `always_record` (a queued switch's
+        completion, a cold conversation), else only for a real change in a spoken conversation;
+        never with `record` False (the caller's own row records it).
+        The caller holds the turn lock with the lane idle. Raises `ModelUnavailable` before
+        anything is written when the harness's registry cannot serve `model`, `MissingApiKey`
+        when its key is not set (`check_model`)."""
+        self.check_model(model)
         previous = self.lane.config.model
         await self.lane.set_model(model, context)
         details = ModelSwitched(previous=previous, model=model)
+        if not record:
+            return
         if always_record:
             recorded = await record_chat_event(self.harness, details, context)
         elif (previous.provider, previous.model_id) != (model.provider, model.model_id):
@@ -281,25 +305,29 @@ class ConversationSettings:
 
     # -- turn admission (CE-14) -----------------------------------------------------------------
 
-    async def admit(self, text: str, images: Sequence[ImageContent], context: Context) -> AcceptedRun:
+    async def admit(self, text: str, images: Sequence[ImageContent], context: Context, *,
+                    above: Sequence[Message] = ()) -> AcceptedRun:
         """Accept a turn of `text` (and `images`) under the turn lock, after any queued switch.
 
-        If the lane's reasoning level differs from the baseline (the previous admitted turn's
-        level, or a level a row announced since), a `ReasoningChanged` row is accepted in the same
-        commit, right above the prompt; the baseline is then written. Raises `InvalidMessage` for
+        `above` (rows the model reads, e.g. a command's) are accepted in the same commit, above
+        the prompt. If the lane's reasoning level differs from the baseline (the previous admitted
+        turn's level, or a level a row announced since), a `ReasoningChanged` row is accepted in
+        that commit too, right above the prompt; the baseline is then written. Raises `InvalidMessage` for
         an empty prompt, `ConversationEnded` once the conversation was ended, and whatever
         `Lane.accept` raises (`LaneBusy`, `PromptTooLarge`)."""
         if not text and not images:
             raise InvalidMessage("nothing to send: the prompt is empty")
         await refuse_if_ended(self.harness.session, self.harness.session.id, context)
         content: str | list[UserContent] = [TextContent(text=text), *images] if images else text
+        prompt = UserMessage(content=content)
+        check_input_size([prompt], "prompt")  # refused as a prompt, before the lock is waited for
         async with self.turn_lock:
             level = self.lane.config.thinking_level
             baseline = await self._reasoning_baseline(context)
-            messages: list[Message] = []
+            messages: list[Message] = list(above)
             if baseline is not None and baseline != level:
                 messages.append(chat_event_message(ReasoningChanged(previous=baseline, level=level)))
-            messages.append(UserMessage(content=content))
+            messages.append(prompt)
             accepted = await self.lane.accept(PromptRequest(messages=messages), context)
             await self.harness.set_value(TURN_BASELINE, TurnBaseline(level=level, entry_id=accepted.entry_ids[-1]),
                                          context)

@@ -26,19 +26,20 @@ it to a driver that returns at once (a server answering 202)."""
 
 
 async def drive_to_end(conversation: Conversation, accepted: AcceptedRun, context: Context) -> None:
-    await conversation.lane.drive(accepted.operation_id, context)
+    await conversation.drive(accepted.operation_id, context)
 
 
 def goal_command(garden: Garden, *, drive: KickoffDrive = drive_to_end) -> BuiltInCommand:
     """`/goal TEXT` for `garden`, shaped as the conversation's built-in commands are (pass it to
     `run_typed_command` in its `commands`).
 
-    Through `run_command` with early recording: the command's row (a `GoalOutcome`) is recorded
-    first, so it sits above the kickoff turn; then the turn is admitted with `TEXT` as the
-    person's message, the goal is given to the garden with that message as its origin, and the
-    turn is passed to `drive`. The goal's later status changes come as goal rows (`Garden.set_status`).
-    Raises `InvalidInput` for an empty text (recorded as the command's error), and what admitting
-    the turn raises (`LaneBusy` while a turn runs, `ConversationEnded`)."""
+    Through `run_command`: the kickoff turn (`TEXT` as the person's message) is admitted with the
+    command's row (a `GoalOutcome`) right above it, in one commit; only then is the goal given
+    to the garden, with that message as its origin, and the turn passed to `drive`. An admission
+    refused (`LaneBusy` while a turn runs, `ConversationEnded`) leaves no goal and no row claiming
+    one: the command's row records the refusal (CE-16). The goal's later status changes come as
+    goal rows (`Garden.set_status`). Raises `InvalidInput` for an empty text (recorded as the
+    command's error), and what admitting the turn raises."""
 
     async def goal(service: ConversationService, user: str, conversation: Conversation, args: str | None,
                    context: Context, *, typed: bool = True) -> GoalOutcome:
@@ -50,8 +51,7 @@ def goal_command(garden: Garden, *, drive: KickoffDrive = drive_to_end) -> Built
             goal_id = new_id()
             outcome = GoalOutcome(garden=garden.name, goal_id=goal_id,
                                   title=Goal(id=goal_id, type="durable", text=text, created_at=0).title)
-            await record_now(outcome)
-            accepted = await conversation.settings.admit(text, (), context)
+            accepted = await record_now.admit_with(outcome, text)
             origin = ConversationOrigin(conversation_id=conversation.id, message_id=accepted.entry_ids[-1])
             try:
                 await garden.add_goal("durable", text, context, origin=origin, goal_id=goal_id)

@@ -39,8 +39,8 @@ from harness.session import (
     LaneConfig,
     LaneLastResult,
     LaneState,
-    Session,
     SessionMutator,
+    SessionReader,
     Store,
     addresses,
 )
@@ -112,7 +112,7 @@ class ExportReport:
 # -- export ---------------------------------------------------------------------------------------
 
 
-async def export_harness_session(session: Session, out: TextIO, context: Context) -> ExportReport:
+async def export_harness_session(session: SessionReader, out: TextIO, context: Context) -> ExportReport:
     """Write `session` to `out` as harness JSONL (the module docstring gives the format).
 
     Reads only; the session may be in use by a harness meanwhile, but an export taken then may

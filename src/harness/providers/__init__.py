@@ -55,6 +55,7 @@ __all__ = [
     "EmbeddedWeightsMissing",
     "ErrorEvent",
     "FauxProvider",
+    "MissingApiKey",
     "Model",
     "ModelCost",
     "ModelRegistry",
@@ -94,6 +95,7 @@ _LAZY = {
     "BUILTIN_MODELS": "models",
     "EMBEDDED_IDENTITY": "models",
     "ConfiguredModel": "models",
+    "MissingApiKey": "models",
     "ModelRegistry": "models",
     "ModelsFileInvalid": "models",
     "OpenAIChatProvider": "openai_chat",
@@ -109,6 +111,7 @@ if TYPE_CHECKING:
         BUILTIN_MODELS,
         EMBEDDED_IDENTITY,
         ConfiguredModel,
+        MissingApiKey,
         ModelRegistry,
         ModelsFileInvalid,
     )

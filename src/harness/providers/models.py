@@ -75,6 +75,13 @@ from harness.messages import ModelIdentity, ThinkingLevel
 from harness.providers.protocol import ApiName, InputModality, Model, ModelCost, Provider
 
 
+class MissingApiKey(HarnessError):
+    """The chosen model needs an API key that is not in the environment; details `{model, env}`.
+    Nothing was written."""
+
+    code = "missing_api_key"
+
+
 class ModelsFileInvalid(HarnessError):
     """`models.toml` could not be read as the documented format; details `{path, problem}`."""
 
@@ -309,6 +316,18 @@ class ModelRegistry:
                           f"[providers.{provider}] (with a preset or an api) and {declare}")
             raise ModelUnavailable(provider, model_id, reason=reason)
         return template.model_copy(update={"id": identity.model_id, "name": f"{identity.model_id} (default limits)"})
+
+    def usable(self, identity: ModelIdentity) -> Model:
+        """The model `identity` names, checked before anything runs on it: `ModelUnavailable` if
+        no provider here offers it or its weights file (`path`) is not there, `MissingApiKey` if
+        its key variable is not set. Every door checks a model a person picks here."""
+        model = self.model(identity)
+        if model.path is not None and not Path(model.path).expanduser().is_file():
+            raise ModelUnavailable(identity.provider, identity.model_id, reason=f"no file at {model.path}")
+        if model.api_key_env is not None and self.api_key(model) is None:
+            raise MissingApiKey(f"model {identity.spec} needs an API key: set {model.api_key_env}",
+                                model=identity.spec, env=model.api_key_env)
+        return model
 
     def is_listed(self, identity: ModelIdentity) -> bool:
         """Whether `identity` is a built-in, declared or registered model (its limits are known),

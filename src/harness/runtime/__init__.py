@@ -82,6 +82,7 @@ from harness.runtime.requests import (
     Skill,
     SkillRequest,
     TemplateRequest,
+    check_input_size,
 )
 from harness.runtime.settings import CompactionSettings, DriveSettings, RetryPolicy, SystemPrompt
 from harness.runtime.snapshot import reduce_lane_snapshot
@@ -209,6 +210,7 @@ __all__ = [
     "ValueUpdate",
     "WaitingRetry",
     "WatchOverflow",
+    "check_input_size",
     "event_lane",
     "follow_lane",
     "read_lane_events",

@@ -65,6 +65,7 @@ from harness.runtime.summary import plan_compaction
 from harness.runtime.types import LaneExecutionInfo, LaneInfo, LaneSnapshot
 from harness.session import (
     AbortCause,
+    AppendRequest,
     CancelRequested,
     CommitResult,
     CompactionIntent,
@@ -82,6 +83,7 @@ from harness.session import (
     PendingMessage,
     RunIntent,
     RunStarting,
+    RunTools,
     SessionMutator,
     StopRequest,
     SummaryPending,
@@ -213,6 +215,13 @@ class Lane:
 
     # -- the command path ---------------------------------------------------------------------
 
+    def in_tool_calls(self) -> bool:
+        """Whether a tool call of the current operation is running (its effect started and not
+        answered yet; a call still waiting, e.g. for approval, is not), as this process knows it
+        (no read): a stop now lands during a tool call (CE-7)."""
+        state = self.projection.operation_state
+        return isinstance(state, RunTools) and any(call.status == "effect_pending" for call in state.batch.calls)
+
     def present(self, update: Callable[[LanePresentation], None], events: Sequence[HarnessEvent],
                 context: Context) -> asyncio.Future[None]:
         """Publish a live presentation change and emit its events without yielding (HA-14): a
@@ -313,10 +322,15 @@ class Lane:
             raise InvalidInput(f"custom entry data is not storable JSON: {error.errors()[0]['msg']}") from error
         return await self._append(pending, context)
 
-    async def _append(self, pending: PendingEntry, context: Context, *, entry_id: str | None = None) -> str:
+    async def _append(self, pending: PendingEntry, context: Context, *, entry_id: str | None = None,
+                      posted: str | None = None) -> str:
+        """Append `pending`; `posted` is the id of the request taken from another process it
+        answers (its entry's id too), deleted in the same commit."""
         supplied, new_entry = entry_id is not None, entry_id or new_id()
 
         async def plan(m: SessionMutator) -> Decision[str]:
+            if posted is not None:
+                m.delete(addresses.lane_request(posted))
             if supplied:
                 await self._check_unused_entries(m, [new_entry], context)
             if self.projection.state.current_operation_id is not None:
@@ -451,9 +465,10 @@ class Lane:
         taken by nobody (its owner died) is taken by the next owner. A steer or follow-up whose
         run is still current is queued as `steer` or `follow_up` would; one whose run ended
         meanwhile waits for the next run (`queue_next_run`), so the person's message is kept. A
-        stop is `request_abort` of its operation, or nothing once that has settled. A request the
-        lane refuses (`NotARun` while a compaction runs, a message too large) is dropped and
-        logged, so that it cannot block the ones after it."""
+        stop is `request_abort` of its operation, or nothing once that has settled. An append is
+        `append_message` under the request's id. A request the lane refuses (`NotARun` while a
+        compaction runs, a message too large, an append whose entry exists already) is dropped
+        and logged, so that it cannot block the ones after it."""
 
         async def read(m: SessionMutator) -> Decision[list[tuple[str, LaneRequest]]]:
             found = await m.scan_records(addresses.lane_request(""), context)
@@ -464,15 +479,20 @@ class Lane:
         applied = 0
         async with self._taking:
             for request_id, request in await self.core.line.run(read, context):
-                posted = (request_id, request.operation_id)
                 try:
                     if isinstance(request, StopRequest):
+                        posted = (request_id, request.operation_id)
                         applied += await self._abort(request.cause, context, posted=posted) is not None
+                    elif isinstance(request, AppendRequest):
+                        check_input_size([request.message], "message")
+                        await self._append(PendingMessage(message=owned(request.message)), context,
+                                           entry_id=request_id, posted=request_id)
+                        applied += 1
                     else:
                         await self._queue(request.kind, request.message, context, needs_operation=True,
-                                          posted=posted)
+                                          posted=(request_id, request.operation_id))
                         applied += 1
-                except (NotARun, InvalidMessage, PromptTooLarge, InvalidInput) as refused:
+                except (NotARun, InvalidMessage, PromptTooLarge, InvalidInput, OperationIdTaken) as refused:
                     logger.warning("lane %s dropped request %s: %s", self.name, request_id, refused)
                     await self._drop_request(request_id, context)
         return applied

@@ -95,7 +95,7 @@ async def read_conversation(conversation_id: str, user: CurrentUser, state: Stat
         return await _cold_view(state.service, user, conversation_id, context)
     conversation = await state.service.open(user, conversation_id, context)
     listed = ConversationOut.of(conversation.info).model_dump()
-    return ConversationView(**listed, model=conversation.lane.config.model)
+    return ConversationView(**listed, model=conversation.config().model)
 
 
 async def _cold_view(service: ConversationService, user: str, conversation_id: str,
@@ -131,7 +131,7 @@ async def close_conversation(conversation_id: str, user: CurrentUser, state: Sta
         await state.service.is_open(user, conversation_id, context)
         return
     conversation = await state.service.open(user, conversation_id, context)
-    if (operation := conversation.lane.info().operation) is not None:
+    if (operation := conversation.operation()) is not None:
         raise LaneBusy(f"conversation {conversation_id} has a run open; stop it first", operation_id=operation.id)
     await state.service.close(user, conversation_id, context)
 

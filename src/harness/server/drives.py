@@ -28,13 +28,13 @@ class Drives:
     def start(self, conversation: Conversation, lane: str, operation_id: str) -> asyncio.Task[DriveOutcome]:
         """Drive `operation_id` of `conversation`'s `lane` in a task of the server (the same task
         while it runs). Cancelling the request that started it does not stop it; a durable abort
-        does (`Lane.request_abort`)."""
+        does (`Conversation.stop`)."""
         running = self._tasks.get(operation_id)
         if running is not None:
             return running
         self.conversation_of[operation_id] = conversation.id
         context = Context({"server": "drive", "conversation_id": conversation.id, "operation_id": operation_id})
-        task = asyncio.get_running_loop().create_task(conversation.harness.lane(lane).drive(operation_id, context))
+        task = asyncio.get_running_loop().create_task(conversation.drive(operation_id, context, lane=lane))
         self._tasks[operation_id] = task
         task.add_done_callback(lambda done: self._ended(operation_id, done))
         return task

@@ -16,7 +16,7 @@ from fastapi import APIRouter, status
 from pydantic import BaseModel, ConfigDict, Field
 
 from harness.context import Context
-from harness.conversation import Conversation, GoalOutcome
+from harness.conversation import MAIN_LANE, Conversation, GoalOutcome
 from harness.errors import InvalidInput
 from harness.garden import Garden, GardenNotFound, GardenSetup, Goal, GoalState, garden_names, goal_command
 from harness.messages import ModelIdentity
@@ -117,7 +117,7 @@ async def _give_goal(state: ServerState, user: str, conversation: Conversation, 
     kickoff: list[AcceptedRun] = []
 
     async def drive(driven: Conversation, accepted: AcceptedRun, context: Context) -> None:
-        state.drive(driven, driven.lane.name, accepted.operation_id)
+        state.drive(driven, MAIN_LANE, accepted.operation_id)
         kickoff.append(accepted)
 
     outcome = await goal_command(garden, drive=drive)(state.service, user, conversation, body.text, context)

@@ -178,7 +178,7 @@ class ServerState:
         with external workers the session read cold, whoever holds it. Raises `SessionNotFound`
         and `Forbidden` (another user's)."""
         if not self.external:
-            return (await self.service.open(user, conversation_id, context)).harness.session
+            return (await self.service.open(user, conversation_id, context)).journal
         await self.service.is_open(user, conversation_id, context)  # the owner check
         return await self.service.store.open_session(conversation_id, context)
 
@@ -191,7 +191,7 @@ class ServerState:
         and `StorageCorruption`."""
         if not self.external:
             conversation = await self.service.open(user, conversation_id, context)
-            return LaneEvents.of_watch(await conversation.lane.watch(context), conversation.harness.session)
+            return await conversation.lane_events(context)
         await self.service.is_open(user, conversation_id, context)
         follow = await follow_lane(self.service.store, conversation_id, MAIN_LANE, context,
                                    poll_s=self.options.follow_poll_s)
@@ -238,10 +238,10 @@ class ServerState:
             while True:
                 try:
                     async with self.conversation(user, conversation_id, context) as conversation:
-                        accepted = await conversation.settings.admit(text, images, context)
+                        accepted = await conversation.admit(text, context, images=images)
                         if before_drive is not None:
                             await before_drive(conversation, accepted)
-                        self.drive(conversation, conversation.lane.name, accepted.operation_id)
+                        self.drive(conversation, MAIN_LANE, accepted.operation_id)
                     return conversation, accepted
                 except ConversationHeld:
                     if changes is None:
@@ -263,10 +263,8 @@ class ServerState:
         worker (`Session.post_request`); drained queues are then not known here. Raises
         `NoActiveOperation` when nothing runs, or another run than `operation_id`."""
         if not self.external:
-            lane = (await self.service.open(user, conversation_id, context)).lane
-            current = lane.info().operation
-            _refuse_another_run(conversation_id, operation_id, current.id if current is not None else None)
-            return await lane.request_abort("user", context)
+            conversation = await self.service.open(user, conversation_id, context)
+            return await conversation.stop(context, operation_id=operation_id)
         session, current_id = await self._open_run(user, conversation_id, context)
         _refuse_another_run(conversation_id, operation_id, current_id)
         state = await session.get(addresses.operation_state(current_id), context)
@@ -284,8 +282,8 @@ class ServerState:
         `NoActiveOperation` when nothing runs."""
         message = UserMessage(content=text)
         if not self.external:
-            lane = (await self.service.open(user, conversation_id, context)).lane
-            queued = lane.steer if kind == "steer" else lane.follow_up
+            conversation = await self.service.open(user, conversation_id, context)
+            queued = conversation.steer if kind == "steer" else conversation.follow_up
             return await queued(message, context), None
         session, operation_id = await self._open_run(user, conversation_id, context)
         request = QueueRequest(kind=kind, lane=MAIN_LANE, operation_id=operation_id, message=message,

@@ -70,6 +70,7 @@ from harness.session.migrations import DATA_MIGRATIONS, DataMigration
 from harness.session.records import (
     PHASES_OF_KIND,
     AbortCause,
+    AppendRequest,
     AssistantEffectPending,
     AssistantReady,
     AssistantRetryWait,
@@ -135,6 +136,7 @@ __all__ = [
     "TOKEN_PREFIX",
     "AbortCause",
     "AppendList",
+    "AppendRequest",
     "AssistantEffectPending",
     "AssistantReady",
     "AssistantRetryWait",

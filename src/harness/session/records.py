@@ -66,7 +66,19 @@ class StopRequest(Record):
     requested_at: int
 
 
-LaneRequest = Annotated[QueueRequest | StopRequest, Field(discriminator="kind")]
+class AppendRequest(Record):
+    """A message another process asks the lane's owner to append (a chat event, a garden's
+    message): placed at once on an idle lane, else a pending write placed at the open
+    operation's next safe point, never between a tool call and its result (CE-11). Its entry
+    takes the request's id, so the poster knows it and a request posted twice appends once."""
+
+    kind: Literal["append"] = "append"
+    lane: str
+    message: Message
+    requested_at: int
+
+
+LaneRequest = Annotated[QueueRequest | StopRequest | AppendRequest, Field(discriminator="kind")]
 """What a process that does not own a session may ask of a lane's owner (`Session.post_request`);
 the owner takes each once (`Lane.take_requests`)."""
 

@@ -493,14 +493,15 @@ class Session(SessionReader):
         self._refuse_if_owned()
         await self._create_lane(name, config, at, on_committed, None, context)
 
-    async def post_request(self, request: LaneRequest, context: Context) -> str:
+    async def post_request(self, request: LaneRequest, context: Context, *, request_id: str | None = None) -> str:
         """Leave `request` for whoever drives `request.lane`, owned here, in another process or by
-        nobody yet, and return its id: one commit that no owner refuses, because the owner takes
-        and deletes the request itself (`Lane.take_requests`) and reads nothing else of it. On
-        PostgreSQL the store's listeners are woken in the same transaction (`WorkBoard.listen`).
-        Raises `InvalidInput` for a request that does not fit its record type and
-        `SessionNotFound` for a session that is gone."""
-        request_id = new_id()
+        nobody yet, and return its id (`request_id`, else a new one; the same id posted again
+        replaces the request, so a retried post is one request): one commit that no owner
+        refuses, because the owner takes and deletes the request itself (`Lane.take_requests`)
+        and reads nothing else of it. On PostgreSQL the store's listeners are woken in the same
+        transaction (`WorkBoard.listen`). Raises `InvalidInput` for a request that does not fit
+        its record type and `SessionNotFound` for a session that is gone."""
+        request_id = request_id or new_id()
         address = addresses.lane_request(request_id)
         write = SetValue(address.namespace, address.key, encode(address.adapter, request))
         await self._backend.post(self.id, [write], context)

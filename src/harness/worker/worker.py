@@ -149,7 +149,7 @@ class Worker:
             try:
                 while not self._stopping.is_set():
                     await self._take_all(conversation, context)
-                    operations = [(lane.name, lane.operation.id) for lane in conversation.harness.lanes
+                    operations = [(lane.name, lane.operation.id) for lane in conversation.lanes()
                                   if lane.operation is not None]
                     if not operations:
                         break
@@ -175,9 +175,8 @@ class Worker:
                      context: Context) -> list[DriveOutcome]:
         """Drive the operations (lane, operation id) to their ends or waits; once the worker is
         stopping, pause each at its next step boundary instead."""
-        harness = conversation.harness
         drives: asyncio.Future[list[DriveOutcome]] = asyncio.gather(*(
-            harness.lane(lane).drive(operation_id, context, wait_for_retry=False, poll_deferred=True)
+            conversation.drive(operation_id, context, lane=lane, wait_for_retry=False, poll_deferred=True)
             for lane, operation_id in operations))
         stopping = asyncio.ensure_future(self._stopping.wait())
         either: list[asyncio.Future[Any]] = [drives, stopping]
@@ -185,7 +184,7 @@ class Worker:
             await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
             if not drives.done():
                 for lane, _ in operations:
-                    await harness.lane(lane).pause_drive(context)
+                    await conversation.pause_drive(context, lane=lane)
             return await drives
         except asyncio.CancelledError:  # the grace ran out: halted with the harness's close
             drives.cancel()
@@ -245,8 +244,7 @@ class Worker:
         task.add_done_callback(self._taking.discard)
 
     async def _take_all(self, conversation: Conversation, context: Context) -> None:
-        for lane in conversation.harness.lanes:
-            await conversation.harness.lane(lane.name).take_requests(context)
+        await conversation.take_requests(context)
 
     async def _listen(self, context: Context) -> None:
         """Wake the claim loop when a session is released or gets a request; a request for a held
