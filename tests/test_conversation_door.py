@@ -16,6 +16,7 @@ from drive_helpers import FAUX, ProbeTool, within
 from garden_helpers import OWNER, make_garden
 from harness.context import Context
 from harness.conversation import (
+    BUILT_IN_COMMANDS,
     CommandRan,
     Conversation,
     ConversationEnded,
@@ -24,7 +25,10 @@ from harness.conversation import (
     GoalStatus,
     Interrupted,
     ModelOutcome,
+    ModelSwitch,
     ModelSwitched,
+    PostedCommand,
+    RenameOutcome,
     fast,
     garden_message_of,
     model,
@@ -35,8 +39,8 @@ from harness.errors import HarnessError
 from harness.garden import goal_command
 from harness.messages import ModelIdentity, UserMessage
 from harness.providers import FAUX_MODEL
-from harness.providers.faux import reply, tool_call
-from harness.runtime import DriveSettings, LaneBusy, QueueUpdate, Settled
+from harness.providers.faux import FauxReply, delay, reply, tool_call
+from harness.runtime import DriveSettings, LaneBusy, QueueUpdate, Settled, ValueUpdate
 from harness.session import LaneConfig, Store, new_id
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "harness"
@@ -256,4 +260,49 @@ async def test_rows_and_garden_messages_reach_a_conversation_another_holder_has(
                                                       "assistant"]
     assert rows_of(messages) == [GoalStatus(goal_id="g-1", status="done", title="Roses")]
     assert garden_message_of(messages[4]) == said
+    await holder.close_all(ctx)
+
+
+async def test_steer_commands_switches_and_stops_reach_a_conversation_another_holder_has(
+        store: Store, ctx: Context) -> None:
+    """CE-7, CE-12, CE-16: while one holder has the conversation live with a tool call running,
+    another process's steer, typed command and model switch are posted to it (accepted, not
+    `session_owned`) and applied as its own door would: the steer read after the call, the
+    command's row recorded, the switch queued behind the turn; a stop ends its next turn."""
+    probe = ProbeTool()
+    gate = probe.gate("k")
+    hold = delay(asyncio.Event())
+    setup = ConversationSetup(drive=DriveSettings(frame_interval_s=0), commands=BUILT_IN_COMMANDS)
+    script: list[FauxReply | str] = [reply(tool_call("probe", {"key": "k"})), "noted", reply("stopping", hold)]
+    holder, faux = faux_service(store, script, tools=[probe], models=[SECOND], setup=setup)
+    elsewhere, _ = faux_service(store, [], models=[SECOND], setup=setup)
+    conversation = await holder.create(OWNER, TOOLS, ctx)
+    watch = await conversation.watch(ctx)
+    running = asyncio.ensure_future(conversation.send("go", ctx))
+    await probe.wait_started("k")
+
+    entry_id, steer_id = await elsewhere.queue(OWNER, conversation.id, "steer", UserMessage(content="be brief"), ctx)
+    posted = await elsewhere.command(OWNER, conversation.id, "/rename notes", ctx)
+    switch = await elsewhere.switch_model(OWNER, conversation.id, FAUX_2, ctx)
+    async for event in watch:  # the holder took the steer, then ran the rename
+        if isinstance(event, ValueUpdate) and event.key == "session_name":
+            break
+    watch.close()
+    gate.set()
+    settled(await within(running))
+    second = asyncio.ensure_future(conversation.send("one more", ctx))
+    await within(hold.reached.wait())
+    stopped = await elsewhere.stop(OWNER, conversation.id, ctx)
+    outcome = settled(await within(second))
+
+    assert entry_id is None
+    assert isinstance(steer_id, str)
+    assert isinstance(posted, PostedCommand)
+    assert switch == ModelSwitch(model=FAUX_2, queued=True)
+    assert [request.model.id for request in faux.requests] == ["faux", "faux", "faux-2"]
+    assert "be brief" in str(faux.requests[1].request.messages)
+    assert (stopped.operation_id, outcome.result.outcome) == (outcome.operation_id, "aborted")
+    details = await rows(conversation, ctx)
+    assert details[:2] == [CommandRan(name="rename", args="notes", outcome=RenameOutcome(name="notes")),
+                           ModelSwitched(previous=FAUX, model=FAUX_2)]
     await holder.close_all(ctx)

@@ -24,6 +24,7 @@ import httpx
 
 from harness.context import Context
 from harness.conversation import (
+    BUILT_IN_COMMANDS,
     DEFAULT_AGENTS,
     DELEGATION_TOOL_NAMES,
     JOURNAL_DATA_MIGRATIONS,
@@ -203,7 +204,7 @@ def client_setup(registry: ModelRegistry, workspace: Workspace, home: Path, appr
         models=registry, system_prompt=system_prompt(workspace), drive=drive or drive_settings(),
         hooks=RunHooks(before_tool=approval, before_tool_applies=approval.needs_approval), listeners=listeners,
         directory=workspace.root, projects_file=home / PROJECTS_FILE, running_jobs=jobs.running,
-        fast_model=registry.fast_identity,
+        fast_model=registry.fast_identity, commands=BUILT_IN_COMMANDS,
         tools_for=lambda target: builtin_tools(workspace, directory=lambda: target.directory, jobs=jobs,
                                                owner=target.conversation_id),
         agents=DEFAULT_AGENTS)

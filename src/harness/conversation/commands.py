@@ -12,7 +12,7 @@ conversation.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Literal, Protocol, TypeVar
+from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict
 
@@ -29,7 +29,14 @@ from harness.conversation.chat_events import (
 from harness.conversation.command_rows import CommandInvocation, compact_outcome, fast_outcome
 from harness.conversation.projects import PROJECT_SELECTION
 from harness.conversation.recording import CONVERSATION_VALUES, MAIN_LANE
-from harness.conversation.service import OWNER, Conversation, ConversationService, RecordNow
+from harness.conversation.service import (
+    OWNER,
+    BuiltInCommand,
+    Conversation,
+    ConversationService,
+    RecordNow,
+    command_of,
+)
 from harness.conversation.settings import BUILD_TOOLS
 from harness.errors import HarnessError, InvalidInput
 from harness.messages import THINKING_LEVELS, ModelIdentity, ThinkingLevel
@@ -45,12 +52,6 @@ class NoFastModel(HarnessError):
     code = "no_fast_model"
 
 
-class UnknownCommand(HarnessError):
-    """A typed line names no built-in command; nothing ran and nothing was recorded."""
-
-    code = "unknown_command"
-
-
 class FastBefore(BaseModel):
     """The model and reasoning level `/fast` switched away from, to switch back to."""
 
@@ -63,11 +64,6 @@ class FastBefore(BaseModel):
 FAST_BEFORE = addresses.value_address(CONVERSATION_VALUES.namespace, "fast_before", FastBefore)
 """Present while fast mode is on: what `/fast` again restores. A session value, so fast mode
 survives a restart and a restore from the journal."""
-
-
-class BuiltInCommand(Protocol):
-    async def __call__(self, service: ConversationService, user: str, conversation: Conversation, args: str | None,
-                       context: Context, *, typed: bool = True) -> CommandOutcome: ...
 
 
 def _invocation(name: str, args: str | None, typed: bool) -> CommandInvocation | None:
@@ -249,8 +245,5 @@ async def run_typed_command(service: ConversationService, user: str, conversatio
     """Run the command a person typed as `line` (`/name args`) from `commands` (a layer above may
     add its own, e.g. the garden's `/goal`), recorded (CE-16). Raises `UnknownCommand` (nothing
     recorded) for a name `commands` does not have, and what the command raises."""
-    name, _, args = line.strip().removeprefix("/").partition(" ")
-    command = commands.get(name)
-    if command is None:
-        raise UnknownCommand(f"there is no command /{name}", name=name)
-    return await command(service, user, conversation, args.strip() or None, context)
+    command, args = command_of(line, commands)
+    return await command(service, user, conversation, args, context)

@@ -11,11 +11,11 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager, suppress
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Literal, TypeVar
+from typing import Any, Literal, Protocol, TypeVar
 
 from pydantic import BaseModel, ConfigDict
 
@@ -103,16 +103,20 @@ from harness.runtime import (
 from harness.session import (
     AbortCause,
     AppendRequest,
+    CancelRequested,
     ChangeFeed,
+    CommandRequest,
     CustomMessagePayload,
     Entry,
     ImageStore,
     LaneConfig,
+    QueueRequest,
     Session,
     SessionMutator,
     SessionNotFound,
     SessionOwned,
     SessionReader,
+    StopRequest,
     Store,
     StoredImage,
     ValueAddress,
@@ -125,6 +129,9 @@ OWNER = addresses.value_address(CONVERSATION_VALUES.namespace, "owner", str)
 
 
 T = TypeVar("T")
+
+PostedRunner = Callable[["Conversation", CommandRequest, Context], Coroutine[Any, Any, None]]
+"""How a conversation runs a command another process posted for it (its service's)."""
 
 class RecordNow:
     """`record_now(outcome)`: record a running command's row at once, or `record_now.admit_with(...)`
@@ -171,6 +178,39 @@ logger = logging.getLogger(__name__)
 IMAGE_SWEEP_GRACE_S = 3_600.0
 """How long an image stays after its latest store even when no entry names it: a tool result that
 names it may not be committed yet (`ConversationService.sweep_images`)."""
+
+
+class UnknownCommand(HarnessError):
+    """A typed line names no command the door runs; nothing ran and nothing was recorded."""
+
+    code = "unknown_command"
+
+
+class BuiltInCommand(Protocol):
+    """A typed command (`harness.conversation.commands`): `typed` True when a person typed it
+    (its row is recorded, CE-16), False for a program's call."""
+
+    async def __call__(self, service: ConversationService, user: str, conversation: Conversation, args: str | None,
+                       context: Context, *, typed: bool = True) -> CommandOutcome: ...
+
+
+def command_of(line: str, commands: Mapping[str, BuiltInCommand]) -> tuple[BuiltInCommand, str | None]:
+    """The command a typed `/name args` line names in `commands`, and its arguments (None when
+    none follow). Raises `UnknownCommand`."""
+    name, _, args = line.strip().removeprefix("/").partition(" ")
+    command = commands.get(name)
+    if command is None:
+        raise UnknownCommand(f"there is no command /{name}", name=name)
+    return command, args.strip() or None
+
+
+class PostedCommand(BaseModel):
+    """A command left for the process that holds the conversation (`CommandRequest`): accepted,
+    not run yet; its row (or its failure's) reaches watchers when the holder runs it."""
+
+    model_config = ConfigDict(frozen=True)
+
+    request_id: str
 
 
 class Forbidden(HarnessError):
@@ -222,6 +262,9 @@ class ConversationSetup:
     """The sub-agents the model may delegate to (CE-18): with a registry the harness gets the
     `delegate` and `workflow` tools, offered on a lane whose active tools name them; None: no
     delegation. `DEFAULT_AGENTS` is one general agent on the delegating lane's model and tools."""
+    commands: Mapping[str, BuiltInCommand] = field(default_factory=dict)
+    """The typed commands this service runs for requests other processes post for a
+    conversation it holds (`ConversationService.command`); the doors give the built-in ones."""
     event_log_limit: int = DEFAULT_EVENT_LOG_LIMIT
     """How many durable events each lane's event log keeps after a settlement: a watcher that
     reconnects from an older event id gets a fresh snapshot instead (`AgentHarnessOptions`)."""
@@ -391,8 +434,10 @@ class Conversation:
     child's, or one a person opened with `--lane`)."""
 
     def __init__(self, info: ConversationInfo, settings: ConversationSettings, open_operations: list[OpenOperation],
-                 feed: InstanceFeed, changes: ChangeFeed, delegation: Delegation | None = None) -> None:
+                 feed: InstanceFeed, changes: ChangeFeed, delegation: Delegation | None = None,
+                 run_posted: PostedRunner | None = None) -> None:
         self.info = info
+        self._run_posted = run_posted
         self._harness = harness = settings.harness
         self.delegation = delegation
         """The conversation's sub-agents, when its setup has agents (CE-18)."""
@@ -402,7 +447,7 @@ class Conversation:
         (inventory, not scheduling advice: HA-1, HA-5)."""
         self._settings = settings
         self._feed = feed
-        self._recording: set[asyncio.Task[bool]] = set()
+        self._recording: set[asyncio.Task[object]] = set()
         harness.add_listener(self._on_event)
         self._posted = changes.subscribe(info.id)
         self._taking = True
@@ -625,8 +670,18 @@ class Conversation:
 
     async def take_requests(self, context: Context) -> int:
         """Apply what other processes posted for this conversation's lanes (`Session.post_request`):
-        steer, follow-up, stop; returns how many were applied (`Lane.take_requests`)."""
-        return sum([await self._harness.lane(info.name).take_requests(context) for info in self._harness.lanes])
+        steer, follow-up, stop, rows to append, and commands, each run in a task of its own (as
+        the holder's service runs them); returns how many were taken (`Lane.take_requests`)."""
+        on_command = self._on_posted_command if self._run_posted is not None else None
+        return sum([await self._harness.lane(info.name).take_requests(context, on_command=on_command)
+                    for info in self._harness.lanes])
+
+    def _on_posted_command(self, request: CommandRequest) -> None:
+        assert self._run_posted is not None
+        context = Context({"conversation_id": self.id, "task": "posted command"})
+        task: asyncio.Task[object] = asyncio.get_running_loop().create_task(self._run_posted(self, request, context))
+        self._recording.add(task)
+        task.add_done_callback(self._recording.discard)
 
     async def navigate(self, target_entry_id: str | None, context: Context, *, lane: str = MAIN_LANE) -> DriveOutcome:
         """Move the lane's tip back to `target_entry_id` (None: the start), as a navigation."""
@@ -836,15 +891,23 @@ class ConversationService:
         Live here: `Conversation.switch_model` (immediate, or queued behind the running turn
         and acknowledged after `acknowledge_after_s`; `ModelSwitchRefused` for a superseded or
         closed wait). Cold: applied under the session lock and always recorded; an operation a
-        stopped process left open takes the new model when it is resumed."""
+        stopped process left open takes the new model when it is resumed. Held by another
+        process: posted to it as `/model` (a program's call, `CommandRequest`) and acknowledged
+        `queued`: the holder switches as it would for its own door, and its row says when."""
         session = await self._owned(user, conversation_id, context)
         live = self._live.get(conversation_id)
         if live is not None:
             return await live.switch_model(model, context, wait_for_completion=wait_for_completion,
                                            acknowledge_after_s=acknowledge_after_s)
-        async with self._temporary_settings(session, user, context) as settings, settings.turn_lock:
-            await settings.apply_model(model, context, always_record=True)
-        return ModelSwitch(model=model, queued=False)
+        async with self._settings_or_none(session, user, context) as settings:
+            if settings is not None:
+                async with settings.turn_lock:
+                    await settings.apply_model(model, context, always_record=True)
+                return ModelSwitch(model=model, queued=False)
+        request = CommandRequest(lane=MAIN_LANE, user=user, line=f"/model {model.spec}", typed=False,
+                                 requested_at=now_ms())
+        await session.post_request(request, context)
+        return ModelSwitch(model=model, queued=True)
 
     def list_switchable_projects(self, user: str) -> Sequence[SwitchableProject]:
         """The projects `user` may switch a conversation to, read from `setup.projects_file` at
@@ -874,6 +937,79 @@ class ConversationService:
         running = self.setup.running_jobs(conversation_id) if self.setup.running_jobs is not None else 0
         async with self._settings_of(user, conversation_id, context) as settings:
             return await switch_project(settings, project, by, running, context)
+
+    # -- acts from any process: live here, or posted to the process that holds the conversation ---
+
+    async def queue(self, user: str, conversation_id: str, kind: Literal["steer", "follow_up"], message: Message,
+                    context: Context) -> tuple[str | None, str | None]:
+        """Steer or follow up the conversation's open run wherever it is driven; returns
+        `(entry_id, request_id)`. Live here: queued at once (`Conversation.steer`,
+        `follow_up`), its entry id. Otherwise posted for whoever drives the run (`QueueRequest`),
+        the request's id: the holder queues it at its next look, or the next run takes it if this
+        one ended meanwhile. Raises `NoActiveOperation` when nothing runs, `Forbidden`."""
+        session = await self._owned(user, conversation_id, context)
+        if (live := self._live.get(conversation_id)) is not None:
+            queued = live.steer if kind == "steer" else live.follow_up
+            return await queued(message, context), None
+        operation_id = await _open_run(session, context)
+        request = QueueRequest(kind=kind, lane=MAIN_LANE, operation_id=operation_id, message=message,
+                               requested_at=now_ms())
+        return None, await session.post_request(request, context)
+
+    async def stop(self, user: str, conversation_id: str, context: Context, *,
+                   operation_id: str | None = None) -> AbortRequest:
+        """Stop the conversation's open run durably (cause `user`), wherever it is driven, only if
+        it is `operation_id` when given: live here `Conversation.stop`; otherwise a `StopRequest`
+        posted for the holder (drained queues are then not known here). Raises
+        `NoActiveOperation` when nothing runs, or another run than `operation_id`; `Forbidden`."""
+        session = await self._owned(user, conversation_id, context)
+        if (live := self._live.get(conversation_id)) is not None:
+            return await live.stop(context, operation_id=operation_id)
+        current = await _open_run(session, context)
+        if operation_id is not None and operation_id != current:
+            raise NoActiveOperation(f"run {operation_id} of conversation {conversation_id} is not open",
+                                    lane=MAIN_LANE)
+        state = await session.get(addresses.operation_state(current), context)
+        already = state is not None and isinstance(state.control, CancelRequested)
+        if not already:
+            await session.post_request(StopRequest(lane=MAIN_LANE, operation_id=current, cause="user",
+                                                   requested_at=now_ms()), context)
+        return AbortRequest(operation_id=current, newly_requested=not already, steer=(), follow_up=())
+
+    async def command(self, user: str, conversation_id: str, line: str, context: Context, *,
+                      commands: Mapping[str, BuiltInCommand] | None = None,
+                      typed: bool = True) -> CommandOutcome | PostedCommand:
+        """Run the command typed as `line` (`/name args`) from `commands` (default the setup's)
+        on the conversation wherever it is held (CE-16): live here, or attached here for the
+        command and let go after, its outcome returned; held by another process, posted to it
+        (`CommandRequest`) and `PostedCommand` returned: the holder runs it from its own table
+        and records its row, or its failure's. `typed` False runs it as a program's call (no
+        command row). Raises `UnknownCommand` (nothing recorded), `Forbidden`, and what the
+        command raises when it runs here."""
+        table = self.setup.commands if commands is None else commands
+        command, args = command_of(line, table)
+        session = await self._owned(user, conversation_id, context)
+        if (live := self._live.get(conversation_id)) is not None:
+            return await command(self, user, live, args, context, typed=typed)
+        try:
+            opened = await self._attach(session, user, context)
+        except SessionOwned:
+            request = CommandRequest(lane=MAIN_LANE, user=user, line=line, typed=typed, requested_at=now_ms())
+            return PostedCommand(request_id=await session.post_request(request, context))
+        try:
+            return await command(self, user, opened, args, context, typed=typed)
+        finally:
+            await self.close(user, conversation_id, context)
+
+    async def _run_posted(self, conversation: Conversation, request: CommandRequest, context: Context) -> None:
+        """Run a command another process posted, from the setup's table, as the poster's user; a
+        failure is the command's row (CE-16) and a line in the log, never the holder's problem."""
+        try:
+            command, args = command_of(request.line, self.setup.commands)
+            await command(self, request.user, conversation, args, context, typed=request.typed)
+        except HarnessError as error:
+            logger.warning("command %r posted for conversation %s failed: %s", request.line, conversation.id,
+                           error.message)
 
     async def send(self, user: str, conversation_id: str, text: str, context: Context, *,
                    images: Sequence[ImageContent] = ()) -> DriveOutcome:
@@ -1119,7 +1255,7 @@ class ConversationService:
                                 created_at=session.info.created_at, updated_at=session.info.updated_at)
         settings = await ConversationSettings.read(harness, target, context)
         conversation = self._live[session.id] = Conversation(info, settings, open_operations, self.feed,
-                                                             self.store.changes, delegation)
+                                                             self.store.changes, delegation, self._run_posted)
         return conversation
 
     async def _target(self, session: Session, context: Context) -> ExecutionTarget:
@@ -1133,6 +1269,14 @@ class ConversationService:
         if setup.projects_file is not None:
             tools.append(project_tool(lambda: self.list_switchable_projects(user), target))
         return [*tools, *(delegation.tools if delegation is not None else ())]
+
+
+async def _open_run(session: Session, context: Context) -> str:
+    """The id of the conversation's open run, read cold; `NoActiveOperation` when none is."""
+    state = await session.get(addresses.lane_state(MAIN_LANE), context)
+    if state is None or state.current_operation_id is None:
+        raise NoActiveOperation(f"conversation {session.id} has no run open", lane=MAIN_LANE)
+    return state.current_operation_id
 
 
 async def _name(session: Session, context: Context) -> str | None:

@@ -67,6 +67,7 @@ from harness.session import (
     AbortCause,
     AppendRequest,
     CancelRequested,
+    CommandRequest,
     CommitResult,
     CompactionIntent,
     InboxItem,
@@ -456,7 +457,8 @@ class Lane:
 
     # -- requests from other processes ------------------------------------------------------------
 
-    async def take_requests(self, context: Context) -> int:
+    async def take_requests(self, context: Context, *,
+                            on_command: Callable[[CommandRequest], None] | None = None) -> int:
         """Take every request other processes posted for this lane (`Session.post_request`), oldest
         first, each in one commit that also deletes it, and return how many were applied.
 
@@ -466,9 +468,11 @@ class Lane:
         run is still current is queued as `steer` or `follow_up` would; one whose run ended
         meanwhile waits for the next run (`queue_next_run`), so the person's message is kept. A
         stop is `request_abort` of its operation, or nothing once that has settled. An append is
-        `append_message` under the request's id. A request the lane refuses (`NotARun` while a
-        compaction runs, a message too large, an append whose entry exists already) is dropped
-        and logged, so that it cannot block the ones after it."""
+        `append_message` under the request's id. A command is deleted, then handed to
+        `on_command` (the conversation runs it); without `on_command` it is left for an owner
+        that runs commands. A request the lane refuses (`NotARun` while a compaction runs, a
+        message too large, an append whose entry exists already) is dropped and logged, so that
+        it cannot block the ones after it."""
 
         async def read(m: SessionMutator) -> Decision[list[tuple[str, LaneRequest]]]:
             found = await m.scan_records(addresses.lane_request(""), context)
@@ -483,6 +487,12 @@ class Lane:
                     if isinstance(request, StopRequest):
                         posted = (request_id, request.operation_id)
                         applied += await self._abort(request.cause, context, posted=posted) is not None
+                    elif isinstance(request, CommandRequest):
+                        if on_command is None:
+                            continue
+                        await self._drop_request(request_id, context)
+                        on_command(request)
+                        applied += 1
                     elif isinstance(request, AppendRequest):
                         check_input_size([request.message], "message")
                         await self._append(PendingMessage(message=owned(request.message)), context,

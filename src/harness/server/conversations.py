@@ -26,10 +26,10 @@ from harness.conversation import (
     DisplayPage,
     FastOutcome,
     ModelSwitch,
+    PostedCommand,
     SwitchableProject,
     compact,
     fast,
-    run_typed_command,
 )
 from harness.messages import ImageContent, ModelIdentity
 from harness.runtime import LaneBusy
@@ -243,16 +243,22 @@ class TypedCommand(_Body):
     line: str = Field(description="The command as typed: `/name args`.", examples=["/rename notes"])
 
 
-@router.post("/conversations/{conversation_id}/command", response_model=CommandOutcome)
-async def command(conversation_id: str, body: TypedCommand, user: CurrentUser, state: State,
-                  context: RequestContext) -> CommandOutcome:
+@router.post("/conversations/{conversation_id}/command", response_model=CommandOutcome | PostedCommand,
+             responses={202: {"model": PostedCommand, "description": "Posted to the process that holds the "
+                                                                     "conversation, which runs it."}})
+async def command(conversation_id: str, body: TypedCommand, response: Response, user: CurrentUser, state: State,
+                  context: RequestContext) -> CommandOutcome | PostedCommand:
     """Run a typed built-in command (`/compact`, `/fast`, `/model`, `/rename`, `/mode`,
-    `/restart`; `/goal` has its own route), recorded as one row (CE-16). `unknown_command` (400).
+    `/restart`; `/goal` has its own route), recorded as one row (CE-16): 200 with its outcome;
+    202 when another process (a chat, a worker) holds the conversation: the command is posted to
+    it, and its row (or its failure's) reaches `/events` when it ran. `unknown_command` (400).
     With external workers `/compact`, which would drive, is `external_mode_unsupported` (501)."""
     commands: Mapping[str, BuiltInCommand] = (
         {**BUILT_IN_COMMANDS, "compact": _compact_refused} if state.external else BUILT_IN_COMMANDS)
-    async with state.conversation(user, conversation_id, context) as conversation:
-        return await run_typed_command(state.service, user, conversation, body.line, context, commands=commands)
+    outcome = await state.service.command(user, conversation_id, body.line, context, commands=commands)
+    if isinstance(outcome, PostedCommand):
+        response.status_code = status.HTTP_202_ACCEPTED
+    return outcome
 
 
 async def _compact_refused(service: ConversationService, user: str, conversation: Conversation, args: str | None,

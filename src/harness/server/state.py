@@ -14,20 +14,16 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from harness.context import Context
 from harness.conversation import MAIN_LANE, Conversation, ConversationService, LaneEvents
-from harness.messages import ImageContent, ModelIdentity, UserMessage, now_ms
-from harness.runtime import FOLLOW_POLL_S, AbortRequest, AcceptedRun, NoActiveOperation, RunEnd, follow_lane
+from harness.messages import ImageContent, ModelIdentity, UserMessage
+from harness.runtime import FOLLOW_POLL_S, AbortRequest, AcceptedRun, RunEnd, follow_lane
 from harness.server.approvals import Approvals
 from harness.server.drives import Drives
 from harness.server.errors import ConversationHeld, ExternalModeUnsupported, Unauthorized
 from harness.session import (
-    CancelRequested,
     ChangeSubscription,
     LaneConfig,
-    QueueRequest,
-    Session,
     SessionOwned,
     SessionReader,
-    StopRequest,
     Tokens,
     WorkNeedsPostgres,
     addresses,
@@ -258,51 +254,16 @@ class ServerState:
     async def stop(self, user: str, conversation_id: str, context: Context, *,
                    operation_id: str | None = None) -> AbortRequest:
         """Record a durable abort (cause `user`) of the conversation's open run (only if it is
-        `operation_id`, when given), wherever it is driven: the drive stops at its next safe point
-        and answers every open tool call. With external workers the abort is posted for the
-        worker (`Session.post_request`); drained queues are then not known here. Raises
+        `operation_id`, when given), wherever it is driven (`ConversationService.stop`): the
+        drive stops at its next safe point and answers every open tool call. Raises
         `NoActiveOperation` when nothing runs, or another run than `operation_id`."""
-        if not self.external:
-            conversation = await self.service.open(user, conversation_id, context)
-            return await conversation.stop(context, operation_id=operation_id)
-        session, current_id = await self._open_run(user, conversation_id, context)
-        _refuse_another_run(conversation_id, operation_id, current_id)
-        state = await session.get(addresses.operation_state(current_id), context)
-        already = state is not None and isinstance(state.control, CancelRequested)
-        if not already:
-            await session.post_request(StopRequest(lane=MAIN_LANE, operation_id=current_id, cause="user",
-                                                   requested_at=now_ms()), context)
-        return AbortRequest(operation_id=current_id, newly_requested=not already, steer=(), follow_up=())
+        return await self.service.stop(user, conversation_id, context, operation_id=operation_id)
 
     async def queue(self, user: str, conversation_id: str, kind: Literal["steer", "follow_up"], text: str,
                     context: Context) -> tuple[str | None, str | None]:
-        """Steer or follow up the open run; returns `(entry_id, request_id)`: in-process the
-        queued entry's id (`Lane.steer`, `Lane.follow_up`); with external workers the id of the
-        request posted for the worker, which mints the entry's id when it takes it. Raises
-        `NoActiveOperation` when nothing runs."""
-        message = UserMessage(content=text)
-        if not self.external:
-            conversation = await self.service.open(user, conversation_id, context)
-            queued = conversation.steer if kind == "steer" else conversation.follow_up
-            return await queued(message, context), None
-        session, operation_id = await self._open_run(user, conversation_id, context)
-        request = QueueRequest(kind=kind, lane=MAIN_LANE, operation_id=operation_id, message=message,
-                               requested_at=now_ms())
-        return None, await session.post_request(request, context)
-
-    async def _open_run(self, user: str, conversation_id: str, context: Context) -> tuple[Session, str]:
-        """The conversation's session, read cold, and its main lane's current operation."""
-        await self.service.is_open(user, conversation_id, context)  # the owner check
-        session = await self.service.store.open_session(conversation_id, context)
-        state = await session.get(addresses.lane_state(MAIN_LANE), context)
-        if state is None or state.current_operation_id is None:
-            raise NoActiveOperation(f"conversation {conversation_id} has no run open", lane=MAIN_LANE)
-        return session, state.current_operation_id
-
-
-def _refuse_another_run(conversation_id: str, wanted: str | None, current: str | None) -> None:
-    if wanted is not None and current != wanted:
-        raise NoActiveOperation(f"run {wanted} of conversation {conversation_id} is not open", lane=MAIN_LANE)
+        """Steer or follow up the open run wherever it is driven (`ConversationService.queue`);
+        returns `(entry_id, request_id)`. Raises `NoActiveOperation` when nothing runs."""
+        return await self.service.queue(user, conversation_id, kind, UserMessage(content=text), context)
 
 
 def server_state(request: Request) -> ServerState:

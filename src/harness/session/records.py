@@ -78,7 +78,21 @@ class AppendRequest(Record):
     requested_at: int
 
 
-LaneRequest = Annotated[QueueRequest | StopRequest | AppendRequest, Field(discriminator="kind")]
+class CommandRequest(Record):
+    """A typed command another process asks the conversation's holder to run (`/model x`,
+    `/rename NAME`, ...) for `user`: `typed` as a person typed it (its command row recorded), or
+    a program's call (no command row). The holder deletes it, then runs it: a holder that stops
+    in between loses it, and never runs it twice."""
+
+    kind: Literal["command"] = "command"
+    lane: str
+    user: CleanStr
+    line: CleanStr
+    typed: bool = True
+    requested_at: int
+
+
+LaneRequest = Annotated[QueueRequest | StopRequest | AppendRequest | CommandRequest, Field(discriminator="kind")]
 """What a process that does not own a session may ask of a lane's owner (`Session.post_request`);
 the owner takes each once (`Lane.take_requests`)."""
 
