@@ -62,7 +62,7 @@ async def _model(client: ChatClient, argument: str) -> None:
             if outcome.queued:  # its row waits for the turn's end, where it is placed: say so now
                 client.screen.print(f"[dim]model {escape(outcome.model.spec)} queued: the next turn starts on it[/]")
 
-        if client.busy:  # queued behind the running turn, which ends on the model it started with
+        if client.turns.busy:  # queued behind the running turn, which ends on the model it started with
             client.beside_the_prompt(switch)
         else:
             await switch()
@@ -127,7 +127,7 @@ async def _fast(client: ChatClient, argument: str) -> None:
 
 @command("compact", "/compact [instructions]", "summarize the older part of the conversation")
 async def _compact(client: ChatClient, argument: str) -> None:
-    if (notice := client.model_notice()) is not None:  # the summary is the model's to write
+    if (notice := client.turns.model_notice()) is not None:  # the summary is the model's to write
         client.screen.print(f"[yellow]{escape(notice)}[/]")
         return
 
@@ -137,7 +137,7 @@ async def _compact(client: ChatClient, argument: str) -> None:
             return None  # its command row says so; no operation ran
         return await _last_settled(client)
 
-    client.start_turn(compaction)
+    client.turns.start(compaction)
 
 
 @command("goal", "/goal TEXT", "give the garden a goal; it reports back here")
@@ -150,12 +150,12 @@ async def _goal(client: ChatClient, argument: str) -> None:
         await goal_command(garden)(service, user, talk, argument or None, client.context)
         return await _last_settled(client)
 
-    client.start_turn(kickoff)
+    client.turns.start(kickoff)
 
 
 async def _last_settled(client: ChatClient) -> DriveOutcome | None:
     """The lane's last operation as settled: what a command that ran one through the conversation
-    (`/compact`, `/goal`'s kickoff) hands `start_turn` for its outcome row."""
+    (`/compact`, `/goal`'s kickoff) hands `TurnControl.start` for its outcome row."""
     last = (await client.conversation.inspect(client.context, lane=client.lane)).last_result
     return Settled(operation_id=last.operation_id, result=last) if last is not None else None
 
@@ -200,7 +200,7 @@ async def _tree(client: ChatClient, argument: str) -> None:
     if target == tip:
         client.screen.print("[dim]already there[/]")
         return
-    client.start_turn(lambda: client.conversation.navigate(target, client.context, lane=client.lane))
+    client.turns.start(lambda: client.conversation.navigate(target, client.context, lane=client.lane))
 
 
 @command("fork", "/fork [N | ENTRY_ID]", "start a new session from an entry of this one (default: the last)")
@@ -263,7 +263,7 @@ async def _project(client: ChatClient, argument: str) -> None:
 
 @command("resume", "/resume", "finish the lane's open operation (a stopped turn, a deferred reply)")
 async def _resume(client: ChatClient, argument: str) -> None:
-    await client.resume_open()
+    await client.turns.resume_open()
 
 
 @command("quit", "/quit", "leave (as Ctrl-D does)", aliases=("exit",))
