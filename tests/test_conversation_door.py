@@ -21,6 +21,7 @@ from harness.conversation import (
     Conversation,
     ConversationEnded,
     ConversationSetup,
+    EventRow,
     GardenMessage,
     GoalStatus,
     Interrupted,
@@ -40,8 +41,10 @@ from harness.garden import goal_command
 from harness.messages import ModelIdentity, UserMessage
 from harness.providers import FAUX_MODEL
 from harness.providers.faux import FauxReply, delay, reply, tool_call
-from harness.runtime import DriveSettings, LaneBusy, QueueUpdate, Settled, ValueUpdate
+from harness.runtime import MAX_INPUT_BYTES, DriveSettings, LaneBusy, PromptTooLarge, QueueUpdate, Settled, ValueUpdate
 from harness.session import LaneConfig, Store, new_id
+from harness.session.addresses import lane_request
+from harness.session.backend import SetValue
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "harness"
 SECOND = FAUX_MODEL.model_copy(update={"id": "faux-2"})
@@ -305,4 +308,77 @@ async def test_steer_commands_switches_and_stops_reach_a_conversation_another_ho
     details = await rows(conversation, ctx)
     assert details[:2] == [CommandRan(name="rename", args="notes", outcome=RenameOutcome(name="notes")),
                            ModelSwitched(previous=FAUX, model=FAUX_2)]
+    await holder.close_all(ctx)
+
+
+async def test_a_row_posted_as_the_holder_lets_go_is_placed_by_its_last_look(store: Store, ctx: Context) -> None:
+    """CE-3: a holder that closes takes what was posted once more before it lets go, so a row the
+    poster was told is queued is in the journal, not left for a next holder."""
+    holder, _ = faux_service(store, ["hi"])
+    elsewhere, _ = faux_service(store, [])
+    conversation = await holder.create(OWNER, LaneConfig(model=FAUX), ctx)
+    settled(await within(conversation.send("hello", ctx)))
+
+    assert await elsewhere.record(OWNER, conversation.id, GoalStatus(goal_id="g-1", status="done", title="Roses"),
+                                  ctx) is True
+    await holder.close(OWNER, conversation.id, ctx)
+
+    page = await elsewhere.read_display(OWNER, conversation.id, ctx)
+    assert [row.details for row in page.rows if isinstance(row, EventRow)] == [
+        GoalStatus(goal_id="g-1", status="done", title="Roses")]
+    journal = await store.open_session(conversation.id, ctx)
+    assert await journal.scan_records(lane_request(""), ctx) == []
+
+
+async def test_what_the_holder_would_refuse_is_refused_before_it_is_posted(store: Store, ctx: Context) -> None:
+    """A garden message too large for the conversation fails for its sender, as it would on a
+    conversation nobody holds, instead of being acknowledged and then dropped by the holder."""
+    holder, _ = faux_service(store, [])
+    elsewhere, _ = faux_service(store, [])
+    conversation = await holder.create(OWNER, LaneConfig(model=FAUX), ctx)
+    huge = GardenMessage(garden="allotment", kind="reply", emission_id=new_id(), goal_id="g-1", run_id="r-1",
+                         text="x" * (MAX_INPUT_BYTES + 1))
+
+    with pytest.raises(PromptTooLarge):
+        await elsewhere.post_garden_message(OWNER, conversation.id, huge, ctx)
+
+    journal = await store.open_session(conversation.id, ctx)
+    assert await journal.scan_records(lane_request(""), ctx) == []
+    await holder.close_all(ctx)
+
+
+async def test_a_request_that_does_not_decode_blocks_none_after_it(store: Store, ctx: Context) -> None:
+    """A posted request this version cannot read (a newer one's kind) is dropped with a log line;
+    the row posted after it is placed."""
+    holder, _ = faux_service(store, [])
+    elsewhere, _ = faux_service(store, [])
+    conversation = await holder.create(OWNER, LaneConfig(model=FAUX), ctx)
+    journal = await store.open_session(conversation.id, ctx)
+    unknown = '{"kind": "rename", "lane": "main", "name": "x", "requested_at": 1}'
+    await journal._backend.post(journal.id, [SetValue(lane_request("").namespace, new_id(), unknown)], ctx)
+
+    assert await elsewhere.record(OWNER, conversation.id, GoalStatus(goal_id="g-1", status="done", title="Roses"),
+                                  ctx) is True
+    await holder.close(OWNER, conversation.id, ctx)
+
+    page = await elsewhere.read_display(OWNER, conversation.id, ctx)
+    assert [row.details for row in page.rows if isinstance(row, EventRow)] == [
+        GoalStatus(goal_id="g-1", status="done", title="Roses")]
+    assert await journal.scan_records(lane_request(""), ctx) == []
+
+
+async def test_a_stop_posted_during_a_tool_call_is_recorded_as_such(store: Store, ctx: Context) -> None:
+    """CE-7: a person's stop from another process lands as one at the holder's own door would."""
+    probe = ProbeTool()
+    probe.gate("k")
+    holder, _ = faux_service(store, [reply(tool_call("probe", {"key": "k"}))], tools=[probe])
+    elsewhere, _ = faux_service(store, [])
+    conversation = await holder.create(OWNER, TOOLS, ctx)
+    running = asyncio.ensure_future(conversation.send("go", ctx))
+    await probe.wait_started("k")
+
+    await elsewhere.stop(OWNER, conversation.id, ctx)
+    outcome = settled(await within(running))
+
+    assert (outcome.result.outcome, outcome.result.abort_cause) == ("aborted", "user_during_tool")
     await holder.close_all(ctx)

@@ -203,7 +203,7 @@ async def test_stop_and_steer_through_the_api_reach_the_worker_and_a_turn_while_
     assert events[-1].data["result"]["outcome"] == "aborted"
     result = await last_result(store, conversation_id, ctx)
     assert result is not None
-    assert (result.outcome, result.abort_cause) == ("aborted", "user")
+    assert (result.outcome, result.abort_cause) == ("aborted", "user_during_tool")  # stopped mid-tool (CE-7)
 
 
 async def test_external_workers_need_postgresql(tmp_path: Path, ctx: Context) -> None:
@@ -410,7 +410,7 @@ async def test_the_ai_sdk_door_streams_resumes_and_stops_a_turn_a_worker_drives(
     assert aborted[0]["type"] == "start"
     assert aborted[0]["messageId"] == stopped.json()["operation_id"]
     assert [part["type"] for part in aborted if isinstance(part, dict)].count("tool-input-available") == 1
-    assert aborted[-2:] == [{"type": "abort", "reason": "user"}, "[DONE]"]
+    assert aborted[-2:] == [{"type": "abort", "reason": "user_during_tool"}, "[DONE]"]
 
 
 async def test_the_ai_sdk_client_sends_a_message_a_worker_drives_and_holds_one_reply(

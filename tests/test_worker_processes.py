@@ -318,7 +318,7 @@ async def test_a_steer_from_another_process_reaches_the_run_at_its_next_boundary
 async def test_a_stop_from_another_process_aborts_the_run_the_worker_drives(
         store: Store, workers: Workers, notes: Notes, postgres_schema_url: str, tmp_path: Path, ctx: Context) -> None:
     """The stop reaches the worker mid-tool; the run settles aborted with the cause the sender gave,
-    and its tool call is answered."""
+    as a stop during a tool call (CE-7), and its tool call is answered."""
     service = ConversationService(store)
     async with holding(postgres_schema_url, tmp_path):
         workers.start()
@@ -331,7 +331,7 @@ async def test_a_stop_from_another_process_aborts_the_run_the_worker_drives(
 
     result = await last_result(store, session_id, ctx)
     assert result is not None
-    assert (result.outcome, result.abort_cause) == ("aborted", "user")
+    assert (result.outcome, result.abort_cause) == ("aborted", "user_during_tool")
     assert [type(m).__name__ for m in await branch(store, session_id, ctx)][-1] == "ToolResultMessage"
 
 

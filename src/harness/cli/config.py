@@ -314,8 +314,9 @@ async def attach_client(
         conversation = await service.open(user, session_id, context)
     try:
         await conversation.ensure_lane(lane, config, context)
-        if conversation.config(lane).model != identity:
-            # A switch as every door makes it, recorded (CE-12); nothing runs yet, so it lands now.
+        # A switch as every door makes it, recorded (CE-12); nothing runs yet, so it lands now. An
+        # ended conversation takes no turn, so it keeps the model it ended on.
+        if conversation.config(lane).model != identity and await service.is_open(user, conversation.id, context):
             await conversation.switch_model(identity, context, lane=lane, wait_for_completion=True)
     except BaseException:
         await conversation.dispose(context)

@@ -98,6 +98,7 @@ from harness.runtime import (
     ToolCallRequest,
     ToolOutput,
     ValueUpdate,
+    check_input_size,
     read_lane_events,
 )
 from harness.session import (
@@ -503,8 +504,13 @@ class Conversation:
 
     async def dispose(self, context: Context) -> None:
         """Finish recording what is under way, then detach the harness (the conversation stays in
-        the journal)."""
+        the journal). What other processes posted meanwhile is taken once more first, so nothing
+        they were told was accepted is left for a next holder."""
         await self._stop_taking()
+        try:
+            await self.take_requests(context)
+        except HarnessError as error:  # the store failing: what was posted waits for the next holder
+            logger.warning("requests posted for conversation %s: %s", self.id, error)
         self._settings.dispose()
         if self._recording:
             await asyncio.wait(list(self._recording))
@@ -521,6 +527,7 @@ class Conversation:
         self._taking = False
         self._posted.wake()
         self._taker.cancel()
+        self._settings.dispose()  # a model switch waiting for the turn will not apply
         await self._harness.close(context)
 
     # -- reads ------------------------------------------------------------------------------------
@@ -857,7 +864,7 @@ class ConversationService:
         async with self._settings_or_none(session, user, context) as settings:
             if settings is not None:
                 return await record_chat_event(settings.harness, details, context)
-        await self._post_append(session, chat_event_message(details), context)
+        await self._post_append(session, user, chat_event_message(details), context)
         return True
 
     async def rename(self, user: str, conversation_id: str, name: str | None, context: Context) -> bool:
@@ -1088,7 +1095,7 @@ class ConversationService:
                 with suppress(OperationIdTaken):  # appended before: the retry is answered with its id
                     await settings.lane.append_message(sent, context, entry_id=entry_id)
                 return entry_id
-        await self._post_append(session, sent, context, request_id=entry_id)
+        await self._post_append(session, user, sent, context, request_id=entry_id)
         return entry_id
 
     async def record_local_shell(self, user: str, conversation_id: str, command: str, exit_code: int | None,
@@ -1177,12 +1184,19 @@ class ConversationService:
             raise Forbidden.of(conversation_id)
         return session
 
-    async def _post_append(self, session: Session, message: Message, context: Context, *,
+    async def _post_append(self, session: Session, user: str, message: Message, context: Context, *,
                            request_id: str | None = None) -> str:
-        """Post `message` for whoever holds the conversation to append (`AppendRequest`); its
-        entry id, the request's."""
+        """Post `message` for whoever holds the conversation to append (`AppendRequest`) and
+        return its entry id, the request's. Refused as the holder would refuse it
+        (`PromptTooLarge`), before anything is posted. The holder may have let go between the
+        refused attachment and the post, taking nothing more: then the conversation is attached
+        once more here, which places what was posted."""
+        check_input_size([message], "message")
         request = AppendRequest(lane=MAIN_LANE, message=message, requested_at=now_ms())
-        return await session.post_request(request, context, request_id=request_id)
+        posted = await session.post_request(request, context, request_id=request_id)
+        async with self._settings_or_none(session, user, context):
+            pass  # attached: the attachment took the request (`_temporary_settings`); held: the holder will
+        return posted
 
     @asynccontextmanager
     async def _settings_or_none(self, session: Session, user: str, context: Context) -> AsyncIterator[
@@ -1222,6 +1236,9 @@ class ConversationService:
             session=session, models=self.setup.models, tools=self._tools(user, target, self._delegation())),
             context)
         try:
+            # What other processes posted while another holder had it comes first, in order;
+            # commands wait for a holder that runs them.
+            await harness.lane(MAIN_LANE).take_requests(context)
             yield await ConversationSettings.read(harness, target, context)
         finally:
             await harness.close(context)

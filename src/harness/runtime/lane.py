@@ -87,6 +87,7 @@ from harness.session import (
     RunTools,
     SessionMutator,
     StopRequest,
+    StorageCorruption,
     SummaryPending,
     SummaryTask,
     UnknownEntry,
@@ -474,8 +475,16 @@ class Lane:
         message too large, an append whose entry exists already) is dropped and logged, so that
         it cannot block the ones after it."""
 
+        unreadable: list[str] = []
+
+        def undecodable(request_id: str, error: StorageCorruption) -> None:
+            # A request this version cannot read (a newer one's kind, damaged bytes) must not
+            # block every request after it: it is dropped, and said so in the log.
+            logger.error("lane %s dropped request %s, which does not decode: %s", self.name, request_id, error)
+            unreadable.append(request_id)
+
         async def read(m: SessionMutator) -> Decision[list[tuple[str, LaneRequest]]]:
-            found = await m.scan_records(addresses.lane_request(""), context)
+            found = await m.scan_records(addresses.lane_request(""), context, undecodable=undecodable)
             # In posting order, which is commit order: ids minted in one millisecond do not sort.
             mine = sorted((record.seq, key, record.value) for key, record in found if record.value.lane == self.name)
             return Decision([(key, request) for _, key, request in mine])
@@ -486,7 +495,11 @@ class Lane:
                 try:
                     if isinstance(request, StopRequest):
                         posted = (request_id, request.operation_id)
-                        applied += await self._abort(request.cause, context, posted=posted) is not None
+                        # A person's stop from elsewhere lands as one here would: during a running tool
+                        # call it is `user_during_tool` (CE-7).
+                        cause: AbortCause = ("user_during_tool" if request.cause == "user" and self.in_tool_calls()
+                                             else request.cause)
+                        applied += await self._abort(cause, context, posted=posted) is not None
                     elif isinstance(request, CommandRequest):
                         if on_command is None:
                             continue
@@ -502,9 +515,14 @@ class Lane:
                         await self._queue(request.kind, request.message, context, needs_operation=True,
                                           posted=(request_id, request.operation_id))
                         applied += 1
-                except (NotARun, InvalidMessage, PromptTooLarge, InvalidInput, OperationIdTaken) as refused:
+                except OperationIdTaken:  # an append posted again: its entry is there already
+                    logger.info("lane %s: request %s was appended before", self.name, request_id)
+                    await self._drop_request(request_id, context)
+                except (NotARun, InvalidMessage, PromptTooLarge, InvalidInput) as refused:
                     logger.warning("lane %s dropped request %s: %s", self.name, request_id, refused)
                     await self._drop_request(request_id, context)
+            for request_id in unreadable:
+                await self._drop_request(request_id, context)
         return applied
 
     async def _drop_request(self, request_id: str, context: Context) -> None:

@@ -237,13 +237,25 @@ class SessionReader:
         """Every `(key, value)` in `address.namespace` whose key starts with `address.key`."""
         return [(key, record.value) for key, record in await self.scan_records(address, context)]
 
-    async def scan_records(self, address: ValueAddress[T], context: Context) -> list[tuple[str, StoredValue[T]]]:
-        """`scan_values` with each value's seq: the commit that set it, so callers can order by it."""
+    async def scan_records(self, address: ValueAddress[T], context: Context, *,
+                           undecodable: Callable[[str, StorageCorruption], None] | None = None
+                           ) -> list[tuple[str, StoredValue[T]]]:
+        """`scan_values` with each value's seq: the commit that set it, so callers can order by it.
+        A value that does not decode raises `StorageCorruption`, or, with `undecodable`, is
+        passed to it by key and left out (a record another version wrote, say)."""
         if not (storable_identifier(address.namespace) and storable_identifier(address.key)):
             return []
         rows = await self._backend.scan_values(self.id, address.namespace, address.key, context)
-        return [(r.key, StoredValue(decode_value(address.adapter, r.value, f"{r.namespace}/{r.key}"), r.seq))
-                for r in rows]
+        found = []
+        for r in rows:
+            try:
+                found.append((r.key, StoredValue(decode_value(address.adapter, r.value, f"{r.namespace}/{r.key}"),
+                                                 r.seq)))
+            except StorageCorruption as error:
+                if undecodable is None:
+                    raise
+                undecodable(r.key, error)
+        return found
 
     async def lanes(self, context: Context) -> list[str]:
         """Names of the lanes that have a branch tip, ascending."""
