@@ -23,7 +23,7 @@ from fastapi import FastAPI
 from conversation_helpers import OffersTool, faux_service
 from harness.conversation import AgentRegistry, ConversationService, ConversationSetup
 from harness.messages import ModelIdentity
-from harness.providers import FauxProvider
+from harness.providers import FauxProvider, Model
 from harness.providers.faux import FauxScript
 from harness.runtime import DEFAULT_EVENT_LOG_LIMIT, DriveSettings, RunHooks
 from harness.server import Approvals, Authenticator, LocalUser, ServerOptions, create_app
@@ -44,14 +44,15 @@ class Served:
 def faux_app(store: Store, script: FauxScript = (), *, auth: Authenticator | None = None,
              tools: Sequence[OffersTool] = (), approvals: Approvals | None = None,
              options: ServerOptions | None = None, agents: AgentRegistry | None = None,
-             event_log_limit: int = DEFAULT_EVENT_LOG_LIMIT, drive: DriveSettings | None = None) -> Served:
+             event_log_limit: int = DEFAULT_EVENT_LOG_LIMIT, drive: DriveSettings | None = None,
+             models: Sequence[Model] = ()) -> Served:
     """The app over a faux service answering `script`, with `tools` (their calls waiting for
     `approvals` when given) and `agents` to delegate to, driven with `drive` (default: no frame
     interval); every request is `USER` unless `auth` says otherwise."""
     hooks = RunHooks(before_tool=approvals.hook) if approvals is not None else RunHooks()
     setup = ConversationSetup(drive=drive or DriveSettings(frame_interval_s=0), hooks=hooks, agents=agents,
                               event_log_limit=event_log_limit)
-    service, faux = faux_service(store, script, tools=tools, setup=setup)
+    service, faux = faux_service(store, script, tools=tools, setup=setup, models=models)
 
     def new_lane(model: ModelIdentity | None) -> LaneConfig:
         return LaneConfig(model=model or FAUX, active_tools=[probe.tool.spec.name for probe in tools])

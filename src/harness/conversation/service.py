@@ -59,7 +59,7 @@ from harness.conversation.project_switch import (
 from harness.conversation.projects import PROJECT_SELECTION, ExecutionTarget, SwitchableProject, load_projects
 from harness.conversation.recording import CONVERSATION_VALUES, MAIN_LANE, record_chat_event
 from harness.conversation.settings import MODEL_SWITCH_ACK_S, ConversationSettings, ModelSwitch, WorkMode
-from harness.conversation.turn_rows import public_error, replay_interrupted_replies, turn_end_rows
+from harness.conversation.turn_rows import discards_turn, public_error, replay_interrupted_replies, turn_end_rows
 from harness.errors import HarnessError
 from harness.messages import ImageContent, Message, ModelIdentity, ThinkingLevel, now_ms
 from harness.providers import ModelRegistry
@@ -671,9 +671,7 @@ class Conversation:
         if current is None or (operation_id is not None and current.id != operation_id):
             what = f"run {operation_id}" if operation_id is not None else "an operation"
             raise NoActiveOperation(f"conversation {self.id} has no {what} open", lane=lane)
-        if cause == "user" and handle.in_tool_calls():
-            cause = "user_during_tool"
-        return await handle.request_abort(cause, context)
+        return await handle.request_abort(cause, context, during_tool="user_during_tool" if cause == "user" else None)
 
     async def take_requests(self, context: Context) -> int:
         """Apply what other processes posted for this conversation's lanes (`Session.post_request`):
@@ -1332,4 +1330,4 @@ def conversation_hooks(hooks: RunHooks, session: SessionReader, images: ImageSto
             await door_run_end(lane, context)
 
     return replace(hooks, transform_context=transform, after_tool=after_tool, before_run_end=before_run_end,
-                   between_steps=between_steps, settlement_messages=turn_end_rows)
+                   between_steps=between_steps, discard_turn=discards_turn, settlement_messages=turn_end_rows)

@@ -217,13 +217,6 @@ class Lane:
 
     # -- the command path ---------------------------------------------------------------------
 
-    def in_tool_calls(self) -> bool:
-        """Whether a tool call of the current operation is running (its effect started and not
-        answered yet; a call still waiting, e.g. for approval, is not), as this process knows it
-        (no read): a stop now lands during a tool call (CE-7)."""
-        state = self.projection.operation_state
-        return isinstance(state, RunTools) and any(call.status == "effect_pending" for call in state.batch.calls)
-
     def present(self, update: Callable[[LanePresentation], None], events: Sequence[HarnessEvent],
                 context: Context) -> asyncio.Future[None]:
         """Publish a live presentation change and emit its events without yielding (HA-14): a
@@ -404,24 +397,31 @@ class Lane:
 
     # -- abort ----------------------------------------------------------------------------------
 
-    async def request_abort(self, cause: AbortCause, context: Context) -> AbortRequest:
-        """Record a durable abort request for the open operation, with its cause (HA-5, CE-7).
+    async def request_abort(self, cause: AbortCause, context: Context, *,
+                            during_tool: AbortCause | None = None) -> AbortRequest:
+        """Record a durable abort request for the open operation, with its cause (HA-5, CE-7), or
+        with `during_tool` instead when one of its tool calls is running as the request commits.
 
         The lane's steer and follow-up items are drained into the request and kept stored until
         the operation settles. A repeated request changes nothing and says so. Raises
         `NoActiveOperation` when the lane is idle. Cancelling `context` is not an abort (HA-22)."""
-        result = await self._abort(cause, context)
+        result = await self._abort(cause, context, during_tool=during_tool)
         assert result is not None
         return result
 
-    async def _abort(self, cause: AbortCause, context: Context, *,
+    async def _abort(self, cause: AbortCause, context: Context, *, during_tool: AbortCause | None = None,
                      posted: tuple[str, str] | None = None) -> AbortRequest | None:
         """`request_abort`; with `posted` (`(request_id, operation_id)` of a stop taken from another
         process) the request is deleted in the same commit, and None returned when that operation
         is no longer the current one (it settled: nothing to stop)."""
 
         async def plan(m: SessionMutator) -> Decision[AbortRequest | None]:
+            nonlocal cause
             meta, state = self.projection.meta, self.projection.operation_state
+            # Decided here, on the session line: the state is that of every commit before this one.
+            if during_tool is not None and isinstance(state, RunTools) and any(
+                    call.status == "effect_pending" for call in state.batch.calls):
+                cause = during_tool
             if posted is not None:
                 m.delete(addresses.lane_request(posted[0]))
                 if meta is None or meta.operation_id != posted[1]:
@@ -497,9 +497,9 @@ class Lane:
                         posted = (request_id, request.operation_id)
                         # A person's stop from elsewhere lands as one here would: during a running tool
                         # call it is `user_during_tool` (CE-7).
-                        cause: AbortCause = ("user_during_tool" if request.cause == "user" and self.in_tool_calls()
-                                             else request.cause)
-                        applied += await self._abort(cause, context, posted=posted) is not None
+                        during: AbortCause | None = "user_during_tool" if request.cause == "user" else None
+                        applied += await self._abort(request.cause, context, during_tool=during,
+                                                     posted=posted) is not None
                     elif isinstance(request, CommandRequest):
                         if on_command is None:
                             continue
