@@ -17,6 +17,7 @@ from garden_helpers import OWNER, make_garden
 from harness.context import Context
 from harness.conversation import (
     BUILT_IN_COMMANDS,
+    ChatEventPublished,
     CommandRan,
     Conversation,
     ConversationEnded,
@@ -42,7 +43,7 @@ from harness.messages import ModelIdentity, UserMessage
 from harness.providers import FAUX_MODEL
 from harness.providers.faux import FauxReply, delay, reply, tool_call
 from harness.runtime import MAX_INPUT_BYTES, DriveSettings, LaneBusy, PromptTooLarge, QueueUpdate, Settled, ValueUpdate
-from harness.session import LaneConfig, Store, new_id
+from harness.session import LaneConfig, SessionNotFound, Store, new_id
 from harness.session.addresses import lane_request
 from harness.session.backend import SetValue
 
@@ -382,3 +383,26 @@ async def test_a_stop_posted_during_a_tool_call_is_recorded_as_such(store: Store
 
     assert (outcome.result.outcome, outcome.result.abort_cause) == ("aborted", "user_during_tool")
     await holder.close_all(ctx)
+
+
+async def test_a_conversation_deleted_mid_run_settles_its_run_as_deleted_then_goes(store: Store, ctx: Context) -> None:
+    """CE-7: deleting a conversation whose turn is inside a tool call stops the turn with the
+    cause `deleted` (no row) and lets it settle before the journal is deleted."""
+    probe = ProbeTool()
+    probe.gate("k")
+    conversations, _ = faux_service(store, [reply(tool_call("probe", {"key": "k"}))], tools=[probe])
+    conversation = await conversations.create(OWNER, TOOLS, ctx)
+    running = asyncio.ensure_future(conversation.send("go", ctx))
+    await probe.wait_started("k")
+    watch = await conversation.watch(ctx)
+
+    await conversations.delete(OWNER, conversation.id, ctx)
+    outcome = settled(await within(running))
+    events = watch.buffered()
+    watch.close()
+
+    assert (outcome.result.outcome, outcome.result.abort_cause) == ("aborted", "deleted")
+    assert not any(isinstance(event, ChatEventPublished) for event in events)
+    assert conversation.id not in {info.id for info in await conversations.list(OWNER, ctx)}
+    with pytest.raises(SessionNotFound):
+        await store.open_session(conversation.id, ctx)

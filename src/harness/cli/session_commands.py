@@ -38,7 +38,9 @@ def delete(
     = False,
     store: StoreOption = None,
 ) -> None:
-    """Delete a session and everything in its journal, for good (refused while a chat or run holds it)."""
+    """Delete a session and everything in its journal, for good (refused while a chat or run holds it).
+
+    A run left open in it is stopped first (cause `deleted`) and settles before the session goes."""
     if not yes and not sys.stdin.isatty():
         raise typer.BadParameter("nobody can be asked without a terminal: pass --yes to delete", param_hint="--yes")
 
@@ -50,7 +52,12 @@ def delete(
         if not yes and not typer.confirm(f"delete session {shown} and all its entries?", default=False):
             typer.echo("nothing deleted", err=True)
             return 1
-        await s.delete_session(session_id, context)
+        from harness.cli.config import local_user
+        from harness.conversation import ConversationService
+
+        conversations, user = ConversationService(s), local_user()
+        await conversations.adopt(user, session_id, context)
+        await conversations.delete(user, session_id, context)
         typer.echo(f"deleted session {shown}", err=True)
         return 0
 

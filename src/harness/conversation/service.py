@@ -89,6 +89,7 @@ from harness.runtime import (
     LaneWatch,
     Listener,
     NoActiveOperation,
+    NothingToResume,
     OpenOperation,
     OperationIdTaken,
     PromptRequest,
@@ -1058,6 +1059,24 @@ class ConversationService:
             raise
         await record_now(outcome_of(result))
         return result
+
+    async def delete(self, user: str, conversation_id: str, context: Context) -> None:
+        """Delete `user`'s conversation and everything in its journal, for good. A run open in it
+        (live here, or left by a stopped process) is first stopped with the cause `deleted`
+        and settled here, recording no row (CE-7), so no drive is cut off mid-commit; then the
+        conversation is let go and its session deleted in one transaction. Raises `Forbidden`,
+        `SessionNotFound`, and `SessionOwned` while another process holds it (nothing deleted)."""
+        await self._owned(user, conversation_id, context)
+        conversation = self._live.get(conversation_id) or await self.open(user, conversation_id, context)
+        try:
+            if conversation.operation() is not None:
+                with suppress(NoActiveOperation):  # it settled meanwhile
+                    await conversation.stop(context, cause="deleted")
+                with suppress(NothingToResume):
+                    await conversation.resume(context)  # joins the drive running here, or drives it to its end
+        finally:
+            await self.close(user, conversation_id, context)
+        await self.store.delete_session(conversation_id, context)
 
     async def end(self, user: str, conversation_id: str, context: Context) -> bool:
         """End the conversation: from now on it takes no new turn and no garden message
