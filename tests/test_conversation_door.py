@@ -21,6 +21,7 @@ from harness.conversation import (
     CommandRan,
     Conversation,
     ConversationEnded,
+    ConversationService,
     ConversationSetup,
     EventRow,
     GardenMessage,
@@ -312,6 +313,20 @@ async def test_steer_commands_switches_and_stops_reach_a_conversation_another_ho
     await holder.close_all(ctx)
 
 
+async def posted_row_is_placed_by_the_holders_close(holder: ConversationService, elsewhere: ConversationService,
+                                                    conversation: Conversation, store: Store, ctx: Context) -> None:
+    """`elsewhere` records a row while `holder` has the conversation, then `holder` closes: the
+    row is on the branch and no request is left."""
+    row = GoalStatus(goal_id="g-1", status="done", title="Roses")
+    assert await elsewhere.record(OWNER, conversation.id, row, ctx) is True
+    await holder.close(OWNER, conversation.id, ctx)
+
+    page = await elsewhere.read_display(OWNER, conversation.id, ctx)
+    assert [shown.details for shown in page.rows if isinstance(shown, EventRow)] == [row]
+    journal = await store.open_session(conversation.id, ctx)
+    assert await journal.scan_records(lane_request(""), ctx) == []
+
+
 async def test_a_row_posted_as_the_holder_lets_go_is_placed_by_its_last_look(store: Store, ctx: Context) -> None:
     """CE-3: a holder that closes takes what was posted once more before it lets go, so a row the
     poster was told is queued is in the journal, not left for a next holder."""
@@ -320,15 +335,7 @@ async def test_a_row_posted_as_the_holder_lets_go_is_placed_by_its_last_look(sto
     conversation = await holder.create(OWNER, LaneConfig(model=FAUX), ctx)
     settled(await within(conversation.send("hello", ctx)))
 
-    assert await elsewhere.record(OWNER, conversation.id, GoalStatus(goal_id="g-1", status="done", title="Roses"),
-                                  ctx) is True
-    await holder.close(OWNER, conversation.id, ctx)
-
-    page = await elsewhere.read_display(OWNER, conversation.id, ctx)
-    assert [row.details for row in page.rows if isinstance(row, EventRow)] == [
-        GoalStatus(goal_id="g-1", status="done", title="Roses")]
-    journal = await store.open_session(conversation.id, ctx)
-    assert await journal.scan_records(lane_request(""), ctx) == []
+    await posted_row_is_placed_by_the_holders_close(holder, elsewhere, conversation, store, ctx)
 
 
 async def test_what_the_holder_would_refuse_is_refused_before_it_is_posted(store: Store, ctx: Context) -> None:
@@ -358,14 +365,7 @@ async def test_a_request_that_does_not_decode_blocks_none_after_it(store: Store,
     unknown = '{"kind": "rename", "lane": "main", "name": "x", "requested_at": 1}'
     await journal._backend.post(journal.id, [SetValue(lane_request("").namespace, new_id(), unknown)], ctx)
 
-    assert await elsewhere.record(OWNER, conversation.id, GoalStatus(goal_id="g-1", status="done", title="Roses"),
-                                  ctx) is True
-    await holder.close(OWNER, conversation.id, ctx)
-
-    page = await elsewhere.read_display(OWNER, conversation.id, ctx)
-    assert [row.details for row in page.rows if isinstance(row, EventRow)] == [
-        GoalStatus(goal_id="g-1", status="done", title="Roses")]
-    assert await journal.scan_records(lane_request(""), ctx) == []
+    await posted_row_is_placed_by_the_holders_close(holder, elsewhere, conversation, store, ctx)
 
 
 async def test_a_stop_posted_during_a_tool_call_is_recorded_as_such(store: Store, ctx: Context) -> None:
