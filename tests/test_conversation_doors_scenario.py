@@ -7,12 +7,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Protocol
 
 import httpx
-import pytest
 
 from conversation_helpers import faux_service, rows, transcript
 from drive_helpers import FAUX, ProbeTool, within
@@ -32,25 +29,13 @@ from harness.messages import ModelIdentity
 from harness.providers import FAUX_MODEL
 from harness.providers.faux import FauxReply, reply, tool_call
 from harness.runtime import AcceptedRun, DriveOutcome, QueueUpdate, Settled
-from harness.session import LaneConfig, Store, connect
+from harness.session import LaneConfig, Store
 from server_helpers import USER, asgi_client, faux_app
 
 SECOND = FAUX_MODEL.model_copy(update={"id": "faux-2"})
 FAUX_2 = ModelIdentity(provider="faux", model_id="faux-2")
 SCRIPT: list[FauxReply | str] = [reply(tool_call("probe", {"key": "first"})), "done",
                                   reply(tool_call("probe", {"key": "second"}))]
-
-
-@pytest.fixture
-def store_url(tmp_path: Path) -> str:
-    return f"sqlite:///{tmp_path}/harness.db"
-
-
-@pytest.fixture
-async def store(store_url: str, ctx: Context) -> AsyncIterator[Store]:
-    opened = await connect(store_url, ctx)
-    yield opened
-    await opened.close()
 
 
 class Door(Protocol):
