@@ -12,11 +12,12 @@ import pytest
 from drive_helpers import FAUX, within
 from garden_helpers import SURVEY, gardener_script
 from harness.context import Context
-from harness.conversation import CommandRan, GoalOutcome, GoalStatus, chat_event_rows
-from harness.garden import Garden, Gardener, GardenSetup
+from harness.conversation import CommandRan, GoalActionOutcome, GoalOutcome, GoalStatus, chat_event_rows
+from harness.garden import ConversationOrigin, Garden, Gardener, GardenSetup
+from harness.messages import UserMessage
 from harness.runtime import Settled
 from harness.server import StoreTokens
-from harness.session import Store, connect
+from harness.session import MessagePayload, Store, connect, new_id
 from server_helpers import USER, Served, asgi_client, faux_app
 
 
@@ -73,6 +74,40 @@ async def test_goal_gives_the_garden_a_goal_from_the_conversation_and_answers_on
     assert empty.status_code == unnamed.status_code == 400
     assert empty.json()["code"] == unnamed.json()["code"] == "invalid_input"
     assert unnamed.json()["details"]["gardens"] == ["allotment", "orchard"]
+
+
+async def test_a_goal_action_typed_as_goals_text_is_the_chats_command_with_its_row(store: Store, ctx: Context) -> None:
+    """CE-16: `pause|resume|drop GOAL_ID` as `/goal`'s text is the command the chat's `/goal`
+    runs: 200 with its typed outcome and no turn started, or the refusal whose exact text its
+    row records; no goal row repeats the change in this conversation (CE-6)."""
+    served = faux_app(store, gardener_script)
+    garden = await garden_of(served, ctx)
+    conversation = await served.service.create(USER, served.app.state.server.new_lane(None), ctx)
+    goal = await garden.add_goal("durable", "Turn the compost", ctx,
+                                 origin=ConversationOrigin(conversation_id=conversation.id, message_id="m-1"))
+    path = f"/api/conversations/{conversation.id}"
+    missing = new_id()
+    async with asgi_client(served.app) as client:
+        paused = await client.post(f"{path}/goal", json={"text": f"pause {goal.id}"})
+        again = await client.post(f"{path}/goal", json={"text": f"pause {goal.id}"})
+        unknown = await client.post(f"{path}/goal", json={"text": f"drop {missing}"})
+        watch = await conversation.watch(ctx)
+        watch.close()
+
+    outcome = GoalActionOutcome(garden="allotment", goal_id=goal.id, title="Turn the compost", status="paused")
+    assert paused.status_code == 200
+    assert paused.json() == outcome.model_dump(mode="json")
+    assert (again.status_code, again.json()["code"]) == (400, "invalid_input")
+    assert again.json()["message"] == "goal 'Turn the compost' is paused; only an active goal is paused"
+    assert (unknown.status_code, unknown.json()["code"]) == (404, "goal_not_found")
+    assert [row.details for row in chat_event_rows(watch.snapshot.transcript)] == [
+        CommandRan(name="goal", args=f"pause {goal.id}", outcome=outcome),
+        CommandRan(name="goal", args=f"pause {goal.id}", error=again.json()["message"]),
+        CommandRan(name="goal", args=f"drop {missing}", error=unknown.json()["message"]),
+    ]
+    assert not [entry for entry in watch.snapshot.transcript  # no turn started: no person's message
+                if isinstance(entry.payload, MessagePayload) and isinstance(entry.payload.message, UserMessage)]
+    assert garden.goal(goal.id).status == "paused"
 
 
 async def test_goals_actions_and_the_inbox_are_the_gardens_owners_only(store: Store, ctx: Context) -> None:

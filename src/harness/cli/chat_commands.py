@@ -15,7 +15,7 @@ from harness.cli.render import branch_oldest_first
 from harness.cli.session_refs import local_time, named_sessions
 from harness.cli.terminal_text import escape
 from harness.errors import InvalidInput
-from harness.garden import GardenSetup, goal_command
+from harness.garden import GardenSetup, goal_action_of, goal_command
 from harness.runtime import DriveOutcome, Settled
 
 TREE_SHOWN = 40
@@ -140,10 +140,16 @@ async def _compact(client: ChatClient, argument: str) -> None:
     client.turns.start(compaction)
 
 
-@command("goal", "/goal TEXT", "give the garden a goal; it reports back here")
+@command("goal", "/goal TEXT | pause ID", "give the garden a goal (it reports back here); /goal "
+         "pause|resume|drop ID acts on one")
 async def _goal(client: ChatClient, argument: str) -> None:
-    await client.save_draft()  # the goal's origin must outlive the chat
+    """`/goal TEXT` starts the goal's kickoff turn; `/goal pause|resume|drop ID` (`goal_action_of`)
+    starts none: its row says what it did."""
+    await client.save_draft()  # the goal's origin, and the row of an action on it, must outlive the chat
     garden = local_garden(GardenSetup(store=client.store, service=client.attached.service, models=client.registry))
+    if goal_action_of(argument) is not None:
+        await goal_command(garden)(*client.command_door(), argument, client.context)
+        return
 
     async def kickoff() -> DriveOutcome | None:
         service, user, talk = client.command_door()

@@ -25,6 +25,7 @@ from harness.conversation import (
     ErrorDetails,
     FastOutcome,
     GardenMessage,
+    GoalActionOutcome,
     GoalOutcome,
     GoalStatus,
     Interrupted,
@@ -50,6 +51,9 @@ _STOPPED: dict[AbortCause, str] = {
     "deleted": "stopped: the conversation was deleted",
     "probe": "stopped by an internal probe",
 }
+
+_GOAL_ACTED = {"paused": "paused", "active": "resumed", "dropped": "dropped"}
+"""How `/goal pause|resume|drop`'s row words the status it set."""
 
 _MODES = {"build": "build (all of this session's tools)", "plan": "plan (read-only tools)"}
 
@@ -167,3 +171,5 @@ def _outcome_text(outcome: CommandOutcome | None) -> str:
             return "restarted from the journal"
         case GoalOutcome():
             return f"goal {outcome.title} given to garden {outcome.garden}"
+        case GoalActionOutcome():
+            return f"goal {outcome.title} {_GOAL_ACTED[outcome.status]}"

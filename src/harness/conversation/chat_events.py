@@ -117,8 +117,21 @@ class GoalOutcome(_Fact):
     title: CleanStr
 
 
+class GoalActionOutcome(_Fact):
+    """`/goal pause|resume|drop GOAL_ID`: goal `goal_id` of garden `garden` is now `status`
+    (`paused`, `active` again, `dropped`). This row is the change's one record in this
+    conversation: no goal row repeats it here (CE-6)."""
+
+    command: Literal["goal_action"] = "goal_action"
+    garden: CleanStr
+    goal_id: CleanStr
+    title: CleanStr
+    status: Literal["active", "paused", "dropped"]
+
+
 CommandOutcome: TypeAlias = Annotated[
-    CompactOutcome | FastOutcome | ModelOutcome | RenameOutcome | ModeOutcome | RestartOutcome | GoalOutcome,
+    CompactOutcome | FastOutcome | ModelOutcome | RenameOutcome | ModeOutcome | RestartOutcome | GoalOutcome
+    | GoalActionOutcome,
     Field(discriminator="command"),
 ]
 
@@ -350,5 +363,11 @@ def _outcome_text(outcome: CommandOutcome | None) -> str:
             return " The conversation was restarted from its journal."
         case GoalOutcome():
             return f" The garden {outcome.garden} now pursues the goal {outcome.title!r} and will report here."
+        case GoalActionOutcome(status="paused"):
+            return f" The goal {outcome.title!r} of the garden {outcome.garden} is paused until it is resumed."
+        case GoalActionOutcome(status="active"):
+            return f" The garden {outcome.garden} pursues the goal {outcome.title!r} again."
+        case GoalActionOutcome():
+            return f" The goal {outcome.title!r} of the garden {outcome.garden} is dropped: it is not pursued again."
         case None:
             return ""

@@ -1,8 +1,8 @@
 """Gardens: workspaces tended by a background agent, the gardener, that pursues goals in runs;
 the run context; the operator messages the gardener emits, with validated routing and durable
-per-run records (OM-1 to OM-10); and `/goal`."""
+per-run records (OM-1 to OM-10); and `/goal` (a new goal, or an action on one)."""
 
-from harness.garden.command import KickoffDrive, goal_command
+from harness.garden.command import KickoffDrive, goal_action_of, goal_command
 from harness.garden.errors import (
     ConversationNotFound,
     EmptyContent,
@@ -93,6 +93,7 @@ __all__ = [
     "emit_recently_concluded",
     "emit_tend_survey",
     "garden_names",
+    "goal_action_of",
     "goal_command",
     "operator_message_schema",
     "operator_message_tools",

@@ -191,17 +191,20 @@ class Garden:
         await self._save(goal)
         return goal
 
-    async def set_status(self, goal_id: str, status: GoalState, context: Context) -> Goal:
+    async def set_status(self, goal_id: str, status: GoalState, context: Context, *,
+                         recorded_in: str | None = None) -> Goal:
         """Set goal `goal_id`'s status, publish `goal_status`, and show it in the goal's origin
-        conversation as a goal row (a conversation that cannot take it now is logged, not fatal).
-        Unchanged: nothing is written. Raises `GoalNotFound`."""
+        conversation as a goal row (a conversation that cannot take it now is logged, not fatal),
+        unless that conversation is `recorded_in`, the one whose typed command made the change:
+        its command row is the change's record there (CE-6). Unchanged: nothing is written.
+        Raises `GoalNotFound`."""
         goal = self.goal(goal_id)
         if goal.status == status:
             return goal
         goal = goal.model_copy(update={"status": status})
         await self._save(goal)
         await self._publish(GoalChanged(goal_id=goal.id, status=status))
-        if goal.origin is not None:
+        if goal.origin is not None and goal.origin.conversation_id != recorded_in:
             row = GoalStatus(goal_id=goal.id, status=status, title=goal.title)
             try:
                 await self.setup.service.record(self.record.owner, goal.origin.conversation_id, row, context)

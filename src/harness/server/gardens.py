@@ -12,11 +12,11 @@ import asyncio
 from pathlib import Path
 from typing import Literal
 
-from fastapi import APIRouter, status
+from fastapi import APIRouter, Response, status
 from pydantic import BaseModel, ConfigDict, Field
 
 from harness.context import Context
-from harness.conversation import MAIN_LANE, Conversation, GoalOutcome
+from harness.conversation import MAIN_LANE, Conversation, GoalActionOutcome, GoalOutcome
 from harness.errors import InvalidInput
 from harness.garden import Garden, GardenNotFound, GardenSetup, Goal, GoalState, garden_names, goal_command
 from harness.messages import ModelIdentity
@@ -77,7 +77,8 @@ async def list_gardens(user: CurrentUser, state: State) -> list[GardenOut]:
 
 
 class GoalCommand(_Body):
-    text: str = Field(description="The goal, in words; it is also the person's message of the kickoff turn.")
+    text: str = Field(description="The goal, in words; it is also the person's message of the kickoff turn. "
+                                  "`pause|resume|drop GOAL_ID` acts on a goal instead.")
     garden: str | None = Field(default=None, description="The garden to give it; none: your only garden.")
 
 
@@ -92,20 +93,30 @@ class GoalAccepted(BaseModel):
 
 
 @router.post("/conversations/{conversation_id}/goal", status_code=status.HTTP_202_ACCEPTED,
-             response_model=GoalAccepted)
-async def goal(conversation_id: str, body: GoalCommand, user: CurrentUser, state: State,
-               context: RequestContext) -> GoalAccepted:
+             response_model=GoalAccepted | GoalActionOutcome,
+             responses={200: {"model": GoalActionOutcome, "description": "A goal action (`pause|resume|drop "
+                                                                        "GOAL_ID`) done; no turn started."}})
+async def goal(conversation_id: str, body: GoalCommand, response: Response, user: CurrentUser, state: State,
+               context: RequestContext) -> GoalAccepted | GoalActionOutcome:
     """`/goal TEXT`: give a garden a durable goal whose origin is this conversation, recorded as
     the command's row above the kickoff turn it starts (CE-16); answered once that turn is
     accepted (202). `invalid_input` (400, recorded) for an empty text or when `garden` is not
     given and you have no garden or several; `garden_not_found` (404); `lane_busy` (409) while a
-    turn runs. With external workers the kickoff turn is theirs to drive."""
+    turn runs. With external workers the kickoff turn is theirs to drive.
+
+    A `text` of `pause|resume|drop GOAL_ID` (`goal_action_of`) is the goal action the chat's
+    `/goal` runs, with the same row: 200 with its `GoalActionOutcome`, or, recorded,
+    `goal_not_found` (404) and `invalid_input` (400) for a goal of another conversation or an
+    action its status does not allow."""
     async with state.conversation(user, conversation_id, context) as conversation:
-        return await _give_goal(state, user, conversation, body, context)
+        answer = await _give_goal(state, user, conversation, body, context)
+    if isinstance(answer, GoalActionOutcome):
+        response.status_code = status.HTTP_200_OK
+    return answer
 
 
 async def _give_goal(state: ServerState, user: str, conversation: Conversation, body: GoalCommand,
-                     context: Context) -> GoalAccepted:
+                     context: Context) -> GoalAccepted | GoalActionOutcome:
     if body.garden is not None:
         garden = _open(state, user, body.garden)
     else:
@@ -121,7 +132,9 @@ async def _give_goal(state: ServerState, user: str, conversation: Conversation, 
         kickoff.append(accepted)
 
     outcome = await goal_command(garden, drive=drive)(state.service, user, conversation, body.text, context)
-    assert isinstance(outcome, GoalOutcome), "/goal answers with its goal"
+    if isinstance(outcome, GoalActionOutcome):
+        return outcome
+    assert isinstance(outcome, GoalOutcome), "/goal answers with its goal or its action"
     return GoalAccepted(garden=outcome.garden, goal_id=outcome.goal_id, title=outcome.title,
                         operation_id=kickoff[0].operation_id)
 

@@ -13,6 +13,9 @@ const STOPPED = {
 
 const MODES = { build: "build (every tool)", plan: "plan (read-only tools)" };
 
+/** How a `/goal pause|resume|drop` row words the status it set. */
+const GOAL_ACTED = { paused: "paused", active: "resumed", dropped: "dropped" };
+
 export function modelName(model) {
   return `${model.provider}/${model.model_id}`;
 }
@@ -51,6 +54,8 @@ function outcomeText(outcome) {
       return "restarted from its journal";
     case "goal":
       return `the garden ${outcome.garden} pursues the goal ${outcome.title}`;
+    case "goal_action":
+      return `goal ${outcome.title} ${GOAL_ACTED[outcome.status] ?? outcome.status}`;
     default:
       return "";
   }
