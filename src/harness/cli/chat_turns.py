@@ -159,6 +159,7 @@ class TurnControl:
     async def _prompt(self, text: str) -> DriveOutcome:
         await self._save_draft()
         conversation, lane = self._on()
+        before = conversation.tip_id(lane)
         if text:
             # Admitted as every door admits a turn: after a queued model switch, with the row of a
             # reasoning level changed since the last turn right above it (CE-14).
@@ -168,7 +169,11 @@ class TurnControl:
         if self._abort_wanted:  # Ctrl-C came before the run existed
             await self._request_abort()
         await self._name_session(text)
-        return await conversation.drive(accepted.operation_id, self._context, lane=lane)
+        outcome = await conversation.drive(accepted.operation_id, self._context, lane=lane)
+        if (text and isinstance(outcome, Settled) and outcome.result.outcome == "aborted"
+                and outcome.result.tip_id in (before, *accepted.entry_ids[:-1])):
+            self._terminal.give_back(text)  # stopped before any output: the turn was discarded (CE-7)
+        return outcome
 
     async def _name_session(self, text: str) -> None:
         """Offer a session's first prompt sent from this chat as its name (kept only if it has none)."""

@@ -2,8 +2,10 @@
 
 A run that settles aborted records one `interrupted` row, a failed one one `error` row with public
 text; both are placed by the harness inside the run's terminal commit (`RunHooks.settlement_messages`),
-so they are durable and published before the run's end (CE-7, CE-9). Replies the provider layer
-never sends (aborted or errored) are replayed as text when such a row follows them (CE-8).
+so they are durable and published before the run's end (CE-7, CE-9). A person's stop before any
+output records nothing and discards the turn instead, in that same commit (`RunHooks.discard_turn`).
+Replies the provider layer never sends (aborted or errored) are replayed as text when such a row
+follows them (CE-8).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from harness.conversation.chat_events import (
     chat_event_of,
     logger,
 )
+from harness.conversation.recording import MAIN_LANE
 from harness.messages import AssistantMessage, Message, TextContent
 from harness.runtime import OperationEnding
 from harness.session import OperationErrorRecord
@@ -31,10 +34,21 @@ PUBLIC_TEXT_CHARS = 600
 _SILENT_CAUSES = frozenset({"deleted", "probe"})
 
 
+def discards_turn(ending: OperationEnding) -> bool:
+    """Whether a settling run is discarded (CE-7, CE-14): a person's stop (cause `user`) of a turn
+    on `main` before any output. The harness then moves the tip back to just before the person's
+    message: it and everything after it leave the branch (they stay in the journal), while the
+    rows the turn's admission recorded above it (a `ReasoningChanged` row, a command's row) stay:
+    the next admission reads that row as its baseline and does not announce the change again.
+    A stop during a tool call (`user_during_tool`) comes after output; other causes keep their row."""
+    return ending.lane == MAIN_LANE and ending.discardable and ending.abort_cause == "user"
+
+
 def turn_end_rows(ending: OperationEnding) -> list[Message]:
     """The chat-event rows a settling run leaves: `interrupted` for an abort (none for the
-    `deleted` and `probe` causes), `error` for a failure; nothing for anything else (CE-7, CE-9)."""
-    if ending.kind != "run":
+    `deleted` and `probe` causes, nor for a discarded turn), `error` for a failure; nothing for
+    anything else (CE-7, CE-9)."""
+    if ending.kind != "run" or ending.discarded:
         return []
     if ending.outcome == "aborted" and ending.abort_cause is not None and ending.abort_cause not in _SILENT_CAUSES:
         return [chat_event_message(Interrupted(cause=ending.abort_cause))]

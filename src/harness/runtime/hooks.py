@@ -64,7 +64,26 @@ class OperationEnding:
     outcome: Literal["completed", "failed", "aborted"]
     error: OperationErrorRecord | None
     abort_cause: AbortCause | None
+    replied: bool = False
+    """A run: whether it placed a reply on its branch (an assistant message with text, thinking or
+    a tool call; a reply cut before any of them is not placed). False for a compaction or navigation."""
+    prompt_parent: str | None = None
+    """A run that did not reply: the entry its first user message was placed after (None: the
+    empty branch). Only meaningful while `discardable`."""
+    discardable: bool = False
+    """A run that settles aborted without a reply and whose acceptance placed a user message:
+    `discard_turn` may move the tip back to `prompt_parent`."""
+    discarded: bool = False
+    """`discard_turn` discarded the run: the tip goes back to `prompt_parent` in this commit."""
 
+
+DiscardTurn = Callable[[OperationEnding], bool]
+"""Called inside the terminal commit of a run that is `discardable`, on the session line, without
+awaiting, before `settlement_messages`: True discards the turn. The tip then goes back to
+`prompt_parent` in that very commit: the user message and everything after it leave the branch
+(they stay in the journal), what the acceptance placed above it stays, pending writes are placed
+after it, and `navigation_end` says the tip moved before `run_end` does. A crash leaves either the
+open run or the settled discard (CE-7, CE-14). It must be quick and must not raise."""
 
 SettlementMessages = Callable[[OperationEnding], Sequence[Message]]
 """Called inside an operation's terminal commit, on the session line, without awaiting: the
@@ -84,4 +103,5 @@ class RunHooks:
     transform_context: TransformContext | None = None
     between_steps: BetweenSteps | None = None
     before_run_end: BeforeRunEnd | None = None
+    discard_turn: DiscardTurn | None = None
     settlement_messages: SettlementMessages | None = None

@@ -114,6 +114,10 @@ class RunningDrive(Protocol):
         """The task of the pass, started on first join; a later join adds its permissions."""
         ...
 
+    def stage_shown(self, m: SessionMutator) -> None:
+        """Stage into an abort request's commit what the drive has shown and not persisted yet."""
+        ...
+
     def on_abort(self) -> None:
         """Called in the commit continuation of a durable abort request."""
         ...
@@ -439,6 +443,8 @@ class Lane:
                 update={"inbox": [i for i in self.projection.state.inbox if i.kind not in ("steer", "follow_up")]})
             m.set(addresses.operation_state(meta.operation_id), new_state)
             m.set(addresses.lane_state(self.name), lane_state)
+            if self.active_drive is not None:  # what the person saw when they stopped is kept (CE-7)
+                self.active_drive.stage_shown(m)
 
             abort = OperationAbort(
                 lane=self.name, operation_id=meta.operation_id, cause=cause,

@@ -22,7 +22,8 @@ checkpoint that places queued input commits `assistant_ready` with that placemen
     completing a batch commit the next step's intent with them, straight from run_tools to
     assistant_effect_pending, when the checkpoint would only ask the model (`direct_intent`)
     any phase ── failure ──▶ failure_drain ──▶ settled failed
-    any phase ── abort requested ──▶ answer what was in flight ──▶ settled aborted
+    any phase ── abort requested ──▶ answer what was in flight ──▶ settled aborted (a run that
+    placed no reply may be discarded there, its tip back before its prompt: `RunHooks.discard_turn`)
 
 A compaction runs summary_pending (and summary_retry_wait) to its settlement; a navigation runs
 summary_pending when it summarizes the branch it leaves, then navigation_ready, then settles.

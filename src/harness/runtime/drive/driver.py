@@ -41,6 +41,7 @@ from harness.session import (
     RunCheckpoint,
     RunStarting,
     RunTools,
+    SessionMutator,
     StorageCorruption,
     SummaryPending,
     SummaryRetryWait,
@@ -84,6 +85,13 @@ class OperationDriver:
         if self._task is None:
             self._task = asyncio.get_running_loop().create_task(self._run())
         return self._task
+
+    def stage_shown(self, m: SessionMutator) -> None:
+        """Stage into an abort request's commit what this drive has shown and not persisted yet:
+        the frames of the reply streaming now (CE-7: a settlement after a crash knows whether the
+        person saw any output when they stopped)."""
+        if self.op.frames is not None:
+            self.op.frames.take(m)
 
     def on_abort(self) -> None:
         """Called in the commit continuation of a durable abort request."""

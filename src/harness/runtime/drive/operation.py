@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from harness.context import Context
 from harness.errors import ModelUnavailable, ToolsUnavailable
@@ -26,6 +26,12 @@ if TYPE_CHECKING:
     from harness.providers import ModelRegistry
 
 R = TypeVar("R")
+
+
+class UnwrittenFrames(Protocol):
+    def take(self, m: SessionMutator) -> None:
+        """Stage the frames streamed and not yet written into the commit `m`."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -61,6 +67,8 @@ class DrivenOperation:
         self.halted = False
         self.wait_for_retry = True
         self.poll_permits = 0
+        self.frames: UnwrittenFrames | None = None
+        """The frames of the reply streaming now not yet written, if one streams (its `FrameWriter`)."""
         self.unstarted_calls: set[str] = set()
         """The result entry ids of the tool calls whose intents this drive committed and whose
         effects it has not started (`tool_batch.with_tool_intents`)."""

@@ -160,7 +160,7 @@ async def consume(
     frame page was written."""
     lane = op.lane
     accumulator = AssistantStreamAccumulator(api=model.api, provider=model.provider, model=model.id)
-    frames = FrameWriter(op, intent)
+    frames = op.frames = FrameWriter(op, intent)
     final: AssistantMessage | None = None
     error: ProviderErrorInfo | None = None
     loop = asyncio.get_running_loop()
@@ -206,6 +206,7 @@ async def consume(
     finally:
         if trailing is not None:
             trailing.cancel()
+        op.frames = None
         await frames.close()
     if final is None:
         error = ProviderErrorInfo(kind="other", message="the provider stream ended without a final message")
@@ -374,6 +375,7 @@ class FrameWriter:
     def __init__(self, op: DrivenOperation, intent: EffectPending) -> None:
         self.op, self.intent = op, intent
         self._buffer: list[StreamEvent] = []  # frozen: dumped only when a page is written
+        self._page: list[StreamEvent] | None = None  # taken from the buffer, its write not yet staged
         self._starting: asyncio.Handle | None = None
         self._task: asyncio.Task[None] | None = None
         self._waiting = False  # the task sleeps out an interval (which closing cancels)
@@ -404,8 +406,7 @@ class FrameWriter:
         await task
 
     async def _write(self) -> None:
-        op, response_entry_id = self.op, self.intent.response_entry_id
-        address = addresses.assistant_frames(op.operation_id, response_entry_id)
+        op = self.op
         try:
             while self._buffer and not self._closed:
                 if op.settings.frame_interval_s > 0:
@@ -418,19 +419,35 @@ class FrameWriter:
                         raise
                     finally:
                         self._waiting = False
-                page, self._buffer = self._buffer, []
+                page = self._page = self._buffer
+                self._buffer = []
 
                 async def plan(m: SessionMutator, page: list[StreamEvent] = page) -> Decision[None]:
-                    if getattr(op.projection.operation_state, "response_entry_id", None) == response_entry_id:
-                        frames: dict[str, JsonValue] = {"frames": [frame.model_dump(mode="json") for frame in page]}
-                        m.append(address, frames)
-                        self.wrote = True
+                    if self._page is page:  # not taken by an abort request's commit meanwhile
+                        self._page = None
+                        self._stage(m, page)
                     return Decision(None)
 
                 await op.run(plan)
                 reached(FaultPoint.MID_STREAM)
         finally:
             self._task = None
+
+    def take(self, m: SessionMutator) -> None:
+        """Stage every frame streamed and not yet written, as one page, into the commit `m` (an
+        abort request's, on the line): a settlement after a crash then knows what the person saw
+        when they stopped, and does not take a reply they saw for one cut before any output (CE-7)."""
+        page = [*(self._page or ()), *self._buffer]
+        self._page, self._buffer = None, []
+        self._stage(m, page)
+
+    def _stage(self, m: SessionMutator, page: list[StreamEvent]) -> None:
+        """Append `page` while its response is still effect-pending."""
+        response_entry_id = self.intent.response_entry_id
+        if page and getattr(self.op.projection.operation_state, "response_entry_id", None) == response_entry_id:
+            frames: dict[str, JsonValue] = {"frames": [frame.model_dump(mode="json") for frame in page]}
+            m.append(addresses.assistant_frames(self.op.operation_id, response_entry_id), frames)
+            self.wrote = True
 
 
 def nothing_streamed(state: EffectPending) -> AssistantMessage:

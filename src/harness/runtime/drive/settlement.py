@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from enum import Enum
 from typing import Literal
 
@@ -13,7 +14,7 @@ from harness.messages import now_ms
 from harness.runtime.commit import Decision, Placement, Publish, Transition, payload_of, pending_payload
 from harness.runtime.drive.operation import DrivenOperation
 from harness.runtime.event_log import Announcement
-from harness.runtime.events import RunEnd
+from harness.runtime.events import NavigationEnd, RunEnd
 from harness.runtime.fault_points import FaultPoint, reached
 from harness.runtime.hooks import OperationEnding
 from harness.runtime.outcomes import Settled
@@ -22,14 +23,17 @@ from harness.session import (
     AbortCause,
     CancelRequested,
     CommitResult,
+    Entry,
     FailureDrain,
     FailureProvenance,
     LaneLastResult,
     MayFinish,
+    MessagePayload,
     OperationErrorRecord,
     OperationState,
     RunCheckpoint,
     SessionMutator,
+    StorageCorruption,
     addresses,
     new_id,
 )
@@ -74,7 +78,9 @@ async def settle(
 
     Decided on the line from the current projection: an abort requested meanwhile makes a
     completion `aborted`; steer or follow-up input that arrived since the last boundary makes
-    it not settle at all (None, nothing written: the run goes on to place it)."""
+    it not settle at all (None, nothing written: the run goes on to place it). A run aborted
+    before it replied may be discarded by the `discard_turn` hook: the tip goes back to before
+    its first user message in this commit, and `navigation_end` is emitted before `run_end`."""
     reached(fault)
     projection, lane_name = op.projection, op.lane.name
     meta = projection.meta
@@ -101,17 +107,19 @@ async def settle(
         # Pending writes are never stranded: whatever arrived after the last boundary is placed
         # by the terminal commit.
         writes = [item.entry_id for item in lane_state.inbox if item.kind == "write"]
-        placement = Placement(projection.tip_id if tip is KeepTip.KEEP else tip)
+        from_tip = projection.tip_id if tip is KeepTip.KEEP else tip
+        ending = await _ending(op, m, outcome, error, abort_cause, from_tip, replied=final_assistant is not None)
+        if ending.discardable and op.hooks.discard_turn is not None and op.hooks.discard_turn(ending):
+            ending = replace(ending, discarded=True)
+        placement = Placement(ending.prompt_parent if ending.discarded else from_tip)
         for entry_id in writes:
             placement.stage(m, entry_id, pending_payload(projection.pending[entry_id]))
             m.delete(addresses.pending_entry(entry_id))
         if op.hooks.settlement_messages is not None:
-            ending = OperationEnding(lane=lane_name, operation_id=op.operation_id, kind=meta.intent.kind,
-                                     outcome=outcome, error=error, abort_cause=abort_cause)
             for message in op.hooks.settlement_messages(ending):
                 placement.stage(m, new_id(), payload_of(message))
         new_tip = placement.tip
-        if placement.staged:
+        if placement.staged or ending.discarded:
             m.set(addresses.branch_tip(lane_name), new_tip)
         result = LaneLastResult.model_validate({
             "operation_id": op.operation_id, "kind": meta.intent.kind, "outcome": outcome,
@@ -135,7 +143,11 @@ async def settle(
         follow_up = tuple(queued_item(i, projection.pending[i]) for i in drained_follow)
         settled = Settled(operation_id=op.operation_id, result=result, steer=steer, follow_up=follow_up)
 
-        events: list[Announcement] = [*(events_before() if events_before else ()), *placement.events(lane_name)]
+        events: list[Announcement] = [*(events_before() if events_before else ())]
+        if ending.discarded:  # the branch changed under every transcript: watchers take a new snapshot
+            events.append(NavigationEnd(lane=lane_name, operation_id=op.operation_id, status="completed",
+                                        from_tip_id=from_tip, tip_id=ending.prompt_parent))
+        events += placement.events(lane_name)
         if any(i in projection.pending for i in removed):
             events.append(projection.queue_update(idle))
         events.append(RunEnd(lane=lane_name, operation_id=op.operation_id, result=result))
@@ -174,6 +186,37 @@ async def settle_with_reply(op: DrivenOperation, reply: Transition) -> Settled |
                            events_before=reply.events, publish_before=reply.publish,
                            fault=FaultPoint.BEFORE_FINAL_REPLY_SETTLEMENT)
     return reply if settled is None else settled
+
+
+async def _ending(op: DrivenOperation, m: SessionMutator, outcome: Literal["completed", "failed", "aborted"],
+                  error: OperationErrorRecord | None, abort_cause: AbortCause | None, tip: str | None, *,
+                  replied: bool) -> OperationEnding:
+    """How the operation is about to settle, its branch ending at `tip`. For a run not known to
+    have `replied`: whether it did, walking its branch from `tip` back to the tip it was accepted
+    on, which costs O(entries since its newest reply) (before any output: the entries its
+    acceptance placed), read from the cached branch when it holds them."""
+    meta = op.projection.meta
+    assert meta is not None
+    ending = OperationEnding(lane=op.lane.name, operation_id=op.operation_id, kind=meta.intent.kind,
+                             outcome=outcome, error=error, abort_cause=abort_cause, replied=replied)
+    if meta.intent.kind != "run" or replied:
+        return ending
+    first_user: Entry | None = None
+    entry_id = tip
+    while entry_id is not None and entry_id != meta.source_tip_id:
+        entry = op.projection.cached_entry(entry_id) or await m.entry(entry_id, op.context)
+        if entry is None:
+            raise StorageCorruption(f"entry {entry_id} on the branch of run {op.operation_id} is missing",
+                                    entry_id=entry_id)
+        if isinstance(entry.payload, MessagePayload):
+            if entry.payload.message.role == "assistant":
+                return replace(ending, replied=True)
+            if entry.payload.message.role == "user":
+                first_user = entry
+        entry_id = entry.parent_id
+    if first_user is None or outcome != "aborted":
+        return ending
+    return replace(ending, prompt_parent=first_user.parent_id, discardable=True)
 
 
 def _final_assistant(state: OperationState) -> str | None:
