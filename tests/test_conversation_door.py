@@ -30,7 +30,9 @@ from harness.conversation import (
     ModelOutcome,
     ModelSwitch,
     ModelSwitched,
+    ModeSelected,
     PostedCommand,
+    Renamed,
     RenameOutcome,
     fast,
     garden_message_of,
@@ -406,3 +408,21 @@ async def test_a_conversation_deleted_mid_run_settles_its_run_as_deleted_then_go
     assert conversation.id not in {info.id for info in await conversations.list(OWNER, ctx)}
     with pytest.raises(SessionNotFound):
         await store.open_session(conversation.id, ctx)
+
+
+async def test_a_rename_and_a_mode_reach_a_conversation_another_holder_has(store: Store, ctx: Context) -> None:
+    """CE-10, CE-13: a rename and a work mode chosen in another process while one holder has the
+    conversation are posted to it and made as its own door makes them, each with its row."""
+    holder, _ = faux_service(store, ["hi"], setup=ConversationSetup(commands=BUILT_IN_COMMANDS))
+    elsewhere, _ = faux_service(store, [])
+    conversation = await holder.create(OWNER, LaneConfig(model=FAUX), ctx)
+    settled(await within(conversation.send("hello", ctx)))
+
+    assert await elsewhere.rename(OWNER, conversation.id, "roses", ctx) is True
+    assert await elsewhere.select_mode(OWNER, conversation.id, "plan", ctx) is True
+    await holder.close(OWNER, conversation.id, ctx)  # its last look takes both, and waits for them
+
+    reopened = await elsewhere.open(OWNER, conversation.id, ctx)
+    assert (await reopened.session_name(ctx), reopened.mode) == ("roses", "plan")
+    assert await rows(reopened, ctx) == [Renamed(name="roses"), ModeSelected(mode="plan")]
+    await elsewhere.close_all(ctx)

@@ -110,6 +110,7 @@ from harness.session import (
     CommandRequest,
     CustomMessagePayload,
     Entry,
+    HolderRequest,
     ImageStore,
     LaneConfig,
     QueueRequest,
@@ -118,6 +119,7 @@ from harness.session import (
     SessionNotFound,
     SessionOwned,
     SessionReader,
+    SettingRequest,
     StopRequest,
     Store,
     StoredImage,
@@ -132,7 +134,7 @@ OWNER = addresses.value_address(CONVERSATION_VALUES.namespace, "owner", str)
 
 T = TypeVar("T")
 
-PostedRunner = Callable[["Conversation", CommandRequest, Context], Coroutine[Any, Any, None]]
+PostedRunner = Callable[["Conversation", HolderRequest, Context], Coroutine[Any, Any, None]]
 """How a conversation runs a command another process posted for it (its service's)."""
 
 class RecordNow:
@@ -440,6 +442,7 @@ class Conversation:
                  run_posted: PostedRunner | None = None) -> None:
         self.info = info
         self._run_posted = run_posted
+        self._last_posted: asyncio.Task[object] | None = None
         self._harness = harness = settings.harness
         self.delegation = delegation
         """The conversation's sub-agents, when its setup has agents (CE-18)."""
@@ -682,10 +685,19 @@ class Conversation:
         return sum([await self._harness.lane(info.name).take_requests(context, on_command=on_command)
                     for info in self._harness.lanes])
 
-    def _on_posted_command(self, request: CommandRequest) -> None:
-        assert self._run_posted is not None
+    def _on_posted_command(self, request: HolderRequest) -> None:
+        run_posted = self._run_posted
+        assert run_posted is not None
         context = Context({"conversation_id": self.id, "task": "posted command"})
-        task: asyncio.Task[object] = asyncio.get_running_loop().create_task(self._run_posted(self, request, context))
+        before = self._last_posted
+
+        async def in_order() -> None:  # one after another, as the person sent them
+            if before is not None:
+                await asyncio.wait([before])
+            await run_posted(self, request, context)
+
+        task: asyncio.Task[object] = asyncio.get_running_loop().create_task(in_order())
+        self._last_posted = task
         self._recording.add(task)
         task.add_done_callback(self._recording.discard)
 
@@ -869,10 +881,14 @@ class ConversationService:
     async def rename(self, user: str, conversation_id: str, name: str | None, context: Context) -> bool:
         """Name the conversation (None clears it) and record the rename row, live or closed, unless
         nobody has spoken in it yet; the next restore reads both from the journal (CE-10, CE-13,
-        CE-15). The result is `record_setting`'s."""
-        async with self._settings_of(user, conversation_id, context) as settings:
-            await settings.harness.set_session_name(name, context)
-            return await settings.record_setting(Renamed(name=name), context)
+        CE-15). The result is `record_setting`'s. Held by another process: posted to it
+        (`SettingRequest`), which renames as its own door would; True then (durably queued)."""
+        session = await self._owned(user, conversation_id, context)
+        async with self._settings_or_none(session, user, context) as settings:
+            if settings is not None:
+                return await _rename(settings, name, context)
+        await self._post_setting(session, user, "name", name, context)
+        return True
 
     async def record_setting(self, user: str, conversation_id: str, details: ChatEventDetails,
                              context: Context) -> bool:
@@ -885,9 +901,14 @@ class ConversationService:
     async def select_mode(self, user: str, conversation_id: str, mode: WorkMode, context: Context) -> bool:
         """Switch the conversation to work mode `mode` (`build`: the tools it was configured with;
         `plan`: the read-only ones among them) and record `ModeSelected` at once, even before the
-        first message (CE-13). The result is whether the row was accepted (CE-3)."""
-        async with self._settings_of(user, conversation_id, context) as settings:
-            return await settings.select_mode(mode, context)
+        first message (CE-13). The result is whether the row was accepted (CE-3). Held by another
+        process: posted to it (`SettingRequest`) as `rename` is; True then."""
+        session = await self._owned(user, conversation_id, context)
+        async with self._settings_or_none(session, user, context) as settings:
+            if settings is not None:
+                return await settings.select_mode(mode, context)
+        await self._post_setting(session, user, "mode", mode, context)
+        return True
 
     async def switch_model(self, user: str, conversation_id: str, model: ModelIdentity, context: Context, *,
                            wait_for_completion: bool = False,
@@ -1007,15 +1028,27 @@ class ConversationService:
         finally:
             await self.close(user, conversation_id, context)
 
-    async def _run_posted(self, conversation: Conversation, request: CommandRequest, context: Context) -> None:
-        """Run a command another process posted, from the setup's table, as the poster's user; a
-        failure is the command's row (CE-16) and a line in the log, never the holder's problem."""
+    async def _run_posted(self, conversation: Conversation, request: HolderRequest, context: Context) -> None:
+        """Carry out what another process posted, as the poster's user, through this door: a
+        command from the setup's table, or a setting change. A failure is the command's row
+        (CE-16) and a line in the log, never the holder's problem."""
         try:
+            if isinstance(request, SettingRequest):
+                # On `conversation` itself: while it is let go it is no longer listed as live here.
+                if request.setting == "name":
+                    await _rename(conversation._settings, request.value, context)
+                else:
+                    await conversation._settings.select_mode("plan" if request.value == "plan" else "build", context)
+                return
             command, args = command_of(request.line, self.setup.commands)
             await command(self, request.user, conversation, args, context, typed=request.typed)
         except HarnessError as error:
-            logger.warning("command %r posted for conversation %s failed: %s", request.line, conversation.id,
-                           error.message)
+            logger.warning("%s posted for conversation %s failed: %s", request.kind, conversation.id, error.message)
+
+    async def _post_setting(self, session: Session, user: str, setting: Literal["name", "mode"], value: str | None,
+                            context: Context) -> None:
+        request = SettingRequest(lane=MAIN_LANE, user=user, setting=setting, value=value, requested_at=now_ms())
+        await session.post_request(request, context)
 
     async def send(self, user: str, conversation_id: str, text: str, context: Context, *,
                    images: Sequence[ImageContent] = ()) -> DriveOutcome:
@@ -1303,6 +1336,11 @@ class ConversationService:
         if setup.projects_file is not None:
             tools.append(project_tool(lambda: self.list_switchable_projects(user), target))
         return [*tools, *(delegation.tools if delegation is not None else ())]
+
+
+async def _rename(settings: ConversationSettings, name: str | None, context: Context) -> bool:
+    await settings.harness.set_session_name(name, context)
+    return await settings.record_setting(Renamed(name=name), context)
 
 
 async def _open_run(session: Session, context: Context) -> str:

@@ -70,6 +70,7 @@ from harness.session import (
     CommandRequest,
     CommitResult,
     CompactionIntent,
+    HolderRequest,
     InboxItem,
     InboxKind,
     LaneConfig,
@@ -86,6 +87,7 @@ from harness.session import (
     RunStarting,
     RunTools,
     SessionMutator,
+    SettingRequest,
     StopRequest,
     StorageCorruption,
     SummaryPending,
@@ -465,7 +467,7 @@ class Lane:
     # -- requests from other processes ------------------------------------------------------------
 
     async def take_requests(self, context: Context, *,
-                            on_command: Callable[[CommandRequest], None] | None = None) -> int:
+                            on_command: Callable[[HolderRequest], None] | None = None) -> int:
         """Take every request other processes posted for this lane (`Session.post_request`), oldest
         first, each in one commit that also deletes it, and return how many were applied.
 
@@ -475,9 +477,9 @@ class Lane:
         run is still current is queued as `steer` or `follow_up` would; one whose run ended
         meanwhile waits for the next run (`queue_next_run`), so the person's message is kept. A
         stop is `request_abort` of its operation, or nothing once that has settled. An append is
-        `append_message` under the request's id. A command is deleted, then handed to
-        `on_command` (the conversation runs it); without `on_command` it is left for an owner
-        that runs commands. A request the lane refuses (`NotARun` while a compaction runs, a
+        `append_message` under the request's id. A command or a setting change is deleted, then
+        handed to `on_command` (the conversation carries it out); without `on_command` it is left
+        for an owner that does. A request the lane refuses (`NotARun` while a compaction runs, a
         message too large, an append whose entry exists already) is dropped and logged, so that
         it cannot block the ones after it."""
 
@@ -506,7 +508,7 @@ class Lane:
                         during: AbortCause | None = "user_during_tool" if request.cause == "user" else None
                         applied += await self._abort(request.cause, context, during_tool=during,
                                                      posted=posted) is not None
-                    elif isinstance(request, CommandRequest):
+                    elif isinstance(request, CommandRequest | SettingRequest):
                         if on_command is None:
                             continue
                         await self._drop_request(request_id, context)

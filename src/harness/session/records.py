@@ -92,7 +92,24 @@ class CommandRequest(Record):
     requested_at: int
 
 
-LaneRequest = Annotated[QueueRequest | StopRequest | AppendRequest | CommandRequest, Field(discriminator="kind")]
+class SettingRequest(Record):
+    """A setting change another process asks the conversation's holder to make for `user`, as its
+    own door would, with the row that records it: the conversation's `name` (`value` None clears
+    it) or its work `mode` (`build` or `plan`). Taken like a `CommandRequest`: deleted, then made."""
+
+    kind: Literal["setting"] = "setting"
+    lane: str
+    user: CleanStr
+    setting: Literal["name", "mode"]
+    value: CleanStr | None
+    requested_at: int
+
+
+HolderRequest: TypeAlias = CommandRequest | SettingRequest
+"""A request the conversation's holder carries out through its own door, not the lane's."""
+
+LaneRequest = Annotated[QueueRequest | StopRequest | AppendRequest | CommandRequest | SettingRequest,
+                        Field(discriminator="kind")]
 """What a process that does not own a session may ask of a lane's owner (`Session.post_request`);
 the owner takes each once (`Lane.take_requests`)."""
 
