@@ -338,6 +338,29 @@ def test_ctrl_c_mid_stream_aborts_durably_and_the_prompt_returns(chats: list[Cha
     assert aborted_reply(chat.store_url, session_id) == "Counting: one two three\n"
 
 
+def test_ctrl_c_before_any_reply_discards_the_turn_and_gives_the_prompt_back(
+        chats: list[Chat], dirs: tuple[Path, Path], server: ReplayServer) -> None:
+    """CE-7: stopped before the model said anything, the turn is discarded: no interrupted row,
+    the message back on the input line, and Enter sends it as the only copy the model reads."""
+    hold = Hold()
+    server.enqueue(text_reply("", "never shown", hold=hold), text_reply("Answered."))
+    chat = start(chats, dirs, server)
+
+    chat.send_line("a question")
+    assert hold.reached.wait(TIMEOUT_S)
+    chat.process.sendcontrol("c")
+    chat.expect("stopped before any reply: the turn is discarded")
+    chat.expect("✗ turn aborted")
+    chat.send_line("")  # the prompt given back, sent as it stands
+    chat.expect("Answered.")
+    chat.expect("turn completed")
+
+    asked = [(m["role"], m["content"]) for m in sent_messages(server.requests[1]) if m["role"] != "system"]
+    assert asked == [("user", "a question")]
+    assert "interrupted by you" not in printed_since(chat, 0)
+    assert chat.leave() == 0
+
+
 def test_a_long_paragraph_appears_while_it_streams(chats: list[Chat], dirs: tuple[Path, Path],
                                                   server: ReplayServer) -> None:
     """A paragraph wider than the terminal is shown a screen line at a time as it arrives, not

@@ -352,6 +352,7 @@ class ChatView:
     _run_started: float = field(default=0.0, init=False)
     _run_tokens: int = field(default=0, init=False)
     _cut_off_text: bool = field(default=False, init=False)  # the reply a crash interrupted had content
+    _run_id: str | None = field(default=None, init=False)  # the latest run (not compaction) started here
 
     def __call__(self, event: HarnessEvent, context: Context) -> None:
         lane = event_lane(event)
@@ -440,6 +441,8 @@ class ChatView:
 
 @row("run_start")
 def _run_start(view: ChatView, event: RunStart) -> None:
+    if event.kind == "run":
+        view._run_id = event.operation_id
     view.begin_run()
 
 
@@ -534,7 +537,11 @@ def _compaction_end(view: ChatView, event: CompactionEnd) -> None:
 
 @row("navigation_end")
 def _navigation_end(view: ChatView, event: NavigationEnd) -> None:
-    if event.status == "completed":
+    if event.operation_id == view._run_id:  # a run that moves the tip: stopped before any output (CE-7)
+        view.meter.context_tokens = None
+        view.screen.print("[dim]stopped before any reply: the turn is discarded, your message is back on the "
+                          "input line[/]")
+    elif event.status == "completed":
         view.meter.context_tokens = None
         view.screen.print(f"[dim]moved to entry {escape(event.tip_id or '(the empty branch)')}[/]")
     else:
