@@ -45,7 +45,16 @@ from harness.garden import goal_command
 from harness.messages import ModelIdentity, UserMessage
 from harness.providers import FAUX_MODEL
 from harness.providers.faux import FauxReply, delay, reply, tool_call
-from harness.runtime import MAX_INPUT_BYTES, DriveSettings, LaneBusy, PromptTooLarge, QueueUpdate, Settled, ValueUpdate
+from harness.runtime import (
+    MAX_INPUT_BYTES,
+    DriveOutcome,
+    DriveSettings,
+    LaneBusy,
+    PromptTooLarge,
+    QueueUpdate,
+    Settled,
+    ValueUpdate,
+)
 from harness.session import LaneConfig, SessionNotFound, Store, new_id
 from harness.session.addresses import lane_request
 from harness.session.backend import SetValue
@@ -61,6 +70,16 @@ TOOLS = LaneConfig(model=FAUX, active_tools=["probe"])
 def settled(outcome: object) -> Settled:
     assert isinstance(outcome, Settled)
     return outcome
+
+
+async def in_a_tool_call(conversations: ConversationService, probe: ProbeTool,
+                         ctx: Context) -> tuple[Conversation, asyncio.Future[DriveOutcome]]:
+    """A new conversation of OWNER whose first turn is inside `probe`'s call with key `k` (held
+    while that key's gate is closed), and the task driving that turn."""
+    conversation = await conversations.create(OWNER, TOOLS, ctx)
+    running = asyncio.ensure_future(conversation.send("go", ctx))
+    await probe.wait_started("k")
+    return conversation, running
 
 
 def test_no_door_reaches_a_conversations_lane_harness_or_settings() -> None:
@@ -84,9 +103,7 @@ async def test_a_typed_model_switch_during_a_tool_call_waits_for_the_turn(store:
     gate = probe.gate("k")
     conversations, faux = faux_service(store, [reply(tool_call("probe", {"key": "k"})), "done", "next"],
                                        tools=[probe], models=[SECOND])
-    conversation = await conversations.create(OWNER, TOOLS, ctx)
-    running = asyncio.ensure_future(conversation.send("go", ctx))
-    await probe.wait_started("k")
+    conversation, running = await in_a_tool_call(conversations, probe, ctx)
 
     typed = asyncio.ensure_future(run_typed_command(conversations, OWNER, conversation, "/model faux/faux-2", ctx))
     await asyncio.sleep(0)
@@ -151,9 +168,7 @@ async def test_a_goal_refused_by_a_running_turn_records_the_refusal_and_no_goal(
     gate = probe.gate("k")
     conversations, _ = faux_service(store, [reply(tool_call("probe", {"key": "k"})), "done"], tools=[probe])
     garden = await make_garden(store, conversations, tmp_path / "garden", ctx)
-    conversation = await conversations.create(OWNER, TOOLS, ctx)
-    running = asyncio.ensure_future(conversation.send("go", ctx))
-    await probe.wait_started("k")
+    conversation, running = await in_a_tool_call(conversations, probe, ctx)
 
     with pytest.raises(LaneBusy) as busy:
         await run_typed_command(conversations, OWNER, conversation, "/goal Turn the compost", ctx,
@@ -196,9 +211,7 @@ async def test_a_stop_during_a_tool_call_is_recorded_as_such(store: Store, ctx: 
     probe = ProbeTool()
     probe.gate("k")
     conversations, _ = faux_service(store, [reply(tool_call("probe", {"key": "k"}))], tools=[probe])
-    conversation = await conversations.create(OWNER, TOOLS, ctx)
-    running = asyncio.ensure_future(conversation.send("go", ctx))
-    await probe.wait_started("k")
+    conversation, running = await in_a_tool_call(conversations, probe, ctx)
 
     await conversation.stop(ctx)
     outcome = settled(await within(running))
@@ -215,9 +228,7 @@ async def test_a_model_switch_applies_at_once_to_a_turn_a_stopped_process_left_o
     probe = ProbeTool()
     probe.gate("k")
     conversations, _ = faux_service(store, [reply(tool_call("probe", {"key": "k"}))], tools=[probe])
-    conversation = await conversations.create(OWNER, TOOLS, ctx)
-    running = asyncio.ensure_future(conversation.send("go", ctx))
-    await probe.wait_started("k")
+    conversation, running = await in_a_tool_call(conversations, probe, ctx)
     await conversation.detach_now(ctx)  # as a crash stops it
     with pytest.raises(Exception):  # noqa: B017, PT011 - the drive ends with the harness, however it says so
         await within(running)
@@ -243,9 +254,7 @@ async def test_rows_and_garden_messages_reach_a_conversation_another_holder_has(
     gate = probe.gate("k")
     holder, _ = faux_service(store, [reply(tool_call("probe", {"key": "k"})), "done"], tools=[probe])
     elsewhere, _ = faux_service(store, [])
-    conversation = await holder.create(OWNER, TOOLS, ctx)
-    running = asyncio.ensure_future(conversation.send("go", ctx))
-    await probe.wait_started("k")
+    conversation, running = await in_a_tool_call(holder, probe, ctx)
     said = GardenMessage(garden="allotment", kind="reply", emission_id=new_id(), goal_id="g-1", run_id="r-1",
                          text="The roses need a person.")
 
@@ -376,9 +385,7 @@ async def test_a_stop_posted_during_a_tool_call_is_recorded_as_such(store: Store
     probe.gate("k")
     holder, _ = faux_service(store, [reply(tool_call("probe", {"key": "k"}))], tools=[probe])
     elsewhere, _ = faux_service(store, [])
-    conversation = await holder.create(OWNER, TOOLS, ctx)
-    running = asyncio.ensure_future(conversation.send("go", ctx))
-    await probe.wait_started("k")
+    conversation, running = await in_a_tool_call(holder, probe, ctx)
 
     await elsewhere.stop(OWNER, conversation.id, ctx)
     outcome = settled(await within(running))
@@ -393,9 +400,7 @@ async def test_a_conversation_deleted_mid_run_settles_its_run_as_deleted_then_go
     probe = ProbeTool()
     probe.gate("k")
     conversations, _ = faux_service(store, [reply(tool_call("probe", {"key": "k"}))], tools=[probe])
-    conversation = await conversations.create(OWNER, TOOLS, ctx)
-    running = asyncio.ensure_future(conversation.send("go", ctx))
-    await probe.wait_started("k")
+    conversation, running = await in_a_tool_call(conversations, probe, ctx)
     watch = await conversation.watch(ctx)
 
     await conversations.delete(OWNER, conversation.id, ctx)

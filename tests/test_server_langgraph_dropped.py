@@ -14,6 +14,7 @@ from harness.server import (
     START,
     EntryPlaced,
     LangGraphPart,
+    ReplyDropped,
     RunAccepted,
     RunItem,
     RunSettled,
@@ -21,7 +22,6 @@ from harness.server import (
     parse_event_id,
     stream_modes,
 )
-from harness.server.langgraph_wire import ReplyDropped
 from harness.session import Entry, LaneLastResult, MessagePayload
 
 FINAL = "The first part of a long answer, and at last the end."

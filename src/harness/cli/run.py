@@ -25,7 +25,7 @@ from rich.console import Console
 from harness.cli.config import attach_client, no_tools_note
 from harness.cli.terminal_text import escape, visible
 from harness.context import Context
-from harness.conversation import Conversation, ErrorDetails, chat_event_of
+from harness.conversation import Conversation, ErrorDetails, chat_event_rows
 from harness.messages import AssistantMessage, ModelIdentity, ThinkingContent, text_of
 from harness.providers import ModelRegistry
 from harness.runtime import (
@@ -49,7 +49,7 @@ from harness.runtime import (
     ToolEnd,
     ToolStart,
 )
-from harness.session import CustomMessagePayload, Entry, Store
+from harness.session import Entry, Store
 from harness.tools import ApprovalPolicy, BackgroundJobs, describe_call
 
 EXIT_COMPLETED = 0
@@ -285,8 +285,7 @@ async def run_turn(store: Store, turn: RunTurn, registry: ModelRegistry, context
 
 
 def _error_row(entry: Entry) -> ErrorDetails | None:
-    payload = entry.payload
-    details = chat_event_of(payload.message) if isinstance(payload, CustomMessagePayload) else None
+    details = next((row.details for row in chat_event_rows([entry])), None)
     return details if isinstance(details, ErrorDetails) else None
 
 

@@ -1099,8 +1099,7 @@ class ConversationService:
         and settled here, recording no row (CE-7), so no drive is cut off mid-commit; then the
         conversation is let go and its session deleted in one transaction. Raises `Forbidden`,
         `SessionNotFound`, and `SessionOwned` while another process holds it (nothing deleted)."""
-        await self._owned(user, conversation_id, context)
-        conversation = self._live.get(conversation_id) or await self.open(user, conversation_id, context)
+        conversation = await self.open(user, conversation_id, context)
         try:
             if conversation.operation() is not None:
                 with suppress(NoActiveOperation):  # it settled meanwhile
@@ -1267,13 +1266,13 @@ class ConversationService:
     @asynccontextmanager
     async def _settings_of(self, user: str, conversation_id: str, context: Context) -> AsyncIterator[
             ConversationSettings]:
-        """The settings of the live conversation, or of a temporary attachment of a cold one."""
+        """The settings of the live conversation, or of a temporary attachment of a cold one;
+        `SessionOwned` while another process holds it (`_settings_or_none`)."""
         session = await self._owned(user, conversation_id, context)
-        live = self._live.get(conversation_id)
-        if live is not None:
-            yield live._settings
-            return
-        async with self._temporary_settings(session, user, context) as settings:
+        async with self._settings_or_none(session, user, context) as settings:
+            if settings is None:
+                raise SessionOwned(f"conversation {conversation_id} is held by another process",
+                                   session_id=conversation_id)
             yield settings
 
     @asynccontextmanager
