@@ -43,7 +43,6 @@ from harness.runtime import (
     Lane,
     PromptRequest,
     RunEnd,
-    check_input_size,
 )
 from harness.session import CustomMessagePayload, Entry, MessagePayload, SessionReader, addresses
 
@@ -320,7 +319,6 @@ class ConversationSettings:
         await refuse_if_ended(self.harness.session, self.harness.session.id, context)
         content: str | list[UserContent] = [TextContent(text=text), *images] if images else text
         prompt = UserMessage(content=content)
-        check_input_size([prompt], "prompt")  # refused as a prompt, before the lock is waited for
         async with self.turn_lock:
             level = self.lane.config.thinking_level
             baseline = await self._reasoning_baseline(context)

@@ -192,7 +192,7 @@ def _prompt_messages(request: PromptRequest) -> tuple[Message, ...]:
             raise InvalidMessage("a prompt is either text and images or messages, not both")
         supplied = (request.messages,) if not isinstance(request.messages, Sequence) else tuple(request.messages)
         for message in supplied:
-            check_input_message(message)
+            check_input_message(message, "prompt")
         return supplied
     if not isinstance(request.text, str):
         raise InvalidMessage(f"the prompt text must be a string, not {type(request.text).__name__}",
@@ -207,7 +207,7 @@ def _prompt_messages(request: PromptRequest) -> tuple[Message, ...]:
         message = UserMessage(content=content)
     except ValidationError as error:
         raise InvalidMessage(f"the prompt's images are not valid: {describe_invalid(error)}") from None
-    check_input_message(message)
+    check_input_message(message, "prompt")
     return (message,)
 
 
@@ -223,14 +223,15 @@ def check_supplied_id(identifier: object) -> None:
                              id=repr(identifier)[:80])
 
 
-def check_input_message(message: object) -> None:
+def check_input_message(message: object, what: str = "message") -> None:
     """Input a person or program queues must be a valid user or custom message (HA-17): an
     assistant reply or a tool result cannot start or steer a run.
 
     The message is read back through its JSON form, as the journal will read it: one changed
     after validation (a list of it edited in place, an attribute written directly) may hold
     anything, and the journal writes records without reading them back. Raises
-    `InvalidMessage`, or `PromptTooLarge` when it takes more than `MAX_INPUT_BYTES`."""
+    `InvalidMessage`, or `PromptTooLarge` naming the message `what` it is when it takes more
+    than `MAX_INPUT_BYTES`."""
     if not isinstance(message, UserMessage | CustomMessage):
         role = getattr(message, "role", None)
         if isinstance(message, BaseModel) and isinstance(role, str):
@@ -238,13 +239,13 @@ def check_input_message(message: object) -> None:
                                  role=role)
         raise InvalidMessage(f"a message must be a UserMessage or CustomMessage, not {type(message).__name__}",
                              given=type(message).__name__)
-    _refuse_if_over(_text_length(message), "message")  # before encoding: a huge one is refused uncopied
+    _refuse_if_over(_text_length(message), what)  # before encoding: a huge one is refused uncopied
     try:
         encoded = MESSAGE_ADAPTER.dump_json(message, warnings="error")
         MESSAGE_ADAPTER.validate_json(encoded)
     except (ValidationError, PydanticSerializationError, RecursionError) as error:
         raise InvalidMessage(f"the {message.role} message is not valid: {describe_invalid(error)}") from None
-    _refuse_if_over(len(encoded), "message")
+    _refuse_if_over(len(encoded), what)
 
 
 def check_input_size(messages: Sequence[Message], what: str) -> None:
