@@ -64,9 +64,6 @@ class OperationEnding:
     outcome: Literal["completed", "failed", "aborted"]
     error: OperationErrorRecord | None
     abort_cause: AbortCause | None
-    replied: bool = False
-    """A run: whether it placed a reply on its branch (an assistant message with text, thinking or
-    a tool call; a reply cut before any of them is not placed). False for a compaction or navigation."""
     prompt_parent: str | None = None
     """A run that did not reply: the entry its first user message was placed after (None: the
     empty branch). Only meaningful while `discardable`."""

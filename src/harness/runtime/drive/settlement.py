@@ -191,15 +191,17 @@ async def settle_with_reply(op: DrivenOperation, reply: Transition) -> Settled |
 async def _ending(op: DrivenOperation, m: SessionMutator, outcome: Literal["completed", "failed", "aborted"],
                   error: OperationErrorRecord | None, abort_cause: AbortCause | None, tip: str | None, *,
                   replied: bool) -> OperationEnding:
-    """How the operation is about to settle, its branch ending at `tip`. For a run not known to
-    have `replied`: whether it did, walking its branch from `tip` back to the tip it was accepted
-    on, which costs O(entries since its newest reply) (before any output: the entries its
-    acceptance placed), read from the cached branch when it holds them."""
+    """How the operation is about to settle, its branch ending at `tip`. An aborted run not known
+    to have `replied` (placed an assistant message with text, thinking or a tool call; a reply cut
+    before any of them is not placed) is `discardable` when its branch from `tip` back to the tip
+    it was accepted on holds no reply and one of its user messages: the walk costs O(entries since
+    its newest reply) (before any output: the entries its acceptance placed), read from the cached
+    branch when it holds them. Any other ending reads nothing."""
     meta = op.projection.meta
     assert meta is not None
     ending = OperationEnding(lane=op.lane.name, operation_id=op.operation_id, kind=meta.intent.kind,
-                             outcome=outcome, error=error, abort_cause=abort_cause, replied=replied)
-    if meta.intent.kind != "run" or replied:
+                             outcome=outcome, error=error, abort_cause=abort_cause)
+    if meta.intent.kind != "run" or outcome != "aborted" or replied:
         return ending
     first_user: Entry | None = None
     entry_id = tip
@@ -210,11 +212,11 @@ async def _ending(op: DrivenOperation, m: SessionMutator, outcome: Literal["comp
                                     entry_id=entry_id)
         if isinstance(entry.payload, MessagePayload):
             if entry.payload.message.role == "assistant":
-                return replace(ending, replied=True)
+                return ending
             if entry.payload.message.role == "user":
                 first_user = entry
         entry_id = entry.parent_id
-    if first_user is None or outcome != "aborted":
+    if first_user is None:
         return ending
     return replace(ending, prompt_parent=first_user.parent_id, discardable=True)
 
