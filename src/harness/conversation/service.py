@@ -477,13 +477,12 @@ class Conversation:
             self._posted.close()
 
     async def _stop_taking(self) -> None:
-        # A flag and a wake-up besides the cancel: `asyncio.wait_for` (Python 3.11) can swallow a
-        # cancel that lands as its wait ends, and the loop must end all the same.
+        # No cancel: one landing inside a take, after a command's request was deleted and before
+        # it was handed on, would lose the command. The wake-up ends the wait; a take under way
+        # finishes.
         self._taking = False
         self._posted.wake()
-        self._taker.cancel()
-        with suppress(asyncio.CancelledError):
-            await self._taker
+        await asyncio.wait([self._taker])
 
     def _on_event(self, event: HarnessEvent, context: Context) -> None:
         # A listener may not call the harness (it runs as events are delivered): the row of a
@@ -681,9 +680,15 @@ class Conversation:
         """Apply what other processes posted for this conversation's lanes (`Session.post_request`):
         steer, follow-up, stop, rows to append, and commands, each run in a task of its own (as
         the holder's service runs them); returns how many were taken (`Lane.take_requests`)."""
+        # One read finds the lanes anything was posted for: a conversation keeps a lane per
+        # delegated job, and the taker looks every second.
+        unreadable: list[str] = []
+        posted = await self._harness.session.scan_records(addresses.lane_request(""), context,
+                                                          undecodable=lambda key, _: unreadable.append(key))
+        wanted = {record.value.lane for _, record in posted} | ({MAIN_LANE} if unreadable else set())
         on_command = self._on_posted_command if self._run_posted is not None else None
         return sum([await self._harness.lane(info.name).take_requests(context, on_command=on_command)
-                    for info in self._harness.lanes])
+                    for info in self._harness.lanes if info.name in wanted])
 
     def _on_posted_command(self, request: HolderRequest) -> None:
         run_posted = self._run_posted
