@@ -33,10 +33,11 @@ from harness.conversation import (
     parse_chat_event_details,
     render_chat_event_for_model,
 )
-from harness.messages import AssistantMessage, CustomMessage, ModelIdentity
+from harness.errors import HarnessError
+from harness.messages import AssistantMessage, CustomMessage, Message, ModelIdentity
 from harness.providers import FAUX_MODEL, FauxProvider, ModelRegistry
 from harness.providers.faux import delay, failure, reply, thinking, tool_call
-from harness.runtime import CompactionSettings, DriveSettings, EntryAdded, RunEnd, Settled
+from harness.runtime import CompactionSettings, DriveSettings, EntryAdded, RunEnd, RunHooks, Settled
 from harness.session import LaneConfig, Store
 
 ALICE, BOB = "alice", "bob"
@@ -223,6 +224,33 @@ async def test_a_failed_turn_leaves_one_error_row_with_public_text(store: Store,
     assert "<" not in row.text
     assert len(row.text) <= 600
     assert last_turn_error_text(messages) == row.text
+    await conversations.close_all(ctx)
+
+
+class HookRefused(HarnessError):
+    code = "hook_refused"
+
+
+async def test_a_drive_that_raises_after_admission_leaves_one_error_row(store: Store, ctx: Context) -> None:
+    """CE-9 (a turn that failed after admission): a door's hook raising out of the drive leaves
+    one error row with the cleaned text, however many drives of the open run fail; a stop then
+    settles it without calling the model."""
+    async def refuse(messages: list[Message], context: Context) -> list[Message]:
+        raise HookRefused("<b>the context store</b> is down")
+
+    conversations, faux = service(store, ["never"], setup=ConversationSetup(
+        drive=DriveSettings(frame_interval_s=0), hooks=RunHooks(transform_context=refuse)))
+    conversation = await conversations.create(ALICE, CONFIG, ctx)
+    with pytest.raises(HookRefused):
+        await within(conversation.send("hi", ctx))
+    with pytest.raises(HookRefused):
+        await within(conversation.resume(ctx))
+    row = ErrorDetails(text="the context store is down")
+    assert rows_of(await transcript(conversation, ctx)) == [row]
+
+    await conversation.stop(ctx)
+    assert settled(await within(conversation.resume(ctx))).result.outcome == "aborted"
+    assert faux.requests == []
     await conversations.close_all(ctx)
 
 

@@ -57,7 +57,12 @@ from harness.conversation.project_switch import (
     switch_project,
 )
 from harness.conversation.projects import PROJECT_SELECTION, ExecutionTarget, SwitchableProject, load_projects
-from harness.conversation.recording import CONVERSATION_VALUES, MAIN_LANE, record_chat_event
+from harness.conversation.recording import (
+    CONVERSATION_VALUES,
+    MAIN_LANE,
+    drive_failure_entry_id,
+    record_chat_event,
+)
 from harness.conversation.settings import MODEL_SWITCH_ACK_S, ConversationSettings, ModelSwitch, WorkMode
 from harness.conversation.turn_rows import discards_turn, public_error, replay_interrupted_replies, turn_end_rows
 from harness.errors import HarnessError
@@ -92,6 +97,7 @@ from harness.runtime import (
     NothingToResume,
     OpenOperation,
     OperationIdTaken,
+    OperationMismatch,
     PromptRequest,
     RunEnd,
     RunHooks,
@@ -113,6 +119,7 @@ from harness.session import (
     HolderRequest,
     ImageStore,
     LaneConfig,
+    OperationErrorRecord,
     QueueRequest,
     Session,
     SessionMutator,
@@ -635,14 +642,36 @@ class Conversation:
 
     async def drive(self, operation_id: str, context: Context, *, lane: str = MAIN_LANE,
                     wait_for_retry: bool = True, poll_deferred: bool = False) -> DriveOutcome:
-        """Drive the lane's operation `operation_id` until it settles or waits (`Lane.drive`)."""
-        return await self._harness.lane(lane).drive(operation_id, context, wait_for_retry=wait_for_retry,
-                                                     poll_deferred=poll_deferred)
+        """Drive the lane's operation `operation_id` until it settles or waits (`Lane.drive`).
+
+        A drive that raises after admission (a door's hook failing, a damaged journal; not a
+        closed harness, nor a fenced call that changed nothing) leaves one error row on `main`
+        with the cleaned text every reader shows, however many drives of the run fail (CE-9); a
+        store refusing writes leaves none, the one live-only error."""
+        try:
+            return await self._harness.lane(lane).drive(operation_id, context, wait_for_retry=wait_for_retry,
+                                                         poll_deferred=poll_deferred)
+        except (HarnessClosed, OperationMismatch):
+            raise
+        except HarnessError as error:
+            if lane == MAIN_LANE:
+                await self._record_drive_failure(operation_id, error, context)
+            raise
 
     async def resume(self, context: Context, *, lane: str = MAIN_LANE) -> DriveOutcome:
-        """Finish the lane's open operation, e.g. one a stopped process left (`Lane.resume`).
-        Raises `NothingToResume` when none is open."""
-        return await self._harness.lane(lane).resume(context)
+        """Finish the lane's open operation, e.g. one a stopped process left, as `drive` does
+        (`Lane.resume`). Raises `NothingToResume` when none is open."""
+        operation = self._harness.lane(lane).info().operation
+        if operation is None:
+            raise NothingToResume(f"lane {lane} has no operation to resume", lane=lane)
+        return await self.drive(operation.id, context, lane=lane, poll_deferred=True)
+
+    async def _record_drive_failure(self, operation_id: str, error: HarnessError, context: Context) -> None:
+        # The row's id is the run's: a drive failing again (each resume) finds it there.
+        logger.warning("run %s of conversation %s failed to drive: %s [%s]", operation_id, self.id,
+                       error.message, error.code)
+        details = public_error(OperationErrorRecord(code=error.code, message=error.message))
+        await record_chat_event(self._harness, details, context, entry_id=drive_failure_entry_id(operation_id))
 
     async def pause_drive(self, context: Context, *, lane: str = MAIN_LANE) -> bool:
         """Stop this process's drive of the lane at its next safe point, leaving the operation open
