@@ -267,6 +267,26 @@ async def test_whitespace_only_content_is_empty(garden: Garden, ctx: Context) ->
     assert written(garden.root) == []
 
 
+async def test_content_the_conversation_could_never_take_is_too_large_before_any_write(
+        garden: Garden, service: ConversationService, ctx: Context) -> None:
+    """Issue 29: 3 MB of content (6 MB as the garden message that holds it twice, over the 4 MiB
+    bound of a conversation's input) is `CONTENT_TOO_LARGE` before anything is written, where it
+    was an `IO_ERROR` whose retry could never succeed; content at the bound is delivered whole."""
+    talk = await conversation(service, ctx)
+    _, run = await in_run(garden, "durable", ctx, origin=origin_of(talk))
+    _, note_run = await in_run(garden, "tend", ctx)
+
+    refusal = await refused("CONTENT_TOO_LARGE", emit_recently_concluded, run, "x" * 3_000_000)
+    await refused("CONTENT_TOO_LARGE", emit_tend_survey, note_run, "x" * 3_000_000)
+    unwritten = written(garden.root)
+    with running(run):
+        await emit_recently_concluded("y" * (garden_api.MAX_CONTENT_BYTES - 2), ctx)  # 2: the JSON quotes
+
+    assert refusal.details["field"] == "content"
+    assert unwritten == []
+    assert await garden_message_count(talk, ctx) == 1
+
+
 @pytest.mark.parametrize(("goal_type", "emit"), [
     ("durable", emit_tend_survey), ("tend", emit_recently_concluded)])
 async def test_a_kind_that_does_not_fit_the_goal_type_is_refused(garden: Garden, ctx: Context, goal_type: GoalType,

@@ -4,6 +4,7 @@ per-run records (OM-1 to OM-10); and `/goal` (a new goal, or an action on one)."
 
 from harness.garden.command import KickoffDrive, goal_action_of, goal_command
 from harness.garden.errors import (
+    ContentTooLarge,
     ConversationNotFound,
     EmptyContent,
     InvalidOperatorMessageContext,
@@ -20,7 +21,16 @@ from harness.garden.errors import (
     UnknownOperatorMessageField,
 )
 from harness.garden.events import GardenEvent, GoalChanged, RunFinished, RunStatus, TendFinished, read_garden_events
-from harness.garden.garden import Garden, GardenExists, GardenNotFound, GardenSetup, GoalNotFound, garden_names
+from harness.garden.garden import (
+    Garden,
+    GardenDamaged,
+    GardenExists,
+    GardenNotFound,
+    GardenSetup,
+    GoalDamaged,
+    GoalNotFound,
+    garden_names,
+)
 from harness.garden.operator_messages import (
     OperatorMessageRecord,
     emit_recently_concluded,
@@ -32,6 +42,7 @@ from harness.garden.records import GARDENER, ConversationOrigin, Gardener, Garde
 from harness.garden.root import NOTE_SURFACE, REPLY_SURFACE, RuntimeRoot, check_name, default_root
 from harness.garden.run_context import ENVIRONMENT_PREFIX, RunContext, current_run_context, running
 from harness.garden.validation import (
+    MAX_CONTENT_BYTES,
     OPERATOR_MESSAGE_KINDS,
     OperatorMessageKind,
     Rejection,
@@ -46,13 +57,16 @@ from harness.garden.validation import (
 __all__ = [
     "ENVIRONMENT_PREFIX",
     "GARDENER",
+    "MAX_CONTENT_BYTES",
     "NOTE_SURFACE",
     "OPERATOR_MESSAGE_KINDS",
     "REPLY_SURFACE",
+    "ContentTooLarge",
     "ConversationNotFound",
     "ConversationOrigin",
     "EmptyContent",
     "Garden",
+    "GardenDamaged",
     "GardenEvent",
     "GardenExists",
     "GardenNotFound",
@@ -61,6 +75,7 @@ __all__ = [
     "Gardener",
     "Goal",
     "GoalChanged",
+    "GoalDamaged",
     "GoalNotFound",
     "GoalState",
     "GoalType",

@@ -92,6 +92,12 @@ class EmptyContent(OperatorMessageRejected):
     code = "EMPTY_CONTENT"
 
 
+class ContentTooLarge(OperatorMessageRejected):
+    """The content takes more than `MAX_CONTENT_BYTES` as JSON; nothing was written."""
+
+    code = "CONTENT_TOO_LARGE"
+
+
 class OperatorMessageIOError(OperatorMessageRejected):
     """Writing the conversation message, the note or the record failed; retry with the same
     `emission_id`."""

@@ -24,7 +24,7 @@ from harness.errors import HarnessError, InvalidInput
 from harness.garden.events import GardenEvent, GoalChanged, RunFinished, RunStatus, publish, tend_finished
 from harness.garden.operator_messages import operator_message_tools
 from harness.garden.records import GARDENER, ConversationOrigin, Gardener, GardenRecord, Goal, GoalState, GoalType
-from harness.garden.root import RuntimeRoot, check_name, default_root
+from harness.garden.root import RuntimeRoot, check_name, default_root, name_problem
 from harness.garden.run_context import RunContext, current_run_context, running
 from harness.home import harness_home
 from harness.messages import AssistantMessage, TextContent, now_ms, text_of
@@ -59,6 +59,20 @@ class GardenExists(HarnessError):
     """A garden already lives at that runtime root; nothing was written. Details `{garden, root}`."""
 
     code = "garden_exists"
+
+
+class GardenDamaged(HarnessError):
+    """The garden's record (`garden.json`) does not read: torn, edited by hand, not JSON. Only this
+    garden is unusable; nothing was written. Details `{garden}`."""
+
+    code = "garden_damaged"
+
+
+class GoalDamaged(HarnessError):
+    """A goal's file does not read (torn, edited by hand); only this goal is unusable, and nothing
+    was written. Details `{garden, goal_id}`."""
+
+    code = "goal_damaged"
 
 
 class GoalNotFound(HarnessError):
@@ -128,12 +142,17 @@ class Garden:
     @classmethod
     def open(cls, name: str, setup: GardenSetup, *, root: Path | None = None) -> Garden:
         """The garden `name` at `root` (default under `$HARNESS_HOME/gardens/`); `GardenNotFound`
-        when none lives there, `InvalidInput` for a malformed name."""
+        when none lives there, `GardenDamaged` when its record does not read, `InvalidInput` for a
+        malformed name."""
         runtime = RuntimeRoot(check_name("garden name", name), root or default_root(name))
         try:
             record = GardenRecord.model_validate_json(runtime.garden_file.read_bytes())
         except FileNotFoundError:
             raise GardenNotFound(f"no garden {name} at {runtime.path}", garden=name, root=str(runtime.path)) from None
+        except (OSError, ValidationError) as error:
+            logger.error("garden %s: its record %s does not read: %s", name, runtime.garden_file, error)
+            raise GardenDamaged(f"garden {name}'s record (garden.json) does not read; mend or remove it",
+                                garden=name) from None
         if record.name != name:
             raise GardenNotFound(f"the garden at {runtime.path} is {record.name}, not {name}", garden=name,
                                  root=str(runtime.path))
@@ -158,13 +177,18 @@ class Garden:
         return sorted(goals, key=lambda goal: (goal.created_at, goal.id))
 
     def goal(self, goal_id: str) -> Goal:
-        """Goal `goal_id`; `GoalNotFound`, or `InvalidInput` for a malformed id."""
+        """Goal `goal_id`; `GoalNotFound`, `GoalDamaged` when its file does not read, or
+        `InvalidInput` for a malformed id."""
         path = self.root.goal_file(goal_id)
         try:
             return Goal.model_validate_json(path.read_bytes())
         except FileNotFoundError:
             raise GoalNotFound(f"garden {self.name} has no goal {goal_id}", garden=self.name,
                                goal_id=goal_id) from None
+        except (OSError, ValidationError) as error:
+            logger.error("garden %s: goal file %s does not read: %s", self.name, path.name, error)
+            raise GoalDamaged(f"goal {goal_id} of garden {self.name} does not read; mend or remove its file",
+                              garden=self.name, goal_id=goal_id) from None
 
     async def add_goal(self, goal_type: GoalType, text: str, context: Context, *,
                        origin: ConversationOrigin | None = None, every_s: float | None = None,
@@ -382,8 +406,10 @@ def _tool_error(text: str) -> ToolOutput:
 
 
 def garden_names() -> Sequence[str]:
-    """The names of the gardens at their default runtime roots, under `$HARNESS_HOME/gardens/`, sorted."""
+    """The names of the gardens at their default runtime roots, under `$HARNESS_HOME/gardens/`,
+    sorted; a folder whose name is no garden name (`check_name`) holds no garden."""
     gardens = harness_home() / "gardens"
     if not gardens.is_dir():
         return []
-    return sorted(path.name for path in gardens.iterdir() if (path / "garden.json").is_file())
+    return sorted(path.name for path in gardens.iterdir()
+                  if name_problem("garden name", path.name) is None and (path / "garden.json").is_file())

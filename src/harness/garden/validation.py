@@ -19,6 +19,8 @@ from typing import Any, Literal, TypeAlias
 import jsonschema
 from pydantic import BaseModel, ConfigDict
 
+from harness.runtime import MAX_INPUT_BYTES
+
 RejectionCode: TypeAlias = Literal[
     "MISSING_RUNTIME_CONTEXT",
     "OPERATOR_MESSAGE_NOT_AUTHORIZED",
@@ -32,11 +34,20 @@ RejectionCode: TypeAlias = Literal[
     "INVALID_OPERATOR_MESSAGE_VALUE",
     "CONVERSATION_NOT_FOUND",
     "EMPTY_CONTENT",
+    "CONTENT_TOO_LARGE",
     "IO_ERROR",
 ]
 """The named rejections of OM-8, plus `INVALID_OPERATOR_MESSAGE_VALUE`: a field OM-8 gives no code
 of its own (`schema_version`, `emission_id`, `emitted_at`) holds a value of the wrong shape, or
-the data is not a JSON object at all."""
+the data is not a JSON object at all; and `CONTENT_TOO_LARGE`: content over
+`MAX_CONTENT_BYTES` (issue 29)."""
+
+MAX_CONTENT_BYTES = MAX_INPUT_BYTES // 2 - 4096
+"""The most an emission's content may take as a JSON string (UTF-8, escapes included). The
+conversation message it becomes holds it twice (the text the model reads and its details) and
+takes at most `MAX_INPUT_BYTES`, the bound of every input to a conversation; 4 KiB is left for the
+rest of that message. Refused before anything is written, where the conversation's own refusal
+would come after the note or nothing at all and read as an `IO_ERROR` no retry could mend."""
 
 OperatorMessageKind: TypeAlias = Literal["tend_survey", "recently_concluded"]
 """The only two kinds of operator message (OM-1)."""
@@ -118,11 +129,11 @@ def validate_operator_message_request(data: object) -> ValidationResult:
     before anything is written (OM-3, OM-7, OM-8): only known fields
     (`UNKNOWN_OPERATOR_MESSAGE_FIELD`), one of the two kinds (`INVALID_OPERATOR_MESSAGE_KIND`),
     sender `garden` (`INVALID_OPERATOR_MESSAGE_SENDER`), content that is not blank
-    (`EMPTY_CONTENT`), goal and run ids present (`MISSING_RUNTIME_CONTEXT`) and well formed
-    (`INVALID_OPERATOR_MESSAGE_CONTEXT`), and an origin, when given, that is a well-formed
-    conversation link (`INVALID_OPERATOR_MESSAGE_ORIGIN`). Whether the ids are the current run's,
-    the kind fits the goal and the conversation is open is the emitter's to check: they depend on
-    the run, not on the data."""
+    (`EMPTY_CONTENT`) nor over `MAX_CONTENT_BYTES` (`CONTENT_TOO_LARGE`), goal and run ids present
+    (`MISSING_RUNTIME_CONTEXT`) and well formed (`INVALID_OPERATOR_MESSAGE_CONTEXT`), and an
+    origin, when given, that is a well-formed conversation link (`INVALID_OPERATOR_MESSAGE_ORIGIN`).
+    Whether the ids are the current run's, the kind fits the goal and the conversation is open is
+    the emitter's to check: they depend on the run, not on the data."""
     if not isinstance(data, Mapping):
         return _result([_reject("INVALID_OPERATOR_MESSAGE_VALUE", None, "a request is a JSON object")])
     found = _unknown_fields(data, REQUEST_FIELDS)
@@ -130,6 +141,9 @@ def validate_operator_message_request(data: object) -> ValidationResult:
     content = data.get("content")
     if not isinstance(content, str) or not content.strip():
         found.append(_reject("EMPTY_CONTENT", "content", "the content is empty or only whitespace"))
+    elif (size := len(json.dumps(content, ensure_ascii=False).encode(errors="surrogatepass"))) > MAX_CONTENT_BYTES:
+        found.append(_reject("CONTENT_TOO_LARGE", "content", f"the content takes {size:,} bytes as JSON and the most "
+                             f"is {MAX_CONTENT_BYTES:,}: shorten it, or write it to a file and say where"))
     for field in ("source_goal_id", "source_run_id"):
         if field not in data:
             found.append(_reject("MISSING_RUNTIME_CONTEXT", field, f"{field} is missing: no current goal or run"))
