@@ -64,9 +64,10 @@ def faux_app(store: Store, script: FauxScript = (), *, auth: Authenticator | Non
 @asynccontextmanager
 async def asgi_client(app: FastAPI) -> AsyncIterator[httpx.AsyncClient]:
     """A client of `app` through ASGI, with the app's lifespan run around it (start: resume what
-    is open; end: close every live conversation). Responses are read whole: no streams here."""
+    is open; end: close every live conversation), asking for a loopback host as a `--no-auth`
+    server requires. Responses are read whole: no streams here."""
     async with app.router.lifespan_context(app), httpx.AsyncClient(
-            transport=httpx.ASGITransport(app=app), base_url="http://harness.test") as client:
+            transport=httpx.ASGITransport(app=app), base_url="http://127.0.0.1") as client:
         yield client
 
 

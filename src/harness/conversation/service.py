@@ -616,8 +616,7 @@ class Conversation:
         operation is open, `PromptTooLarge`; nothing was written then."""
         if lane == MAIN_LANE:
             return await self._settings.admit(text, images, context)
-        await refuse_if_ended(self._harness.session, self.id, context)
-        return await self._harness.lane(lane).accept(PromptRequest(text=text, images=images), context)
+        return await self._admit_on_side_lane(PromptRequest(text=text, images=images), lane, context)
 
     async def send(self, text: str, context: Context, *, images: Sequence[ImageContent] = ()) -> DriveOutcome:
         """Admit a turn of `text` on `main` (`admit`) and drive it to its end or wait."""
@@ -634,11 +633,14 @@ class Conversation:
         """Admit a turn of the messages kept for the next run (typed while a compaction or
         navigation ran), under the turn lock on `main`. Raises `InvalidMessage` when none is
         kept, `ConversationEnded`, `LaneBusy`."""
+        if lane == MAIN_LANE:
+            return await self._settings.admit_next_run(context)
+        return await self._admit_on_side_lane(PromptRequest(), lane, context)
+
+    async def _admit_on_side_lane(self, request: PromptRequest, lane: str, context: Context) -> AcceptedRun:
+        # A session's own lane has no person to tell: accepted as it is, unless the conversation ended.
         await refuse_if_ended(self._harness.session, self.id, context)
-        if lane != MAIN_LANE:
-            return await self._harness.lane(lane).accept(PromptRequest(), context)
-        async with self._settings.turn_lock:
-            return await self._lane.accept(PromptRequest(), context)
+        return await self._harness.lane(lane).accept(request, context)
 
     async def drive(self, operation_id: str, context: Context, *, lane: str = MAIN_LANE,
                     wait_for_retry: bool = True, poll_deferred: bool = False) -> DriveOutcome:

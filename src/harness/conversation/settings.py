@@ -331,6 +331,14 @@ class ConversationSettings:
                                          context)
         return accepted
 
+    async def admit_next_run(self, context: Context) -> AcceptedRun:
+        """Accept a turn of the messages kept for the next run, under the turn lock. Raises
+        `ConversationEnded` once the conversation was ended, and what `Lane.accept` raises
+        (`InvalidMessage` when none is kept, `LaneBusy`)."""
+        await refuse_if_ended(self.harness.session, self.harness.session.id, context)
+        async with self.turn_lock:
+            return await self.lane.accept(PromptRequest(), context)
+
     async def _reasoning_baseline(self, context: Context) -> ThinkingLevel | None:
         """The stored baseline, or the level of a row announced after it: such a row was written by
         an admission whose baseline write did not happen, and must not be announced again."""

@@ -14,7 +14,8 @@ from harness.messages import ModelIdentity
 from harness.server import conversations, gardens, langgraph_api, page, streams, ui_stream
 from harness.server.approvals import Approvals
 from harness.server.errors import install_error_handlers
-from harness.server.state import Authenticator, NewLane, ServerOptions, ServerState
+from harness.server.guards import install_guards
+from harness.server.state import Authenticator, LocalUser, NewLane, ServerOptions, ServerState
 from harness.session import LaneConfig
 
 
@@ -53,6 +54,7 @@ def create_app(service: ConversationService, auth: Authenticator, *, new_lane: N
     app = FastAPI(title="Harness", summary="Durable agent conversations over HTTP.", lifespan=lifespan)
     app.state.server = state
     install_error_handlers(app)
+    install_guards(app, loopback_only=isinstance(auth, LocalUser))  # --no-auth: a loopback Host and Origin only
     app.include_router(conversations.router)
     app.include_router(gardens.router)
     app.include_router(streams.router)

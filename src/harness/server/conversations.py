@@ -35,6 +35,7 @@ from harness.messages import ImageContent, ModelIdentity
 from harness.runtime import LaneBusy
 from harness.server.approvals import PendingApproval
 from harness.server.errors import ExternalModeUnsupported
+from harness.server.guards import NAME_CHARS, TEXT_CHARS, ShellCommand
 from harness.server.state import CurrentUser, RequestContext, State
 from harness.session import StorageCorruption, addresses
 from harness.tools import Approval
@@ -60,7 +61,7 @@ class ConversationOut(BaseModel):
 
 
 class CreateConversation(_Body):
-    name: str | None = Field(default=None, max_length=200, description="The conversation's name; none: unnamed.")
+    name: str | None = Field(default=None, max_length=NAME_CHARS, description="The conversation's name; none: unnamed.")
     model: ModelIdentity | None = Field(default=None, description="Its model; none: the server's default.")
 
 
@@ -110,7 +111,7 @@ async def _cold_view(service: ConversationService, user: str, conversation_id: s
 
 
 class RenameConversation(_Body):
-    name: str | None = Field(max_length=200, description="The new name; null clears it.")
+    name: str | None = Field(max_length=NAME_CHARS, description="The new name; null clears it.")
 
 
 @router.patch("/conversations/{conversation_id}", response_model=ConversationOut)
@@ -240,7 +241,8 @@ async def stop(conversation_id: str, user: CurrentUser, state: State, context: R
 
 
 class TypedCommand(_Body):
-    line: str = Field(description="The command as typed: `/name args`.", examples=["/rename notes"])
+    line: str = Field(max_length=TEXT_CHARS, description="The command as typed: `/name args`.",
+                      examples=["/rename notes"])
 
 
 @router.post("/conversations/{conversation_id}/command", response_model=CommandOutcome | PostedCommand,
@@ -268,7 +270,7 @@ async def _compact_refused(service: ConversationService, user: str, conversation
 
 
 class CompactBody(_Body):
-    instructions: str | None = Field(default=None, description="What the summary should keep.")
+    instructions: str | None = Field(default=None, max_length=TEXT_CHARS, description="What the summary should keep.")
 
 
 @router.post("/conversations/{conversation_id}/compact", response_model=CompactOutcome)
@@ -306,7 +308,7 @@ async def switch_model(conversation_id: str, body: SwitchModel, response: Respon
 
 
 class LocalShell(_Body):
-    command: str = Field(min_length=1, description="A shell command, run in the conversation's directory.")
+    command: ShellCommand = Field(description="A shell command, run in the conversation's directory.")
 
 
 class ShellOut(BaseModel):

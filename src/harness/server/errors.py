@@ -43,14 +43,15 @@ class ExternalModeUnsupported(HarnessError):
 
 STATUS_BY_CODE: dict[str, int] = {
     **dict.fromkeys(["unauthorized"], 401),
+    **dict.fromkeys(["host_not_allowed", "origin_not_allowed"], 403),
     **dict.fromkeys(["session_not_found", "image_not_found", "unknown_entry", "unknown_lane", "garden_not_found",
                      "goal_not_found", "job_not_found", "approval_not_found", "assistant_not_found",
                      "run_not_found"], 404),
     **dict.fromkeys(["lane_busy", "model_switch_refused", "session_owned", "no_active_operation", "not_a_run",
                      "conversation_ended", "project_switch_refused", "operation_mismatch", "nothing_to_resume",
                      "operation_id_taken", "lane_exists", "garden_exists", "id_taken", "thread_exists",
-                     "conversation_held"], 409),
-    **dict.fromkeys(["prompt_too_large", "record_too_large"], 413),
+                     "conversation_held", "garden_damaged", "goal_damaged"], 409),
+    **dict.fromkeys(["prompt_too_large", "record_too_large", "request_too_large"], 413),
     **dict.fromkeys(["store_unavailable", "store_connection_lost", "store_closed", "harness_closed"], 503),
     **dict.fromkeys(["storage_corruption", "harness_fault", "ownership_lost", "storage_rolled_back", "store_full",
                      "setting_not_recorded", "listener_reentry", "reentrant_mutation"], 500),
@@ -58,6 +59,12 @@ STATUS_BY_CODE: dict[str, int] = {
 }
 """The HTTP status of each error code a route can raise; any other `HarnessError` is the caller's
 request that cannot be done as asked (400)."""
+
+
+UNAVAILABLE = ("the server's store cannot serve requests right now (its log says why); try again shortly, and "
+               "read before repeating a change: one in flight may or may not have been made")
+"""The message of every 503, whatever the store said: its text, which names the database's host,
+port and role or its file, stays in the server's log (issue 29)."""
 
 
 def status_of(error: HarnessError) -> int:
@@ -86,7 +93,10 @@ def install_error_handlers(app: FastAPI) -> None:
             return not_found(conversation_id)
         status = status_of(error)
         if status >= 500:
-            logger.error("%s %s failed: [%s] %s", request.method, request.url.path, error.code, error.message)
+            logger.error("%s %s failed: [%s] %s %s", request.method, request.url.path, error.code, error.message,
+                         error.details)
+        if status == 503:
+            return JSONResponse(error_body(error.code, UNAVAILABLE), status_code=status)
         headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
         return JSONResponse(error.to_json(), status_code=status, headers=headers)
 
@@ -102,7 +112,8 @@ def install_error_handlers(app: FastAPI) -> None:
 
     async def http_error(request: Request, error: Exception) -> JSONResponse:
         assert isinstance(error, HTTPException)
-        code = {404: "not_found", 405: "method_not_allowed"}.get(error.status_code, "http_error")
+        code = {404: "not_found", 405: "method_not_allowed", 413: "request_too_large"}.get(error.status_code,
+                                                                                          "http_error")
         return JSONResponse(error_body(code, str(error.detail)), status_code=error.status_code,
                             headers=error.headers)
 

@@ -9,6 +9,7 @@ garden that does not exist."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from pathlib import Path
 from typing import Literal
 
@@ -18,9 +19,19 @@ from pydantic import BaseModel, ConfigDict, Field
 from harness.context import Context
 from harness.conversation import MAIN_LANE, Conversation, GoalActionOutcome, GoalOutcome
 from harness.errors import InvalidInput
-from harness.garden import Garden, GardenNotFound, GardenSetup, Goal, GoalState, garden_names, goal_command
+from harness.garden import (
+    Garden,
+    GardenDamaged,
+    GardenNotFound,
+    GardenSetup,
+    Goal,
+    GoalState,
+    garden_names,
+    goal_command,
+)
 from harness.messages import ModelIdentity
 from harness.runtime import AcceptedRun
+from harness.server.guards import NAME_CHARS, TEXT_CHARS
 from harness.server.state import CurrentUser, RequestContext, ServerState, State
 
 router = APIRouter(prefix="/api", tags=["gardens"])
@@ -48,8 +59,15 @@ def _open(state: ServerState, user: str, name: str) -> Garden:
 
 
 def _gardens_of(state: ServerState, user: str) -> list[Garden]:
-    gardens = (Garden.open(name, _setup(state)) for name in garden_names())
-    return [garden for garden in gardens if garden.record.owner == user]
+    """`user`'s gardens. One whose record does not read is left out (whose it is cannot be told;
+    opening it by name answers `garden_damaged`): it must not hide every other garden."""
+    mine = []
+    for name in garden_names():
+        with contextlib.suppress(GardenDamaged):  # logged where it was found
+            garden = Garden.open(name, _setup(state))
+            if garden.record.owner == user:
+                mine.append(garden)
+    return mine
 
 
 class GardenOut(BaseModel):
@@ -77,9 +95,11 @@ async def list_gardens(user: CurrentUser, state: State) -> list[GardenOut]:
 
 
 class GoalCommand(_Body):
-    text: str = Field(description="The goal, in words; it is also the person's message of the kickoff turn. "
+    text: str = Field(max_length=TEXT_CHARS,
+                      description="The goal, in words; it is also the person's message of the kickoff turn. "
                                   "`pause|resume|drop GOAL_ID` acts on a goal instead.")
-    garden: str | None = Field(default=None, description="The garden to give it; none: your only garden.")
+    garden: str | None = Field(default=None, max_length=NAME_CHARS,
+                               description="The garden to give it; none: your only garden.")
 
 
 class GoalAccepted(BaseModel):
@@ -150,7 +170,7 @@ async def list_goals(garden: str, user: CurrentUser, state: State) -> list[Goal]
 
 class NewGoal(_Body):
     type: Literal["tend", "durable"] = Field(description="`tend` recurs; `durable` is pursued until concluded.")
-    text: str
+    text: str = Field(max_length=TEXT_CHARS)
     every_s: float | None = Field(default=None, gt=0, description="A tend goal's schedule; none: every tending.")
 
 
@@ -184,30 +204,57 @@ async def goal_action(garden: str, goal_id: str, body: GoalActionBody, user: Cur
 # -- the inbox -----------------------------------------------------------------------------------------
 
 
+INBOX_FILES = 100
+"""The most files of each inbox folder one read returns: the newest."""
+
+INBOX_TEXT_BYTES = 64 * 1024
+"""The most of one file's text one read returns: its beginning."""
+
+
 class InboxFile(BaseModel):
-    """One message the garden left: its file name in the inbox folder and its Markdown text."""
+    """One message the garden left: its file name in the inbox folder, its Markdown text (at most
+    its first `INBOX_TEXT_BYTES`; `truncated` when cut there) and its whole `size` in bytes."""
 
     name: str
     text: str
+    size: int
+    truncated: bool
 
 
 class Inbox(BaseModel):
     """A garden's inbox (OM-5): `replies`, copies of what it said in conversations, and apart
-    from them `notes`, what it said to nobody in particular; each by file name."""
+    from them `notes`, what it said to nobody in particular; each folder's newest `INBOX_FILES`
+    files, newest first, and `more` when either folder holds older ones (`harness garden inbox`
+    lists them all)."""
 
     replies: list[InboxFile]
     notes: list[InboxFile]
+    more: bool
 
 
-def _files(folder: Path) -> list[InboxFile]:
-    paths = sorted(folder.glob("*.md")) if folder.is_dir() else []
-    return [InboxFile(name=path.name, text=path.read_text(encoding="utf-8", errors="replace")) for path in paths]
+def _files(folder: Path) -> tuple[list[InboxFile], bool]:
+    """The newest `INBOX_FILES` messages of `folder` (bounded, as `InboxFile` says), and whether it
+    holds more. A garden writes a note at every tending, however large: read neither all of them
+    nor all of one."""
+    dated = []
+    for path in folder.glob("*.md") if folder.is_dir() else []:
+        with contextlib.suppress(FileNotFoundError):  # removed since it was listed
+            dated.append((path.stat(), path))
+    dated.sort(key=lambda item: (item[0].st_mtime_ns, item[1].name), reverse=True)
+    files = []
+    for info, path in dated[:INBOX_FILES]:
+        with contextlib.suppress(FileNotFoundError), path.open("rb") as file:
+            head = file.read(INBOX_TEXT_BYTES)
+            truncated = info.st_size > len(head)
+            files.append(InboxFile(name=path.name, text=head.decode("utf-8", errors="replace"), size=info.st_size,
+                                   truncated=truncated))
+    return files, len(dated) > INBOX_FILES
 
 
 @router.get("/gardens/{garden}/inbox", response_model=Inbox)
 async def read_inbox(garden: str, user: CurrentUser, state: State) -> Inbox:
-    """The garden's replies and notes, each oldest name first."""
+    """The garden's replies and notes, as `Inbox` bounds them."""
     root = _open(state, user, garden).root
-    replies, notes = await asyncio.gather(asyncio.to_thread(_files, root.reply_dir),
-                                          asyncio.to_thread(_files, root.notes_dir))
-    return Inbox(replies=replies, notes=notes)
+    (replies, more_replies), (notes, more_notes) = await asyncio.gather(
+        asyncio.to_thread(_files, root.reply_dir), asyncio.to_thread(_files, root.notes_dir))
+    return Inbox(replies=replies, notes=notes, more=more_replies or more_notes)

@@ -48,6 +48,7 @@ from harness.runtime import (
     WatchOverflow,
     read_lane_events,
 )
+from harness.server.guards import Metadata
 from harness.server.langgraph_wire import (
     RUN_STATUS,
     START,
@@ -66,7 +67,14 @@ from harness.server.langgraph_wire import (
     stream_modes,
 )
 from harness.server.sse import json_event
-from harness.server.state import CurrentUser, RequestContext, ServerState, State
+from harness.server.state import (
+    Authorization,
+    CurrentAuthorization,
+    CurrentUser,
+    RequestContext,
+    ServerState,
+    State,
+)
 from harness.server.streams import REPLAY_PAGE
 from harness.session import (
     AssistantEffectPending,
@@ -155,13 +163,13 @@ class _Body(BaseModel):
 
 class ThreadCreate(_Body):
     thread_id: str | None = None
-    metadata: dict[str, JsonValue] | None = None
+    metadata: Metadata | None = None
     if_exists: Literal["raise", "do_nothing"] | None = None
 
 
 class ThreadSearch(_Body):
     ids: list[str] | None = None
-    metadata: dict[str, JsonValue] | None = None
+    metadata: Metadata | None = None
     status: str | None = None
     limit: int = 10
     offset: int = 0
@@ -179,7 +187,7 @@ class RunCreate(_Body):
     command: dict[str, Any] | None = None
     stream_mode: str | list[str] | None = None
     stream_resumable: bool = False
-    metadata: dict[str, JsonValue] | None = None
+    metadata: Metadata | None = None
     multitask_strategy: str | None = None
     if_not_exists: Literal["create", "reject"] | None = None
 
@@ -496,13 +504,15 @@ async def _reply_id(session: SessionReader, run_id: str, context: Context) -> st
     return state.response_entry_id if isinstance(state, AssistantEffectPending | DeferredEffectPending) else None
 
 
-async def _event_stream(state: ServerState, user: str, session: SessionReader, record: RunRecord,
+async def _event_stream(authorization: Authorization, session: SessionReader, record: RunRecord,
                         modes: tuple[StreamMode, ...], cursor: Cursor, context: Context, *,
                         headers: dict[str, str] | None = None) -> EventSourceResponse:
-    """The run's stream after `cursor`; raises `RunNotFound` (404, before any of it is sent) when
-    the lane's log no longer holds the run."""
+    """The run's stream after `cursor`, until it ends or the request's token is revoked; raises
+    `RunNotFound` (404, before any of it is sent) when the lane's log no longer holds the run."""
     await _check_held(session, record, context)
-    parts = _run_parts(state, user, session.id, record, modes, cursor, context)
+    state = authorization.state
+    parts = authorization.until_revoked(_run_parts(state, authorization.user, session.id, record, modes, cursor,
+                                                   context))
     return EventSourceResponse(_sse(parts, state.options.heartbeat_s), headers={"Cache-Control": "no-store",
                                                                                   **(headers or {})})
 
@@ -602,14 +612,14 @@ async def create_run(conversation_id: str, body: RunCreate, response: Response, 
 
 @router.post("/threads/{conversation_id}/runs/stream")
 async def stream_run(conversation_id: str, body: RunCreate, user: CurrentUser, state: State,
-                     context: RequestContext) -> EventSourceResponse:
+                     authorization: CurrentAuthorization, context: RequestContext) -> EventSourceResponse:
     """Start a run and stream it (`Location` names its rejoinable stream). While the thread runs:
     `reject` answers 409 `lane_busy`, `enqueue` makes the input a follow-up of the open run and
     streams that run, `interrupt` aborts it durably and starts this one once it settled;
     `rollback` is refused (`rollback_unsupported`). Every event has an `id:`."""
     record, _ = await _create_run(state, user, conversation_id, body, context)
     session = await state.reader(user, conversation_id, context)
-    return await _event_stream(state, user, session, record, stream_modes(body.stream_mode), START, context,
+    return await _event_stream(authorization, session, record, stream_modes(body.stream_mode), START, context,
                                headers=_locations(conversation_id, record.run_id))
 
 
@@ -642,7 +652,8 @@ async def get_run(conversation_id: str, run_id: str, user: CurrentUser, state: S
 
 @router.get("/threads/{conversation_id}/runs/{run_id}/stream")
 async def join_run_stream(conversation_id: str, run_id: str, user: CurrentUser, state: State,
-                          context: RequestContext, stream_mode: Annotated[list[str] | None, Query()] = None,
+                          authorization: CurrentAuthorization, context: RequestContext,
+                          stream_mode: Annotated[list[str] | None, Query()] = None,
                           last_event_id: Annotated[str | None, Header()] = None) -> EventSourceResponse:
     """The run's stream after `Last-Event-ID` (all of it without one), in the modes it was made
     with unless `stream_mode` asks for others; ends with `end` once the run settled."""
@@ -651,7 +662,7 @@ async def join_run_stream(conversation_id: str, run_id: str, user: CurrentUser, 
     record = await _known(session, run_id, context)
     asked = [mode for mode in stream_mode or [] if mode]  # the client sends `stream_mode=` for none
     modes = stream_modes(asked) if asked else tuple(record.stream_mode)
-    return await _event_stream(state, user, session, record, modes, cursor, context)
+    return await _event_stream(authorization, session, record, modes, cursor, context)
 
 
 @router.get("/threads/{conversation_id}/runs/{run_id}/join")
@@ -684,7 +695,8 @@ async def cancel_run(conversation_id: str, run_id: str, user: CurrentUser, state
 
 
 @router.get("/threads/{conversation_id}/stream")
-async def join_thread_stream(conversation_id: str, user: CurrentUser, state: State, context: RequestContext,
+async def join_thread_stream(conversation_id: str, user: CurrentUser, state: State,
+                             authorization: CurrentAuthorization, context: RequestContext,
                              last_event_id: Annotated[str | None, Header()] = None) -> EventSourceResponse:
     """The thread's runs (made through this door) one after the other, each as its own stream
     would carry it, with ids `{run_id}:{id}`: after `Last-Event-ID`, the rest of that run and every
@@ -694,17 +706,17 @@ async def join_thread_stream(conversation_id: str, user: CurrentUser, state: Sta
     if last_event_id:
         start_run, _, rest = last_event_id.partition(":")
         cursor = parse_event_id(rest)
-    return EventSourceResponse(_sse(_thread_parts(state, user, session, start_run, cursor, context),
-                                    state.options.heartbeat_s), headers={"Cache-Control": "no-store"})
+        if start_run not in (await session.get(THREAD_RUNS, context) or []):  # refused before the stream starts
+            raise RunNotFound(f"thread {session.id} has no run {start_run[:80]!r}", run_id=start_run[:80])
+    parts = authorization.until_revoked(_thread_parts(state, user, session, start_run, cursor, context))
+    return EventSourceResponse(_sse(parts, state.options.heartbeat_s), headers={"Cache-Control": "no-store"})
 
 
 async def _thread_parts(state: ServerState, user: str, session: SessionReader, start_run: str | None,
                         cursor: Cursor, context: Context) -> AsyncGenerator[Part, None]:
     done: set[str] = set()
     runs = await session.get(THREAD_RUNS, context) or []
-    if start_run is not None:
-        if start_run not in runs:
-            raise RunNotFound(f"thread {session.id} has no run {start_run[:80]!r}", run_id=start_run[:80])
+    if start_run is not None:  # one of `runs`, as the route checked
         done.update(runs[:runs.index(start_run)])
     else:
         current = await _current_run(session, context)

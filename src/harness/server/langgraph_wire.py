@@ -158,7 +158,8 @@ START = Cursor(0, 0, 0)
 def parse_event_id(event_id: str) -> Cursor:
     """The cursor an event id names. Raises `InvalidEventId` for text this door never sends."""
     pieces = event_id.split("-")
-    if len(pieces) != 3 or not all(piece.isdigit() and len(piece) <= 12 for piece in pieces):
+    # ASCII digits: `isdigit` alone takes "¹", which `int` refuses.
+    if len(pieces) != 3 or not all(piece.isascii() and piece.isdigit() and len(piece) <= 12 for piece in pieces):
         raise InvalidEventId(f"event id {event_id[:80]!r} was not sent by this server", event_id=event_id[:80])
     item, live, part = (int(piece) for piece in pieces)
     return Cursor(item, live, part)

@@ -3,17 +3,19 @@ dependencies a door module's routes take: the state, the request's Context and t
 
 from __future__ import annotations
 
+import asyncio
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Annotated, Literal, Protocol, cast
+from typing import Annotated, Literal, Protocol, TypeVar, cast
 
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from harness.context import Context
 from harness.conversation import MAIN_LANE, Conversation, ConversationService, LaneEvents
+from harness.errors import HarnessError
 from harness.messages import ImageContent, ModelIdentity, UserMessage
 from harness.runtime import FOLLOW_POLL_S, AbortRequest, AcceptedRun, RunEnd, follow_lane
 from harness.server.approvals import Approvals
@@ -39,6 +41,10 @@ right after a run settles) to let go of it (external workers), before it is `Con
 RELEASE_POLL_S = 0.02
 """How often such a turn tries again meanwhile: a release notifies the workers' channel, not the
 change feed this server listens to, so a commit wakes it early and otherwise it looks again."""
+
+TOKEN_CHECK_S = 5.0
+"""How often a long-lived stream checks that the token it was opened with is still valid: a
+revoked token's streams end within this (`Authorization.until_revoked`)."""
 
 CLIENT_BUFFER = 1_000
 """Events an event stream holds for a client that reads too slowly; past it the stream ends and
@@ -92,13 +98,15 @@ worker` processes on the same PostgreSQL store (`external`: the server never dri
 
 @dataclass(frozen=True)
 class ServerOptions:
-    """`heartbeat_s`: a quiet stream's heartbeat period; `client_buffer`: events a stream holds
-    for a slow client. `workers="external"` (PostgreSQL only): accept, answer reads and watches,
-    wake the workers, never drive, and keep no conversation attached; watches follow the lanes
-    the workers drive (`follow_lane`, reading the journal every `follow_poll_s` seconds when no
-    change notification comes)."""
+    """`heartbeat_s`: a quiet stream's heartbeat period; `token_check_s`: how often a stream checks
+    its token is still valid; `client_buffer`: events a stream holds for a slow client.
+    `workers="external"` (PostgreSQL only): accept, answer reads and watches, wake the workers,
+    never drive, and keep no conversation attached; watches follow the lanes the workers drive
+    (`follow_lane`, reading the journal every `follow_poll_s` seconds when no change notification
+    comes)."""
 
     heartbeat_s: float = HEARTBEAT_S
+    token_check_s: float = TOKEN_CHECK_S
     client_buffer: int = CLIENT_BUFFER
     workers: Workers = "in-process"
     follow_poll_s: float = FOLLOW_POLL_S
@@ -279,14 +287,74 @@ def request_context(request: Request) -> Context:
 _bearer = HTTPBearer(auto_error=False, description="A token from `harness token create USER`.")
 
 
+def request_token(credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]) -> str | None:
+    """The request's bearer token, if it sent one."""
+    return credentials.credentials if credentials is not None else None
+
+
 async def current_user(state: Annotated[ServerState, Depends(server_state)],
                        context: Annotated[Context, Depends(request_context)],
-                       credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]) -> str:
+                       token: Annotated[str | None, Depends(request_token)]) -> str:
     """The user the request's bearer token belongs to; `Unauthorized` (401) without a valid one."""
-    token = credentials.credentials if credentials is not None else None
     return await state.auth.user_of(token, context)
 
 
 State = Annotated[ServerState, Depends(server_state)]
 RequestContext = Annotated[Context, Depends(request_context)]
 CurrentUser = Annotated[str, Depends(current_user)]
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Authorization:
+    """What let a request in (its user, by its token), to check again while its stream lasts."""
+
+    state: ServerState
+    user: str
+    token: str | None
+    context: Context
+
+    async def until_revoked(self, events: AsyncGenerator[T, None]) -> AsyncGenerator[T, None]:
+        """`events`, until the token no longer names the user (revoked, issue 29): checked every
+        `token_check_s`, whether the stream is busy or quiet, so a revoked token's streams end
+        within that; the client's reconnect is then answered 401. Closes `events` however it ends."""
+        every = self.state.options.token_check_s
+        next_check = time.monotonic() + every
+        pending: asyncio.Future[T] | None = None
+        try:
+            while True:
+                if time.monotonic() >= next_check:
+                    if not await self._valid():
+                        return
+                    next_check = time.monotonic() + every
+                pending = pending or asyncio.ensure_future(anext(events))
+                done, _ = await asyncio.wait({pending}, timeout=max(0.0, next_check - time.monotonic()))
+                if not done:
+                    continue
+                step, pending = pending, None
+                try:
+                    item = step.result()
+                except StopAsyncIteration:
+                    return
+                yield item
+        finally:
+            # The generator cannot be closed while a step of it runs: end that step first.
+            if pending is not None and not pending.done():
+                pending.cancel()
+                await asyncio.wait({pending})
+            await events.aclose()
+
+    async def _valid(self) -> bool:
+        try:
+            return await self.state.auth.user_of(self.token, self.context) == self.user
+        except HarnessError:  # revoked (`Unauthorized`), or the store cannot tell now: the client reconnects
+            return False
+
+
+async def current_authorization(state: State, user: CurrentUser, context: RequestContext,
+                                token: Annotated[str | None, Depends(request_token)]) -> Authorization:
+    return Authorization(state, user, token, context)
+
+
+CurrentAuthorization = Annotated[Authorization, Depends(current_authorization)]

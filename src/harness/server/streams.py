@@ -13,7 +13,7 @@ otherwise a fresh snapshot marked `reset`.
 Each stream reads its source in a task of its own into a bounded buffer, so a client that reads
 slowly never holds up a run: when the buffer is full the stream ends with an `overflow` event and
 the client reconnects with its last event id. A quiet stream sends a heartbeat comment every
-`heartbeat_s` seconds."""
+`heartbeat_s` seconds, and a stream whose token is revoked ends within `token_check_s`."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ import asyncio
 import contextlib
 import re
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
 from typing import Annotated, Generic, TypeVar
 
@@ -34,7 +34,7 @@ from harness.conversation import Forbidden, InstanceEvent, LaneEvents, conversat
 from harness.runtime import HarnessEvent, LaneSnapshot, MessageUpdate
 from harness.server.approvals import ApprovalChange
 from harness.server.langgraph_wire import InvalidEventId
-from harness.server.state import CurrentUser, RequestContext, State
+from harness.server.state import CurrentAuthorization, CurrentUser, RequestContext, State
 from harness.session import SessionNotFound
 
 router = APIRouter(prefix="/api", tags=["events"])
@@ -99,7 +99,7 @@ class _Buffer(Generic[T]):
 
 
 async def _events(buffer: _Buffer[T], render: Callable[[T], Iterable[ServerSentEvent]], heartbeat_s: float,
-                  ) -> AsyncIterator[ServerSentEvent]:
+                  ) -> AsyncGenerator[ServerSentEvent, None]:
     """What `buffer` takes, rendered, with heartbeats while it is quiet; ends with `overflow`
     when the buffer overflowed, or when its source ended."""
     while True:
@@ -190,6 +190,7 @@ def _resumed_after(last_event_id: Annotated[str | None, Header()] = None) -> Wat
             dependencies=[Depends(_owner_checked)])
 async def conversation_events_stream(conversation_id: str, user: CurrentUser,
                                      after: Annotated[WatchPosition | None, Depends(_resumed_after)], state: State,
+                                     authorization: CurrentAuthorization,
                                      context: RequestContext) -> AsyncIterator[ServerSentEvent]:
     """The conversation live: a `snapshot` event (the lane snapshot: transcript since the newest
     compaction, the current operation, queues, the streaming reply so far; `reset` False), then
@@ -231,7 +232,7 @@ async def conversation_events_stream(conversation_id: str, user: CurrentUser,
             operation = watch.snapshot.operation
             if operation is not None and operation.streaming_message is not None:
                 yield _model_event(MessageUpdate(lane=watch.snapshot.lane, message=operation.streaming_message))
-        async for event in _events(buffer, render, state.options.heartbeat_s):
+        async for event in authorization.until_revoked(_events(buffer, render, state.options.heartbeat_s)):
             yield event
     finally:
         stop_listening()
@@ -242,7 +243,8 @@ async def conversation_events_stream(conversation_id: str, user: CurrentUser,
 
 
 @router.get("/feed", response_class=EventSourceResponse)
-async def instance_feed(user: CurrentUser, state: State, context: RequestContext) -> AsyncIterator[ServerSentEvent]:
+async def instance_feed(user: CurrentUser, state: State, authorization: CurrentAuthorization,
+                        context: RequestContext) -> AsyncIterator[ServerSentEvent]:
     """What the current user's conversations are doing on this server: `activity` (a turn
     started or ended, with its outcome), `presence` (live here or not) and `alert` (a harness
     fault, with its code). No chat events: those are each conversation's own stream."""
@@ -264,7 +266,8 @@ async def instance_feed(user: CurrentUser, state: State, context: RequestContext
     pump = asyncio.create_task(_pump(mine(aiter(feed)), buffer))
     try:
         yield ServerSentEvent(comment="subscribed")  # from here on, nothing is missed
-        async for event in _events(buffer, lambda item: [_model_event(item)], state.options.heartbeat_s):
+        events = _events(buffer, lambda item: [_model_event(item)], state.options.heartbeat_s)
+        async for event in authorization.until_revoked(events):
             yield event
     finally:
         feed.close()

@@ -26,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import binascii
 from base64 import b64decode
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, TypeAlias
 
@@ -80,7 +80,7 @@ from harness.runtime import (
 from harness.server.approvals import ApprovalChange, ApprovalNotFound, PendingApproval
 from harness.server.errors import not_found
 from harness.server.sse import json_event
-from harness.server.state import CurrentUser, RequestContext, ServerState, State
+from harness.server.state import CurrentAuthorization, CurrentUser, RequestContext, ServerState, State
 from harness.session import CustomMessagePayload, Entry, MessagePayload, SessionNotFound, addresses
 from harness.tools import Approval
 
@@ -544,7 +544,8 @@ _SSE: dict[str, dict[str, str]] = {"text/event-stream": {}}
 
 
 @router.post("", responses={200: {"description": "The turn's parts.", "content": _SSE}})
-async def send(body: ChatRequest, user: CurrentUser, state: State, context: RequestContext) -> Response:
+async def send(body: ChatRequest, user: CurrentUser, state: State, authorization: CurrentAuthorization,
+               context: RequestContext) -> Response:
     """Start a turn of conversation `body.id` with the newest message (the person's) and stream the
     reply as UI message stream parts, ending with `data: [DONE]`; or, when the newest message is
     the assistant message of a run waiting for approval with the answers on its tool parts (see
@@ -574,7 +575,8 @@ async def send(body: ChatRequest, user: CurrentUser, state: State, context: Requ
     except BaseException:
         sources.close()
         raise
-    return EventSourceResponse(_stream(sources, parts, first, state.options.heartbeat_s), headers=_STREAM_HEADERS)
+    return EventSourceResponse(authorization.until_revoked(_stream(sources, parts, first, state.options.heartbeat_s)),
+                              headers=_STREAM_HEADERS)
 
 
 async def _answer(state: ServerState, conversation_id: str, watch: ConversationWatch, parts: RunParts,
@@ -601,7 +603,8 @@ async def _answer(state: ServerState, conversation_id: str, watch: ConversationW
 @router.get("/{conversation_id}/stream", responses={
     200: {"description": "The turn's parts from its start.", "content": _SSE},
     204: {"description": "No turn is in progress."}})
-async def resume(conversation_id: str, user: CurrentUser, state: State, context: RequestContext) -> Response:
+async def resume(conversation_id: str, user: CurrentUser, state: State, authorization: CurrentAuthorization,
+                 context: RequestContext) -> Response:
     """The turn in progress, replayed from its start (its durable entries, the streaming reply, the
     running tools and the calls waiting for approval as the lane's snapshot and the server hold
     them) and then live, as one message with the same id as the stream that started it; 204 when
@@ -620,7 +623,8 @@ async def resume(conversation_id: str, user: CurrentUser, state: State, context:
     except BaseException:
         sources.close()
         raise
-    return EventSourceResponse(_stream(sources, parts, first, state.options.heartbeat_s), headers=_STREAM_HEADERS)
+    return EventSourceResponse(authorization.until_revoked(_stream(sources, parts, first, state.options.heartbeat_s)),
+                              headers=_STREAM_HEADERS)
 
 
 @router.post("/{conversation_id}/stop", status_code=status.HTTP_202_ACCEPTED, response_model=StopOut)
@@ -672,7 +676,7 @@ class _Sources:
 
 
 async def _stream(sources: _Sources, parts: RunParts, first: list[UiPart],
-                  heartbeat_s: float) -> AsyncIterator[bytes]:
+                  heartbeat_s: float) -> AsyncGenerator[bytes, None]:
     """`first`, then the parts of each watched event and approval change, in the order they
     happened, until the stream's end (the run's, or its pause for an approval), then `[DONE]`; a
     comment every `heartbeat_s` of quiet. A watch that fails (a slow client overflowed it, the
