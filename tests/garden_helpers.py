@@ -43,9 +43,9 @@ def conversations(store: Store) -> tuple[ConversationService, FauxProvider]:
 
 
 async def make_garden(store: Store, service: ConversationService, root: Path, ctx: Context, *,
-                      name: str = "allotment", builtin_tools: tuple[str, ...] = ()) -> Garden:
+                      name: str = "allotment", builtin_tools: tuple[str, ...] = (), owner: str = OWNER) -> Garden:
     setup = GardenSetup(store=store, service=service, models=service.setup.models)
-    return await Garden.create(name, Gardener(model=FAUX, builtin_tools=builtin_tools), setup, ctx, owner=OWNER,
+    return await Garden.create(name, Gardener(model=FAUX, builtin_tools=builtin_tools), setup, ctx, owner=owner,
                                root=root)
 
 

@@ -91,17 +91,18 @@ def sent_messages(request: RecordedRequest) -> list[dict[str, Any]]:
 
 
 class Chat:
-    """`harness chat` in a pseudo-terminal, in `work` (the tools' directory), on `store_url`; on
-    `openai/gpt-4o` with a key, or with `api_key=False` with no key and no `--model`."""
+    """`harness chat` in a pseudo-terminal, in `work` (the tools' directory), on `store_url` (default:
+    `home/harness.db`); on `openai/gpt-4o` with a key, or with `api_key=False` with no key and no
+    `--model`."""
 
     def __init__(self, home: Path, work: Path, server: ReplayServer, *args: str, api_key: bool = True,
-                 columns: int = 200, cursor_reports: bool = False) -> None:
+                 columns: int = 200, cursor_reports: bool = False, store_url: str | None = None) -> None:
         env = {**os.environ, "HARNESS_HOME": str(home), "OPENAI_BASE_URL": f"{server.base_url}/v1",
                "OPENAI_API_KEY": "test-key", "PROMPT_TOOLKIT_NO_CPR": "1", "TERM": "xterm", "COLUMNS": str(columns)}
         for name in ("HARNESS_STORE", "NO_COLOR", *(() if api_key else ("OPENAI_API_KEY",)),
                      *(("PROMPT_TOOLKIT_NO_CPR",) if cursor_reports else ())):
             env.pop(name, None)
-        self.store_url = f"sqlite:///{home / 'harness.db'}"
+        self.store_url = store_url or f"sqlite:///{home / 'harness.db'}"
         model = ["--model", "openai/gpt-4o"] if api_key else []
         self.process = pexpect.spawn(
             str(HARNESS), ["chat", *model, "--store", self.store_url, *args],
@@ -180,10 +181,13 @@ def chats(dirs: tuple[Path, Path], server: ReplayServer) -> Iterator[list[Chat]]
 
 
 def start(chats: list[Chat], dirs: tuple[Path, Path], server: ReplayServer, *args: str,
-          api_key: bool = True, columns: int = 200, cursor_reports: bool = False) -> Chat:
-    """A chat in `dirs`; with `cursor_reports` it asks for the cursor position (and draws its
-    toolbar, which it does only once it knows where it is): answer with `Chat.expect_reporting`."""
-    chat = Chat(dirs[0], dirs[1], server, *args, api_key=api_key, columns=columns, cursor_reports=cursor_reports)
+          api_key: bool = True, columns: int = 200, cursor_reports: bool = False,
+          store_url: str | None = None) -> Chat:
+    """A chat in `dirs` (on `store_url` when given); with `cursor_reports` it asks for the cursor
+    position (and draws its toolbar, which it does only once it knows where it is): answer with
+    `Chat.expect_reporting`."""
+    chat = Chat(dirs[0], dirs[1], server, *args, api_key=api_key, columns=columns, cursor_reports=cursor_reports,
+                store_url=store_url)
     chats.append(chat)
     return chat
 
