@@ -10,6 +10,7 @@ from typing import Annotated
 import typer
 
 from harness.cli.app import StoreOption, app, run_with_store
+from harness.cli.logs import LogFormatOption, configure_logging
 from harness.context import Context
 from harness.errors import HarnessError
 from harness.home import harness_home
@@ -42,10 +43,17 @@ def serve_command(
         "decides (`harness worker --yes` runs every call, else the calls that change things are refused); "
         "the AI SDK and LangGraph doors admit for the workers and stream what they drive; /compact "
         "answers 501 external_mode_unsupported.")] = "in-process",
+    log_format: LogFormatOption = "text",
     store: StoreOption = None,
 ) -> None:
-    """Serve the HTTP API (OpenAPI at /docs) on the store; turns it accepts are driven here, and
-    turns a stopped server left open are finished (with `--workers external`: by the workers)."""
+    """Serve the HTTP API (OpenAPI at /docs) and the page (/) on the store; turns it accepts are
+    driven here, and turns a stopped server left open are finished (with `--workers external`: by
+    the workers). It prints the page's URL once it listens.
+
+    Logs go to stderr: one line per request (method, route, status, duration, user), per turn
+    start and end (conversation, operation, outcome), per conversation attached and released.
+    GET /healthz (up), GET /readyz (the store answers; else 503 store_not_ready) and GET /metrics
+    (Prometheus text: requests, event streams, turns, attached conversations) need no token."""
     # Imported here, not at the top: the server's web stack would add half a second to every
     # other command's start (see `harness.cli.app`).
     from harness.cli.config import client_setup, local_user, new_lane_config, tool_workspace
@@ -67,6 +75,7 @@ def serve_command(
 
     if workers not in ("in-process", "external"):
         raise typer.BadParameter("in-process or external", param_hint="--workers")
+    configure_logging(log_format)
     host = DEFAULT_HOST if host is None else host
     listen_port = DEFAULT_PORT if port is None else port
     if no_auth:

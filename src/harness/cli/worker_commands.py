@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import signal
 from pathlib import Path
 from typing import Annotated
@@ -10,9 +11,12 @@ from typing import Annotated
 import typer
 
 from harness.cli.app import StoreOption, app, run_with_store
+from harness.cli.logs import LogFormatOption, configure_logging
 from harness.context import Context
 from harness.home import harness_home
 from harness.session import Store
+
+logger = logging.getLogger(__name__)
 
 NO_APPROVER = "a worker has nobody to ask (start it with --yes to let every call run)"
 
@@ -22,18 +26,21 @@ def worker_command(
     concurrency: Annotated[int, typer.Option("--concurrency", min=1, help="Sessions driven at once.")] = 4,
     approve_all: Annotated[bool, typer.Option("--yes", help="Run the tools that change things (write, edit, "
                                               "shell) without asking; without it they are refused.")] = False,
+    log_format: LogFormatOption = "text",
     store: StoreOption = None,
 ) -> None:
     """Claim the turns a PostgreSQL store holds open (new, left by a dead process, retries that are
     due, deferred replies), drive them and let go, beside any number of other workers. SIGTERM or
     Ctrl-C stops it: it claims nothing more, lets each turn in hand finish its current step, releases
-    them open at that step boundary for the next worker and exits."""
+    them open at that step boundary for the next worker and exits. Logs go to stderr: one line per
+    conversation claimed and released, per turn start and end (conversation, operation, outcome)."""
     from harness.cli.config import client_setup, tool_workspace
     from harness.conversation import ConversationService
     from harness.providers import ModelRegistry
     from harness.tools import ApprovalPolicy, BackgroundJobs
     from harness.worker import Worker, WorkerOptions
 
+    configure_logging(log_format)
     home = harness_home()
 
     async def body(opened: Store, context: Context) -> None:
@@ -45,8 +52,8 @@ def worker_command(
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, worker.stop)
-        typer.echo(f"harness worker: driving up to {concurrency} sessions at once; SIGTERM or Ctrl-C stops it",
-                   err=True)
+        logger.info("harness worker: driving up to %d sessions at once; SIGTERM or Ctrl-C stops it", concurrency,
+                    extra={"event": "started", "concurrency": concurrency})
         try:
             await worker.run(context)
         finally:

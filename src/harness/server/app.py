@@ -15,6 +15,7 @@ from harness.server import conversations, gardens, langgraph_api, page, streams,
 from harness.server.approvals import Approvals
 from harness.server.errors import install_error_handlers
 from harness.server.guards import install_guards
+from harness.server.observability import install_observability
 from harness.server.state import Authenticator, LocalUser, NewLane, ServerOptions, ServerState
 from harness.session import LaneConfig
 
@@ -36,20 +37,24 @@ def create_app(service: ConversationService, auth: Authenticator, *, new_lane: N
     posts steer, follow-up and stop for them, and follows their runs for the event streams, the
     AI SDK door's and the LangGraph door's as the native watch's. `/compact` answers
     `external_mode_unsupported` (501): it drives a summary in the request; tool approvals are the
-    workers' own policy."""
+    workers' own policy.
+
+    Every request is logged and counted, and `/healthz`, `/readyz` and `/metrics` answer without
+    a token (`harness.server.observability`, issue 29)."""
     state = ServerState(service, auth, new_lane or _default_lane(service), options or ServerOptions(),
                         approvals or Approvals())
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         context = Context({"server": "lifespan"})
-        if not state.external:  # external workers find what a stopped server left open themselves
-            await state.drives.resume_open(context)
-        try:
-            yield
-        finally:
-            state.drives.cancel_all()
-            await service.close_all(context)
+        async with metrics.following(service):
+            if not state.external:  # external workers find what a stopped server left open themselves
+                await state.drives.resume_open(context)
+            try:
+                yield
+            finally:
+                state.drives.cancel_all()
+                await service.close_all(context)
 
     app = FastAPI(title="Harness", summary="Durable agent conversations over HTTP.", lifespan=lifespan)
     app.state.server = state
@@ -61,6 +66,7 @@ def create_app(service: ConversationService, auth: Authenticator, *, new_lane: N
     app.include_router(ui_stream.router)
     app.include_router(langgraph_api.router)
     app.include_router(page.router)  # last: its files are low-priority routes, every API route wins
+    metrics = install_observability(app)
     return app
 
 

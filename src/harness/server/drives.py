@@ -8,7 +8,8 @@ import logging
 
 from harness.context import Context
 from harness.conversation import MAIN_LANE, OWNER, Conversation, ConversationService
-from harness.runtime import DriveOutcome, HarnessClosed
+from harness.errors import HarnessError
+from harness.runtime import DriveOutcome, HarnessClosed, Settled
 from harness.session import SessionNotFound, SessionOwned, addresses
 
 logger = logging.getLogger(__name__)
@@ -37,18 +38,27 @@ class Drives:
         task = asyncio.get_running_loop().create_task(conversation.drive(operation_id, context, lane=lane))
         self._tasks[operation_id] = task
         task.add_done_callback(lambda done: self._ended(operation_id, done))
+        logger.info("turn %s of conversation %s: driving", operation_id, conversation.id,
+                    extra={"event": "turn_start", "conversation_id": conversation.id, "operation_id": operation_id})
         return task
 
     def _ended(self, operation_id: str, task: asyncio.Task[DriveOutcome]) -> None:
+        """Log the drive's end: the turn's outcome and why (a failure's code, an abort's cause),
+        `halted` when the server stopped it (it stays open for the next one), `error` otherwise."""
         self._tasks.pop(operation_id, None)
-        self.conversation_of.pop(operation_id, None)
-        if task.cancelled():
-            return
-        if (error := task.exception()) is not None:
-            # The harness closing mid-drive (the server stops) leaves the operation open for the
-            # next server; anything else is worth a line in the log.
-            level = logging.INFO if isinstance(error, HarnessClosed) else logging.ERROR
-            logger.log(level, "drive of operation %s ended: %s", operation_id, error)
+        conversation_id = self.conversation_of.pop(operation_id, None)
+        level, error = logging.INFO, (None if task.cancelled() else task.exception())
+        if task.cancelled() or isinstance(error, HarnessClosed):
+            outcome, reason = "halted", None
+        elif error is not None:  # worth an error line: the operation stays open in a phase nobody drives now
+            level, outcome = logging.ERROR, "error"
+            reason = error.code if isinstance(error, HarnessError) else type(error).__name__
+        else:
+            outcome, reason = ended_as(task.result())
+        logger.log(level, "turn %s of conversation %s: %s%s%s", operation_id, conversation_id, outcome,
+                   f" ({reason})" if reason else "", f": {error}" if error is not None else "",
+                   extra={"event": "turn_end", "conversation_id": conversation_id, "operation_id": operation_id,
+                          "outcome": outcome, "reason": reason})
 
     async def wait(self, operation_id: str) -> DriveOutcome | None:
         """The outcome of the drive of `operation_id` if this server runs it, else None."""
@@ -80,3 +90,13 @@ class Drives:
         """Stop waiting on every drive (the harnesses' close halts the drives themselves)."""
         for task in list(self._tasks.values()):
             task.cancel()
+
+
+def ended_as(outcome: DriveOutcome) -> tuple[str, str | None]:
+    """A drive's outcome for a log line: (`completed`, `failed` or `aborted` for a settled turn,
+    else the outcome's kind: `paused`, `suspended`, `waiting_retry`; and why: a failure's error
+    code, an abort's cause, else None)."""
+    if not isinstance(outcome, Settled):
+        return outcome.kind, None
+    result = outcome.result
+    return result.outcome, result.error.code if result.error is not None else result.abort_cause

@@ -4,11 +4,15 @@ without authentication."""
 from __future__ import annotations
 
 import ipaddress
+import logging
+import socket
 
 import uvicorn
 from fastapi import FastAPI
 
 from harness.errors import HarnessError
+
+logger = logging.getLogger(__name__)
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8765
@@ -47,7 +51,25 @@ def refuse_open_no_auth(host: str) -> None:
 async def serve(app: FastAPI, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT) -> None:
     """Serve `app` with uvicorn until interrupted (Ctrl-C or SIGTERM end it cleanly: open event
     streams are cut after `STREAM_GRACE_S`, then the app's shutdown halts its drives so the next
-    server finishes them)."""
-    config = uvicorn.Config(app, host=host, port=port, log_level="info", lifespan="on",
-                            timeout_graceful_shutdown=STREAM_GRACE_S)
-    await uvicorn.Server(config).serve()
+    server finishes them). Once it listens it logs where: `Harness serving on URL (the page), API
+    docs at URLdocs`, the port the one bound (`port=0`: a free one).
+
+    Logging is the caller's to configure (`harness serve --log-format`): uvicorn's records go to
+    the `uvicorn` loggers as they are, and its access log is off, since the app logs one line per
+    request itself (`harness.server.observability`)."""
+    config = uvicorn.Config(app, host=host, port=port, log_config=None, log_level="info", access_log=False,
+                            lifespan="on", timeout_graceful_shutdown=STREAM_GRACE_S)
+    await _Server(config).serve()
+
+
+class _Server(uvicorn.Server):
+    """uvicorn's server, saying where the page is once it listens (uvicorn's own line names the
+    address only). A startup that fails exits inside `super().startup`, saying why."""
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        bound_port = self.servers[0].sockets[0].getsockname()[1]
+        host = self.config.host
+        url = f"http://{f'[{host}]' if ':' in host else host}:{bound_port}/"
+        logger.info("Harness serving on %s (the page), API docs at %sdocs", url, url,
+                    extra={"event": "listening", "url": url})

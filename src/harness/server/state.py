@@ -292,11 +292,14 @@ def request_token(credentials: Annotated[HTTPAuthorizationCredentials | None, De
     return credentials.credentials if credentials is not None else None
 
 
-async def current_user(state: Annotated[ServerState, Depends(server_state)],
+async def current_user(request: Request, state: Annotated[ServerState, Depends(server_state)],
                        context: Annotated[Context, Depends(request_context)],
                        token: Annotated[str | None, Depends(request_token)]) -> str:
-    """The user the request's bearer token belongs to; `Unauthorized` (401) without a valid one."""
-    return await state.auth.user_of(token, context)
+    """The user the request's bearer token belongs to; `Unauthorized` (401) without a valid one.
+    Kept on `request.state.user` for the request's log line (`ObservedRequests`)."""
+    user = await state.auth.user_of(token, context)
+    request.state.user = user
+    return user
 
 
 State = Annotated[ServerState, Depends(server_state)]

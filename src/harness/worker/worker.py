@@ -13,7 +13,7 @@ from harness.context import Context
 from harness.conversation import OWNER, Conversation, ConversationService
 from harness.errors import HarnessError
 from harness.messages import now_ms
-from harness.runtime import DriveOutcome, Paused, Suspended, WaitingRetry
+from harness.runtime import DriveOutcome, Paused, Settled, Suspended, WaitingRetry
 from harness.session import DEFAULT_LEASE_S, OpenWork, SessionNotFound, SessionOwned, StoreConnectionLost, work_board
 
 logger = logging.getLogger(__name__)
@@ -167,6 +167,8 @@ class Worker:
             finally:
                 self._live.pop(session_id, None)
                 await self.service.close(conversation.info.owner, session_id, context)
+                logger.info("released conversation %s", session_id,
+                            extra={"event": "release", "conversation_id": session_id})
         finally:
             self._held.pop(session_id, None)
             self._wake.set()
@@ -175,6 +177,10 @@ class Worker:
                      context: Context) -> list[DriveOutcome]:
         """Drive the operations (lane, operation id) to their ends or waits; once the worker is
         stopping, pause each at its next step boundary instead."""
+        for _, operation_id in operations:
+            logger.info("turn %s of conversation %s: driving", operation_id, conversation.id,
+                        extra={"event": "turn_start", "conversation_id": conversation.id,
+                               "operation_id": operation_id})
         drives: asyncio.Future[list[DriveOutcome]] = asyncio.gather(*(
             conversation.drive(operation_id, context, lane=lane, wait_for_retry=False, poll_deferred=True)
             for lane, operation_id in operations))
@@ -185,12 +191,19 @@ class Worker:
             if not drives.done():
                 for lane, _ in operations:
                     await conversation.pause_drive(context, lane=lane)
-            return await drives
+            outcomes = await drives
         except asyncio.CancelledError:  # the grace ran out: halted with the harness's close
             drives.cancel()
             raise
         finally:
             stopping.cancel()
+        for outcome in outcomes:
+            # completed, failed or aborted; else paused, suspended or waiting_retry: still open
+            ended = outcome.result.outcome if isinstance(outcome, Settled) else outcome.kind
+            logger.info("turn %s of conversation %s: %s", outcome.operation_id, conversation.id, ended,
+                        extra={"event": "turn_end", "conversation_id": conversation.id,
+                               "operation_id": outcome.operation_id, "outcome": ended})
+        return outcomes
 
     async def _attach(self, session_id: str, context: Context) -> Conversation | None:
         try:
@@ -203,6 +216,7 @@ class Worker:
                 self._later[session_id] = math.inf
                 return None
             conversation = self._live[session_id] = await self.service.open(owner, session_id, context)
+            logger.info("claimed conversation %s", session_id, extra={"event": "claim", "conversation_id": session_id})
         except (SessionOwned, SessionNotFound):
             return None  # another worker was first, or the session is gone
         except HarnessError as error:
