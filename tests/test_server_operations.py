@@ -151,6 +151,16 @@ async def test_attaching_and_releasing_a_conversation_are_logged(store: Store, l
     assert _fields(lines.of("claim")[0], "conversation_id") == _fields(released, "conversation_id") == (conversation,)
 
 
+async def test_a_conversation_still_attached_when_the_server_stops_logs_its_release(store: Store,
+                                                                                    lines: Lines) -> None:
+    """Issue 29: the server's shutdown releases every conversation it holds, and says so."""
+    served = faux_app(store, [])
+    async with asgi_client(served.app) as client:
+        conversation = (await client.post("/api/conversations", json={})).json()["id"]
+
+    assert [_fields(record, "conversation_id") for record in lines.of("release")] == [(conversation,)]
+
+
 async def test_no_log_line_carries_a_token_or_the_text_of_a_message(store: Store, ctx: Context,
                                                                     lines: Lines) -> None:
     """Issue 29: of everything a turn logs, as JSON lines with every field, nothing is the bearer

@@ -84,6 +84,9 @@ class ServerMetrics:
         try:
             yield
         finally:
+            # One turn of the loop first: the follower, woken by what the block published last
+            # (the releases of a server's shutdown), reads all of it before the close ends it.
+            await asyncio.sleep(0)
             feed.close()
             await task
 
