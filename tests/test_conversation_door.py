@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -41,7 +42,7 @@ from harness.conversation import (
     run_typed_command,
 )
 from harness.errors import HarnessError
-from harness.garden import goal_command
+from harness.garden import GardenWriteFailed, goal_command
 from harness.messages import ModelIdentity, UserMessage
 from harness.providers import FAUX_MODEL
 from harness.providers.faux import FauxReply, delay, reply, tool_call
@@ -201,6 +202,31 @@ async def test_a_goal_in_an_ended_conversation_is_refused_and_recorded(
     assert len(faux.requests) == 1
     assert await rows(conversation, ctx) == [CommandRan(name="goal", args="Turn the compost",
                                                         error=ended.value.message)]
+    await conversations.close_all(ctx)
+    await garden.close(ctx)
+
+
+async def test_a_goal_the_garden_cannot_keep_admits_no_turn_and_claims_nothing(
+        store: Store, tmp_path: Path, ctx: Context) -> None:
+    """CE-16: a goal the garden fails to write (here a file stands where its goals folder goes)
+    starts no turn and its row records the failure; it used to admit the kickoff turn under a
+    row saying the garden pursues the goal."""
+    conversations, faux = faux_service(store, ["never"])
+    garden = await make_garden(store, conversations, tmp_path / "garden", ctx)
+    conversation = await conversations.create(OWNER, LaneConfig(model=FAUX), ctx)
+    goals = tmp_path / "garden" / "goals"
+    shutil.rmtree(goals, ignore_errors=True)
+    goals.write_text("not a folder")
+
+    with pytest.raises(GardenWriteFailed) as failed:
+        await run_typed_command(conversations, OWNER, conversation, "/goal Turn the compost", ctx,
+                                commands={"goal": goal_command(garden)})
+
+    assert str(tmp_path) not in str(failed.value)
+    assert faux.requests == []
+    assert conversation.operation() is None
+    assert await rows(conversation, ctx) == [CommandRan(name="goal", args="Turn the compost",
+                                                        error=str(failed.value))]
     await conversations.close_all(ctx)
     await garden.close(ctx)
 

@@ -162,13 +162,15 @@ class RecordNow:
         self.recorded = True
         return await self._conversation.record(command_ran(self._invocation, outcome), self._context)
 
-    async def admit_with(self, outcome: CommandOutcome | None, text: str) -> AcceptedRun:
-        """Admit a turn of `text` with the command's row (with `outcome`) right above it, in one
-        commit (`Conversation.admit_messages`): a refused admission leaves no row claiming the
-        command succeeded, and `run_command` records the refusal instead (CE-16)."""
+    async def admit_with(self, outcome: CommandOutcome | None, text: str, *,
+                         prompt_entry_id: str | None = None) -> AcceptedRun:
+        """Admit a turn of `text` (its entry `prompt_entry_id` when given) with the command's row
+        (with `outcome`) right above it, in one commit (`Conversation.admit_messages`): a refused
+        admission leaves no row claiming the command succeeded, and `run_command` records the
+        refusal instead (CE-16)."""
         rows = [] if self.recorded or self._invocation is None else [
             chat_event_message(command_ran(self._invocation, outcome))]
-        accepted = await self._conversation.admit_messages(rows, text, self._context)
+        accepted = await self._conversation.admit_messages(rows, text, self._context, prompt_entry_id=prompt_entry_id)
         self.recorded = True
         return accepted
 
@@ -623,11 +625,13 @@ class Conversation:
         accepted = await self.admit(text, context, images=images)
         return await self.drive(accepted.operation_id, context)
 
-    async def admit_messages(self, messages: Sequence[Message], text: str, context: Context) -> AcceptedRun:
+    async def admit_messages(self, messages: Sequence[Message], text: str, context: Context, *,
+                             prompt_entry_id: str | None = None) -> AcceptedRun:
         """Admit a turn on `main` as `admit` does, with `messages` (rows the model reads, e.g. the
         command row of `/goal`) accepted in the same commit right above the prompt: either all of
-        them land with the turn or, when admission is refused, none does (CE-16)."""
-        return await self._settings.admit(text, (), context, above=messages)
+        them land with the turn or, when admission is refused, none does (CE-16). The prompt's
+        entry id is `prompt_entry_id` when given."""
+        return await self._settings.admit(text, (), context, above=messages, prompt_entry_id=prompt_entry_id)
 
     async def admit_next_run(self, context: Context, *, lane: str = MAIN_LANE) -> AcceptedRun:
         """Admit a turn of the messages kept for the next run (typed while a compaction or

@@ -44,7 +44,7 @@ from harness.runtime import (
     PromptRequest,
     RunEnd,
 )
-from harness.session import CustomMessagePayload, Entry, MessagePayload, SessionReader, addresses
+from harness.session import CustomMessagePayload, Entry, MessagePayload, SessionReader, addresses, new_id
 
 MODEL_SWITCH_ACK_S = 1.5
 """How long `switch_model` waits for the turn lock before it acknowledges a queued switch (CE-12)."""
@@ -305,13 +305,14 @@ class ConversationSettings:
     # -- turn admission (CE-14) -----------------------------------------------------------------
 
     async def admit(self, text: str, images: Sequence[ImageContent], context: Context, *,
-                    above: Sequence[Message] = ()) -> AcceptedRun:
+                    above: Sequence[Message] = (), prompt_entry_id: str | None = None) -> AcceptedRun:
         """Accept a turn of `text` (and `images`) under the turn lock, after any queued switch.
 
         `above` (rows the model reads, e.g. a command's) are accepted in the same commit, above
         the prompt. If the lane's reasoning level differs from the baseline (the previous admitted
         turn's level, or a level a row announced since), a `ReasoningChanged` row is accepted in
-        that commit too, right above the prompt; the baseline is then written. Raises `InvalidMessage` for
+        that commit too, right above the prompt; the baseline is then written. The prompt's entry
+        gets `prompt_entry_id` when given (a record made before, such as a goal, names it). Raises `InvalidMessage` for
         an empty prompt, `ConversationEnded` once the conversation was ended, and whatever
         `Lane.accept` raises (`LaneBusy`, `PromptTooLarge`)."""
         if not text and not images:
@@ -326,7 +327,8 @@ class ConversationSettings:
             if baseline is not None and baseline != level:
                 messages.append(chat_event_message(ReasoningChanged(previous=baseline, level=level)))
             messages.append(prompt)
-            accepted = await self.lane.accept(PromptRequest(messages=messages), context)
+            entry_ids = None if prompt_entry_id is None else [*(new_id() for _ in messages[1:]), prompt_entry_id]
+            accepted = await self.lane.accept(PromptRequest(messages=messages, entry_ids=entry_ids), context)
             await self.harness.set_value(TURN_BASELINE, TurnBaseline(level=level, entry_id=accepted.entry_ids[-1]),
                                          context)
         return accepted

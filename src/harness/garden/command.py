@@ -17,9 +17,9 @@ from harness.conversation import (
     GoalOutcome,
     RecordNow,
 )
-from harness.errors import InvalidInput
+from harness.errors import HarnessError, InvalidInput
 from harness.garden.garden import Garden, GardenNotFound
-from harness.garden.records import ConversationOrigin, Goal, GoalState
+from harness.garden.records import ConversationOrigin, GoalState
 from harness.runtime import AcceptedRun
 from harness.session import new_id
 
@@ -67,11 +67,12 @@ def goal_command(garden: Garden, *, drive: KickoffDrive = drive_to_end) -> Built
     conversation's built-in commands are (pass it to `run_typed_command` in its `commands`).
     Which of the two a line is follows `goal_action_of`.
 
-    `/goal TEXT`, through `run_command`: the kickoff turn (`TEXT` as the person's message) is
-    admitted with the command's row (a `GoalOutcome`) right above it, in one commit; only then is
-    the goal given to the garden, with that message as its origin, and the turn passed to
-    `drive`. An admission refused (`LaneBusy` while a turn runs, `ConversationEnded`) leaves no
-    goal and no row claiming one: the command's row records the refusal (CE-16). The goal's later
+    `/goal TEXT`, through `run_command`: the goal is given to the garden, its origin the kickoff
+    turn's message (`TEXT` as the person's message) by an id chosen beforehand; only then is that
+    turn admitted with the command's row (a `GoalOutcome`) right above it, in one commit, and
+    passed to `drive`. A goal the garden cannot keep (a disk error) admits nothing, and an
+    admission refused (`LaneBusy` while a turn runs, `ConversationEnded`) withdraws the goal: no
+    row claims a goal that does not exist, the command's row records the refusal (CE-16). The goal's later
     status changes come as goal rows (`Garden.set_status`). Raises `InvalidInput` for an empty
     text (recorded as the command's error), and what admitting the turn raises.
 
@@ -99,15 +100,16 @@ def goal_command(garden: Garden, *, drive: KickoffDrive = drive_to_end) -> Built
         async def run(record_now: RecordNow) -> GoalOutcome:
             if not text:
                 raise InvalidInput("/goal needs the goal: /goal TEXT")
-            goal_id = new_id()
-            outcome = GoalOutcome(garden=garden.name, goal_id=goal_id,
-                                  title=Goal(id=goal_id, type="durable", text=text, created_at=0).title)
-            accepted = await record_now.admit_with(outcome, text)
-            origin = ConversationOrigin(conversation_id=conversation.id, message_id=accepted.entry_ids[-1])
+            goal_id, message_id = new_id(), new_id()
+            origin = ConversationOrigin(conversation_id=conversation.id, message_id=message_id)
+            goal = await garden.add_goal("durable", text, context, origin=origin, goal_id=goal_id)
+            outcome = GoalOutcome(garden=garden.name, goal_id=goal_id, title=goal.title)
             try:
-                await garden.add_goal("durable", text, context, origin=origin, goal_id=goal_id)
-            finally:  # the person's message is answered either way
-                await drive(conversation, accepted, context)
+                accepted = await record_now.admit_with(outcome, text, prompt_entry_id=message_id)
+            except HarnessError:
+                await garden.withdraw_goal(goal_id, context)  # its kickoff turn was refused
+                raise
+            await drive(conversation, accepted, context)
             return outcome
 
         return await service.run_command(user, conversation, invocation, run, lambda outcome: outcome, context)

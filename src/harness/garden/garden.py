@@ -19,7 +19,7 @@ from pathlib import Path
 from pydantic import JsonValue, ValidationError
 
 from harness.context import Context
-from harness.conversation import ConversationService, Forbidden, GardenMessage, GoalStatus
+from harness.conversation import ConversationEnded, ConversationService, Forbidden, GardenMessage, GoalStatus
 from harness.errors import HarnessError, InvalidInput
 from harness.garden.events import GardenEvent, GoalChanged, RunFinished, RunStatus, publish, tend_finished
 from harness.garden.operator_messages import operator_message_tools
@@ -73,6 +73,13 @@ class GoalDamaged(HarnessError):
     was written. Details `{garden, goal_id}`."""
 
     code = "goal_damaged"
+
+
+class GardenWriteFailed(HarnessError):
+    """The garden's folder refused a write (a full disk, a file where a folder goes, no
+    permission): what was being saved was not. Details `{garden, goal_id}`."""
+
+    code = "garden_write_failed"
 
 
 class GoalNotFound(HarnessError):
@@ -197,7 +204,8 @@ class Garden:
         an origin conversation must be the garden owner's and open; `every_s` is a tend goal's
         schedule (None: every tending pass). Raises `InvalidInput` for a blank text, a malformed
         or taken id, a converse goal without an origin, a schedule on another type or an origin
-        that is not an open conversation of the owner; nothing was written then."""
+        that is not a conversation of the owner, `ConversationEnded` for an ended one; nothing
+        was written then."""
         goal_id = check_name("goal id", goal_id or new_id())
         if goal_type == "converse" and origin is None:
             raise InvalidInput("a converse goal answers in its origin conversation: give one", goal_type=goal_type)
@@ -214,6 +222,12 @@ class Garden:
             raise InvalidInput(f"not a goal: {error.errors()[0]['msg']}", goal_id=goal_id) from error
         await self._save(goal)
         return goal
+
+    async def withdraw_goal(self, goal_id: str, context: Context) -> None:
+        """Take back goal `goal_id` that never started, as if it had not been given: its file goes
+        and nothing is published (a goal command whose kickoff turn was refused). A goal this
+        garden does not have is left alone."""
+        await asyncio.to_thread(self.root.goal_file(goal_id).unlink, missing_ok=True)
 
     async def set_status(self, goal_id: str, status: GoalState, context: Context, *,
                          recorded_in: str | None = None) -> Goal:
@@ -354,8 +368,8 @@ class Garden:
             raise InvalidInput(f"conversation {origin.conversation_id} is not one of {self.record.owner}'s",
                                conversation_id=origin.conversation_id) from error
         if not is_open:
-            raise InvalidInput(f"conversation {origin.conversation_id} was ended",
-                               conversation_id=origin.conversation_id)
+            raise ConversationEnded(f"conversation {origin.conversation_id} was ended",
+                                    conversation_id=origin.conversation_id)
 
     async def _lane(self, goal: Goal, context: Context) -> Lane:
         harness = await self._gardener(context)
@@ -395,7 +409,12 @@ class Garden:
         return ToolOutput(content=[TextContent(text=f"goal {goal.id} is done")])
 
     async def _save(self, goal: Goal) -> None:
-        await asyncio.to_thread(self.root.write_json, self.root.goal_file(goal.id), goal.model_dump(mode="json"))
+        try:
+            await asyncio.to_thread(self.root.write_json, self.root.goal_file(goal.id), goal.model_dump(mode="json"))
+        except OSError as error:  # the path stays in the log: an answer over HTTP must not show it
+            logger.warning("garden %s could not save goal %s: %s", self.name, goal.id, error)
+            raise GardenWriteFailed(f"garden {self.name} could not save goal {goal.id}: {error.strerror}",
+                                    garden=self.name, goal_id=goal.id) from error
 
     async def _publish(self, event: GardenEvent) -> None:
         await asyncio.to_thread(publish, self.root, event)

@@ -53,7 +53,7 @@ STATUS_BY_CODE: dict[str, int] = {
                      "conversation_held", "garden_damaged", "goal_damaged"], 409),
     **dict.fromkeys(["prompt_too_large", "record_too_large", "request_too_large"], 413),
     **dict.fromkeys(["store_unavailable", "store_connection_lost", "store_closed", "harness_closed"], 503),
-    **dict.fromkeys(["storage_corruption", "harness_fault", "ownership_lost", "storage_rolled_back", "store_full",
+    **dict.fromkeys(["storage_corruption", "harness_fault", "garden_write_failed", "ownership_lost", "storage_rolled_back", "store_full",
                      "setting_not_recorded", "listener_reentry", "reentrant_mutation"], 500),
     **dict.fromkeys(["external_mode_unsupported"], 501),
 }
