@@ -625,7 +625,6 @@ async def test_harness_run_leaves_the_service_doors_rows_and_says_their_words(
     assert f"run failed [assistant_error]: {REFUSED}" in door.printed
 
 
-@pytest.mark.xfail(strict=True, reason="harness run words a stop as 'run aborted (cause)' and prints no garden row")
 async def test_harness_run_says_the_words_of_the_rows_its_turns_leave(
         shared_store: Store, tmp_path: Path, dirs: tuple[Path, Path], server: ReplayServer, ctx: Context) -> None:
     """Issue 28: what `harness run` prints for the rows its turns leave is their words, as every

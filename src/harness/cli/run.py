@@ -22,10 +22,11 @@ from typing import TextIO
 
 from rich.console import Console
 
+from harness.cli.chat_rows import chat_row, garden_row
 from harness.cli.config import attach_client, no_tools_note
 from harness.cli.terminal_text import escape, visible
 from harness.context import Context
-from harness.conversation import Conversation, ErrorDetails, chat_event_rows
+from harness.conversation import Conversation, ErrorDetails, chat_event_rows, garden_message_of
 from harness.messages import AssistantMessage, ModelIdentity, ThinkingContent, text_of
 from harness.providers import ModelRegistry
 from harness.runtime import (
@@ -49,7 +50,7 @@ from harness.runtime import (
     ToolEnd,
     ToolStart,
 )
-from harness.session import Entry, Store
+from harness.session import CustomMessagePayload, Entry, Store
 from harness.tools import ApprovalPolicy, BackgroundJobs, describe_call
 
 EXIT_COMPLETED = 0
@@ -163,8 +164,8 @@ class TextPrinter:
             case OperationAbort(cause=cause):
                 self._end_line()
                 self.status.print(f"[yellow]abort requested ({cause}); waiting for the run to settle…[/]")
-            case EntryAdded(entry=entry) if (row := _error_row(entry)) is not None:
-                self._error_row = row.text
+            case EntryAdded(entry=entry):
+                self._rows(entry)
             case RunEnd(result=result):
                 self._end_line()
                 if result.outcome == "failed" and result.error is not None:
@@ -178,6 +179,20 @@ class TextPrinter:
                 self.status.print(f"[red]harness fault \\[{escape(code)}]: {escape(text)}[/]")
             case _:
                 pass
+
+    def _rows(self, entry: Entry) -> None:
+        """A placed row in the chat's words (`chat_rows`); an error row's text waits for the run's
+        end, whose line says it."""
+        message = entry.payload.message if isinstance(entry.payload, CustomMessagePayload) else None
+        if message is not None and (garden := garden_message_of(message)) is not None:
+            self._end_line()
+            self.status.print(garden_row(garden))
+        for row in chat_event_rows([entry]):
+            if isinstance(row.details, ErrorDetails):
+                self._error_row = row.details.text
+            else:
+                self._end_line()
+                self.status.print(chat_row(row.details))
 
     def _stream(self, message: AssistantMessage) -> None:
         thinking = "".join(b.thinking for b in message.content if isinstance(b, ThinkingContent) and not b.redacted)
@@ -282,11 +297,6 @@ async def run_turn(store: Store, turn: RunTurn, registry: ModelRegistry, context
     if isinstance(outcome, Settled):
         return {"completed": EXIT_COMPLETED, "aborted": EXIT_ABORTED}.get(outcome.result.outcome, EXIT_FAILED)
     return EXIT_FAILED
-
-
-def _error_row(entry: Entry) -> ErrorDetails | None:
-    details = next((row.details for row in chat_event_rows([entry])), None)
-    return details if isinstance(details, ErrorDetails) else None
 
 
 def _settled(outcome: DriveOutcome, *outcomes: str) -> bool:
