@@ -227,3 +227,23 @@ async def test_on_postgresql_a_commit_wakes_the_follow_without_a_poll(
 
 def _text(update: MessageUpdate) -> str:
     return "".join(block.text for block in update.message.content if isinstance(block, TextContent))
+
+
+@pytest.mark.parametrize("backend", ["memory", "sqlite"])
+async def test_a_commit_through_the_same_store_wakes_the_follow_without_a_poll(
+        backend: str, tmp_path: Path, request: pytest.FixtureRequest, ctx: Context) -> None:
+    """Issue 29: a follow in the process that drives (one store object) is woken by each commit at
+    once, on every backend: with a 60 s poll, a turn's end reaches it within seconds. (On SQLite
+    and memory it used to wait for its poll.)"""
+    store = await connect(backend_url(backend, tmp_path, request), ctx)
+    try:
+        rig = await start_rig(store, ctx, ["hello"])
+        collected = Collected(await follow_lane(store, rig.session.id, "main", ctx, poll_s=60))
+
+        await rig.lane.prompt("hi", None, ctx)
+        await collected.until(ended(1), timeout_s=10)
+
+        assert collected.durable == await logged_after(rig, collected.follow.snapshot.event_seq, ctx)
+        await collected.close()
+    finally:
+        await store.close()

@@ -463,7 +463,7 @@ class Conversation:
         self._feed = feed
         self._recording: set[asyncio.Task[object]] = set()
         harness.add_listener(self._on_event)
-        self._posted = changes.subscribe(info.id)
+        self._posted = changes.subscribe(info.id, local=False)  # requests come from other processes
         self._taking = True
         self._taker = asyncio.get_running_loop().create_task(self._take_posted())
         feed.publish(Presence(conversation_id=info.id, live=True))

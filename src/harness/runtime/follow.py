@@ -27,7 +27,8 @@ from harness.session import (
 
 FOLLOW_POLL_S = 0.5
 """How often a follow reads the journal when no change notification comes (seconds): the whole
-latency on SQLite and memory stores, a fallback on PostgreSQL, where commits notify."""
+latency of another process's commit on SQLite and memory stores, a fallback otherwise (commits of
+this process, and on PostgreSQL of any process, notify)."""
 
 EVENT_PAGE = 500
 """Durable events a follow reads from the lane's log at once."""
@@ -156,9 +157,10 @@ async def follow_lane(store: Store, session_id: str, lane: str, context: Context
     `SNAPSHOT_ATTEMPTS` readings that each saw new events, `SnapshotContended`.
 
     Then the follow reads the log after the snapshot (`read_lane_events`) at every wake-up: a
-    change notification (`Store.changes`: on PostgreSQL every commit notifies inside its
-    transaction, one listening connection per store shared by every follow) or, without one,
-    every `poll_s` seconds. The streaming reply comes from the frame pages the driver persists
+    change notification (`Store.changes`: a commit through the same store object wakes it at
+    once; on PostgreSQL every commit of any process notifies inside its transaction, one
+    listening connection per store shared by every follow) or, without one, every `poll_s`
+    seconds. The streaming reply comes from the frame pages the driver persists
     every `frame_interval_s` (`MessageUpdate`, no `event_seq`), not from a NOTIFY payload:
     pages are durable, so a follower that wakes late or starts mid-reply reads the same text,
     they have no 8,000-byte payload limit, and the journal stays the one source of truth; the

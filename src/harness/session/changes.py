@@ -1,8 +1,9 @@
-"""Wake-ups when a session of a store may have changed, for readers in processes that do not hold
-it (`Store.changes`): on PostgreSQL every commit notifies the store's change channel with its
-session id inside its transaction, and one listening connection per store fans the notifications
-out by session id; elsewhere (memory, SQLite, whose other processes cannot notify) nothing
-notifies and a subscriber's wait simply times out, so it polls."""
+"""Wake-ups when a session of a store may have changed, for readers that do not hold it
+(`Store.changes`): a commit made through the store wakes this process's readers of its session at
+once; on PostgreSQL every commit also notifies the store's change channel with its session id
+inside its transaction, and one listening connection per store fans the notifications out by
+session id; elsewhere (memory, SQLite, whose other processes cannot notify) another process's
+commit notifies nobody and a subscriber's wait times out, so it polls."""
 
 from __future__ import annotations
 
@@ -27,8 +28,9 @@ RECONNECT_S = 1.0
 class ChangeSubscription:
     """The wake-ups of one session for one reader (`ChangeFeed.subscribe`); `close` it when done."""
 
-    def __init__(self, feed: ChangeFeed, session_id: str) -> None:
+    def __init__(self, feed: ChangeFeed, session_id: str, *, local: bool = True) -> None:
         self.session_id = session_id
+        self.local = local
         self._feed = feed
         self._changed = asyncio.Event()
 
@@ -68,15 +70,23 @@ class ChangeFeed:
         """Whether commits of other processes wake this feed's subscribers (PostgreSQL only)."""
         return self._listen is not None
 
-    def subscribe(self, session_id: str) -> ChangeSubscription:
-        """Wake-ups for `session_id` from now on. The listening connection starts with the first
-        subscriber, so a notification sent before its LISTEN ran is not seen: read after
-        subscribing, not before, and poll."""
-        subscription = ChangeSubscription(self, session_id)
+    def subscribe(self, session_id: str, *, local: bool = True) -> ChangeSubscription:
+        """Wake-ups for `session_id` from now on; without `local`, none for this process's own
+        commits (a holder waiting for what other processes post). The listening connection
+        starts with the first subscriber, so a notification sent before its LISTEN ran is not
+        seen: read after subscribing, not before, and poll."""
+        subscription = ChangeSubscription(self, session_id, local=local)
         self._subscribers.setdefault(session_id, set()).add(subscription)
         if self._listen is not None and self._task is None:
             self._task = asyncio.get_running_loop().create_task(self._run(self._listen))
         return subscription
+
+    def committed(self, session_id: str) -> None:
+        """A commit to `session_id` was made in this process: wake its subscribers now, on every
+        backend (no round trip through the database's channel)."""
+        for subscription in list(self._subscribers.get(session_id, ())):
+            if subscription.local:
+                subscription.wake()
 
     def _unsubscribe(self, subscription: ChangeSubscription) -> None:
         subscribers = self._subscribers.get(subscription.session_id)

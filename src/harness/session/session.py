@@ -470,8 +470,11 @@ class Session(SessionReader):
     While attached (`attach`), only the owner's `SessionOwnership` may mutate (HA-4); between
     processes the claim is a lock that dies with its holder plus an epoch every commit checks."""
 
-    def __init__(self, backend: Backend, info: SessionInfo) -> None:
+    def __init__(self, backend: Backend, info: SessionInfo, *, committed: Callable[[str], None] | None = None) -> None:
+        """`committed(session_id)` is told after each job that committed (the store's change
+        feed, so readers in this process wake at once)."""
         super().__init__(backend, info)
+        self._notify_committed = committed
         self._line = asyncio.Lock()
         self._line_task: asyncio.Task[Any] | None = None  # the task running the current job
         self._owner: object | None = None
@@ -570,6 +573,8 @@ class Session(SessionReader):
             finally:
                 self._line_task = None
                 mutator._end()
+                if mutator._committed is not None and self._notify_committed is not None:
+                    self._notify_committed(self.id)
         if mutator.cancel_deferred:
             raise asyncio.CancelledError
         return result

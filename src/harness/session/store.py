@@ -49,8 +49,9 @@ class Store:
         self._closed = False
         listen = cast("PostgresBackend", backend).listen_changes if backend.kind == "postgres" else None
         self.changes = ChangeFeed(listen)
-        """Wake-ups when a session may have changed, in any process: on PostgreSQL every commit
-        notifies them; on memory and SQLite nothing does and subscribers poll."""
+        """Wake-ups when a session may have changed: every commit made through this store wakes
+        this process's readers at once; on PostgreSQL every commit of any process notifies them
+        too, while on memory and SQLite other processes' commits are seen by polling."""
 
     @property
     def images(self) -> ImageStore:
@@ -162,7 +163,7 @@ class Store:
     def _session(self, info: SessionInfo) -> Session:
         session = self._open.get(info.id)
         if session is None:
-            session = Session(self.backend, info)
+            session = Session(self.backend, info, committed=self.changes.committed)
             self._open[info.id] = session
         return session
 
