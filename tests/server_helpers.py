@@ -5,6 +5,7 @@ serve` in a process of its own, to be killed and started again."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import socket
 import subprocess
@@ -15,6 +16,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 import uvicorn
@@ -101,6 +103,38 @@ class SseEvent:
     name: str
     id: str | None
     data: Any
+
+
+class ReplyText:
+    """The streaming reply's text as a client of the native watch holds it: a `message_start` or
+    `message_update` carries the reply whole, a `message_delta` what it gained (issue 29, see
+    `harness.server.streams`), a `message_end` ends it."""
+
+    def __init__(self) -> None:
+        self.blocks: list[dict[str, Any]] = []
+
+    def apply(self, event: SseEvent) -> str | None:
+        """The reply's text after `event`; None when `event` does not show the reply's progress."""
+        if event.name in ("message_start", "message_update") and event.data["message"]["role"] == "assistant":
+            self.blocks = list(event.data["message"]["content"])
+        elif event.name == "message_delta":
+            for change in event.data["content"]:
+                index = change["index"]
+                if "block" in change:
+                    self.blocks[index:index + 1] = [change["block"]]
+                else:
+                    key = "text" if self.blocks[index]["type"] == "text" else "thinking"
+                    self.blocks[index] = {**self.blocks[index], key: self.blocks[index][key] + change["append"]}
+        else:
+            return None
+        return "".join(block["text"] for block in self.blocks if block["type"] == "text")
+
+
+def reply_texts(events: Sequence[SseEvent]) -> list[str]:
+    """The streaming reply's text as the client held it after each event of `events` that shows
+    its progress (`ReplyText`)."""
+    reply = ReplyText()
+    return [text for event in events if (text := reply.apply(event)) is not None]
 
 
 async def sse_until(client: httpx.AsyncClient, path: str, until: Callable[[SseEvent], bool], *,
@@ -226,3 +260,54 @@ async def serve_process(home: Path, env: dict[str, str]) -> AsyncIterator[ServeP
         yield served
     finally:
         served.kill()
+
+
+class Forwarder:
+    """A TCP forwarder on a free loopback port to a PostgreSQL server (`forwarder`): `url` reaches
+    the database through it, `refuse` makes it refuse new connections as a database that stops
+    taking clients does, and `cut` drops every connection open now, as `pg_terminate_backend` or
+    a network fault would, while new ones go through."""
+
+    def __init__(self, url: str, server: asyncio.Server) -> None:
+        self.port: int = server.sockets[0].getsockname()[1]
+        parts = urlsplit(url)
+        credentials, at, _ = parts.netloc.rpartition("@")
+        self.url = urlunsplit(parts._replace(netloc=f"{credentials}{at}127.0.0.1:{self.port}"))
+        self.server = server
+        self.writers: list[asyncio.StreamWriter] = []
+        self.piping: list[asyncio.Future[tuple[None, None]]] = []
+
+    def refuse(self) -> None:
+        self.server.close()
+
+    def cut(self) -> None:
+        writers, self.writers = self.writers, []
+        for writer in writers:  # each pipe then reads its end and finishes
+            writer.close()
+
+
+@asynccontextmanager
+async def forwarder(url: str) -> AsyncIterator[Forwarder]:
+    """A `Forwarder` to the PostgreSQL server of `url`, for the block."""
+    upstream_port = urlsplit(url).port or 5432
+
+    async def pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(ConnectionError):
+            while data := await reader.read(65536):
+                writer.write(data)
+                await writer.drain()
+        writer.close()
+
+    async def connect_through(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        upstream_reader, upstream_writer = await asyncio.open_connection("127.0.0.1", upstream_port)
+        forwarded.writers.extend([writer, upstream_writer])
+        forwarded.piping.append(asyncio.gather(pipe(reader, upstream_writer), pipe(upstream_reader, writer)))
+        await forwarded.piping[-1]
+
+    forwarded = Forwarder(url, await asyncio.start_server(connect_through, "127.0.0.1", 0))
+    try:
+        yield forwarded
+    finally:
+        forwarded.server.close()
+        forwarded.cut()
+        await asyncio.gather(*forwarded.piping, return_exceptions=True)

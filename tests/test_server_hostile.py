@@ -11,7 +11,6 @@ import contextlib
 import os
 from collections.abc import AsyncIterator
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 import pytest
@@ -31,7 +30,7 @@ from harness.server import (
 )
 from harness.server.gardens import INBOX_FILES, INBOX_TEXT_BYTES
 from harness.session import Store, connect
-from server_helpers import USER, Served, asgi_client, faux_app, serving
+from server_helpers import USER, Served, asgi_client, faux_app, forwarder, serving
 
 
 @pytest.fixture(params=["sqlite", "postgres"])
@@ -313,53 +312,22 @@ async def test_the_inbox_is_bounded_in_files_and_in_each_files_text(store: Store
 # -- store faults -------------------------------------------------------------------------------------------
 
 
-@contextlib.asynccontextmanager
-async def forwarder(port: int) -> AsyncIterator[tuple[int, asyncio.Server]]:
-    """A TCP forwarder on a free loopback port to `port`; closing its server refuses new
-    connections while those open go on, as a database that stops taking clients does."""
-
-    writers: list[asyncio.StreamWriter] = []
-    piping: list[asyncio.Future[tuple[None, None]]] = []
-
-    async def pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        with contextlib.suppress(ConnectionError):
-            while data := await reader.read(65536):
-                writer.write(data)
-                await writer.drain()
-        writer.close()
-
-    async def connect_through(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        upstream_reader, upstream_writer = await asyncio.open_connection("127.0.0.1", port)
-        writers.extend([writer, upstream_writer])
-        piping.append(asyncio.gather(pipe(reader, upstream_writer), pipe(upstream_reader, writer)))
-        await piping[-1]
-
-    server = await asyncio.start_server(connect_through, "127.0.0.1", 0)
-    try:
-        yield server.sockets[0].getsockname()[1], server
-    finally:
-        server.close()
-        for writer in writers:  # each pipe then reads its end and finishes: none is left to cancel
-            writer.close()
-        await asyncio.gather(*piping, return_exceptions=True)
-
-
 async def test_a_store_fault_is_a_503_that_names_no_host_port_or_role(
         request: pytest.FixtureRequest, ctx: Context, caplog: pytest.LogCaptureFixture) -> None:
-    """Issue 29: a PostgreSQL server that stops taking connections makes opening a conversation a
-    503 `store_unavailable` whose body says so without the driver's text (which names the host,
-    the port and the role); that text goes to the server's log."""
-    url = urlsplit(request.getfixturevalue("postgres_schema_url"))
-    async with forwarder(url.port or 5432) as (port, server):
-        credentials, at, _ = url.netloc.rpartition("@")
-        store = await connect(urlunsplit(url._replace(netloc=f"{credentials}{at}127.0.0.1:{port}")), ctx)
+    """Issue 29: a PostgreSQL server that stops taking connections makes a new turn (attaching
+    its conversation takes a connection of its own) a 503 `store_unavailable` whose body says so
+    without the driver's text (which names the host, the port and the role); that text goes to
+    the server's log."""
+    async with forwarder(request.getfixturevalue("postgres_schema_url")) as forwarded:
+        port = forwarded.port
+        store = await connect(forwarded.url, ctx)
         try:
             served = faux_app(store)
             async with asgi_client(served.app) as client:
                 conversation_id = (await served.service.create(USER, served.app.state.server.new_lane(None), ctx)).id
                 await served.service.close(USER, conversation_id, ctx)
-                server.close()  # new connections are refused from here on
-                answer = await client.get(f"/api/conversations/{conversation_id}")
+                forwarded.refuse()  # new connections are refused from here on
+                answer = await client.post(f"/api/conversations/{conversation_id}/messages", json={"text": "hi"})
         finally:
             await store.close()
 

@@ -549,6 +549,13 @@ class Conversation:
         return self.info.id
 
     @property
+    def broken(self) -> bool:
+        """Whether this attachment can no longer be trusted: its harness faulted, or its store
+        refused a commit (whose outcome it may not know). Detach it (`detach_now`) and attach
+        again once the store works: the journal is the truth (issue 29)."""
+        return self._harness.faulted or self._harness.persistence_failure is not None
+
+    @property
     def target(self) -> ExecutionTarget:
         """Where this conversation's tools run now (CE-19)."""
         return self._settings.target
@@ -886,6 +893,15 @@ class ConversationService:
                  for info in await self.store.list_sessions(context) if owners.get(info.id) == user]
         return sorted(infos, key=lambda i: i.updated_at, reverse=True)
 
+    def live(self, conversation_id: str) -> Conversation | None:
+        """The conversation if it is live in this process (no read, no check of its owner)."""
+        return self._live.get(conversation_id)
+
+    @property
+    def live_ids(self) -> tuple[str, ...]:
+        """The ids of the conversations live in this process."""
+        return tuple(self._live)
+
     async def open(self, user: str, conversation_id: str, context: Context) -> Conversation:
         """`user`'s conversation, live in this process (the same object while it is)."""
         session = await self._owned(user, conversation_id, context)
@@ -904,6 +920,21 @@ class ConversationService:
             raise Forbidden.of(conversation_id)
         del self._live[conversation_id]
         await live.dispose(context)
+
+    async def drop(self, conversation_id: str, context: Context) -> None:
+        """Detach a live conversation at once, as a crash would (`Conversation.detach_now`): for
+        one that is `broken`, whose store failed under it. What is open stays open in the
+        journal for the next attachment; a store still failing meanwhile is logged (a claim it
+        cannot release dies with its connection or lock)."""
+        live = self._live.pop(conversation_id, None)
+        if live is None:
+            return
+        try:
+            await live.detach_now(context)
+        except HarnessError as error:
+            logger.warning("conversation %s detached without its store: %s [%s]", conversation_id, error.message,
+                           error.code)
+        self.feed.publish(Presence(conversation_id=conversation_id, live=False))
 
     async def record(self, user: str, conversation_id: str, details: ChatEventDetails, context: Context) -> bool:
         """Record a chat event on the conversation wherever it is held: live here; cold, attached

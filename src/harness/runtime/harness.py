@@ -213,6 +213,12 @@ class AgentHarness:
         a write as durable (CE-3)."""
         return self._line.persistence_failure
 
+    @property
+    def faulted(self) -> bool:
+        """Whether the harness stopped for good (it lost its session's ownership): close it and
+        attach again."""
+        return self._line.faulted
+
     # -- events ---------------------------------------------------------------------------------
 
     def add_listener(self, listener: Listener) -> Callable[[], None]:

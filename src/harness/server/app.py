@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager, nullcontext
 
 from fastapi import FastAPI
 
@@ -24,10 +24,12 @@ def create_app(service: ConversationService, auth: Authenticator, *, new_lane: N
                approvals: Approvals | None = None, options: ServerOptions | None = None) -> FastAPI:
     """The HTTP API over `service` (OpenAPI at `/docs`), its requests' users told by `auth`.
 
-    On start it resumes every operation the store holds open (a restart loses no turn); on
-    shutdown it closes every live conversation, which halts their drives as a crash would, so
-    the next server finishes them. `new_lane` configures a new conversation's main lane (default:
-    the requested model or the registry's default, with every shared tool active). Tool calls
+    On start it resumes every operation the store holds open (a restart loses no turn), and
+    holds a conversation only while it is in use, letting go of idle ones and driving open turns
+    nobody holds at every sweep (`Holds`); on shutdown it closes every live conversation, which
+    halts their drives as a crash would, so the next server finishes them. `new_lane`
+    configures a new conversation's main lane (default: the requested model or the registry's
+    default, with every shared tool active). Tool calls
     wait for an answer over HTTP when the service's `before_tool` hook is `approvals.hook`. The
     service is the caller's: closing its store is too.
 
@@ -48,10 +50,14 @@ def create_app(service: ConversationService, auth: Authenticator, *, new_lane: N
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         context = Context({"server": "lifespan"})
         async with metrics.following(service):
-            if not state.external:  # external workers find what a stopped server left open themselves
+            if state.external:  # external workers find what a stopped server left open themselves
+                sweeping: AbstractAsyncContextManager[None] = nullcontext()
+            else:
                 await state.drives.resume_open(context)
+                sweeping = state.holds.sweeping(context)
             try:
-                yield
+                async with sweeping:
+                    yield
             finally:
                 state.drives.cancel_all()
                 await service.close_all(context)

@@ -71,7 +71,14 @@ async def create_conversation(body: CreateConversation, user: CurrentUser, state
     """A new conversation of the current user, live in this server (with external workers:
     stored and let go)."""
     async with state.new_conversation(user, body.model, context, name=body.name) as conversation:
-        return ConversationOut.of(conversation.info)
+        conversation_id = conversation.id
+    return await _listed(state.service, user, conversation_id, context)
+
+
+async def _listed(service: ConversationService, user: str, conversation_id: str, context: Context) -> ConversationOut:
+    """The conversation as the listing shows it, its times as the store keeps them."""
+    infos = {info.id: info for info in await service.list(user, context)}
+    return ConversationOut.of(infos[conversation_id])
 
 
 @router.get("/conversations", response_model=list[ConversationOut])
@@ -90,13 +97,8 @@ class ConversationView(ConversationOut):
 @router.get("/conversations/{conversation_id}", response_model=ConversationView)
 async def read_conversation(conversation_id: str, user: CurrentUser, state: State,
                             context: RequestContext) -> ConversationView:
-    """One conversation of the current user, opened live in this server (with external workers:
-    read from the journal, whoever drives it)."""
-    if state.external:
-        return await _cold_view(state.service, user, conversation_id, context)
-    conversation = await state.service.open(user, conversation_id, context)
-    listed = ConversationOut.of(conversation.info).model_dump()
-    return ConversationView(**listed, model=conversation.config().model)
+    """One conversation of the current user, read from the journal whoever holds it."""
+    return await _cold_view(state.service, user, conversation_id, context)
 
 
 async def _cold_view(service: ConversationService, user: str, conversation_id: str,
@@ -106,8 +108,8 @@ async def _cold_view(service: ConversationService, user: str, conversation_id: s
     config = await session.get(addresses.lane_config(MAIN_LANE), context)
     if config is None:
         raise StorageCorruption(f"conversation {conversation_id} has no main lane", session_id=conversation_id)
-    infos = {info.id: info for info in await service.list(user, context)}
-    return ConversationView(**ConversationOut.of(infos[conversation_id]).model_dump(), model=config.model)
+    listed = await _listed(service, user, conversation_id, context)
+    return ConversationView(**listed.model_dump(), model=config.model)
 
 
 class RenameConversation(_Body):
@@ -119,8 +121,7 @@ async def rename_conversation(conversation_id: str, body: RenameConversation, us
                               context: RequestContext) -> ConversationOut:
     """Rename the conversation, with a row the model reads (once someone has spoken)."""
     await state.service.rename(user, conversation_id, body.name, context)
-    infos = {info.id: info for info in await state.service.list(user, context)}
-    return ConversationOut.of(infos[conversation_id])
+    return await _listed(state.service, user, conversation_id, context)
 
 
 @router.post("/conversations/{conversation_id}/close", status_code=status.HTTP_204_NO_CONTENT)
@@ -128,10 +129,9 @@ async def close_conversation(conversation_id: str, user: CurrentUser, state: Sta
     """Detach the live conversation from this server (nothing of it is lost; the next request
     opens it again). Refused with `lane_busy` (409) while a run is open: stop it first. With
     external workers nothing is attached here: only the owner check."""
-    if state.external:
-        await state.service.is_open(user, conversation_id, context)
+    await state.service.is_open(user, conversation_id, context)  # the owner check
+    if state.external or (conversation := state.service.live(conversation_id)) is None:
         return
-    conversation = await state.service.open(user, conversation_id, context)
     if (operation := conversation.operation()) is not None:
         raise LaneBusy(f"conversation {conversation_id} has a run open; stop it first", operation_id=operation.id)
     await state.service.close(user, conversation_id, context)
@@ -279,8 +279,8 @@ async def compact_route(conversation_id: str, body: CompactBody, user: CurrentUs
     """`/compact`: summarize the older part of the conversation (recorded). `lane_busy` (409);
     `external_mode_unsupported` (501) with external workers."""
     state.refuse_if_external("/compact")
-    conversation = await state.service.open(user, conversation_id, context)
-    return await compact(state.service, user, conversation, body.instructions, context)
+    async with state.conversation(user, conversation_id, context) as conversation:
+        return await compact(state.service, user, conversation, body.instructions, context)
 
 
 @router.post("/conversations/{conversation_id}/fast", response_model=FastOutcome)

@@ -65,21 +65,34 @@ class Drives:
         task = self._tasks.get(operation_id)
         return await asyncio.shield(task) if task is not None else None
 
+    def driving(self, conversation_id: str) -> bool:
+        """Whether this server drives an operation of `conversation_id` now."""
+        return conversation_id in self.conversation_of.values()
+
     async def resume_open(self, context: Context) -> list[str]:
-        """Start a drive for every open operation of every conversation in the store whose main
-        lane has one, and return their operation ids. A conversation another process holds
-        (`SessionOwned`) or deleted meanwhile is skipped and logged."""
+        """Start a drive for every open operation of every conversation whose main lane has one
+        and that no process holds (a stopped server's or worker's, or one this server let go
+        after its store failed), and return their operation ids: on start and at every sweep
+        (`Holds`), from two reads whatever the number of conversations. A conversation another
+        process holds (`SessionOwned`), deleted meanwhile or unreadable now is left for later."""
+        store = self._service.store
+        lanes = await store.values_across(addresses.lane_state(MAIN_LANE), context)
+        open_ids = [session_id for session_id, lane in lanes.items()
+                    if lane.current_operation_id is not None and self._service.live(session_id) is None]
+        if not open_ids:
+            return []
+        owners = await store.values_across(OWNER, context)
         started = []
-        for info in await self._service.store.list_sessions(context):
+        for session_id in open_ids:
+            if (owner := owners.get(session_id)) is None:
+                continue
             try:
-                session = await self._service.store.open_session(info.id, context)
-                owner = await session.get(OWNER, context)
-                state = await session.get(addresses.lane_state(MAIN_LANE), context)
-                if owner is None or state is None or state.current_operation_id is None:
-                    continue
-                conversation = await self._service.open(owner, info.id, context)
+                conversation = await self._service.open(owner, session_id, context)
             except (SessionOwned, SessionNotFound) as error:
-                logger.warning("not resuming conversation %s: %s", info.id, error)
+                logger.debug("not resuming conversation %s: %s", session_id, error)
+                continue
+            except HarnessError as error:  # the store failing still: the next sweep tries again
+                logger.warning("not resuming conversation %s now: %s [%s]", session_id, error.message, error.code)
                 continue
             for operation in conversation.open_operations:
                 self.start(conversation, operation.lane, operation.operation_id)

@@ -21,6 +21,7 @@ from harness.runtime import FOLLOW_POLL_S, AbortRequest, AcceptedRun, RunEnd, fo
 from harness.server.approvals import Approvals
 from harness.server.drives import Drives
 from harness.server.errors import ConversationHeld, ExternalModeUnsupported, Unauthorized
+from harness.server.holds import IDLE_RELEASE_S, MAX_HELD, SWEEP_S, Holds
 from harness.session import (
     ChangeSubscription,
     LaneConfig,
@@ -103,13 +104,18 @@ class ServerOptions:
     `workers="external"` (PostgreSQL only): accept, answer reads and watches, wake the workers,
     never drive, and keep no conversation attached; watches follow the lanes the workers drive
     (`follow_lane`, reading the journal every `follow_poll_s` seconds when no change notification
-    comes)."""
+    comes). In-process a conversation is held only while in use and `idle_release_s` after, at
+    most `max_held` at once, and every `sweep_s` the server lets go of idle ones and drives open
+    turns nobody holds (`Holds`)."""
 
     heartbeat_s: float = HEARTBEAT_S
     token_check_s: float = TOKEN_CHECK_S
     client_buffer: int = CLIENT_BUFFER
     workers: Workers = "in-process"
     follow_poll_s: float = FOLLOW_POLL_S
+    idle_release_s: float = IDLE_RELEASE_S
+    max_held: int = MAX_HELD
+    sweep_s: float = SWEEP_S
 
 
 @dataclass
@@ -125,9 +131,13 @@ class ServerState:
     """The pending tool approvals; the service's `before_tool` hook must be `approvals.hook` for
     any call to wait here."""
     drives: Drives = field(init=False)
+    holds: Holds = field(init=False)
 
     def __post_init__(self) -> None:
         self.drives = Drives(self.service)
+        options = self.options
+        self.holds = Holds(self.service, self.drives, idle_release_s=options.idle_release_s,
+                           max_held=options.max_held, sweep_s=options.sweep_s)
         self.approvals.conversation_of = self.drives.conversation_of.get
         if self.external and self.service.store.backend.kind != "postgres":
             raise WorkNeedsPostgres(f"--workers external needs a postgresql:// store, not {self.service.store.url!r}: "
@@ -147,18 +157,19 @@ class ServerState:
 
     @asynccontextmanager
     async def conversation(self, user: str, conversation_id: str, context: Context) -> AsyncIterator[Conversation]:
-        """`user`'s conversation, live for the request. In-process it stays live in the server
-        afterwards, as `ConversationService.open` leaves it; with external workers it is closed
-        when the block ends (its release wakes the workers), and one another process holds (a
-        worker driving it) is `ConversationHeld`."""
-        if not self.external:
-            yield await self.service.open(user, conversation_id, context)
-            return
+        """`user`'s conversation, live for the request. In-process the server holds it while in use
+        and a while after (`Holds.use`; `ServerBusy` past `max_held`); with external workers it
+        is closed when the block ends (its release wakes the workers). One another process holds
+        (a worker driving it, another server, a chat) is `ConversationHeld`."""
         try:
+            if not self.external:
+                async with self.holds.use(user, conversation_id, context) as conversation:
+                    yield conversation
+                return
             conversation = await self.service.open(user, conversation_id, context)
         except SessionOwned as error:
-            raise ConversationHeld(f"conversation {conversation_id} is held by another process (a worker driving "
-                                   "its run): steer, follow up or stop it, or send once the run has ended",
+            raise ConversationHeld(f"conversation {conversation_id} is held by another process (a worker, another "
+                                   "server or a chat): steer, follow up or stop it, or send once it lets go",
                                    conversation_id=conversation_id) from error
         try:
             yield conversation
@@ -168,35 +179,37 @@ class ServerState:
     @asynccontextmanager
     async def new_conversation(self, user: str, model: ModelIdentity | None, context: Context, *,
                                name: str | None = None) -> AsyncIterator[Conversation]:
-        """A new conversation of `user` on `new_lane(model)`, live for the block; with external
-        workers it is let go when the block ends, as `conversation` does."""
+        """A new conversation of `user` on `new_lane(model)`, live for the block and held as
+        `conversation` holds one (`ServerBusy` past `max_held`); with external workers it is let
+        go when the block ends."""
+        if not self.external:
+            async with self.holds.use_new(user, self.new_lane(model), context, name=name) as conversation:
+                yield conversation
+            return
         conversation = await self.service.create(user, self.new_lane(model), context, name=name)
         try:
             yield conversation
         finally:
-            if self.external:
-                await self.service.close(user, conversation.id, context)
+            await self.service.close(user, conversation.id, context)
 
     async def reader(self, user: str, conversation_id: str, context: Context) -> SessionReader:
-        """`user`'s conversation's journal, to read: in-process the live conversation's session;
-        with external workers the session read cold, whoever holds it. Raises `SessionNotFound`
-        and `Forbidden` (another user's)."""
-        if not self.external:
-            return (await self.service.open(user, conversation_id, context)).journal
+        """`user`'s conversation's journal, to read, whoever holds it: nothing is attached for a
+        read. Raises `SessionNotFound` and `Forbidden` (another user's)."""
         await self.service.is_open(user, conversation_id, context)  # the owner check
         return await self.service.store.open_session(conversation_id, context)
 
     async def watch(self, user: str, conversation_id: str, context: Context) -> LaneEvents:
         """The main lane of `user`'s conversation from now on: its snapshot, then every later
-        event (`LaneEvents`); close it when done. In-process the live lane's watch (HA-7); with
-        external workers a follow of the lane the workers drive (`follow_lane`, woken by the
-        store's change notifications, every `follow_poll_s` without them): the same events and
-        ids, the streaming reply from its persisted frames. Raises `SessionNotFound`, `Forbidden`
-        and `StorageCorruption`."""
-        if not self.external:
-            conversation = await self.service.open(user, conversation_id, context)
-            return await conversation.lane_events(context)
-        await self.service.is_open(user, conversation_id, context)
+        event (`LaneEvents`); close it when done. The live lane's watch (HA-7) when the
+        conversation is held here; otherwise, a watch holding nothing, a follow of the lane
+        whoever drives it (`follow_lane`, woken by this process's commits and the store's change
+        notifications, every `follow_poll_s` without them): the same events and ids, the
+        streaming reply from its persisted frames. A live watch ends when the server lets go of
+        the conversation; the client resumes from its last event id. Raises `SessionNotFound`,
+        `Forbidden` and `StorageCorruption`."""
+        await self.service.is_open(user, conversation_id, context)  # the owner check
+        if not self.external and (live := self.service.live(conversation_id)) is not None and not live.broken:
+            return await live.lane_events(context)
         follow = await follow_lane(self.service.store, conversation_id, MAIN_LANE, context,
                                    poll_s=self.options.follow_poll_s)
         try:

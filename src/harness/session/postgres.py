@@ -776,11 +776,17 @@ class PostgresBackend:
         """The rows of one read on a pooled connection, run in a task of its own: a caller
         cancelled meanwhile (a watcher that left) gets `CancelledError` at once while the query
         finishes and the connection goes back to the pool. Cancelled mid-query, psycopg would
-        close the connection instead, and the pool would reconnect (tens of ms, under load often)."""
+        close the connection instead, and the pool would reconnect (tens of ms, under load often).
+        A read that finds its connection lost is made once more, on a connection the pool checked:
+        a read changes nothing, so after a server restart or a cut the next call answers."""
 
         async def read() -> list[TupleRow]:
-            async with self._connection() as conn:
-                return await (await conn.execute(sql, params)).fetchall()
+            try:
+                async with self._connection() as conn:
+                    return await (await conn.execute(sql, params)).fetchall()
+            except StoreConnectionLost:
+                async with self._connection() as conn:
+                    return await (await conn.execute(sql, params)).fetchall()
 
         task = asyncio.get_running_loop().create_task(read())
         self._reads.add(task)  # the loop keeps only a weak reference to a task

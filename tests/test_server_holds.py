@@ -1,0 +1,190 @@
+"""A server holds a conversation only while it uses it (issue 29, "attach on demand, detach when
+idle"): it lets go of idle ones, never holds more than `max_held`, serves reads and watches of a
+conversation another process holds, and drives an open turn nobody holds at its next sweep. The
+other process is a second `Store` on the same database, as in the journal's own tests."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from conftest import backend_url
+from conversation_helpers import faux_service, transcript
+from drive_helpers import within
+from harness.context import Context
+from harness.errors import HarnessError
+from harness.messages import AssistantMessage, text_of
+from harness.providers.faux import delay, reply
+from harness.runtime import Settled
+from harness.server import ServerOptions
+from harness.session import LaneConfig, Store, connect
+from server_helpers import FAUX, USER, asgi_client, faux_app, forwarder, serving, sse_events
+
+SHARED = ["sqlite", "postgres"]  # the backends two processes can share
+
+QUIET = ServerOptions(idle_release_s=0.0, max_held=2, sweep_s=3_600)
+"""Idle at once, two at most, and no sweep but the test's own."""
+
+
+@pytest.fixture(params=SHARED)
+async def stores(request: pytest.FixtureRequest, tmp_path: Path, ctx: Context) -> AsyncIterator[tuple[Store, Store]]:
+    """The server's store and another process's, on one database."""
+    url = backend_url(request.param, tmp_path, request)
+    server, other = await connect(url, ctx), await connect(url, ctx)
+    try:
+        yield server, other
+    finally:
+        await other.close()
+        await server.close()
+
+
+def open_descriptors() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+async def test_a_server_lets_go_of_idle_conversations_and_holds_no_more_than_max_held(
+        stores: tuple[Store, Store], ctx: Context) -> None:
+    """Thirty conversations, a turn each, one after another: the server never holds more than
+    `max_held`, its descriptors (files, sockets) stay flat, and after a sweep it holds none, so
+    another process attaches any of them. (Every conversation stayed attached until `/close`,
+    pinning a connection or a descriptor each.)"""
+    store, other = stores
+    served = faux_app(store, [f"answer {n}" for n in range(40)], options=QUIET)
+    holds = served.app.state.server.holds
+    async with asgi_client(served.app) as client:
+        async def one_turn() -> str:
+            conversation_id: str = (await client.post("/api/conversations", json={})).json()["id"]
+            sent = (await client.post(f"/api/conversations/{conversation_id}/messages", json={"text": "hi"})).json()
+            await within(served.app.state.server.drives.wait(sent["operation_id"]))
+            return conversation_id
+
+        for _ in range(3):  # pools and caches warm up
+            await one_turn()
+        before = open_descriptors()
+        held_most, ids = 0, []
+        for _ in range(30):
+            ids.append(await one_turn())
+            held_most = max(held_most, len(holds.held))
+        after = open_descriptors()
+        await holds.sweep(ctx)
+        held_after_sweep = holds.held
+
+        elsewhere, _ = faux_service(other, [])
+        last = (await transcript(await elsewhere.open(USER, ids[-1], ctx), ctx))[-1]
+        await elsewhere.close_all(ctx)
+
+    assert isinstance(last, AssistantMessage)
+    assert text_of(last.content) == "answer 32"
+    assert held_most <= 2
+    assert after <= before + 2
+    assert held_after_sweep == ()
+
+
+async def test_reads_and_watches_of_a_conversation_another_process_holds_are_served(
+        stores: tuple[Store, Store], ctx: Context) -> None:
+    """Another process holds the conversation: its view, its rows and its watch are served, not
+    refused `session_owned`."""
+    store, other = stores
+    elsewhere, _ = faux_service(other, ["from elsewhere"])
+    conversation = await elsewhere.create(USER, LaneConfig(model=FAUX), ctx)
+    await within(conversation.send("hello", ctx))
+    served = faux_app(store, options=QUIET)
+    async with serving(served.app) as url, httpx.AsyncClient(base_url=url, timeout=10) as client:
+        view = await client.get(f"/api/conversations/{conversation.id}")
+        display = await client.get(f"/api/conversations/{conversation.id}/display")
+        [(name, snapshot)] = await within(sse_events(client, f"/api/conversations/{conversation.id}/events", 1))
+
+    assert view.status_code == 200, view.text
+    assert display.status_code == 200, display.text
+    assert name == "snapshot"
+    assert [entry["payload"]["message"]["role"] for entry in snapshot["transcript"]] == ["user", "assistant"]
+    assert served.app.state.server.holds.held == ()
+    await elsewhere.close_all(ctx)
+
+
+async def test_an_open_turn_nobody_holds_is_driven_at_the_next_sweep(
+        stores: tuple[Store, Store], ctx: Context) -> None:
+    """A turn another process admitted and left (it died, or let go before driving) is driven by
+    the server's next sweep, without a restart. (It was found only when the server started.)"""
+    store, other = stores
+    served = faux_app(store, ["picked up"], options=QUIET)
+    async with asgi_client(served.app) as client:
+        elsewhere, _ = faux_service(other, [])
+        conversation = await elsewhere.create(USER, LaneConfig(model=FAUX), ctx)
+        accepted = await conversation.admit("who finishes this?", ctx)
+        await elsewhere.close(USER, conversation.id, ctx)
+
+        await served.app.state.server.holds.sweep(ctx)
+        await within(served.app.state.server.drives.wait(accepted.operation_id))
+        view = await client.get(f"/api/conversations/{conversation.id}")
+
+    assert view.status_code == 200
+    last = (await transcript(await elsewhere.open(USER, conversation.id, ctx), ctx))[-1]
+    assert isinstance(last, AssistantMessage)
+    assert text_of(last.content) == "picked up"
+    await elsewhere.close_all(ctx)
+
+
+async def test_a_busy_server_says_so_with_a_503(stores: tuple[Store, Store], ctx: Context) -> None:
+    """With `max_held` conversations each running a turn, one more is `server_busy` (503), and
+    nothing is attached for it."""
+    store, _ = stores
+    held = asyncio.Event()
+    served = faux_app(store, [reply("slow", delay(held)), reply("slow", delay(held))],
+                      options=ServerOptions(idle_release_s=0.0, max_held=2, sweep_s=3_600))
+    async with asgi_client(served.app) as client:
+        ids = [(await client.post("/api/conversations", json={})).json()["id"] for _ in range(3)]
+        runs = [(await client.post(f"/api/conversations/{ids[n]}/messages", json={"text": "go"})).json()
+                for n in range(2)]
+        refused = await client.post(f"/api/conversations/{ids[2]}/messages", json={"text": "go"})
+        held.set()
+        for run in runs:
+            await within(served.app.state.server.drives.wait(run["operation_id"]))
+
+    assert refused.status_code == 503
+    assert refused.json()["code"] == "server_busy"
+    assert ids[2] not in served.app.state.server.holds.held
+
+
+@pytest.mark.postgres
+async def test_a_turn_cut_off_from_its_store_settles_once_the_store_answers_again(
+        request: pytest.FixtureRequest, ctx: Context) -> None:
+    """Issue 29, "recovery without restart": every connection of the server to PostgreSQL is cut
+    mid-turn (as `pg_terminate_backend` of them all would). The drive fails; the next sweep
+    detaches the broken conversation, attaches it again and finishes the turn, and the next
+    request works. (Turns never settled and requests answered 500 until a restart.)"""
+    async with forwarder(request.getfixturevalue("postgres_schema_url")) as forwarded:
+        store = await connect(forwarded.url, ctx)
+        try:
+            resume = asyncio.Event()
+            streaming = delay(resume)
+            served = faux_app(store, [reply("cut off", streaming), "finished after all", "next"], options=QUIET)
+            state = served.app.state.server
+            async with asgi_client(served.app) as client:
+                conversation_id = (await client.post("/api/conversations", json={})).json()["id"]
+                sent = (await client.post(f"/api/conversations/{conversation_id}/messages",
+                                          json={"text": "go"})).json()
+                await within(streaming.reached.wait())
+                forwarded.cut()
+                resume.set()
+                with pytest.raises(HarnessError):
+                    await within(state.drives.wait(sent["operation_id"]))
+
+                await state.holds.sweep(ctx)
+                outcome = await within(state.drives.wait(sent["operation_id"]))
+                again = await client.post(f"/api/conversations/{conversation_id}/messages", json={"text": "and now"})
+                await within(state.drives.wait(again.json()["operation_id"]))
+                last = (await transcript(await served.service.open(USER, conversation_id, ctx), ctx))[-1]
+        finally:
+            await store.close()
+
+    assert isinstance(outcome, Settled)
+    assert outcome.result.outcome == "completed"
+    assert again.status_code == 202, again.text
+    assert isinstance(last, AssistantMessage)
+    assert text_of(last.content) == "next"
