@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import os
+import subprocess
+import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -188,3 +190,14 @@ async def test_a_turn_cut_off_from_its_store_settles_once_the_store_answers_agai
     assert again.status_code == 202, again.text
     assert isinstance(last, AssistantMessage)
     assert text_of(last.content) == "next"
+
+
+def test_serve_takes_a_bound_on_the_conversations_it_holds(tmp_path: Path) -> None:
+    """`harness serve --max-held N` sets the bound; none at all is a usage error, before anything
+    starts."""
+    refused = subprocess.run([sys.executable, "-m", "harness.cli", "serve", "--no-auth", "--max-held", "0"],
+                             capture_output=True, text=True, timeout=60,
+                             env={**os.environ, "HARNESS_HOME": str(tmp_path)}, check=False)
+
+    assert refused.returncode == 2
+    assert "--max-held" in refused.stderr

@@ -43,12 +43,21 @@ def serve_command(
         "decides (`harness worker --yes` runs every call, else the calls that change things are refused); "
         "the AI SDK and LangGraph doors admit for the workers and stream what they drive; /compact "
         "answers 501 external_mode_unsupported.")] = "in-process",
+    max_held: Annotated[int, typer.Option(
+        "--max-held", min=1, help="Conversations attached at once, at most (each holds a database connection "
+        "or a lock); one more in use answers 503 server_busy.")] = 64,
+    idle_release: Annotated[float, typer.Option(
+        "--idle-release", min=0.0, help="Seconds a conversation stays attached after its last request or "
+        "turn.")] = 30.0,
     log_format: LogFormatOption = "text",
     store: StoreOption = None,
 ) -> None:
     """Serve the HTTP API (OpenAPI at /docs) and the page (/) on the store; turns it accepts are
     driven here, and turns a stopped server left open are finished (with `--workers external`: by
-    the workers). It prints the page's URL once it listens.
+    the workers). It prints the page's URL once it listens. A conversation is attached only while
+    a request or a turn uses it and `--idle-release` seconds after, at most `--max-held` at once;
+    every few seconds the server lets go of idle ones and finishes open turns nobody drives (a
+    dead process's, or its own after the store failed and recovered).
 
     Logs go to stderr: one line per request (method, route, status, duration, user), per turn
     start and end (conversation, operation, outcome), per conversation attached and released.
@@ -97,7 +106,8 @@ def serve_command(
 
         auth: Authenticator = LocalUser(local_user()) if no_auth else StoreTokens(opened.tokens)
         service = ConversationService(opened, setup)
-        options = ServerOptions(workers="external" if workers == "external" else "in-process")
+        options = ServerOptions(workers="external" if workers == "external" else "in-process", max_held=max_held,
+                                idle_release_s=idle_release)
         try:
             try:
                 app = create_app(service, auth, new_lane=new_lane, approvals=approvals, options=options)
