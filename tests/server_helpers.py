@@ -106,16 +106,22 @@ class SseEvent:
 
 
 class ReplyText:
-    """The streaming reply's text as a client of the native watch holds it: a `message_start` or
-    `message_update` carries the reply whole, a `message_delta` what it gained (issue 29, see
-    `harness.server.streams`), a `message_end` ends it."""
+    """The streaming reply's text as a client of the native watch holds it: a `snapshot`, a
+    `message_start` or a `message_update` carries the reply whole, a `message_delta` what it gained (issue 29, see
+    `harness.server.streams`), a `message_end` ends it with the reply whole."""
 
     def __init__(self) -> None:
         self.blocks: list[dict[str, Any]] = []
 
     def apply(self, event: SseEvent) -> str | None:
         """The reply's text after `event`; None when `event` does not show the reply's progress."""
-        if event.name in ("message_start", "message_update") and event.data["message"]["role"] == "assistant":
+        if event.name == "snapshot":
+            operation = event.data["operation"]
+            reply = operation["streaming_message"] if operation is not None else None
+            if reply is None:
+                return None
+            self.blocks = list(reply["content"])
+        elif event.name in ("message_start", "message_update") and event.data["message"]["role"] == "assistant":
             self.blocks = list(event.data["message"]["content"])
         elif event.name == "message_delta":
             for change in event.data["content"]:
@@ -125,6 +131,9 @@ class ReplyText:
                 else:
                     key = "text" if self.blocks[index]["type"] == "text" else "thinking"
                     self.blocks[index] = {**self.blocks[index], key: self.blocks[index][key] + change["append"]}
+        elif event.name == "message_end" and event.data["message"]["role"] == "assistant":
+            self.blocks = []
+            return "".join(block["text"] for block in event.data["message"]["content"] if block["type"] == "text")
         else:
             return None
         return "".join(block["text"] for block in self.blocks if block["type"] == "text")

@@ -214,9 +214,10 @@ async def test_the_watch_sends_a_snapshot_then_the_turns_events_over_sse(store: 
 
 
 async def test_a_slow_client_is_cut_off_and_never_blocks_the_run(store: Store, ctx: Context) -> None:
-    """The client reads nothing while a reply streams more events than its buffer holds: the run
-    completes all the same, and the stream then ends with `overflow`."""
-    served = faux_app(store, ["word " * 50], options=ServerOptions(client_buffer=5))
+    """The client reads nothing while a turn commits more bytes of events than its buffer holds
+    (issue 29: bytes, not events): the run completes all the same, and the stream then ends with
+    `overflow`."""
+    served = faux_app(store, ["word " * 50], options=ServerOptions(client_buffer_bytes=1_000))
     conversation = await served.service.create(USER, served.app.state.server.new_lane(None), ctx)
     release, snapshot_sent, body = asyncio.Event(), asyncio.Event(), bytearray()
 
@@ -244,7 +245,7 @@ async def test_a_slow_client_is_cut_off_and_never_blocks_the_run(store: Store, c
         await within(stream)
 
     assert outcome.result.outcome == "completed"
-    assert body.rstrip().endswith(b'data: {"type":"overflow","limit":5}')
+    assert body.rstrip().endswith(b'data: {"type":"overflow","limit":1000,"unit":"bytes"}')
 
 
 async def test_tokens_let_their_user_in_and_someone_elses_conversation_reads_as_missing(store: Store,

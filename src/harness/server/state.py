@@ -21,6 +21,7 @@ from harness.runtime import FOLLOW_POLL_S, AbortRequest, AcceptedRun, RunEnd, fo
 from harness.server.approvals import Approvals
 from harness.server.drives import Drives
 from harness.server.errors import ConversationHeld, ExternalModeUnsupported, Unauthorized
+from harness.server.fanout import CLIENT_BUFFER_BYTES, Fanouts, Subscription
 from harness.server.holds import IDLE_RELEASE_S, MAX_HELD, SWEEP_S, Holds
 from harness.session import (
     ChangeSubscription,
@@ -48,8 +49,9 @@ TOKEN_CHECK_S = 5.0
 revoked token's streams end within this (`Authorization.until_revoked`)."""
 
 CLIENT_BUFFER = 1_000
-"""Events an event stream holds for a client that reads too slowly; past it the stream ends and
-the client reconnects, so no run ever waits for a client."""
+"""Events the instance feed holds for a client that reads too slowly; past it the stream ends and
+the client reconnects, so no run ever waits for a client (a conversation's watch is bounded in
+bytes instead: `CLIENT_BUFFER_BYTES`)."""
 
 
 class Authenticator(Protocol):
@@ -100,7 +102,8 @@ worker` processes on the same PostgreSQL store (`external`: the server never dri
 @dataclass(frozen=True)
 class ServerOptions:
     """`heartbeat_s`: a quiet stream's heartbeat period; `token_check_s`: how often a stream checks
-    its token is still valid; `client_buffer`: events a stream holds for a slow client.
+    its token is still valid; `client_buffer`: events the instance feed holds for a slow client;
+    `client_buffer_bytes`: bytes of events a conversation's watch holds for one (`Subscription`).
     `workers="external"` (PostgreSQL only): accept, answer reads and watches, wake the workers,
     never drive, and keep no conversation attached; watches follow the lanes the workers drive
     (`follow_lane`, reading the journal every `follow_poll_s` seconds when no change notification
@@ -111,6 +114,7 @@ class ServerOptions:
     heartbeat_s: float = HEARTBEAT_S
     token_check_s: float = TOKEN_CHECK_S
     client_buffer: int = CLIENT_BUFFER
+    client_buffer_bytes: int = CLIENT_BUFFER_BYTES
     workers: Workers = "in-process"
     follow_poll_s: float = FOLLOW_POLL_S
     idle_release_s: float = IDLE_RELEASE_S
@@ -130,6 +134,8 @@ class ServerState:
     approvals: Approvals = field(default_factory=Approvals)
     """The pending tool approvals; the service's `before_tool` hook must be `approvals.hook` for
     any call to wait here."""
+    fanouts: Fanouts = field(default_factory=Fanouts)
+    """The watched lanes, each with one source shared by its watchers (`ServerState.watch`)."""
     drives: Drives = field(init=False)
     holds: Holds = field(init=False)
 
@@ -198,16 +204,25 @@ class ServerState:
         await self.service.is_open(user, conversation_id, context)  # the owner check
         return await self.service.store.open_session(conversation_id, context)
 
-    async def watch(self, user: str, conversation_id: str, context: Context) -> LaneEvents:
+    async def watch(self, user: str, conversation_id: str, context: Context) -> Subscription:
         """The main lane of `user`'s conversation from now on: its snapshot, then every later
-        event (`LaneEvents`); close it when done. The live lane's watch (HA-7) when the
-        conversation is held here; otherwise, a watch holding nothing, a follow of the lane
-        whoever drives it (`follow_lane`, woken by this process's commits and the store's change
-        notifications, every `follow_poll_s` without them): the same events and ids, the
-        streaming reply from its persisted frames. A live watch ends when the server lets go of
-        the conversation; the client resumes from its last event id. Raises `SessionNotFound`,
-        `Forbidden` and `StorageCorruption`."""
+        event (a `LaneEvents`); close it when done. The watchers of a lane in this server share
+        one source (`Fanouts`, issue 29), each holding at most `client_buffer_bytes` of events it
+        has not read, past which it is cut (`WatchOverflow`). The source: the live lane's watch
+        (HA-7) when the conversation is held here; otherwise, a watch holding nothing, a follow
+        of the lane whoever drives it (`follow_lane`, woken by this process's commits and the
+        store's change notifications, every `follow_poll_s` without them): the same events and
+        ids, the streaming reply from its persisted frames. A live watch ends when the server
+        lets go of the conversation; the client resumes from its last event id. Raises
+        `SessionNotFound`, `Forbidden` and `StorageCorruption`."""
         await self.service.is_open(user, conversation_id, context)  # the owner check
+        return await self.fanouts.subscribe(conversation_id, MAIN_LANE, lambda: self._lane_source(conversation_id),
+                                            self.options.client_buffer_bytes)
+
+    async def _lane_source(self, conversation_id: str) -> LaneEvents:
+        """The main lane's events, the source `watch` shares, read under a Context of its own:
+        it outlives the request that opened it."""
+        context = Context({"server": "watch", "conversation": conversation_id})
         if not self.external and (live := self.service.live(conversation_id)) is not None and not live.broken:
             return await live.lane_events(context)
         follow = await follow_lane(self.service.store, conversation_id, MAIN_LANE, context,

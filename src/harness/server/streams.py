@@ -10,10 +10,15 @@ progress, approvals) carries no id. A client that reconnects with `Last-Event-ID
 events after it and then the live ones, without a snapshot, while the log still holds that id;
 otherwise a fresh snapshot marked `reset`.
 
-Each stream reads its source in a task of its own into a bounded buffer, so a client that reads
-slowly never holds up a run: when the buffer is full the stream ends with an `overflow` event and
-the client reconnects with its last event id. A quiet stream sends a heartbeat comment every
-`heartbeat_s` seconds, and a stream whose token is revoked ends within `token_check_s`."""
+The watchers of one conversation in a server share one source and one in-memory fan-out
+(`harness.server.fanout`), so the store is read once per change, not once per watcher. Each
+watcher's stream holds at most `client_buffer_bytes` of events it has not sent (their JSON size;
+the streaming reply, the shared source's, is held once, the newest only), so a client that reads
+slowly never holds up a run nor the server's memory: past the bound the stream ends with an
+`overflow` event (`{type, limit, unit: "bytes"}`) and the client reconnects with its last event
+id. The instance feed holds `client_buffer` events per client the same way (`unit: "events"`). A
+quiet stream sends a heartbeat comment every `heartbeat_s` seconds, and a stream whose token is
+revoked ends within `token_check_s`."""
 
 from __future__ import annotations
 
@@ -23,7 +28,7 @@ import re
 from collections import deque
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
-from typing import Annotated, Generic, TypeVar
+from typing import Annotated, Generic, Literal, TypeVar
 
 from fastapi import APIRouter, Depends, Header
 from fastapi.sse import EventSourceResponse, ServerSentEvent
@@ -33,6 +38,7 @@ from harness.context import Context
 from harness.conversation import Forbidden, InstanceEvent, LaneEvents, conversation_events
 from harness.runtime import HarnessEvent, LaneSnapshot, MessageUpdate
 from harness.server.approvals import ApprovalChange
+from harness.server.fanout import Subscription
 from harness.server.langgraph_wire import InvalidEventId
 from harness.server.state import CurrentAuthorization, CurrentUser, RequestContext, State
 from harness.session import SessionNotFound
@@ -46,10 +52,12 @@ REPLAY_PAGE = 500
 
 
 class Overflow(BaseModel):
-    """Why a stream ended: the client fell `limit` events behind. Reconnect with the last event id."""
+    """Why a stream ended: the client fell `limit` events or bytes (`unit`) behind. Reconnect
+    with the last event id."""
 
     type: str = "overflow"
     limit: int
+    unit: Literal["events", "bytes"]
 
 
 _EVENT_ID = re.compile(r"(\d{1,18})(?:\.(\d{1,3}))?")
@@ -107,7 +115,7 @@ async def _events(buffer: _Buffer[T], render: Callable[[T], Iterable[ServerSentE
             for event in render(buffer.items.popleft()):
                 yield event
         if buffer.overflowed:
-            yield ServerSentEvent(event="overflow", data=Overflow(limit=buffer.limit))
+            yield ServerSentEvent(event="overflow", data=Overflow(limit=buffer.limit, unit="events"))
             return
         if buffer.ended:
             return
@@ -131,6 +139,35 @@ async def _pump(source: AsyncIterator[T], buffer: _Buffer[T]) -> None:
 def _model_event(event: BaseModel, event_id: str | None = None) -> ServerSentEvent:
     kind = getattr(event, "type", None)
     return ServerSentEvent(event=kind if isinstance(kind, str) else None, id=event_id, data=event)
+
+
+def _approval(change: ApprovalChange) -> ServerSentEvent:
+    answer = None if change.answer is None else {"allow": change.answer.allow, "reason": change.answer.reason}
+    return ServerSentEvent(event="approval", data={"pending": change.pending, "answer": answer})
+
+
+async def _watched(watch: Subscription, approvals: deque[tuple[int, ApprovalChange]],
+                   heartbeat_s: float) -> AsyncGenerator[ServerSentEvent, None]:
+    """The events of `watch` as the client is shown them, each approval change `(n, change)` right
+    after the watch's event `n` (the newest delivered when it changed), with heartbeats while it
+    is quiet; ends with `overflow` when the watch was cut, or when its source ended."""
+    while True:
+        if approvals and approvals[0][0] < watch.next_number:
+            yield _approval(approvals.popleft()[1])
+        elif (event := watch.pop()) is not None:
+            for part in _parts(event):
+                yield part
+        elif watch.cut:
+            yield ServerSentEvent(event="overflow", data=Overflow(limit=watch.limit_bytes, unit="bytes"))
+            return
+        elif watch.ended:
+            return
+        else:
+            try:
+                async with asyncio.timeout(heartbeat_s):
+                    await watch.wait()
+            except TimeoutError:
+                yield ServerSentEvent(comment="heartbeat")
 
 
 def _parts(event: HarnessEvent, skip: int = 0) -> list[ServerSentEvent]:
@@ -201,27 +238,22 @@ async def conversation_events_stream(conversation_id: str, user: CurrentUser,
     `Last-Event-ID` the stream continues after that event without a snapshot, then sends the
     streaming reply so far as a `message_update`, if one streams; when the lane's log no longer
     holds it, it starts with a snapshot whose `reset` is True. `invalid_event_id` (400) for an id
-    the watch never sends. A client that falls `client_buffer` events behind gets `overflow` and
-    the stream ends: reconnect with the last event id.
+    the watch never sends. A client that falls `client_buffer_bytes`
+    behind gets `overflow` and the stream ends: reconnect with the last event id.
 
     With external workers the stream follows the journal the worker writes (`follow_lane`): the
     same snapshot, ids and resume, the streaming reply from its persisted frames (one
     `frame_interval_s` behind), no approvals (the worker's own policy answers them)."""
     watch = await state.watch(user, conversation_id, context)
-    buffer: _Buffer[HarnessEvent | ApprovalChange] = _Buffer(state.options.client_buffer)
+    approvals: deque[tuple[int, ApprovalChange]] = deque()
 
     def on_approval(change: ApprovalChange) -> None:
+        # Told synchronously by the run: every event delivered before the change is shown before it.
         if change.pending.conversation_id == conversation_id:
-            buffer.push(change)
-
-    def render(item: HarnessEvent | ApprovalChange) -> list[ServerSentEvent]:
-        if isinstance(item, ApprovalChange):
-            answer = None if item.answer is None else {"allow": item.answer.allow, "reason": item.answer.reason}
-            return [ServerSentEvent(event="approval", data={"pending": item.pending, "answer": answer})]
-        return _parts(item)
+            approvals.append((watch.delivered(), change))
+            watch.wake()
 
     stop_listening = state.approvals.listen(on_approval)
-    pump = asyncio.create_task(_pump(aiter(watch), buffer))
     try:
         replay = None if after is None else await _replay(watch, after, context)
         if replay is None:
@@ -232,14 +264,11 @@ async def conversation_events_stream(conversation_id: str, user: CurrentUser,
             operation = watch.snapshot.operation
             if operation is not None and operation.streaming_message is not None:
                 yield _model_event(MessageUpdate(lane=watch.snapshot.lane, message=operation.streaming_message))
-        async for event in authorization.until_revoked(_events(buffer, render, state.options.heartbeat_s)):
+        async for event in authorization.until_revoked(_watched(watch, approvals, state.options.heartbeat_s)):
             yield event
     finally:
         stop_listening()
         watch.close()
-        pump.cancel()
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await pump
 
 
 @router.get("/feed", response_class=EventSourceResponse)
