@@ -32,7 +32,7 @@ from harness.messages import ModelIdentity
 from harness.runtime import read_lane_events
 from harness.server import LocalUser, ServerOptions, create_app, parse_event_id
 from harness.session import LaneConfig, LaneLastResult, Store, WorkNeedsPostgres, addresses, connect
-from server_helpers import SseEvent, asgi_client, serving, sse_until
+from server_helpers import SseEvent, asgi_client, reply_texts, serving, sse_until
 from test_cli_sessions import harness
 from test_server_ai_sdk import chat_body, node, parts_of, run_client
 from test_server_langgraph import MODES, ask, durable, read_until, says, text_of
@@ -106,8 +106,7 @@ class Watcher:
 
 
 def streamed(text: str) -> Callable[[list[SseEvent]], bool]:
-    return lambda events: any(event.name == "message_update" and _text(event.data["message"]) == text
-                              for event in events)
+    return lambda events: text in reply_texts(events)
 
 
 async def logged(store: Store, conversation_id: str, after_seq: int | None, ctx: Context) -> list[tuple[str, str]]:
@@ -160,7 +159,7 @@ async def test_a_prompt_through_the_api_is_driven_by_a_worker_and_watched_live_w
         item for item in log if int(item[0]) > int(resume_from)]
     reply_end = max(index for index, event in enumerate(first_events)
                     if event.name == "message_end" and event.data["message"]["role"] == "assistant")
-    updates = [index for index, event in enumerate(first_events) if event.name == "message_update"]
+    updates = [index for index, event in enumerate(first_events) if event.name in ("message_update", "message_delta")]
     assert updates
     assert max(updates) < reply_end
     assert _text(first_events[reply_end].data["message"]) == "streaming hi, then done"

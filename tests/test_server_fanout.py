@@ -1,7 +1,8 @@
-"""One follow per lane per process, slow clients bounded in bytes (issue 29, part 3): the watchers
-of a conversation in one server share one source and its fan-out, each still getting the snapshot
-and then every later event once, in order; a client that never reads holds at most its byte
-bound and is cut, then resumes from its last event id without a gap."""
+"""One follow per lane per process, deltas on the wire, slow clients bounded in bytes (issue 29,
+part 3): the watchers of a conversation in one server share one source and its fan-out, each
+still getting the snapshot and then every later event once, in order; the streaming reply goes
+out as `message_delta`s after it was sent whole once; a client that never reads holds at most its
+byte bound and is cut, then resumes from its last event id without a gap."""
 
 from __future__ import annotations
 
@@ -90,6 +91,42 @@ async def test_watchers_of_a_conversation_share_one_source_and_each_gets_the_who
         assert durable(events) == await logged_after(served, conversation.id, events[0].id, ctx)
         assert reply_texts(events)[-1] == "First half. second half."
     assert reply_texts(everyone[-1])[0] == "First half. "  # the late one's snapshot
+
+
+async def test_the_streaming_reply_goes_out_whole_once_then_as_deltas(store: Store, ctx: Context) -> None:
+    """Issue 29: a watcher gets the reply whole in `message_start`, then only `message_delta`s
+    whose appends are the text that followed (no whole `message_update`); one that joins
+    mid-reply gets the reply so far in its snapshot, then deltas."""
+    gate = asyncio.Event()
+    served = faux_app(store, [reply("one ", "two ", delay(gate), "three ", "four")], drive=LIVE)
+    conversation = await served.service.create(USER, served.app.state.server.new_lane(None), ctx)
+    path = f"/api/conversations/{conversation.id}/events"
+    async with serving(served.app) as url, httpx.AsyncClient(base_url=url, timeout=10) as client:
+        opened = asyncio.Event()
+        first = asyncio.create_task(sse_until(client, path, run_ended, opened=opened))
+        await within(opened.wait())
+        sent = await client.post(f"/api/conversations/{conversation.id}/messages", json={"text": "go"})
+        await within(streaming(conversation, "one two "))
+        joined = asyncio.Event()
+        late = asyncio.create_task(sse_until(client, path, run_ended, opened=joined))
+        await within(joined.wait())
+        gate.set()
+        await within(served.app.state.server.drives.wait(sent.json()["operation_id"]))
+        from_start, from_middle = await within(first), await within(late)
+
+    whole = "one two three four"
+    shown = [event.name for event in from_start if event.name in ("message_update", "message_delta")
+             or (event.name == "message_start" and event.data["message"]["role"] == "assistant")]
+    assert shown[0] == "message_start"
+    assert set(shown[1:]) == {"message_delta"}
+    texts = reply_texts(from_start)
+    assert texts[-1] == whole
+    assert all(whole.startswith(text) for text in texts)
+
+    assert "message_update" not in [event.name for event in from_middle]
+    assert "message_delta" in [event.name for event in from_middle]
+    assert reply_texts(from_middle)[0] == "one two "  # the snapshot's streaming reply
+    assert reply_texts(from_middle)[-1] == whole
 
 
 async def test_a_client_that_never_reads_holds_at_most_its_bytes_then_is_cut_and_resumes_without_a_gap(

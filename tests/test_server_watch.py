@@ -20,7 +20,18 @@ from harness.providers.faux import FauxReply, delay, reply, tool_call
 from harness.providers.replay import Hold, ReplayServer
 from harness.runtime import MessageUpdate
 from harness.session import Store
-from server_helpers import SERVE_START_S, USER, Served, SseEvent, faux_app, serve_process, serving, sse_until
+from server_helpers import (
+    SERVE_START_S,
+    USER,
+    ReplyText,
+    Served,
+    SseEvent,
+    faux_app,
+    reply_texts,
+    serve_process,
+    serving,
+    sse_until,
+)
 from test_cli_run import chat_text, openai_env
 
 
@@ -174,15 +185,16 @@ def held_by_id(events: list[SseEvent]) -> dict[str, str]:
 
 
 def streams(text: str) -> Callable[[SseEvent], bool]:
-    return lambda event: event.name in ("message_start", "message_update") and text_of(event.data["message"]) == text
+    reply = ReplyText()
+    return lambda event: reply.apply(event) == text
 
 
 async def test_a_watch_resumed_after_a_restart_cut_its_reply_holds_the_final_reply_whole(tmp_path: Path) -> None:
     """One conversation door, item 4: `harness serve` SIGKILLed mid-reply and started again on the
     same store keeps the cut-off attempt off the branch and asks the step again. The watch resumed
     with its last event id gets the log's events after it once (the cut-off attempt's
-    `message_end`, the retry), then the new attempt's streaming reply, each update whole from its
-    first character; by entry id the client holds what a fresh snapshot holds, the final reply
+    `message_end`, the retry), then the new attempt's streaming reply, from its first character
+    (whole, then deltas); by entry id the client holds what a fresh snapshot holds, the final reply
     whole. (A guard: the native watch held before the fix of the other doors.)"""
     parts = ["The first part of a long answer, ", "then the second part of it, ", "and at last the end."]
     cut, retried = Hold(), Hold()
@@ -214,7 +226,7 @@ async def test_a_watch_resumed_after_a_restart_cut_its_reply_holds_the_final_rep
     assert list(final.values())[-1] == "".join(parts)
     assert held_by_id(before + after) == final
     assert after[0].name != "snapshot"  # resumed from the log, no snapshot
-    shown = [text_of(event.data["message"]) for event in after if event.name == "message_update"]
+    shown = reply_texts(after)
     assert shown
     assert all("".join(parts).startswith(text) for text in shown)
     ends = [event.data for event in after if event.name == "message_end"]

@@ -10,6 +10,23 @@ progress, approvals) carries no id. A client that reconnects with `Last-Event-ID
 events after it and then the live ones, without a snapshot, while the log still holds that id;
 otherwise a fresh snapshot marked `reset`.
 
+The streaming reply goes out as deltas (issue 29). A client is sent the whole reply so far once:
+in the snapshot (`operation.streaming_message`), as a `message_start` when a reply starts, or, when
+it joins or resumes mid-reply, as a `message_update` (`{type, lane, message}`, the message whole).
+After that each change is a `message_delta` carrying only what the reply gained since the last
+one this client was sent:
+
+    {"type": "message_delta", "lane": "main", "content": [
+        {"index": 0, "append": " more text"},       # block 0's text (or thinking) grew by this
+        {"index": 1, "block": {"type": "tool_call", ...}}]}   # block 1 is this now (new, or changed)
+
+`append` extends a text block's `text` or a thinking block's `thinking`; `block` is a content
+block as it is now: a new one, or one that changed otherwise than by growing (a tool call's
+arguments, a thinking block's signature). The other fields of the partial message (usage, stop
+reason) are not sent until `message_end`, which carries the reply whole. A reply that changed in
+a way no delta states (a block fewer, or of another type) is sent whole as a `message_update`
+again.
+
 The watchers of one conversation in a server share one source and one in-memory fan-out
 (`harness.server.fanout`), so the store is read once per change, not once per watcher. Each
 watcher's stream holds at most `client_buffer_bytes` of events it has not sent (their JSON size;
@@ -36,7 +53,8 @@ from pydantic import BaseModel
 
 from harness.context import Context
 from harness.conversation import Forbidden, InstanceEvent, LaneEvents, conversation_events
-from harness.runtime import HarnessEvent, LaneSnapshot, MessageUpdate
+from harness.messages import AssistantContent, AssistantMessage, TextContent, ThinkingContent
+from harness.runtime import HarnessEvent, LaneSnapshot, MessageEnd, MessageStart, MessageUpdate, RunEnd, RunStart
 from harness.server.approvals import ApprovalChange
 from harness.server.fanout import Subscription
 from harness.server.langgraph_wire import InvalidEventId
@@ -58,6 +76,65 @@ class Overflow(BaseModel):
     type: str = "overflow"
     limit: int
     unit: Literal["events", "bytes"]
+
+
+class Appended(BaseModel):
+    """Content block `index` of the streaming reply grew by `append` (its text, or its thinking)."""
+
+    index: int
+    append: str
+
+
+class Replaced(BaseModel):
+    """Content block `index` of the streaming reply is `block` now: a new block, or one changed
+    otherwise than by growing (a tool call's arguments, a thinking block's signature)."""
+
+    index: int
+    block: AssistantContent
+
+
+class MessageDelta(BaseModel):
+    """What the reply streaming on `lane` gained since the last `message_start`, `message_update`
+    or `message_delta` sent to this client (see the module docstring)."""
+
+    type: Literal["message_delta"] = "message_delta"
+    lane: str
+    content: list[Appended | Replaced]
+
+
+def reply_delta(shown: AssistantMessage, now: AssistantMessage) -> list[Appended | Replaced] | None:
+    """What `now` adds to `shown`, the streaming reply as a client has it; None when `now` is not
+    `shown` grown (a block fewer, a block of another type, a shorter text: send it whole). A
+    block's text only grows while the reply streams (the provider stream appends to it), so only
+    the lengths are compared: O(the change), not O(the reply)."""
+    if len(now.content) < len(shown.content):
+        return None
+    changes: list[Appended | Replaced] = []
+    for index, block in enumerate(now.content):
+        before = shown.content[index] if index < len(shown.content) else None
+        if before is None:
+            changes.append(Replaced(index=index, block=block))
+        elif before.type != block.type:
+            return None
+        elif isinstance(block, ThinkingContent) and isinstance(before, ThinkingContent) and (
+                block.signature, block.redacted) != (before.signature, before.redacted):
+            changes.append(Replaced(index=index, block=block))
+        elif (text := _streamed_text(block)) is not None:
+            was = _streamed_text(before) or ""
+            if len(text) < len(was):
+                return None
+            if len(text) > len(was):
+                changes.append(Appended(index=index, append=text[len(was):]))
+        elif block != before:
+            changes.append(Replaced(index=index, block=block))
+    return changes
+
+
+def _streamed_text(block: AssistantContent) -> str | None:
+    """The text a block of the reply streams: a text block's text, a thinking block's thinking."""
+    if isinstance(block, TextContent):
+        return block.text
+    return block.thinking if isinstance(block, ThinkingContent) else None
 
 
 _EVENT_ID = re.compile(r"(\d{1,18})(?:\.(\d{1,3}))?")
@@ -141,12 +218,35 @@ def _model_event(event: BaseModel, event_id: str | None = None) -> ServerSentEve
     return ServerSentEvent(event=kind if isinstance(kind, str) else None, id=event_id, data=event)
 
 
+class _ShownReply:
+    """The streaming reply as one client of the watch has it (`reply`), so that what it gains goes
+    out as a `message_delta` (see the module docstring)."""
+
+    def __init__(self, reply: AssistantMessage | None) -> None:
+        self.reply = reply
+
+    def parts(self, event: HarnessEvent) -> list[ServerSentEvent]:
+        """`event` as this client is shown it (`_parts`, a `MessageUpdate` as a delta)."""
+        match event:
+            case MessageUpdate():
+                changes = None if self.reply is None else reply_delta(self.reply, event.message)
+                self.reply = event.message
+                if changes is None:
+                    return [_model_event(event)]
+                return [_model_event(MessageDelta(lane=event.lane, content=changes))] if changes else []
+            case MessageStart(message=AssistantMessage() as message):
+                self.reply = message
+            case MessageEnd(message=AssistantMessage()) | RunStart() | RunEnd():
+                self.reply = None
+        return _parts(event)
+
+
 def _approval(change: ApprovalChange) -> ServerSentEvent:
     answer = None if change.answer is None else {"allow": change.answer.allow, "reason": change.answer.reason}
     return ServerSentEvent(event="approval", data={"pending": change.pending, "answer": answer})
 
 
-async def _watched(watch: Subscription, approvals: deque[tuple[int, ApprovalChange]],
+async def _watched(watch: Subscription, approvals: deque[tuple[int, ApprovalChange]], shown: _ShownReply,
                    heartbeat_s: float) -> AsyncGenerator[ServerSentEvent, None]:
     """The events of `watch` as the client is shown them, each approval change `(n, change)` right
     after the watch's event `n` (the newest delivered when it changed), with heartbeats while it
@@ -155,7 +255,7 @@ async def _watched(watch: Subscription, approvals: deque[tuple[int, ApprovalChan
         if approvals and approvals[0][0] < watch.next_number:
             yield _approval(approvals.popleft()[1])
         elif (event := watch.pop()) is not None:
-            for part in _parts(event):
+            for part in shown.parts(event):
                 yield part
         elif watch.cut:
             yield ServerSentEvent(event="overflow", data=Overflow(limit=watch.limit_bytes, unit="bytes"))
@@ -231,14 +331,15 @@ async def conversation_events_stream(conversation_id: str, user: CurrentUser,
                                      context: RequestContext) -> AsyncIterator[ServerSentEvent]:
     """The conversation live: a `snapshot` event (the lane snapshot: transcript since the newest
     compaction, the current operation, queues, the streaming reply so far; `reset` False), then
-    every later event, named by its `type` (`message_update`, `tool_start`, `chat_event`,
+    every later event, named by its `type` (`message_delta`, `tool_start`, `chat_event`,
     `run_end`, ...), and `approval` when a tool call starts or stops waiting for an answer.
 
     Each event describing a committed fact has an `id:` (see the module docstring). With
     `Last-Event-ID` the stream continues after that event without a snapshot, then sends the
     streaming reply so far as a `message_update`, if one streams; when the lane's log no longer
     holds it, it starts with a snapshot whose `reset` is True. `invalid_event_id` (400) for an id
-    the watch never sends. A client that falls `client_buffer_bytes`
+    the watch never sends. Once the whole streaming reply was sent, its progress comes as
+    `message_delta`s (see the module docstring). A client that falls `client_buffer_bytes`
     behind gets `overflow` and the stream ends: reconnect with the last event id.
 
     With external workers the stream follows the journal the worker writes (`follow_lane`): the
@@ -256,15 +357,16 @@ async def conversation_events_stream(conversation_id: str, user: CurrentUser,
     stop_listening = state.approvals.listen(on_approval)
     try:
         replay = None if after is None else await _replay(watch, after, context)
+        operation = watch.snapshot.operation
+        shown = _ShownReply(None if operation is None else operation.streaming_message)
         if replay is None:
             yield _snapshot(watch.snapshot, reset=after is not None)
         else:
             for event in replay:
                 yield event
-            operation = watch.snapshot.operation
-            if operation is not None and operation.streaming_message is not None:
-                yield _model_event(MessageUpdate(lane=watch.snapshot.lane, message=operation.streaming_message))
-        async for event in authorization.until_revoked(_watched(watch, approvals, state.options.heartbeat_s)):
+            if shown.reply is not None:
+                yield _model_event(MessageUpdate(lane=watch.snapshot.lane, message=shown.reply))
+        async for event in authorization.until_revoked(_watched(watch, approvals, shown, state.options.heartbeat_s)):
             yield event
     finally:
         stop_listening()
