@@ -315,17 +315,22 @@ async def _replay(watch: LaneEvents, after: WatchPosition, context: Context) -> 
 # stream starts, where an error inside the stream could only cut it.
 
 
-async def _owner_checked(conversation_id: str, user: CurrentUser, state: State, context: RequestContext) -> None:
-    await state.reader(user, conversation_id, context)
+async def _watch(conversation_id: str, user: CurrentUser, state: State,
+                 context: RequestContext) -> AsyncIterator[Subscription]:
+    """The conversation's watch (with its owner check), closed once the response is sent."""
+    watch = await state.watch(user, conversation_id, context)
+    try:
+        yield watch
+    finally:
+        watch.close()
 
 
 def _resumed_after(last_event_id: Annotated[str | None, Header()] = None) -> WatchPosition | None:
     return WatchPosition.parse(last_event_id) if last_event_id else None
 
 
-@router.get("/conversations/{conversation_id}/events", response_class=EventSourceResponse,
-            dependencies=[Depends(_owner_checked)])
-async def conversation_events_stream(conversation_id: str, user: CurrentUser,
+@router.get("/conversations/{conversation_id}/events", response_class=EventSourceResponse)
+async def conversation_events_stream(conversation_id: str, watch: Annotated[Subscription, Depends(_watch)],
                                      after: Annotated[WatchPosition | None, Depends(_resumed_after)], state: State,
                                      authorization: CurrentAuthorization,
                                      context: RequestContext) -> AsyncIterator[ServerSentEvent]:
@@ -345,7 +350,6 @@ async def conversation_events_stream(conversation_id: str, user: CurrentUser,
     With external workers the stream follows the journal the worker writes (`follow_lane`): the
     same snapshot, ids and resume, the streaming reply from its persisted frames (one
     `frame_interval_s` behind), no approvals (the worker's own policy answers them)."""
-    watch = await state.watch(user, conversation_id, context)
     approvals: deque[tuple[int, ApprovalChange]] = deque()
 
     def on_approval(change: ApprovalChange) -> None:
@@ -370,7 +374,6 @@ async def conversation_events_stream(conversation_id: str, user: CurrentUser,
             yield event
     finally:
         stop_listening()
-        watch.close()
 
 
 @router.get("/feed", response_class=EventSourceResponse)
