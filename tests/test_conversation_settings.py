@@ -36,7 +36,8 @@ from harness.messages import ModelIdentity
 from harness.providers import FAUX_MODEL, FauxProvider
 from harness.providers.faux import FauxDelay, FauxScript, delay, reply, tool_call
 from harness.runtime import Settled
-from harness.session import LaneConfig, Store
+from harness.session import Claim, CommitResult, InsertEntry, LaneConfig, Store, StoreFull, Write
+from harness_helpers import RecordingBackend
 
 ALICE = "alice"
 CONFIG = LaneConfig(model=FAUX)
@@ -447,3 +448,35 @@ def service(store: Store, script: FauxScript, *, tools: Sequence[ProbeTool] = ()
                                                                                       FauxProvider]:
     """A service whose registry also holds the second and third faux models."""
     return faux_service(store, script, tools=tools, models=[SECOND, THIRD])
+
+
+async def test_a_switch_and_its_row_are_one_commit(store: Store, ctx: Context) -> None:
+    """CE-10, CE-12: the store refusing the commit that writes the switch's row changes neither
+    the model nor the rows. (The model was set in one commit and its row appended in a second, so
+    a refusal or a close between them left a switch nobody was told of.)"""
+    backend = RowRefusingBackend(store.backend)
+    conversations, _ = faux_service(Store(backend, store.url), ["hi"], models=[SECOND])
+    conversation = await spoken(conversations, ctx)
+    backend.refuse_next_row = True
+
+    with pytest.raises(StoreFull):
+        await conversation.switch_model(FAUX_2, ctx)
+
+    assert conversation.config().model == FAUX
+    assert await rows(conversation, ctx) == []
+    assert (await conversation.switch_model(FAUX_2, ctx)).queued is False
+    assert await rows(conversation, ctx) == [ModelSwitched(previous=FAUX, model=FAUX_2)]
+    await conversations.close_all(ctx)
+
+
+class RowRefusingBackend(RecordingBackend):
+    """Refuses, once asked, the next commit that adds an entry, as a full disk would."""
+
+    refuse_next_row = False
+
+    async def commit(self, session_id: str, writes: Sequence[Write], claim: Claim | None,
+                     context: Context) -> CommitResult:
+        if self.refuse_next_row and any(isinstance(write, InsertEntry) for write in writes):
+            self.refuse_next_row = False
+            raise StoreFull("the disk is full")
+        return await super().commit(session_id, writes, claim, context)

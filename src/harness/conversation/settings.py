@@ -195,7 +195,7 @@ class ConversationSettings:
 
         Immediate (the lock free, the lane idle, no switch waiting): applied now, a row recorded
         only when provider or model id changed (and someone has spoken), errors raised here
-        (`ModelUnavailable` when the registry cannot serve `model`, `SettingNotRecorded`).
+        (`ModelUnavailable` when the registry cannot serve `model`).
         Otherwise queued: it supersedes a waiting pick (which fails with `ModelSwitchRefused`),
         waits for the lock and the running turn's end, and its completion always records a
         `ModelSwitched` row. Answered `queued=False` if it applied within `acknowledge_after_s`
@@ -242,25 +242,18 @@ class ConversationSettings:
                           record: bool = True) -> None:
         """Configure `model` and record the switch: always with `always_record` (a queued switch's
         completion, a cold conversation), else only for a real change in a spoken conversation;
-        never with `record` False (the caller's own row records it).
-        The caller holds the turn lock with the lane idle. Raises `ModelUnavailable` before
+        never with `record` False (the caller's own row records it). The switch and its row are
+        one commit. The caller holds the turn lock with the lane idle. Raises `ModelUnavailable` before
         anything is written when the harness's registry cannot serve `model`, `MissingApiKey`
         when its key is not set (`check_model`)."""
         self.check_model(model)
         previous = self.lane.config.model
-        await self.lane.set_model(model, context)
-        details = ModelSwitched(previous=previous, model=model)
-        if not record:
-            return
-        if always_record:
-            recorded = await record_chat_event(self.harness, details, context)
-        elif (previous.provider, previous.model_id) != (model.provider, model.model_id):
-            recorded = await self.record_setting(details, context)
-        else:
-            return
-        if not recorded:
-            raise SettingNotRecorded(f"the switch to {model.spec} applied, but its row was not recorded",
-                                     kind=details.kind)
+        changed = (previous.provider, previous.model_id) != (model.provider, model.model_id)
+        row = record and (always_record or (changed and await has_spoken(self.harness.session, self.lane.tip_id,
+                                                                         context)))
+        # The switch and its row in one commit: no close between them leaves one without the other.
+        announce = chat_event_message(ModelSwitched(previous=previous, model=model)) if row else None
+        await self.lane.set_model(model, context, announce=announce)
 
     async def _complete(self, pick: _Pick, context: Context) -> None:
         try:

@@ -334,17 +334,21 @@ class Lane:
                 m.delete(addresses.lane_request(posted))
             if supplied:
                 await self._check_unused_entries(m, [new_entry], context)
-            if self.projection.state.current_operation_id is not None:
-                await self.projection.load_inbox(m, context)
-                return self._enqueue(m, new_entry, "write", pending)
-            placement = Placement(self.projection.tip_id)
-            placement.stage(m, new_entry, pending_payload(pending))
-            m.set(addresses.branch_tip(self.name), new_entry)
-
-            return Decision(new_entry, placement.events(self.name),
-                            lambda result: placement.publish(self.projection, result))
+            return await self._stage_append(m, new_entry, pending, context)
 
         return await self.core.line.run(plan, context)
+
+    async def _stage_append(self, m: SessionMutator, entry_id: str, pending: PendingEntry,
+                            context: Context) -> Decision[str]:
+        """Stage `pending` as entry `entry_id`: placed at the tip when idle, else a pending write."""
+        if self.projection.state.current_operation_id is not None:
+            await self.projection.load_inbox(m, context)
+            return self._enqueue(m, entry_id, "write", pending)
+        placement = Placement(self.projection.tip_id)
+        placement.stage(m, entry_id, pending_payload(pending))
+        m.set(addresses.branch_tip(self.name), entry_id)
+        return Decision(entry_id, placement.events(self.name),
+                        lambda result: placement.publish(self.projection, result))
 
     def _enqueue(self, m: SessionMutator, entry_id: str, kind: InboxKind, pending: PendingEntry) -> Decision[str]:
         """Store `pending` by its pre-minted id and add it to the inbox; emits `queue_update`."""
@@ -733,9 +737,13 @@ class Lane:
 
     # -- configuration --------------------------------------------------------------------------
 
-    async def set_model(self, model: ModelIdentity, context: Context) -> None:
-        """Configure the model for the lane's next steps; it is resolved only when one executes (HA-23)."""
-        await self._configure("model", model, context)
+    async def set_model(self, model: ModelIdentity, context: Context, *, announce: Message | None = None) -> None:
+        """Configure the model for the lane's next steps; it is resolved only when one executes
+        (HA-23). `announce` (a row saying so) is appended in the same commit, placed as
+        `append_message` places it: the switch and its row land together or not at all."""
+        if announce is not None:
+            check_input_size([announce], "message")
+        await self._configure("model", model, context, announce=announce)
 
     async def set_thinking_level(self, level: ThinkingLevel, context: Context) -> None:
         """Configure how hard the lane's model thinks from its next step on.
@@ -752,7 +760,7 @@ class Lane:
         """Set the names of the tools the model may call; unknown names fail the next step in-band (HA-23)."""
         await self._configure("active_tools", list(tools) if isinstance(tools, list | tuple) else tools, context)
 
-    async def _configure(self, field: str, value: object, context: Context) -> None:
+    async def _configure(self, field: str, value: object, context: Context, *, announce: Message | None = None) -> None:
         try:  # bad input is refused before the line (a record's `model_copy` validates)
             config = self.projection.config.model_copy(update={field: value})
         except ValidationError as error:
@@ -761,14 +769,19 @@ class Lane:
         async def plan(m: SessionMutator) -> Decision[None]:
             previous = self.projection.config
             m.set(addresses.lane_config(self.name), config)
+            appended = None if announce is None else await self._stage_append(
+                m, new_id(), PendingMessage(message=owned(announce)), context)
 
             def publish(result: CommitResult | None) -> None:
                 self.projection.config = config
+                if appended is not None and appended.publish is not None:
+                    appended.publish(result)
 
-            return Decision(None, [ConfigUpdate.model_validate({
+            update = ConfigUpdate.model_validate({
                 "lane": self.name, "field": field,
                 "previous": _config_value(previous, field), "value": _config_value(config, field),
-            })], publish)
+            })
+            return Decision(None, [update, *(appended.events if appended is not None else ())], publish)
 
         await self.core.line.run(plan, context)
 
