@@ -8,7 +8,8 @@ Run: `.venv/bin/python -m bench.serve_load [--conversations 20] [--watchers 3] [
 The app is `create_app` served by uvicorn on 127.0.0.1 in this process; the model is the faux
 provider, whose every turn streams a short text, calls one tool, then answers. The watchers are
 httpx clients in the same event loop as the server (two cores: they compete with it, so the
-latency is an upper bound). Two modes:
+latency is an upper bound), one client (one connection) per watcher and per conversation's sender:
+one pool shared by hundreds of streams costs the loop O(connections) at every request. Two modes:
 
 - `--workers 0` (the default): the server drives every turn itself, on a SQLite store in a
   temporary directory.
@@ -26,6 +27,9 @@ It prints:
    the conversation's listeners (right after its commit) to a watcher reading it off its stream;
    with workers, from the commit timestamp of each `entry_added` (the worker's clock, taken as
    its commit starts; ms) to a watcher reading it, since the commit happens in another process;
+   and apart, for the events committed while their connection was open (`live`) and those
+   committed before it (`resumed`: read back from the log after a reconnect, so their latency
+   holds the time the watcher was away and its resume);
 3. gaps and duplicates: per watcher, the durable event ids it received against the lane's event
    log after the snapshot it started from (both must be zero), and how often it resumed.
 """
@@ -88,7 +92,8 @@ class Watcher:
 
     conversation_id: str
     first_seq: int | None = None
-    durable: list[tuple[int, int]] = field(default_factory=list)  # (event_seq, received at in ns)
+    # (event_seq, received at, its connection opened at; ns)
+    durable: list[tuple[int, int, int]] = field(default_factory=list)
     received: int = 0
     resumes: int = 0
     runs_ended: int = 0
@@ -107,18 +112,28 @@ class Load:
     refused_held: int = 0  # turns refused as `conversation_held` and sent again
 
 
-async def watch(client: httpx.AsyncClient, watcher: Watcher, load: Load, ready: asyncio.Event, *,
-                counts_runs: bool) -> None:
+def client_of(url: str) -> httpx.AsyncClient:
+    return httpx.AsyncClient(base_url=url, timeout=60)
+
+
+async def watch(url: str, watcher: Watcher, load: Load, ready: asyncio.Event, *, counts_runs: bool) -> None:
     """Follow the conversation until it has ended `load.turns` runs, dropping the connection every
     `reconnect_every` events and resuming from the last id seen. The watcher that `counts_runs`
     tells its conversation's turns when a run ended; with workers, every watcher records the
     commit time of each entry it is shown."""
+    async with client_of(url) as client:
+        await _watch(client, watcher, load, ready, counts_runs=counts_runs)
+
+
+async def _watch(client: httpx.AsyncClient, watcher: Watcher, load: Load, ready: asyncio.Event, *,
+                 counts_runs: bool) -> None:
     last_id: str | None = None
     event_id: str | None
     while watcher.runs_ended < load.turns:
         headers = {"Last-Event-ID": last_id} if last_id is not None else {}
         if last_id is not None:
             watcher.resumes += 1
+        connected = time.time_ns()
         async with client.stream("GET", f"/api/conversations/{watcher.conversation_id}/events",
                                  headers=headers) as response:
             response.raise_for_status()
@@ -146,7 +161,7 @@ async def watch(client: httpx.AsyncClient, watcher: Watcher, load: Load, ready: 
                         watcher.first_seq = int(event_id)
                     ready.set()
                 elif event_id is not None and "." not in event_id:
-                    watcher.durable.append((int(event_id), now))
+                    watcher.durable.append((int(event_id), now, connected))
                     if load.workers and name == "entry_added":
                         committed_ms = json.loads("\n".join(data))["entry"]["timestamp"]
                         load.committed_at.setdefault((watcher.conversation_id, int(event_id)), committed_ms * 1_000_000)
@@ -161,8 +176,13 @@ async def watch(client: httpx.AsyncClient, watcher: Watcher, load: Load, ready: 
                     break
 
 
-async def converse(client: httpx.AsyncClient, conversation_id: str, ended: asyncio.Queue[None], turns: int,
-                   load: Load) -> None:
+async def converse(url: str, conversation_id: str, ended: asyncio.Queue[None], turns: int, load: Load) -> None:
+    async with client_of(url) as client:
+        await _converse(client, conversation_id, ended, turns, load)
+
+
+async def _converse(client: httpx.AsyncClient, conversation_id: str, ended: asyncio.Queue[None], turns: int,
+                    load: Load) -> None:
     for turn in range(turns):
         while True:
             answered = await client.post(f"/api/conversations/{conversation_id}/messages",
@@ -249,13 +269,11 @@ async def _serve_and_measure(load: Load, service: ConversationService, options: 
                              context: Context) -> dict[str, Any]:
     app = create_app(service, LocalUser(USER), options=options,
                      new_lane=lambda model: LaneConfig(model=model or MODEL, active_tools=["lookup"]))
-    async with serving(app) as url, httpx.AsyncClient(base_url=url, timeout=60, limits=httpx.Limits(
-            max_connections=None, max_keepalive_connections=None)) as client:
-        return await _measure(load, service, client, context)
+    async with serving(app) as url:
+        return await _measure(load, service, url, context)
 
 
-async def _measure(load: Load, service: ConversationService, client: httpx.AsyncClient,
-                   context: Context) -> dict[str, Any]:
+async def _measure(load: Load, service: ConversationService, url: str, context: Context) -> dict[str, Any]:
     conversations = []
     for _ in range(load.conversations):
         conversation = await service.create(USER, LaneConfig(model=MODEL, active_tools=["lookup"]), context)
@@ -271,29 +289,32 @@ async def _measure(load: Load, service: ConversationService, client: httpx.Async
         conversations.append(conversation)
     watchers = [Watcher(conversation.id) for conversation in conversations for _ in range(load.watchers)]
     readiness = [asyncio.Event() for _ in watchers]
-    watching = [asyncio.create_task(watch(client, watcher, load, ready, counts_runs=index % load.watchers == 0))
+    watching = [asyncio.create_task(watch(url, watcher, load, ready, counts_runs=index % load.watchers == 0))
                 for index, (watcher, ready) in enumerate(zip(watchers, readiness, strict=True))]
     await asyncio.wait_for(asyncio.gather(*(ready.wait() for ready in readiness)), 60)
 
     started = time.perf_counter()
-    await asyncio.gather(*(converse(client, c.id, load.ended[c.id], load.turns, load) for c in conversations))
+    await asyncio.gather(*(converse(url, c.id, load.ended[c.id], load.turns, load) for c in conversations))
     await asyncio.wait_for(asyncio.gather(*watching), 120)
     elapsed = time.perf_counter() - started
 
     gaps = duplicates = matching = 0
-    latencies: list[int] = []
+    latencies: dict[str, list[int]] = {"live": [], "resumed": []}
     for conversation in conversations:
         watchers_of = [w for w in watchers if w.conversation_id == conversation.id]
         for watcher in watchers_of:
             log = await read_lane_events(await service.store.open_session(conversation.id, context), "main",
                                          watcher.first_seq, 10_000, context)
             expected = [event.event_seq for event in log.events]
-            got = [seq for seq, _ in watcher.durable]
+            got = [seq for seq, _, _ in watcher.durable]
             gaps += len(set(expected) - set(got))
             duplicates += len(got) - len(set(got))
             matching += got == expected
-            latencies += [at - load.committed_at[(conversation.id, seq)] for seq, at in watcher.durable
-                          if (conversation.id, seq) in load.committed_at]
+            for seq, at, connected in watcher.durable:
+                committed = load.committed_at.get((conversation.id, seq))
+                if committed is not None:
+                    latencies["live" if committed >= connected else "resumed"].append(at - committed)
+    every = latencies["live"] + latencies["resumed"]
     return {
         "conversations": load.conversations, "watchers_each": load.watchers, "turns_each": load.turns,
         "workers": load.workers, "seconds": round(elapsed, 2),
@@ -301,10 +322,17 @@ async def _measure(load: Load, service: ConversationService, client: httpx.Async
         "events_received": sum(w.received for w in watchers),
         "events_per_second": round(sum(w.received for w in watchers) / elapsed),
         "durable_committed_per_second": round(len(load.committed_at) / elapsed),
-        "latency_p50_ms": round(percentile(latencies, 50), 2), "latency_p99_ms": round(percentile(latencies, 99), 2),
+        "latency_p50_ms": round(percentile(every, 50), 2), "latency_p99_ms": round(percentile(every, 99), 2),
+        **_latency("live", latencies["live"]), **_latency("resumed", latencies["resumed"]),
         "gaps": gaps, "duplicates": duplicates, "watchers_matching_log": matching, "watchers": len(watchers),
         "resumes": sum(w.resumes for w in watchers), "turns_refused_held": load.refused_held,
     }
+
+
+def _latency(kind: str, samples: list[int]) -> dict[str, float | None]:
+    """`{kind}_events`, `{kind}_p50_ms` and `{kind}_p99_ms` of `samples` (ns); None without any."""
+    return {f"{kind}_events": len(samples),
+            **{f"{kind}_p{p}_ms": round(percentile(samples, p), 2) if samples else None for p in (50, 99)}}
 
 
 def main() -> None:
@@ -333,7 +361,10 @@ def main() -> None:
               f"{figures['seconds']} s, {figures['runs_per_second']} runs/s")
         print(f"  events received: {figures['events_received']} ({figures['events_per_second']}/s); durable events "
               f"committed: {figures['durable_committed_per_second']}/s")
-        print(f"  latency, commit to watcher: p50 {figures['latency_p50_ms']} ms, p99 {figures['latency_p99_ms']} ms")
+        print(f"  latency, commit to watcher: p50 {figures['latency_p50_ms']} ms, p99 {figures['latency_p99_ms']} ms; "
+              f"live: p50 {figures['live_p50_ms']} ms, p99 {figures['live_p99_ms']} ms "
+              f"({figures['live_events']} events); resumed: p50 {figures['resumed_p50_ms']} ms, "
+              f"p99 {figures['resumed_p99_ms']} ms ({figures['resumed_events']} events)")
         print(f"  gaps: {figures['gaps']}, duplicates: {figures['duplicates']}, resumes: {figures['resumes']}; "
               f"{figures['watchers_matching_log']} of {figures['watchers']} watchers received exactly the log")
 
