@@ -186,3 +186,28 @@ async def test_a_client_that_never_reads_holds_at_most_its_bytes_then_is_cut_and
     assert resumed[0].name != "snapshot"
     assert durable(resumed) == await logged_after(served, conversation.id, last_id, ctx)
     assert reply_texts(resumed)[-1] == chunk * 400
+
+
+async def test_watchers_of_a_conversation_held_nowhere_share_one_follow_of_it(store: Store, ctx: Context) -> None:
+    """Issue 29: twenty watchers of a conversation this server does not hold share one follow of
+    its lane (`follow_lane`: the store read once per wake-up, not once per watcher); the turn a
+    request then drives here reaches each of them, exactly the lane's log after its snapshot, the
+    reply whole from the persisted frames."""
+    served = faux_app(store, [reply("Read ", "from ", "the ", "journal.")])
+    conversation = await served.service.create(USER, served.app.state.server.new_lane(None), ctx)
+    await served.service.close(USER, conversation.id, ctx)
+    fanouts = served.app.state.server.fanouts
+    path = f"/api/conversations/{conversation.id}/events"
+    async with serving(served.app) as url, httpx.AsyncClient(base_url=url, timeout=10) as client:
+        opened = [asyncio.Event() for _ in range(20)]
+        watching = [asyncio.create_task(sse_until(client, path, run_ended, opened=event)) for event in opened]
+        await within(asyncio.gather(*(event.wait() for event in opened)))
+        shared = (fanouts.sources, fanouts.watchers)
+        sent = await client.post(f"/api/conversations/{conversation.id}/messages", json={"text": "go"})
+        assert sent.status_code == 202, sent.text
+        everyone = [await within(task) for task in watching]
+
+    assert shared == (1, 20)
+    for events in everyone:
+        assert durable(events) == await logged_after(served, conversation.id, events[0].id, ctx)
+        assert reply_texts(events)[-1] == "Read from the journal."
