@@ -24,6 +24,7 @@ from harness.conversation import (
     ConversationEnded,
     ConversationService,
     ConversationSetup,
+    ErrorDetails,
     EventRow,
     GardenMessage,
     GoalStatus,
@@ -31,6 +32,8 @@ from harness.conversation import (
     ModelOutcome,
     ModelSwitch,
     ModelSwitched,
+    ModelSwitchFailed,
+    ModelSwitchRefused,
     ModeSelected,
     PostedCommand,
     Renamed,
@@ -63,6 +66,8 @@ from harness.session.backend import SetValue
 SRC = Path(__file__).resolve().parents[1] / "src" / "harness"
 SECOND = FAUX_MODEL.model_copy(update={"id": "faux-2"})
 FAUX_2 = ModelIdentity(provider="faux", model_id="faux-2")
+THIRD = FAUX_MODEL.model_copy(update={"id": "faux-3"})
+FAUX_3 = ModelIdentity(provider="faux", model_id="faux-3")
 KEYED = FAUX_MODEL.model_copy(update={"id": "faux-keyed", "api_key_env": "HARNESS_TEST_ABSENT_KEY"})
 KEYED_ID = ModelIdentity(provider="faux", model_id="faux-keyed")
 TOOLS = LaneConfig(model=FAUX, active_tools=["probe"])
@@ -347,6 +352,48 @@ async def test_steer_commands_switches_and_stops_reach_a_conversation_another_ho
     details = await rows(conversation, ctx)
     assert details[:2] == [CommandRan(name="rename", args="notes", outcome=RenameOutcome(name="notes")),
                            ModelSwitched(previous=FAUX, model=FAUX_2)]
+    await holder.close_all(ctx)
+
+
+async def test_a_switch_posted_with_wait_for_completion_answers_once_it_applied(store: Store, ctx: Context) -> None:
+    """CE-12: a switch posted to a holder whose turn runs a tool call, with `wait_for_completion`,
+    is answered once the turn ended and the switch applied (it was acknowledged `queued` at once,
+    whatever was asked); one the holder cannot make is `ModelSwitchRefused` (`failed`), and the
+    holder records its failure as a model-switch-failed error row (it was only logged)."""
+    probe = ProbeTool()
+    gate = probe.gate("k")
+    holder, _ = faux_service(store, [reply(tool_call("probe", {"key": "k"})), "done"], tools=[probe],
+                             models=[SECOND])
+    elsewhere, _ = faux_service(store, [], models=[SECOND, THIRD])
+    conversation = await holder.create(OWNER, TOOLS, ctx)
+    running = asyncio.ensure_future(conversation.send("go", ctx))
+    await probe.wait_started("k")
+
+    commits = store.changes.subscribe(conversation.id)
+    waiting = asyncio.ensure_future(elsewhere.switch_model(OWNER, conversation.id, FAUX_2, ctx,
+                                                           wait_for_completion=True))
+
+    async def taken() -> None:  # by the holder (its taker, or this look), and queued behind the turn
+        while conversation.waiting_model != FAUX_2:
+            await conversation.take_requests(ctx)
+            await commits.wait(0.05)
+
+    await within(taken())
+    commits.close()
+    assert not waiting.done()
+    gate.set()
+    settled(await within(running))
+    switched = await within(waiting)
+
+    with pytest.raises(ModelSwitchRefused) as refused:
+        await within(elsewhere.switch_model(OWNER, conversation.id, FAUX_3, ctx, wait_for_completion=True))
+
+    assert switched == ModelSwitch(model=FAUX_2, queued=False)
+    assert conversation.config().model == FAUX_2
+    assert refused.value.details["reason"] == "failed"
+    last = (await rows(conversation, ctx))[-1]
+    assert isinstance(last, ErrorDetails)
+    assert last.notice == ModelSwitchFailed(requested=FAUX_3)
     await holder.close_all(ctx)
 
 

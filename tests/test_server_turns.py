@@ -195,6 +195,28 @@ async def test_commands_one_route_each(store: Store) -> None:
     assert projects.json() == []
 
 
+async def test_a_model_switch_with_wait_for_completion_answers_when_it_applied(store: Store) -> None:
+    """CE-12: `PUT .../model` with `wait_for_completion` while a tool call runs is answered 200
+    once the turn ended and the switch applied, not 202 `queued`."""
+    probe = ProbeTool()
+    gate = probe.gate("k")
+    served = faux_app(store, [reply(tool_call("probe", {"key": "k"})), "done"], tools=[probe])
+    async with asgi_client(served.app) as client:
+        conversation = await _new(client)
+        sent = (await client.post(f"/api/conversations/{conversation}/messages", json={"text": "go"})).json()
+        await within(probe.wait_started("k"))
+        switching = asyncio.ensure_future(client.put(
+            f"/api/conversations/{conversation}/model",
+            json={"model": {"provider": "faux", "model_id": "faux"}, "wait_for_completion": True}))
+        await within(served.service.open(USER, conversation, Context()))
+        gate.set()
+        await _outcome(served.app, sent["operation_id"])
+        switched = await within(switching)
+
+    assert switched.status_code == 200, switched.text
+    assert switched.json()["queued"] is False
+
+
 async def test_the_watch_sends_a_snapshot_then_the_turns_events_over_sse(store: Store) -> None:
     served = faux_app(store, ["streamed reply"])
     async with serving(served.app) as url, httpx.AsyncClient(base_url=url, timeout=10) as client:

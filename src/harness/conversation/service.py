@@ -63,7 +63,14 @@ from harness.conversation.recording import (
     drive_failure_entry_id,
     record_chat_event,
 )
-from harness.conversation.settings import MODEL_SWITCH_ACK_S, ConversationSettings, ModelSwitch, WorkMode
+from harness.conversation.settings import (
+    MODEL_SWITCH_ACK_S,
+    ConversationSettings,
+    ModelSwitch,
+    ModelSwitchRefused,
+    WorkMode,
+    posted_switch_landed,
+)
 from harness.conversation.turn_rows import discards_turn, public_error, replay_interrupted_replies, turn_end_rows
 from harness.errors import HarnessError
 from harness.messages import ImageContent, Message, ModelIdentity, ThinkingLevel, now_ms
@@ -106,6 +113,7 @@ from harness.runtime import (
     ToolOutput,
     ValueUpdate,
     check_input_size,
+    follow_lane,
     read_lane_events,
 )
 from harness.session import (
@@ -990,8 +998,12 @@ class ConversationService:
         and acknowledged after `acknowledge_after_s`; `ModelSwitchRefused` for a superseded or
         closed wait). Cold: applied under the session lock and always recorded; an operation a
         stopped process left open takes the new model when it is resumed. Held by another
-        process: posted to it as `/model` (a program's call, `CommandRequest`) and acknowledged
-        `queued`: the holder switches as it would for its own door, and its row says when."""
+        process: posted to it (`SettingRequest`) and acknowledged `queued`: the holder switches as
+        it would for its own door, its row says when, and a failure is a model-switch-failed
+        error row; with
+        `wait_for_completion`, answered once the lane's model is set, following the journal
+        (`posted_switch_landed`: `ModelSwitchRefused` when another pick lands first or the holder
+        records the switch's failure)."""
         session = await self._owned(user, conversation_id, context)
         live = self._live.get(conversation_id)
         if live is not None:
@@ -1002,10 +1014,17 @@ class ConversationService:
                 async with settings.turn_lock:
                     await settings.apply_model(model, context, always_record=True)
                 return ModelSwitch(model=model, queued=False)
-        request = CommandRequest(lane=MAIN_LANE, user=user, line=f"/model {model.spec}", typed=False,
-                                 requested_at=now_ms())
-        await session.post_request(request, context)
-        return ModelSwitch(model=model, queued=True)
+        request = SettingRequest(lane=MAIN_LANE, user=user, setting="model", value=model.spec, requested_at=now_ms())
+        if not wait_for_completion:
+            await session.post_request(request, context)
+            return ModelSwitch(model=model, queued=True)
+        follow = await follow_lane(self.store, conversation_id, MAIN_LANE, context)  # before: no event missed
+        try:
+            await session.post_request(request, context)
+            await posted_switch_landed(follow, model)
+        finally:
+            follow.close()
+        return ModelSwitch(model=model, queued=False)
 
     def list_switchable_projects(self, user: str) -> Sequence[SwitchableProject]:
         """The projects `user` may switch a conversation to, read from `setup.projects_file` at
@@ -1108,6 +1127,8 @@ class ConversationService:
                 # On `conversation` itself: while it is let go it is no longer listed as live here.
                 if request.setting == "name":
                     await _rename(conversation._settings, request.value, context)
+                elif request.setting == "model":
+                    await _switch_posted(conversation, ModelIdentity.parse(request.value or ""), context)
                 else:
                     await conversation._settings.select_mode("plan" if request.value == "plan" else "build", context)
                 return
@@ -1406,6 +1427,19 @@ class ConversationService:
         if setup.projects_file is not None:
             tools.append(project_tool(lambda: self.list_switchable_projects(user), target))
         return [*tools, *(delegation.tools if delegation is not None else ())]
+
+
+async def _switch_posted(conversation: Conversation, model: ModelIdentity, context: Context) -> None:
+    """A switch another process posted, already acknowledged to its caller: its failure here is
+    recorded as one would be after an acknowledgement (CE-12), unless the switch it waited for
+    recorded it already (a queued one) or a later pick superseded it."""
+    try:
+        await conversation.switch_model(model, context)
+    except ModelSwitchRefused:
+        raise
+    except HarnessError as error:
+        await conversation._settings.record_switch_failure(model, error, context)
+        raise
 
 
 async def _rename(settings: ConversationSettings, name: str | None, context: Context) -> bool:

@@ -11,7 +11,7 @@ the turn it waited for runs to its end on the model it started with. Each live c
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import AsyncIterable, Sequence
 from dataclasses import dataclass
 from typing import Literal, TypeAlias
 
@@ -38,6 +38,8 @@ from harness.messages import ImageContent, Message, ModelIdentity, TextContent, 
 from harness.runtime import (
     AcceptedRun,
     AgentHarness,
+    ConfigUpdate,
+    EntryAdded,
     HarnessEvent,
     InvalidMessage,
     Lane,
@@ -87,10 +89,38 @@ TURN_BASELINE = addresses.value_address(CONVERSATION_VALUES.namespace, "turn_bas
 
 class ModelSwitchRefused(HarnessError):
     """A switch waiting for the turn lock never applied: a later pick superseded it
-    (`reason="superseded"`) or its conversation was closed (`"closed"`); details
+    (`reason="superseded"`), its conversation was closed (`"closed"`), or the process holding
+    the conversation recorded its failure (`"failed"`, a switch posted to it); details
     `{reason, provider, model_id}`. The caller must not go on as if the model were switched (CE-12)."""
 
     code = "model_switch_refused"
+
+
+async def posted_switch_landed(events: AsyncIterable[HarnessEvent], model: ModelIdentity) -> None:
+    """Wait for a switch to `model` posted to another holder to land (CE-12's
+    `wait_for_completion`), reading `events`: a follow of the main lane begun before the switch
+    was posted. Returns once the lane's model is set to `model`. Raises `ModelSwitchRefused`
+    when another model is set first (`superseded`), or the holder records the switch's failure
+    (`failed`: a model-switch-failed error row for `model`)."""
+    def refused(reason: str, why: str) -> ModelSwitchRefused:
+        return ModelSwitchRefused(f"the switch to {model.spec} did not apply: {why}", reason=reason,
+                                  provider=model.provider, model_id=model.model_id)
+
+    async for event in events:
+        if isinstance(event, ConfigUpdate) and event.field == "model" and isinstance(event.value, ModelIdentity):
+            if same_model(event.value, model):
+                return
+            raise refused("superseded", f"a later pick of {event.value.spec} superseded it")
+        if isinstance(event, EntryAdded) and isinstance(event.entry.payload, CustomMessagePayload):
+            details = chat_event_of(event.entry.payload.message)
+            if isinstance(details, ErrorDetails) and isinstance(details.notice, ModelSwitchFailed) \
+                    and same_model(details.notice.requested, model):
+                raise refused("failed", details.text)
+
+
+def same_model(a: ModelIdentity, b: ModelIdentity) -> bool:
+    """Whether two identities name the same model (provider and model id, CE-12)."""
+    return (a.provider, a.model_id) == (b.provider, b.model_id)
 
 
 class SettingNotRecorded(HarnessError):
@@ -248,7 +278,7 @@ class ConversationSettings:
         when its key is not set (`check_model`)."""
         self.check_model(model)
         previous = self.lane.config.model
-        changed = (previous.provider, previous.model_id) != (model.provider, model.model_id)
+        changed = not same_model(previous, model)
         row = record and (always_record or (changed and await has_spoken(self.harness.session, self.lane.tip_id,
                                                                          context)))
         # The switch and its row in one commit: no close between them leaves one without the other.
@@ -267,12 +297,14 @@ class ConversationSettings:
             if not pick.acknowledged:
                 pick.outcome.set_exception(error)
                 return
-            await self._record_failure(pick.model, error, context)
+            await self.record_switch_failure(pick.model, error, context)
             pick.outcome.set_result(None)
         else:
             pick.outcome.set_result(None)
 
-    async def _record_failure(self, model: ModelIdentity, error: Exception, context: Context) -> None:
+    async def record_switch_failure(self, model: ModelIdentity, error: Exception, context: Context) -> None:
+        """Log and record a switch to `model` that failed after the person was answered: an error
+        row with a model-switch-failed notice carrying the requested model (CE-12)."""
         reason = error.message if isinstance(error, HarnessError) else f"{type(error).__name__}: {error}"
         logger.error("the queued switch to %s failed after its acknowledgement: %s", model.spec, reason)
         text = clean_public_text(f"the switch to {model.spec} failed: {reason}")

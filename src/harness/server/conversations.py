@@ -292,6 +292,8 @@ async def fast_route(conversation_id: str, user: CurrentUser, state: State, cont
 
 class SwitchModel(_Body):
     model: ModelIdentity
+    wait_for_completion: bool = Field(default=False, description="Answer once the switch applied (200), "
+                                      "however long the running turn takes, instead of 202 `queued`.")
 
 
 @router.put("/conversations/{conversation_id}/model", response_model=ModelSwitch,
@@ -301,7 +303,8 @@ async def switch_model(conversation_id: str, body: SwitchModel, response: Respon
     """Switch the model under the turn lock (CE-12): 200 when it applied, 202 with `queued` when
     it waits for the running turn (its row is written when it applies). `model_switch_refused`
     (409) when a later pick superseded it, `model_unavailable` (400)."""
-    switch = await state.service.switch_model(user, conversation_id, body.model, context)
+    switch = await state.service.switch_model(user, conversation_id, body.model, context,
+                                              wait_for_completion=body.wait_for_completion)
     if switch.queued:
         response.status_code = status.HTTP_202_ACCEPTED
     return switch
