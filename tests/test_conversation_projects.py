@@ -25,8 +25,10 @@ from harness.conversation import (
     ConversationService,
     ConversationSetup,
     DirectoryMoved,
+    ErrorDetails,
     Forbidden,
     ProjectsFileInvalid,
+    ProjectSwitch,
     ProjectSwitchRefused,
     SwitchableProject,
     UnknownProject,
@@ -220,7 +222,7 @@ async def test_a_persons_switch_is_a_row_the_tools_run_there_and_a_reopened_conv
     conversation = await conversations.create(ALICE, CONFIG, ctx)
     settled(await within(conversations.send(ALICE, conversation.id, "where?", ctx)))
 
-    moved = await conversations.select_project_execution(ALICE, conversation.id, "project:2", ctx)
+    moved = (await conversations.select_project_execution(ALICE, conversation.id, "project:2", ctx)).row
     settled(await within(conversations.send(ALICE, conversation.id, "and now?", ctx)))
     await conversations.close(ALICE, conversation.id, ctx)
     reopened = await conversations.open(ALICE, conversation.id, ctx)
@@ -276,7 +278,7 @@ async def test_a_switch_before_anyone_spoke_or_of_a_closed_conversation_is_store
 
     later = await spoken(conversations, ctx)
     await conversations.close(ALICE, later.id, ctx)
-    moved = await conversations.select_project_execution(ALICE, later.id, "project:2", ctx)
+    moved = (await conversations.select_project_execution(ALICE, later.id, "project:2", ctx)).row
     reopened = await conversations.open(ALICE, later.id, ctx)
 
     assert reopened.target.directory == rig.beta
@@ -476,3 +478,27 @@ async def test_any_other_error_at_the_boundary_ends_the_turn(store: Store, rig: 
     assert len(faux.requests) == 1
     await assert_nothing_stored(conversations, conversation, ctx)
     await conversations.close_all(ctx)
+
+
+async def test_a_switch_of_a_conversation_another_process_holds_is_posted_to_it(
+        store: Store, rig: Rig, ctx: Context) -> None:
+    """Issue 28 (from any process), CE-21: while another holder has the conversation, a person's
+    switch is answered `queued` (it was refused `session_owned`) and the holder makes it with its
+    row; one the holder refuses (its directory cannot be entered) leaves an error row saying so."""
+    holder, _ = rig.service(store, ["hi"])
+    elsewhere, _ = rig.service(store, [])
+    conversation = await spoken(holder, ctx)
+
+    switch = await elsewhere.select_project_execution(ALICE, conversation.id, "project:2", ctx)
+    refused = await elsewhere.select_project_execution(ALICE, conversation.id, "project:3", ctx)
+    await holder.close(ALICE, conversation.id, ctx)  # its last look takes what was posted
+    reopened = await elsewhere.open(ALICE, conversation.id, ctx)
+
+    assert switch == ProjectSwitch(row=DirectoryMoved(path=str(rig.beta), by="user", project="beta"), queued=True)
+    assert refused.queued is True
+    moved, error = await rows(reopened, ctx)
+    assert moved == switch.row
+    assert isinstance(error, ErrorDetails)
+    assert error.text.startswith("the switch to project project:3 did not apply")
+    assert reopened.target.directory == rig.beta
+    await elsewhere.close_all(ctx)

@@ -130,6 +130,7 @@ from harness.conversation.migrations import JOURNAL_DATA_MIGRATIONS, RETIRE_CHAT
 from harness.conversation.project_switch import (
     PROJECT_SWITCH_REFUSED_TYPE,
     PROJECT_TOOL,
+    ProjectSwitch,
     ProjectSwitchRefused,
     SwitchedBy,
 )
@@ -292,6 +293,7 @@ __all__ = [
     "PostedCommand",
     "Presence",
     "ProjectSelection",
+    "ProjectSwitch",
     "ProjectSwitchRefused",
     "ProjectsFileInvalid",
     "ReasoningChanged",

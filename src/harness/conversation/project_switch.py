@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Literal
 
-from pydantic import JsonValue
+from pydantic import BaseModel, ConfigDict, JsonValue
 
 from harness.context import Context
 from harness.conversation.chat_events import DirectoryMoved, chat_event_message
@@ -52,6 +52,17 @@ class ProjectSwitchRefused(HarnessError):
     entered) or `unknown` (no listed project has that execution ref)."""
 
     code = "project_switch_refused"
+
+
+class ProjectSwitch(BaseModel):
+    """A person's project switch (`ConversationService.select_project_execution`): `row`, the
+    `DirectoryMoved` it records, and `queued` True when it was posted to the process holding
+    the conversation, which makes it, or records why it could not, at once (CE-21)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    row: DirectoryMoved
+    queued: bool = False
 
 
 def refuse_unknown(execution_ref: str) -> ProjectSwitchRefused:

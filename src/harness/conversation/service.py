@@ -31,6 +31,7 @@ from harness.conversation.chat_events import (
     ChatEventView,
     CommandOutcome,
     DirectoryMoved,
+    ErrorDetails,
     Renamed,
     ShellRan,
     chat_event_message,
@@ -50,6 +51,7 @@ from harness.conversation.feed import Alert, InstanceFeed, Presence, TurnActivit
 from harness.conversation.garden_messages import GardenMessage, garden_message
 from harness.conversation.lifecycle import ENDED_AT, refuse_if_ended
 from harness.conversation.project_switch import (
+    ProjectSwitch,
     SwitchedBy,
     project_boundary,
     project_tool,
@@ -71,7 +73,13 @@ from harness.conversation.settings import (
     WorkMode,
     posted_switch_landed,
 )
-from harness.conversation.turn_rows import discards_turn, public_error, replay_interrupted_replies, turn_end_rows
+from harness.conversation.turn_rows import (
+    clean_public_text,
+    discards_turn,
+    public_error,
+    replay_interrupted_replies,
+    turn_end_rows,
+)
 from harness.errors import HarnessError
 from harness.messages import ImageContent, Message, ModelIdentity, ThinkingLevel, now_ms
 from harness.providers import ModelRegistry
@@ -1033,7 +1041,7 @@ class ConversationService:
         return load_projects(self.setup.projects_file) if self.setup.projects_file is not None else []
 
     async def select_project_execution(self, user: str, conversation_id: str, execution_ref: str, context: Context,
-                                       *, by: SwitchedBy = "user") -> DirectoryMoved:
+                                       *, by: SwitchedBy = "user") -> ProjectSwitch:
         """Switch the conversation, live here or cold, to the listed project `execution_ref` names:
         its tools run in that project's directory from now on, and the selection is stored, so
         a reopened conversation runs there too (CE-19 to CE-21). The door's own directory is not
@@ -1046,14 +1054,33 @@ class ConversationService:
         unknown ref, while a turn runs (not for the agent's path), while another lane of the
         conversation or a tracked background job of it still runs, or when the directory cannot
         be entered; `ProjectsFileInvalid` for a bad projects file; `SettingNotRecorded` when the
-        switch applied but the store refused its row (CE-3)."""
+        switch applied but the store refused its row (CE-3).
+
+        A person's switch of a conversation another process holds is posted to it
+        (`SettingRequest`) and answered `queued`: the holder makes it as its own door would, and
+        records a refusal as an error row with its text."""
+        project = self._project(user, execution_ref)
+        session = await self._owned(user, conversation_id, context)
+        async with self._settings_or_none(session, user, context) as settings:
+            if settings is not None:
+                return ProjectSwitch(row=await self._switch_project(settings, project, by, context))
+        if by == "agent":  # the model's path runs in the process that drives it, which holds it
+            raise SessionOwned(f"conversation {conversation_id} is held by another process", session_id=conversation_id)
+        await self._post_setting(session, user, "project", execution_ref, context)
+        return ProjectSwitch(row=DirectoryMoved(path=project.path, by=by, project=project.slug), queued=True)
+
+    def _project(self, user: str, execution_ref: str) -> SwitchableProject:
         project = next((row for row in self.list_switchable_projects(user) if row.execution_ref == execution_ref),
                        None)
         if project is None:
             raise refuse_unknown(execution_ref)
+        return project
+
+    async def _switch_project(self, settings: ConversationSettings, project: SwitchableProject, by: SwitchedBy,
+                              context: Context) -> DirectoryMoved:
+        conversation_id = settings.harness.session.id
         running = self.setup.running_jobs(conversation_id) if self.setup.running_jobs is not None else 0
-        async with self._settings_of(user, conversation_id, context) as settings:
-            return await switch_project(settings, project, by, running, context)
+        return await switch_project(settings, project, by, running, context)
 
     # -- acts from any process: live here, or posted to the process that holds the conversation ---
 
@@ -1129,6 +1156,8 @@ class ConversationService:
                     await _rename(conversation._settings, request.value, context)
                 elif request.setting == "model":
                     await _switch_posted(conversation, ModelIdentity.parse(request.value or ""), context)
+                elif request.setting == "project":
+                    await self._select_posted(conversation, request.user, request.value or "", context)
                 else:
                     await conversation._settings.select_mode("plan" if request.value == "plan" else "build", context)
                 return
@@ -1137,8 +1166,19 @@ class ConversationService:
         except HarnessError as error:
             logger.warning("%s posted for conversation %s failed: %s", request.kind, conversation.id, error.message)
 
-    async def _post_setting(self, session: Session, user: str, setting: Literal["name", "mode"], value: str | None,
-                            context: Context) -> None:
+    async def _select_posted(self, conversation: Conversation, user: str, execution_ref: str,
+                             context: Context) -> None:
+        """A project switch another process posted, already answered `queued`: a refusal here is
+        an error row with its text, so the person learns it did not apply (CE-20, CE-21)."""
+        try:  # on `conversation` itself: while it is let go it is no longer listed as live here
+            await self._switch_project(conversation._settings, self._project(user, execution_ref), "user", context)
+        except HarnessError as error:
+            text = clean_public_text(f"the switch to project {execution_ref} did not apply: {error.message}")
+            await conversation.record(ErrorDetails(text=text), context)
+            raise
+
+    async def _post_setting(self, session: Session, user: str, setting: Literal["name", "mode", "project"],
+                            value: str | None, context: Context) -> None:
         request = SettingRequest(lane=MAIN_LANE, user=user, setting=setting, value=value, requested_at=now_ms())
         await session.post_request(request, context)
 
@@ -1394,7 +1434,7 @@ class ConversationService:
         delegation = self._delegation()
 
         async def select(execution_ref: str, context: Context) -> DirectoryMoved:
-            return await self.select_project_execution(user, session.id, execution_ref, context, by="agent")
+            return (await self.select_project_execution(user, session.id, execution_ref, context, by="agent")).row
 
         options = AgentHarnessOptions(
             session=session, models=setup.models, tools=self._tools(user, target, delegation),

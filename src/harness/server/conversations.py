@@ -341,12 +341,17 @@ class SelectProject(_Body):
     execution_ref: str
 
 
-@router.put("/conversations/{conversation_id}/project", response_model=DirectoryMoved)
-async def select_project(conversation_id: str, body: SelectProject, user: CurrentUser, state: State,
-                         context: RequestContext) -> DirectoryMoved:
-    """Switch the conversation's tools to a listed project (CE-19 to CE-21).
-    `project_switch_refused` (409, with its `reason`) and nothing stored."""
-    return await state.service.select_project_execution(user, conversation_id, body.execution_ref, context)
+@router.put("/conversations/{conversation_id}/project", response_model=DirectoryMoved,
+            responses={202: {"model": DirectoryMoved, "description": "Posted to the process that holds it."}})
+async def select_project(conversation_id: str, body: SelectProject, response: Response, user: CurrentUser,
+                         state: State, context: RequestContext) -> DirectoryMoved:
+    """Switch the conversation's tools to a listed project (CE-19 to CE-21): 200 with its row;
+    202 with the row it will record when another process holds the conversation (a refusal there
+    is an error row). `project_switch_refused` (409, with its `reason`) and nothing stored."""
+    switch = await state.service.select_project_execution(user, conversation_id, body.execution_ref, context)
+    if switch.queued:
+        response.status_code = status.HTTP_202_ACCEPTED
+    return switch.row
 
 
 # -- approvals, the display read, images -----------------------------------------------------------

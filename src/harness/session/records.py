@@ -95,13 +95,13 @@ class CommandRequest(Record):
 class SettingRequest(Record):
     """A setting change another process asks the conversation's holder to make for `user`, as its
     own door would, with the row that records it: the conversation's `name` (`value` None clears
-    it), its work `mode` (`build` or `plan`) or its `model` (`provider/id`). Taken like a
-    `CommandRequest`: deleted, then made."""
+    it), its work `mode` (`build` or `plan`), its `model` (`provider/id`) or its `project` (an
+    execution ref). Taken like a `CommandRequest`: deleted, then made."""
 
     kind: Literal["setting"] = "setting"
     lane: str
     user: CleanStr
-    setting: Literal["name", "mode", "model"]
+    setting: Literal["name", "mode", "model", "project"]
     value: CleanStr | None
     requested_at: int
 
