@@ -19,7 +19,7 @@ import os
 import shutil
 import tempfile
 import threading
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import Callable, Coroutine, Iterator, Sequence
 from concurrent.futures import Future
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -31,6 +31,7 @@ import pytest
 from drive_helpers import FAUX, ProbeTool
 from harness.context import Context
 from harness.conversation import GENERAL_AGENT, AgentRegistry
+from harness.providers import Model
 from harness.providers.faux import FauxDelay, FauxReply, FauxRequest, FauxScript, delay, reply, thinking, tool_call
 from harness.server import Approvals, StoreTokens
 from harness.session import LaneConfig, connect
@@ -64,13 +65,15 @@ T = TypeVar("T")
 class Page:
     """The app served on its own loop in a thread, over a SQLite store in `directory`, answering
     `script` with the faux provider; `write` is a tool whose calls wait for an answer from the
-    page, and `agents` the sub-agents the model may delegate to. With `tokens` the server checks
-    bearer tokens and `token` is one of `USER`'s; else every request is `USER`."""
+    page, `agents` the sub-agents the model may delegate to and `models` those the registry holds
+    beside the faux one. With `tokens` the server checks bearer tokens and `token` is one of
+    `USER`'s; else every request is `USER`."""
 
     directory: Path
     script: FauxScript
     tokens: bool = False
     agents: AgentRegistry | None = None
+    models: Sequence[Model] = ()
     url: str = ""
     token: str = ""
     served: Served = field(init=False)
@@ -94,7 +97,7 @@ class Page:
                 auth = StoreTokens(store.tokens)
                 self.token, _ = await store.tokens.create(USER, context)
             self.served = faux_app(store, self.script, auth=auth, tools=[self.write], approvals=Approvals(),
-                                   agents=self.agents)
+                                   agents=self.agents, models=self.models)
             async with serving(self.served.app) as url:
                 ready.set_result(url)
                 await self._stop.wait()
@@ -159,9 +162,10 @@ def browser_tab(browser: WebDriver) -> Iterator[WebDriver]:
 
 @contextmanager
 def served(tmp_path: Path, *script: FauxReply | str, tokens: bool = False, agents: AgentRegistry | None = None,
-           answer: Callable[[FauxRequest], FauxReply | str] | None = None) -> Iterator[Page]:
+           answer: Callable[[FauxRequest], FauxReply | str] | None = None,
+           models: Sequence[Model] = ()) -> Iterator[Page]:
     """The page's server answering `script` (or every request with `answer`), stopped on leaving."""
-    page = Page(tmp_path, answer or list(script), tokens=tokens, agents=agents)
+    page = Page(tmp_path, answer or list(script), tokens=tokens, agents=agents, models=models)
     page.start()
     try:
         yield page
@@ -414,6 +418,128 @@ def test_the_model_picker_lists_the_models_and_follows_a_switch(tmp_path: Path, 
         browser_tab.refresh()
         wait(browser_tab, lambda d: d.find_element(By.ID, "model").get_attribute("data-current") == other)
         assert len(values) == 2  # the faux model and the embedded one, always in a registry
+
+
+KEY_ENV = "HARNESS_PAGE_TEST_KEY"
+KEYED = Model(id="keyed", provider="faux", api="faux", name="Scripted model with a key", api_key_env=KEY_ENV)
+"""A model of the faux provider that needs `KEY_ENV` set: a switch to it fails while the key is unset."""
+OTHER = Model(id="other", provider="faux", api="faux", name="Another scripted model")
+"""A second model of the faux provider: the turns after a switch to it are scripted too."""
+
+
+def picked(driver: WebDriver) -> tuple[str, str, str]:
+    """The picker as the person sees it: (the model shown, the model in force, the state line)."""
+    picker = driver.find_element(By.ID, "model")
+    return (picker.get_attribute("value") or "", picker.get_attribute("data-current") or "",
+            driver.find_element(By.ID, "model-state").text)
+
+
+def test_a_queued_switch_that_fails_puts_the_picker_back_and_says_so(
+        tmp_path: Path, browser_tab: WebDriver, monkeypatch: pytest.MonkeyPatch) -> None:
+    """CE-12 (issue 28): a pick made while a turn runs is acknowledged as queued; when it fails as
+    it applies after the turn (its key was withdrawn meanwhile), the server records an error row
+    with a model-switch-failed notice, and the page shows that row, puts the picker back on the
+    model in force, clears the state line and shows the failure."""
+    monkeypatch.setenv(KEY_ENV, "a key")
+    answer, pause = paused("Working.", "Done.")
+    with served(tmp_path, answer, models=[KEYED]) as page:
+        open_new_conversation(browser_tab, page)
+        say(browser_tab, "go")
+        page.reached(pause)
+
+        Select(browser_tab.find_element(By.ID, "model")).select_by_value("faux/keyed")
+        wait(browser_tab, lambda d: picked(d) == ("faux/keyed", "faux/faux", "switches when the turn ends"))
+        monkeypatch.delenv(KEY_ENV)
+        page.release(pause)
+
+        shown(browser_tab, '#transcript .event[data-kind="error"]', "✗ could not switch the model to faux/keyed")
+        wait(browser_tab, lambda d: picked(d) == ("faux/faux", "faux/faux", ""))
+        error = browser_tab.find_element(By.ID, "error")
+        assert error.is_displayed()
+        assert error.text == "✗ could not switch the model to faux/keyed"
+        assert error.get_attribute("data-code") == "model-switch-failed"
+
+
+# Put before the page's own scripts: the watch's requests go through it, so a test can cut the watch
+# (`watched.cut()`), make its retry resume from an older event id (`watched.rewind`) and read what
+# each connection carried (`watched.streams`, one text per connection).
+WATCH_TAP = """
+const watched = { rewind: null, cut: () => {}, streams: [] };
+window.watched = watched;
+const fetchAnything = window.fetch;
+window.fetch = async (path, init = {}) => {
+  if (!String(path).endsWith("/events")) return fetchAnything(path, init);
+  const cut = new AbortController();
+  init.signal?.addEventListener("abort", () => cut.abort());
+  watched.cut = () => cut.abort();
+  const headers = { ...init.headers };
+  if (watched.rewind != null) {
+    headers["Last-Event-ID"] = watched.rewind;
+    watched.rewind = null;
+  }
+  const response = await fetchAnything(path, { ...init, headers, signal: cut.signal });
+  const [tapped, body] = response.body.tee();
+  const reader = tapped.pipeThrough(new TextDecoderStream()).getReader();
+  const stream = watched.streams.push("") - 1;
+  (async () => {
+    for (let read = await reader.read(); !read.done; read = await reader.read()) watched.streams[stream] += read.value;
+  })().catch(() => {});
+  return new Response(body, response);
+};
+"""
+
+
+@contextmanager
+def watch_tapped(driver: WebDriver) -> Iterator[None]:
+    """`WATCH_TAP` in every page the tab loads, while inside."""
+    script = driver.execute_cdp_cmd("Page.addScriptToEvaluateOnNewDocument", {"source": WATCH_TAP})
+    try:
+        yield
+    finally:
+        driver.execute_cdp_cmd("Page.removeScriptToEvaluateOnNewDocument", {"identifier": script["identifier"]})
+
+
+def event_id_of(stream: str, row_id: str) -> str:
+    """The `id:` of the watch's `chat_event` that carries the row `row_id` in the SSE text `stream`."""
+    [event] = [block for block in stream.split("\n\n")
+               if "event: chat_event" in block and f'"id":"{row_id}"' in block.replace(" ", "")]
+    return next(line[3:].strip() for line in event.splitlines() if line.startswith("id:"))
+
+
+def test_a_watch_that_replays_an_old_model_row_does_not_undo_a_newer_pick(
+        tmp_path: Path, browser_tab: WebDriver) -> None:
+    """CE-12 (issue 28), retries ignore previously observed event ids: a switch landed (its model
+    row reconciled the picker), then a pick made while a turn runs waits; the watch is cut and
+    resumes from before the landed row, so the server sends that row again. The picker keeps the
+    waiting pick and its state line, and follows the pick when it lands."""
+    answer, pause = paused("Working.", "Done.")
+    other = "faux/other"
+    with watch_tapped(browser_tab), served(tmp_path, reply("Hi."), answer, models=[OTHER]) as page:
+        open_new_conversation(browser_tab, page)
+        say(browser_tab, "hi")
+        shown(browser_tab, "#transcript .assistant", "Hi.")
+        wait(browser_tab, idle)
+        picker = browser_tab.find_element(By.ID, "model")
+        Select(picker).select_by_value(other)
+        landed = shown(browser_tab, '#transcript .event[data-kind="model"]', f"model: faux/faux → {other}")
+        landed_id = landed.get_attribute("data-id") or ""
+        say(browser_tab, "go")
+        page.reached(pause)
+        Select(picker).select_by_value("faux/faux")
+        waiting = ("faux/faux", other, "switches when the turn ends")
+        wait(browser_tab, lambda d: picked(d) == waiting)
+
+        [stream] = browser_tab.execute_script("return watched.streams")
+        seq = int(event_id_of(stream, landed_id).split(".")[0])
+        browser_tab.execute_script("watched.rewind = arguments[0]; watched.cut()", str(seq - 1))
+        wait(browser_tab, lambda d: landed_id in d.execute_script("return watched.streams[1] ?? ''"))
+        # The page reads each chunk in the task that received it: the next task sees what it did.
+        assert browser_tab.execute_async_script("setTimeout(arguments[0], 0)") is None
+        assert picked(browser_tab) == waiting
+
+        page.release(pause)
+        shown(browser_tab, '#transcript .event[data-kind="model"]', f"model: {other} → faux/faux")
+        wait(browser_tab, lambda d: picked(d) == ("faux/faux", "faux/faux", ""))
 
 
 def test_a_background_jobs_result_is_a_delegation_row(tmp_path: Path, browser_tab: WebDriver) -> None:

@@ -13,7 +13,7 @@
 
 import { ApiError, json, request, serverSentEvents, setToken } from "./api.js";
 import { Transcript } from "./transcript.js";
-import { modelName } from "./words.js";
+import { chatEventWords, modelName } from "./words.js";
 
 const routes = {
   conversations: "/api/conversations",
@@ -38,7 +38,9 @@ const MAIN_LANE = "main";
 const $ = (id) => document.getElementById(id);
 const images = new Map();
 
-let current = null; // {id, streaming: AbortController|null, watch: AbortController, nextBefore}
+// {id, streaming: AbortController|null, watch: AbortController, nextBefore, pick: the model switch
+// this tab waits on, modelRows/modelAt: the model rows handled (ids, newest event id), ...}
+let current = null;
 
 const transcript = new Transcript($("transcript"), {
   onApproval: (answer) => answerApproval(answer),
@@ -131,8 +133,9 @@ async function openConversation(id) {
   // `opened`: settled once the view is drawn and the server said whether a turn runs; a message
   // typed before then waits for it instead of racing the view's first read.
   let answered;
-  current = { id, streaming: null, watch: new AbortController(), nextBefore: null, pendingModel: null,
-    reading: false, readAgain: false, opened: new Promise((resolve) => { answered = resolve; }) };
+  current = { id, streaming: null, watch: new AbortController(), nextBefore: null, pick: null,
+    modelRows: new Set(), modelAt: null, reading: false, readAgain: false,
+    opened: new Promise((resolve) => { answered = resolve; }) };
   for (const link of document.querySelectorAll("#conversations a")) {
     if (link.dataset.id === id) link.setAttribute("aria-current", "page");
     else link.removeAttribute("aria-current");
@@ -145,7 +148,7 @@ async function openConversation(id) {
     const info = await authorized(() => json("GET", routes.conversation(id)));
     $("title").textContent = info.name ?? `Conversation ${id.slice(0, 8)}`;
     await showModel(info);
-    await readDisplay();
+    await readDisplay({ opening: true });
     watch(current);
     await resume(current, answered);
   } finally {
@@ -153,13 +156,19 @@ async function openConversation(id) {
   }
 }
 
-async function readDisplay({ older = false } = {}) {
+/** Read the display (`older`: the page before the rows shown). The rows of the opening read and
+ * of an older page are old: the model in force came from the conversation itself, and only rows
+ * written since settle the picker. */
+async function readDisplay({ older = false, opening = false } = {}) {
   const conversation = current;
   const page = await authorized(() => json("GET", routes.display(conversation.id, older ? conversation.nextBefore : null)));
   // A turn that started meanwhile draws its rows live: the page this read got must not drop them.
   if (conversation !== current || (!older && conversation.streaming)) return;
   if (!older) transcript.dropLive();
   transcript.showRows(page.rows, { older });
+  for (const row of page.rows) {
+    if (row.kind === "event") settleModel(conversation, row.id, row.details, { old: older || opening });
+  }
   if (older || conversation.nextBefore == null) {
     conversation.nextBefore = page.next_before;
     $("older").hidden = page.next_before == null;
@@ -277,6 +286,9 @@ function observe(conversation, event) {
   const data = JSON.parse(event.data);
   switch (event.event) {
     case "snapshot":
+      // `reset`: the watch resumed past what the server's log holds; rows written meanwhile
+      // (a switch's outcome among them) are read from the display.
+      if (data.reset) readSoon(conversation).catch(showError);
       if (data.operation?.kind === "run") resume(conversation).catch(showError);
       return;
     case "approval":
@@ -298,7 +310,7 @@ function observe(conversation, event) {
         const row = transcript.eventRow(data.row.id, data.row.details);
         if (row) transcript.put(row);
       }
-      if (data.row.details.kind === "model") reconcileModel(data.row.details.model);
+      settleModel(conversation, data.row.id, data.row.details, { eventId: event.id });
       break;
     case "entry_added":
       if (!following(conversation) && !transcript.find(data.entry.id)) readSoon(conversation).catch(showError);
@@ -364,7 +376,7 @@ async function answerApproval({ toolCallId, approved }) {
   }
 }
 
-// -- the model picker: a queued switch is shown as such until the model row says it happened ---------
+// -- the model picker: a queued switch is shown as such until its row says how it went (CE-12) -------
 
 async function showModel(info) {
   const picker = $("model");
@@ -373,30 +385,90 @@ async function showModel(info) {
   if (info?.model) reconcileModel(info.model);
 }
 
+/** `model` is in force: the picker shows it and no pick of this tab waits any more. */
 function reconcileModel(model) {
+  inForce(model);
+  settlePick();
+}
+
+function inForce(model) {
   const picker = $("model");
   const name = modelName(model);
   if (![...picker.options].some((option) => option.value === name)) picker.append(new Option(name, name));
-  picker.value = name;
   picker.dataset.current = name;
-  if (current) current.pendingModel = null;
+}
+
+function settlePick() {
+  const picker = $("model");
+  picker.value = picker.dataset.current ?? "";
+  if (current) current.pick = null;
   $("model-state").textContent = "";
 }
 
+/**
+ * Settle the picker from a row of the conversation: a `model` row (a switch landed) or an error
+ * row with a model-switch-failed notice (a queued switch failed after its acknowledgement), from
+ * the watch (`eventId`, the watch's `seq` or `seq.k`) or a display read (no event id; `old`: a row
+ * from before the page opened, only noted). Each row is handled once: one whose id was handled, or
+ * whose event id is not after the newest handled, is a retry's copy (a resumed watch, the display
+ * read again) and must not undo a newer pick (CE-12: retries ignore observed event ids).
+ */
+function settleModel(conversation, rowId, details, { eventId = null, old = false } = {}) {
+  const failed = details.kind === "error" && details.notice?.code === "model-switch-failed";
+  if (details.kind !== "model" && !failed) return;
+  const at = eventId == null ? null : position(eventId);
+  if (conversation.modelRows.has(rowId) || (at && conversation.modelAt && !after(at, conversation.modelAt))) return;
+  conversation.modelRows.add(rowId);
+  if (at) conversation.modelAt = at;
+  if (old || conversation !== current) return;
+  const selection = modelName(failed ? details.notice.requested : details.model);
+  if (!failed) inForce(details.model);
+  const pick = conversation.pick;
+  // Before its answer, a row of another selection is an earlier switch's: the answer says how the
+  // pick went. Once acknowledged it is the one pick the server waits on, so the next outcome ends
+  // it: its own, or that of the pick that superseded it.
+  if (pick != null && pick.model !== selection && !pick.acknowledged) return;
+  settlePick();
+  if (failed && pick?.model === selection) {
+    showError({ message: chatEventWords(details).text, code: details.notice.code });
+  }
+}
+
+/** An event id of the watch as `[seq, part]`: `12.1` is event 12's first row, `12` all of it. */
+function position(eventId) {
+  const [seq, part] = eventId.split(".");
+  return [Number(seq), part == null ? Infinity : Number(part)];
+}
+
+function after([seq, part], [seenSeq, seenPart]) {
+  return seq > seenSeq || (seq === seenSeq && part > seenPart);
+}
+
+/**
+ * Switch to the picked model. The pick is tracked from here: its answer is ignored once a row
+ * settled it (a row can overtake a late acknowledgement) or a later pick superseded it (whose
+ * 409 `model_switch_refused` is expected, not an error to show).
+ */
 async function switchModel() {
   const picker = $("model");
-  const [provider, ...rest] = picker.value.split("/");
   const conversation = current;
-  conversation.pendingModel = picker.value;
+  const pick = { model: picker.value, acknowledged: false };
+  conversation.pick = pick;
   $("model-state").textContent = "switching…";
+  const [provider, ...rest] = pick.model.split("/");
   try {
     const answer = await authorized(() => json("PUT", routes.model(conversation.id),
       { model: { provider, model_id: rest.join("/") } }));
-    if (answer?.queued) $("model-state").textContent = "switches when the turn ends";
-    else reconcileModel(answer.model);
+    if (conversation !== current || conversation.pick !== pick) return;
+    if (answer?.queued) {
+      pick.acknowledged = true;
+      $("model-state").textContent = "switches when the turn ends";
+    } else {
+      reconcileModel(answer.model);
+    }
   } catch (error) {
-    picker.value = picker.dataset.current ?? "";
-    $("model-state").textContent = "";
+    if (conversation !== current || conversation.pick !== pick) return;
+    settlePick();
     showError(error);
   }
 }
