@@ -131,14 +131,14 @@ async def test_the_streaming_reply_goes_out_whole_once_then_as_deltas(store: Sto
 
 async def test_a_client_that_never_reads_holds_at_most_its_bytes_then_is_cut_and_resumes_without_a_gap(
         store: Store, ctx: Context) -> None:
-    """Issue 29: during a 200 KB reply streamed in 400 updates, a client that stops reading after
+    """Issue 29: during a 100 KB reply streamed in 200 updates, a client that stops reading after
     its snapshot holds at most `client_buffer_bytes` (the fan-out's `held_bytes`, sampled at every
-    event the run emits; a whole reply per update would be 40 MB), and is cut when the reply's
+    event the run emits; a whole reply per update would be 10 MB), and is cut when the reply's
     end would pass it: its stream ends with `overflow`. Resumed from its last event id, it gets
     exactly the lane's log after its snapshot, the reply whole."""
-    bound = 64_000
+    bound = 16_000
     chunk = "x" * 499 + " "
-    served = faux_app(store, [reply(*([chunk] * 400))], drive=LIVE,
+    served = faux_app(store, [reply(*([chunk] * 200))], drive=LIVE,
                       options=ServerOptions(client_buffer_bytes=bound))
     conversation = await served.service.create(USER, served.app.state.server.new_lane(None), ctx)
     fanouts = served.app.state.server.fanouts
@@ -180,12 +180,12 @@ async def test_a_client_that_never_reads_holds_at_most_its_bytes_then_is_cut_and
         last_id = re.findall(rb"^id: (\S+)", bytes(body), re.MULTILINE)[-1].decode()
         resumed = await within(sse_until(client, path, run_ended, last_event_id=last_id))
 
-    assert len(updates) >= 399
+    assert len(updates) >= 199
     assert 0 < max(held) <= bound
     assert bytes(body).rstrip().endswith(f'data: {{"type":"overflow","limit":{bound},"unit":"bytes"}}'.encode())
     assert resumed[0].name != "snapshot"
     assert durable(resumed) == await logged_after(served, conversation.id, last_id, ctx)
-    assert reply_texts(resumed)[-1] == chunk * 400
+    assert reply_texts(resumed)[-1] == chunk * 200
 
 
 async def test_watchers_of_a_conversation_held_nowhere_share_one_follow_of_it(store: Store, ctx: Context) -> None:
