@@ -46,6 +46,8 @@ FAUX_2 = ModelIdentity(provider="faux", model_id="faux-2")
 THIRD = FAUX_MODEL.model_copy(update={"id": "faux-3"})
 FAUX_3 = ModelIdentity(provider="faux", model_id="faux-3")
 NOWHERE = ModelIdentity(provider="nowhere", model_id="absent")
+KEYED = FAUX_MODEL.model_copy(update={"id": "faux-keyed", "api_key_env": "HARNESS_TEST_KEY"})
+KEYED_ID = ModelIdentity(provider="faux", model_id="faux-keyed")
 
 
 async def roles(conversation: Conversation, ctx: Context) -> list[str]:
@@ -329,14 +331,17 @@ async def test_closing_the_conversation_drops_its_waiting_pick(store: Store, ctx
 
 
 async def test_a_failure_after_the_acknowledgement_is_logged_and_recorded_with_a_typed_notice(
-        store: Store, ctx: Context, caplog: pytest.LogCaptureFixture) -> None:
+        store: Store, ctx: Context, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    """CE-12: the model could run when the switch was queued; its key is gone when the turn ends."""
     hold = delay(asyncio.Event())
-    conversations, _ = service(store, ["hi", reply("working", hold)])
+    conversations, _ = faux_service(store, ["hi", reply("working", hold)], models=[KEYED])
     conversation = await spoken(conversations, ctx)
     watch = await conversation.watch(ctx)
     turn = await held_turn(conversations, conversation, hold, ctx)
-    ack = await conversations.switch_model(ALICE, conversation.id, NOWHERE, ctx, acknowledge_after_s=0)
+    monkeypatch.setenv("HARNESS_TEST_KEY", "set for now")
+    ack = await conversations.switch_model(ALICE, conversation.id, KEYED_ID, ctx, acknowledge_after_s=0)
     assert ack.queued is True
+    monkeypatch.delenv("HARNESS_TEST_KEY")
     with caplog.at_level(logging.ERROR, logger="harness.conversation"):
         await turn.release()
         async for event in watch:
@@ -346,10 +351,27 @@ async def test_a_failure_after_the_acknowledgement_is_logged_and_recorded_with_a
 
     [row] = await rows(conversation, ctx)
     assert isinstance(row, ErrorDetails)
-    assert row.notice == ModelSwitchFailed(requested=NOWHERE)
-    assert row.text.startswith("the switch to nowhere/absent failed: model nowhere/absent is not available")
+    assert row.notice == ModelSwitchFailed(requested=KEYED_ID)
+    assert row.text.startswith("the switch to faux/faux-keyed failed:")
     assert conversation.config().model == FAUX
-    assert any("nowhere/absent" in record.getMessage() for record in caplog.records)
+    assert any("faux/faux-keyed" in record.getMessage() for record in caplog.records)
+    await conversations.close_all(ctx)
+
+
+async def test_a_model_that_cannot_run_here_is_refused_before_it_is_queued(store: Store, ctx: Context) -> None:
+    """CE-12: a pick no provider serves is refused at once while a turn runs, not acknowledged
+    `queued` and failed when the turn ends; nothing waits."""
+    hold = delay(asyncio.Event())
+    conversations, _ = service(store, ["hi", reply("working", hold)])
+    conversation = await spoken(conversations, ctx)
+    turn = await held_turn(conversations, conversation, hold, ctx)
+
+    with pytest.raises(ModelUnavailable):
+        await conversations.switch_model(ALICE, conversation.id, NOWHERE, ctx)
+
+    assert conversation.waiting_model is None
+    await turn.release()
+    assert await rows(conversation, ctx) == []
     await conversations.close_all(ctx)
 
 

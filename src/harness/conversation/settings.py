@@ -226,7 +226,8 @@ class ConversationSettings:
         Immediate (the lock free, the lane idle, no switch waiting): applied now, a row recorded
         only when provider or model id changed (and someone has spoken), errors raised here
         (`ModelUnavailable` when the registry cannot serve `model`).
-        Otherwise queued: it supersedes a waiting pick (which fails with `ModelSwitchRefused`),
+        Otherwise queued, once `check_model` passed (its errors raised here too): it supersedes a
+        waiting pick (which fails with `ModelSwitchRefused`),
         waits for the lock and the running turn's end, and its completion always records a
         `ModelSwitched` row. Answered `queued=False` if it applied within `acknowledge_after_s`
         (its errors raised), else `queued=True` while the wait goes on: a later failure is logged
@@ -237,6 +238,7 @@ class ConversationSettings:
             async with self.turn_lock:
                 await self.apply_model(model, context, always_record=False, record=not recorded_by_command)
             return ModelSwitch(model=model, queued=False)
+        self.check_model(model)  # a model that cannot run here is refused now, not after the turn
         pick = _Pick(model, asyncio.get_running_loop().create_future())
         pick.outcome.add_done_callback(_retrieve)
         if self._pick is not None:
