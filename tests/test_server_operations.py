@@ -180,7 +180,8 @@ async def test_no_log_line_carries_a_token_or_the_text_of_a_message(store: Store
 async def test_metrics_count_requests_turns_their_duration_and_attached_conversations(
         store: Store, lines: Lines) -> None:
     """Issue 29: `/metrics` (Prometheus text) counts requests by route template and status,
-    turns started and ended by outcome with their duration, and conversations attached now."""
+    turns started and ended by outcome with their duration, conversations attached now, and the
+    store's claims and pool."""
     served = faux_app(store, ["Hello back."])
     async with asgi_client(served.app) as client:
         conversation, _ = await _turn(served.app, client)
@@ -196,6 +197,10 @@ async def test_metrics_count_requests_turns_their_duration_and_attached_conversa
     assert after[("harness_turn_duration_seconds_count", frozenset({("outcome", "completed")}))] == 1
     assert held[("harness_conversations_attached", frozenset())] == 1
     assert after[("harness_conversations_attached", frozenset())] == 0
+    claims = ("harness_store_connections", frozenset({("use", "claims")}))
+    assert (held[claims], after[claims]) == (1, 0)
+    if store.backend.kind == "postgres":  # the read pool holds at least the connection it opened with
+        assert after[("harness_store_connections", frozenset({("use", "pooled")}))] >= 1
 
 
 async def test_open_event_streams_are_counted_by_route(store: Store) -> None:

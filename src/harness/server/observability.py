@@ -8,20 +8,22 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from typing import Annotated, cast
 
 from fastapi import APIRouter, Depends, FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from harness.context import Context
 from harness.conversation import ConversationService, FeedWatch, Presence, TurnActivity
 from harness.errors import HarnessError
 from harness.server.state import State
-from harness.session import SessionNotFound
+from harness.session import SessionNotFound, Store
 
 logger = logging.getLogger(__name__)
 
@@ -45,6 +47,24 @@ class StoreNotReady(HarnessError):
     host, port or role (the store's own message goes to the server's log)."""
 
     code = "store_not_ready"
+
+
+class StoreConnections(Collector):
+    """`harness_store_connections{use}`, read from the store at each scrape
+    (`Store.connection_use`): `claims` (conversations held, each with a PostgreSQL connection or
+    a SQLite lock), and on PostgreSQL the read pool's `pooled`, `idle` and `waiting`."""
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        use = self._store.connection_use()
+        family = GaugeMetricFamily("harness_store_connections", "What the store holds open now: claims (held "
+                                   "conversations), and the PostgreSQL read pool's size, idle connections and "
+                                   "waiting requests.", labels=["use"])
+        for name in ("claims", "pooled", "idle", "waiting"):
+            family.add_metric([name], getattr(use, name))
+        yield family
 
 
 class ServerMetrics:
@@ -78,12 +98,16 @@ class ServerMetrics:
     @asynccontextmanager
     async def following(self, service: ConversationService) -> AsyncIterator[None]:
         """Count `service`'s turns and attached conversations from its feed, and log each attach
-        (a claim of the conversation's session) and release, while the block runs."""
+        (a claim of the conversation's session) and release, while the block runs; its store's
+        connections are read at each scrape (`StoreConnections`)."""
+        connections = StoreConnections(service.store)
+        self.registry.register(connections)
         feed = service.feed.watch()
         task = asyncio.get_running_loop().create_task(self._follow(feed))
         try:
             yield
         finally:
+            self.registry.unregister(connections)
             # One turn of the loop first: the follower, woken by what the block published last
             # (the releases of a server's shutdown), reads all of it before the close ends it.
             await asyncio.sleep(0)

@@ -162,6 +162,18 @@ class Claim(Protocol):
     def epoch(self) -> int: ...
 
 
+@dataclass(frozen=True)
+class ConnectionUse:
+    """What a store holds open now: `claims`, the sessions it owns (each a PostgreSQL connection
+    of its own, or a lock on the SQLite file), and on PostgreSQL its read pool's `pooled`
+    connections, how many of them are `idle`, and `waiting`, the requests waiting for one."""
+
+    claims: int
+    pooled: int = 0
+    idle: int = 0
+    waiting: int = 0
+
+
 class Backend(Protocol):
     """One database holding many sessions. Every method is one round trip (SQLite: one hop to
     its thread, or a quick commit on the caller's); `commit` is one transaction, all or nothing."""
@@ -263,6 +275,11 @@ class Backend(Protocol):
         ...
 
     async def release(self, claim: Claim, context: Context) -> None: ...
+
+    @property
+    def claims_held(self) -> int:
+        """How many claims this backend holds now (each a connection or a lock of its own)."""
+        ...
 
     async def run_data_migration(self, migration: DataMigration, context: Context) -> bool:
         """In one transaction: unless `migration.name` is recorded, rewrite every entry payload it

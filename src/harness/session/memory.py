@@ -168,6 +168,10 @@ class MemoryBackend:
         session = self._session(session_id)
         return _commit(session, writes)
 
+    @property
+    def claims_held(self) -> int:
+        return sum(session.claimed for session in self._sessions.values())
+
     async def claim(self, session_id: str, context: Context) -> Claim:
         session = self._session(session_id)
         if session.claimed:

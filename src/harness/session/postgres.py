@@ -34,6 +34,7 @@ from harness.session.backend import (
     AppendList,
     Claim,
     CommitResult,
+    ConnectionUse,
     DeleteList,
     DeleteValue,
     EntryRow,
@@ -642,6 +643,16 @@ class PostgresBackend:
         claim = PostgresClaim(session_id, row[0], conn, key)
         self._claims.add(claim)
         return claim
+
+    @property
+    def claims_held(self) -> int:
+        return len(self._claims)
+
+    def connection_use(self) -> ConnectionUse:
+        """The claims held (a connection each) and the read pool's use, from psycopg_pool's stats."""
+        stats = self._pool.get_stats()
+        return ConnectionUse(claims=len(self._claims), pooled=stats.get("pool_size", 0),
+                             idle=stats.get("pool_available", 0), waiting=stats.get("requests_waiting", 0))
 
     async def release(self, claim: Claim, context: Context) -> None:
         """Unlock and close the claim's connection; idempotent, and quiet if it already died."""

@@ -812,6 +812,10 @@ class SqliteBackend:
 
         return await self._call(run)
 
+    @property
+    def claims_held(self) -> int:
+        return len(self._claims)
+
     async def release(self, claim: Claim, context: Context) -> None:
         assert isinstance(claim, SqliteClaim)
 

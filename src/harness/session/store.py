@@ -13,7 +13,7 @@ from harness.errors import InvalidInput
 from harness.messages import now_ms
 from harness.session import addresses
 from harness.session.addresses import ValueAddress
-from harness.session.backend import Backend, InsertEntry, SessionInfo, SetValue, Write
+from harness.session.backend import Backend, ConnectionUse, InsertEntry, SessionInfo, SetValue, Write
 from harness.session.changes import ChangeFeed
 from harness.session.entries import custom_type_of
 from harness.session.errors import (
@@ -52,6 +52,12 @@ class Store:
         """Wake-ups when a session may have changed: every commit made through this store wakes
         this process's readers at once; on PostgreSQL every commit of any process notifies them
         too, while on memory and SQLite other processes' commits are seen by polling."""
+
+    def connection_use(self) -> ConnectionUse:
+        """What the store holds open now (`ConnectionUse`), for a server's metrics (issue 29)."""
+        if self.backend.kind == "postgres":
+            return cast("PostgresBackend", self.backend).connection_use()
+        return ConnectionUse(claims=self.backend.claims_held)
 
     @property
     def images(self) -> ImageStore:
