@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from conversation_helpers import faux_service, rows, transcript
 from drive_helpers import FAUX, within
 from harness.context import Context
-from harness.conversation import Conversation, ConversationService, Interrupted, ReasoningChanged
+from harness.conversation import Conversation, ConversationService, Interrupted, ReasoningChanged, Renamed
 from harness.messages import Message, TextContent, UserMessage
 from harness.providers import FauxProvider
 from harness.providers.faux import FauxReply, delay, reply
@@ -108,6 +108,27 @@ async def test_a_first_turn_stopped_before_any_output_leaves_the_empty_branch(st
     assert await transcript(conversation, ctx) == []
     settled(await within(conversation.send("hello", ctx)), "completed")
     assert user_texts(faux.requests[-1].request.messages) == ["hello"]
+    await conversations.close_all(ctx)
+
+
+async def test_rows_placed_during_a_discarded_turn_stay_on_the_branch(store: Store, ctx: Context) -> None:
+    """CE-7, CE-11: a row another door recorded while the turn ran, placed at its first step
+    boundary (after the person's message), stays on the branch when the turn is discarded: the
+    rename it records is still shown and read by the model. (It left the branch with the turn.)"""
+    held = delay(asyncio.Event())
+    conversations, faux, conversation = await spoken([reply(held, "never seen"), "answered"], store, ctx)
+    accepted = await conversation.admit("never mind", ctx)
+    assert await conversations.rename(ALICE, conversation.id, "notes", ctx) is True  # pending: placed at the boundary
+    running = asyncio.ensure_future(conversation.drive(accepted.operation_id, ctx))
+    await within(held.reached.wait())
+
+    await conversation.stop(ctx)
+    settled(await within(running), "aborted")
+
+    assert await rows(conversation, ctx) == [CHANGED, Renamed(name="notes")]
+    assert user_texts(await transcript(conversation, ctx)) == ["hello"]
+    settled(await within(conversation.send("something else", ctx)), "completed")
+    assert "notes" in str(faux.requests[-1].request.messages)
     await conversations.close_all(ctx)
 
 

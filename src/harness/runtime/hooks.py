@@ -13,7 +13,7 @@ from harness.context import Context
 from harness.messages import Message
 from harness.runtime.agent_tool import ToolOutput
 from harness.runtime.lane import Lane
-from harness.session import AbortCause, OperationErrorRecord, OperationKind
+from harness.session import AbortCause, EntryPayload, OperationErrorRecord, OperationKind
 
 
 @dataclass(frozen=True)
@@ -72,15 +72,20 @@ class OperationEnding:
     `discard_turn` may move the tip back to `prompt_parent`."""
     discarded: bool = False
     """`discard_turn` discarded the run: the tip goes back to `prompt_parent` in this commit."""
+    kept: tuple[EntryPayload, ...] = ()
+    """A discardable run's custom messages placed after its user message, oldest first: rows
+    others recorded at its step boundaries (a rename's, a garden's). A discard places them again
+    after `prompt_parent`, so they leave the branch with the turn only as copies stay on it."""
 
 
 DiscardTurn = Callable[[OperationEnding], bool]
 """Called inside the terminal commit of a run that is `discardable`, on the session line, without
 awaiting, before `settlement_messages`: True discards the turn. The tip then goes back to
 `prompt_parent` in that very commit: the user message and everything after it leave the branch
-(they stay in the journal), what the acceptance placed above it stays, pending writes are placed
-after it, and `navigation_end` says the tip moved before `run_end` does. A crash leaves either the
-open run or the settled discard (CE-7, CE-14). It must be quick and must not raise."""
+(they stay in the journal), what the acceptance placed above it stays, the custom messages placed
+after it (`kept`: rows others recorded at its boundaries) and pending writes are placed after it,
+and `navigation_end` says the tip moved before `run_end` does. A crash leaves either the open run
+or the settled discard (CE-7, CE-14). It must be quick and must not raise."""
 
 SettlementMessages = Callable[[OperationEnding], Sequence[Message]]
 """Called inside an operation's terminal commit, on the session line, without awaiting: the

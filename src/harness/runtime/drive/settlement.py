@@ -23,6 +23,7 @@ from harness.session import (
     AbortCause,
     CancelRequested,
     CommitResult,
+    CustomMessagePayload,
     Entry,
     FailureDrain,
     FailureProvenance,
@@ -112,6 +113,8 @@ async def settle(
         if ending.discardable and op.hooks.discard_turn is not None and op.hooks.discard_turn(ending):
             ending = replace(ending, discarded=True)
         placement = Placement(ending.prompt_parent if ending.discarded else from_tip)
+        for payload in ending.kept if ending.discarded else ():
+            placement.stage(m, new_id(), payload)
         for entry_id in writes:
             placement.stage(m, entry_id, pending_payload(projection.pending[entry_id]))
             m.delete(addresses.pending_entry(entry_id))
@@ -196,7 +199,8 @@ async def _ending(op: DrivenOperation, m: SessionMutator, outcome: Literal["comp
     before any of them is not placed) is `discardable` when its branch from `tip` back to the tip
     it was accepted on holds no reply and one of its user messages: the walk costs O(entries since
     its newest reply) (before any output: the entries its acceptance placed), read from the cached
-    branch when it holds them. Any other ending reads nothing."""
+    branch when it holds them; the custom messages placed after its first user message are `kept`
+    for a discard to place again. Any other ending reads nothing."""
     meta = op.projection.meta
     assert meta is not None
     ending = OperationEnding(lane=op.lane.name, operation_id=op.operation_id, kind=meta.intent.kind,
@@ -204,6 +208,8 @@ async def _ending(op: DrivenOperation, m: SessionMutator, outcome: Literal["comp
     if meta.intent.kind != "run" or outcome != "aborted" or replied:
         return ending
     first_user: Entry | None = None
+    custom: list[Entry] = []  # newest first, as walked
+    kept: list[Entry] = []  # those placed after `first_user`
     entry_id = tip
     while entry_id is not None and entry_id != meta.source_tip_id:
         entry = op.projection.cached_entry(entry_id) or await m.entry(entry_id, op.context)
@@ -214,11 +220,14 @@ async def _ending(op: DrivenOperation, m: SessionMutator, outcome: Literal["comp
             if entry.payload.message.role == "assistant":
                 return ending
             if entry.payload.message.role == "user":
-                first_user = entry
+                first_user, kept = entry, list(custom)
+        elif isinstance(entry.payload, CustomMessagePayload):
+            custom.append(entry)
         entry_id = entry.parent_id
     if first_user is None:
         return ending
-    return replace(ending, prompt_parent=first_user.parent_id, discardable=True)
+    return replace(ending, prompt_parent=first_user.parent_id, discardable=True,
+                   kept=tuple(entry.payload for entry in reversed(kept)))
 
 
 def _final_assistant(state: OperationState) -> str | None:
