@@ -4,6 +4,7 @@ from harness.messages import ModelIdentity, ThinkingLevel
 from harness.runtime.agent_tool import AgentTool, ProgressCallback, ToolOutput
 from harness.runtime.bus import Listener
 from harness.runtime.errors import (
+    EventReadOnly,
     FollowBehind,
     HarnessClosed,
     HarnessFault,
@@ -130,6 +131,7 @@ __all__ = [
     "DriveSettings",
     "EntryAdded",
     "EventDelivery",
+    "EventReadOnly",
     "Fault",
     "FollowBehind",
     "HandlerError",

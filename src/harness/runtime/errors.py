@@ -108,6 +108,14 @@ class WatchOverflow(HarnessError):
     code = "watch_overflow"
 
 
+class EventReadOnly(HarnessError, TypeError):
+    """A recipient tried to change a delivered event in place. Every listener and watcher of an
+    emission receives the same read-only event, so a change would reach all of them (HA-10); copy
+    it first (`event.model_copy(deep=True)` gives plain lists and dicts)."""
+
+    code = "event_read_only"
+
+
 class FollowBehind(HarnessError):
     """A follow's lane event log no longer holds the event it had reached (trimmed past it): the
     follow ended; take a new one (a fresh snapshot) to go on. Details `{lane, event_seq}`."""

@@ -1,7 +1,8 @@
 """Harness events: the closed union every listener and watcher receives (HA-12 to HA-15).
 
 Lane-scoped events carry `lane`; session-wide ones (`value_update`, `handler_error`, `fault`)
-do not. Payloads are frozen models, and every recipient gets its own copy (HA-10).
+do not. Payloads are frozen models; the bus hands every recipient of an emission one form of each
+event whose lists and dicts are read-only too (`bus.read_only`, HA-10).
 """
 
 from __future__ import annotations
