@@ -49,11 +49,13 @@ def faux_app(store: Store, script: FauxScript = (), *, auth: Authenticator | Non
              event_log_limit: int = DEFAULT_EVENT_LOG_LIMIT, drive: DriveSettings | None = None,
              models: Sequence[Model] = ()) -> Served:
     """The app over a faux service answering `script`, with `tools` (their calls waiting for
-    `approvals` when given) and `agents` to delegate to, driven with `drive` (default: no frame
-    interval); every request is `USER` unless `auth` says otherwise."""
+    `approvals` when given, answered from this app or posted from another) and `agents` to
+    delegate to, driven with `drive` (default: no frame interval); every request is `USER` unless
+    `auth` says otherwise."""
     hooks = RunHooks(before_tool=approvals.hook) if approvals is not None else RunHooks()
     setup = ConversationSetup(drive=drive or DriveSettings(frame_interval_s=0), hooks=hooks, agents=agents,
-                              event_log_limit=event_log_limit)
+                              event_log_limit=event_log_limit,
+                              answer_approval=approvals.answer_posted if approvals is not None else None)
     service, faux = faux_service(store, script, tools=tools, setup=setup, models=models)
 
     def new_lane(model: ModelIdentity | None) -> LaneConfig:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
 from typing import Annotated
@@ -99,7 +100,9 @@ def serve_command(
         registry = ModelRegistry.load(home=home)
         jobs = BackgroundJobs()
         approvals = Approvals()  # write, edit and shell wait for the owner's answer over HTTP
-        setup = client_setup(registry, tool_workspace(Path.cwd(), home), home, approvals.hook, jobs)
+        # Answers another process posts (a second server on this store) reach the calls waiting here.
+        setup = replace(client_setup(registry, tool_workspace(Path.cwd(), home), home, approvals.hook, jobs),
+                        answer_approval=approvals.answer_posted)
 
         def new_lane(model: ModelIdentity | None) -> LaneConfig:
             return new_lane_config(model or registry.default_identity(), home)

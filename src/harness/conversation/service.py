@@ -127,6 +127,7 @@ from harness.runtime import (
 from harness.session import (
     AbortCause,
     AppendRequest,
+    ApprovalAnswerRequest,
     CancelRequested,
     ChangeFeed,
     CommandRequest,
@@ -297,6 +298,10 @@ class ConversationSetup:
     event_log_limit: int = DEFAULT_EVENT_LOG_LIMIT
     """How many durable events each lane's event log keeps after a settlement: a watcher that
     reconnects from an older event id gets a fresh snapshot instead (`AgentHarnessOptions`)."""
+    answer_approval: Callable[[str, ApprovalAnswerRequest], None] | None = None
+    """Hands an approval answer another process posted for a conversation held here (by its id)
+    to the door whose `before_tool` hook waits for it (the server's approvals, issue 28); it must
+    not block. None: such answers are dropped with a log line, as nothing here waits for one."""
 
 
 @dataclass(frozen=True)
@@ -1147,9 +1152,17 @@ class ConversationService:
 
     async def _run_posted(self, conversation: Conversation, request: HolderRequest, context: Context) -> None:
         """Carry out what another process posted, as the poster's user, through this door: a
-        command from the setup's table, or a setting change. A failure is the command's row
-        (CE-16) and a line in the log, never the holder's problem."""
+        command from the setup's table, a setting change, or an approval answer (handed to
+        `setup.answer_approval`). A failure is the command's row (CE-16) and a line in the log,
+        never the holder's problem."""
         try:
+            if isinstance(request, ApprovalAnswerRequest):
+                if self.setup.answer_approval is None:
+                    logger.warning("approval answer posted for conversation %s dropped: no call waits here for one",
+                                   conversation.id)
+                else:
+                    self.setup.answer_approval(conversation.id, request)
+                return
             if isinstance(request, SettingRequest):
                 # On `conversation` itself: while it is let go it is no longer listed as live here.
                 if request.setting == "name":

@@ -67,7 +67,6 @@ from harness.session import (
     AbortCause,
     AppendRequest,
     CancelRequested,
-    CommandRequest,
     CommitResult,
     CompactionIntent,
     HolderRequest,
@@ -87,7 +86,6 @@ from harness.session import (
     RunStarting,
     RunTools,
     SessionMutator,
-    SettingRequest,
     StopRequest,
     StorageCorruption,
     SummaryPending,
@@ -481,11 +479,11 @@ class Lane:
         run is still current is queued as `steer` or `follow_up` would; one whose run ended
         meanwhile waits for the next run (`queue_next_run`), so the person's message is kept. A
         stop is `request_abort` of its operation, or nothing once that has settled. An append is
-        `append_message` under the request's id. A command or a setting change is deleted, then
-        handed to `on_command` (the conversation carries it out); without `on_command` it is left
-        for an owner that does. A request the lane refuses (`NotARun` while a compaction runs, a
-        message too large, an append whose entry exists already) is dropped and logged, so that
-        it cannot block the ones after it."""
+        `append_message` under the request's id. A command, a setting change or an approval
+        answer is deleted, then handed to `on_command` (the conversation carries it out); without
+        `on_command` it is left for an owner that does. A request the lane refuses (`NotARun`
+        while a compaction runs, a message too large, an append whose entry exists already) is
+        dropped and logged, so that it cannot block the ones after it."""
 
         unreadable: list[str] = []
 
@@ -512,7 +510,7 @@ class Lane:
                         during: AbortCause | None = "user_during_tool" if request.cause == "user" else None
                         applied += await self._abort(request.cause, context, during_tool=during,
                                                      posted=posted) is not None
-                    elif isinstance(request, CommandRequest | SettingRequest):
+                    elif isinstance(request, HolderRequest):
                         if on_command is None:
                             continue
                         await self._drop_request(request_id, context)

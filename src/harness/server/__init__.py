@@ -6,7 +6,7 @@ dependencies: `State` (the `ServerState`), `CurrentUser` (the request's user, 40
 token) and `RequestContext`."""
 
 from harness.server.app import create_app
-from harness.server.approvals import ApprovalChange, ApprovalNotFound, Approvals, PendingApproval
+from harness.server.approvals import ApprovalChange, ApprovalNotFound, Approvals, PendingApproval, pending_address
 from harness.server.drives import Drives
 from harness.server.errors import STATUS_BY_CODE, Unauthorized, error_body, not_found, status_of
 from harness.server.guards import (
@@ -128,6 +128,7 @@ __all__ = [
     "multitask_strategy",
     "not_found",
     "parse_event_id",
+    "pending_address",
     "refuse_open_no_auth",
     "request_context",
     "request_token",

@@ -360,9 +360,9 @@ async def select_project(conversation_id: str, body: SelectProject, response: Re
 @router.get("/conversations/{conversation_id}/approvals", response_model=list[PendingApproval])
 async def list_approvals(conversation_id: str, user: CurrentUser, state: State,
                          context: RequestContext) -> list[PendingApproval]:
-    """The tool calls of this conversation waiting for an answer."""
-    await state.service.is_open(user, conversation_id, context)  # the owner check
-    return state.approvals.pending(conversation_id)
+    """The tool calls of this conversation waiting for an answer, whichever process drives it
+    (issue 28)."""
+    return await state.approvals.listed(await state.reader(user, conversation_id, context), context)
 
 
 class ApprovalAnswer(_Body):
@@ -371,13 +371,21 @@ class ApprovalAnswer(_Body):
     reason: str | None = Field(default=None, max_length=2_000, description="Told to the model on a refusal.")
 
 
-@router.post("/conversations/{conversation_id}/approvals/{tool_call_id}", response_model=PendingApproval)
-async def answer_approval(conversation_id: str, tool_call_id: str, body: ApprovalAnswer, user: CurrentUser,
-                          state: State, context: RequestContext) -> PendingApproval:
-    """Answer a waiting call: the run goes on at once. `approval_not_found` (404)."""
-    await state.service.is_open(user, conversation_id, context)
-    return state.approvals.answer(conversation_id, tool_call_id,
-                                  Approval(allow=body.allow, for_session=body.for_session, reason=body.reason))
+@router.post("/conversations/{conversation_id}/approvals/{tool_call_id}", response_model=PendingApproval,
+             responses={202: {"model": PendingApproval, "description": "Posted to the process that holds it."}})
+async def answer_approval(conversation_id: str, tool_call_id: str, body: ApprovalAnswer, response: Response,
+                          user: CurrentUser, state: State, context: RequestContext) -> PendingApproval:
+    """Answer a waiting call: 200 when it waits in this server, the run going on at once; 202 when
+    it waits in another process that holds the conversation, the answer posted to it (issue 28).
+    `approval_not_found` (404)."""
+    await state.service.is_open(user, conversation_id, context)  # the owner check
+    session = await state.service.store.open_session(conversation_id, context)
+    pending, posted = await state.approvals.answer_anywhere(
+        session, user, tool_call_id, Approval(allow=body.allow, for_session=body.for_session, reason=body.reason),
+        context)
+    if posted:
+        response.status_code = status.HTTP_202_ACCEPTED
+    return pending
 
 
 @router.get("/conversations/{conversation_id}/display", response_model=DisplayPage)

@@ -145,6 +145,7 @@ class ServerState:
         self.holds = Holds(self.service, self.drives, idle_release_s=options.idle_release_s,
                            max_held=options.max_held, sweep_s=options.sweep_s)
         self.approvals.conversation_of = self.drives.conversation_of.get
+        self.approvals.live = self.service.live
         if self.external and self.service.store.backend.kind != "postgres":
             raise WorkNeedsPostgres(f"--workers external needs a postgresql:// store, not {self.service.store.url!r}: "
                                     "workers claim work through its locks and channels",

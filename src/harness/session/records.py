@@ -106,11 +106,27 @@ class SettingRequest(Record):
     requested_at: int
 
 
-HolderRequest: TypeAlias = CommandRequest | SettingRequest
+class ApprovalAnswerRequest(Record):
+    """An answer to a tool call waiting for approval in the holder's process, given by `user` in
+    another process (issue 28): `allow` it (for the rest of the conversation when `for_session`)
+    or refuse it, `reason` told to the model. Taken like a `CommandRequest`: deleted, then handed
+    to the holder's approvals; one for a call that no longer waits is dropped."""
+
+    kind: Literal["approval"] = "approval"
+    lane: str
+    user: CleanStr
+    tool_call_id: CleanStr
+    allow: bool
+    for_session: bool = False
+    reason: CleanStr | None = None
+    requested_at: int
+
+
+HolderRequest: TypeAlias = CommandRequest | SettingRequest | ApprovalAnswerRequest
 """A request the conversation's holder carries out through its own door, not the lane's."""
 
-LaneRequest = Annotated[QueueRequest | StopRequest | AppendRequest | CommandRequest | SettingRequest,
-                        Field(discriminator="kind")]
+LaneRequest = Annotated[QueueRequest | StopRequest | AppendRequest | CommandRequest | SettingRequest
+                        | ApprovalAnswerRequest, Field(discriminator="kind")]
 """What a process that does not own a session may ask of a lane's owner (`Session.post_request`);
 the owner takes each once (`Lane.take_requests`)."""
 

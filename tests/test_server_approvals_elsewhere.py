@@ -1,0 +1,96 @@
+"""Tool approvals answered from a server that does not hold the conversation (issue 28, "approval
+answers" reach the holder as a posted request): server A drives a turn whose tool call waits for
+approval; server B, a second app on the same database, lists the call and answers it with a 202,
+and A's run goes on with that answer. The two servers are two `Store`s on one database, as in
+`test_server_holds`."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import httpx
+
+from drive_helpers import ProbeTool, within
+from harness.context import Context
+from harness.providers.faux import reply, tool_call
+from harness.runtime import Settled
+from harness.server import Approvals, pending_address
+from harness.session import Store
+from server_helpers import Served, asgi_client, faux_app
+from test_server_holds import QUIET, stores  # noqa: F401  (stores is a fixture)
+
+
+def gated(probe: ProbeTool, store: Store, script: list[Any], *, options: Any = None) -> tuple[Served, asyncio.Event]:
+    """An app whose `probe` calls wait for approval, and an event set once one waits."""
+    approvals = Approvals(gated=frozenset({"probe"}))
+    asked = asyncio.Event()
+    approvals.listen(lambda change: asked.set() if change.answer is None else None)
+    return faux_app(store, script, tools=[probe], approvals=approvals, options=options), asked
+
+
+async def answer_from_elsewhere(pair: tuple[Store, Store], ctx: Context, body: dict[str, Any]
+                                ) -> tuple[ProbeTool, list[Any], httpx.Response, Settled, list[Any], int]:
+    """A's turn waits for approval of one probe call; B lists it and answers it with `body`.
+    Returns the probe, B's listing while the call waited, B's answer, A's outcome, B's listing
+    after, and how many pending copies the journal holds after."""
+    store, other = pair
+    probe = ProbeTool()
+    holder, asked = gated(probe, store, [reply(tool_call("probe", {"key": "k"})), "done"])
+    elsewhere, _ = gated(probe, other, [], options=QUIET)
+    async with asgi_client(holder.app) as a, asgi_client(elsewhere.app) as b:
+        conversation = (await a.post("/api/conversations", json={})).json()["id"]
+        started = (await a.post(f"/api/conversations/{conversation}/messages", json={"text": "go"})).json()
+        await within(asked.wait())
+        waiting = (await b.get(f"/api/conversations/{conversation}/approvals")).json()
+        answered = await b.post(f"/api/conversations/{conversation}/approvals/{waiting[0]['tool_call_id']}",
+                                json=body)
+        outcome = await within(holder.app.state.server.drives.wait(started["operation_id"]))
+        after = (await b.get(f"/api/conversations/{conversation}/approvals")).json()
+        copies = await (await other.open_session(conversation, ctx)).scan_values(pending_address(""), ctx)
+    assert isinstance(outcome, Settled)
+    return probe, waiting, answered, outcome, after, len(copies)
+
+
+async def test_another_server_lists_and_allows_a_call_waiting_in_the_holder(stores: tuple[Store, Store],  # noqa: F811
+                                                                          ctx: Context) -> None:
+    """Issue 28: B lists the call A keeps waiting (it listed none) and allows it with a 202 (it
+    answered 404 `approval_not_found`); A runs the tool and the turn completes; the call's pending
+    copy is gone from the journal."""
+    probe, waiting, answered, outcome, after, copies = await answer_from_elsewhere(stores, ctx, {"allow": True})
+
+    assert [(pending["tool_name"], pending["args"]) for pending in waiting] == [("probe", {"key": "k"})]
+    assert answered.status_code == 202, answered.text
+    assert answered.json()["tool_call_id"] == waiting[0]["tool_call_id"]
+    assert outcome.result.outcome == "completed"
+    assert probe.runs == [{"key": "k"}]
+    assert (after, copies) == ([], 0)
+
+
+async def test_another_servers_refusal_reaches_the_call_waiting_in_the_holder(stores: tuple[Store, Store],  # noqa: F811
+                                                                            ctx: Context) -> None:
+    """Issue 28: B's refusal, posted to A, refuses the call there: the tool never runs and the
+    turn goes on to its end; the call's pending copy is gone from the journal."""
+    probe, _, answered, outcome, after, copies = await answer_from_elsewhere(
+        stores, ctx, {"allow": False, "reason": "not now"})
+
+    assert answered.status_code == 202, answered.text
+    assert outcome.result.outcome == "completed"
+    assert probe.runs == []
+    assert (after, copies) == ([], 0)
+
+
+async def test_an_unknown_call_is_not_found_on_a_server_that_does_not_hold_it(
+        stores: tuple[Store, Store], ctx: Context) -> None:  # noqa: F811
+    """Issue 28: with no call waiting anywhere under that id, B answers 404 `approval_not_found`
+    and posts nothing."""
+    store, other = stores
+    probe = ProbeTool()
+    holder, _ = gated(probe, store, ["hi"])
+    elsewhere, _ = gated(probe, other, [], options=QUIET)
+    async with asgi_client(holder.app) as a, asgi_client(elsewhere.app) as b:
+        conversation = (await a.post("/api/conversations", json={})).json()["id"]
+        answered = await b.post(f"/api/conversations/{conversation}/approvals/nope", json={"allow": True})
+
+    assert answered.status_code == 404
+    assert answered.json()["code"] == "approval_not_found"
