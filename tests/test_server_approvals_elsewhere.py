@@ -18,6 +18,7 @@ from harness.runtime import Settled
 from harness.server import Approvals, pending_address
 from harness.session import Store
 from server_helpers import Served, asgi_client, faux_app
+from test_server_ai_sdk import answer_body, parts_of
 from test_server_holds import QUIET, stores  # noqa: F401  (stores is a fixture)
 
 
@@ -94,3 +95,27 @@ async def test_an_unknown_call_is_not_found_on_a_server_that_does_not_hold_it(
 
     assert answered.status_code == 404
     assert answered.json()["code"] == "approval_not_found"
+
+
+async def test_the_ai_sdk_door_of_another_server_answers_a_call_waiting_in_the_holder(
+        stores: tuple[Store, Store], ctx: Context) -> None:  # noqa: F811
+    """Issue 28 (one door): the assistant message posted back to B's AI SDK door with the answer
+    on its tool part reaches the call waiting in A, as B's approvals route does (it was
+    `approval_not_found`: that door read only B's own waiting calls); B streams the rest of the
+    run, the call's output included, to its end."""
+    store, other = stores
+    probe = ProbeTool()
+    holder, asked = gated(probe, store, [reply(tool_call("probe", {"key": "a"})), "Found it."])
+    elsewhere, _ = gated(probe, other, [], options=QUIET)
+    async with asgi_client(holder.app) as a, asgi_client(elsewhere.app) as b:
+        conversation = (await a.post("/api/conversations", json={})).json()["id"]
+        started = (await a.post(f"/api/conversations/{conversation}/messages", json={"text": "go"})).json()
+        await within(asked.wait())
+        [pending] = (await b.get(f"/api/conversations/{conversation}/approvals")).json()
+        call = pending["tool_call_id"]
+        answered = await within(b.post("/api/chat", json=answer_body(
+            conversation, started["operation_id"], call, {"id": call, "approved": True})))
+
+    assert answered.status_code == 200, answered.text
+    assert probe.runs == [{"key": "a"}]
+    assert {"type": "tool-output-available", "toolCallId": call, "output": "probe:a"} in parts_of(answered.text)

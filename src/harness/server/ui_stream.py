@@ -568,7 +568,7 @@ async def send(body: ChatRequest, user: CurrentUser, state: State, authorization
     try:
         if newest is not None and answers is not None:
             parts = RunParts(MAIN_LANE, newest.id)
-            first = await _answer(state, body.id, sources.watch, parts, answers, newest, context)
+            first = await _answer(state, user, body.id, sources.watch, parts, answers, newest, context)
         else:
             _, accepted = await state.start_turn(user, body.id, text, context, images=images)
             parts, first = RunParts(MAIN_LANE, accepted.operation_id), []
@@ -579,13 +579,15 @@ async def send(body: ChatRequest, user: CurrentUser, state: State, authorization
                               headers=_STREAM_HEADERS)
 
 
-async def _answer(state: ServerState, conversation_id: str, watch: ConversationWatch, parts: RunParts,
+async def _answer(state: ServerState, user: str, conversation_id: str, watch: ConversationWatch, parts: RunParts,
                   answers: dict[str, Approval], message: UiMessageIn, context: Context) -> list[UiPart]:
-    """Answer the calls of run `message.id` that `answers` names, all or none, and return the
-    parts of the run `message` lacks (the replay of the watch's snapshot, as far as it is new to
-    the client)."""
-    meta = await watch.events.reader.get(addresses.operation_meta(message.id), context)
-    pending = state.approvals.pending(conversation_id)
+    """Answer the calls of run `message.id` that `answers` names, all or none, wherever they wait
+    (this server, or another process holding the conversation: posted to it, issue 28), and
+    return the parts of the run `message` lacks (the replay of the watch's snapshot, as far as it
+    is new to the client)."""
+    reader = watch.events.reader
+    meta = await reader.get(addresses.operation_meta(message.id), context)
+    pending = await state.approvals.listed(reader, context)
     waiting = {call.tool_call_id for call in pending if call.operation_id == message.id}
     unknown = [approval_id for approval_id in answers if approval_id not in waiting]
     if unknown:
@@ -595,8 +597,9 @@ async def _answer(state: ServerState, conversation_id: str, watch: ConversationW
     # calls answered now: the stream must not pause on them.
     replayed = parts.replay(watch.snapshot, meta.source_tip_id if meta is not None else None,
                             [call for call in pending if call.tool_call_id not in answers])
+    session = await state.service.store.open_session(conversation_id, context)
     for approval_id, answer in answers.items():
-        state.approvals.answer(conversation_id, approval_id, answer)
+        await state.approvals.answer_anywhere(session, user, approval_id, answer, context)
     return unseen(replayed, message)
 
 
@@ -619,7 +622,7 @@ async def resume(conversation_id: str, user: CurrentUser, state: State, authoriz
         meta = await sources.watch.events.reader.get(addresses.operation_meta(operation.id), context)
         parts = RunParts(MAIN_LANE, operation.id)
         first = parts.replay(snapshot, meta.source_tip_id if meta is not None else None,
-                             state.approvals.pending(conversation_id))
+                             await state.approvals.listed(sources.watch.events.reader, context))
     except BaseException:
         sources.close()
         raise
