@@ -201,3 +201,26 @@ def test_serve_takes_a_bound_on_the_conversations_it_holds(tmp_path: Path) -> No
 
     assert refused.returncode == 2
     assert "--max-held" in refused.stderr
+
+
+async def test_a_turn_sent_to_another_server_is_admitted_once_the_idle_holder_lets_go(
+        stores: tuple[Store, Store], ctx: Context) -> None:
+    """Issue 29: server A holds a conversation, idle; a message sent to server B asks A to let go
+    (`ReleaseRequest`), and B admits and drives the turn (it waited, then answered 409
+    `conversation_held`)."""
+    store, other = stores
+    first = faux_app(store, [], options=ServerOptions(idle_release_s=3_600, sweep_s=3_600))
+    second = faux_app(other, ["answered by B"], options=QUIET)
+    async with asgi_client(first.app) as a, asgi_client(second.app) as b:
+        conversation_id = (await a.post("/api/conversations", json={})).json()["id"]
+        sent = await within(b.post(f"/api/conversations/{conversation_id}/messages", json={"text": "hi"}))
+        await within(second.app.state.server.drives.wait(sent.json()["operation_id"]))
+        held_by_a = first.app.state.server.holds.held
+
+    assert sent.status_code == 202, sent.text
+    assert held_by_a == ()
+    elsewhere, _ = faux_service(other, [])
+    last = (await transcript(await elsewhere.open(USER, conversation_id, ctx), ctx))[-1]
+    assert isinstance(last, AssistantMessage)
+    assert text_of(last.content) == "answered by B"
+    await elsewhere.close_all(ctx)

@@ -138,6 +138,7 @@ from harness.session import (
     LaneConfig,
     OperationErrorRecord,
     QueueRequest,
+    ReleaseRequest,
     Session,
     SessionMutator,
     SessionNotFound,
@@ -204,6 +205,9 @@ REQUEST_POLL_S = 1.0
 wakes it sooner (SQLite has no notifications; PostgreSQL's wake it at once)."""
 
 logger = logging.getLogger(__name__)
+
+OWNERS_KEPT = 10_000
+"""Conversations whose owner a service remembers, the most recently checked (`check_owner`)."""
 
 IMAGE_SWEEP_GRACE_S = 3_600.0
 """How long an image stays after its latest store even when no entry names it: a tool result that
@@ -863,6 +867,11 @@ class ConversationService:
             per_conversation = self.setup.tools_for is not None or self.setup.projects_file is not None
             self.setup.agents.check_tools(None if per_conversation else [tool.name for tool in self.setup.tools])
         self._live: dict[str, Conversation] = {}
+        self._owners: dict[str, str] = {}  # by conversation id, the newest checked last (`check_owner`)
+        self.on_release_request: Callable[[str], None] | None = None
+        """Told (by conversation id, without awaiting) when another process asks to attach a
+        conversation held here (`ReleaseRequest`): a server that holds conversations only while
+        in use lets go of an idle one (`harness.server.Holds`); None keeps it (issue 29)."""
         self.feed = InstanceFeed()
         """Activity, presence and alerts of this service's conversations; no chat events (CE-26)."""
 
@@ -1156,6 +1165,10 @@ class ConversationService:
         `setup.answer_approval`). A failure is the command's row (CE-16) and a line in the log,
         never the holder's problem."""
         try:
+            if isinstance(request, ReleaseRequest):
+                if self.on_release_request is not None:  # a chat, which keeps its conversation, has none
+                    self.on_release_request(conversation.id)
+                return
             if isinstance(request, ApprovalAnswerRequest):
                 if self.setup.answer_approval is None:
                     logger.warning("approval answer posted for conversation %s dropped: no call waits here for one",
@@ -1254,6 +1267,7 @@ class ConversationService:
         finally:
             await self.close(user, conversation_id, context)
         await self.store.delete_session(conversation_id, context)
+        self._owners.pop(conversation_id, None)
 
     async def end(self, user: str, conversation_id: str, context: Context) -> bool:
         """End the conversation: from now on it takes no new turn and no garden message
@@ -1264,6 +1278,17 @@ class ConversationService:
                 return False
             await settings.harness.set_value(ENDED_AT, now_ms(), context)
             return True
+
+    async def check_owner(self, user: str, conversation_id: str, context: Context) -> None:
+        """Raise `SessionNotFound` when there is no such conversation, `Forbidden` for another
+        user's. Reads the store only for a conversation whose owner it does not remember: an
+        owner, once set, never changes, so a watcher reconnecting over and over costs no read
+        (issue 29). One deleted by another process still passes here; its reader finds it gone."""
+        owner = self._owners.get(conversation_id)
+        if owner is None:
+            await self._owned(user, conversation_id, context)
+        elif owner != user:
+            raise Forbidden.of(conversation_id)
 
     async def is_open(self, user: str, conversation_id: str, context: Context) -> bool:
         """Whether `user`'s conversation takes turns and garden messages, i.e. was not ended.
@@ -1374,6 +1399,10 @@ class ConversationService:
         owner = await session.get(OWNER, context)
         if owner is None:
             raise SessionNotFound(f"no conversation {conversation_id!r}", session_id=conversation_id)
+        self._owners.pop(conversation_id, None)  # kept newest last, the oldest let go past OWNERS_KEPT
+        self._owners[conversation_id] = owner
+        if len(self._owners) > OWNERS_KEPT:
+            del self._owners[next(iter(self._owners))]
         if owner != user:
             raise Forbidden.of(conversation_id)
         return session

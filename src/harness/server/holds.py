@@ -8,7 +8,9 @@ need no hold: they read the journal (`ServerState.reader`, `ServerState.watch`).
 
 Every `sweep_s` the server lets go of idle conversations, detaches one whose store failed under it
 (`Conversation.broken`), and drives every open turn nobody holds: a dead process's, or its own
-after a store fault once the store answers again (`Drives.resume_open`)."""
+after a store fault once the store answers again (`Drives.resume_open`). Another process that
+would attach an idle one (a second server admitting a turn) asks for it with a `ReleaseRequest`,
+and the server lets go of it at once."""
 
 from __future__ import annotations
 
@@ -58,6 +60,19 @@ class Holds:
         self._users: dict[str, int] = {}  # requests using each conversation now
         self._last_used: dict[str, float] = {}
         self._room = asyncio.Lock()
+        self._letting_go: set[asyncio.Task[None]] = set()
+        service.on_release_request = self.release_requested
+
+    def release_requested(self, conversation_id: str) -> None:
+        """Another process would attach `conversation_id` (`ReleaseRequest`): let go of it now if
+        it is idle, in a task of its own (the request is taken by the conversation, which cannot
+        close itself from inside)."""
+        if self.busy(conversation_id):
+            return
+        task = asyncio.get_running_loop().create_task(
+            self._let_go(conversation_id, Context({"conversation_id": conversation_id, "task": "release"})))
+        self._letting_go.add(task)
+        task.add_done_callback(self._letting_go.discard)
 
     @property
     def held(self) -> tuple[str, ...]:

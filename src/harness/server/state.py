@@ -16,7 +16,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from harness.context import Context
 from harness.conversation import MAIN_LANE, Conversation, ConversationService, LaneEvents
 from harness.errors import HarnessError
-from harness.messages import ImageContent, ModelIdentity, UserMessage
+from harness.messages import ImageContent, ModelIdentity, UserMessage, now_ms
 from harness.runtime import FOLLOW_POLL_S, AbortRequest, AcceptedRun, RunEnd, follow_lane
 from harness.server.approvals import Approvals
 from harness.server.drives import Drives
@@ -26,6 +26,7 @@ from harness.server.holds import IDLE_RELEASE_S, MAX_HELD, SWEEP_S, Holds
 from harness.session import (
     ChangeSubscription,
     LaneConfig,
+    ReleaseRequest,
     SessionOwned,
     SessionReader,
     Tokens,
@@ -261,9 +262,10 @@ class ServerState:
         """Admit a prompt in `user`'s conversation (`ConversationService.admit`), await
         `before_drive` on it, and drive it in a task of the server; returns as soon as the run
         is durable. With external workers: admit and close (the release wakes a worker), never
-        drive; `ConversationHeld` while a worker holds the conversation with a run open, and
-        when one that holds it with none (it lets go right after a run settles) has not let go
-        within `RELEASE_WAIT_S`. Raises what `admit` raises (`LaneBusy` while a run is open,
+        drive; `ConversationHeld` while another process holds the conversation with a run open,
+        and when one that holds it with none has not let go within `RELEASE_WAIT_S`: it is asked
+        to (`ReleaseRequest`: a worker lets go right after a run settles, a server holding it
+        idle at once, a chat never). Raises what `admit` raises (`LaneBusy` while a run is open,
         `PromptTooLarge`, `ConversationEnded`, ...)."""
         deadline = time.monotonic() + RELEASE_WAIT_S
         changes: ChangeSubscription | None = None
@@ -277,12 +279,13 @@ class ServerState:
                         self.drive(conversation, MAIN_LANE, accepted.operation_id)
                     return conversation, accepted
                 except ConversationHeld:
-                    if changes is None:
-                        changes = self.service.store.changes.subscribe(conversation_id)
                     session = await self.service.store.open_session(conversation_id, context)
                     lane = await session.get(addresses.lane_state(MAIN_LANE), context)
                     if (lane is not None and lane.current_operation_id is not None) or time.monotonic() >= deadline:
                         raise
+                    if changes is None:
+                        changes = self.service.store.changes.subscribe(conversation_id)
+                        await session.post_request(ReleaseRequest(lane=MAIN_LANE, requested_at=now_ms()), context)
                     await changes.wait(RELEASE_POLL_S)
         finally:
             if changes is not None:

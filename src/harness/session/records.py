@@ -122,11 +122,21 @@ class ApprovalAnswerRequest(Record):
     requested_at: int
 
 
-HolderRequest: TypeAlias = CommandRequest | SettingRequest | ApprovalAnswerRequest
+class ReleaseRequest(Record):
+    """Another process would attach the conversation (a server admitting a turn): the holder lets
+    go of it if it holds it only while in use and it is idle now (a server); one that keeps it (a
+    chat) does not. Taken like a `CommandRequest` (issue 29)."""
+
+    kind: Literal["release"] = "release"
+    lane: str
+    requested_at: int
+
+
+HolderRequest: TypeAlias = CommandRequest | SettingRequest | ApprovalAnswerRequest | ReleaseRequest
 """A request the conversation's holder carries out through its own door, not the lane's."""
 
 LaneRequest = Annotated[QueueRequest | StopRequest | AppendRequest | CommandRequest | SettingRequest
-                        | ApprovalAnswerRequest, Field(discriminator="kind")]
+                        | ApprovalAnswerRequest | ReleaseRequest, Field(discriminator="kind")]
 """What a process that does not own a session may ask of a lane's owner (`Session.post_request`);
 the owner takes each once (`Lane.take_requests`)."""
 
