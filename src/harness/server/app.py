@@ -60,6 +60,7 @@ def create_app(service: ConversationService, auth: Authenticator, *, new_lane: N
                     yield
             finally:
                 state.drives.cancel_all()
+                state.fanouts.close()  # the sources a grace keeps open after their watchers left
                 await service.close_all(context)
 
     app = FastAPI(title="Harness", summary="Durable agent conversations over HTTP.", lifespan=lifespan)

@@ -8,7 +8,15 @@ keeps the source's snapshot folded with every event it has handed out (`reduce_l
 a watcher that joins later starts from that snapshot, current to the shared position, and then
 gets every later event, exactly once, in order. A navigation cannot be folded (the branch changed
 under the transcript): that fan-out then takes no new watcher, and the next one opens a source of
-its own. A source is closed when its last watcher leaves.
+its own.
+
+A client that reconnects with its last event id is served from memory when it can be: the
+fan-out keeps its newest durable events (at most `RECENT_EVENTS`, and `RECENT_BYTES` of their
+JSON), and a subscription's `read_events` answers from them when they hold every event after the
+one asked for; otherwise it reads the lane's log, as a watch does. A source whose last watcher
+left stays open `grace_s` more, so the watchers of a reconnect storm find it, their resume read
+from memory; it is closed once the grace ends with nobody back, or at once when it ended (the
+server let go of the conversation: a live watch ends then, and the next watcher opens a follow).
 
 A subscription holds what its reader has not read yet, bounded in bytes, not events: each waiting
 event counts its JSON size, and one that would take the subscription past its `limit_bytes` cuts
@@ -23,13 +31,16 @@ and not per watcher."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 
+from harness.context import Context
 from harness.conversation import LaneEvents
 from harness.runtime import (
     HarnessEvent,
+    LaneEventPage,
     LaneSnapshot,
     MessageEnd,
     MessageStart,
@@ -42,6 +53,15 @@ from harness.runtime import (
 
 CLIENT_BUFFER_BYTES = 4 * 1024 * 1024
 """Bytes of events a watcher may fall behind by (their JSON size) before it is cut."""
+
+RECENT_EVENTS = 512
+"""Durable events a fan-out keeps, the newest, to serve resumes from memory."""
+
+RECENT_BYTES = 256 * 1024
+"""Bytes of durable events (their JSON size) a fan-out keeps at most for resumes."""
+
+SOURCE_GRACE_S = 5.0
+"""How long a lane's source stays open after its last watcher left (seconds)."""
 
 _REPLY_ENDS = (MessageStart, MessageEnd, RunEnd)
 """Events after which the streaming reply a subscription may hold unread is no longer the newest."""
@@ -161,6 +181,13 @@ class Subscription(LaneEvents):
             else:
                 await self.wait()
 
+    async def read_events(self, after_seq: int | None, limit: int, context: Context) -> LaneEventPage:
+        """The lane's logged events after `after_seq`, at most `limit`: from the fan-out's recent
+        events, with no store read, when they hold the one right after it; else from the log
+        (`LaneEvents.read_events`)."""
+        page = self._fanout.recent_after(after_seq, limit)
+        return page if page is not None else await super().read_events(after_seq, limit, context)
+
     def _take_all(self) -> list[HarnessEvent]:
         self._fanout.hand_out()
         taken = [waiting.event for waiting in self._queue if waiting.event is not None]
@@ -177,22 +204,47 @@ class Subscription(LaneEvents):
 class LaneFanout:
     """One lane's shared source and its subscriptions (see the module docstring). `snapshot` is
     the source's, folded with every event handed out. `stop_joining(fanout)` is told once it
-    takes no new subscription, `closed(fanout)` once its source is closed."""
+    takes no new subscription, `closed(fanout)` once its source is closed: `grace_s` seconds
+    after its last subscription left with none joining meanwhile, or as soon as nobody is
+    subscribed and it takes no new subscription (its source ended, a navigation, `close`)."""
 
     def __init__(self, source: LaneEvents, stop_joining: Callable[[LaneFanout], None],
-                 closed: Callable[[LaneFanout], None]) -> None:
+                 closed: Callable[[LaneFanout], None], *, grace_s: float = 0.0) -> None:
         self.source = source
         self.snapshot: LaneSnapshot = source.snapshot
         self.subscriptions: list[Subscription] = []
         self._stop_joining, self._closed = stop_joining, closed
+        self._grace_s = grace_s
         self._joinable = True
+        self._idle: asyncio.TimerHandle | None = None  # closes the source when the grace ends
+        self._recent: deque[tuple[int, HarnessEvent, int]] = deque()  # (event seq, event, JSON size), oldest first
+        self._recent_bytes = 0
+        # Every logged event after this seq is kept (None: after the oldest kept): the source
+        # delivers each once, in order, from its snapshot on.
+        self._recent_after = source.snapshot.event_seq
         self._reading = asyncio.get_running_loop().create_task(self._read())
 
     def join(self, limit_bytes: int) -> Subscription:
         """A new subscription, from the current snapshot on."""
+        if self._idle is not None:
+            self._idle.cancel()
+            self._idle = None
         subscription = Subscription(self, limit_bytes)
         self.subscriptions.append(subscription)
         return subscription
+
+    def recent_after(self, after_seq: int | None, limit: int) -> LaneEventPage | None:
+        """The logged events after `after_seq`, at most `limit`, from those kept; None unless they
+        hold every one after it (a lane's event seqs grow, with gaps: the seqs between two
+        commits' events belong to other records) and one at least."""
+        recent = self._recent
+        if after_seq is None or not recent:
+            return None
+        kept_after = recent[0][0] if self._recent_after is None else self._recent_after
+        if not kept_after <= after_seq < recent[-1][0]:
+            return None
+        events = itertools.islice((event for seq, event, _ in recent if seq > after_seq), limit)
+        return LaneEventPage(events=tuple(events), holds=True, newest_seq=recent[-1][0])
 
     def hand_out(self) -> None:
         """Hand out at once what the source has delivered and the reading task not yet read."""
@@ -204,11 +256,22 @@ class LaneFanout:
         if subscription not in self.subscriptions:
             return
         self.subscriptions.remove(subscription)
-        if not self.subscriptions:
-            self._no_joining()
-            self.source.close()
-            self._reading.cancel()
-            self._closed(self)
+        if self.subscriptions:
+            return
+        if self._joinable and self._grace_s > 0:
+            self._idle = asyncio.get_running_loop().call_later(self._grace_s, self.close)
+        else:
+            self.close()
+
+    def close(self) -> None:
+        """Close the source: the subscriptions left end after what they hold. Idempotent."""
+        if self._idle is not None:
+            self._idle.cancel()
+            self._idle = None
+        self._no_joining()
+        self.source.close()
+        self._reading.cancel()
+        self._closed(self)
 
     async def _read(self) -> None:
         try:
@@ -226,13 +289,26 @@ class LaneFanout:
             except RebaseRequired:
                 self._no_joining()
         size = 0 if isinstance(event, MessageUpdate) else len(event.model_dump_json())
+        if event.event_seq is not None:
+            self._keep(event.event_seq, event, size)
         for subscription in list(self.subscriptions):  # a subscription cut leaves the list
             subscription.push(event, size)
+
+    def _keep(self, seq: int, event: HarnessEvent, size: int) -> None:
+        """Keep durable event `seq` among the recent ones, within `RECENT_EVENTS` and `RECENT_BYTES`."""
+        recent = self._recent
+        recent.append((seq, event, size))
+        self._recent_bytes += size
+        while len(recent) > RECENT_EVENTS or (self._recent_bytes > RECENT_BYTES and len(recent) > 1):
+            self._recent_after, _, dropped = recent.popleft()
+            self._recent_bytes -= dropped
 
     def _end(self, fault: BaseException | None) -> None:
         self._no_joining()
         for subscription in self.subscriptions:
             subscription.end(fault)
+        if not self.subscriptions:  # in its grace: nobody to tell, and nobody may join
+            self.close()
 
     def _no_joining(self) -> None:
         if self._joinable:
@@ -266,10 +342,11 @@ class Fanouts:
         return sum(subscription.held_bytes for fanout in self._open for subscription in fanout.subscriptions)
 
     async def subscribe(self, session_id: str, lane: str, open_source: Callable[[], Awaitable[LaneEvents]],
-                        limit_bytes: int) -> Subscription:
-        """A subscription to the lane, bounded to `limit_bytes`: one joining the lane's fan-out,
-        or, when none takes watchers, one of a new fan-out of the source `open_source()` opens
-        (one at a time per lane: a concurrent subscriber waits for it and joins). Raises what
+                        limit_bytes: int, *, grace_s: float = 0.0) -> Subscription:
+        """A subscription to the lane, bounded to `limit_bytes`: one joining the lane's fan-out
+        (one in its grace too), or, when none takes watchers, one of a new fan-out of the source
+        `open_source()` opens (one at a time per lane: a concurrent subscriber waits for it and
+        joins), kept open `grace_s` seconds after its last watcher left. Raises what
         `open_source` raises."""
         key = (session_id, lane)
         while (opening := self._opening.get(key)) is not None:
@@ -280,13 +357,19 @@ class Fanouts:
         opened = self._opening[key] = asyncio.get_running_loop().create_future()
         try:
             source = await open_source()
-            fanout = LaneFanout(source, lambda done: self._stop_joining(key, done), self._open.discard)
+            fanout = LaneFanout(source, lambda done: self._stop_joining(key, done), self._open.discard,
+                                grace_s=grace_s)
             self._joinable[key] = fanout
             self._open.add(fanout)
             return fanout.join(limit_bytes)
         finally:
             del self._opening[key]
             opened.set_result(None)
+
+    def close(self) -> None:
+        """Close every source (the server stops): their watchers end after what they hold."""
+        for fanout in list(self._open):
+            fanout.close()
 
     def _stop_joining(self, key: tuple[str, str], fanout: LaneFanout) -> None:
         if self._joinable.get(key) is fanout:

@@ -21,7 +21,7 @@ from harness.runtime import FOLLOW_POLL_S, AbortRequest, AcceptedRun, RunEnd, fo
 from harness.server.approvals import Approvals
 from harness.server.drives import Drives
 from harness.server.errors import ConversationHeld, ExternalModeUnsupported, Unauthorized
-from harness.server.fanout import CLIENT_BUFFER_BYTES, Fanouts, Subscription
+from harness.server.fanout import CLIENT_BUFFER_BYTES, SOURCE_GRACE_S, Fanouts, Subscription
 from harness.server.holds import IDLE_RELEASE_S, MAX_HELD, SWEEP_S, Holds
 from harness.session import (
     ChangeSubscription,
@@ -104,7 +104,8 @@ worker` processes on the same PostgreSQL store (`external`: the server never dri
 class ServerOptions:
     """`heartbeat_s`: a quiet stream's heartbeat period; `token_check_s`: how often a stream checks
     its token is still valid; `client_buffer`: events the instance feed holds for a slow client;
-    `client_buffer_bytes`: bytes of events a conversation's watch holds for one (`Subscription`).
+    `client_buffer_bytes`: bytes of events a conversation's watch holds for one (`Subscription`);
+    `source_grace_s`: how long a watched lane's source stays open after its last watcher left.
     `workers="external"` (PostgreSQL only): accept, answer reads and watches, wake the workers,
     never drive, and keep no conversation attached; watches follow the lanes the workers drive
     (`follow_lane`, reading the journal every `follow_poll_s` seconds when no change notification
@@ -116,6 +117,7 @@ class ServerOptions:
     token_check_s: float = TOKEN_CHECK_S
     client_buffer: int = CLIENT_BUFFER
     client_buffer_bytes: int = CLIENT_BUFFER_BYTES
+    source_grace_s: float = SOURCE_GRACE_S
     workers: Workers = "in-process"
     follow_poll_s: float = FOLLOW_POLL_S
     idle_release_s: float = IDLE_RELEASE_S
@@ -210,16 +212,19 @@ class ServerState:
         """The main lane of `user`'s conversation from now on: its snapshot, then every later
         event (a `LaneEvents`); close it when done. The watchers of a lane in this server share
         one source (`Fanouts`, issue 29), each holding at most `client_buffer_bytes` of events it
-        has not read, past which it is cut (`WatchOverflow`). The source: the live lane's watch
-        (HA-7) when the conversation is held here; otherwise, a watch holding nothing, a follow
-        of the lane whoever drives it (`follow_lane`, woken by this process's commits and the
-        store's change notifications, every `follow_poll_s` without them): the same events and
-        ids, the streaming reply from its persisted frames. A live watch ends when the server
-        lets go of the conversation; the client resumes from its last event id. Raises
+        has not read, past which it is cut (`WatchOverflow`); a source stays open
+        `source_grace_s` after its last watcher left, so a reconnect finds it and resumes from
+        its recent events, not the log (`Subscription.read_events`). The source: the live
+        lane's watch (HA-7) when the conversation is held here; otherwise, a watch holding
+        nothing, a follow of the lane whoever drives it (`follow_lane`, woken by this process's
+        commits and the store's change notifications, every `follow_poll_s` without them): the
+        same events and ids, the streaming reply from its persisted frames. A live watch ends
+        when the server lets go of the conversation (a source in its grace is then closed at
+        once); the client resumes from its last event id. Raises
         `SessionNotFound`, `Forbidden` and `StorageCorruption`."""
-        await self.service.is_open(user, conversation_id, context)  # the owner check
+        await self.service.check_owner(user, conversation_id, context)
         return await self.fanouts.subscribe(conversation_id, MAIN_LANE, lambda: self._lane_source(conversation_id),
-                                            self.options.client_buffer_bytes)
+                                            self.options.client_buffer_bytes, grace_s=self.options.source_grace_s)
 
     async def _lane_source(self, conversation_id: str) -> LaneEvents:
         """The main lane's events, the source `watch` shares, read under a Context of its own:
