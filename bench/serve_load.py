@@ -202,7 +202,9 @@ async def _converse(client: httpx.AsyncClient, conversation_id: str, ended: asyn
 @asynccontextmanager
 async def serving(app: Any) -> AsyncIterator[str]:
     """`app` on uvicorn, on a free loopback port in this event loop; yields its base URL."""
-    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    # IPPROTO_TCP, not 0: asyncio sets TCP_NODELAY only on sockets of that protocol, and without it a
+    # response written in two parts waits ~40 ms for the client's delayed ACK (Nagle).
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     listener.bind(("127.0.0.1", 0))
     # Keep-alive past the slowest turn: a client reusing a connection the server just timed out gets a ReadError.
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on", timeout_keep_alive=300))
