@@ -40,7 +40,6 @@ import argparse
 import asyncio
 import json
 import math
-import secrets
 import socket
 import sys
 import tempfile
@@ -55,6 +54,7 @@ import httpx
 import uvicorn
 from pydantic import JsonValue
 
+from bench.pg_schema import fresh_schema
 from bench.timing import percentile
 from harness.cli.serve_commands import SERVE_POOL_MAX
 from harness.context import Context
@@ -239,14 +239,13 @@ async def run(load: Load) -> dict[str, Any]:
 async def _run_with_workers(load: Load, context: Context) -> dict[str, Any]:
     """The load on an external-workers server over a fresh schema of `load.store_url`, with
     `load.workers` worker processes."""
-    import psycopg
-
     assert load.store_url is not None, "--workers needs --store postgresql://..."
-    schema = f"harness_bench_{secrets.token_hex(6)}"
-    with psycopg.connect(load.store_url, autocommit=True) as conn:
-        conn.execute(f"CREATE SCHEMA {schema}")
-    separator = "&" if "?" in load.store_url else "?"
-    url = f"{load.store_url}{separator}options=-csearch_path%3D{schema}"
+    with fresh_schema(load.store_url) as url:
+        return await _run_on_schema(load, url, context)
+
+
+async def _run_on_schema(load: Load, url: str, context: Context) -> dict[str, Any]:
+    """The load on an external-workers server over the store at `url`, workers included."""
     store: Store | None = None
     workers: list[asyncio.subprocess.Process] = []
     try:
@@ -265,8 +264,6 @@ async def _run_with_workers(load: Load, context: Context) -> dict[str, Any]:
         await asyncio.gather(*(worker.wait() for worker in workers))
         if store is not None:
             await store.close()
-        with psycopg.connect(load.store_url, autocommit=True) as conn:
-            conn.execute(f"DROP SCHEMA {schema} CASCADE")
 
 
 async def _serve_and_measure(load: Load, service: ConversationService, options: ServerOptions,
