@@ -11,7 +11,7 @@ import socket
 import subprocess
 import sys
 import threading
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, MutableMapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -322,3 +322,36 @@ async def forwarder(url: str) -> AsyncIterator[Forwarder]:
         forwarded.server.close()
         forwarded.cut()
         await asyncio.gather(*forwarded.piping, return_exceptions=True)
+
+
+class StalledClient:
+    """A client of `app`'s SSE stream at `path`, spoken to through ASGI directly: it reads the
+    response until the snapshot, then stops reading (`send` blocks) until `release`; it never
+    disconnects. `body` holds what it read; `run()` is the request, `snapshot_sent` set once the
+    snapshot was read (a reader that stopped: the server must not wait for it)."""
+
+    def __init__(self, app: FastAPI, path: str) -> None:
+        self.app, self.path = app, path
+        self.body = bytearray()
+        self.snapshot_sent, self._released = asyncio.Event(), asyncio.Event()
+
+    def release(self) -> None:
+        self._released.set()
+
+    async def run(self) -> None:
+        async def receive() -> dict[str, Any]:
+            await asyncio.Event().wait()  # the client never disconnects
+            return {}
+
+        async def send(message: MutableMapping[str, Any]) -> None:
+            if message["type"] == "http.response.body":
+                self.body.extend(message.get("body", b""))
+                if b"snapshot" in self.body:
+                    self.snapshot_sent.set()
+                    await self._released.wait()
+
+        scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "GET",
+                 "scheme": "http", "path": self.path, "raw_path": b"", "query_string": b"", "root_path": "",
+                 "headers": [(b"host", b"127.0.0.1")], "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 80),
+                 "app": self.app}
+        await self.app(scope, receive, send)

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import MutableMapping
-from typing import Any
 
 import httpx
 
@@ -21,7 +19,7 @@ from harness.providers.faux import delay, reply
 from harness.runtime import DriveSettings, HarnessEvent, MessageUpdate, read_lane_events
 from harness.server import ServerOptions
 from harness.session import Store
-from server_helpers import USER, Served, SseEvent, faux_app, reply_texts, serving, sse_until
+from server_helpers import USER, Served, SseEvent, StalledClient, faux_app, reply_texts, serving, sse_until
 
 LIVE = DriveSettings(frame_interval_s=0, presentation_interval_s=0)
 """Every chunk of a reply published as it comes, so a reply streams many updates."""
@@ -143,23 +141,7 @@ async def test_a_client_that_never_reads_holds_at_most_its_bytes_then_is_cut_and
     conversation = await served.service.create(USER, served.app.state.server.new_lane(None), ctx)
     fanouts = served.app.state.server.fanouts
     path = f"/api/conversations/{conversation.id}/events"
-    release, snapshot_sent, body = asyncio.Event(), asyncio.Event(), bytearray()
-
-    async def receive() -> dict[str, Any]:
-        await asyncio.Event().wait()  # the client never disconnects
-        return {}
-
-    async def send(message: MutableMapping[str, Any]) -> None:
-        if message["type"] == "http.response.body":
-            body.extend(message.get("body", b""))
-            if b"snapshot" in body:
-                snapshot_sent.set()
-                await release.wait()  # a client that stops reading after the snapshot
-
-    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "GET", "scheme": "http",
-             "path": path, "raw_path": b"", "query_string": b"", "root_path": "",
-             "headers": [(b"host", b"127.0.0.1")], "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 80),
-             "app": served.app}
+    stalled = StalledClient(served.app, path)
     held: list[int] = []
     updates: list[MessageUpdate] = []
 
@@ -170,19 +152,19 @@ async def test_a_client_that_never_reads_holds_at_most_its_bytes_then_is_cut_and
 
     conversation.listen(sample)
     async with serving(served.app) as url, httpx.AsyncClient(base_url=url, timeout=10) as client:
-        stuck = asyncio.create_task(served.app(scope, receive, send))
-        await within(snapshot_sent.wait())
+        stuck = asyncio.create_task(stalled.run())
+        await within(stalled.snapshot_sent.wait())
         sent = await client.post(f"/api/conversations/{conversation.id}/messages", json={"text": "go"})
         await within(served.app.state.server.drives.wait(sent.json()["operation_id"]))
         held.append(fanouts.held_bytes)
-        release.set()
+        stalled.release()
         await within(stuck)
-        last_id = re.findall(rb"^id: (\S+)", bytes(body), re.MULTILINE)[-1].decode()
+        last_id = re.findall(rb"^id: (\S+)", bytes(stalled.body), re.MULTILINE)[-1].decode()
         resumed = await within(sse_until(client, path, run_ended, last_event_id=last_id))
 
     assert len(updates) >= 199
     assert 0 < max(held) <= bound
-    assert bytes(body).rstrip().endswith(f'data: {{"type":"overflow","limit":{bound},"unit":"bytes"}}'.encode())
+    assert bytes(stalled.body).rstrip().endswith(f'data: {{"type":"overflow","limit":{bound},"unit":"bytes"}}'.encode())
     assert resumed[0].name != "snapshot"
     assert durable(resumed) == await logged_after(served, conversation.id, last_id, ctx)
     assert reply_texts(resumed)[-1] == chunk * 200

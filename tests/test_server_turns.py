@@ -6,7 +6,7 @@ owners, and a restart that finishes an accepted turn exactly once."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, MutableMapping
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +19,7 @@ from harness.providers.faux import delay, reply, tool_call
 from harness.runtime import Settled
 from harness.server import ApprovalChange, Approvals, ServerOptions, StoreTokens
 from harness.session import Store, connect
-from server_helpers import USER, asgi_client, faux_app, serving, sse_events
+from server_helpers import USER, StalledClient, asgi_client, faux_app, serving, sse_events
 
 
 @pytest.fixture
@@ -241,33 +241,17 @@ async def test_a_slow_client_is_cut_off_and_never_blocks_the_run(store: Store, c
     `overflow`."""
     served = faux_app(store, ["word " * 50], options=ServerOptions(client_buffer_bytes=1_000))
     conversation = await served.service.create(USER, served.app.state.server.new_lane(None), ctx)
-    release, snapshot_sent, body = asyncio.Event(), asyncio.Event(), bytearray()
-
-    async def receive() -> dict[str, Any]:
-        await asyncio.Event().wait()  # the client never disconnects
-        return {}
-
-    async def send(message: MutableMapping[str, Any]) -> None:
-        if message["type"] == "http.response.body":
-            body.extend(message.get("body", b""))
-            if b"snapshot" in body:
-                snapshot_sent.set()
-                await release.wait()  # a client that stops reading after the snapshot
-
-    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "GET", "scheme": "http",
-             "path": f"/api/conversations/{conversation.id}/events", "raw_path": b"", "query_string": b"",
-             "root_path": "", "headers": [], "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 80),
-             "app": served.app}
+    client = StalledClient(served.app, f"/api/conversations/{conversation.id}/events")
     async with served.app.router.lifespan_context(served.app):
-        stream = asyncio.create_task(served.app(scope, receive, send))
-        await within(snapshot_sent.wait())
+        stream = asyncio.create_task(client.run())
+        await within(client.snapshot_sent.wait())
         _, accepted = await served.app.state.server.start_turn(USER, conversation.id, "go", ctx)
         outcome = await _outcome(served.app, accepted.operation_id)
-        release.set()
+        client.release()
         await within(stream)
 
     assert outcome.result.outcome == "completed"
-    assert body.rstrip().endswith(b'data: {"type":"overflow","limit":1000,"unit":"bytes"}')
+    assert client.body.rstrip().endswith(b'data: {"type":"overflow","limit":1000,"unit":"bytes"}')
 
 
 async def test_tokens_let_their_user_in_and_someone_elses_conversation_reads_as_missing(store: Store,
