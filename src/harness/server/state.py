@@ -205,7 +205,7 @@ class ServerState:
     async def reader(self, user: str, conversation_id: str, context: Context) -> SessionReader:
         """`user`'s conversation's journal, to read, whoever holds it: nothing is attached for a
         read. Raises `SessionNotFound` and `Forbidden` (another user's)."""
-        await self.service.is_open(user, conversation_id, context)  # the owner check
+        await self.service.check_owner(user, conversation_id, context)
         return await self.service.store.open_session(conversation_id, context)
 
     async def watch(self, user: str, conversation_id: str, context: Context) -> Subscription:
