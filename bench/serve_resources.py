@@ -14,19 +14,20 @@ pool, whose connections are the server's to count. It prints:
 1. **Idle watchers**: the server's RSS with one conversation and no watcher, then with `--watchers`
    of it open over `GET /api/conversations/{id}/events` (each has read its snapshot and reads
    what comes: heartbeats), and the difference per watcher. Target: RSS within 200 MB.
-2. **A never-reading client**: a reply of `--reply-bytes` streamed over `--reply-seconds` with
-   nobody watching, then another with one client that sent its `GET .../events` on a socket with
-   a small receive buffer and never reads it, three times in turn, each reply in a new conversation
-   (after one reply that raised the allocator's high-water mark): the server's RSS peak during
-   each, the most bytes of events its watchers held unread (`Fanouts.held_bytes`), and whether the
-   server cut the client (sampled every 20 ms). Target: the client costs at most its byte bound
-   (`ServerOptions.client_buffer_bytes`): its held bytes, and the RSS peak it adds over the reply
-   alone's (the median of the three pairs).
+2. **A never-reading client**: replies of `--reply-bytes` streamed over `--reply-seconds`, each
+   in a new conversation, after one that raised the allocator's high-water mark: four with nobody
+   watching and, between them, three with one client that sent its `GET .../events` on a socket
+   with a small receive buffer and never reads it. The server's RSS peak during each, the most
+   bytes of events its watchers held unread (`Fanouts.held_bytes`), and whether the server cut
+   the client (sampled every 20 ms). Target: the client costs at most its byte bound
+   (`ServerOptions.client_buffer_bytes`): its held bytes, and the RSS peak it adds over the mean
+   of the replies alone on either side (the median of the three).
 3. **Conversations in turn**: `--conversations` created (`POST /api/conversations`) and read
    (`GET` of it and of its `/display`) one after another, the server's descriptors, held
    conversations and PostgreSQL connections sampled every `--sample-every`. Target: flat. A
    server holds at most `--max-held` conversations (each an open SQLite descriptor or a PostgreSQL
-   connection), so the series rises while it fills up to that, then must rise no more: the verdict
+   connection, besides the read pool of at most `SERVE_POOL_MAX`, shown apart from
+   `/metrics`), so the series rises while it fills up to that, then must rise no more: the verdict
    compares every sample from the first at which it held `--max-held` with that one.
 """
 
@@ -61,8 +62,8 @@ FLAT_SLACK = 2
 descriptor or connection opened for one request and not yet closed at the sample."""
 
 PAIRS = 3
-"""Replies streamed alone and with a never-reading client, in turn: RSS peaks vary by MiBs between
-two replies, so the verdict takes the median of the pairs' differences."""
+"""Replies streamed with a never-reading client, each between two streamed alone: RSS peaks vary by
+MiBs between two replies, so the verdict takes the median of the differences."""
 
 SAMPLE_S = 0.02
 """How often the server is sampled during a reply (seconds)."""
@@ -98,11 +99,19 @@ class Server:
         answer.raise_for_status()
         return dict(answer.json())
 
-    async def turns_ended(self) -> float:
+    async def metric(self, name: str) -> dict[tuple[tuple[str, str], ...], float]:
+        """The samples of metric `name` (a sample name) in the server's `/metrics`, by labels."""
         text = (await self.client.get("/metrics")).text
-        return sum(sample.value for family in text_string_to_metric_families(text)
-                   if family.name == "harness_turns_ended" for sample in family.samples
-                   if sample.name == "harness_turns_ended_total")
+        return {tuple(sorted(sample.labels.items())): sample.value
+                for family in text_string_to_metric_families(text) for sample in family.samples
+                if sample.name == name}
+
+    async def turns_ended(self) -> float:
+        return sum((await self.metric("harness_turns_ended_total")).values())
+
+    async def pooled(self) -> int:
+        """The store's read pool's connections (`harness_store_connections{use="pooled"}`)."""
+        return int((await self.metric("harness_store_connections"))[(("use", "pooled"),)])
 
     async def settle(self) -> None:
         """Give the server a moment to finish what the last step left (a reply's last frame, closed
@@ -233,27 +242,29 @@ async def never_reading_client(server: Server, bound: int) -> dict[str, Any]:
     # Each reply in a new conversation: a later turn of one would carry the earlier replies. A first
     # reply raises the allocator's high-water mark, so the measured ones start from the same.
     await long_reply(server, await create_conversation(server))
-    pairs: list[tuple[dict[str, int], dict[str, int]]] = []
+    alone, with_slow = [await long_reply(server, await create_conversation(server))], []
     for _ in range(PAIRS):
-        alone = await long_reply(server, await create_conversation(server))
         conversation_id = await create_conversation(server)
         slow = never_reading_socket(server, conversation_id)
         try:
             await wait_for_watchers(server, 1)
-            with_slow = await long_reply(server, conversation_id)
+            with_slow.append(await long_reply(server, conversation_id))
         finally:
             slow.close()
         await wait_for_watchers(server, 0)
-        pairs.append((alone, with_slow))
-    extras = sorted(with_slow["rss_peak"] - alone["rss_peak"] for alone, with_slow in pairs)
+        alone.append(await long_reply(server, await create_conversation(server)))
+    # The RSS peak rises from reply to reply (each held conversation keeps its reply): a reply with
+    # the client is compared with the mean of the replies alone on either side of it.
+    extras = sorted(slow["rss_peak"] - (before["rss_peak"] + after["rss_peak"]) / 2
+                    for before, slow, after in zip(alone, with_slow, alone[1:], strict=False))
     extra = extras[len(extras) // 2]
-    held = max(with_slow["held_peak"] for _, with_slow in pairs)
+    held = max(slow["held_peak"] for slow in with_slow)
     return {"byte_bound_mib": round(bound / MiB, 2),
-            "alone_rss_peaks_mib": [round(alone["rss_peak"] / MiB, 1) for alone, _ in pairs],
-            "slow_rss_peaks_mib": [round(with_slow["rss_peak"] / MiB, 1) for _, with_slow in pairs],
+            "alone_rss_peaks_mib": [round(reply["rss_peak"] / MiB, 1) for reply in alone],
+            "slow_rss_peaks_mib": [round(reply["rss_peak"] / MiB, 1) for reply in with_slow],
             "slow_rss_over_alone_mib": round(extra / MiB, 1),
             "slow_held_peak_mib": round(held / MiB, 2),
-            "slow_cut": all(with_slow["fewest_watchers"] == 0 for _, with_slow in pairs),
+            "slow_cut": all(reply["fewest_watchers"] == 0 for reply in with_slow),
             "held_within_bound": held <= bound, "rss_within_bound": extra <= bound}
 
 
@@ -264,7 +275,8 @@ async def conversations_in_turn(server: Server, count: int, every: int, max_held
         samples.append({"conversations": opened, "seconds": round(time.perf_counter() - started, 1),
                         "descriptors": server.descriptors(),
                         "held": (await server.state())["held"],
-                        "connections": await server.count_backends() if server.count_backends else None})
+                        "connections": await server.count_backends() if server.count_backends else None,
+                        "pooled": await server.pooled() if server.count_backends else None})
 
     started = time.perf_counter()
     await sample(0)
@@ -309,17 +321,17 @@ def report(figures: dict[str, Any]) -> None:
     print(f"1. {idle['watchers']} idle watchers of one conversation (opened in {idle['open_s']} s): RSS "
           f"{idle['rss_before_mib']} MiB before, {idle['rss_with_watchers_mib']} MiB with them, "
           f"{idle['rss_per_watcher_kib']} KiB per watcher; {idle['descriptors_with_watchers']} descriptors")
-    print(f"2. {PAIRS} replies streamed alone, then each with a never-reading client, in turn: RSS peaks "
+    print(f"2. replies streamed alone and, between them, {PAIRS} with a never-reading client: RSS peaks "
           f"{', '.join(map(str, slow['alone_rss_peaks_mib']))} MiB alone, "
           f"{', '.join(map(str, slow['slow_rss_peaks_mib']))} MiB with it ({slow['slow_rss_over_alone_mib']} MiB "
           f"more, median); its watchers held at most {slow['slow_held_peak_mib']} MiB unread, the client "
           f"{'was cut' if slow['slow_cut'] else 'was not always cut'}; byte bound {slow['byte_bound_mib']} MiB")
     print(f"3. {in_turn['conversations']} conversations created and read in turn in {in_turn['seconds']} s:")
-    print("   conversations  seconds  descriptors  held  connections")
+    print("   conversations  seconds  descriptors  held  connections  of them pooled")
     for sample in in_turn["samples"]:
-        connections = "-" if sample["connections"] is None else sample["connections"]
+        connections, pooled = ("-" if sample[name] is None else sample[name] for name in ("connections", "pooled"))
         print(f"   {sample['conversations']:>13}  {sample['seconds']:>7}  {sample['descriptors']:>11}  "
-              f"{sample['held']:>4}  {connections:>11}")
+              f"{sample['held']:>4}  {connections:>11}  {pooled:>14}")
     print("targets (issue 29)")
     verdicts = [(f"RSS with {idle['watchers']} idle watchers within 200 MB", idle["rss_within_target"]),
                 ("a never-reading client's held bytes within its bound", slow["held_within_bound"]),
