@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
+from drive_helpers import within
 from harness.context import Context
 from harness.session import Store, connect
 from server_helpers import USER, asgi_client, faux_app, serving
@@ -78,3 +79,19 @@ async def test_the_models_are_listed_and_a_conversation_view_names_its_current_m
     assert switched.status_code == 200
     assert after["model"] == embedded
     assert other.status_code == 404
+
+
+async def test_a_conversations_view_reads_its_own_row_as_the_listing_shows_it(store: Store, ctx: Context) -> None:
+    """A view is read alone (`ConversationService.info`), not found in the whole listing, and
+    shows the same name and times, `updated_at` moved by the turn since its creation."""
+    served = faux_app(store, ["hi"])
+    async with asgi_client(served.app) as client:
+        created = (await client.post("/api/conversations", json={"name": "mine"})).json()
+        await client.post("/api/conversations", json={"name": "another"})
+        sent = (await client.post(f"/api/conversations/{created['id']}/messages", json={"text": "hi"})).json()
+        await within(served.app.state.server.drives.wait(sent["operation_id"]))
+        view = (await client.get(f"/api/conversations/{created['id']}")).json()
+        listed = {row["id"]: row for row in (await client.get("/api/conversations")).json()}
+
+    assert {key: view[key] for key in listed[created["id"]]} == listed[created["id"]]
+    assert view["updated_at"] > created["updated_at"]

@@ -913,6 +913,15 @@ class ConversationService:
             raise Forbidden.of(conversation_id)
         return owner is None
 
+    async def info(self, user: str, conversation_id: str, context: Context) -> ConversationInfo:
+        """`user`'s conversation as `list` shows it, read alone (three reads, not the whole list).
+        Raises `SessionNotFound`, `Forbidden` for another user's."""
+        session = await self._owned(user, conversation_id, context)
+        stored = await self.store.session_info(conversation_id, context)
+        name = await session.get(addresses.session_name(), context)
+        return ConversationInfo(id=conversation_id, owner=user, name=name, created_at=stored.created_at,
+                                updated_at=stored.updated_at)
+
     async def list(self, user: str, context: Context) -> list[ConversationInfo]:
         """`user`'s conversations, most recently updated first; three reads, however many
         sessions the store holds."""

@@ -77,8 +77,7 @@ async def create_conversation(body: CreateConversation, user: CurrentUser, state
 
 async def _listed(service: ConversationService, user: str, conversation_id: str, context: Context) -> ConversationOut:
     """The conversation as the listing shows it, its times as the store keeps them."""
-    infos = {info.id: info for info in await service.list(user, context)}
-    return ConversationOut.of(infos[conversation_id])
+    return ConversationOut.of(await service.info(user, conversation_id, context))
 
 
 @router.get("/conversations", response_model=list[ConversationOut])

@@ -98,6 +98,15 @@ class Store:
             raise SessionNotFound(f"no session {session_id}", session_id=session_id)
         return self._session(info)
 
+    async def session_info(self, session_id: str, context: Context) -> SessionInfo:
+        """The session's row as stored now (its `updated_at` moves with every commit, whatever an
+        open `Session` object says); `SessionNotFound` if there is none. One read."""
+        self._check_open()
+        info = await self.backend.get_session(session_id, context) if storable_identifier(session_id) else None
+        if info is None:
+            raise SessionNotFound(f"no session {session_id!r}", session_id=repr(session_id)[:80])
+        return info
+
     async def list_sessions(self, context: Context) -> list[SessionInfo]:
         """Every session, oldest first."""
         self._check_open()
