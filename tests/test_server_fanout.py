@@ -136,9 +136,10 @@ async def test_a_client_that_never_reads_holds_at_most_its_bytes_then_is_cut_and
     exactly the lane's log after its snapshot, the reply whole."""
     bound = 16_000
     chunk = "x" * 499 + " "
-    served = faux_app(store, [reply(*([chunk] * 200))], drive=LIVE,
+    served = faux_app(store, ["hello", reply(*([chunk] * 200))], drive=LIVE,
                       options=ServerOptions(client_buffer_bytes=bound))
     conversation = await served.service.create(USER, served.app.state.server.new_lane(None), ctx)
+    await within(conversation.send("hi", ctx))  # so the snapshot the client stops after has an event id
     fanouts = served.app.state.server.fanouts
     path = f"/api/conversations/{conversation.id}/events"
     stalled = StalledClient(served.app, path)

@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import re
 from collections import deque
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable
@@ -48,7 +49,8 @@ from dataclasses import dataclass
 from typing import Annotated, Generic, Literal, TypeVar
 
 from fastapi import APIRouter, Depends, Header
-from fastapi.sse import EventSourceResponse, ServerSentEvent
+from fastapi.responses import StreamingResponse
+from fastapi.sse import EventSourceResponse, ServerSentEvent, format_sse_event
 from pydantic import BaseModel
 
 from harness.context import Context
@@ -58,7 +60,7 @@ from harness.runtime import HarnessEvent, LaneSnapshot, MessageEnd, MessageStart
 from harness.server.approvals import ApprovalChange
 from harness.server.fanout import Subscription
 from harness.server.langgraph_wire import InvalidEventId
-from harness.server.state import CurrentAuthorization, CurrentUser, RequestContext, State
+from harness.server.state import Authorization, CurrentAuthorization, CurrentUser, RequestContext, State
 from harness.session import SessionNotFound
 
 router = APIRouter(prefix="/api", tags=["events"])
@@ -329,11 +331,27 @@ def _resumed_after(last_event_id: Annotated[str | None, Header()] = None) -> Wat
     return WatchPosition.parse(last_event_id) if last_event_id else None
 
 
-@router.get("/conversations/{conversation_id}/events", response_class=EventSourceResponse)
+class _EventStream(StreamingResponse):
+    """Server-sent events encoded here (`_encoded`) and written as they come. FastAPI's
+    `EventSourceResponse` route runs each stream in two more tasks and passes each event through
+    two memory streams and a timer: for the watch, with a few hundred streams on one event loop,
+    about a fifth of the server's CPU (issue 29); the watch sends its own heartbeats."""
+
+    media_type = "text/event-stream"
+
+
+def _encoded(event: ServerSentEvent) -> bytes:
+    """`event` as `EventSourceResponse` writes it: a model's data as its JSON, other data through
+    `json.dumps`."""
+    data = event.data
+    text = None if data is None else data.model_dump_json() if isinstance(data, BaseModel) else json.dumps(data)
+    return format_sse_event(data_str=text, event=event.event, id=event.id, retry=event.retry, comment=event.comment)
+
+
+@router.get("/conversations/{conversation_id}/events", response_class=_EventStream)
 async def conversation_events_stream(conversation_id: str, watch: Annotated[Subscription, Depends(_watch)],
                                      after: Annotated[WatchPosition | None, Depends(_resumed_after)], state: State,
-                                     authorization: CurrentAuthorization,
-                                     context: RequestContext) -> AsyncIterator[ServerSentEvent]:
+                                     authorization: CurrentAuthorization, context: RequestContext) -> _EventStream:
     """The conversation live: a `snapshot` event (the lane snapshot: transcript since the newest
     compaction, the current operation, queues, the streaming reply so far; `reset` False), then
     every later event, named by its `type` (`message_delta`, `tool_start`, `chat_event`,
@@ -350,6 +368,20 @@ async def conversation_events_stream(conversation_id: str, watch: Annotated[Subs
     With external workers the stream follows the journal the worker writes (`follow_lane`): the
     same snapshot, ids and resume, the streaming reply from its persisted frames (one
     `frame_interval_s` behind), no approvals (the worker's own policy answers them)."""
+
+    async def body() -> AsyncIterator[bytes]:
+        # Closed however the response ends (a client gone cancels it): its listener goes with it.
+        async with contextlib.aclosing(_watch_events(conversation_id, watch, after, state, authorization,
+                                                     context)) as events:
+            async for event in events:
+                yield _encoded(event)
+
+    return _EventStream(body(), headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+
+async def _watch_events(conversation_id: str, watch: Subscription, after: WatchPosition | None, state: State,
+                        authorization: Authorization, context: Context) -> AsyncGenerator[ServerSentEvent, None]:
+    """The events of `conversation_events_stream`'s response."""
     approvals: deque[tuple[int, ApprovalChange]] = deque()
 
     def on_approval(change: ApprovalChange) -> None:
