@@ -7,6 +7,9 @@ and A's run goes on with that answer. The two servers are two `Store`s on one da
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
@@ -30,27 +33,46 @@ def gated(probe: ProbeTool, store: Store, script: list[Any], *, options: Any = N
     return faux_app(store, script, tools=[probe], approvals=approvals, options=options), asked
 
 
-async def answer_from_elsewhere(pair: tuple[Store, Store], ctx: Context, body: dict[str, Any]
-                                ) -> tuple[ProbeTool, list[Any], httpx.Response, Settled, list[Any], int]:
-    """A's turn waits for approval of one probe call; B lists it and answers it with `body`.
-    Returns the probe, B's listing while the call waited, B's answer, A's outcome, B's listing
-    after, and how many pending copies the journal holds after."""
+@dataclass(frozen=True)
+class Waiting:
+    """A's turn `operation_id`, held by a probe call waiting for approval; `b` is a client of B."""
+
+    probe: ProbeTool
+    holder: Served
+    b: httpx.AsyncClient
+    conversation: str
+    operation_id: str
+
+
+@asynccontextmanager
+async def a_call_waiting_in_a(pair: tuple[Store, Store], script: list[Any]) -> AsyncIterator[Waiting]:
+    """Server A (the pair's first store) drives a turn of `script` until its probe call waits for
+    approval; server B (the second) is up beside it, holding nothing."""
     store, other = pair
     probe = ProbeTool()
-    holder, asked = gated(probe, store, [reply(tool_call("probe", {"key": "k"})), "done"])
+    holder, asked = gated(probe, store, script)
     elsewhere, _ = gated(probe, other, [], options=QUIET)
     async with asgi_client(holder.app) as a, asgi_client(elsewhere.app) as b:
         conversation = (await a.post("/api/conversations", json={})).json()["id"]
         started = (await a.post(f"/api/conversations/{conversation}/messages", json={"text": "go"})).json()
         await within(asked.wait())
-        waiting = (await b.get(f"/api/conversations/{conversation}/approvals")).json()
-        answered = await b.post(f"/api/conversations/{conversation}/approvals/{waiting[0]['tool_call_id']}",
-                                json=body)
-        outcome = await within(holder.app.state.server.drives.wait(started["operation_id"]))
-        after = (await b.get(f"/api/conversations/{conversation}/approvals")).json()
-        copies = await (await other.open_session(conversation, ctx)).scan_values(pending_address(""), ctx)
+        yield Waiting(probe, holder, b, conversation, started["operation_id"])
+
+
+async def answer_from_elsewhere(pair: tuple[Store, Store], ctx: Context, body: dict[str, Any]
+                                ) -> tuple[ProbeTool, list[Any], httpx.Response, Settled, list[Any], int]:
+    """A's turn waits for approval of one probe call; B lists it and answers it with `body`.
+    Returns the probe, B's listing while the call waited, B's answer, A's outcome, B's listing
+    after, and how many pending copies the journal holds after."""
+    async with a_call_waiting_in_a(pair, [reply(tool_call("probe", {"key": "k"})), "done"]) as waits:
+        approvals = f"/api/conversations/{waits.conversation}/approvals"
+        waiting = (await waits.b.get(approvals)).json()
+        answered = await waits.b.post(f"{approvals}/{waiting[0]['tool_call_id']}", json=body)
+        outcome = await within(waits.holder.app.state.server.drives.wait(waits.operation_id))
+        after = (await waits.b.get(approvals)).json()
+        copies = await (await pair[1].open_session(waits.conversation, ctx)).scan_values(pending_address(""), ctx)
     assert isinstance(outcome, Settled)
-    return probe, waiting, answered, outcome, after, len(copies)
+    return waits.probe, waiting, answered, outcome, after, len(copies)
 
 
 async def test_another_server_lists_and_allows_a_call_waiting_in_the_holder(stores: tuple[Store, Store],  # noqa: F811
@@ -103,19 +125,12 @@ async def test_the_ai_sdk_door_of_another_server_answers_a_call_waiting_in_the_h
     on its tool part reaches the call waiting in A, as B's approvals route does (it was
     `approval_not_found`: that door read only B's own waiting calls); B streams the rest of the
     run, the call's output included, to its end."""
-    store, other = stores
-    probe = ProbeTool()
-    holder, asked = gated(probe, store, [reply(tool_call("probe", {"key": "a"})), "Found it."])
-    elsewhere, _ = gated(probe, other, [], options=QUIET)
-    async with asgi_client(holder.app) as a, asgi_client(elsewhere.app) as b:
-        conversation = (await a.post("/api/conversations", json={})).json()["id"]
-        started = (await a.post(f"/api/conversations/{conversation}/messages", json={"text": "go"})).json()
-        await within(asked.wait())
-        [pending] = (await b.get(f"/api/conversations/{conversation}/approvals")).json()
+    async with a_call_waiting_in_a(stores, [reply(tool_call("probe", {"key": "a"})), "Found it."]) as waits:
+        [pending] = (await waits.b.get(f"/api/conversations/{waits.conversation}/approvals")).json()
         call = pending["tool_call_id"]
-        answered = await within(b.post("/api/chat", json=answer_body(
-            conversation, started["operation_id"], call, {"id": call, "approved": True})))
+        answered = await within(waits.b.post("/api/chat", json=answer_body(
+            waits.conversation, waits.operation_id, call, {"id": call, "approved": True})))
 
     assert answered.status_code == 200, answered.text
-    assert probe.runs == [{"key": "a"}]
+    assert waits.probe.runs == [{"key": "a"}]
     assert {"type": "tool-output-available", "toolCallId": call, "output": "probe:a"} in parts_of(answered.text)
