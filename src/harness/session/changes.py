@@ -1,9 +1,9 @@
 """Wake-ups when a session of a store may have changed, for readers that do not hold it
-(`Store.changes`): a commit made through the store wakes this process's readers of its session at
-once; on PostgreSQL every commit also notifies the store's change channel with its session id
+(`Store.changes`): on PostgreSQL every commit notifies the store's change channel with its session id
 inside its transaction, and one listening connection per store fans the notifications out by
-session id; elsewhere (memory, SQLite, whose other processes cannot notify) another process's
-commit notifies nobody and a subscriber's wait times out, so it polls."""
+session id; elsewhere (memory, SQLite) a commit made through the store wakes this process's
+readers of its session at once, while another process's commit notifies nobody and a
+subscriber's wait times out, so it polls."""
 
 from __future__ import annotations
 
@@ -71,8 +71,9 @@ class ChangeFeed:
         return self._listen is not None
 
     def subscribe(self, session_id: str, *, local: bool = True) -> ChangeSubscription:
-        """Wake-ups for `session_id` from now on; without `local`, none for this process's own
-        commits (a holder waiting for what other processes post). The listening connection
+        """Wake-ups for `session_id` from now on; without `local`, none from `committed` for this
+        process's own commits where the database does not notify (a holder waiting for what other
+        processes post; on PostgreSQL every commit's notification still wakes it). The listening connection
         starts with the first subscriber, so a notification sent before its LISTEN ran is not
         seen: read after subscribing, not before, and poll."""
         subscription = ChangeSubscription(self, session_id, local=local)
@@ -82,8 +83,11 @@ class ChangeFeed:
         return subscription
 
     def committed(self, session_id: str) -> None:
-        """A commit to `session_id` was made in this process: wake its subscribers now, on every
-        backend (no round trip through the database's channel)."""
+        """A commit to `session_id` was made in this process: wake its subscribers now where the
+        database does not notify (memory, SQLite); on PostgreSQL the commit's own notification
+        wakes them, and a second wake would cost each a second, empty read."""
+        if self.notifies:
+            return
         for subscription in list(self._subscribers.get(session_id, ())):
             if subscription.local:
                 subscription.wake()
