@@ -914,10 +914,12 @@ class ConversationService:
         return owner is None
 
     async def info(self, user: str, conversation_id: str, context: Context) -> ConversationInfo:
-        """`user`'s conversation as `list` shows it, read alone (three reads, not the whole list).
-        Raises `SessionNotFound`, `Forbidden` for another user's."""
-        session = await self._owned(user, conversation_id, context)
+        """`user`'s conversation as `list` shows it, read alone: its row and its name, after the
+        owner check (`check_owner`), not the whole list. Raises `SessionNotFound`, `Forbidden`
+        for another user's."""
+        await self.check_owner(user, conversation_id, context)
         stored = await self.store.session_info(conversation_id, context)
+        session = await self.store.open_session(conversation_id, context)
         name = await session.get(addresses.session_name(), context)
         return ConversationInfo(id=conversation_id, owner=user, name=name, created_at=stored.created_at,
                                 updated_at=stored.updated_at)
@@ -1204,7 +1206,7 @@ class ConversationService:
     async def _select_posted(self, conversation: Conversation, user: str, execution_ref: str,
                              context: Context) -> None:
         """A project switch another process posted, already answered `queued`: a refusal here is
-        an error row with its text, so the person learns it did not apply (CE-20, CE-21)."""
+        an error row with its text, so the person learns it did not apply (issue 28)."""
         try:  # on `conversation` itself: while it is let go it is no longer listed as live here
             await self._switch_project(conversation._settings, self._project(user, execution_ref), "user", context)
         except HarnessError as error:

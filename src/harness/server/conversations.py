@@ -102,12 +102,11 @@ async def read_conversation(conversation_id: str, user: CurrentUser, state: Stat
 
 async def _cold_view(service: ConversationService, user: str, conversation_id: str,
                      context: Context) -> ConversationView:
-    await service.is_open(user, conversation_id, context)  # the owner check
+    listed = await _listed(service, user, conversation_id, context)  # the owner check too
     session = await service.store.open_session(conversation_id, context)
     config = await session.get(addresses.lane_config(MAIN_LANE), context)
     if config is None:
         raise StorageCorruption(f"conversation {conversation_id} has no main lane", session_id=conversation_id)
-    listed = await _listed(service, user, conversation_id, context)
     return ConversationView(**listed.model_dump(), model=config.model)
 
 
@@ -128,7 +127,7 @@ async def close_conversation(conversation_id: str, user: CurrentUser, state: Sta
     """Detach the live conversation from this server (nothing of it is lost; the next request
     opens it again). Refused with `lane_busy` (409) while a run is open: stop it first. With
     external workers nothing is attached here: only the owner check."""
-    await state.service.is_open(user, conversation_id, context)  # the owner check
+    await state.service.check_owner(user, conversation_id, context)
     if state.external or (conversation := state.service.live(conversation_id)) is None:
         return
     if (operation := conversation.operation()) is not None:
@@ -377,7 +376,7 @@ async def answer_approval(conversation_id: str, tool_call_id: str, body: Approva
     """Answer a waiting call: 200 when it waits in this server, the run going on at once; 202 when
     it waits in another process that holds the conversation, the answer posted to it (issue 28).
     `approval_not_found` (404)."""
-    await state.service.is_open(user, conversation_id, context)  # the owner check
+    await state.service.check_owner(user, conversation_id, context)
     session = await state.service.store.open_session(conversation_id, context)
     pending, posted = await state.approvals.answer_anywhere(
         session, user, tool_call_id, Approval(allow=body.allow, for_session=body.for_session, reason=body.reason),

@@ -22,7 +22,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from harness.context import Context
-from harness.conversation import Conversation, ConversationService
+from harness.conversation import Conversation, ConversationService, Forbidden
 from harness.errors import HarnessError
 from harness.server.drives import Drives
 from harness.session import LaneConfig
@@ -98,8 +98,10 @@ class Holds:
                 async with self._room:
                     await self._make_room(conversation_id, context)
                     conversation = await self._service.open(user, conversation_id, context)
+            elif live.info.owner != user:  # the owner check, with nothing to read
+                raise Forbidden.of(conversation_id)
             else:
-                conversation = await self._service.open(user, conversation_id, context)  # the owner check
+                conversation = live
             yield conversation
         finally:
             self._done(conversation_id)
@@ -122,7 +124,8 @@ class Holds:
         left = self._users.pop(conversation_id) - 1
         if left:
             self._users[conversation_id] = left
-        self._last_used[conversation_id] = time.monotonic()
+        if self._service.live(conversation_id) is not None:  # not an id that failed to open
+            self._last_used[conversation_id] = time.monotonic()
 
     async def _make_room(self, wanted: str | None, context: Context) -> None:
         held = [conversation_id for conversation_id in self.held if conversation_id != wanted]

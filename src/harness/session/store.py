@@ -93,10 +93,7 @@ class Store:
             raise SessionNotFound(f"no session {session_id!r}", session_id=repr(session_id)[:80])
         if (found := self._open.get(session_id)) is not None:
             return found
-        info = await self.backend.get_session(session_id, context)
-        if info is None:
-            raise SessionNotFound(f"no session {session_id}", session_id=session_id)
-        return self._session(info)
+        return self._session(await self.session_info(session_id, context))
 
     async def session_info(self, session_id: str, context: Context) -> SessionInfo:
         """The session's row as stored now (its `updated_at` moves with every commit, whatever an
