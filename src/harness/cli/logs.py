@@ -6,11 +6,9 @@ from __future__ import annotations
 import json
 import logging
 from datetime import UTC, datetime
-from typing import Annotated, Literal
+from typing import Annotated
 
 import typer
-
-LogFormat = Literal["text", "json"]
 
 LogFormatOption = Annotated[
     str,

@@ -792,14 +792,16 @@ class PostgresBackend:
         a read changes nothing, so after a server restart or a cut the next call answers."""
 
         async def read() -> list[TupleRow]:
-            try:
-                async with self._connection() as conn:
-                    return await (await conn.execute(sql, params)).fetchall()
-            except StoreConnectionLost:
-                async with self._connection() as conn:
-                    return await (await conn.execute(sql, params)).fetchall()
+            async with self._connection() as conn:
+                return await (await conn.execute(sql, params)).fetchall()
 
-        task = asyncio.get_running_loop().create_task(read())
+        async def read_again_if_lost() -> list[TupleRow]:
+            try:
+                return await read()
+            except StoreConnectionLost:
+                return await read()
+
+        task = asyncio.get_running_loop().create_task(read_again_if_lost())
         self._reads.add(task)  # the loop keeps only a weak reference to a task
         task.add_done_callback(_forget_read(self._reads))
         return await asyncio.shield(task)
