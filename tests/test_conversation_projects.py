@@ -482,7 +482,7 @@ async def test_any_other_error_at_the_boundary_ends_the_turn(store: Store, rig: 
 
 async def test_a_switch_of_a_conversation_another_process_holds_is_posted_to_it(
         store: Store, rig: Rig, ctx: Context) -> None:
-    """Issue 28 (from any process), CE-21: while another holder has the conversation, a person's
+    """Issue 28 (from any process): while another holder has the conversation, a person's
     switch is answered `queued` (it was refused `session_owned`) and the holder makes it with its
     row; one the holder refuses (its directory cannot be entered) leaves an error row saying so."""
     holder, _ = rig.service(store, ["hi"])

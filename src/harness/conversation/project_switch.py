@@ -57,7 +57,8 @@ class ProjectSwitchRefused(HarnessError):
 class ProjectSwitch(BaseModel):
     """A person's project switch (`ConversationService.select_project_execution`): `row`, the
     `DirectoryMoved` it records, and `queued` True when it was posted to the process holding
-    the conversation, which makes it, or records why it could not, at once (CE-21)."""
+    the conversation, which makes it, or records why it could not, at once (issue 28: CE-21's
+    synchronous refusal holds where the switch is made, not for its poster)."""
 
     model_config = ConfigDict(frozen=True)
 
