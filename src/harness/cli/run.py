@@ -22,11 +22,18 @@ from typing import TextIO
 
 from rich.console import Console
 
-from harness.cli.chat_rows import chat_row, garden_row
 from harness.cli.config import attach_client, no_tools_note
+from harness.cli.render import entry_lines
 from harness.cli.terminal_text import escape, visible
 from harness.context import Context
-from harness.conversation import Conversation, ErrorDetails, chat_event_rows, garden_message_of
+from harness.conversation import (
+    CHAT_EVENT_TYPE,
+    GARDEN_MESSAGE_TYPE,
+    SUBAGENT_RESULT_TYPE,
+    Conversation,
+    ErrorDetails,
+    chat_event_rows,
+)
 from harness.messages import AssistantMessage, ModelIdentity, ThinkingContent, text_of
 from harness.providers import ModelRegistry
 from harness.runtime import (
@@ -52,6 +59,9 @@ from harness.runtime import (
 )
 from harness.session import CustomMessagePayload, Entry, Store
 from harness.tools import ApprovalPolicy, BackgroundJobs, describe_call
+
+_ROW_TYPES = frozenset({CHAT_EVENT_TYPE, GARDEN_MESSAGE_TYPE, SUBAGENT_RESULT_TYPE})
+"""The custom messages a run's output shows as rows, as the chat does."""
 
 EXIT_COMPLETED = 0
 EXIT_FAILED = 1
@@ -181,18 +191,17 @@ class TextPrinter:
                 pass
 
     def _rows(self, entry: Entry) -> None:
-        """A placed row in the chat's words (`chat_rows`); an error row's text waits for the run's
-        end, whose line says it."""
-        message = entry.payload.message if isinstance(entry.payload, CustomMessagePayload) else None
-        if message is not None and (garden := garden_message_of(message)) is not None:
+        """A placed row (a chat event's, a garden's, a delegation's) as the terminal words it
+        (`entry_lines`); an error row's text waits for the run's end, whose line says it."""
+        if not isinstance(entry.payload, CustomMessagePayload) or entry.payload.message.custom_type not in _ROW_TYPES:
+            return
+        errors = [row.details for row in chat_event_rows([entry]) if isinstance(row.details, ErrorDetails)]
+        if errors:
+            self._error_row = errors[-1].text
+            return
+        for line in entry_lines(entry, None):
             self._end_line()
-            self.status.print(garden_row(garden))
-        for row in chat_event_rows([entry]):
-            if isinstance(row.details, ErrorDetails):
-                self._error_row = row.details.text
-            else:
-                self._end_line()
-                self.status.print(chat_row(row.details))
+            self.status.print(line)
 
     def _stream(self, message: AssistantMessage) -> None:
         thinking = "".join(b.thinking for b in message.content if isinstance(b, ThinkingContent) and not b.redacted)
