@@ -1,5 +1,5 @@
 """What an operator watches a server by (issue 29, Operations): a log line and metrics per HTTP
-request, the turns and attached conversations counted from the service's feed, and the routes
+request, the turns counted from the service's feed, what it holds read at each scrape, and the routes
 `GET /healthz`, `GET /readyz` and `GET /metrics` (Prometheus text, from a registry of the app's
 own). None of them logs or counts a token or a message's text."""
 
@@ -23,7 +23,7 @@ from harness.context import Context
 from harness.conversation import ConversationService, FeedWatch, Presence, TurnActivity
 from harness.errors import HarnessError
 from harness.server.state import State
-from harness.session import SessionNotFound, Store
+from harness.session import SessionNotFound
 
 logger = logging.getLogger(__name__)
 
@@ -49,16 +49,20 @@ class StoreNotReady(HarnessError):
     code = "store_not_ready"
 
 
-class StoreConnections(Collector):
-    """`harness_store_connections{use}`, read from the store at each scrape
-    (`Store.connection_use`): `claims` (conversations held, each with a PostgreSQL connection or
-    a SQLite lock), and on PostgreSQL the read pool's `pooled`, `idle` and `waiting`."""
+class HeldNow(Collector):
+    """What the service holds, read at each scrape: `harness_conversations_attached` (its live
+    conversations) and `harness_store_connections{use}` (`Store.connection_use`: `claims`, each a
+    PostgreSQL connection or a SQLite lock, and on PostgreSQL the read pool's `pooled`, `idle`
+    and `waiting`)."""
 
-    def __init__(self, store: Store) -> None:
-        self._store = store
+    def __init__(self, service: ConversationService) -> None:
+        self._service = service
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
-        use = self._store.connection_use()
+        yield GaugeMetricFamily("harness_conversations_attached", "Conversations this process holds now (each "
+                                "holds its session's lock: on PostgreSQL, one connection).",
+                                value=len(self._service.live_ids))
+        use = self._service.store.connection_use()
         family = GaugeMetricFamily("harness_store_connections", "What the store holds open now: claims (held "
                                    "conversations), and the PostgreSQL read pool's size, idle connections and "
                                    "waiting requests.", labels=["use"])
@@ -88,8 +92,6 @@ class ServerMetrics:
             "harness_turn_duration_seconds", "From acceptance to settlement of the turns both seen here, "
             "by outcome.", ["outcome"], registry=self.registry,
             buckets=(0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160, 320, 640, float("inf")))
-        self.attached = Gauge("harness_conversations_attached", "Conversations this process holds now (each "
-                              "holds its session's lock: on PostgreSQL, one connection).", registry=self.registry)
 
     def exposition(self) -> bytes:
         """The metrics in the Prometheus text format (`CONTENT_TYPE_LATEST`)."""
@@ -97,10 +99,10 @@ class ServerMetrics:
 
     @asynccontextmanager
     async def following(self, service: ConversationService) -> AsyncIterator[None]:
-        """Count `service`'s turns and attached conversations from its feed, and log each attach
+        """Count `service`'s turns from its feed, and log each attach
         (a claim of the conversation's session) and release, while the block runs; its store's
-        connections are read at each scrape (`StoreConnections`)."""
-        connections = StoreConnections(service.store)
+        conversations and connections are read at each scrape (`HeldNow`)."""
+        connections = HeldNow(service)
         self.registry.register(connections)
         feed = service.feed.watch()
         task = asyncio.get_running_loop().create_task(self._follow(feed))
@@ -119,10 +121,6 @@ class ServerMetrics:
         async for event in feed:
             conversation_id = event.conversation_id
             if isinstance(event, Presence):
-                if event.live:
-                    self.attached.inc()
-                else:
-                    self.attached.dec()
                 logger.info("conversation %s %s", conversation_id, "attached" if event.live else "released",
                             extra={"event": "claim" if event.live else "release", "conversation_id": conversation_id})
             elif isinstance(event, TurnActivity) and event.running:
