@@ -101,6 +101,34 @@ async def ends(client: httpx.AsyncClient, path: str, opened: asyncio.Event, head
     return response.status_code
 
 
+async def test_streams_of_one_token_share_its_lookups(store: Store, ctx: Context) -> None:
+    """Issue 29: the open streams of one token check it again through one lookup per half
+    `token_check_s`, not one each (200 watchers on one token read the token table 40 times a
+    second); a revocation is still seen once that lookup is stale."""
+    lookups: list[str | None] = []
+    tokens = StoreTokens(store.tokens)
+
+    class Counted:
+        async def user_of(self, token: str | None, context: Context) -> str:
+            lookups.append(token)
+            return await tokens.user_of(token, context)
+
+    served = faux_app(store, auth=Counted(), options=ServerOptions(token_check_s=3_600))
+    state = served.app.state.server
+    token, info = await store.tokens.create(USER, ctx)
+
+    users = await asyncio.gather(*(state.token_user(token, ctx) for _ in range(20)))
+    await store.tokens.revoke(info.id, ctx)
+    cached = await state.token_user(token, ctx)
+    served_fresh = faux_app(store, auth=Counted(), options=ServerOptions(token_check_s=0))
+    revoked = await served_fresh.app.state.server.token_user(token, ctx)
+
+    assert users == [USER] * 20
+    assert lookups[:1] == [token]
+    assert len(lookups) == 2  # the twenty at once and the cached one: one lookup; the fresh server: one
+    assert (cached, revoked) == (USER, None)
+
+
 async def test_revoking_a_token_ends_its_open_streams_within_seconds(store: Store, ctx: Context) -> None:
     """Issue 29: the native watch and feed, the AI SDK stream of a turn in progress and the
     LangGraph run and thread streams, each opened with a token that is then revoked, end within

@@ -141,6 +141,8 @@ class ServerState:
     """The watched lanes, each with one source shared by its watchers (`ServerState.watch`)."""
     drives: Drives = field(init=False)
     holds: Holds = field(init=False)
+    _token_checks: dict[str | None, tuple[float, asyncio.Future[str | None]]] = field(init=False,
+                                                                                    default_factory=dict)
 
     def __post_init__(self) -> None:
         self.drives = Drives(self.service)
@@ -164,6 +166,25 @@ class ServerState:
         if self.external:
             raise ExternalModeUnsupported(f"{route} is not offered by a server whose workers are external",
                                           route=route)
+
+    async def token_user(self, token: str | None, context: Context) -> str | None:
+        """The user `token` names now, for a stream checking it again (None: revoked, or the store
+        cannot tell now): one lookup every `token_check_s / 2` per token, shared by all of its
+        streams checking at once or since, so a revocation ends them within about `token_check_s`."""
+        now = time.monotonic()
+        fresh = self.options.token_check_s / 2
+        checked = self._token_checks.get(token)
+        if checked is None or now - checked[0] >= fresh:
+            for stale in [key for key, (at, _) in self._token_checks.items() if now - at >= fresh]:
+                del self._token_checks[stale]
+            checked = self._token_checks[token] = (now, asyncio.ensure_future(self._look_up(token, context)))
+        return await asyncio.shield(checked[1])
+
+    async def _look_up(self, token: str | None, context: Context) -> str | None:
+        try:
+            return await self.auth.user_of(token, context)
+        except HarnessError:  # revoked (`Unauthorized`), or the store cannot tell now: the client reconnects
+            return None
 
     @asynccontextmanager
     async def conversation(self, user: str, conversation_id: str, context: Context) -> AsyncIterator[Conversation]:
@@ -358,7 +379,8 @@ class Authorization:
     async def until_revoked(self, events: AsyncGenerator[T, None]) -> AsyncGenerator[T, None]:
         """`events`, until the token no longer names the user (revoked, issue 29): checked every
         `token_check_s`, whether the stream is busy or quiet, so a revoked token's streams end
-        within that; the client's reconnect is then answered 401. Closes `events` however it ends."""
+        within about that (`ServerState.token_user`); the client's reconnect is then answered
+        401. Closes `events` however it ends."""
         every = self.state.options.token_check_s
         next_check = time.monotonic() + every
         pending: asyncio.Future[T] | None = None
@@ -386,10 +408,7 @@ class Authorization:
             await events.aclose()
 
     async def _valid(self) -> bool:
-        try:
-            return await self.state.auth.user_of(self.token, self.context) == self.user
-        except HarnessError:  # revoked (`Unauthorized`), or the store cannot tell now: the client reconnects
-            return False
+        return await self.state.token_user(self.token, self.context) == self.user
 
 
 async def current_authorization(state: State, user: CurrentUser, context: RequestContext,
