@@ -41,6 +41,9 @@ class ExternalModeUnsupported(HarnessError):
     code = "external_mode_unsupported"
 
 
+STORE_FAULTS = ("store_unavailable", "store_connection_lost", "store_closed", "harness_closed")
+"""The codes of a store that cannot serve now: a 503 whose body says so in words of the server's."""
+
 STATUS_BY_CODE: dict[str, int] = {
     **dict.fromkeys(["unauthorized"], 401),
     **dict.fromkeys(["host_not_allowed", "origin_not_allowed"], 403),
@@ -52,8 +55,7 @@ STATUS_BY_CODE: dict[str, int] = {
                      "operation_id_taken", "lane_exists", "garden_exists", "id_taken", "thread_exists",
                      "conversation_held", "garden_damaged", "goal_damaged"], 409),
     **dict.fromkeys(["prompt_too_large", "record_too_large", "request_too_large"], 413),
-    **dict.fromkeys(["store_unavailable", "store_connection_lost", "store_closed", "harness_closed", "server_busy"],
-                    503),
+    **dict.fromkeys([*STORE_FAULTS, "server_busy"], 503),
     **dict.fromkeys(["storage_corruption", "harness_fault", "garden_write_failed", "ownership_lost",
                      "storage_rolled_back", "store_full",
                      "setting_not_recorded", "listener_reentry", "reentrant_mutation"], 500),
@@ -97,7 +99,7 @@ def install_error_handlers(app: FastAPI) -> None:
         if status >= 500:
             logger.error("%s %s failed: [%s] %s %s", request.method, request.url.path, error.code, error.message,
                          error.details)
-        if status == 503 and error.code != "server_busy":  # the store's own words stay in the log
+        if error.code in STORE_FAULTS:  # the store's own words stay in the log
             return JSONResponse(error_body(error.code, UNAVAILABLE), status_code=status)
         headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
         return JSONResponse(error.to_json(), status_code=status, headers=headers)
