@@ -276,9 +276,8 @@ class Backend(Protocol):
 
     async def release(self, claim: Claim, context: Context) -> None: ...
 
-    @property
-    def claims_held(self) -> int:
-        """How many claims this backend holds now (each a connection or a lock of its own)."""
+    def connection_use(self) -> ConnectionUse:
+        """What this backend holds open now (`ConnectionUse`), for a server's metrics (issue 29)."""
         ...
 
     async def run_data_migration(self, migration: DataMigration, context: Context) -> bool:

@@ -12,6 +12,7 @@ from harness.session.backend import (
     AppendList,
     Claim,
     CommitResult,
+    ConnectionUse,
     DeleteList,
     DeleteValue,
     EntryRow,
@@ -168,9 +169,9 @@ class MemoryBackend:
         session = self._session(session_id)
         return _commit(session, writes)
 
-    @property
-    def claims_held(self) -> int:
-        return sum(session.claimed for session in self._sessions.values())
+    def connection_use(self) -> ConnectionUse:
+        """The claims held; a memory store opens no connections."""
+        return ConnectionUse(claims=sum(session.claimed for session in self._sessions.values()))
 
     async def claim(self, session_id: str, context: Context) -> Claim:
         session = self._session(session_id)

@@ -644,10 +644,6 @@ class PostgresBackend:
         self._claims.add(claim)
         return claim
 
-    @property
-    def claims_held(self) -> int:
-        return len(self._claims)
-
     def connection_use(self) -> ConnectionUse:
         """The claims held (a connection each) and the read pool's use, from psycopg_pool's stats."""
         stats = self._pool.get_stats()

@@ -40,6 +40,7 @@ from harness.session.backend import (
     AppendList,
     Claim,
     CommitResult,
+    ConnectionUse,
     DeleteList,
     DeleteValue,
     EntryRow,
@@ -812,9 +813,9 @@ class SqliteBackend:
 
         return await self._call(run)
 
-    @property
-    def claims_held(self) -> int:
-        return len(self._claims)
+    def connection_use(self) -> ConnectionUse:
+        """The claims held, each a lock on the file; reads share the backend's one connection."""
+        return ConnectionUse(claims=len(self._claims))
 
     async def release(self, claim: Claim, context: Context) -> None:
         assert isinstance(claim, SqliteClaim)

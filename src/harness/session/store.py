@@ -55,9 +55,7 @@ class Store:
 
     def connection_use(self) -> ConnectionUse:
         """What the store holds open now (`ConnectionUse`), for a server's metrics (issue 29)."""
-        if self.backend.kind == "postgres":
-            return cast("PostgresBackend", self.backend).connection_use()
-        return ConnectionUse(claims=self.backend.claims_held)
+        return self.backend.connection_use()
 
     @property
     def images(self) -> ImageStore:
