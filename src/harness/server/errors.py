@@ -41,8 +41,9 @@ class ExternalModeUnsupported(HarnessError):
     code = "external_mode_unsupported"
 
 
-STORE_FAULTS = ("store_unavailable", "store_connection_lost", "store_closed", "harness_closed")
-"""The codes of a store that cannot serve now: a 503 whose body says so in words of the server's."""
+STORE_FAULTS = ("store_unavailable", "store_connection_lost", "store_closed", "harness_closed", "store_full")
+"""The codes of a store that cannot serve now: a 503 whose body says so in words of the server's.
+A full disk is one: once space is freed the next sweep finishes what it stopped (issue 29)."""
 
 STATUS_BY_CODE: dict[str, int] = {
     **dict.fromkeys(["unauthorized"], 401),
@@ -57,7 +58,7 @@ STATUS_BY_CODE: dict[str, int] = {
     **dict.fromkeys(["prompt_too_large", "record_too_large", "request_too_large"], 413),
     **dict.fromkeys([*STORE_FAULTS, "server_busy"], 503),
     **dict.fromkeys(["storage_corruption", "harness_fault", "garden_write_failed", "ownership_lost",
-                     "storage_rolled_back", "store_full",
+                     "storage_rolled_back",
                      "setting_not_recorded", "listener_reentry", "reentrant_mutation"], 500),
     **dict.fromkeys(["external_mode_unsupported"], 501),
 }
