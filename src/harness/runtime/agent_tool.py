@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Literal
@@ -53,3 +53,28 @@ class AgentTool:
         """The JSON Schema validator of `spec.parameters`, of the draft the schema names, made once."""
         schema = self.spec.parameters
         return validator_for(schema)(schema)
+
+
+TOOL_PATTERN_SUFFIX = "*"
+
+
+def offered_tools(active_tools: Sequence[str], tools: Mapping[str, AgentTool]) -> list[AgentTool]:
+    """The tools a step offers: each name of `active_tools` that `tools` has, and for a name ending
+    in `*` (e.g. `mcp__*`, `mcp__github__*`) every tool of `tools` whose name starts with what
+    precedes it, in name order; each once, in the order `active_tools` names them. A pattern
+    offers the tools present when the step asks, so tools that join or leave (an MCP server's)
+    land at the next step. An exact name `tools` lacks is left out here; `missing_tools` names it."""
+    offered: dict[str, AgentTool] = {}
+    for name in active_tools:
+        if name.endswith(TOOL_PATTERN_SUFFIX):
+            prefix = name[:-len(TOOL_PATTERN_SUFFIX)]
+            offered.update((found, tools[found]) for found in sorted(tools) if found.startswith(prefix))
+        elif (tool := tools.get(name)) is not None:
+            offered[name] = tool
+    return list(offered.values())
+
+
+def missing_tools(active_tools: Sequence[str], tools: Mapping[str, AgentTool]) -> list[str]:
+    """The exact names of `active_tools` that `tools` lacks; a pattern (`mcp__*`) is never missing,
+    as it may match no tool at all (an MCP server still connecting)."""
+    return [name for name in active_tools if not name.endswith(TOOL_PATTERN_SUFFIX) and name not in tools]

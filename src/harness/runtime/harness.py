@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
+from collections import ChainMap
+from collections.abc import Awaitable, Callable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, TypeVar, cast
 
 from harness.context import Context
 from harness.errors import InvalidInput
@@ -52,6 +53,11 @@ class AgentHarnessOptions:
     session: Session
     models: ModelRegistry | None = None
     tools: Sequence[AgentTool] = ()
+    live_tools: Mapping[str, AgentTool] = field(default_factory=dict)
+    """Tools by name that join and leave while the harness runs (an MCP server's, as it connects
+    or its list changes), beside `tools`, which win on a shared name; read at each step, so a
+    change lands at the next one, offered where a lane's active tools name them or a pattern
+    matches them (`offered_tools`)."""
     skills: Sequence[Skill] = ()
     prompt_templates: Sequence[PromptTemplate] = ()
     listeners: Sequence[Listener] = ()
@@ -71,8 +77,12 @@ class AgentHarness:
         self._bus = EventBus()
         self._line = SessionLine(self._bus, options.event_log_limit)
         self._lanes: dict[str, Lane] = {}
+        # A view, not a copy: the live tools' changes show through. ChainMap only reads its later
+        # maps, though its stubs ask for mutable ones.
+        tools = ChainMap({tool.name: tool for tool in options.tools},
+                         cast(MutableMapping[str, AgentTool], options.live_tools))
         self._environment = DriveEnvironment(
-            models=options.models, tools={tool.name: tool for tool in options.tools},
+            models=options.models, tools=tools,
             system_prompt=options.system_prompt, settings=options.drive, hooks=options.hooks,
             session_id=options.session.id)
         self._core = LaneCore(

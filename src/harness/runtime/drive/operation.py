@@ -12,7 +12,7 @@ from harness.context import Context
 from harness.errors import ModelUnavailable, ToolsUnavailable
 from harness.messages import ModelIdentity
 from harness.providers import Model, Provider, StreamOptions
-from harness.runtime.agent_tool import AgentTool
+from harness.runtime.agent_tool import AgentTool, missing_tools
 from harness.runtime.branch_context import BranchContext
 from harness.runtime.commit import Decision, Transition, abort_requested, commit_transition
 from harness.runtime.errors import HarnessFault
@@ -167,7 +167,7 @@ class DrivenOperation:
         if registry is None:
             raise ModelUnavailable(config_model.provider, config_model.model_id)
         model, provider = registry.resolve(config_model)
-        missing = [name for name in active_tools if name not in self.environment.tools]
+        missing = missing_tools(active_tools, self.environment.tools)
         if missing:
             raise ToolsUnavailable(missing)
         return model, provider

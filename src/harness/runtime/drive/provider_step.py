@@ -22,6 +22,7 @@ from harness.providers import (
     StreamEvent,
     classify_exception,
 )
+from harness.runtime.agent_tool import offered_tools
 from harness.runtime.commit import Decision, Transition
 from harness.runtime.drive.operation import DrivenOperation
 from harness.runtime.drive.settlement import DOES_NOT_FIT, failure, settle_with_reply
@@ -125,7 +126,7 @@ async def _request(op: DrivenOperation, generation: GenerationContext, model: Mo
     """The step's request: the system prompt, the branch's messages (through the
     `transform_context` hook when set) and the tools it may call."""
     messages = tuple((await op.branch()).messages)
-    tools = tuple(op.environment.tools[name].spec for name in generation.config.active_tools)
+    tools = tuple(tool.spec for tool in offered_tools(generation.config.active_tools, op.environment.tools))
     if model.max_tool_steps is not None and generation.step > model.max_tool_steps:
         tools = ()  # a model too small to trust with more tool steps answers in text now
     system = lane_system_prompt(op.environment.system_prompt, op.lane.name)

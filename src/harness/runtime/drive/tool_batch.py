@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from pydantic import JsonValue, ValidationError
 
 from harness.messages import AssistantMessage, Message, TextContent, ToolCall, ToolResultMessage
-from harness.runtime.agent_tool import AgentTool, ToolOutput
+from harness.runtime.agent_tool import AgentTool, ToolOutput, offered_tools
 from harness.runtime.commit import (
     Decision,
     Placement,
@@ -494,9 +494,9 @@ def _deciding_hook(op: DrivenOperation, tool_name: str) -> BeforeTool | None:
 
 
 def _batch_tools(op: DrivenOperation, batch: ToolBatch) -> dict[str, AgentTool]:
-    """The tools the batch's calls may run: the active ones of its configuration this harness has."""
-    tools = op.environment.tools
-    return {name: tools[name] for name in batch.config.active_tools if name in tools}
+    """The tools the batch's calls may run: the active ones of its configuration this harness has
+    (a pattern's, as present now)."""
+    return {tool.name: tool for tool in offered_tools(batch.config.active_tools, op.environment.tools)}
 
 
 def _problem(block: ToolCall, tool: AgentTool | None, args: dict[str, JsonValue],
