@@ -14,6 +14,7 @@ import getpass
 import importlib
 import importlib.util
 import os
+import re
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -64,10 +65,20 @@ from harness.session import (
     connect,
     value_address,
 )
-from harness.tools import BUILTIN_TOOL_NAMES, ApprovalPolicy, BackgroundJobs, Workspace, builtin_tools, system_prompt
+from harness.tools import (
+    BUILTIN_TOOL_NAMES,
+    DEFAULT_ENV_DENY,
+    ApprovalPolicy,
+    BackgroundJobs,
+    Workspace,
+    builtin_tools,
+    system_prompt,
+)
 
 SESSION_NAME_LIMIT = 80
 RETRY_DELAY_VARIABLE = "HARNESS_RETRY_DELAY_MS"
+SHELL_ENV_ALLOW_VARIABLE = "HARNESS_SHELL_ENV_ALLOW"
+SHELL_ENV_DENY_VARIABLE = "HARNESS_SHELL_ENV_DENY"
 
 
 class NewConversationLane(HarnessError):
@@ -139,9 +150,17 @@ def tool_workspace(root: Path, home: Path, model: Model | None = None) -> Worksp
 
     A tool output sent to the model is at most 30,000 characters, and at most as many characters
     as the model has tokens of context (about a quarter of its window), so a small local model is
-    not flooded by one `ls -R`."""
+    not flooded by one `ls -R`. Shell commands run without the variables `DEFAULT_ENV_DENY` names
+    and those `HARNESS_SHELL_ENV_DENY` adds, except those `HARNESS_SHELL_ENV_ALLOW` lets through
+    (each a list of shell-style name patterns, separated by commas or spaces)."""
     max_chars = 30_000 if model is None else max(1_000, min(30_000, model.context_window))
-    return Workspace(root=root, output_dir=home / "tool-output", max_chars=max_chars)
+    return Workspace(root=root, output_dir=home / "tool-output", max_chars=max_chars,
+                     env_deny=(*DEFAULT_ENV_DENY, *_patterns(SHELL_ENV_DENY_VARIABLE)),
+                     env_allow=_patterns(SHELL_ENV_ALLOW_VARIABLE))
+
+
+def _patterns(variable: str) -> tuple[str, ...]:
+    return tuple(pattern for pattern in re.split(r"[,\s]+", os.environ.get(variable, "")) if pattern)
 
 
 def offers_tools(identity: ModelIdentity) -> bool:
@@ -199,7 +218,10 @@ def client_setup(registry: ModelRegistry, workspace: Workspace, home: Path, appr
     with `approval` as their `before_tool` hook (for the tools it gates) and background commands
     tracked in `jobs`, projects listed from `home/projects.toml`, and the `general` agent to
     delegate to (CE-18). The terminal and `harness serve` both build theirs here; `drive` defaults
-    to `drive_settings()`."""
+    to `drive_settings()`. Shell commands also run without the variable of each of the
+    registry's API keys, whatever its name."""
+    keys = {row.model.api_key_env for row in registry.configured() if row.model.api_key_env is not None}
+    workspace = replace(workspace, env_deny=(*workspace.env_deny, *sorted(keys)))
     return ConversationSetup(
         models=registry, system_prompt=system_prompt(workspace), drive=drive or drive_settings(),
         hooks=RunHooks(before_tool=approval, before_tool_applies=approval.needs_approval), listeners=listeners,

@@ -15,12 +15,19 @@ from harness.tools.approval import (
 )
 from harness.tools.builtin import BUILTIN_TOOL_NAMES, builtin_tools, system_prompt
 from harness.tools.jobs import MAX_RUNNING_JOBS, BackgroundJobs, Job, JobMode, JobNotFound, TooManyJobs
-from harness.tools.workspace import TOOL_ENVIRONMENT, LimitedOutput, PathOutsideWorkspace, Workspace
+from harness.tools.workspace import (
+    DEFAULT_ENV_DENY,
+    TOOL_ENVIRONMENT,
+    LimitedOutput,
+    PathOutsideWorkspace,
+    Workspace,
+)
 
 __all__ = [
     "ALLOW_FOR_SESSION",
     "ALLOW_ONCE",
     "BUILTIN_TOOL_NAMES",
+    "DEFAULT_ENV_DENY",
     "DENY",
     "MAX_RUNNING_JOBS",
     "NEEDS_APPROVAL",

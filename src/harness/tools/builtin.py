@@ -55,7 +55,8 @@ SPECS: dict[str, ToolSpec] = {
     ),
     "list": ToolSpec(
         name="list",
-        description="List a directory's entries (directories end with /). depth > 1 lists subdirectories too.",
+        description="List a directory's entries (directories end with /). depth > 1 lists subdirectories too. "
+                    "Files and directories .gitignore ignores are left out; give one as path to list it.",
         parameters=_object({"path": {**_PATH, "description": "The directory; default: the working directory."},
                             "depth": {"type": "integer", "minimum": 1, "maximum": 10}},
                            []),
@@ -63,7 +64,8 @@ SPECS: dict[str, ToolSpec] = {
     "grep": ToolSpec(
         name="grep",
         description="Search files for lines matching a regular expression (Python syntax). Returns "
-                    "path:line:text for each match.",
+                    "path:line:text for each match. Files .gitignore ignores are skipped; give one (or its "
+                    "directory) as path to search it.",
         parameters=_object({"pattern": {"type": "string", "description": "The regular expression."},
                             "path": {**_PATH, "description": "A file or directory; default: the working "
                                                              "directory."},
@@ -75,6 +77,7 @@ SPECS: dict[str, ToolSpec] = {
         name="shell",
         description="Run a shell command in the working directory (bash -c). Returns its combined stdout and "
                     "stderr and exit code. Nothing can be typed into it; it is killed after timeout seconds. "
+                    "API keys, tokens and other secrets are not in its environment. "
                     "With background it starts and you get its job id at once (see the jobs tool).",
         parameters=_object({"command": {"type": "string", "description": "The command line."},
                             "timeout": {"type": "number", "exclusiveMinimum": 0,

@@ -19,6 +19,7 @@ from pydantic import JsonValue
 from harness.context import Context
 from harness.messages import TextContent
 from harness.runtime import ToolOutput
+from harness.tools.ignored import GitIgnore
 from harness.tools.workspace import PathOutsideWorkspace, ToolFailure, Workspace, is_binary, plural
 
 SKIPPED_DIRS = frozenset({".git", ".hg", ".svn", "node_modules", "__pycache__", ".venv", "venv", ".mypy_cache",
@@ -229,7 +230,8 @@ async def edit_file(workspace: Workspace, args: dict[str, JsonValue], context: C
 async def list_directory(workspace: Workspace, tool_call_id: str, args: dict[str, JsonValue],
                          context: Context) -> ToolOutput:
     """The entries of a directory, sorted, directories marked with a trailing `/`; with `depth` > 1
-    their contents too (not descending into `SKIPPED_DIRS`)."""
+    their contents too (not descending into `SKIPPED_DIRS`). Entries git ignores are left out and
+    counted in a note (see `_Tree`)."""
     path = workspace.resolve(_string(args, "path", "."), reading=True)
     depth = max(1, min(_integer(args, "depth", 1) or 1, 10))
 
@@ -237,40 +239,77 @@ async def list_directory(workspace: Workspace, tool_call_id: str, args: dict[str
         shown = workspace.show(path)
         if not path.is_dir():
             raise ToolFailure(f"{shown} is not a directory")
+        tree = _Tree(path, workspace.root, context)
         lines: list[str] = []
         complete = True
-        for entry in _walk_listing(path, depth, context):
+        for relative, entry, error in tree.entries(depth):
             if len(lines) >= _LIST_MAX_ENTRIES:
                 complete = False
                 break
-            lines.append(entry)
+            if error is not None:
+                lines.append(f"{relative}[cannot list: {error}]")
+            elif entry is not None:
+                lines.append(f"{relative}{'/' if entry.is_dir(follow_symlinks=False) else ''}")
+        ignored = _ignored_note(tree.ignored, "list")
         if not lines:
-            return text_output(f"{shown} is empty", {"path": shown, "entries": 0})
+            return text_output(f"{shown} is empty{ignored}", {"path": shown, "entries": 0, "ignored": tree.ignored})
         text = "\n".join(lines)
         if not complete:
             text += f"\n[stopped after {_LIST_MAX_ENTRIES} entries]"
         limited = workspace.limit(text, tool_call_id, hint="list a subdirectory or use a smaller depth")
-        return text_output(limited.text, {"path": shown, "entries": len(lines), **limited.details()})
+        return text_output(limited.text + ignored, {"path": shown, "entries": len(lines), "ignored": tree.ignored,
+                                          **limited.details()})
 
     return await asyncio.to_thread(listing)
 
 
-def _walk_listing(root: Path, depth: int, context: Context) -> Iterator[str]:
-    def walk(directory: Path, prefix: str, level: int) -> Iterator[str]:
-        if context.cancelled:
+def _ignored_note(ignored: int, tool: str) -> str:
+    if not ignored:
+        return ""
+    return (f"\n[{plural(ignored, 'path')} ignored by .gitignore not shown; {tool} one by naming it as path to "
+            f"{'see inside it' if tool == 'list' else 'search it'}]")
+
+
+class _Tree:
+    """The entries under directory `top`, as list and grep walk them: sorted by name, depth first,
+    `SKIPPED_DIRS` listed but not entered, and symbolic links not followed into directories.
+
+    What git ignores there (`.gitignore` files and `.git/info/exclude`, see `GitIgnore`; `root` is
+    the workspace's, which bounds the rules read outside a repository) is left out and counted in
+    `ignored`, an ignored directory once, not what it holds. When `top` itself is ignored nothing
+    under it is: a path naming an ignored directory lists or searches it whole."""
+
+    def __init__(self, top: Path, root: Path, context: Context) -> None:
+        self.top, self._context = top, context
+        self.ignored = 0
+        rules = GitIgnore.in_directory(top, root)
+        self._rules = GitIgnore() if rules.ignores(top, is_dir=True) else rules
+
+    def entries(self, depth: int | None = None) -> Iterator[tuple[str, os.DirEntry[str] | None, str | None]]:
+        """`(relative, entry, None)` for each entry at most `depth` levels down (None: all),
+        `relative` its path from `top` with a trailing `/` between the parts, and
+        `(prefix, None, error)` for a directory that could not be read."""
+        yield from self._walk(self.top, "", 1, depth, self._rules)
+
+    def _walk(self, directory: Path, prefix: str, level: int, depth: int | None,
+              rules: GitIgnore) -> Iterator[tuple[str, os.DirEntry[str] | None, str | None]]:
+        if self._context.cancelled:
             raise ToolFailure("cancelled")
         try:
-            children = sorted(os.scandir(directory), key=lambda e: e.name)
+            with os.scandir(directory) as scanned:
+                children = sorted(scanned, key=lambda e: e.name)
         except OSError as error:
-            yield f"{prefix}[cannot list: {error.strerror}]"
+            yield prefix, None, error.strerror or str(error)
             return
         for child in children:
             is_dir = child.is_dir(follow_symlinks=False)
-            yield f"{prefix}{child.name}{'/' if is_dir else ''}"
-            if is_dir and level < depth and child.name not in SKIPPED_DIRS:
-                yield from walk(Path(child.path), f"{prefix}{child.name}/", level + 1)
-
-    yield from walk(root, "", 1)
+            path = Path(child.path)
+            if rules.ignores(path, is_dir=is_dir):
+                self.ignored += 1
+                continue
+            yield f"{prefix}{child.name}", child, None
+            if is_dir and (depth is None or level < depth) and child.name not in SKIPPED_DIRS:
+                yield from self._walk(path, f"{prefix}{child.name}/", level + 1, depth, rules.entering(path))
 
 
 # -- grep ---------------------------------------------------------------------------------------
@@ -279,8 +318,9 @@ def _walk_listing(root: Path, depth: int, context: Context) -> Iterator[str]:
 async def grep(workspace: Workspace, tool_call_id: str, args: dict[str, JsonValue], context: Context) -> ToolOutput:
     """Lines matching a regular expression in the files under `path` (or in one file), as
     `path:line:text`, files in sorted order, at most 5,000; `glob` filters file names; binary
-    files, `SKIPPED_DIRS` and, below a directory, files over 10 MB are skipped (a file named as
-    `path`, such as a kept tool output, is searched whatever its size)."""
+    files, `SKIPPED_DIRS`, what git ignores (counted in a note, see `_Tree`) and, below a
+    directory, files over 10 MB are skipped (a file named as `path`, such as a kept tool output
+    or an ignored file, is searched whatever its size)."""
     pattern_text = _string(args, "pattern")
     flags = re.IGNORECASE if args.get("ignore_case") is True else 0
     try:
@@ -299,7 +339,8 @@ async def grep(workspace: Workspace, tool_call_id: str, args: dict[str, JsonValu
         matches: list[str] = []
         not_regular: list[str] = []
         files = 0
-        for file in _files(path, glob, context):
+        tree = _Tree(path, workspace.root, context) if path.is_dir() else None
+        for file in [path] if tree is None else _files(tree, glob):
             try:  # a link inside the tree may point out of it: confinement applies to every file
                 workspace.resolve(str(file), reading=True)
             except PathOutsideWorkspace:
@@ -315,31 +356,28 @@ async def grep(workspace: Workspace, tool_call_id: str, args: dict[str, JsonValu
                 matches = matches[:_GREP_MAX_MATCHES]
                 matches.append(f"[stopped after {_GREP_MAX_MATCHES} matches]")
                 break
+        ignored = 0 if tree is None else tree.ignored
         skipped = (f"\n[not searched: {len(not_regular)} named pipes, sockets or devices, such as "
-                   f"{not_regular[0]}]" if not_regular else "")
+                   f"{not_regular[0]}]" if not_regular else "") + _ignored_note(ignored, "grep")
         if not matches:
             return text_output(f"No matches for {pattern_text!r} in {shown}{skipped}",
-                               {"path": shown, "matches": 0, "not_regular_files": len(not_regular)})
+                               {"path": shown, "matches": 0, "not_regular_files": len(not_regular),
+                                "ignored": ignored})
         limited = workspace.limit("\n".join(matches), tool_call_id,
                                   hint="narrow the pattern, the path or the glob")
         details: dict[str, JsonValue] = {"path": shown, "matches": len(matches), "files": files,
-                                         "not_regular_files": len(not_regular), **limited.details()}
+                                         "not_regular_files": len(not_regular), "ignored": ignored,
+                                         **limited.details()}
         return text_output(limited.text + skipped, details)
 
     return await asyncio.to_thread(search)
 
 
-def _files(path: Path, glob: str | None, context: Context) -> Iterator[Path]:
-    if not path.is_dir():
-        yield path
-        return
-    for directory, dirs, names in os.walk(path):
-        if context.cancelled:
-            raise ToolFailure("cancelled")
-        dirs[:] = sorted(d for d in dirs if d not in SKIPPED_DIRS)
-        for name in sorted(names):
-            if glob is None or fnmatch.fnmatch(name, glob):
-                yield Path(directory) / name
+def _files(tree: _Tree, glob: str | None) -> Iterator[Path]:
+    """The files `grep` searches under `tree.top`: every entry but directories and links to them."""
+    for _, entry, _ in tree.entries():
+        if entry is not None and not entry.is_dir() and (glob is None or fnmatch.fnmatch(entry.name, glob)):
+            yield Path(entry.path)
 
 
 def _grep_file(file: Path, pattern: re.Pattern[str], shown: str, context: Context, *, most: int,

@@ -78,7 +78,8 @@ class BackgroundJobs:
     """The background commands of this process, by owner.
 
     Each runs like the shell tool's foreground command (`SHELL -c`, its own process group, stdin
-    closed, stdout and stderr merged), in the directory it was started in, with no time limit. A
+    closed, stdout and stderr merged, without the variables its workspace denies: see
+    `Workspace.environment`), in the directory it was started in, with no time limit. A
     guard process ends its group if this process dies, so none outlives the process that started
     it; `close` stops them all on the way out."""
 
@@ -98,7 +99,7 @@ class BackgroundJobs:
         job_id = f"job-{self._numbers}"
         capture = workspace.capture(job_id, ".log")
         try:
-            process = await start_command(command, workspace.root, capture)
+            process = await start_command(command, workspace, capture)
         except BaseException:
             capture.close()
             raise

@@ -16,7 +16,7 @@ from pydantic import JsonValue
 from harness.context import Context
 from harness.runtime import ProgressCallback, ToolOutput
 from harness.tools.files import text_output
-from harness.tools.workspace import OutputCapture, ToolFailure, Workspace, env_for_tools
+from harness.tools.workspace import OutputCapture, ToolFailure, Workspace
 
 SHELL = "/bin/bash" if Path("/bin/bash").exists() else "/bin/sh"
 PROGRESS_INTERVAL_S = 0.5
@@ -31,7 +31,9 @@ _PROGRESS_TAIL_CHARS = 2_000
 
 async def run_shell(workspace: Workspace, tool_call_id: str, args: dict[str, JsonValue],
                     on_update: ProgressCallback, context: Context) -> ToolOutput:
-    """Run `command` with `SHELL -c` in `workspace.root`, stdin closed, stdout and stderr merged.
+    """Run `command` with `SHELL -c` in `workspace.root`, stdin closed, stdout and stderr merged,
+    in this process's environment less the variables the workspace denies (`Workspace.environment`:
+    by default `DEFAULT_ENV_DENY`, provider keys, tokens, secrets and passwords).
 
     The output streams to a file in `workspace.output_dir` as it arrives, and only its tail is
     held in memory (see `OutputCapture`); the model gets that tail (cut to the workspace's limits,
@@ -52,7 +54,7 @@ async def run_shell(workspace: Workspace, tool_call_id: str, args: dict[str, Jso
     capture = workspace.capture(tool_call_id, ".log")
     started = time.monotonic()
     try:
-        process = await start_command(command, workspace.root, capture)
+        process = await start_command(command, workspace, capture)
     except BaseException:
         capture.close()
         raise
@@ -206,14 +208,16 @@ class ShellProcess:
         await self._guard.release()
 
 
-async def start_command(command: str, cwd: Path, capture: OutputCapture) -> ShellProcess:
-    """Start `command` in `cwd`, its output streaming into `capture`; close the returned
+async def start_command(command: str, workspace: Workspace, capture: OutputCapture) -> ShellProcess:
+    """Start `command` in `workspace.root` with `workspace.environment()` (no provider keys, tokens
+    or secrets unless allowed), its output streaming into `capture`; close the returned
     `ShellProcess` once the command is over."""
     guard = await GroupGuard.start()
     try:
         transport, output = await asyncio.get_running_loop().subprocess_exec(
-            lambda: _CommandOutput(capture), SHELL, "-c", command, cwd=cwd, stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, env=env_for_tools(),
+            lambda: _CommandOutput(capture), SHELL, "-c", command, cwd=workspace.root,
+            stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+            env=workspace.environment(),
             start_new_session=True)
     except BaseException:
         await guard.release()

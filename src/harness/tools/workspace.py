@@ -6,6 +6,7 @@ from __future__ import annotations
 import codecs
 import contextlib
 import contextvars
+import fnmatch
 import os
 import re
 import secrets
@@ -35,6 +36,18 @@ DEFAULT_MAX_LINES = 2_000
 DEFAULT_MAX_KEPT_FILES = 100
 DEFAULT_MAX_KEPT_BYTES = 1024 * 1024 * 1024
 
+DEFAULT_ENV_DENY: tuple[str, ...] = (
+    "*API_KEY*", "*APIKEY*", "*_KEY", "*ACCESS_KEY*", "*TOKEN", "*SECRET*", "*PASSWORD*", "*PASSWD*",
+    "*CREDENTIAL*", "OPENAI_*", "ANTHROPIC_*",
+)
+"""The variables of this process a shell command does not inherit, as shell-style patterns over the
+name, matched without regard to case: provider keys (`OPENAI_API_KEY`, `ANTHROPIC_*`, `GROQ_API_KEY`,
+a `models.toml` key such as `GPU_BOX_KEY`), tokens (`GITHUB_TOKEN`, `AWS_SESSION_TOKEN`), secrets
+and passwords (`AWS_SECRET_ACCESS_KEY`, `PGPASSWORD`) and credential files
+(`GOOGLE_APPLICATION_CREDENTIALS`). A model that can run commands could otherwise print a key into
+its context, or send it anywhere. `HARNESS_HOME` and `HARNESS_STORE` pass (a `harness` command in
+the shell finds the same journal), as does `SSH_AUTH_SOCK` (git over ssh)."""
+
 
 @dataclass(frozen=True)
 class Workspace:
@@ -50,7 +63,9 @@ class Workspace:
     one output keeps at most `max_kept_bytes` (its note says so when the rest was not kept). The
     shell tool runs with `root` as its working directory but is not confined by it: a shell can
     go anywhere, which is why it needs approval. `shell_timeout_s` is a shell command's default
-    time limit and `max_shell_timeout_s` the most a call may ask for."""
+    time limit and `max_shell_timeout_s` the most a call may ask for. Shell commands inherit this
+    process's environment except the variables `env_deny` names (shell-style patterns, case
+    ignored; default `DEFAULT_ENV_DENY`), unless `env_allow` names them too: see `environment`."""
 
     root: Path
     output_dir: Path
@@ -61,6 +76,8 @@ class Workspace:
     max_kept_bytes: int = DEFAULT_MAX_KEPT_BYTES
     shell_timeout_s: float = 120.0
     max_shell_timeout_s: float = 1_800.0
+    env_deny: tuple[str, ...] = DEFAULT_ENV_DENY
+    env_allow: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         # Confinement compares resolved paths, so the roots are resolved once here.
@@ -135,6 +152,20 @@ class Workspace:
     def capture(self, tool_call_id: str, suffix: str = ".txt") -> OutputCapture:
         """A capture of one call's output as it streams: see `OutputCapture`."""
         return OutputCapture(self, self.new_output_file(tool_call_id, suffix))
+
+    def environment(self) -> dict[str, str]:
+        """The environment a shell command runs in: this process's, without the variables
+        `env_deny` matches and `env_allow` does not, plus `TOOL_ENVIRONMENT` (set on purpose by
+        the code running the tools, so never filtered), with pagers and prompts off, since nobody
+        can answer a pager or a prompt."""
+        env = {name: value for name, value in os.environ.items() if self.passes(name)}
+        env.update(TOOL_ENVIRONMENT.get() or {})
+        env.update({"PAGER": "cat", "GIT_PAGER": "cat", "TERM": "dumb", "GIT_TERMINAL_PROMPT": "0"})
+        return env
+
+    def passes(self, variable: str) -> bool:
+        """Whether a shell command inherits `variable`: `env_allow` matches it, or `env_deny` does not."""
+        return _matches_any(variable, self.env_allow) or not _matches_any(variable, self.env_deny)
 
     def moved_to(self, root: Path) -> Workspace:
         """This workspace with `root` as its working directory (limits and `output_dir` kept)."""
@@ -305,13 +336,9 @@ TOOL_ENVIRONMENT: contextvars.ContextVar[Mapping[str, str] | None] = contextvars
 driver sets its run context here); set around a drive, the run's tool tasks inherit it."""
 
 
-def env_for_tools() -> dict[str, str]:
-    """The environment a shell command runs in: this process's, plus `TOOL_ENVIRONMENT`, with
-    pagers and prompts off, since nobody can answer a pager or a prompt."""
-    env = dict(os.environ)
-    env.update(TOOL_ENVIRONMENT.get() or {})
-    env.update({"PAGER": "cat", "GIT_PAGER": "cat", "TERM": "dumb", "GIT_TERMINAL_PROMPT": "0"})
-    return env
+def _matches_any(variable: str, patterns: tuple[str, ...]) -> bool:
+    name = variable.upper()
+    return any(fnmatch.fnmatchcase(name, pattern.upper()) for pattern in patterns)
 
 
 def plural(count: int, noun: str) -> str:
