@@ -266,8 +266,8 @@ async def list_directory(workspace: Workspace, tool_call_id: str, args: dict[str
 def _ignored_note(ignored: int, tool: str) -> str:
     if not ignored:
         return ""
-    return (f"\n[{plural(ignored, 'path')} ignored by .gitignore not shown; {tool} one by naming it as path to "
-            f"{'see inside it' if tool == 'list' else 'search it'}]")
+    reach = "list a directory or read a file by naming it" if tool == "list" else "search one by giving it"
+    return f"\n[{plural(ignored, 'path')} ignored by .gitignore not shown; {reach} as path]"
 
 
 class _Tree:
