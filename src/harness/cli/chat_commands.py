@@ -116,6 +116,11 @@ async def _mode(client: ChatClient, argument: str) -> None:
     await conversation.mode(*client.command_door(), argument, client.context)
 
 
+@command("context", "/context", "list the project's AGENTS.md / CLAUDE.md files the model reads", while_busy=True)
+async def _context(client: ChatClient, argument: str) -> None:
+    await conversation.show_context(*client.command_door(), argument or None, client.context)
+
+
 @command("fast", "/fast", "switch the next turns to the fast model at a lower reasoning level, or back")
 async def _fast(client: ChatClient, argument: str) -> None:
     try:

@@ -19,6 +19,7 @@ from harness.conversation import (
     Compacted,
     CompactionStopped,
     CompactOutcome,
+    ContextOutcome,
     ContextOverflow,
     DelegationFinish,
     DirectoryMoved,
@@ -173,3 +174,17 @@ def _outcome_text(outcome: CommandOutcome | None) -> str:
             return f"goal {outcome.title} given to garden {outcome.garden}"
         case GoalActionOutcome():
             return f"goal {outcome.title} {_GOAL_ACTED[outcome.status]}"
+        case ContextOutcome():
+            return _context_text(outcome)
+
+
+def _context_text(outcome: ContextOutcome) -> str:
+    """`/context`'s files, one a line: path, size (and how much of it is read), a short sha256."""
+    if not outcome.files:
+        return "no AGENTS.md or CLAUDE.md applies here"
+    lines = [f"project instructions, at most {outcome.limit_bytes:,} bytes"
+             + ("" if outcome.current else " (changed since the last turn: the next one reads these)")]
+    for file in outcome.files:
+        read = "" if file.included == file.size else f", the first {file.included:,} read"
+        lines.append(f"  {file.path} · {file.size:,} bytes{read} · sha256 {file.sha256[:12]}")
+    return "\n".join(lines)

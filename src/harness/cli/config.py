@@ -30,6 +30,7 @@ from harness.conversation import (
     DELEGATION_TOOL_NAMES,
     JOURNAL_DATA_MIGRATIONS,
     MAIN_LANE,
+    PROJECT_CONTEXT_BYTES,
     PROJECT_TOOL,
     PROJECTS_FILE,
     Conversation,
@@ -229,7 +230,7 @@ def client_setup(registry: ModelRegistry, workspace: Workspace, home: Path, appr
         fast_model=registry.fast_identity, commands=BUILT_IN_COMMANDS,
         tools_for=lambda target: builtin_tools(workspace, directory=lambda: target.directory, jobs=jobs,
                                                owner=target.conversation_id),
-        agents=DEFAULT_AGENTS)
+        agents=DEFAULT_AGENTS, project_context_bytes=PROJECT_CONTEXT_BYTES)
 
 
 def new_lane_config(identity: ModelIdentity, home: Path, tools: bool | None = None) -> LaneConfig:

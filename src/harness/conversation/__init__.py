@@ -37,6 +37,8 @@ from harness.conversation.chat_events import (
     Compacted,
     CompactionStopped,
     CompactOutcome,
+    ContextFile,
+    ContextOutcome,
     ContextOverflow,
     DirectoryMoved,
     ErrorDetails,
@@ -84,6 +86,7 @@ from harness.conversation.commands import (
     rename,
     restart,
     run_typed_command,
+    show_context,
 )
 from harness.conversation.delegation import (
     DELEGATION_NAMESPACE,
@@ -127,6 +130,17 @@ from harness.conversation.garden_messages import (
 )
 from harness.conversation.lifecycle import ENDED_AT, ConversationEnded
 from harness.conversation.migrations import JOURNAL_DATA_MIGRATIONS, RETIRE_CHAT_ERROR_NOTICES
+from harness.conversation.project_context import (
+    AGENTS_FILE,
+    CLAUDE_FILE,
+    PROJECT_CONTEXT,
+    PROJECT_CONTEXT_BYTES,
+    PROJECT_CONTEXT_TYPE,
+    ProjectContext,
+    ProjectContextOff,
+    instruction_files,
+    read_project_context,
+)
 from harness.conversation.project_switch import (
     PROJECT_SWITCH_REFUSED_TYPE,
     PROJECT_TOOL,
@@ -186,9 +200,11 @@ from harness.conversation.settings import (
 from harness.conversation.turn_rows import clean_public_text, public_error, replay_interrupted_replies, turn_end_rows
 
 __all__ = [
+    "AGENTS_FILE",
     "BUILD_TOOLS",
     "BUILT_IN_COMMANDS",
     "CHAT_EVENT_TYPE",
+    "CLAUDE_FILE",
     "CONVERSATION_VALUES",
     "DEFAULT_AGENTS",
     "DELEGATION_NAMESPACE",
@@ -212,6 +228,9 @@ __all__ = [
     "MODEL_SWITCH_ACK_S",
     "OWNER",
     "PROJECTS_FILE",
+    "PROJECT_CONTEXT",
+    "PROJECT_CONTEXT_BYTES",
+    "PROJECT_CONTEXT_TYPE",
     "PROJECT_SELECTION",
     "PROJECT_SWITCH_REFUSED_TYPE",
     "PROJECT_TOOL",
@@ -242,6 +261,8 @@ __all__ = [
     "CompactOutcome",
     "Compacted",
     "CompactionStopped",
+    "ContextFile",
+    "ContextOutcome",
     "ContextOverflow",
     "Conversation",
     "ConversationEnded",
@@ -292,6 +313,8 @@ __all__ = [
     "NodeTally",
     "PostedCommand",
     "Presence",
+    "ProjectContext",
+    "ProjectContextOff",
     "ProjectSelection",
     "ProjectSwitch",
     "ProjectSwitchRefused",
@@ -335,6 +358,7 @@ __all__ = [
     "garden_message",
     "garden_message_of",
     "has_spoken",
+    "instruction_files",
     "last_turn_error_text",
     "load_projects",
     "message_blocks_of",
@@ -344,6 +368,7 @@ __all__ = [
     "normalize_tool_blocks",
     "parse_chat_event_details",
     "public_error",
+    "read_project_context",
     "record_chat_event",
     "rename",
     "render_chat_event_for_model",
@@ -353,6 +378,7 @@ __all__ = [
     "run_typed_command",
     "select_message_blocks",
     "shell_ran",
+    "show_context",
     "subagent_result_of",
     "turn_end_rows",
 ]

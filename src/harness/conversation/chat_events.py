@@ -129,9 +129,31 @@ class GoalActionOutcome(_Fact):
     status: Literal["active", "paused", "dropped"]
 
 
+class ContextFile(_Fact):
+    """One project instruction file (`AGENTS.md`, or `CLAUDE.md` where a directory has none): its
+    absolute `path`, the sha256 of its whole content (hex), its `size` in bytes and how many of
+    them the model reads (`included`; fewer when the project context limit cut it)."""
+
+    path: CleanStr
+    sha256: str
+    size: int
+    included: int
+
+
+class ContextOutcome(_Fact):
+    """`/context`: the project instruction files the next turn reads, root first, at most
+    `limit_bytes` of them in all; `current` when the model reads exactly these already (False:
+    they changed since the last turn, and the next one records and reads the new ones)."""
+
+    command: Literal["context"] = "context"
+    files: tuple[ContextFile, ...] = ()
+    limit_bytes: int
+    current: bool
+
+
 CommandOutcome: TypeAlias = Annotated[
     CompactOutcome | FastOutcome | ModelOutcome | RenameOutcome | ModeOutcome | RestartOutcome | GoalOutcome
-    | GoalActionOutcome,
+    | GoalActionOutcome | ContextOutcome,
     Field(discriminator="command"),
 ]
 
@@ -369,5 +391,16 @@ def _outcome_text(outcome: CommandOutcome | None) -> str:
             return f" The garden {outcome.garden} pursues the goal {outcome.title!r} again."
         case GoalActionOutcome():
             return f" The goal {outcome.title!r} of the garden {outcome.garden} is dropped: it is not pursued again."
+        case ContextOutcome():
+            return f" {context_files_text(outcome.files)}"
         case None:
             return ""
+
+
+def context_files_text(files: Sequence[ContextFile]) -> str:
+    """`files` in a sentence: which project instruction files the model reads, and which were cut."""
+    if not files:
+        return "No project instruction files apply."
+    listed = ", ".join(file.path + ("" if file.included == file.size else
+                                    f" (the first {file.included:,} of {file.size:,} bytes)") for file in files)
+    return f"The project instruction files are {listed}."

@@ -1,5 +1,5 @@
 """The built-in commands a person types in a conversation (`/compact`, `/fast`, `/model`, `/rename`,
-`/mode`, `/restart`), each built on `ConversationService.run_command` so that every door records
+`/mode`, `/restart`, `/context`), each built on `ConversationService.run_command` so that every door records
 the same row (CE-16, CE-17).
 
 Each takes `(service, user, conversation, args, context)` and `typed`: True when the person typed
@@ -20,6 +20,7 @@ from harness.context import Context
 from harness.conversation.chat_events import (
     CommandOutcome,
     CompactOutcome,
+    ContextOutcome,
     FastOutcome,
     ModelOutcome,
     ModeOutcome,
@@ -27,6 +28,7 @@ from harness.conversation.chat_events import (
     RestartOutcome,
 )
 from harness.conversation.command_rows import CommandInvocation, compact_outcome, fast_outcome
+from harness.conversation.project_context import ProjectContextOff
 from harness.conversation.projects import PROJECT_SELECTION
 from harness.conversation.recording import CONVERSATION_VALUES, MAIN_LANE
 from harness.conversation.service import (
@@ -207,6 +209,23 @@ async def restart(service: ConversationService, user: str, conversation: Convers
     return await service.run_command(user, conversation, _invocation("restart", args, typed), run, _itself, context)
 
 
+async def show_context(service: ConversationService, user: str, conversation: Conversation, args: str | None,
+                       context: Context, *, typed: bool = True) -> ContextOutcome:
+    """`/context`: the project instruction files the next turn reads (`ContextOutcome`: each
+    one's path, sha256, size and bytes included, root first), the limit on their bytes, and
+    whether the model reads exactly these already. Reads the files; changes nothing. Raises
+    `ProjectContextOff` when the service reads no project context."""
+
+    async def run(record_now: RecordNow) -> ContextOutcome:
+        settings = conversation._settings
+        limit, read = settings.project_context_limit(), await settings.read_project_context(context)
+        if limit is None or read is None or settings.project is None:
+            raise ProjectContextOff("this conversation reads no project context (AGENTS.md, CLAUDE.md)")
+        return ContextOutcome(files=read.files, limit_bytes=limit, current=read.files == settings.project.current.files)
+
+    return await service.run_command(user, conversation, _invocation("context", args, typed), run, _itself, context)
+
+
 FORK_VALUES: tuple[ValueAddress[Any], ...] = (PROJECT_SELECTION, BUILD_TOOLS, FAST_BEFORE)
 """What a fork carries of its conversation's own values beside the branch and the lane's
 configuration, which the store copies: the project its tools run in (CE-19), plan mode's build
@@ -235,7 +254,8 @@ async def fork_conversation(service: ConversationService, user: str, conversatio
 
 
 BUILT_IN_COMMANDS: dict[str, BuiltInCommand] = {
-    "compact": compact, "fast": fast, "model": model, "rename": rename, "mode": mode, "restart": restart}
+    "compact": compact, "fast": fast, "model": model, "rename": rename, "mode": mode, "restart": restart,
+    "context": show_context}
 """Every built-in command by the name a person types after `/`."""
 
 

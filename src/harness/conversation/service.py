@@ -50,6 +50,7 @@ from harness.conversation.display import (
 from harness.conversation.feed import Alert, InstanceFeed, Presence, TurnActivity
 from harness.conversation.garden_messages import GardenMessage, garden_message
 from harness.conversation.lifecycle import ENDED_AT, refuse_if_ended
+from harness.conversation.project_context import ProjectContextPrompt
 from harness.conversation.project_switch import (
     ProjectSwitch,
     SwitchedBy,
@@ -117,6 +118,7 @@ from harness.runtime import (
     RunEnd,
     RunHooks,
     RunStart,
+    SystemPrompt,
     ToolCallRequest,
     ToolOutput,
     ValueUpdate,
@@ -302,6 +304,11 @@ class ConversationSetup:
     event_log_limit: int = DEFAULT_EVENT_LOG_LIMIT
     """How many durable events each lane's event log keeps after a settlement: a watcher that
     reconnects from an older event id gets a fresh snapshot instead (`AgentHarnessOptions`)."""
+    project_context_bytes: int | None = None
+    """How many bytes of the project's instruction files (`AGENTS.md`, else `CLAUDE.md`, from the
+    project's root down to where the tools run) a turn reads into the `main` lane's system prompt,
+    at most (`harness.conversation.project_context`; `PROJECT_CONTEXT_BYTES` is the doors'). None:
+    no project context is read, and `/context` is refused."""
     answer_approval: Callable[[str, ApprovalAnswerRequest], None] | None = None
     """Hands an approval answer another process posted for a conversation held here (by its id)
     to the door whose `before_tool` hook waits for it (the server's approvals, issue 28); it must
@@ -1489,9 +1496,11 @@ class ConversationService:
         async def select(execution_ref: str, context: Context) -> DirectoryMoved:
             return (await self.select_project_execution(user, session.id, execution_ref, context, by="agent")).row
 
+        system_prompt: SystemPrompt = delegation.system_prompt if delegation is not None else setup.system_prompt
+        project = None if setup.project_context_bytes is None else ProjectContextPrompt(setup.project_context_bytes)
         options = AgentHarnessOptions(
             session=session, models=setup.models, tools=self._tools(user, target, delegation),
-            system_prompt=delegation.system_prompt if delegation is not None else setup.system_prompt,
+            system_prompt=project.system_prompt(system_prompt) if project is not None else system_prompt,
             drive=setup.drive, listeners=setup.listeners, event_log_limit=setup.event_log_limit,
             hooks=conversation_hooks(setup.hooks, session, self.store.images,
                                      project_boundary(session, target, select)))
@@ -1504,7 +1513,7 @@ class ConversationService:
                 raise
         info = ConversationInfo(id=session.id, owner=user, name=await _name(session, context),
                                 created_at=session.info.created_at, updated_at=session.info.updated_at)
-        settings = await ConversationSettings.read(harness, target, context)
+        settings = await ConversationSettings.read(harness, target, context, project=project)
         conversation = self._live[session.id] = Conversation(info, settings, open_operations, self.feed,
                                                              self.store.changes, delegation, self._run_posted)
         return conversation

@@ -30,6 +30,14 @@ from harness.conversation.chat_events import (
     logger,
 )
 from harness.conversation.lifecycle import refuse_if_ended
+from harness.conversation.project_context import (
+    PROJECT_CONTEXT,
+    ProjectContext,
+    ProjectContextPrompt,
+    context_limit,
+    context_row,
+    read_project_context,
+)
 from harness.conversation.projects import ExecutionTarget
 from harness.conversation.recording import CONVERSATION_VALUES, MAIN_LANE, record_chat_event
 from harness.conversation.turn_rows import clean_public_text
@@ -152,11 +160,14 @@ class _Pick:
 
 class ConversationSettings:
     """The setting changes of one live conversation attached as `harness`, whose tools run at
-    `target` (CE-10 to CE-14, CE-19)."""
+    `target` (CE-10 to CE-14, CE-19), and the project context its turns read (`project`, the
+    one its harness's system prompt carries; None: none is read)."""
 
-    def __init__(self, harness: AgentHarness, target: ExecutionTarget, *, mode: WorkMode = "build") -> None:
+    def __init__(self, harness: AgentHarness, target: ExecutionTarget, *, mode: WorkMode = "build",
+                 project: ProjectContextPrompt | None = None) -> None:
         self.harness = harness
         self.target = target
+        self.project = project
         self.lane: Lane = harness.lane(MAIN_LANE)
         self.mode: WorkMode = mode
         """The work mode the conversation is in (`BUILD_TOOLS` stored: plan)."""
@@ -166,10 +177,14 @@ class ConversationSettings:
         harness.add_listener(self._on_event)
 
     @classmethod
-    async def read(cls, harness: AgentHarness, target: ExecutionTarget, context: Context) -> ConversationSettings:
-        """The settings of the conversation `harness` is attached to, its work mode as stored."""
+    async def read(cls, harness: AgentHarness, target: ExecutionTarget, context: Context, *,
+                   project: ProjectContextPrompt | None = None) -> ConversationSettings:
+        """The settings of the conversation `harness` is attached to, its work mode as stored, and
+        `project` set to the project context its last turn read."""
         plan = await harness.session.get(BUILD_TOOLS, context) is not None
-        return cls(harness, target, mode="plan" if plan else "build")
+        if project is not None:
+            project.current = await harness.session.get(PROJECT_CONTEXT, context) or ProjectContext()
+        return cls(harness, target, mode="plan" if plan else "build", project=project)
 
     def _on_event(self, event: HarnessEvent, context: Context) -> None:
         if isinstance(event, RunEnd) and event.lane == self.lane.name:
@@ -329,6 +344,40 @@ class ConversationSettings:
         if self._pick is pick:
             self._pick = None
 
+    # -- project context (issue 30) -------------------------------------------------------------
+
+    def project_context_limit(self) -> int | None:
+        """How many bytes of instruction files a turn on the lane's model reads (`context_limit`);
+        None when no project context is read here."""
+        project = self.project
+        if project is None:
+            return None
+        return context_limit(project.cap_bytes, self.harness.options.models, self.lane.config.model)
+
+    async def read_project_context(self, context: Context) -> ProjectContext | None:
+        """The project context a turn admitted now would read: from the instruction files where
+        the tools run, at most `project_context_limit` bytes of them. None when none is read here."""
+        limit = self.project_context_limit()
+        return None if limit is None else await read_project_context(self.target.directory, limit)
+
+    async def _accept(self, request: PromptRequest, read: ProjectContext | None, context: Context) -> AcceptedRun:
+        """`Lane.accept(request)`, the system prompt carrying `read` from this acceptance on (when
+        it is given and differs from what the lane reads), stored once the turn is accepted (after
+        a crash between the two, the next admission records it again); a refused admission leaves
+        the one before."""
+        project = self.project
+        if project is None or read is None or read == project.current:
+            return await self.lane.accept(request, context)
+        # Before accepting: acceptance weighs the system prompt against the model's window.
+        before, project.current = project.current, read
+        try:
+            accepted = await self.lane.accept(request, context)
+        except BaseException:
+            project.current = before
+            raise
+        await self.harness.set_value(PROJECT_CONTEXT, read, context)
+        return accepted
+
     # -- turn admission (CE-14) -----------------------------------------------------------------
 
     async def admit(self, text: str, images: Sequence[ImageContent], context: Context, *,
@@ -336,9 +385,12 @@ class ConversationSettings:
         """Accept a turn of `text` (and `images`) under the turn lock, after any queued switch.
 
         `above` (rows the model reads, e.g. a command's) are accepted in the same commit, above
-        the prompt. If the lane's reasoning level differs from the baseline (the previous admitted
-        turn's level, or a level a row announced since), a `ReasoningChanged` row is accepted in
-        that commit too, right above the prompt; the baseline is then written. The prompt's entry
+        the prompt. The project context is read now (`read_project_context`): when its files
+        differ from what the lane read last, their row (`context_row`) is accepted in that commit
+        too, and the system prompt carries them from this turn on. If the lane's reasoning level
+        differs from the baseline (the previous admitted turn's level, or a level a row announced
+        since), a `ReasoningChanged` row is accepted in that commit too, right above the prompt;
+        the baseline is then written. The prompt's entry
         gets `prompt_entry_id` when given (a record made before, such as a goal, names it). Raises `InvalidMessage` for
         an empty prompt, `ConversationEnded` once the conversation was ended, and whatever
         `Lane.accept` raises (`LaneBusy`, `PromptTooLarge`)."""
@@ -350,18 +402,22 @@ class ConversationSettings:
         async with self.turn_lock:
             level = self.lane.config.thinking_level
             baseline = await self._reasoning_baseline(context)
+            read = await self.read_project_context(context)
             messages: list[Message] = list(above)
+            if read is not None and self.project is not None and read.files != self.project.current.files:
+                messages.append(context_row(read.files))
             if baseline is not None and baseline != level:
                 messages.append(chat_event_message(ReasoningChanged(previous=baseline, level=level)))
             messages.append(prompt)
             entry_ids = None if prompt_entry_id is None else [*(new_id() for _ in messages[1:]), prompt_entry_id]
-            accepted = await self.lane.accept(PromptRequest(messages=messages, entry_ids=entry_ids), context)
+            accepted = await self._accept(PromptRequest(messages=messages, entry_ids=entry_ids), read, context)
             await self.harness.set_value(TURN_BASELINE, TurnBaseline(level=level, entry_id=accepted.entry_ids[-1]),
                                          context)
         return accepted
 
     async def admit_next_run(self, context: Context) -> AcceptedRun:
-        """Accept a turn of the messages kept for the next run, under the turn lock. Raises
+        """Accept a turn of the messages kept for the next run, under the turn lock, on the
+        project context the last turn read (a row of its own would make a turn of nothing kept). Raises
         `ConversationEnded` once the conversation was ended, and what `Lane.accept` raises
         (`InvalidMessage` when none is kept, `LaneBusy`)."""
         await refuse_if_ended(self.harness.session, self.harness.session.id, context)

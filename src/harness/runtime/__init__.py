@@ -86,7 +86,7 @@ from harness.runtime.requests import (
     TemplateRequest,
     check_input_size,
 )
-from harness.runtime.settings import CompactionSettings, DriveSettings, RetryPolicy, SystemPrompt
+from harness.runtime.settings import CompactionSettings, DriveSettings, RetryPolicy, SystemPrompt, lane_system_prompt
 from harness.runtime.snapshot import reduce_lane_snapshot
 from harness.runtime.types import (
     CurrentOperationInfo,
@@ -217,6 +217,7 @@ __all__ = [
     "check_input_size",
     "event_lane",
     "follow_lane",
+    "lane_system_prompt",
     "read_lane_events",
     "reduce_lane_snapshot",
 ]

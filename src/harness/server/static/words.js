@@ -56,6 +56,10 @@ function outcomeText(outcome) {
       return `the garden ${outcome.garden} pursues the goal ${outcome.title}`;
     case "goal_action":
       return `goal ${outcome.title} ${GOAL_ACTED[outcome.status] ?? outcome.status}`;
+    case "context":
+      return outcome.files.length
+        ? `project instructions: ${outcome.files.map((file) => file.path).join(", ")}`
+        : "no AGENTS.md or CLAUDE.md applies here";
     default:
       return "";
   }
