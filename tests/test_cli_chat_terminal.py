@@ -116,7 +116,7 @@ def test_a_reply_is_rendered_as_markdown_with_code_highlighted(chats: list[Chat]
 
 def test_approval_takes_one_key_and_shows_what_would_change(chats: list[Chat], dirs: tuple[Path, Path],
                                                             server: ReplayServer) -> None:
-    """An edit shows its diff and `a` (no Enter) allows edits for the rest of the chat, which
+    """An edit shows its diff and `a` (no Enter) allows edits for the rest of the conversation, which
     the chat then says; a write of a new file shows its content and `y` allows it once."""
     (dirs[1] / "notes.txt").write_text("alpha\nbeta\n")
     server.enqueue(tool_reply("edit", {"path": "notes.txt", "old_text": "beta", "new_text": "gamma"}),
@@ -130,7 +130,7 @@ def test_approval_takes_one_key_and_shows_what_would_change(chats: list[Chat], d
     chat.expect("+gamma")
     chat.expect("allow edit? [y/n/a]")
     chat.process.send("a")
-    chat.expect("edit runs without asking for the rest of this chat")
+    chat.expect("edit runs without asking for the rest of this conversation")
     chat.expect("shell, write ask first; edit allowed")
     chat.expect("→ edit notes.txt")  # the second edit runs without a question
     chat.expect("(new file, 1 line)")

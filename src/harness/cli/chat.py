@@ -5,7 +5,8 @@ The reply streams as it arrives; tool calls, retries, compaction and failures sh
 (`chat_view`). The prompt stays on screen during a turn (`chat_input`): Enter queues a steer
 message, Alt-Enter a follow-up, Ctrl-C requests a durable abort (cause `user`) and the turn ends
 once the run has settled; Ctrl-C twice or Ctrl-D at an idle prompt leaves. Write, edit and shell
-calls ask for approval in the `before_tool` hook (y / n / a for the session) unless `--yes`.
+calls ask for approval in the `before_tool` hook (y / n / a: always, kept in the conversation's
+journal) unless `--yes` or a permission rule says otherwise.
 Slash commands come from the table the client is given (the built-ins are `chat_commands`). A
 session whose process stopped mid-turn shows what was open and what had streamed, and is finished
 after asking (or at once with `--resume`).
@@ -20,7 +21,7 @@ import asyncio
 import os
 import signal
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TextIO
 
@@ -49,6 +50,7 @@ from harness.tools import (
     ApprovalPolicy,
     ApprovalRequest,
     BackgroundJobs,
+    PermissionRules,
 )
 
 EXIT_LEFT_RUNNING = 130
@@ -71,6 +73,8 @@ class ChatSettings:
     resume: bool = False
     tools: bool | None = None
     """A new lane's tools: None for the model's default (`offers_tools`), True or False to decide."""
+    rules: PermissionRules = field(default_factory=PermissionRules)
+    """The permission rules of the settings files and the command line (`load_permission_rules`)."""
 
 
 CommandRun = Callable[["ChatClient", str], Awaitable[None]]
@@ -109,8 +113,12 @@ class ChatClient:
                                  context=context, attached=lambda: self.attached, save_draft=self.save_draft,
                                  error=self.error)
         """The chat's turn: start one, queue a line typed during it, abort it, finish an open one."""
-        # One policy for the whole chat, so `a` (allow for the session) survives /cd and /fork.
-        self.approval = (ApprovalPolicy.allow_all() if settings.approve_all else ApprovalPolicy(self.ask_approval))
+        # One policy for the whole chat; `a` (allow always) is kept in the conversation's journal.
+        self.approval = (ApprovalPolicy.allow_all(self.ask_approval, rules=settings.rules) if settings.approve_all
+                         else ApprovalPolicy(self.ask_approval, rules=settings.rules))
+        self.approval.conversation_of = lambda request: self._attached.conversation if self._attached else None
+        self.allowed_always: tuple[str, ...] = ()
+        """The rules the person allowed "always" in the attached conversation, for the status line."""
         self.cwd = settings.cwd
         """The terminal's own directory (`/cd`, `!cmd`); the tools run in the conversation's project
         when it has one (`Conversation.target`), else here."""
@@ -305,7 +313,7 @@ class ChatClient:
         gated = sorted(self.approval.gated & active)
         if not gated:
             return "only tools that change nothing"  # plan mode, say: nothing to approve
-        asking = [name for name in gated if self.approval.needs_approval(name)]
+        asking = [name for name in gated if self.approval.needs_approval(name, self.allowed_always)]
         allowed = [name for name in gated if name not in asking]
         if not asking:
             return "writes and shell allowed" + (" (--yes)" if self.settings.approve_all else "")
@@ -313,20 +321,25 @@ class ChatClient:
 
     async def ask_approval(self, request: ApprovalRequest, context: Context) -> Approval:
         """The `before_tool` question, answered by one key: y allows the call, a allows the tool
-        for the rest of the chat, n refuses. What a write or edit would change is shown first."""
+        for the rest of the conversation (kept in its journal), n refuses; a call an `ask` rule
+        asks for has no a, since that rule would ask again. What a write or edit would change is
+        shown first."""
         self.screen.end_stream()
-        self.screen.print(f"[bold yellow]?[/] [magenta]{escape(request.summary)}[/] [dim]needs approval[/]")
+        why = f"the rule {request.rule} asks" if request.rule else "needs approval"
+        self.screen.print(f"[bold yellow]?[/] [magenta]{escape(request.summary)}[/] [dim]{escape(why)}[/]")
         directory = self.conversation.target.directory
         for preview_row in call_preview(directory, request.tool_name, request.args):
             self.screen.print(preview_row)
-        hint = f"y: allow once · a: allow {request.tool_name} for this chat · n: refuse · Ctrl-C: abort the turn"
-        match await self.terminal.ask(f"allow {request.tool_name}? [y/n/a] ", hint, keys="yna"):
+        always = f" · a: allow {request.tool_name} for this conversation" if request.rule is None else ""
+        hint = f"y: allow once{always} · n: refuse · Ctrl-C: abort the turn"
+        keys = "yna" if request.rule is None else "yn"
+        match await self.terminal.ask(f"allow {request.tool_name}? [{'/'.join(keys)}] ", hint, keys=keys):
             case "y":
                 return ALLOW_ONCE
             case "a":
-                self.approval.allow_for_session(request.tool_name)
-                self.screen.print(f"[dim]{escape(request.tool_name)} runs without asking for the rest of this chat; "
-                                  f"approvals: {escape(self.approvals())}[/]")
+                self.allowed_always = (*self.allowed_always, request.tool_name)
+                self.screen.print(f"[dim]{escape(request.tool_name)} runs without asking for the rest of this "
+                                  f"conversation; approvals: {escape(self.approvals())}[/]")
                 return ALLOW_FOR_SESSION
             case "n":
                 return DENY
@@ -346,6 +359,7 @@ class ChatClient:
         )
         conversation = attached.conversation
         self.view.meter = await UsageMeter.read(conversation.journal, conversation.tip_id(attached.lane), self.context)
+        self.allowed_always = await conversation.allowed_always(self.context)
         return attached
 
     async def switch_session(self, session_id: str) -> None:

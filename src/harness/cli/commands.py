@@ -25,6 +25,7 @@ from harness.session import Store
 
 if TYPE_CHECKING:
     from harness.imports import ImportReport
+    from harness.tools import PermissionRules
 
 import_app = typer.Typer(
     name="import",
@@ -34,6 +35,25 @@ import_app = typer.Typer(
 app.add_typer(import_app)
 
 ImportFile = Annotated[Path, typer.Argument(help="The session file (JSONL) to import.")]
+
+AllowOption = Annotated[list[str] | None, typer.Option(
+    "--allow", metavar="RULE", help="A permission rule whose calls run without asking, e.g. 'shell(git status*)' or "
+                                    "'write(src/**)' (repeatable; beside the settings files' rules).")]
+DenyOption = Annotated[list[str] | None, typer.Option(
+    "--deny", metavar="RULE", help="A permission rule whose calls never run, e.g. 'shell(rm *)' (repeatable; deny "
+                                   "beats ask and allow).")]
+
+
+def permission_rules(home: Path, cwd: Path, allow: list[str] | None, deny: list[str] | None) -> PermissionRules:
+    """The rules of `--allow` and `--deny`, the project's settings and the user's (issue 30); a
+    bad rule or settings file is a usage error (exit status 2) before anything is opened."""
+    from harness.tools import load_permission_rules
+
+    try:
+        return load_permission_rules(home, cwd, allow=allow or (), deny=deny or ())
+    except HarnessError as error:
+        typer.echo(f"error [{error.code}]: {error.message}", err=True)
+        raise typer.Exit(2) from error
 
 
 @app.command()
@@ -55,6 +75,8 @@ def chat(
     tools: Annotated[bool, typer.Option(
         "--tools", help="Give a new lane the built-in tools even on the tiny embedded model, which gets none by "
                         "default.")] = False,
+    allow: AllowOption = None,
+    deny: DenyOption = None,
     store: StoreOption = None,
 ) -> None:
     """Chat with an agent in the terminal; every turn is journaled, so a stopped chat can be resumed."""
@@ -69,12 +91,15 @@ def chat(
     from harness.cli.config import NewConversationLane
     from harness.providers import ModelRegistry
 
+    home, cwd = harness_home(), Path.cwd()
+    rules = permission_rules(home, cwd, allow, deny)
+
     async def body(s: Store, context: Context) -> int:
         session_id = (await latest_session(s, context) if continue_last
                       else await resolve_session(s, session, context) if session is not None else None)
-        settings = ChatSettings(home=harness_home(), cwd=Path.cwd(), session_id=session_id, lane=lane,
+        settings = ChatSettings(home=home, cwd=cwd, session_id=session_id, lane=lane,
                                 model=ModelIdentity.parse(model) if model else None, approve_all=yes, resume=resume,
-                                tools=True if tools else None)
+                                tools=True if tools else None, rules=rules)
         registry = ModelRegistry.load(home=settings.home)
         client = ChatClient(s, settings, registry, context, commands=COMMANDS, out=sys.stdout,
                             color="NO_COLOR" not in os.environ)
@@ -122,6 +147,8 @@ def run(
                                                                "embedded model, which gets none by default.")] = False,
     lane: Annotated[str, typer.Option(help="The lane of the session to run on (with --session; a new session "
                                            "talks on main).")] = "main",
+    allow: AllowOption = None,
+    deny: DenyOption = None,
     store: StoreOption = None,
 ) -> None:
     """Run one turn non-interactively: stream the reply (tools work in the current directory).
@@ -148,9 +175,11 @@ def run(
         identity = ModelIdentity.parse(model) if model is not None else None
     except InvalidInput as error:
         raise typer.BadParameter(error.message, param_hint="--model") from error
-    turn = RunTurn(prompt=text, cwd=Path.cwd(), home=harness_home(), session_id=session, lane=lane, model=identity,
+    home, cwd = harness_home(), Path.cwd()
+    turn = RunTurn(prompt=text, cwd=cwd, home=home, session_id=session, lane=lane, model=identity,
                    approve_all=yes, json_events=json_events, resume=resume,
-                   tools=False if no_tools else True if offer_tools else None)
+                   tools=False if no_tools else True if offer_tools else None,
+                   rules=permission_rules(home, cwd, allow, deny))
 
     async def body(s: Store, context: Context) -> int:
         registry = ModelRegistry.load(home=turn.home)

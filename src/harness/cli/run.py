@@ -58,7 +58,7 @@ from harness.runtime import (
     ToolStart,
 )
 from harness.session import CustomMessagePayload, Entry, Store
-from harness.tools import ApprovalPolicy, BackgroundJobs, describe_call
+from harness.tools import ApprovalPolicy, BackgroundJobs, PermissionRules, describe_call
 
 _ROW_TYPES = frozenset({CHAT_EVENT_TYPE, GARDEN_MESSAGE_TYPE, SUBAGENT_RESULT_TYPE})
 """The custom messages a run's output shows as rows, as the chat does."""
@@ -89,6 +89,8 @@ class RunTurn:
     tools: bool | None = None
     """A new lane's tools: None for the model's default (`offers_tools`), True or False to decide."""
     resume: bool = False
+    rules: PermissionRules = field(default_factory=PermissionRules)
+    """The permission rules of the settings files and the command line (`load_permission_rules`)."""
 
 
 # -- printing -------------------------------------------------------------------------------------
@@ -245,20 +247,23 @@ async def run_turn(store: Store, turn: RunTurn, registry: ModelRegistry, context
     no prompt, or when it did not settle completed or failed).
 
     Without `approve_all`, write, edit and shell calls are blocked with a reason the model reads,
-    since nobody can be asked. Ctrl-C (SIGINT) requests a durable abort with cause `user` and
+    since nobody can be asked, unless a permission rule of `turn.rules` allows them; a rule that
+    denies or asks blocks a call even with it. Ctrl-C (SIGINT) requests a durable abort with cause `user` and
     waits for settlement; a second one leaves at once. Errors before the run starts
     (`SessionNotFound`, `ModelUnavailable`, `MissingApiKey`, `LaneHasTools`, `LaneBusy` naming
     `--resume`, `NothingToResume`, ...) are raised."""
     out = out or sys.stdout
     status = status or Console(stderr=True, highlight=False, soft_wrap=True)
     printer = JsonEventPrinter(out) if turn.json_events else TextPrinter(out, status)
-    approval = ApprovalPolicy.allow_all() if turn.approve_all else ApprovalPolicy(None, unavailable_reason=NO_APPROVER)
+    approval = (ApprovalPolicy.allow_all(rules=turn.rules) if turn.approve_all
+                else ApprovalPolicy(None, rules=turn.rules, unavailable_reason=NO_APPROVER))
     jobs = BackgroundJobs()  # what the run starts in the background ends with it
     attached = await attach_client(
         store, turn.session_id, context, registry=registry, home=turn.home, cwd=turn.cwd, approval=approval,
         jobs=jobs, model=turn.model, lane=turn.lane, listeners=[printer], name_from=turn.prompt, tools=turn.tools,
     )
     conversation, lane = attached.conversation, attached.lane
+    approval.conversation_of = lambda request: conversation  # path rules follow its working directory
     session_id = conversation.id
     if isinstance(printer, JsonEventPrinter):
         printer.begin(session_id, lane)

@@ -1,6 +1,6 @@
 """Built-in tools for working in a directory (read, write, edit, list, grep, shell, and jobs for the
-shell commands started in the background) and the approval policy that asks before a call changes
-anything."""
+shell commands started in the background), the permission rules read from settings files, and the
+approval policy that weighs them and asks before a call changes anything."""
 
 from harness.tools.approval import (
     ALLOW_FOR_SESSION,
@@ -11,10 +11,24 @@ from harness.tools.approval import (
     ApprovalPolicy,
     ApprovalRequest,
     AskApproval,
+    Decided,
+    RuleKeeper,
     describe_call,
 )
 from harness.tools.builtin import BUILTIN_TOOL_NAMES, builtin_tools, system_prompt
 from harness.tools.jobs import MAX_RUNNING_JOBS, BackgroundJobs, Job, JobMode, JobNotFound, TooManyJobs
+from harness.tools.permissions import (
+    SETTINGS_DIR,
+    SETTINGS_FILES,
+    Effect,
+    InvalidPermissionRule,
+    InvalidSettings,
+    PermissionDecision,
+    PermissionRule,
+    PermissionRules,
+    load_permission_rules,
+    parse_rule,
+)
 from harness.tools.workspace import (
     DEFAULT_ENV_DENY,
     TOOL_ENVIRONMENT,
@@ -31,20 +45,32 @@ __all__ = [
     "DENY",
     "MAX_RUNNING_JOBS",
     "NEEDS_APPROVAL",
+    "SETTINGS_DIR",
+    "SETTINGS_FILES",
     "TOOL_ENVIRONMENT",
     "Approval",
     "ApprovalPolicy",
     "ApprovalRequest",
     "AskApproval",
     "BackgroundJobs",
+    "Decided",
+    "Effect",
+    "InvalidPermissionRule",
+    "InvalidSettings",
     "Job",
     "JobMode",
     "JobNotFound",
     "LimitedOutput",
     "PathOutsideWorkspace",
+    "PermissionDecision",
+    "PermissionRule",
+    "PermissionRules",
+    "RuleKeeper",
     "TooManyJobs",
     "Workspace",
     "builtin_tools",
     "describe_call",
+    "load_permission_rules",
+    "parse_rule",
     "system_prompt",
 ]

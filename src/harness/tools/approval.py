@@ -1,16 +1,23 @@
-"""Approval of tool calls that change things: a `before_tool` hook that asks someone first."""
+"""Approval of tool calls: a `before_tool` hook that weighs the permission rules and asks someone
+first when they say so, or when a call would change things and no rule allows it."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Callable, Iterable
+import logging
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
 
 from pydantic import JsonValue
 
 from harness.context import Context
 from harness.runtime import Block, ToolCallRequest
+from harness.tools.permissions import InvalidPermissionRule, PermissionDecision, PermissionRules, parse_rule
 from harness.tools.workspace import plural
+
+logger = logging.getLogger(__name__)
 
 NEEDS_APPROVAL: frozenset[str] = frozenset({"write", "edit", "shell"})
 """The built-in tools that change files or run commands, and so ask before they run."""
@@ -19,7 +26,8 @@ NEEDS_APPROVAL: frozenset[str] = frozenset({"write", "edit", "shell"})
 @dataclass(frozen=True)
 class Approval:
     """An answer to an approval request: run the call (`allow`), and with `for_session` every
-    later call of the same tool too, without asking; a refusal's `reason` is told to the model."""
+    later call of the same tool in the conversation too, without asking (an answer "always",
+    kept in its journal); a refusal's `reason` is told to the model."""
 
     allow: bool
     for_session: bool = False
@@ -34,58 +42,145 @@ DENY = Approval(allow=False)
 @dataclass(frozen=True)
 class ApprovalRequest:
     """A tool call waiting for approval: what a person is shown. `summary` is one line, e.g.
-    `shell: make test` or `write src/app.py (120 bytes)`."""
+    `shell: make test` or `write src/app.py (120 bytes)`; `rule` is the `ask` rule that asks, as
+    `` `shell(git push*)` (project settings ...) ``, or None when the call asks because its tool
+    changes things. An answer "always" cannot quiet an ask rule (ask beats allow)."""
 
     operation_id: str
     tool_call_id: str
     tool_name: str
     args: dict[str, JsonValue]
     summary: str
+    rule: str | None = None
 
 
 AskApproval = Callable[[ApprovalRequest, Context], Awaitable[Approval]]
 """Ask whoever can decide (the terminal chat asks the person); it may take as long as they do."""
 
 
+class Located(Protocol):
+    @property
+    def directory(self) -> Path: ...
+
+
+class RuleKeeper(Protocol):
+    """What the policy reads and writes of the conversation a call belongs to: where its tools run
+    and the rules its person allowed "always", kept in its journal (a `Conversation` is one)."""
+
+    @property
+    def target(self) -> Located: ...
+
+    async def allowed_always(self, context: Context) -> Sequence[str]: ...
+
+    async def allow_always(self, rule: str, context: Context) -> bool: ...
+
+
+@dataclass(frozen=True)
+class Decided:
+    """How the policy decided one call, for whoever watches (`ApprovalPolicy`'s `on_decision`):
+    the rules' `decision` (with the rule that decided, if one did), whether a person was `asked`,
+    and whether the call `ran` (went ahead)."""
+
+    request: ToolCallRequest
+    decision: PermissionDecision
+    asked: bool
+    ran: bool
+
+
+REMEMBERED_SOURCE = "this conversation"
+"""The source of the rules a person allowed "always" in a conversation."""
+
+
 class ApprovalPolicy:
-    """A `before_tool` hook (pass the policy itself as `RunHooks.before_tool`): calls of tools in
-    `gated` run only when allowed for the session or when `ask` allows them; other calls run.
+    """A `before_tool` hook (pass the policy itself as `RunHooks.before_tool`, and `decides` as
+    `before_tool_applies`) that weighs the permission `rules` and the conversation's "always"
+    answers for each call (issue 30): a `deny` rule blocks it, an `ask` rule asks, an `allow`
+    rule runs it; a call no rule names asks when its tool is in `gated`, else runs.
+
+    `conversation_of` gives the conversation a call belongs to (`RuleKeeper`): an answer "always"
+    (`Approval.for_session`) is kept in its journal as a row the model reads and survives a
+    restart, and its path rules are relative to where its tools run. Without one (or when it
+    gives None) such answers last as long as the policy and paths are relative to `directory`
+    (default: this process's). `on_decision` sees every decision, with the rule that made it.
 
     It fails closed: with no `ask` (nobody to ask, as in `harness run` without `--yes`), when `ask`
     raises, or when the Context is cancelled while asking, the call is blocked with a reason the
-    model reads. `allow_for_session(name)` (or an `Approval` with `for_session`) stops asking for
-    that tool until the policy is dropped."""
+    model reads."""
 
     def __init__(self, ask: AskApproval | None, *, gated: Iterable[str] = NEEDS_APPROVAL,
-                 allowed: Iterable[str] = (), unavailable_reason: str | None = None) -> None:
+                 rules: PermissionRules | None = None, allowed: Iterable[str] = (),
+                 conversation_of: Callable[[ToolCallRequest], RuleKeeper | None] | None = None,
+                 directory: Path | None = None, unavailable_reason: str | None = None,
+                 on_decision: Callable[[Decided], None] | None = None) -> None:
         self._ask = ask
         self.gated = frozenset(gated)
+        self.rules = rules or PermissionRules()
         self._allowed: set[str] = set(allowed)
+        self.conversation_of = conversation_of
+        self._directory = directory
         self._unavailable_reason = unavailable_reason or "nobody is available to approve it"
+        self._on_decision = on_decision
 
     @classmethod
-    def allow_all(cls) -> ApprovalPolicy:
-        """A policy that runs every call (what `--yes` means)."""
-        return cls(None, gated=())
+    def allow_all(cls, ask: AskApproval | None = None, *, rules: PermissionRules | None = None) -> ApprovalPolicy:
+        """A policy that runs every call no rule denies or asks for (what `--yes` means)."""
+        return cls(ask, gated=(), rules=rules)
 
     @property
     def allowed_for_session(self) -> frozenset[str]:
+        """The tools allowed "always" while no conversation keeps the answer (see the class)."""
         return frozenset(self._allowed)
 
     def allow_for_session(self, tool_name: str) -> None:
         self._allowed.add(tool_name)
 
-    def needs_approval(self, tool_name: str) -> bool:
-        return tool_name in self.gated and tool_name not in self._allowed
+    def decides(self, tool_name: str) -> bool:
+        """Whether the policy has anything to say of calls of `tool_name` (`before_tool_applies`):
+        one a deny or ask rule names, or one that `needs_approval`. The calls of the others start
+        with the reply that made them, one commit fewer (issue 12)."""
+        return self.rules.names(tool_name, ("deny", "ask")) or self.needs_approval(tool_name)
+
+    def needs_approval(self, tool_name: str, allowed_always: Iterable[str] = ()) -> bool:
+        """Whether a call of `tool_name` asks first unless a pattern says otherwise: a gated tool
+        that no rule (nor `allowed_always`, a conversation's "always" answers) allows by name."""
+        if tool_name not in self.gated:
+            return False
+        directory = self._directory or Path.cwd()  # names alone: no path is weighed
+        remembered = self._remembered([*self._allowed, *allowed_always], directory)
+        return (self.rules + remembered).decide(tool_name, {}, directory).effect != "allow"
+
+    async def decide(self, request: ToolCallRequest, context: Context) -> PermissionDecision:
+        """What the rules and the conversation's "always" answers say of `request` (no one asked)."""
+        conversation = self.conversation_of(request) if self.conversation_of is not None else None
+        directory = self._directory or Path.cwd()
+        remembered: Sequence[str] = list(self._allowed)
+        if conversation is not None:
+            directory = conversation.target.directory
+            remembered = await conversation.allowed_always(context)
+        rules = self.rules + self._remembered(remembered, directory)
+        return rules.decide(request.tool_name, request.args, directory)
 
     async def __call__(self, request: ToolCallRequest, context: Context) -> Block | None:
-        if not self.needs_approval(request.tool_name):
-            return None
+        decision = await self.decide(request, context)
+        asks = decision.effect == "ask" or (decision.effect is None and request.tool_name in self.gated)
+        if decision.effect == "deny":
+            blocked: Block | None = Block(reason=f"a permission rule denies it: {decision.rule}")
+        elif asks:
+            blocked = await self._asked(request, decision, context)
+        else:
+            blocked = None
+        if self._on_decision is not None:
+            self._on_decision(Decided(request, decision, asked=asks and self._ask is not None, ran=blocked is None))
+        return blocked
+
+    async def _asked(self, request: ToolCallRequest, decision: PermissionDecision, context: Context) -> Block | None:
+        rule = str(decision.rule) if decision.rule is not None else None
         if self._ask is None:
-            return Block(reason=f"`{request.tool_name}` needs approval and {self._unavailable_reason}")
+            why = f" (the rule {rule} asks)" if rule else ""
+            return Block(reason=f"`{request.tool_name}` needs approval{why} and {self._unavailable_reason}")
         asked = ApprovalRequest(operation_id=request.operation_id, tool_call_id=request.tool_call_id,
                                 tool_name=request.tool_name, args=dict(request.args),
-                                summary=describe_call(request.tool_name, request.args))
+                                summary=describe_call(request.tool_name, request.args), rule=rule)
         try:
             answer = await self._ask(asked, context)
         except Exception as error:  # approval fails closed
@@ -96,8 +191,27 @@ class ApprovalPolicy:
             reason = answer.reason if isinstance(answer, Approval) and answer.reason else None
             return Block(reason=f"the person declined it: {reason}" if reason else "the person declined it")
         if answer.for_session:
-            self._allowed.add(request.tool_name)
+            await self._remember(request, context)
         return None
+
+    async def _remember(self, request: ToolCallRequest, context: Context) -> None:
+        """Keep an answer "always" for the call's tool: in its conversation's journal, else here."""
+        conversation = self.conversation_of(request) if self.conversation_of is not None else None
+        if conversation is None:
+            self._allowed.add(request.tool_name)
+        elif not await conversation.allow_always(request.tool_name, context):
+            # This call runs all the same; the next one asks again, as nothing says otherwise.
+            logger.warning("the answer to allow %s always was not kept: the journal refused it", request.tool_name)
+
+    @staticmethod
+    def _remembered(texts: Iterable[str], directory: Path) -> PermissionRules:
+        rules = []
+        for text in texts:
+            try:
+                rules.append(parse_rule(text, "allow", REMEMBERED_SOURCE, directory))
+            except InvalidPermissionRule as error:  # kept by another version: it allows nothing here
+                logger.warning("a remembered permission rule is not read: %s", error.message)
+        return PermissionRules(rules)
 
 
 def describe_call(tool_name: str, args: dict[str, JsonValue], limit: int = 200) -> str:
