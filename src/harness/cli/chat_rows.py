@@ -12,6 +12,7 @@ from __future__ import annotations
 from harness.cli.terminal_text import escape
 from harness.conversation import (
     AgentFinish,
+    AlwaysAllowed,
     ChatErrorNotice,
     ChatEventDetails,
     CommandOutcome,
@@ -103,6 +104,8 @@ def chat_row(details: ChatEventDetails) -> str:
             return f"[dim]compacted ({details.reason}{before})[/]"
         case GoalStatus():
             return f"[dim]goal {escape(details.title)}: {details.status}[/]"
+        case AlwaysAllowed():
+            return f"[dim]{escape(details.rule)} runs without asking for the rest of this conversation[/]"
 
 
 _GARDEN_KINDS = {"tend_survey": "tend survey", "recently_concluded": "recently concluded", "reply": "answer"}

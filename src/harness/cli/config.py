@@ -225,7 +225,7 @@ def client_setup(registry: ModelRegistry, workspace: Workspace, home: Path, appr
     workspace = replace(workspace, env_deny=(*workspace.env_deny, *sorted(keys)))
     return ConversationSetup(
         models=registry, system_prompt=system_prompt(workspace), drive=drive or drive_settings(),
-        hooks=RunHooks(before_tool=approval, before_tool_applies=approval.needs_approval), listeners=listeners,
+        hooks=RunHooks(before_tool=approval, before_tool_applies=approval.decides), listeners=listeners,
         directory=workspace.root, projects_file=home / PROJECTS_FILE, running_jobs=jobs.running,
         fast_model=registry.fast_identity, commands=BUILT_IN_COMMANDS,
         tools_for=lambda target: builtin_tools(workspace, directory=lambda: target.directory, jobs=jobs,

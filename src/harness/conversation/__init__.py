@@ -11,6 +11,7 @@ from harness.conversation.agents import (
     AgentRegistry,
     UnknownAgent,
 )
+from harness.conversation.always import ALWAYS_ALLOWED
 from harness.conversation.blocks import (
     KEY_CHARS,
     LINK_CHARS,
@@ -29,6 +30,7 @@ from harness.conversation.blocks import (
 from harness.conversation.chat_events import (
     CHAT_EVENT_TYPE,
     RETIRED_NOTICE_CODES,
+    AlwaysAllowed,
     ChatErrorNotice,
     ChatEventDetails,
     ChatEventView,
@@ -201,6 +203,7 @@ from harness.conversation.turn_rows import clean_public_text, public_error, repl
 
 __all__ = [
     "AGENTS_FILE",
+    "ALWAYS_ALLOWED",
     "BUILD_TOOLS",
     "BUILT_IN_COMMANDS",
     "CHAT_EVENT_TYPE",
@@ -247,6 +250,7 @@ __all__ = [
     "AgentFinish",
     "AgentRegistry",
     "Alert",
+    "AlwaysAllowed",
     "AssistantRow",
     "BlockImage",
     "BlocksRow",

@@ -257,9 +257,18 @@ class GoalStatus(_Fact):
     title: CleanStr
 
 
+class AlwaysAllowed(_Fact):
+    """The person answered "always": calls the permission rule `rule` names (a tool's name, e.g.
+    `shell`) run without asking for the rest of the conversation (issue 30)."""
+
+    kind: Literal["allowed"] = "allowed"
+    v: Literal[1] = 1
+    rule: CleanStr
+
+
 ChatEventDetails: TypeAlias = Annotated[
     Interrupted | ErrorDetails | ModelSwitched | Renamed | DirectoryMoved | ModeSelected | ReasoningChanged
-    | CommandRan | ShellRan | Compacted | GoalStatus,
+    | CommandRan | ShellRan | Compacted | GoalStatus | AlwaysAllowed,
     Field(discriminator="kind"),
 ]
 
@@ -357,6 +366,9 @@ def render_chat_event_for_model(details: ChatEventDetails) -> str:
             return "[Conversation compacted.]"
         case GoalStatus():
             return f"[Goal {details.title!r} is now {details.status}.]"
+        case AlwaysAllowed():
+            return f"[The person allowed `{details.rule}` calls to run without asking for the rest of this " \
+                   "conversation.]"
 
 
 def _outcome_text(outcome: CommandOutcome | None) -> str:

@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict
 
 from harness.context import Context
 from harness.conversation.agents import AgentRegistry
+from harness.conversation.always import allow_always, allowed_always
 from harness.conversation.blocks import (
     message_blocks_at_run_end,
     normalize_tool_blocks,
@@ -851,6 +852,15 @@ class Conversation:
     async def record(self, details: ChatEventDetails, context: Context) -> bool:
         """Record a chat event here (see `record_chat_event`)."""
         return await record_chat_event(self._harness, details, context)
+
+    async def allowed_always(self, context: Context) -> tuple[str, ...]:
+        """The permission rules the person allowed "always" here, oldest first (issue 30)."""
+        return await allowed_always(self._harness.session, context)
+
+    async def allow_always(self, rule: str, context: Context) -> bool:
+        """Keep the permission rule `rule` (a tool's name) as allowed "always" here: a row the
+        model reads, and a rule that survives a restart (`always.allow_always`, issue 30)."""
+        return await allow_always(self._harness, rule, context)
 
     @asynccontextmanager
     async def _between_turns(self, context: Context) -> AsyncIterator[ConversationSettings]:

@@ -106,6 +106,8 @@ export function chatEventWords(details) {
     }
     case "goal":
       return { text: `goal ${details.title}: ${details.status}`, tone: "quiet" };
+    case "allowed":
+      return { text: `${details.rule} runs without asking for the rest of this conversation`, tone: "quiet" };
     default:
       console.error("a chat event with details this page does not know", details);
       return null;
