@@ -25,7 +25,7 @@ from harness.providers.faux import delay, reply
 from harness.runtime import Settled
 from harness.server import ServerOptions
 from harness.session import LaneConfig, Store, connect
-from server_helpers import FAUX, USER, asgi_client, faux_app, forwarder, serving, sse_events
+from server_helpers import FAUX, USER, asgi_client, faux_app, forwarder, serving, sse_events, sse_until
 
 SHARED = ["sqlite", "postgres"]  # the backends two processes can share
 
@@ -224,3 +224,37 @@ async def test_a_turn_sent_to_another_server_is_admitted_once_the_idle_holder_le
     assert isinstance(last, AssistantMessage)
     assert text_of(last.content) == "answered by B"
     await elsewhere.close_all(ctx)
+
+
+async def test_every_route_of_a_conversation_the_other_server_drives_works_here(
+        stores: tuple[Store, Store], ctx: Context) -> None:
+    """Issue 29: server A drives a turn; on server B the conversation's view, rows, rename,
+    watch and stop work (the stop reaches A, whose turn settles `aborted`), and once it settled a
+    turn posted to B is admitted (A lets go). (Each answered `session_owned` on the server that
+    did not hold it.)"""
+    store, other = stores
+    held = asyncio.Event()
+    first = faux_app(store, [reply("slow", delay(held))], options=ServerOptions(idle_release_s=3_600, sweep_s=3_600))
+    second = faux_app(other, ["answered by B"], options=QUIET)
+    async with asgi_client(first.app) as a, serving(second.app) as url, \
+            httpx.AsyncClient(base_url=url, timeout=10) as b:
+        path = f"/api/conversations/{(await a.post('/api/conversations', json={})).json()['id']}"
+        sent = (await a.post(f"{path}/messages", json={"text": "go"})).json()
+        opened = asyncio.Event()
+        watch = asyncio.create_task(sse_until(b, f"{path}/events", lambda event: event.name == "run_end",
+                                              opened=opened))
+        await within(opened.wait())
+        on_b = [await b.get(path), await b.get(f"{path}/display"), await b.patch(path, json={"name": "renamed"}),
+                await b.post(f"{path}/stop")]
+        outcome = await within(first.app.state.server.drives.wait(sent["operation_id"]))
+        ended = await within(watch)
+        again = await b.post(f"{path}/messages", json={"text": "and now"})
+        await within(second.app.state.server.drives.wait(again.json()["operation_id"]))
+        named = (await a.get(path)).json()["name"]
+
+    assert [response.status_code for response in on_b] == [200, 200, 200, 202], [r.text for r in on_b]
+    assert isinstance(outcome, Settled)
+    assert (outcome.result.outcome, outcome.result.abort_cause) == ("aborted", "user")
+    assert ended[-1].data["operation_id"] == sent["operation_id"]
+    assert again.status_code == 202, again.text
+    assert named == "renamed"

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,10 +20,12 @@ from drive_helpers import within
 from harness.context import Context
 from harness.messages import AssistantMessage, text_of
 from harness.providers.faux import delay, reply
+from harness.providers.replay import Hold, ReplayServer
 from harness.runtime import Settled
 from harness.server import ServerOptions, ServerState
 from harness.session import StoreFull, connect
-from server_helpers import USER, Served, asgi_client, faux_app
+from server_helpers import SERVE_START_S, USER, Served, ServeProcess, SseEvent, asgi_client, faux_app, sse_until
+from test_cli_run import chat_text, openai_env
 from test_hostile_storage import small_tmpfs
 
 QUIET = ServerOptions(idle_release_s=0.0, sweep_s=3_600)
@@ -139,3 +141,55 @@ async def test_a_stop_of_a_turn_a_full_disk_stopped_settles_once_there_is_room(t
     assert (settled.result.outcome, settled.result.abort_cause) == ("aborted", "user")
     assert again.status_code == 202, again.text
     assert text == "next"
+
+
+def named(name: str) -> Callable[[SseEvent], bool]:
+    return lambda event: event.name == name
+
+
+def ends(operation_id: str) -> Callable[[SseEvent], bool]:
+    return lambda event: event.name == "run_end" and event.data["operation_id"] == operation_id
+
+
+async def test_a_second_server_on_the_file_finishes_a_killed_servers_turn_and_lets_it_back_in(tmp_path: Path) -> None:
+    """Two `harness serve` on one SQLite file: A is SIGKILLed mid-reply and B's sweep drives the
+    turn to its end within seconds; A started again reads the conversation and posts a turn, B
+    letting go of it. (B attached the conversation but never drove the open turn, and the
+    restarted A got `session_owned`.)"""
+    cut = Hold()
+    with ReplayServer([chat_text("The start of an answer ", cut, "never sent."), chat_text("finished by B"),
+                       chat_text("answered by A")]) as models:
+        a, b = ServeProcess(tmp_path, openai_env(models)), ServeProcess(tmp_path, openai_env(models))
+        await asyncio.gather(a.start(), b.start())
+        try:
+            async with httpx.AsyncClient(base_url=a.url, timeout=SERVE_START_S) as to_a, \
+                    httpx.AsyncClient(base_url=b.url, timeout=SERVE_START_S) as to_b:
+                path = f"/api/conversations/{(await to_a.post('/api/conversations', json={})).json()['id']}"
+                first = (await to_a.post(f"{path}/messages", json={"text": "Tell me a long answer."})).json()
+                assert await asyncio.to_thread(cut.reached.wait, SERVE_START_S)
+                watched = asyncio.Event()
+                watch = asyncio.create_task(sse_until(to_b, f"{path}/events", ends(first["operation_id"]),
+                                                      opened=watched))
+                await within(watched.wait())
+                a.kill()
+                finished = await within(watch, SERVE_START_S)
+
+                await a.start()
+                read_by_a = await to_a.get(f"{path}/display")
+                watched.clear()
+                watch = asyncio.create_task(sse_until(to_a, f"{path}/events", named("run_end"), opened=watched))
+                await within(watched.wait())
+                second = await to_a.post(f"{path}/messages", json={"text": "And a short one."})
+                answered = await within(watch, SERVE_START_S)
+        finally:
+            a.kill()
+            b.kill()
+
+    driven_by_b = [line for line in b.log if f"turn {first['operation_id']}" in line and "driving" in line]
+    assert driven_by_b, "".join(b.log)
+    assert finished[-1].data["result"]["outcome"] == "completed"
+    assert read_by_a.status_code == 200, read_by_a.text
+    assert [row["text"] for row in read_by_a.json()["rows"] if row["kind"] == "assistant"] == ["finished by B"]
+    assert second.status_code == 202, second.text
+    assert answered[-1].data["operation_id"] == second.json()["operation_id"]
+    assert answered[-1].data["result"]["outcome"] == "completed"
