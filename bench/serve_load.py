@@ -6,10 +6,12 @@ Run: `.venv/bin/python -m bench.serve_load [--conversations 20] [--watchers 3] [
 [--reconnect-every 40] [--workers N --store postgresql://...] [--json]`.
 
 The app is `create_app` served by uvicorn on 127.0.0.1 in this process; the model is the faux
-provider, whose every turn streams a short text, calls one tool, then answers. The watchers are
-httpx clients in the same event loop as the server (two cores: they compete with it, so the
-latency is an upper bound), one client (one connection) per watcher and per conversation's sender:
-one pool shared by hundreds of streams costs the loop O(connections) at every request. Two modes:
+provider, whose every turn streams a short text, calls one tool, then answers. The clients (each
+conversation's sender and its watchers) are httpx clients in `--client-processes` other processes
+(`bench.serve_load_clients`, told their conversations on standard input), so the server's
+event loop runs the server alone and the latency is the server's, plus what the clients' own loops
+add on a shared machine; one client (one connection) per watcher and per conversation's sender.
+Two modes:
 
 - `--workers 0` (the default): the server drives every turn itself, on a SQLite store in a
   temporary directory.
@@ -22,7 +24,8 @@ It prints:
 
 1. runs per second and events per second: the turns settled, and every SSE event the watchers
    received (durable and live), over the load's wall time, and the durable events committed per
-   second;
+   second; and the CPU time the server's process used (all its threads), from the clients' start
+   to their end: on a shared machine, steadier than the latency;
 2. event latency (p50, p99, ms), commit to watcher: in-process, from a durable event's emission to
    the conversation's listeners (right after its commit) to a watcher reading it off its stream;
    with workers, from the commit timestamp of each `entry_added` (the worker's clock, taken as
@@ -46,15 +49,15 @@ import tempfile
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
 import uvicorn
 from pydantic import JsonValue
 
 from bench.pg_schema import fresh_schema
+from bench.serve_load_clients import Clients
 from bench.timing import percentile
 from harness.cli.serve_commands import SERVE_POOL_MAX
 from harness.context import Context
@@ -67,6 +70,10 @@ from harness.server import LocalUser, ServerOptions, create_app
 from harness.session import LaneConfig, Store, connect
 
 USER = "bench"
+REPO = Path(__file__).resolve().parents[1]
+CLIENT_PROCESSES = 2
+"""Processes the clients run in by default: with one, its loop (a few hundred streams' parsing)
+falls behind the server's on a busy machine and its own delay counts as latency."""
 MODEL = ModelIdentity(provider=FAUX_MODEL.provider, model_id=FAUX_MODEL.id)
 
 
@@ -87,19 +94,6 @@ LOOKUP = AgentTool(spec=ToolSpec(name="lookup", description="Look a key up.", pa
 
 
 @dataclass
-class Watcher:
-    """One client following one conversation: the durable ids it got, when, and its resumes."""
-
-    conversation_id: str
-    first_seq: int | None = None
-    # (event_seq, received at, its connection opened at; ns)
-    durable: list[tuple[int, int, int]] = field(default_factory=list)
-    received: int = 0
-    resumes: int = 0
-    runs_ended: int = 0
-
-
-@dataclass
 class Load:
     conversations: int
     watchers: int
@@ -107,96 +101,7 @@ class Load:
     reconnect_every: int
     workers: int = 0
     store_url: str | None = None
-    committed_at: dict[tuple[str, int], int] = field(default_factory=dict)  # (conversation, seq) -> ns
-    ended: dict[str, asyncio.Queue[None]] = field(default_factory=dict)  # conversation -> one item per run end
-    refused_held: int = 0  # turns refused as `conversation_held` and sent again
-
-
-def client_of(url: str) -> httpx.AsyncClient:
-    # Plain HTTP on loopback: no certificates to load, which costs the loop about 25 ms per client,
-    # 1.3 s of stalled loop when the 50 senders start theirs inside the measured window.
-    return httpx.AsyncClient(base_url=url, timeout=60, verify=False)
-
-
-async def watch(url: str, watcher: Watcher, load: Load, ready: asyncio.Event, *, counts_runs: bool) -> None:
-    """Follow the conversation until it has ended `load.turns` runs, dropping the connection every
-    `reconnect_every` events and resuming from the last id seen. The watcher that `counts_runs`
-    tells its conversation's turns when a run ended; with workers, every watcher records the
-    commit time of each entry it is shown."""
-    async with client_of(url) as client:
-        await _watch(client, watcher, load, ready, counts_runs=counts_runs)
-
-
-async def _watch(client: httpx.AsyncClient, watcher: Watcher, load: Load, ready: asyncio.Event, *,
-                 counts_runs: bool) -> None:
-    last_id: str | None = None
-    event_id: str | None
-    while watcher.runs_ended < load.turns:
-        headers = {"Last-Event-ID": last_id} if last_id is not None else {}
-        if last_id is not None:
-            watcher.resumes += 1
-        connected = time.time_ns()
-        async with client.stream("GET", f"/api/conversations/{watcher.conversation_id}/events",
-                                 headers=headers) as response:
-            response.raise_for_status()
-            seen, name, event_id, data = 0, "message", None, list[str]()
-            async for line in response.aiter_lines():
-                if line:
-                    field_name, _, value = line.partition(":")
-                    value = value.removeprefix(" ")
-                    if field_name == "event":
-                        name = value
-                    elif field_name == "id":
-                        event_id = value
-                    elif field_name == "data":
-                        data.append(value)
-                    continue
-                if not data:
-                    continue
-                now = time.time_ns()
-                watcher.received += 1
-                seen += 1
-                if name == "snapshot":
-                    if json.loads("\n".join(data))["reset"] and last_id is not None:
-                        raise AssertionError(f"a watcher of {watcher.conversation_id} was reset at {last_id}")
-                    if watcher.first_seq is None and event_id is not None:
-                        watcher.first_seq = int(event_id)
-                    ready.set()
-                elif event_id is not None and "." not in event_id:
-                    watcher.durable.append((int(event_id), now, connected))
-                    if load.workers and name == "entry_added":
-                        committed_ms = json.loads("\n".join(data))["entry"]["timestamp"]
-                        load.committed_at.setdefault((watcher.conversation_id, int(event_id)), committed_ms * 1_000_000)
-                if event_id is not None:
-                    last_id = event_id
-                if name == "run_end":
-                    watcher.runs_ended += 1
-                    if counts_runs:
-                        load.ended[watcher.conversation_id].put_nowait(None)
-                name, event_id, data = "message", None, list[str]()
-                if watcher.runs_ended >= load.turns or seen >= load.reconnect_every:
-                    break
-
-
-async def converse(url: str, conversation_id: str, ended: asyncio.Queue[None], turns: int, load: Load) -> None:
-    async with client_of(url) as client:
-        await _converse(client, conversation_id, ended, turns, load)
-
-
-async def _converse(client: httpx.AsyncClient, conversation_id: str, ended: asyncio.Queue[None], turns: int,
-                    load: Load) -> None:
-    for turn in range(turns):
-        while True:
-            answered = await client.post(f"/api/conversations/{conversation_id}/messages",
-                                         json={"text": f"How is the weather? ({turn})"})
-            # With workers, a run's end reaches the watcher before its worker has let the session
-            # go: a turn sent in between is refused as held, and a client sends it again.
-            if answered.status_code != 409 or answered.json().get("code") != "conversation_held":
-                break
-            load.refused_held += 1
-            await asyncio.sleep(0.05)
-        answered.raise_for_status()
-        await ended.get()
+    client_processes: int = CLIENT_PROCESSES
 
 
 @asynccontextmanager
@@ -253,7 +158,7 @@ async def _run_on_schema(load: Load, url: str, context: Context) -> dict[str, An
         concurrency = math.ceil(load.conversations / load.workers)
         for _ in range(load.workers):
             worker = await asyncio.create_subprocess_exec(sys.executable, "-m", "bench.faux_worker", url,
-                                                          str(concurrency), stdout=asyncio.subprocess.PIPE)
+                                                          str(concurrency), stdout=asyncio.subprocess.PIPE, cwd=REPO)
             workers.append(worker)
             assert worker.stdout is not None
             assert (await worker.stdout.readline()).strip() == b"ready"
@@ -275,59 +180,93 @@ async def _serve_and_measure(load: Load, service: ConversationService, options: 
 
 
 async def _measure(load: Load, service: ConversationService, url: str, context: Context) -> dict[str, Any]:
+    committed_at: dict[tuple[str, int], int] = {}  # (conversation, seq) -> ns
     conversations = []
     for _ in range(load.conversations):
         conversation = await service.create(USER, LaneConfig(model=MODEL, active_tools=["lookup"]), context)
-        load.ended[conversation.id] = asyncio.Queue()
         if load.workers:
             await service.close(USER, conversation.id, context)  # the workers drive it, not this process
         else:
             def listen(event: HarnessEvent, _: Context, conversation_id: str = conversation.id) -> None:
                 if event.event_seq is not None:
-                    load.committed_at[(conversation_id, event.event_seq)] = time.time_ns()
+                    committed_at[(conversation_id, event.event_seq)] = time.time_ns()
 
             conversation.listen(listen)
-        conversations.append(conversation)
-    watchers = [Watcher(conversation.id) for conversation in conversations for _ in range(load.watchers)]
-    readiness = [asyncio.Event() for _ in watchers]
-    watching = [asyncio.create_task(watch(url, watcher, load, ready, counts_runs=index % load.watchers == 0))
-                for index, (watcher, ready) in enumerate(zip(watchers, readiness, strict=True))]
-    await asyncio.wait_for(asyncio.gather(*(ready.wait() for ready in readiness)), 60)
-
-    started = time.perf_counter()
-    await asyncio.gather(*(converse(url, c.id, load.ended[c.id], load.turns, load) for c in conversations))
-    await asyncio.wait_for(asyncio.gather(*watching), 120)
-    elapsed = time.perf_counter() - started
+        conversations.append(conversation.id)
+    shares = [conversations[index::load.client_processes] for index in range(load.client_processes)]
+    cpu_before = time.process_time()
+    parts = await _drive_clients([Clients(url, share, load.watchers, load.turns, load.reconnect_every,
+                                          entry_times=bool(load.workers)) for share in shares if share])
+    cpu = time.process_time() - cpu_before
+    elapsed = (max(part["ended_ns"] for part in parts) - min(part["started_ns"] for part in parts)) / 1e9
+    watchers = [watcher for part in parts for watcher in part["watchers"]]
+    for part in parts:
+        for conversation_id, seq, at in part["committed_at"]:
+            committed_at.setdefault((conversation_id, seq), at)
 
     gaps = duplicates = matching = 0
     latencies: dict[str, list[int]] = {"live": [], "resumed": []}
-    for conversation in conversations:
-        watchers_of = [w for w in watchers if w.conversation_id == conversation.id]
-        for watcher in watchers_of:
-            log = await read_lane_events(await service.store.open_session(conversation.id, context), "main",
-                                         watcher.first_seq, 10_000, context)
-            expected = [event.event_seq for event in log.events]
-            got = [seq for seq, _, _ in watcher.durable]
-            gaps += len(set(expected) - set(got))
-            duplicates += len(got) - len(set(got))
-            matching += got == expected
-            for seq, at, connected in watcher.durable:
-                committed = load.committed_at.get((conversation.id, seq))
-                if committed is not None:
-                    latencies["live" if committed >= connected else "resumed"].append(at - committed)
+    for watcher in watchers:
+        conversation_id = watcher["conversation_id"]
+        log = await read_lane_events(await service.store.open_session(conversation_id, context), "main",
+                                     watcher["first_seq"], 10_000, context)
+        expected = [event.event_seq for event in log.events]
+        got = [seq for seq, _, _ in watcher["durable"]]
+        gaps += len(set(expected) - set(got))
+        duplicates += len(got) - len(set(got))
+        matching += got == expected
+        for seq, at, connected in watcher["durable"]:
+            committed = committed_at.get((conversation_id, seq))
+            if committed is not None:
+                latencies["live" if committed >= connected else "resumed"].append(at - committed)
     every = latencies["live"] + latencies["resumed"]
+    received = sum(watcher["received"] for watcher in watchers)
     return {
         "conversations": load.conversations, "watchers_each": load.watchers, "turns_each": load.turns,
-        "workers": load.workers, "seconds": round(elapsed, 2),
+        "workers": load.workers, "client_processes": len(parts), "seconds": round(elapsed, 2),
+        "server_cpu_s": round(cpu, 2),
         "runs_per_second": round(load.conversations * load.turns / elapsed, 1),
-        "events_received": sum(w.received for w in watchers),
-        "events_per_second": round(sum(w.received for w in watchers) / elapsed),
-        "durable_committed_per_second": round(len(load.committed_at) / elapsed),
+        "events_received": received, "events_per_second": round(received / elapsed),
+        "durable_committed_per_second": round(len(committed_at) / elapsed),
         "latency_p50_ms": round(percentile(every, 50), 2), "latency_p99_ms": round(percentile(every, 99), 2),
         **_latency("live", latencies["live"]), **_latency("resumed", latencies["resumed"]),
         "gaps": gaps, "duplicates": duplicates, "watchers_matching_log": matching, "watchers": len(watchers),
-        "resumes": sum(w.resumes for w in watchers), "turns_refused_held": load.refused_held,
+        "resumes": sum(watcher["resumes"] for watcher in watchers),
+        "turns_refused_held": sum(part["refused_held"] for part in parts),
     }
+
+
+async def _drive_clients(shares: list[Clients]) -> list[dict[str, Any]]:
+    """Run each share of the clients in a process of its own (`bench.serve_load_clients`), start their turns
+    together once every watcher of every share has its snapshot, and return each one's figures."""
+    processes = []
+    try:
+        for share in shares:
+            process = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "bench.serve_load_clients", cwd=REPO,
+                stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE)
+            processes.append(process)
+            assert process.stdin is not None
+            process.stdin.write(share.spec().encode() + b"\n")
+        for process in processes:
+            assert process.stdout is not None
+            if (await asyncio.wait_for(process.stdout.readline(), 90)).strip() != b"ready":
+                raise RuntimeError("a client process ended before its watchers were ready (its stderr says why)")
+        for process in processes:
+            assert process.stdin is not None
+            process.stdin.write(b"go\n")
+            await process.stdin.drain()
+        # Read together: each process's figures fill more than a pipe's buffer.
+        outputs = await asyncio.wait_for(asyncio.gather(*(process.stdout.read() for process in processes
+                                                          if process.stdout is not None)), 300)
+        if not all(outputs):
+            raise RuntimeError("a client process ended without its figures (its stderr says why)")
+        return [json.loads(output) for output in outputs]
+    finally:
+        for process in processes:
+            if process.returncode is None:
+                process.kill()
+            await process.wait()
 
 
 def _latency(kind: str, samples: list[int]) -> dict[str, float | None]:
@@ -345,21 +284,24 @@ def main() -> None:
     parser.add_argument("--workers", default="0", help="worker processes, or a comma list of counts run in "
                         "turn (e.g. 1,2,4); 0: the server drives, on SQLite")
     parser.add_argument("--store", help="the PostgreSQL server for --workers (a fresh schema is made and dropped)")
+    parser.add_argument("--client-processes", type=int, default=CLIENT_PROCESSES,
+                        help="processes the clients are spread over (whole conversations each)")
     parser.add_argument("--json", action="store_true", help="print each run's figures as one JSON object a line")
     args = parser.parse_args()
     for count in (int(part) for part in args.workers.split(",")):
         if count and not args.store:
             parser.error("--workers needs --store postgresql://...")
         load = Load(args.conversations, args.watchers, args.turns, args.reconnect_every, workers=count,
-                    store_url=args.store)
+                    store_url=args.store, client_processes=args.client_processes)
         figures = asyncio.run(run(load))
         if args.json:
             print(json.dumps(figures))
             continue
         driven = f"{count} worker process(es), PostgreSQL" if count else "the server itself, SQLite"
         print(f"{figures['conversations']} conversations x {figures['watchers_each']} watchers, "
-              f"{figures['turns_each']} turns each (one tool call per turn), driven by {driven}: "
-              f"{figures['seconds']} s, {figures['runs_per_second']} runs/s")
+              f"{figures['turns_each']} turns each (one tool call per turn), driven by {driven}, clients in "
+              f"{figures['client_processes']} process(es): {figures['seconds']} s, "
+              f"{figures['runs_per_second']} runs/s; the server's process used {figures['server_cpu_s']} s of CPU")
         print(f"  events received: {figures['events_received']} ({figures['events_per_second']}/s); durable events "
               f"committed: {figures['durable_committed_per_second']}/s")
         print(f"  latency, commit to watcher: p50 {figures['latency_p50_ms']} ms, p99 {figures['latency_p99_ms']} ms; "
