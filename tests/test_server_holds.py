@@ -258,3 +258,27 @@ async def test_every_route_of_a_conversation_the_other_server_drives_works_here(
     assert ended[-1].data["operation_id"] == sent["operation_id"]
     assert again.status_code == 202, again.text
     assert named == "renamed"
+
+
+async def test_close_refuses_a_conversation_another_request_uses(stores: tuple[Store, Store], ctx: Context) -> None:
+    """Issue 29: `POST .../close` while another request of the server uses the conversation (as a
+    route does, through `Holds.use`) is 409 `conversation_in_use` and closes nothing: that request
+    goes on with the conversation attached, and a close after it works. (It closed the
+    conversation under the request.)"""
+    store, _ = stores
+    served = faux_app(store, ["hello"], options=ServerOptions(idle_release_s=3_600, sweep_s=3_600))
+    holds = served.app.state.server.holds
+    async with asgi_client(served.app) as client:
+        conversation_id = (await client.post("/api/conversations", json={})).json()["id"]
+        async with holds.use(USER, conversation_id, ctx) as conversation:
+            refused = await client.post(f"/api/conversations/{conversation_id}/close")
+            accepted = await conversation.admit("still here?", ctx)
+            outcome = await within(conversation.drive(accepted.operation_id, ctx))
+        closed = await client.post(f"/api/conversations/{conversation_id}/close")
+
+    assert refused.status_code == 409, refused.text
+    assert refused.json()["code"] == "conversation_in_use"
+    assert isinstance(outcome, Settled)
+    assert outcome.result.outcome == "completed"
+    assert closed.status_code == 204, closed.text
+    assert holds.held == ()

@@ -125,14 +125,15 @@ async def rename_conversation(conversation_id: str, body: RenameConversation, us
 @router.post("/conversations/{conversation_id}/close", status_code=status.HTTP_204_NO_CONTENT)
 async def close_conversation(conversation_id: str, user: CurrentUser, state: State, context: RequestContext) -> None:
     """Detach the live conversation from this server (nothing of it is lost; the next request
-    opens it again). Refused with `lane_busy` (409) while a run is open: stop it first. With
-    external workers nothing is attached here: only the owner check."""
+    opens it again). Refused with `lane_busy` (409) while a run is open: stop it first; with
+    `conversation_in_use` (409) while another request uses it (`Holds.close`). With external
+    workers nothing is attached here: only the owner check."""
     await state.service.check_owner(user, conversation_id, context)
     if state.external or (conversation := state.service.live(conversation_id)) is None:
         return
     if (operation := conversation.operation()) is not None:
         raise LaneBusy(f"conversation {conversation_id} has a run open; stop it first", operation_id=operation.id)
-    await state.service.close(user, conversation_id, context)
+    await state.holds.close(user, conversation_id, context)
 
 
 class ModelOut(BaseModel):

@@ -54,7 +54,7 @@ STATUS_BY_CODE: dict[str, int] = {
     **dict.fromkeys(["lane_busy", "model_switch_refused", "session_owned", "no_active_operation", "not_a_run",
                      "conversation_ended", "project_switch_refused", "operation_mismatch", "nothing_to_resume",
                      "operation_id_taken", "lane_exists", "garden_exists", "id_taken", "thread_exists",
-                     "conversation_held", "garden_damaged", "goal_damaged"], 409),
+                     "conversation_held", "garden_damaged", "goal_damaged", "conversation_in_use"], 409),
     **dict.fromkeys(["prompt_too_large", "record_too_large", "request_too_large"], 413),
     **dict.fromkeys([*STORE_FAULTS, "server_busy"], 503),
     **dict.fromkeys(["storage_corruption", "harness_fault", "garden_write_failed", "ownership_lost",

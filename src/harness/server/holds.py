@@ -47,6 +47,14 @@ class ServerBusy(HarnessError):
     code = "server_busy"
 
 
+class ConversationInUse(HarnessError):
+    """`POST .../close` while another request of this server uses the conversation (a turn being
+    admitted, a `/fast` switch): nothing was closed; close it once that request has ended.
+    Details `{conversation_id}`."""
+
+    code = "conversation_in_use"
+
+
 class Holds:
     """The conversations one server holds (`use`), let go when idle (`sweep`)."""
 
@@ -138,6 +146,16 @@ class Holds:
         if len([conversation_id for conversation_id in self.held if conversation_id != wanted]) >= self._max_held:
             raise ServerBusy(f"this server holds {self._max_held} conversations, each in use: try again shortly",
                              held=self._max_held)
+
+    async def close(self, user: str, conversation_id: str, context: Context) -> None:
+        """Let go of `user`'s conversation now (`ConversationService.close`): nothing of it is
+        lost. Raises `ConversationInUse` while a request uses it or a turn of it is driven here,
+        closing nothing, and what `close` raises (`Forbidden`)."""
+        if self.busy(conversation_id):
+            raise ConversationInUse(f"conversation {conversation_id} is in use by another request; close it once "
+                                    "that has ended", conversation_id=conversation_id)
+        self._last_used.pop(conversation_id, None)
+        await self._service.close(user, conversation_id, context)
 
     async def sweep(self, context: Context) -> None:
         """Once: let go of every conversation idle for `idle_release_s`, detach every broken one
