@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import httpx
+import psycopg
 import pytest
 
 from conftest import backend_url
@@ -282,3 +283,35 @@ async def test_close_refuses_a_conversation_another_request_uses(stores: tuple[S
     assert outcome.result.outcome == "completed"
     assert closed.status_code == 204, closed.text
     assert holds.held == ()
+
+
+@pytest.mark.postgres
+async def test_the_sweep_on_postgres_reads_only_the_lanes_with_a_turn_open(
+        request: pytest.FixtureRequest, ctx: Context) -> None:
+    """Issue 29: on PostgreSQL the sweep finds open turns through the store's open-work query,
+    which reads only the lanes with an operation open: a conversation whose lane state this
+    version cannot decode (a newer version's), with nothing open, is not read, and another's
+    open turn is driven. (Every sweep read every conversation's lane state, and that one failed
+    them all.)"""
+    url = request.getfixturevalue("postgres_schema_url")
+    store, other = await connect(url, ctx), await connect(url, ctx)
+    try:
+        served = faux_app(store, ["picked up"], options=QUIET)
+        async with asgi_client(served.app):
+            elsewhere, _ = faux_service(other, [])
+            unreadable = await elsewhere.create(USER, LaneConfig(model=FAUX), ctx)
+            conversation = await elsewhere.create(USER, LaneConfig(model=FAUX), ctx)
+            accepted = await conversation.admit("who finishes this?", ctx)
+            await elsewhere.close_all(ctx)
+            with psycopg.connect(url, autocommit=True) as pg:
+                pg.execute("UPDATE record_values SET value = %s WHERE session_id = %s "
+                           "AND namespace = 'harness.lane.state'", ('{"written_by": "a newer version"}', unreadable.id))
+
+            await served.app.state.server.holds.sweep(ctx)
+            outcome = await within(served.app.state.server.drives.wait(accepted.operation_id))
+    finally:
+        await other.close()
+        await store.close()
+
+    assert isinstance(outcome, Settled)
+    assert outcome.result.outcome == "completed"

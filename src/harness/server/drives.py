@@ -4,13 +4,14 @@ start a task for every operation a stopped server left open, so a restart loses 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 
 from harness.context import Context
 from harness.conversation import MAIN_LANE, OWNER, Conversation, ConversationService
 from harness.errors import HarnessError
 from harness.runtime import DriveOutcome, HarnessClosed, Settled
-from harness.session import SessionNotFound, SessionOwned, addresses
+from harness.session import SessionNotFound, SessionOwned, addresses, work_board
 
 logger = logging.getLogger(__name__)
 
@@ -22,6 +23,8 @@ class Drives:
 
     def __init__(self, service: ConversationService) -> None:
         self._service = service
+        # PostgreSQL tells which lanes have an operation open from an index of only those.
+        self._board = work_board(service.store, leases=False) if service.store.backend.kind == "postgres" else None
         self._tasks: dict[str, asyncio.Task[DriveOutcome]] = {}
         self.conversation_of: dict[str, str] = {}
         """The conversation id of each operation this server drives now."""
@@ -70,22 +73,15 @@ class Drives:
         return conversation_id in self.conversation_of.values()
 
     async def resume_open(self, context: Context) -> list[str]:
-        """Start a drive for every open operation of every conversation whose main lane has one
-        and that no process holds (a stopped server's or worker's, or one this server let go
-        after its store failed), and return their operation ids: on start and at every sweep
-        (`Holds`), from two reads whatever the number of conversations. A conversation another
+        """Start a drive for every open operation of every conversation with one that no process
+        holds (a stopped server's or worker's, or one this server let go after its store failed),
+        and return their operation ids: on start and at every sweep (`Holds`). On PostgreSQL
+        from the store's open-work query, which reads only the lanes with an operation open and
+        leaves out the sessions another process holds, then each such conversation's owner; on
+        SQLite from two reads of every conversation's main lane and owner. A conversation another
         process holds (`SessionOwned`), deleted meanwhile or unreadable now is left for later."""
-        store = self._service.store
-        lanes = await store.values_across(addresses.lane_state(MAIN_LANE), context)
-        open_ids = [session_id for session_id, lane in lanes.items()
-                    if lane.current_operation_id is not None and self._service.live(session_id) is None]
-        if not open_ids:
-            return []
-        owners = await store.values_across(OWNER, context)
         started = []
-        for session_id in open_ids:
-            if (owner := owners.get(session_id)) is None:
-                continue
+        for session_id, owner in (await self._unheld_open(context)).items():
             try:
                 conversation = await self._service.open(owner, session_id, context)
             except (SessionOwned, SessionNotFound) as error:
@@ -98,6 +94,28 @@ class Drives:
                 self.start(conversation, operation.lane, operation.operation_id)
                 started.append(operation.operation_id)
         return started
+
+    async def _unheld_open(self, context: Context) -> dict[str, str]:
+        """The owner of each conversation with an operation open that is not live here and, as far
+        as one read tells, not held elsewhere, by conversation id."""
+        store = self._service.store
+        if self._board is not None:
+            open_ids = {work.session_id for work in await self._board.open_work(context)
+                        if work.operation_id is not None and not work.held}
+            owners = {}
+            for session_id in open_ids - set(self._service.live_ids):
+                with contextlib.suppress(SessionNotFound):  # deleted since
+                    owner = await (await store.open_session(session_id, context)).get(OWNER, context)
+                    if owner is not None:
+                        owners[session_id] = owner
+            return owners
+        lanes = await store.values_across(addresses.lane_state(MAIN_LANE), context)
+        open_ids = {session_id for session_id, lane in lanes.items()
+                    if lane.current_operation_id is not None and self._service.live(session_id) is None}
+        if not open_ids:
+            return {}
+        owners_across = await store.values_across(OWNER, context)
+        return {session_id: owner for session_id in open_ids if (owner := owners_across.get(session_id)) is not None}
 
     def cancel_all(self) -> None:
         """Stop waiting on every drive (the harnesses' close halts the drives themselves)."""

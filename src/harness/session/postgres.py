@@ -677,12 +677,11 @@ class PostgresBackend:
     async def open_work(self, session_ids: Sequence[str] | None, lease_s: float,
                         context: Context) -> list[WorkRow]:
         """Every lane with a current operation or a posted request, in the sessions named (None:
-        all), with its session's lock as `pg_locks` shows it now."""
-        async with self._connection() as conn:
-            cur = await conn.execute(_OPEN_WORK, {"ids": None if session_ids is None else list(session_ids)})
-            rows = await cur.fetchall()
-            cur = await conn.execute(_HELD_LOCKS, {"app": LEASE_APPLICATION, "lease": lease_s})
-            held: dict[int, bool] = {key: stale for key, stale in await cur.fetchall()}
+        all), with its session's lock as `pg_locks` shows it now. Two reads, each made once more
+        on a lost connection (`_rows`): a server's sweep after a cut answers."""
+        rows = await self._rows(_OPEN_WORK, {"ids": None if session_ids is None else list(session_ids)})
+        held: dict[int, bool] = {key: stale for key, stale in await self._rows(
+            _HELD_LOCKS, {"app": LEASE_APPLICATION, "lease": lease_s})}
         work = []
         for session_id, lane, operation_id, state in rows:
             key = self._lock_key(session_id)

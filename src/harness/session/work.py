@@ -75,13 +75,15 @@ class WorkBoard:
         await self._backend.renew_claims(context)
 
 
-def work_board(store: Store, *, lease_s: float = DEFAULT_LEASE_S) -> WorkBoard:
+def work_board(store: Store, *, lease_s: float = DEFAULT_LEASE_S, leases: bool = True) -> WorkBoard:
     """The work board of `store`, whose claims become leases from now on (each one a dedicated
-    connection marked as a lease, which `WorkBoard.renew` keeps alive). Raises
-    `WorkNeedsPostgres` for a memory or SQLite store."""
+    connection marked as a lease, which `WorkBoard.renew` keeps alive); with `leases` False its
+    claims stay as they are, for a process that only looks for open work (`harness serve`'s
+    sweep). Raises `WorkNeedsPostgres` for a memory or SQLite store."""
     if store.backend.kind != "postgres":
         raise WorkNeedsPostgres(f"claiming work across processes needs a postgresql:// store, not {store.url!r}",
                                 url=store.url)
     backend = cast("PostgresBackend", store.backend)
-    backend.leases = True
+    if leases:
+        backend.leases = True
     return WorkBoard(backend, lease_s)
