@@ -4,6 +4,7 @@ hook that sees which rule decided."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 
@@ -11,6 +12,7 @@ import pytest
 from pydantic import JsonValue
 
 from conversation_helpers import rows, transcript
+from drive_helpers import ProbeTool, within
 from harness.cli.config import attach_client
 from harness.context import Context
 from harness.conversation import AlwaysAllowed
@@ -18,6 +20,7 @@ from harness.messages import CustomMessage, ModelIdentity
 from harness.providers import FAUX_MODEL, FauxProvider, ModelRegistry
 from harness.providers.faux import reply, tool_call
 from harness.runtime import Block, Settled, ToolCallRequest
+from harness.server import ApprovalChange, Approvals
 from harness.session import connect
 from harness.tools import (
     ALLOW_FOR_SESSION,
@@ -31,6 +34,7 @@ from harness.tools import (
     PermissionRules,
     load_permission_rules,
 )
+from server_helpers import asgi_client, faux_app
 
 HERE = Path("/work/repo")
 
@@ -301,3 +305,59 @@ async def test_an_always_answer_is_a_row_and_survives_a_restart(tmp_path: Path, 
     # The model read the row before its second turn.
     assert any("allowed `write`" in str(message.content) for message in faux.requests[-1].request.messages
                if isinstance(message, CustomMessage))
+
+
+# -- the server's approvals ---------------------------------------------------------------------------
+
+
+async def test_an_always_answered_over_http_is_the_conversations_not_the_servers(tmp_path: Path,
+                                                                                 ctx: Context) -> None:
+    """`for_session` over HTTP keeps the tool allowed in that conversation's journal (its row and
+    its next turn's call, which runs without waiting), while another conversation is asked again;
+    a deny rule of the server's settings blocks a call without anyone being asked."""
+    store = await connect(f"sqlite:///{tmp_path / 'harness.db'}", ctx)
+    probe = ProbeTool()
+    approvals = Approvals(gated=frozenset({"probe"}), rules=PermissionRules.of("the test", tmp_path,
+                                                                                deny=["mcp__github__*"]))
+    changes: list[ApprovalChange] = []
+    asked = asyncio.Event()
+
+    def on_change(change: ApprovalChange) -> None:
+        changes.append(change)
+        if change.answer is None:
+            asked.set()
+
+    approvals.listen(on_change)
+    served = faux_app(store, [reply(tool_call("probe", {"key": "one"})), "ran one",
+                              reply(tool_call("probe", {"key": "two"})), "ran two",
+                              reply(tool_call("probe", {"key": "three"})), "asked for three"],
+                      tools=[probe], approvals=approvals)
+    try:
+        async with asgi_client(served.app) as client:
+            first = (await client.post("/api/conversations", json={})).json()["id"]
+            started = (await client.post(f"/api/conversations/{first}/messages", json={"text": "go"})).json()
+            await within(asked.wait())
+            asked.clear()
+            waiting = (await client.get(f"/api/conversations/{first}/approvals")).json()
+            await client.post(f"/api/conversations/{first}/approvals/{waiting[0]['tool_call_id']}",
+                              json={"allow": True, "for_session": True})
+            await within(served.app.state.server.drives.wait(started["operation_id"]))
+            again = (await client.post(f"/api/conversations/{first}/messages", json={"text": "again"})).json()
+            await within(served.app.state.server.drives.wait(again["operation_id"]))
+            kept = await rows(served.service.live(first) or pytest.fail("not live"), ctx)
+
+            second = (await client.post("/api/conversations", json={})).json()["id"]
+            other = (await client.post(f"/api/conversations/{second}/messages", json={"text": "go"})).json()
+            await within(asked.wait())
+            waiting = (await client.get(f"/api/conversations/{second}/approvals")).json()
+            await client.post(f"/api/conversations/{second}/approvals/{waiting[0]['tool_call_id']}",
+                              json={"allow": False})
+            await within(served.app.state.server.drives.wait(other["operation_id"]))
+    finally:
+        await store.close()
+
+    assert probe.runs == [{"key": "one"}, {"key": "two"}]
+    assert AlwaysAllowed(rule="probe") in kept
+    assert [change.pending.conversation_id for change in changes if change.answer is None] == [first, second]
+    denied = await approvals.hook(call("mcp__github__delete_repo"), ctx)
+    assert denied == Block(reason="a permission rule denies it: `mcp__github__*` (the test)")

@@ -19,8 +19,9 @@ from harness.context import Context
 from harness.conversation import MAIN_LANE, Conversation
 from harness.errors import HarnessError
 from harness.messages import now_ms
+from harness.runtime import ToolCallRequest
 from harness.session import ApprovalAnswerRequest, Session, SessionReader, ValueAddress, addresses
-from harness.tools import DENY, NEEDS_APPROVAL, Approval, ApprovalPolicy, ApprovalRequest
+from harness.tools import DENY, NEEDS_APPROVAL, Approval, ApprovalPolicy, ApprovalRequest, PermissionRules, RuleKeeper
 
 logger = logging.getLogger(__name__)
 
@@ -80,19 +81,20 @@ class _Waiting:
 
 class Approvals:
     """The pending approvals of one server, and its `before_tool` hook (`Approvals.hook`, an
-    `ApprovalPolicy` over the tools in `gated`). An answer `for_session` allows that tool for the
-    rest of the conversation, not the whole server. `conversation_of` tells which conversation an
-    operation belongs to (the server binds it to its drives); a call of an operation it does not
-    know is refused, since nobody could be asked. `live` gives the conversation live here (the
-    server binds it to its service's), in whose journal a waiting call is kept."""
+    `ApprovalPolicy` over the tools in `gated` weighing the permission `rules`, issue 30). An
+    answer `for_session` allows that tool for the rest of the conversation, not the whole server:
+    it is kept in the conversation's journal, as a chat's "always" is. `conversation_of` tells
+    which conversation an operation belongs to (the server binds it to its drives); a call of an
+    operation it does not know is refused, since nobody could be asked. `live` gives the
+    conversation live here (the server binds it to its service's), in whose journal a waiting
+    call is kept."""
 
-    def __init__(self, *, gated: frozenset[str] = NEEDS_APPROVAL) -> None:
-        self.hook = ApprovalPolicy(self._ask, gated=gated,
+    def __init__(self, *, gated: frozenset[str] = NEEDS_APPROVAL, rules: PermissionRules | None = None) -> None:
+        self.hook = ApprovalPolicy(self._ask, gated=gated, rules=rules, conversation_of=self._rule_keeper,
                                    unavailable_reason="this server knows no conversation it belongs to")
         self.conversation_of: Callable[[str], str | None] = lambda operation_id: None
         self.live: Callable[[str], Conversation | None] = lambda conversation_id: None
         self._waiting: dict[str, _Waiting] = {}
-        self._allowed: dict[str, set[str]] = {}
         self._listeners: list[Callable[[ApprovalChange], None]] = []
 
     def listen(self, listener: Callable[[ApprovalChange], None]) -> Callable[[], None]:
@@ -113,10 +115,7 @@ class Approvals:
         if waiting is None or waiting.pending.conversation_id != conversation_id or waiting.answer.done():
             raise ApprovalNotFound(f"no call {tool_call_id[:80]!r} waits for approval in this conversation",
                                    tool_call_id=tool_call_id[:80])
-        if answer.allow and answer.for_session:
-            self._allowed.setdefault(conversation_id, set()).add(waiting.pending.tool_name)
-        # The policy's own for-session memory would be the whole server's: it gets a plain allow.
-        waiting.answer.set_result(Approval(allow=answer.allow, reason=answer.reason))
+        waiting.answer.set_result(answer)
         return waiting.pending
 
     async def listed(self, journal: SessionReader, context: Context) -> list[PendingApproval]:
@@ -161,8 +160,6 @@ class Approvals:
         conversation_id = self.conversation_of(request.operation_id)
         if conversation_id is None:
             return Approval(allow=False, reason="nobody can be asked: the server does not drive this run")
-        if request.tool_name in self._allowed.get(conversation_id, set()):
-            return Approval(allow=True)
         pending = PendingApproval(conversation_id=conversation_id, operation_id=request.operation_id,
                                   tool_call_id=request.tool_call_id, tool_name=request.tool_name,
                                   args=request.args, summary=request.summary, asked_at=now_ms())
@@ -186,6 +183,11 @@ class Approvals:
             del self._waiting[request.tool_call_id]
             self._publish(ApprovalChange(pending, waiting.answer.result() if waiting.answer.done() else DENY))
             await self._keep(pending, None)
+
+    def _rule_keeper(self, request: ToolCallRequest) -> RuleKeeper | None:
+        """The conversation live here that a call belongs to, which keeps its "always" answers."""
+        conversation_id = self.conversation_of(request.operation_id)
+        return self.live(conversation_id) if conversation_id is not None else None
 
     async def _keep(self, pending: PendingApproval, value: PendingApproval | None) -> None:
         """Write (None: delete) the journal's copy of a waiting call, best effort: on a store fault

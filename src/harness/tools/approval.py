@@ -99,9 +99,10 @@ class ApprovalPolicy:
 
     `conversation_of` gives the conversation a call belongs to (`RuleKeeper`): an answer "always"
     (`Approval.for_session`) is kept in its journal as a row the model reads and survives a
-    restart, and its path rules are relative to where its tools run. Without one (or when it
-    gives None) such answers last as long as the policy and paths are relative to `directory`
-    (default: this process's). `on_decision` sees every decision, with the rule that made it.
+    restart, and its path rules are relative to where its tools run. Without `conversation_of`
+    such answers last as long as the policy; when it gives None they are not kept (the call runs
+    once). Paths are then relative to `directory` (default: this process's). `on_decision` sees
+    every decision, with the rule that made it; a door may bind `conversation_of` after attaching.
 
     It fails closed: with no `ask` (nobody to ask, as in `harness run` without `--yes`), when `ask`
     raises, or when the Context is cancelled while asking, the call is blocked with a reason the
@@ -195,10 +196,15 @@ class ApprovalPolicy:
         return None
 
     async def _remember(self, request: ToolCallRequest, context: Context) -> None:
-        """Keep an answer "always" for the call's tool: in its conversation's journal, else here."""
-        conversation = self.conversation_of(request) if self.conversation_of is not None else None
-        if conversation is None:
+        """Keep an answer "always" for the call's tool: in its conversation's journal, or here
+        when the policy has no conversations (a door's policy serves many: never all of them)."""
+        if self.conversation_of is None:
             self._allowed.add(request.tool_name)
+            return
+        conversation = self.conversation_of(request)
+        if conversation is None:
+            logger.warning("the answer to allow %s always was not kept: the call's conversation is not known here",
+                           request.tool_name)
         elif not await conversation.allow_always(request.tool_name, context):
             # This call runs all the same; the next one asks again, as nothing says otherwise.
             logger.warning("the answer to allow %s always was not kept: the journal refused it", request.tool_name)
