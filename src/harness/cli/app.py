@@ -18,7 +18,8 @@ import typer
 
 from harness.context import Context
 from harness.errors import HarnessError
-from harness.home import harness_home
+from harness.home import STORE_VARIABLE
+from harness.home import default_store_url as default_store_url  # the commands import it with the rest
 from harness.session import Store, connect
 
 T = TypeVar("T")
@@ -48,12 +49,8 @@ def _options(
 StoreOption = Annotated[
     str | None,
     typer.Option("--store", help="Store URL (sqlite:///PATH or postgresql://...); default: SQLite under "
-                 "$HARNESS_HOME.", envvar="HARNESS_STORE"),
+                 "$HARNESS_HOME.", envvar=STORE_VARIABLE),
 ]
-
-
-def default_store_url() -> str:
-    return f"sqlite:///{(harness_home() / 'harness.db').resolve()}"
 
 
 def run_with_store(store_url: str | None, body: Callable[[Store, Context], Awaitable[T]], *,

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import getpass
 import importlib
 import importlib.util
 import os
@@ -38,6 +37,7 @@ from harness.conversation import (
     ConversationSetup,
 )
 from harness.errors import HarnessError, InvalidInput, ModelUnavailable
+from harness.home import local_user as local_user  # kept here too: the commands import it with the rest
 from harness.messages import ModelIdentity, UserMessage, text_of
 from harness.providers import (
     BUILTIN_MODELS,
@@ -185,15 +185,6 @@ def session_name_from(prompt: str) -> str | None:
             line = " ".join(line.split())
             return line if len(line) <= SESSION_NAME_LIMIT else line[: SESSION_NAME_LIMIT - 1] + "…"
     return None
-
-
-def local_user() -> str:
-    """The user a terminal client's conversations belong to: the local account's login name (the
-    uid as text where the account has none, as in some containers)."""
-    try:
-        return getpass.getuser()
-    except (OSError, KeyError):  # no LOGNAME/USER and no passwd entry for the uid
-        return str(os.getuid())
 
 
 def drive_settings() -> DriveSettings:

@@ -16,6 +16,7 @@ from harness.tools.approval import (
     describe_call,
 )
 from harness.tools.builtin import BUILTIN_TOOL_NAMES, builtin_tools, system_prompt
+from harness.tools.functions import FunctionTool, Replay, ToolSignatureInvalid, function_tool, tool
 from harness.tools.jobs import MAX_RUNNING_JOBS, BackgroundJobs, Job, JobMode, JobNotFound, TooManyJobs
 from harness.tools.permissions import (
     SETTINGS_DIR,
@@ -55,6 +56,7 @@ __all__ = [
     "BackgroundJobs",
     "Decided",
     "Effect",
+    "FunctionTool",
     "InvalidPermissionRule",
     "InvalidSettings",
     "Job",
@@ -65,12 +67,16 @@ __all__ = [
     "PermissionDecision",
     "PermissionRule",
     "PermissionRules",
+    "Replay",
     "RuleKeeper",
+    "ToolSignatureInvalid",
     "TooManyJobs",
     "Workspace",
     "builtin_tools",
     "describe_call",
+    "function_tool",
     "load_permission_rules",
     "parse_rule",
     "system_prompt",
+    "tool",
 ]

@@ -1,0 +1,351 @@
+"""`Agent`: the library's front door. A model, tools made from typed functions, instructions and
+the user's journal; each run is a turn of a conversation, admitted and driven through the
+conversation service (`harness.conversation`) as every other door drives one, so it is journaled
+before anyone is told, survives a crash, and is continued by the conversation's id.
+
+    agent = Agent("openai/gpt-5", tools=[add], instructions="Be brief.")
+    result = agent.run_sync("What is 2 + 3?")
+    print(result.output, result.conversation_id)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from harness.context import Context
+from harness.conversation import (
+    JOURNAL_DATA_MIGRATIONS,
+    Conversation,
+    ConversationEvent,
+    ConversationService,
+    ConversationSetup,
+)
+from harness.errors import HarnessError
+from harness.home import STORE_VARIABLE, default_store_url, local_user
+from harness.messages import Cost, ModelIdentity, Usage, UserMessage, text_of
+from harness.providers import ModelRegistry
+from harness.runtime import AgentTool, DriveOutcome, HarnessEvent, RunHooks, Settled, UsageRecorded
+from harness.session import LaneConfig, MessagePayload, Store, connect
+from harness.tools import ApprovalPolicy, AskApproval, FunctionTool, function_tool
+
+ToolLike = Callable[..., Any] | FunctionTool | AgentTool
+"""What `Agent(tools=...)` takes: a typed function (`function_tool` makes it a tool), one made
+with `@tool`, or a hand-written `AgentTool`."""
+
+
+class RunFailed(HarnessError):
+    """The run settled `failed` (a provider error after its retries, a tool hook failing, ...); the
+    conversation keeps the error row and takes the next run. Details `{conversation_id,
+    operation_id, error_code}`."""
+
+    code = "run_failed"
+
+
+class RunNotSettled(HarnessError):
+    """The drive returned before the run settled (the provider answers later, or the drive was
+    paused): the run stays open in the journal, and the conversation's next run finishes it
+    first. Details `{conversation_id, operation_id, outcome}`."""
+
+    code = "run_not_settled"
+
+
+@dataclass(frozen=True)
+class AgentResult:
+    """How one run ended: `output` is the text of its final reply ("" when it has none, e.g. an
+    abort before any reply), `usage` the tokens and cost of every provider reply recorded while
+    it ran (delegated sub-agents' too), `outcome` `completed` or `aborted` (`Agent.stop`)."""
+
+    output: str
+    conversation_id: str
+    operation_id: str
+    usage: Usage
+    outcome: Literal["completed", "aborted"]
+
+
+class Agent:
+    """A durable agent: `run_sync(prompt)` or `await run(prompt)` starts a conversation and
+    returns its `AgentResult`; `conversation=ID` continues one, after finishing the run a stopped
+    process left open in it (a crash mid-reply or mid-tool), as `harness chat` does. `stream`
+    gives the typed events as they happen; `steer`, `follow_up` and `stop` reach a running one,
+    in this process or another.
+
+    `model` is what `harness run --model` takes (`"openai/gpt-5"`, `"embedded/smollm2-135m"`, a
+    model of `models.toml`) or a `ModelIdentity`; None takes the registry's default (the embedded
+    model when no API key is set). `models` defaults to `ModelRegistry.load()` (`models.toml` in
+    `$HARNESS_HOME`, the API keys of the environment). `store` is a `Store` the caller opened
+    (and closes), a store URL, or None for the user's journal (`$HARNESS_STORE`, else
+    `harness.db` in `$HARNESS_HOME`), where `harness sessions`, `show` and `chat --session` find
+    the conversations, which belong to `user` (default: this machine's account, `local_user`).
+    A tool made with `approval=True` asks `ask` before each call; without `ask` such calls are
+    refused with a reason the model reads.
+
+    Raises `ModelUnavailable` or `MissingApiKey` for a model that cannot be called, and
+    `ToolSignatureInvalid` for a function that cannot be a tool, before anything is written.
+    An agent used with `await` keeps its store open between runs: close it with `await
+    agent.close()` (or `async with agent:`); `run_sync` closes it after each run."""
+
+    def __init__(self, model: str | ModelIdentity | None = None, *, tools: Sequence[ToolLike] = (),
+                 instructions: str | None = None, store: Store | str | None = None,
+                 models: ModelRegistry | None = None, user: str | None = None,
+                 ask: AskApproval | None = None) -> None:
+        self.models = models if models is not None else ModelRegistry.load()
+        self.model = (ModelIdentity.parse(model) if isinstance(model, str)
+                      else model if model is not None else self.models.default_identity())
+        self.models.usable(self.model)
+        made = [_agent_tool(each) for each in tools]
+        self.tools = [agent_tool for agent_tool, _ in made]
+        gated = [agent_tool.name for agent_tool, approval in made if approval]
+        policy = ApprovalPolicy(ask, gated=gated) if gated else None
+        hooks = RunHooks(before_tool=policy, before_tool_applies=policy.decides) if policy is not None else RunHooks()
+        self.setup = ConversationSetup(models=self.models, tools=self.tools, system_prompt=instructions, hooks=hooks)
+        self.user = user if user is not None else local_user()
+        self._store = store
+        self._open: _Opened | None = None
+        self._tallies: dict[str, _Tally] = {}  # by conversation id, while this agent holds it
+
+    # -- runs -------------------------------------------------------------------------------------
+
+    def run_sync(self, prompt: str, *, conversation: str | None = None) -> AgentResult:
+        """`run` in an event loop of its own (`asyncio.run`), closing the store after it; call it
+        where no event loop runs."""
+        async def once() -> AgentResult:
+            try:
+                return await self.run(prompt, conversation=conversation)
+            finally:
+                await self.close()
+
+        return asyncio.run(once())
+
+    async def run(self, prompt: str, *, conversation: str | None = None,
+                  context: Context | None = None) -> AgentResult:
+        """Send `prompt` as a turn of conversation `conversation` (None: a new one) and drive it
+        to its end: the model's replies, its tool calls, retries of transient provider failures.
+
+        A run a stopped process left open in the conversation is finished first. Raises
+        `RunFailed` when the run settles failed, `RunNotSettled` when it is left open;
+        `SessionNotFound`, `Forbidden` (another user's), `SessionOwned` (another process holds
+        it), `LaneBusy` (a run of it is under way), `PromptTooLarge`, `InvalidMessage` (an empty
+        prompt) before the turn is admitted, with nothing written."""
+        context = context or Context()
+        async with self._attached(conversation, context) as attached:
+            return await self._turn(attached, prompt, context)
+
+    def stream(self, prompt: str, *, conversation: str | None = None,
+               context: Context | None = None) -> AgentStream:
+        """`run`, watched: iterate the returned `AgentStream` for the conversation's events as they
+        are committed (each a `ConversationEvent`: the runtime's typed events such as
+        `MessageUpdate`, `ToolStart`, `ToolEnd` and `RunEnd`, with chat-event rows as
+        `ChatEventPublished`), then read its `result`."""
+        return AgentStream(self, prompt, conversation, context or Context())
+
+    # -- reaching a running run -------------------------------------------------------------------
+
+    async def steer(self, conversation: str, text: str, context: Context | None = None) -> None:
+        """Queue `text` for the conversation's running run, read after its current tool calls
+        (HA-18), wherever it is driven. Raises `NoActiveOperation` when nothing runs."""
+        await self._queue(conversation, "steer", text, context or Context())
+
+    async def follow_up(self, conversation: str, text: str, context: Context | None = None) -> None:
+        """Queue `text` for when the conversation's running run would end: it goes on with it.
+        Raises `NoActiveOperation` when nothing runs."""
+        await self._queue(conversation, "follow_up", text, context or Context())
+
+    async def stop(self, conversation: str, context: Context | None = None) -> None:
+        """Stop the conversation's running run durably, wherever it is driven: it settles `aborted`
+        at its next safe point with every open tool call answered (CE-7). Raises
+        `NoActiveOperation` when nothing runs."""
+        context = context or Context()
+        service = await self._service(context)
+        await service.stop(self.user, conversation, context)
+
+    # -- lifetime ---------------------------------------------------------------------------------
+
+    async def close(self, context: Context | None = None) -> None:
+        """Let go of every conversation this agent holds and close the store it opened (a `Store`
+        given to it stays open). The agent opens it again when used again."""
+        opened, self._open = self._open, None
+        if opened is None:
+            return
+        await opened.service.close_all(context or Context())
+        if opened.owns_store:
+            await opened.service.store.close()
+
+    async def __aenter__(self) -> Agent:
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        await self.close()
+
+    # -- internals --------------------------------------------------------------------------------
+
+    async def _service(self, context: Context) -> ConversationService:
+        """The service over the store, opened on the running loop at first use."""
+        loop = asyncio.get_running_loop()
+        if self._open is None or self._open.loop is not loop:
+            if isinstance(self._store, Store):
+                store, owned = self._store, False
+            else:
+                url = self._store or os.environ.get(STORE_VARIABLE) or default_store_url()
+                store, owned = await connect(url, context, data_migrations=JOURNAL_DATA_MIGRATIONS), True
+            self._open = _Opened(loop, ConversationService(store, self.setup), owned)
+        return self._open.service
+
+    @contextlib.asynccontextmanager
+    async def _attached(self, conversation_id: str | None, context: Context) -> AsyncIterator[_Attached]:
+        """The conversation live here for one run (a new one when `conversation_id` is None),
+        let go of afterwards, unless another run of this agent held it already."""
+        service = await self._service(context)
+        held = conversation_id is not None and service.live(conversation_id) is not None
+        if conversation_id is None:
+            config = LaneConfig(model=self.model, active_tools=[agent_tool.name for agent_tool in self.tools])
+            conversation = await service.create(self.user, config, context)
+        else:
+            conversation = await service.open(self.user, conversation_id, context)
+        if not held:
+            tally = self._tallies[conversation.id] = _Tally()
+            conversation.listen(tally)
+        try:
+            yield _Attached(conversation, self._tallies[conversation.id])
+        finally:
+            if not held:
+                del self._tallies[conversation.id]
+                await service.close(self.user, conversation.id, context)
+
+    async def _turn(self, attached: _Attached, prompt: str, context: Context) -> AgentResult:
+        conversation = attached.conversation
+        if conversation.operation() is not None:
+            # What a stopped process left open is finished before anything new, as `harness chat`
+            # does when it attaches: a cut reply kept from its frames, a replay-safe tool run again.
+            await conversation.resume(context)
+        await self._configure(conversation, context)
+        before = len(attached.tally.recorded)
+        accepted = await conversation.admit(prompt, context)
+        outcome = await conversation.drive(accepted.operation_id, context)
+        # Every event of the run was delivered before its drive returned (HA-12): the tally is whole.
+        return await self._result(conversation, outcome, _total(attached.tally.recorded[before:]), context)
+
+    async def _configure(self, conversation: Conversation, context: Context) -> None:
+        """A continued conversation runs on this agent's model, switched as every door switches
+        one, with its row (CE-12). Its tools are its lane's, chosen when it was made."""
+        if conversation.config().model != self.model:
+            await conversation.switch_model(self.model, context, wait_for_completion=True)
+
+    async def _result(self, conversation: Conversation, outcome: DriveOutcome, usage: Usage,
+                      context: Context) -> AgentResult:
+        if not isinstance(outcome, Settled):
+            raise RunNotSettled(f"run {outcome.operation_id} of conversation {conversation.id} is still open "
+                                f"({outcome.kind}); the conversation's next run finishes it first",
+                                conversation_id=conversation.id, operation_id=outcome.operation_id,
+                                outcome=outcome.kind)
+        result = outcome.result
+        if result.outcome == "failed":
+            code = result.error.code if result.error is not None else "unknown"
+            message = result.error.message if result.error is not None else "no error was recorded"
+            raise RunFailed(f"run {outcome.operation_id} of conversation {conversation.id} failed [{code}]: "
+                            f"{message}", conversation_id=conversation.id, operation_id=outcome.operation_id,
+                            error_code=code)
+        output = ""
+        if result.final_assistant_entry_id is not None:
+            entry = await conversation.journal.entry(result.final_assistant_entry_id, context)
+            if entry is not None and isinstance(entry.payload, MessagePayload):
+                output = text_of(entry.payload.message.content)
+        return AgentResult(output=output, conversation_id=conversation.id, operation_id=outcome.operation_id,
+                           usage=usage, outcome=result.outcome)
+
+    async def _queue(self, conversation: str, kind: Literal["steer", "follow_up"], text: str,
+                     context: Context) -> None:
+        service = await self._service(context)
+        await service.queue(self.user, conversation, kind, UserMessage(content=text), context)
+
+
+class AgentStream:
+    """One run as it happens (`Agent.stream`): `async for event in stream` gives the events of
+    the conversation's `main` lane from the run's admission (and from a run a stopped process
+    left open, which is finished first) to its end, then `result` holds its `AgentResult`.
+    `conversation_id` is set from the first event on. Iterate once; leaving the loop early stops
+    waiting, and the run stays open in the journal for the conversation's next run to finish.
+    Raises what `Agent.run` raises, after the events that came before."""
+
+    def __init__(self, agent: Agent, prompt: str, conversation: str | None, context: Context) -> None:
+        self._agent, self._prompt, self._context = agent, prompt, context
+        self.conversation_id = conversation
+        self.result: AgentResult | None = None
+
+    def __aiter__(self) -> AsyncIterator[ConversationEvent]:
+        return self._events()
+
+    async def _events(self) -> AsyncIterator[ConversationEvent]:
+        context = self._context
+        async with self._agent._attached(self.conversation_id, context) as attached:
+            self.conversation_id = attached.conversation.id
+            watch = await attached.conversation.watch(context)
+            turn = asyncio.ensure_future(self._agent._turn(attached, self._prompt, context))
+            try:
+                while True:
+                    following = asyncio.ensure_future(anext(watch))
+                    await asyncio.wait([turn, following], return_when=asyncio.FIRST_COMPLETED)
+                    if not following.done() or following.exception() is not None:
+                        break
+                    yield following.result()
+                # The run's events were delivered to the watch before its drive returned (HA-12):
+                # those not read yet wait in its buffer. A read cut off waits there too.
+                following.cancel()
+                with contextlib.suppress(asyncio.CancelledError, StopAsyncIteration):
+                    await following
+                for event in watch.buffered():
+                    yield event
+                self.result = await turn
+            finally:
+                watch.close()
+                if not turn.done():
+                    turn.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await turn
+
+
+@dataclass(frozen=True)
+class _Opened:
+    loop: asyncio.AbstractEventLoop
+    service: ConversationService
+    owns_store: bool
+
+
+@dataclass(frozen=True)
+class _Attached:
+    conversation: Conversation
+    tally: _Tally
+
+
+class _Tally:
+    """The usage each provider reply recorded in a conversation's lanes while this agent held it,
+    in order (a listener)."""
+
+    def __init__(self) -> None:
+        self.recorded: list[Usage] = []
+
+    def __call__(self, event: HarnessEvent, context: Context) -> None:
+        if isinstance(event, UsageRecorded):
+            self.recorded.append(event.usage)
+
+
+def _total(usages: Sequence[Usage]) -> Usage:
+    costs = [usage.cost for usage in usages]
+    return Usage(input=sum(u.input for u in usages), output=sum(u.output for u in usages),
+                 cache_read=sum(u.cache_read for u in usages), cache_write=sum(u.cache_write for u in usages),
+                 total_tokens=sum(u.total_tokens for u in usages),
+                 cost=Cost(input=sum(c.input for c in costs), output=sum(c.output for c in costs),
+                           cache_read=sum(c.cache_read for c in costs), cache_write=sum(c.cache_write for c in costs),
+                           total=sum(c.total for c in costs)))
+
+
+def _agent_tool(given: ToolLike) -> tuple[AgentTool, bool]:
+    """A tool as the harness runs it, and whether its calls wait for approval."""
+    if isinstance(given, AgentTool):
+        return given, False
+    made = given if isinstance(given, FunctionTool) else function_tool(given)
+    return made.agent_tool, made.approval
