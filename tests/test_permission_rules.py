@@ -19,6 +19,7 @@ from harness.conversation import AlwaysAllowed
 from harness.messages import CustomMessage, ModelIdentity
 from harness.providers import FAUX_MODEL, FauxProvider, ModelRegistry
 from harness.providers.faux import reply, tool_call
+from harness.providers.replay import ReplayServer
 from harness.runtime import Block, Settled, ToolCallRequest
 from harness.server import ApprovalChange, Approvals
 from harness.session import connect
@@ -35,6 +36,7 @@ from harness.tools import (
     load_permission_rules,
 )
 from server_helpers import asgi_client, faux_app
+from test_cli_run import chat_text, chat_tool_call, harness, openai_env
 
 HERE = Path("/work/repo")
 
@@ -361,3 +363,30 @@ async def test_an_always_answered_over_http_is_the_conversations_not_the_servers
     assert [change.pending.conversation_id for change in changes if change.answer is None] == [first, second]
     denied = await approvals.hook(call("mcp__github__delete_repo"), ctx)
     assert denied == Block(reason="a permission rule denies it: `mcp__github__*` (the test)")
+
+
+# -- the command line ---------------------------------------------------------------------------------
+
+
+def test_harness_run_weighs_the_projects_rules_and_its_flags(tmp_path: Path) -> None:
+    """Without `--yes`, a write the project's settings allow runs; a command `--deny` names is
+    refused with its rule named to the model; a rule Harness cannot read is a usage error."""
+    home, work = tmp_path / "home", tmp_path / "work"
+    (work / ".harness").mkdir(parents=True)
+    home.mkdir()
+    (work / ".harness" / "settings.toml").write_text('[permissions]\nallow = ["write(*.txt)", "shell"]\n')
+    with ReplayServer() as server:
+        server.enqueue(chat_tool_call("write", {"path": "notes.txt", "content": "hi\n"}),
+                       chat_tool_call("shell", {"command": "ls && rm -rf notes.txt"}, "call_2"), chat_text("Done."))
+
+        ran = harness(home, work, "run", "tidy up", "--model", "openai/gpt-4o", "--deny", "shell(rm *)",
+                      env=openai_env(server))
+        refused = server.requests[2].json()["messages"][-1]["content"]
+    bad = harness(home, work, "run", "hello", "--allow", "Bash(ls:*)")
+
+    assert ran.returncode == 0, ran.stderr
+    assert (work / "notes.txt").read_text() == "hi\n"
+    assert "a permission rule denies it: `shell(rm *)` (the command line)" in refused
+    assert bad.returncode == 2
+    assert "error [invalid_permission_rule]" in bad.stderr
+    assert "Harness calls this tool `shell`: write shell(ls:*)" in bad.stderr
