@@ -15,16 +15,19 @@ from pathlib import Path
 import httpx
 import psycopg
 import pytest
+import typer
+from typer.core import TyperOption
 
 from conftest import backend_url
 from conversation_helpers import faux_service, transcript
 from drive_helpers import within
+from harness.cli import app
 from harness.context import Context
 from harness.errors import HarnessError
 from harness.messages import AssistantMessage, text_of
 from harness.providers.faux import delay, reply
 from harness.runtime import Settled
-from harness.server import ServerOptions
+from harness.server import IDLE_RELEASE_S, MAX_HELD, ServerOptions
 from harness.session import LaneConfig, Store, connect
 from server_helpers import FAUX, USER, asgi_client, faux_app, forwarder, serving, sse_events, sse_until
 
@@ -204,6 +207,16 @@ def test_serve_takes_a_bound_on_the_conversations_it_holds(tmp_path: Path) -> No
     assert "--max-held" in refused.stderr
 
 
+def test_serve_says_the_bounds_it_holds_by_default() -> None:
+    """`harness serve --help` gives the defaults of `--max-held` and `--idle-release`, which the
+    server takes from `MAX_HELD` and `IDLE_RELEASE_S` (the option held its own copy of each)."""
+    serve = typer.main.get_command(app).commands["serve"]  # type: ignore[attr-defined]
+    helps = {option.name: option.help or "" for option in serve.params if isinstance(option, TyperOption)}
+
+    assert f"(default {MAX_HELD};" in helps["max_held"]
+    assert f"(default {IDLE_RELEASE_S:g})" in helps["idle_release"]
+
+
 async def test_a_turn_sent_to_another_server_is_admitted_once_the_idle_holder_lets_go(
         stores: tuple[Store, Store], ctx: Context) -> None:
     """Issue 29: server A holds a conversation, idle; a message sent to server B asks A to let go
@@ -261,30 +274,6 @@ async def test_every_route_of_a_conversation_the_other_server_drives_works_here(
     assert named == "renamed"
 
 
-async def test_close_refuses_a_conversation_another_request_uses(stores: tuple[Store, Store], ctx: Context) -> None:
-    """Issue 29: `POST .../close` while another request of the server uses the conversation (as a
-    route does, through `Holds.use`) is 409 `conversation_in_use` and closes nothing: that request
-    goes on with the conversation attached, and a close after it works. (It closed the
-    conversation under the request.)"""
-    store, _ = stores
-    served = faux_app(store, ["hello"], options=ServerOptions(idle_release_s=3_600, sweep_s=3_600))
-    holds = served.app.state.server.holds
-    async with asgi_client(served.app) as client:
-        conversation_id = (await client.post("/api/conversations", json={})).json()["id"]
-        async with holds.use(USER, conversation_id, ctx) as conversation:
-            refused = await client.post(f"/api/conversations/{conversation_id}/close")
-            accepted = await conversation.admit("still here?", ctx)
-            outcome = await within(conversation.drive(accepted.operation_id, ctx))
-        closed = await client.post(f"/api/conversations/{conversation_id}/close")
-
-    assert refused.status_code == 409, refused.text
-    assert refused.json()["code"] == "conversation_in_use"
-    assert isinstance(outcome, Settled)
-    assert outcome.result.outcome == "completed"
-    assert closed.status_code == 204, closed.text
-    assert holds.held == ()
-
-
 @pytest.mark.postgres
 async def test_the_sweep_on_postgres_reads_only_the_lanes_with_a_turn_open(
         request: pytest.FixtureRequest, ctx: Context) -> None:
@@ -315,3 +304,27 @@ async def test_the_sweep_on_postgres_reads_only_the_lanes_with_a_turn_open(
 
     assert isinstance(outcome, Settled)
     assert outcome.result.outcome == "completed"
+
+
+async def test_close_refuses_a_conversation_another_request_uses(stores: tuple[Store, Store], ctx: Context) -> None:
+    """Issue 29: `POST .../close` while another request of the server uses the conversation (as a
+    route does, through `Holds.use`) is 409 `conversation_in_use` and closes nothing: that request
+    goes on with the conversation attached, and a close after it works. (It closed the
+    conversation under the request.)"""
+    store, _ = stores
+    served = faux_app(store, ["hello"], options=ServerOptions(idle_release_s=3_600, sweep_s=3_600))
+    holds = served.app.state.server.holds
+    async with asgi_client(served.app) as client:
+        conversation_id = (await client.post("/api/conversations", json={})).json()["id"]
+        async with holds.use(USER, conversation_id, ctx) as conversation:
+            refused = await client.post(f"/api/conversations/{conversation_id}/close")
+            accepted = await conversation.admit("still here?", ctx)
+            outcome = await within(conversation.drive(accepted.operation_id, ctx))
+        closed = await client.post(f"/api/conversations/{conversation_id}/close")
+
+    assert refused.status_code == 409, refused.text
+    assert refused.json()["code"] == "conversation_in_use"
+    assert isinstance(outcome, Settled)
+    assert outcome.result.outcome == "completed"
+    assert closed.status_code == 204, closed.text
+    assert holds.held == ()

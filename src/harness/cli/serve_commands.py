@@ -44,12 +44,12 @@ def serve_command(
         "decides (`harness worker --yes` runs every call, else the calls that change things are refused); "
         "the AI SDK and LangGraph doors admit for the workers and stream what they drive; /compact "
         "answers 501 external_mode_unsupported.")] = "in-process",
-    max_held: Annotated[int, typer.Option(
-        "--max-held", min=1, help="Conversations attached at once, at most (each holds a database connection "
-        "or a lock); one more in use answers 503 server_busy.")] = 64,
-    idle_release: Annotated[float, typer.Option(
-        "--idle-release", min=0.0, help="Seconds a conversation stays attached after its last request or "
-        "turn.")] = 30.0,
+    max_held: Annotated[int | None, typer.Option(
+        "--max-held", min=1, show_default=False, help="Conversations attached at once, at most (default 64; "
+        "each holds a database connection or a lock); one more in use answers 503 server_busy.")] = None,
+    idle_release: Annotated[float | None, typer.Option(
+        "--idle-release", min=0.0, show_default=False, help="Seconds a conversation stays attached after its "
+        "last request or turn (default 30).")] = None,
     log_format: LogFormatOption = "text",
     store: StoreOption = None,
 ) -> None:
@@ -72,6 +72,8 @@ def serve_command(
     from harness.server import (
         DEFAULT_HOST,
         DEFAULT_PORT,
+        IDLE_RELEASE_S,
+        MAX_HELD,
         Approvals,
         Authenticator,
         LocalUser,
@@ -109,8 +111,9 @@ def serve_command(
 
         auth: Authenticator = LocalUser(local_user()) if no_auth else StoreTokens(opened.tokens)
         service = ConversationService(opened, setup)
-        options = ServerOptions(workers="external" if workers == "external" else "in-process", max_held=max_held,
-                                idle_release_s=idle_release)
+        options = ServerOptions(workers="external" if workers == "external" else "in-process",
+                                max_held=MAX_HELD if max_held is None else max_held,
+                                idle_release_s=IDLE_RELEASE_S if idle_release is None else idle_release)
         try:
             try:
                 app = create_app(service, auth, new_lane=new_lane, approvals=approvals, options=options)

@@ -19,6 +19,7 @@ from harness.server.guards import (
     OriginNotAllowed,
     RequestTooLarge,
 )
+from harness.server.holds import IDLE_RELEASE_S, MAX_HELD
 from harness.server.langgraph_api import ASSISTANT_ID, ASSISTANT_NAME
 from harness.server.langgraph_wire import (
     MULTITASK_STRATEGIES,
@@ -77,6 +78,8 @@ __all__ = [
     "DEFAULT_HOST",
     "DEFAULT_PORT",
     "HEARTBEAT_S",
+    "IDLE_RELEASE_S",
+    "MAX_HELD",
     "MAX_REQUEST_BYTES",
     "METADATA_BYTES",
     "MULTITASK_STRATEGIES",
