@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import pytest
-from pydantic import BaseModel
+from pydantic import BaseModel, JsonValue
 
 from agent_child import calls, ledger, lookup
 from conftest import REPO
@@ -30,7 +30,7 @@ from harness.home import local_user
 from harness.providers.replay import Hold, ReplayResponse, ReplayServer
 from harness.runtime import MessageUpdate
 from harness.session import connect
-from harness.tools import ToolSignatureInvalid, function_tool
+from harness.tools import Approval, ApprovalRequest, ToolSignatureInvalid, function_tool
 from test_cli_run import EMBEDDED_TIMEOUT_S, chat_chunk, chat_text, chat_tool_call, environment, openai_env
 
 TIMEOUT_S = 120
@@ -226,6 +226,39 @@ async def test_arguments_that_do_not_validate_are_an_error_the_model_reads(serve
     assert (result.usage.input, result.usage.output, result.usage.total_tokens) == (30, 2, 32)
 
 
+async def test_a_tool_made_with_approval_runs_only_when_ask_allows_it(served: ReplayServer) -> None:
+    """`@tool(approval=True)`: each call waits for the agent's `ask`; a refusal's reason is the
+    result the model reads, and the function does not run."""
+    sent: list[str] = []
+    asked: list[JsonValue] = []
+
+    @tool(approval=True)
+    def send(to: str) -> str:
+        """Send the report.
+
+        Args:
+            to: Who gets it.
+        """
+        sent.append(to)
+        return f"sent to {to}"
+
+    async def ask(request: ApprovalRequest, context: Context) -> Approval:
+        asked.append(request.args)
+        return Approval(allow=request.args["to"] == "bob", reason="alice is on leave")
+
+    served.enqueue(chat_tool_call("send", {"to": "alice"}), chat_text("Not sent."),
+                   chat_tool_call("send", {"to": "bob"}), chat_text("Sent."))
+    async with Agent("openai/gpt-4o", tools=[send], ask=ask) as agent:
+        first = await agent.run("Send it to alice.")
+        await agent.run("Then to bob.", conversation=first.conversation_id)
+
+    assert asked == [{"to": "alice"}, {"to": "bob"}]
+    assert sent == ["bob"]
+    (refused,) = tool_messages(served, 1)
+    assert "alice is on leave" in refused
+    assert tool_messages(served, 3) == [refused, "sent to bob"]
+
+
 # -- a conversation continued, and a crash in the middle of a tool -----------------------------------
 
 
@@ -288,7 +321,7 @@ async def test_a_stream_yields_the_typed_events_and_a_stop_ends_the_run_aborted(
         stream = agent.stream("Tell me a story.")
         async for event in stream:
             seen.append(event.type)
-            if isinstance(event, MessageUpdate) and not any(kind == "stopped" for kind in seen):
+            if isinstance(event, MessageUpdate) and "stopped" not in seen:
                 assert stream.conversation_id is not None
                 seen.append("stopped")
                 await agent.stop(stream.conversation_id)
@@ -301,3 +334,25 @@ async def test_a_stream_yields_the_typed_events_and_a_stop_ends_the_run_aborted(
     assert "chat_event" in seen  # the interrupted row, typed (ChatEventPublished)
     assert seen[-1] == "run_end"
     assert stream.result.output == "Once upon"  # the reply as far as it got
+
+
+async def test_a_follow_up_sent_while_the_reply_streams_continues_the_same_run(served: ReplayServer) -> None:
+    """HA-18 through the front door: the follow-up is placed when the run would end, and the run
+    goes on with it; the result is the run's last reply."""
+    hold = Hold()
+    served.enqueue(chat_text("First", hold, " answer."), chat_text("Second answer."))
+    followed = False
+    async with Agent("openai/gpt-4o") as agent:
+        stream = agent.stream("Question one?")
+        async for event in stream:
+            if isinstance(event, MessageUpdate) and not followed:
+                assert stream.conversation_id is not None
+                await agent.follow_up(stream.conversation_id, "And question two?")
+                followed = True
+                hold.release()
+
+    assert stream.result is not None
+    assert stream.result.output == "Second answer."
+    second = served.requests[1].json()["messages"]
+    assert [(m["role"], m["content"]) for m in second[-2:]] == [("assistant", "First answer."),
+                                                               ("user", "And question two?")]
