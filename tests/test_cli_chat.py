@@ -275,8 +275,8 @@ def test_the_tiny_embedded_model_gets_no_tools_and_the_header_says_why(chats: li
     header = str(chat.process.before)  # what the chat printed before its "/help: commands" line
 
     assert "· no tools" in header
-    assert ("the tiny embedded model is offered no tools: --tools gives them to a new session, --model picks a real "
-            "one") in header
+    assert ("the tiny embedded model is offered no tools: /tools on gives them, and so does a switch to a real "
+            "model (/model, --model)") in header
     with_tools = start(chats, dirs, server, "--model", "embedded/smollm2-135m", "--tools")
     assert "· edit, shell, write ask first" in str(with_tools.process.before)
 

@@ -116,6 +116,12 @@ async def _mode(client: ChatClient, argument: str) -> None:
     await conversation.mode(*client.command_door(), argument, client.context)
 
 
+@command("tools", "/tools [on|off|auto|±NAME]", "list this session's tools, or change them: on, off, +NAME, -NAME "
+         "(a model switch keeps your choice), auto (the model's again)", while_busy=True)
+async def _tools(client: ChatClient, argument: str) -> None:
+    await conversation.tools(*client.command_door(), argument or None, client.context)
+
+
 @command("context", "/context", "list the project's AGENTS.md / CLAUDE.md files the model reads", while_busy=True)
 async def _context(client: ChatClient, argument: str) -> None:
     await conversation.show_context(*client.command_door(), argument or None, client.context)

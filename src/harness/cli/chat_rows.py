@@ -41,6 +41,7 @@ from harness.conversation import (
     RenameOutcome,
     RestartOutcome,
     ShellRan,
+    ToolsOutcome,
     WorkflowFinish,
 )
 from harness.session import AbortCause
@@ -70,7 +71,7 @@ def chat_row(details: ChatEventDetails) -> str:
             return f"[red]✗ {escape(_error_text(details.text, details.notice))}[/]"
         case ModelSwitched():
             before = f"{details.previous.spec} -> " if details.previous is not None else ""
-            return f"[dim]model: {escape(before + details.model.spec)}[/]"
+            return f"[dim]model: {escape(before + details.model.spec + _tools_followed(details.tools))}[/]"
         case Renamed():
             return f"[dim]renamed: {escape(details.name)}[/]" if details.name else "[dim]name cleared[/]"
         case DirectoryMoved(project=str(project)):
@@ -166,11 +167,16 @@ def _outcome_text(outcome: CommandOutcome | None) -> str:
         case ModelOutcome(queued=True):
             return f"model {outcome.model.spec} after the running turn"
         case ModelOutcome():
-            return f"model {outcome.model.spec}"
+            return f"model {outcome.model.spec}{_tools_followed(outcome.tools)}"
         case RenameOutcome():
             return f"named {outcome.name}" if outcome.name else "name cleared"
         case ModeOutcome():
             return f"mode {_MODES[outcome.mode]}"
+        case ToolsOutcome():
+            whose = "your choice, kept across model switches" if outcome.chosen else "the model's"
+            others = [name for name in outcome.available if name not in outcome.tools]
+            more = f"; /tools +NAME adds one of {', '.join(others)}" if others else ""
+            return f"tools: {', '.join(outcome.tools) or 'none'} ({whose}){more}"
         case RestartOutcome():
             return "restarted from the journal"
         case GoalOutcome():
@@ -191,3 +197,10 @@ def _context_text(outcome: ContextOutcome) -> str:
         read = "" if file.included == file.size else f", the first {file.included:,} read"
         lines.append(f"  {file.path} · {file.size:,} bytes{read} · sha256 {file.sha256[:12]}")
     return "\n".join(lines)
+
+
+def _tools_followed(tools: list[str] | None) -> str:
+    """What a model switch did to the tools that follow the model (None: nothing)."""
+    if tools is None:
+        return ""
+    return f" · tools: {', '.join(tools)}" if tools else " · no tools"

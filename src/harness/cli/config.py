@@ -35,6 +35,7 @@ from harness.conversation import (
     Conversation,
     ConversationService,
     ConversationSetup,
+    ModelTools,
 )
 from harness.errors import HarnessError, InvalidInput, ModelUnavailable
 from harness.home import local_user as local_user  # kept here too: the commands import it with the rest
@@ -175,7 +176,17 @@ def no_tools_note(config: LaneConfig) -> str | None:
     """Why a lane has no tools when that is `offers_tools`'s doing, and the ways out; else None."""
     if config.active_tools or offers_tools(config.model):
         return None
-    return "the tiny embedded model is offered no tools: --tools gives them to a new session, --model picks a real one"
+    return ("the tiny embedded model is offered no tools: /tools on gives them, and so does a switch to a real "
+            "model (/model, --model)")
+
+
+def default_tools(home: Path) -> list[str]:
+    """The tools a conversation gets unless told otherwise, on a model that `offers_tools`: the
+    built-in and delegation tools, and the project tool where `home/projects.toml` lists projects."""
+    # The project tool only where projects are listed: elsewhere it would be one more description
+    # in every request for a call that can only say there is nothing to switch to.
+    return [*BUILTIN_TOOL_NAMES, *([PROJECT_TOOL] if (home / PROJECTS_FILE).exists() else []),
+            *DELEGATION_TOOL_NAMES]
 
 
 def session_name_from(prompt: str) -> str | None:
@@ -219,20 +230,16 @@ def client_setup(registry: ModelRegistry, workspace: Workspace, home: Path, appr
         hooks=RunHooks(before_tool=approval, before_tool_applies=approval.decides), listeners=listeners,
         directory=workspace.root, projects_file=home / PROJECTS_FILE, running_jobs=jobs.running,
         fast_model=registry.fast_identity, commands=BUILT_IN_COMMANDS,
+        model_tools=ModelTools(default=default_tools(home), offered=offers_tools),
         tools_for=lambda target: builtin_tools(workspace, directory=lambda: target.directory, jobs=jobs,
                                                owner=target.conversation_id),
         agents=DEFAULT_AGENTS, project_context_bytes=PROJECT_CONTEXT_BYTES)
 
 
 def new_lane_config(identity: ModelIdentity, home: Path, tools: bool | None = None) -> LaneConfig:
-    """A new lane on `identity`: the built-in tools active when `offers_tools` (or `tools` says
-    so), and the project tool too where `home/projects.toml` lists projects."""
+    """A new lane on `identity`: `default_tools` active when `offers_tools` (or `tools` says so)."""
     offered = offers_tools(identity) if tools is None else tools
-    # The project tool only where projects are listed: elsewhere it would be one more description
-    # in every request for a call that can only say there is nothing to switch to.
-    active = [*BUILTIN_TOOL_NAMES, *([PROJECT_TOOL] if (home / PROJECTS_FILE).exists() else []),
-              *DELEGATION_TOOL_NAMES] if offered else []
-    return LaneConfig(model=identity, active_tools=active)
+    return LaneConfig(model=identity, active_tools=default_tools(home) if offered else [])
 
 
 @dataclass(frozen=True)
@@ -287,7 +294,10 @@ async def attach_client(
     model, else the registry's default (the embedded model when no key is configured). It is
     checked before anything is written: `ModelUnavailable`, `MissingApiKey`. A new lane gets the
     built-in and delegation tools as its active tools (when `offers_tools`; `tools` True or False decides instead;
-    `tools=False` raises `LaneHasTools` for an existing lane that has some). A new session is named
+    `tools=False` raises `LaneHasTools` for an existing lane that has some). Tools nobody chose
+    follow the model (`ConversationSetup.model_tools`); `tools` True or False is a choice the
+    conversation keeps across model switches, on an existing conversation too (True gives one
+    without tools the default ones). A new session is named
     from `name_from`. `drive` defaults to `drive_settings()` (compaction fits itself to the model).
     With `require_model=False` a lane whose configured model is not usable is still attached (to
     read it, or switch its model), with `Attached.model` None; a `model` given here must be usable
@@ -322,12 +332,16 @@ async def attach_client(
     config = new_lane_config(identity, home, tools)
     if session_id is None:
         name = session_name_from(name_from) if name_from else None
-        conversation = await service.create(user, config, context, name=name)
+        conversation = await service.create(user, config, context, name=name, tools_chosen=tools is not None)
     else:
         await service.adopt(user, session_id, context)
         conversation = await service.open(user, session_id, context)
     try:
         await conversation.ensure_lane(lane, config, context)
+        if session_id is not None and tools is not None and lane == MAIN_LANE:
+            # Chosen before the switch below, which then keeps them (`--model X --no-tools`).
+            kept = await conversation.configured_tools(context)
+            await conversation.choose_tools(kept or (default_tools(home) if tools else []), context)
         # A switch as every door makes it, recorded (CE-12); nothing runs yet, so it lands now. An
         # ended conversation takes no turn, so it keeps the model it ended on.
         if conversation.config(lane).model != identity and await service.is_open(user, conversation.id, context):

@@ -87,11 +87,13 @@ class FastOutcome(_Fact):
 
 class ModelOutcome(_Fact):
     """`/model`: the model of the next turns; `queued` when it waits for the running turn to end
-    (the switch's own `model` row says when it landed, CE-12)."""
+    (the switch's own `model` row says when it landed, CE-12). `tools`: the tools the switch gave,
+    when they follow the model and changed (empty: none any more)."""
 
     command: Literal["model"] = "model"
     model: ModelIdentity
     queued: bool = False
+    tools: list[CleanStr] | None = None
 
 
 class RenameOutcome(_Fact):
@@ -102,6 +104,17 @@ class RenameOutcome(_Fact):
 class ModeOutcome(_Fact):
     command: Literal["mode"] = "mode"
     mode: Literal["build", "plan"]
+
+
+class ToolsOutcome(_Fact):
+    """`/tools`: the conversation's `tools` after it (in plan mode the lane offers the read-only
+    ones among them); `chosen` when the person chose them and a model switch keeps them, else
+    they follow the model; `available`, every tool the conversation can be given."""
+
+    command: Literal["tools"] = "tools"
+    tools: list[CleanStr]
+    chosen: bool
+    available: list[CleanStr] = Field(default_factory=list)
 
 
 class RestartOutcome(_Fact):
@@ -152,8 +165,8 @@ class ContextOutcome(_Fact):
 
 
 CommandOutcome: TypeAlias = Annotated[
-    CompactOutcome | FastOutcome | ModelOutcome | RenameOutcome | ModeOutcome | RestartOutcome | GoalOutcome
-    | GoalActionOutcome | ContextOutcome,
+    CompactOutcome | FastOutcome | ModelOutcome | RenameOutcome | ModeOutcome | ToolsOutcome | RestartOutcome
+    | GoalOutcome | GoalActionOutcome | ContextOutcome,
     Field(discriminator="command"),
 ]
 
@@ -179,10 +192,14 @@ class ErrorDetails(_Fact):
 
 
 class ModelSwitched(_Fact):
+    """A model switch; `tools` the tools it gave the conversation, when they follow the model and
+    changed (empty: none any more)."""
+
     kind: Literal["model"] = "model"
     v: Literal[1] = 1
     previous: ModelIdentity | None
     model: ModelIdentity
+    tools: list[CleanStr] | None = None
 
 
 class Renamed(_Fact):
@@ -337,7 +354,7 @@ def render_chat_event_for_model(details: ChatEventDetails) -> str:
         case ErrorDetails():
             return f"[The request failed: {details.text}]"
         case ModelSwitched():
-            return f"[The person switched the model to {details.model.spec}.]"
+            return f"[The person switched the model to {details.model.spec}.{_tools_text(details.tools)}]"
         case Renamed():
             return f"[The conversation was renamed to {details.name!r}.]" if details.name else \
                 "[The conversation's name was cleared.]"
@@ -388,11 +405,15 @@ def _outcome_text(outcome: CommandOutcome | None) -> str:
         case ModelOutcome(queued=True):
             return f" The model switches to {outcome.model.spec} once the running turn ends."
         case ModelOutcome():
-            return f" The model is now {outcome.model.spec}."
+            return f" The model is now {outcome.model.spec}.{_tools_text(outcome.tools)}"
         case RenameOutcome():
             return f" The conversation is now named {outcome.name!r}." if outcome.name else " The name was cleared."
         case ModeOutcome():
             return f" The mode is now {outcome.mode}."
+        case ToolsOutcome():
+            follows = "chosen by the person" if outcome.chosen else "those of the model"
+            return (f" The tools ({follows}) are {', '.join(outcome.tools)}." if outcome.tools
+                    else f" There are no tools ({follows}).")
         case RestartOutcome():
             return " The conversation was restarted from its journal."
         case GoalOutcome():
@@ -416,3 +437,10 @@ def context_files_text(files: Sequence[ContextFile]) -> str:
     listed = ", ".join(file.path + ("" if file.included == file.size else
                                     f" (the first {file.included:,} of {file.size:,} bytes)") for file in files)
     return f"The project instruction files are {listed}."
+
+
+def _tools_text(tools: Sequence[str] | None) -> str:
+    """What a switch did to the tools that follow the model, for the model to read."""
+    if tools is None:
+        return ""
+    return f" The tools now offered: {', '.join(tools)}." if tools else " No tools are offered any more."

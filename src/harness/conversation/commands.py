@@ -1,6 +1,6 @@
 """The built-in commands a person types in a conversation (`/compact`, `/fast`, `/model`, `/rename`,
-`/mode`, `/restart`, `/context`), each built on `ConversationService.run_command` so that every door records
-the same row (CE-16, CE-17).
+`/mode`, `/tools`, `/restart`, `/context`), each built on `ConversationService.run_command` so that every
+door records the same row (CE-16, CE-17).
 
 Each takes `(service, user, conversation, args, context)` and `typed`: True when the person typed
 it (one `CommandRan` row is recorded), False for a program's call (nothing is). Each returns its
@@ -26,6 +26,7 @@ from harness.conversation.chat_events import (
     ModeOutcome,
     RenameOutcome,
     RestartOutcome,
+    ToolsOutcome,
 )
 from harness.conversation.command_rows import CommandInvocation, compact_outcome, fast_outcome
 from harness.conversation.project_context import ProjectContextOff
@@ -39,7 +40,7 @@ from harness.conversation.service import (
     RecordNow,
     command_of,
 )
-from harness.conversation.settings import BUILD_TOOLS
+from harness.conversation.settings import BUILD_TOOLS, TOOLS_CHOSEN, ConversationSettings
 from harness.errors import HarnessError, InvalidInput
 from harness.messages import THINKING_LEVELS, ModelIdentity, ThinkingLevel
 from harness.runtime import NothingToCompact, Settled
@@ -139,8 +140,9 @@ async def model(service: ConversationService, user: str, conversation: Conversat
                 context: Context, *, typed: bool = True) -> ModelOutcome:
     """`/model provider/id`: the model of the next turns (the id may contain `/`), switched as
     every switch is (`Conversation.switch_model`, CE-12): at once between turns, the command's
-    row its one record; behind a running turn, the command's row recorded at once saying it is
-    queued, and the switch's own `model` row when it lands. Raises `InvalidInput` for anything
+    row its one record (naming the tools the switch gave, when they follow the model); behind a
+    running turn, the command's row recorded at once saying it is queued, and the switch's own
+    `model` row when it lands. Raises `InvalidInput` for anything
     but `provider/id`, `ModelUnavailable` or `MissingApiKey` when the model cannot run here,
     before anything changed."""
 
@@ -152,7 +154,7 @@ async def model(service: ConversationService, user: str, conversation: Conversat
         if queued:
             await record_now(ModelOutcome(model=identity, queued=True))
         switch = await conversation.switch_model(identity, context, recorded_by_command=typed and not queued)
-        return ModelOutcome(model=identity, queued=switch.queued)
+        return ModelOutcome(model=identity, queued=switch.queued, tools=switch.tools)
 
     return await service.run_command(user, conversation, _invocation("model", args, typed), run, _itself, context)
 
@@ -193,6 +195,59 @@ async def mode(service: ConversationService, user: str, conversation: Conversati
     return await service.run_command(user, conversation, _invocation("mode", args, typed), run, _itself, context)
 
 
+TOOLS_USAGE = "/tools [on | off | auto | +NAME -NAME ...]"
+
+
+async def tools(service: ConversationService, user: str, conversation: Conversation, args: str | None,
+                context: Context, *, typed: bool = True) -> ToolsOutcome:
+    """`/tools [on | off | auto | +NAME -NAME ...]`: without arguments, the conversation's tools;
+    else they change from the running turn's next step (`ConversationSettings.choose_tools`; in
+    plan mode the ones build mode gives back). `on` gives the default tools, `off` none, `+NAME`
+    and `-NAME` add and remove one: each a choice a model switch keeps; `auto` gives them back
+    to the model. Its command row is the change's record. Raises `InvalidInput` for other
+    arguments, a name the conversation has no tool of, or `on` and `auto` where the door names
+    no default tools (`ConversationSetup.model_tools`); nothing changed then."""
+
+    async def run(record_now: RecordNow) -> ToolsOutcome:
+        settings = conversation._settings
+        available = [tool.name for tool in settings.harness.options.tools]
+        words = (args or "").split()
+        if words:
+            await settings.choose_tools(_chosen_tools(settings, words, await settings.configured_tools(context),
+                                                      available), context)
+        return ToolsOutcome(tools=await settings.configured_tools(context),
+                            chosen=await settings.tools_chosen(context), available=available)
+
+    return await service.run_command(user, conversation, _invocation("tools", args, typed), run, _itself, context)
+
+
+def _chosen_tools(settings: ConversationSettings, words: list[str], current: list[str],
+                  available: list[str]) -> list[str] | None:
+    """The tools `/tools words` chooses (None: the model's again), from `current` and the
+    `available` ones; raises `InvalidInput` as `tools` says."""
+    if words in (["on"], ["auto"]):
+        if settings.model_tools is None:
+            raise InvalidInput(f"this conversation has no default tools: /tools +NAME adds one of "
+                               f"{', '.join(available) or 'none'}", argument=words[0])
+        return list(settings.model_tools.default) if words == ["on"] else None
+    if words == ["off"]:
+        return []
+    if not all(len(word) > 1 and word[0] in "+-" for word in words):
+        raise InvalidInput(f"/tools takes on, off, auto, or +NAME and -NAME, not {' '.join(words)!r} "
+                           f"(usage: {TOOLS_USAGE})", argument=" ".join(words))
+    chosen = list(current)
+    for word in words:
+        name = word[1:]
+        if name not in available:
+            raise InvalidInput(f"this conversation has no tool {name!r}; its tools are {', '.join(available)}",
+                               tool=name)
+        if word[0] == "+" and name not in chosen:
+            chosen.append(name)
+        elif word[0] == "-" and name in chosen:
+            chosen.remove(name)
+    return chosen
+
+
 async def restart(service: ConversationService, user: str, conversation: Conversation, args: str | None,
                   context: Context, *, typed: bool = True) -> RestartOutcome:
     """`/restart`: dispose the live conversation and reopen it from its journal; `service.open`
@@ -226,10 +281,11 @@ async def show_context(service: ConversationService, user: str, conversation: Co
     return await service.run_command(user, conversation, _invocation("context", args, typed), run, _itself, context)
 
 
-FORK_VALUES: tuple[ValueAddress[Any], ...] = (PROJECT_SELECTION, BUILD_TOOLS, FAST_BEFORE)
+FORK_VALUES: tuple[ValueAddress[Any], ...] = (PROJECT_SELECTION, BUILD_TOOLS, FAST_BEFORE, TOOLS_CHOSEN)
 """What a fork carries of its conversation's own values beside the branch and the lane's
 configuration, which the store copies: the project its tools run in (CE-19), plan mode's build
-set and fast mode's way back, so the fork runs as the conversation does now. Not its end (a fork
+set, fast mode's way back and whether the person chose its tools, so the fork runs as the
+conversation does now. Not its end (a fork
 is live); its owner is the user who forks it."""
 
 
@@ -254,8 +310,8 @@ async def fork_conversation(service: ConversationService, user: str, conversatio
 
 
 BUILT_IN_COMMANDS: dict[str, BuiltInCommand] = {
-    "compact": compact, "fast": fast, "model": model, "rename": rename, "mode": mode, "restart": restart,
-    "context": show_context}
+    "compact": compact, "fast": fast, "model": model, "rename": rename, "mode": mode, "tools": tools,
+    "restart": restart, "context": show_context}
 """Every built-in command by the name a person types after `/`."""
 
 

@@ -69,9 +69,11 @@ from harness.conversation.recording import (
 )
 from harness.conversation.settings import (
     MODEL_SWITCH_ACK_S,
+    TOOLS_CHOSEN,
     ConversationSettings,
     ModelSwitch,
     ModelSwitchRefused,
+    ModelTools,
     WorkMode,
     posted_switch_landed,
 )
@@ -310,6 +312,10 @@ class ConversationSetup:
     project's root down to where the tools run) a turn reads into the `main` lane's system prompt,
     at most (`harness.conversation.project_context`; `PROJECT_CONTEXT_BYTES` is the doors'). None:
     no project context is read, and `/context` is refused."""
+    model_tools: ModelTools | None = None
+    """The tools a conversation has while nobody chose them, by its model: a switch from the tiny
+    embedded model to a capable one gives them, and back takes them away; `/tools on` gives
+    `default`. None: a switch keeps the tools, and `/tools on` and `auto` are refused."""
     answer_approval: Callable[[str, ApprovalAnswerRequest], None] | None = None
     """Hands an approval answer another process posted for a conversation held here (by its id)
     to the door whose `before_tool` hook waits for it (the server's approvals, issue 28); it must
@@ -833,6 +839,17 @@ class Conversation:
         await self._harness.lane(lane).set_model(model, context)
         return ModelSwitch(model=model, queued=False)
 
+    async def configured_tools(self, context: Context) -> list[str]:
+        """The conversation's tools (in plan mode those build mode gives back, of which the lane
+        offers the read-only ones)."""
+        return await self._settings.configured_tools(context)
+
+    async def choose_tools(self, tools: Sequence[str] | None, context: Context) -> list[str]:
+        """Make `tools` the conversation's tools, which a model switch keeps (None: they follow
+        the model again); no row (`ConversationSettings.choose_tools`: a typed `/tools` records
+        its command's). Returns the conversation's tools."""
+        return await self._settings.choose_tools(tools, context)
+
     async def set_thinking_level(self, level: ThinkingLevel, context: Context, *, lane: str = MAIN_LANE) -> None:
         """The lane's reasoning level from its next step on; on `main` announced as a row at the
         next turn's admission, against the previous turn's level (CE-14)."""
@@ -894,14 +911,19 @@ class ConversationService:
 
     # -- conversations ----------------------------------------------------------------------------
 
-    async def create(self, user: str, config: LaneConfig, context: Context, *, name: str | None = None) -> Conversation:
-        """A new conversation of `user`, live in this process, its `main` lane on `config`."""
+    async def create(self, user: str, config: LaneConfig, context: Context, *, name: str | None = None,
+                     tools_chosen: bool = False) -> Conversation:
+        """A new conversation of `user`, live in this process, its `main` lane on `config`; with
+        `tools_chosen` its tools are the person's choice (a door's `--tools`, `--no-tools`), which
+        a model switch keeps, else they follow the model (`ConversationSetup.model_tools`)."""
         session = await self.store.create_session(context)
 
         async def own(m: SessionMutator) -> None:
             m.set(OWNER, user)
             if name is not None:
                 m.set(addresses.session_name(), name)
+            if tools_chosen:
+                m.set(TOOLS_CHOSEN, True)
 
         await session.mutate(own, context)
         await session.create_lane(MAIN_LANE, config, context)
@@ -1062,8 +1084,8 @@ class ConversationService:
         async with self._settings_or_none(session, user, context) as settings:
             if settings is not None:
                 async with settings.turn_lock:
-                    await settings.apply_model(model, context, always_record=True)
-                return ModelSwitch(model=model, queued=False)
+                    tools = await settings.apply_model(model, context, always_record=True)
+                return ModelSwitch(model=model, queued=False, tools=tools)
         request = SettingRequest(lane=MAIN_LANE, user=user, setting="model", value=model.spec, requested_at=now_ms())
         if not wait_for_completion:
             await session.post_request(request, context)
@@ -1490,7 +1512,7 @@ class ConversationService:
             # What other processes posted while another holder had it comes first, in order;
             # commands wait for a holder that runs them.
             await harness.lane(MAIN_LANE).take_requests(context)
-            yield await ConversationSettings.read(harness, target, context)
+            yield await ConversationSettings.read(harness, target, context, model_tools=self.setup.model_tools)
         finally:
             await harness.close(context)
 
@@ -1523,7 +1545,8 @@ class ConversationService:
                 raise
         info = ConversationInfo(id=session.id, owner=user, name=await _name(session, context),
                                 created_at=session.info.created_at, updated_at=session.info.updated_at)
-        settings = await ConversationSettings.read(harness, target, context, project=project)
+        settings = await ConversationSettings.read(harness, target, context, model_tools=setup.model_tools,
+                                                   project=project)
         conversation = self._live[session.id] = Conversation(info, settings, open_operations, self.feed,
                                                              self.store.changes, delegation, self._run_posted)
         return conversation

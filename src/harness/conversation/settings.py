@@ -11,7 +11,7 @@ the turn it waited for runs to its end on the model it started with. Each live c
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterable, Sequence
+from collections.abc import AsyncIterable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal, TypeAlias
 
@@ -80,6 +80,25 @@ BUILD_TOOLS = addresses.value_address(CONVERSATION_VALUES.namespace, "build_tool
 gives back (plan offers the read-only ones among them). A session value, so plan mode survives a
 restart and a restore from the journal."""
 
+TOOLS_CHOSEN = addresses.value_address(CONVERSATION_VALUES.namespace, "tools_chosen", bool)
+"""Present (True) once the person chose the conversation's tools (`/tools`, a door's `--tools` or
+`--no-tools`): a model switch keeps them. Absent, they follow the model (`ModelTools`). A session
+value, so the choice survives a restart, a restore from the journal and a fork."""
+
+
+@dataclass(frozen=True)
+class ModelTools:
+    """Which tools a conversation has while nobody chose them: `default` on a model that
+    `offered(model)` says can use them, none on any other (the tiny embedded model, whose calls
+    are mostly wrong). `default` is also what `/tools on` gives."""
+
+    default: Sequence[str]
+    offered: Callable[[ModelIdentity], bool]
+
+    def of(self, model: ModelIdentity) -> list[str]:
+        """The tools a conversation on `model` has while nobody chose them."""
+        return list(self.default) if self.offered(model) else []
+
 
 class TurnBaseline(BaseModel):
     """The reasoning level of the last admitted turn, and the entry its admission ended at: rows
@@ -140,12 +159,15 @@ class SettingNotRecorded(HarnessError):
 
 class ModelSwitch(BaseModel):
     """`switch_model`'s answer: `queued` True is an acknowledgement (the switch waits for the
-    running turn and the model is not active yet); False means it applied (CE-12)."""
+    running turn and the model is not active yet); False means it applied (CE-12). `tools`: the
+    tools the switch gave the conversation, when they follow the model and changed (empty: none
+    any more); None when they stayed, or the switch is queued."""
 
     model_config = ConfigDict(frozen=True)
 
     model: ModelIdentity
     queued: bool
+    tools: list[str] | None = None
 
 
 @dataclass(eq=False)
@@ -153,7 +175,8 @@ class _Pick:
     """A model switch waiting for the turn lock."""
 
     model: ModelIdentity
-    outcome: asyncio.Future[None]
+    outcome: asyncio.Future[list[str] | None]
+    """The tools the switch gave, when they changed (`apply_model`)."""
     task: asyncio.Task[None] | None = None
     acknowledged: bool = False  # the caller was answered `queued`: a failure is recorded, not raised
 
@@ -164,10 +187,12 @@ class ConversationSettings:
     one its harness's system prompt carries; None: none is read)."""
 
     def __init__(self, harness: AgentHarness, target: ExecutionTarget, *, mode: WorkMode = "build",
-                 project: ProjectContextPrompt | None = None) -> None:
+                 model_tools: ModelTools | None = None, project: ProjectContextPrompt | None = None) -> None:
         self.harness = harness
         self.target = target
         self.project = project
+        self.model_tools = model_tools
+        """The tools that follow the model while nobody chose them; None: a switch keeps the tools."""
         self.lane: Lane = harness.lane(MAIN_LANE)
         self.mode: WorkMode = mode
         """The work mode the conversation is in (`BUILD_TOOLS` stored: plan)."""
@@ -178,13 +203,15 @@ class ConversationSettings:
 
     @classmethod
     async def read(cls, harness: AgentHarness, target: ExecutionTarget, context: Context, *,
+                   model_tools: ModelTools | None = None,
                    project: ProjectContextPrompt | None = None) -> ConversationSettings:
-        """The settings of the conversation `harness` is attached to, its work mode as stored, and
-        `project` set to the project context its last turn read."""
+        """The settings of the conversation `harness` is attached to, its work mode as stored,
+        its tools following the model by `model_tools` (None: they never do), and `project` set
+        to the project context its last turn read."""
         plan = await harness.session.get(BUILD_TOOLS, context) is not None
         if project is not None:
             project.current = await harness.session.get(PROJECT_CONTEXT, context) or ProjectContext()
-        return cls(harness, target, mode="plan" if plan else "build", project=project)
+        return cls(harness, target, mode="plan" if plan else "build", model_tools=model_tools, project=project)
 
     def _on_event(self, event: HarnessEvent, context: Context) -> None:
         if isinstance(event, RunEnd) and event.lane == self.lane.name:
@@ -231,6 +258,51 @@ class ConversationSettings:
             await self.harness.set_value(BUILD_TOOLS, None, context)
         self.mode = mode
 
+    # -- tools: the model's, or the person's choice ---------------------------------------------
+
+    async def configured_tools(self, context: Context) -> list[str]:
+        """The conversation's tools: all of them in build mode; in plan mode those build mode
+        gives back (`BUILD_TOOLS`), of which the lane offers the read-only ones."""
+        build = await self.harness.session.get(BUILD_TOOLS, context)
+        return list(build) if build is not None else list(self.lane.config.active_tools)
+
+    async def tools_chosen(self, context: Context) -> bool:
+        """Whether the person chose the tools (`TOOLS_CHOSEN`): a model switch keeps them."""
+        return bool(await self.harness.session.get(TOOLS_CHOSEN, context))
+
+    async def choose_tools(self, tools: Sequence[str] | None, context: Context) -> list[str]:
+        """Make `tools` the conversation's tools, chosen: a model switch keeps them. None gives
+        them back to the model (`model_tools.of` the lane's model; without `model_tools` the
+        tools stay as they are) and forgets the choice. In plan mode `tools` are what build mode
+        gives back, and the lane offers the read-only ones among them, from the running turn's
+        next step. Returns the conversation's tools. Records nothing: a typed `/tools` records
+        its command row."""
+        if tools is not None:
+            # Remember first: a crash after it keeps the old tools chosen, and a switch leaves them.
+            await self.harness.set_value(TOOLS_CHOSEN, True, context)
+            chosen = list(tools)
+        else:
+            chosen = (self.model_tools.of(self.lane.config.model) if self.model_tools is not None
+                      else await self.configured_tools(context))
+        await self._set_tools(chosen, context)
+        if tools is None:
+            await self.harness.set_value(TOOLS_CHOSEN, None, context)
+        return chosen
+
+    async def _set_tools(self, tools: list[str], context: Context) -> None:
+        if await self.harness.session.get(BUILD_TOOLS, context) is not None:
+            await self.harness.set_value(BUILD_TOOLS, tools, context)
+            tools = mode_tools(tools, "plan")
+        await self.lane.set_active_tools(tools, context)
+
+    async def _tools_following(self, model: ModelIdentity, context: Context) -> list[str] | None:
+        """The tools a switch to `model` gives the conversation: `model_tools.of(model)` while
+        nobody chose them and they differ from the ones it has; else None (they stay)."""
+        if self.model_tools is None or await self.tools_chosen(context):
+            return None
+        tools = self.model_tools.of(model)
+        return tools if tools != await self.configured_tools(context) else None
+
     # -- the model switch (CE-12) ---------------------------------------------------------------
 
     async def switch_model(self, model: ModelIdentity, context: Context, *, wait_for_completion: bool = False,
@@ -248,11 +320,12 @@ class ConversationSettings:
         (its errors raised), else `queued=True` while the wait goes on: a later failure is logged
         and recorded as an error row with a `ModelSwitchFailed` notice. `wait_for_completion`
         waits to the end instead of acknowledging. With `recorded_by_command` (a typed `/model`,
-        whose command row records it) an immediate switch records no row of its own."""
+        whose command row records it) an immediate switch records no row of its own. Tools
+        that follow the model change with it (`apply_model`), the answer's `tools`."""
         if not self.would_queue():
             async with self.turn_lock:
-                await self.apply_model(model, context, always_record=False, record=not recorded_by_command)
-            return ModelSwitch(model=model, queued=False)
+                tools = await self.apply_model(model, context, always_record=False, record=not recorded_by_command)
+            return ModelSwitch(model=model, queued=False, tools=tools)
         self.check_model(model)  # a model that cannot run here is refused now, not after the turn
         pick = _Pick(model, asyncio.get_running_loop().create_future())
         pick.outcome.add_done_callback(_retrieve)
@@ -262,8 +335,7 @@ class ConversationSettings:
         pick.task = asyncio.create_task(self._complete(pick, Context(context.attributes)))
         await asyncio.wait({pick.outcome}, timeout=None if wait_for_completion else acknowledge_after_s)
         if pick.outcome.done():
-            pick.outcome.result()
-            return ModelSwitch(model=model, queued=False)
+            return ModelSwitch(model=model, queued=False, tools=pick.outcome.result())
         pick.acknowledged = True
         return ModelSwitch(model=model, queued=True)
 
@@ -286,11 +358,13 @@ class ConversationSettings:
             registry.usable(model)
 
     async def apply_model(self, model: ModelIdentity, context: Context, *, always_record: bool,
-                          record: bool = True) -> None:
+                          record: bool = True) -> list[str] | None:
         """Configure `model` and record the switch: always with `always_record` (a queued switch's
         completion, a cold conversation), else only for a real change in a spoken conversation;
-        never with `record` False (the caller's own row records it). The switch and its row are
-        one commit. The caller holds the turn lock with the lane idle. Raises `ModelUnavailable` before
+        never with `record` False (the caller's own row records it). Tools nobody chose follow the
+        model (`ModelTools`): the switch gives the new model's, its row names them. The switch,
+        its tools and its row are one commit; returns the tools it gave, None when they stayed.
+        The caller holds the turn lock with the lane idle. Raises `ModelUnavailable` before
         anything is written when the harness's registry cannot serve `model`, `MissingApiKey`
         when its key is not set (`check_model`)."""
         self.check_model(model)
@@ -298,16 +372,23 @@ class ConversationSettings:
         changed = not same_model(previous, model)
         row = record and (always_record or (changed and await has_spoken(self.harness.session, self.lane.tip_id,
                                                                          context)))
-        # The switch and its row in one commit: no close between them leaves one without the other.
-        announce = chat_event_message(ModelSwitched(previous=previous, model=model)) if row else None
-        await self.lane.set_model(model, context, announce=announce)
+        tools = await self._tools_following(model, context)
+        offered = tools
+        if tools is not None and await self.harness.session.get(BUILD_TOOLS, context) is not None:
+            # Plan mode: remember the new build set first; a crash after it leaves the switch to make again.
+            await self.harness.set_value(BUILD_TOOLS, tools, context)
+            offered = mode_tools(tools, "plan")
+        # The switch, its tools and its row in one commit: no close between them leaves one without the other.
+        announce = chat_event_message(ModelSwitched(previous=previous, model=model, tools=tools)) if row else None
+        await self.lane.set_model(model, context, announce=announce, active_tools=offered)
+        return tools
 
     async def _complete(self, pick: _Pick, context: Context) -> None:
         try:
             async with self.turn_lock:
                 await self._wait_idle()
                 self._pick = None
-                await self.apply_model(pick.model, context, always_record=True)
+                tools = await self.apply_model(pick.model, context, always_record=True)
         except asyncio.CancelledError:
             raise  # superseded or closed: `_refuse` answered its caller
         except Exception as error:
@@ -317,7 +398,7 @@ class ConversationSettings:
             await self.record_switch_failure(pick.model, error, context)
             pick.outcome.set_result(None)
         else:
-            pick.outcome.set_result(None)
+            pick.outcome.set_result(tools)
 
     async def record_switch_failure(self, model: ModelIdentity, error: Exception, context: Context) -> None:
         """Log and record a switch to `model` that failed after the person was answered: an error
@@ -474,7 +555,7 @@ async def has_spoken(session: SessionReader, tip: str | None, context: Context) 
     return bool(found)
 
 
-def _retrieve(outcome: asyncio.Future[None]) -> None:
+def _retrieve(outcome: asyncio.Future[list[str] | None]) -> None:
     # A refused or failed pick nobody awaits any longer must not log "exception never retrieved".
     if not outcome.cancelled():
         outcome.exception()

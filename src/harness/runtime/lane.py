@@ -735,13 +735,18 @@ class Lane:
 
     # -- configuration --------------------------------------------------------------------------
 
-    async def set_model(self, model: ModelIdentity, context: Context, *, announce: Message | None = None) -> None:
+    async def set_model(self, model: ModelIdentity, context: Context, *, announce: Message | None = None,
+                        active_tools: Sequence[str] | None = None) -> None:
         """Configure the model for the lane's next steps; it is resolved only when one executes
         (HA-23). `announce` (a row saying so) is appended in the same commit, placed as
-        `append_message` places it: the switch and its row land together or not at all."""
+        `append_message` places it, and so are `active_tools` when given (the tools that go with
+        the model): the switch, its tools and its row land together or not at all."""
         if announce is not None:
             check_input_size([announce], "message")
-        await self._configure("model", model, context, announce=announce)
+        changes: dict[str, object] = {"model": model}
+        if active_tools is not None:
+            changes["active_tools"] = list(active_tools)
+        await self._configure(changes, context, announce=announce)
 
     async def set_thinking_level(self, level: ThinkingLevel, context: Context) -> None:
         """Configure how hard the lane's model thinks from its next step on.
@@ -752,16 +757,19 @@ class Lane:
         for a model without reasoning, its highest level for one above it, as `xhigh` is for most).
         A caller that can tell a person (the chat) refuses such a level up front instead. Raises
         `InvalidInput` for a value that is not a `ThinkingLevel`; nothing is written then."""
-        await self._configure("thinking_level", level, context)
+        await self._configure({"thinking_level": level}, context)
 
     async def set_active_tools(self, tools: Sequence[str], context: Context) -> None:
         """Set the names of the tools the model may call; unknown names fail the next step in-band (HA-23)."""
-        await self._configure("active_tools", list(tools) if isinstance(tools, list | tuple) else tools, context)
+        await self._configure({"active_tools": list(tools) if isinstance(tools, list | tuple) else tools}, context)
 
-    async def _configure(self, field: str, value: object, context: Context, *, announce: Message | None = None) -> None:
+    async def _configure(self, changes: dict[str, object], context: Context, *,
+                         announce: Message | None = None) -> None:
+        """Set the config fields `changes` names in one commit, one `ConfigUpdate` each."""
         try:  # bad input is refused before the line (a record's `model_copy` validates)
-            config = self.projection.config.model_copy(update={field: value})
+            config = self.projection.config.model_copy(update=changes)
         except ValidationError as error:
+            field = ", ".join(changes)
             raise InvalidInput(f"invalid {field}: {describe_invalid(error)}", field=field) from None
 
         async def plan(m: SessionMutator) -> Decision[None]:
@@ -775,11 +783,11 @@ class Lane:
                 if appended is not None and appended.publish is not None:
                     appended.publish(result)
 
-            update = ConfigUpdate.model_validate({
+            updates = [ConfigUpdate.model_validate({
                 "lane": self.name, "field": field,
                 "previous": _config_value(previous, field), "value": _config_value(config, field),
-            })
-            return Decision(None, [update, *(appended.events if appended is not None else ())], publish)
+            }) for field in changes]
+            return Decision(None, [*updates, *(appended.events if appended is not None else ())], publish)
 
         await self.core.line.run(plan, context)
 

@@ -20,6 +20,12 @@ export function modelName(model) {
   return `${model.provider}/${model.model_id}`;
 }
 
+/** What a model switch did to the tools that follow the model (null: nothing). */
+function toolsFollowed(tools) {
+  if (tools == null) return "";
+  return tools.length ? ` · tools: ${tools.join(", ")}` : " · no tools";
+}
+
 function errorText(details) {
   const notice = details.notice;
   if (notice == null) return details.text; // the provider's or an exception's own text, verbatim
@@ -45,11 +51,14 @@ function outcomeText(outcome) {
     case "fast":
       return `fast mode ${outcome.on ? "on" : "off"}: ${modelName(outcome.model)}, reasoning ${outcome.thinking_level}`;
     case "model":
-      return `model ${modelName(outcome.model)}`;
+      return `model ${modelName(outcome.model)}${toolsFollowed(outcome.tools)}`;
     case "rename":
       return outcome.name ? `named ${outcome.name}` : "name cleared";
     case "mode":
       return `mode ${MODES[outcome.mode]}`;
+    case "tools":
+      return `tools: ${outcome.tools.join(", ") || "none"} (${outcome.chosen ? "chosen, kept across model switches" :
+        "the model's"})`;
     case "restart":
       return "restarted from its journal";
     case "goal":
@@ -76,8 +85,8 @@ export function chatEventWords(details) {
     case "error":
       return { text: `✗ ${errorText(details)}`, tone: "bad" };
     case "model":
-      return { text: `model: ${details.previous ? `${modelName(details.previous)} → ` : ""}${modelName(details.model)}`,
-        tone: "quiet" };
+      return { text: `model: ${details.previous ? `${modelName(details.previous)} → ` : ""}${modelName(details.model)}` +
+        toolsFollowed(details.tools), tone: "quiet" };
     case "rename":
       return { text: details.name ? `renamed: ${details.name}` : "name cleared", tone: "quiet" };
     case "cwd": {
