@@ -356,3 +356,27 @@ async def test_a_follow_up_sent_while_the_reply_streams_continues_the_same_run(s
     second = served.requests[1].json()["messages"]
     assert [(m["role"], m["content"]) for m in second[-2:]] == [("assistant", "First answer."),
                                                                ("user", "And question two?")]
+
+
+async def test_a_stream_closed_early_leaves_the_run_open_for_the_next_run_to_finish(served: ReplayServer) -> None:
+    """Leaving the loop and closing the stream lets go of the conversation mid-reply; the next
+    `run(conversation=ID)` finishes the open run first (a fresh request for the cut reply), then
+    answers the new prompt."""
+    hold = Hold()
+    served.enqueue(chat_text("Once", hold, " upon a time."), chat_text("A whole story."), chat_text("The end."))
+    async with Agent("openai/gpt-4o") as agent:
+        stream = agent.stream("Tell me a story.")
+        async for event in stream:
+            if isinstance(event, MessageUpdate):
+                break
+        await stream.aclose()
+        assert stream.result is None
+        assert stream.conversation_id is not None
+        result = await agent.run("And its end?", conversation=stream.conversation_id)
+
+    assert result.output == "The end."
+    assert len(served.requests) == 3
+    last = served.requests[2].json()["messages"]
+    assert [(m["role"], m["content"]) for m in last[-3:]] == [("user", "Tell me a story."),
+                                                             ("assistant", "A whole story."),
+                                                             ("user", "And its end?")]

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -267,19 +267,29 @@ class AgentStream:
     """One run as it happens (`Agent.stream`): `async for event in stream` gives the events of
     the conversation's `main` lane from the run's admission (and from a run a stopped process
     left open, which is finished first) to its end, then `result` holds its `AgentResult`.
-    `conversation_id` is set from the first event on. Iterate once; leaving the loop early stops
-    waiting, and the run stays open in the journal for the conversation's next run to finish.
-    Raises what `Agent.run` raises, after the events that came before."""
+    `conversation_id` is set from the first event on. Iterate once. To leave before the end,
+    `await stream.aclose()` after the loop: this process stops driving the run, which stays open in
+    the journal for the conversation's next run to finish. Raises what `Agent.run` raises, after
+    the events that came before."""
 
     def __init__(self, agent: Agent, prompt: str, conversation: str | None, context: Context) -> None:
         self._agent, self._prompt, self._context = agent, prompt, context
         self.conversation_id = conversation
         self.result: AgentResult | None = None
+        self._iterator: AsyncGenerator[ConversationEvent, None] | None = None
 
     def __aiter__(self) -> AsyncIterator[ConversationEvent]:
-        return self._events()
+        if self._iterator is None:
+            self._iterator = self._events()
+        return self._iterator
 
-    async def _events(self) -> AsyncIterator[ConversationEvent]:
+    async def aclose(self) -> None:
+        """Stop at once (idempotent); the conversation is let go of. Needed only after leaving the
+        loop early: a stream iterated to its end is closed already."""
+        if self._iterator is not None:
+            await self._iterator.aclose()
+
+    async def _events(self) -> AsyncGenerator[ConversationEvent, None]:
         context = self._context
         async with self._agent._attached(self.conversation_id, context) as attached:
             self.conversation_id = attached.conversation.id
