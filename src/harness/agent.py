@@ -79,13 +79,14 @@ class Agent:
     model when no API key is set). `models` defaults to `ModelRegistry.load()` (`models.toml` in
     `$HARNESS_HOME`, the API keys of the environment). `store` is a `Store` the caller opened
     (and closes), a store URL, or None for the user's journal (`$HARNESS_STORE`, else
-    `harness.db` in `$HARNESS_HOME`), where `harness sessions`, `show` and `chat --session` find
-    the conversations, which belong to `user` (default: this machine's account, `local_user`).
+    `harness.db` in `$HARNESS_HOME`), where `harness sessions`, `harness show ID` and `harness
+    chat ID` find the conversations, which belong to `user` (default: this machine's account, `local_user`).
     A tool made with `approval=True` asks `ask` before each call; without `ask` such calls are
     refused with a reason the model reads.
 
-    Raises `ModelUnavailable` or `MissingApiKey` for a model that cannot be called, and
-    `ToolSignatureInvalid` for a function that cannot be a tool, before anything is written.
+    Raises `InvalidInput` for a model that is not `provider/id`, `ModelUnavailable` or
+    `MissingApiKey` for one that cannot be called, and `ToolSignatureInvalid` for a function
+    that cannot be a tool, before anything is written.
     An agent used with `await` keeps its store open between runs: close it with `await
     agent.close()` (or `async with agent:`); `run_sync` closes it after each run."""
 
@@ -130,7 +131,7 @@ class Agent:
         `RunFailed` when the run settles failed, `RunNotSettled` when it is left open;
         `SessionNotFound`, `Forbidden` (another user's), `SessionOwned` (another process holds
         it), `LaneBusy` (a run of it is under way), `PromptTooLarge`, `InvalidMessage` (an empty
-        prompt) before the turn is admitted, with nothing written."""
+        prompt) before the turn is admitted, with nothing of it written."""
         context = context or Context()
         async with self._attached(conversation, context) as attached:
             return await self._turn(attached, prompt, context)
