@@ -23,8 +23,10 @@ from conversation_helpers import faux_service, transcript
 from drive_helpers import within
 from harness.cli import app
 from harness.context import Context
+from harness.conversation import HOLDER_CHECK_S
 from harness.errors import HarnessError
 from harness.messages import AssistantMessage, text_of
+from harness.providers import FAUX_MODEL
 from harness.providers.faux import delay, reply
 from harness.runtime import Settled
 from harness.server import IDLE_RELEASE_S, MAX_HELD, ServerOptions
@@ -32,6 +34,9 @@ from harness.session import LaneConfig, Store, connect
 from server_helpers import FAUX, USER, asgi_client, faux_app, forwarder, serving, sse_events, sse_until
 
 SHARED = ["sqlite", "postgres"]  # the backends two processes can share
+
+SECOND = FAUX_MODEL.model_copy(update={"id": "faux-2"})
+"""A second model of the faux provider, to switch to."""
 
 QUIET = ServerOptions(idle_release_s=0.0, max_held=2, sweep_s=3_600)
 """Idle at once, two at most, and no sweep but the test's own."""
@@ -328,3 +333,36 @@ async def test_close_refuses_a_conversation_another_request_uses(stores: tuple[S
     assert outcome.result.outcome == "completed"
     assert closed.status_code == 204, closed.text
     assert holds.held == ()
+
+
+async def test_a_switch_waiting_for_a_holder_that_dies_is_refused_within_seconds(
+        stores: tuple[Store, Store], ctx: Context) -> None:
+    """CE-12, issue 29: `PUT .../model` with `wait_for_completion` is posted to the process that
+    holds the conversation, which queues it behind its running turn, then dies (detached at
+    once, as a crash): the switch never applied, and the server answers 409
+    `model_switch_refused` (`holder_stopped`) within `HOLDER_CHECK_S` or so. (It waited without
+    bound.)"""
+    store, other = stores
+    held = asyncio.Event()
+    streaming = delay(held)
+    holder, _ = faux_service(other, [reply("slow", streaming)], models=[SECOND])
+    conversation = await holder.create(USER, LaneConfig(model=FAUX), ctx)
+    accepted = await conversation.admit("go", ctx)
+    driving = asyncio.ensure_future(conversation.drive(accepted.operation_id, ctx))
+    await within(streaming.reached.wait())
+    served = faux_app(store, options=QUIET, models=[SECOND])
+    async with asgi_client(served.app) as client:
+        waiting = asyncio.create_task(client.put(f"/api/conversations/{conversation.id}/model", json={
+            "model": {"provider": "faux", "model_id": "faux-2"}, "wait_for_completion": True}))
+        commits = other.changes.subscribe(conversation.id)
+        while conversation.waiting_model is None:  # taken by the holder, and queued behind its turn
+            await conversation.take_requests(ctx)
+            await commits.wait(0.05)
+        commits.close()
+        await holder.drop(conversation.id, ctx)
+        refused = await within(waiting, HOLDER_CHECK_S * 3)
+    held.set()
+    await asyncio.gather(driving, return_exceptions=True)
+
+    assert refused.status_code == 409, refused.text
+    assert (refused.json()["code"], refused.json()["details"]["reason"]) == ("model_switch_refused", "holder_stopped")

@@ -166,6 +166,7 @@ from harness.conversation.projects import (
 )
 from harness.conversation.recording import CONVERSATION_VALUES, MAIN_LANE, record_chat_event
 from harness.conversation.service import (
+    HOLDER_CHECK_S,
     IMAGE_SWEEP_GRACE_S,
     OWNER,
     BuiltInCommand,
@@ -223,6 +224,7 @@ __all__ = [
     "FORK_VALUES",
     "GARDEN_MESSAGE_TYPE",
     "GENERAL_AGENT",
+    "HOLDER_CHECK_S",
     "IMAGE_SWEEP_GRACE_S",
     "JOURNAL_DATA_MIGRATIONS",
     "KEY_CHARS",

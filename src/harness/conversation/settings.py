@@ -117,7 +117,9 @@ TURN_BASELINE = addresses.value_address(CONVERSATION_VALUES.namespace, "turn_bas
 class ModelSwitchRefused(HarnessError):
     """A switch waiting for the turn lock never applied: a later pick superseded it
     (`reason="superseded"`), its conversation was closed (`"closed"`), or the process holding
-    the conversation recorded its failure (`"failed"`, a switch posted to it); details
+    the conversation recorded its failure (`"failed"`, a switch posted to it) or let go of the
+    conversation without applying it (`"holder_stopped"`: it died; the switch may still be
+    posted for the next holder); details
     `{reason, provider, model_id}`. The caller must not go on as if the model were switched (CE-12)."""
 
     code = "model_switch_refused"
