@@ -83,7 +83,7 @@ def serve_command(
         refuse_open_no_auth,
         serve,
     )
-    from harness.tools import BackgroundJobs
+    from harness.tools import BackgroundJobs, load_permission_rules
 
     if workers not in ("in-process", "external"):
         raise typer.BadParameter("in-process or external", param_hint="--workers")
@@ -101,7 +101,8 @@ def serve_command(
     async def body(opened: Store, context: Context) -> None:
         registry = ModelRegistry.load(home=home)
         jobs = BackgroundJobs()
-        approvals = Approvals()  # write, edit and shell wait for the owner's answer over HTTP
+        # Write, edit and shell wait for the owner's answer over HTTP, unless the settings' rules decide.
+        approvals = Approvals(rules=load_permission_rules(home, Path.cwd()))
         # Answers another process posts (a second server on this store) reach the calls waiting here.
         setup = replace(client_setup(registry, tool_workspace(Path.cwd(), home), home, approvals.hook, jobs),
                         answer_approval=approvals.answer_posted)

@@ -37,7 +37,7 @@ def worker_command(
     from harness.cli.config import client_setup, tool_workspace
     from harness.conversation import ConversationService
     from harness.providers import ModelRegistry
-    from harness.tools import ApprovalPolicy, BackgroundJobs
+    from harness.tools import ApprovalPolicy, BackgroundJobs, load_permission_rules
     from harness.worker import Worker, WorkerOptions
 
     configure_logging(log_format)
@@ -46,7 +46,9 @@ def worker_command(
     async def body(opened: Store, context: Context) -> None:
         registry = ModelRegistry.load(home=home)
         jobs = BackgroundJobs()
-        approval = ApprovalPolicy.allow_all() if approve_all else ApprovalPolicy(None, unavailable_reason=NO_APPROVER)
+        rules = load_permission_rules(home, Path.cwd())  # the settings' deny and ask rules hold even with --yes
+        approval = (ApprovalPolicy.allow_all(rules=rules) if approve_all
+                    else ApprovalPolicy(None, rules=rules, unavailable_reason=NO_APPROVER))
         setup = client_setup(registry, tool_workspace(Path.cwd(), home), home, approval, jobs)
         worker = Worker(ConversationService(opened, setup), WorkerOptions(concurrency=concurrency))
         loop = asyncio.get_running_loop()
