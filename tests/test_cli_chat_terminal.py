@@ -189,7 +189,7 @@ def test_rows_and_the_toolbar_wrap_at_words_in_a_narrow_terminal(chats: list[Cha
     chat.process.send("n")
     chat.expect_reporting("declined")
     chat.process.sendcontrol("c")
-    chat.expect_reporting("turn aborted")
+    chat.expect_reporting("interrupted by you")
 
 
 def test_tab_completes_a_command_and_thinking_needs_a_model_that_thinks(
@@ -202,7 +202,7 @@ def test_tab_completes_a_command_and_thinking_needs_a_model_that_thinks(
     chat.process.send("\t")
     chat.expect("ame")  # what Tab added
     chat.send_line(" by tab")
-    chat.expect("session name → by tab")
+    chat.expect("/rename by tab: named by tab")
     chat.send_line("/thinking high")
     chat.expect("openai/gpt-4o does not think: its only thinking level is off")
     chat.send_line("/thinking")
@@ -226,7 +226,8 @@ def test_version_and_short_help(chats: list[Chat], dirs: tuple[Path, Path], serv
 
 def test_text_that_arrives_after_ctrl_c_is_not_shown(chats: list[Chat], dirs: tuple[Path, Path],
                                                     server: ReplayServer) -> None:
-    """Once Ctrl-C has printed the abort, later text of the reply is not printed below it."""
+    """Once Ctrl-C has asked for the abort (the stream is hung up), later text of the reply is
+    not printed."""
     hold = Hold()
     server.enqueue(text_reply("Counting: one\n", *[f"late{i} " for i in range(200)], hold=hold))
     chat = start(chats, dirs, server)
@@ -234,12 +235,53 @@ def test_text_that_arrives_after_ctrl_c_is_not_shown(chats: list[Chat], dirs: tu
     chat.send_line("count")
     chat.expect("Counting: one")
     chat.process.sendcontrol("c")
-    chat.expect("aborting the turn")
+    assert hold.disconnected.wait(TIMEOUT_S)
     hold.release()
     chat.expect("■ interrupted by you")
-    chat.expect("✗ turn aborted")
+    chat.expect_idle()
 
-    assert "late" not in screen_text(chat).split("aborting the turn", 1)[1]
+    assert "late" not in screen_text(chat)
+    assert chat.leave() == 0
+
+
+PROMPT_REDRAW = re.compile(r"^(?:›\x08|steer› )+")
+"""What is left of the prompt's redraws at the start of a line once escape sequences are removed."""
+
+
+def rows_from(text: str, first: str, last: str) -> list[str]:
+    """The lines printed from the one holding `first` to the next one holding `last`, without
+    the prompt's redraws between them."""
+    start = text.rindex("\n", 0, text.index(first)) + 1
+    end = text.index("\n", text.index(last, start))
+    return [PROMPT_REDRAW.sub("", line) for line in text[start:end].split("\n")]
+
+
+def test_ctrl_c_a_rename_and_a_mode_switch_each_print_one_row(chats: list[Chat], dirs: tuple[Path, Path],
+                                                              server: ReplayServer) -> None:
+    """Issue 33 item 6: one Ctrl-C printed four rows (^C: aborting, aborting (user), interrupted,
+    turn aborted), /rename and /mode two each. Now each prints one: the interrupted row, the
+    command's row."""
+    hold = Hold()
+    server.enqueue(text_reply("Counting: one\n", "two", hold=hold))
+    chat = start(chats, dirs, server)
+
+    chat.send_line("/rename counting")
+    chat.expect("/rename counting: named counting")
+    chat.send_line("/mode plan")
+    chat.expect("/mode plan: mode plan (read-only tools)")
+    chat.send_line("count")
+    chat.expect("Counting: one")
+    chat.process.sendcontrol("c")
+    chat.expect("■ interrupted by you")
+    chat.expect_idle()
+    hold.release()
+    chat.send_line("/help")  # a row after the abort, so a late row of the abort would show before it
+    chat.expect("this list")
+
+    text = screen_text(chat)
+    assert rows_from(text, "› /rename counting", "named counting")[1:] == ["/rename counting: named counting"]
+    assert rows_from(text, "› /mode plan", "mode plan (read")[1:] == ["/mode plan: mode plan (read-only tools)"]
+    assert rows_from(text, "Counting: one", "/help")[1:-1] == ["■ interrupted by you"]
     assert chat.leave() == 0
 
 

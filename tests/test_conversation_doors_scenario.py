@@ -522,7 +522,8 @@ async def test_the_terminal_chat_leaves_the_service_doors_rows_and_prints_their_
     chat.send_line("and again")
     chat.expect("→ shell")
     chat.process.sendcontrol("c")
-    chat.expect("turn aborted")
+    chat.expect("■ interrupted by you")
+    chat.expect_idle()
 
     server.enqueue(REFUSAL)  # a failed request
     chat.send_line("once more")

@@ -216,8 +216,8 @@ class TurnControl:
             self._terminal.leave()
             return
         self._abort_wanted = True
-        self._view.aborting = True
-        self._screen.print("[yellow]^C: aborting the turn…[/]")
+        self._view.aborting = True  # the status line says so; the run's `interrupted` row ends it
+        self._terminal.invalidate()
         task = asyncio.create_task(self._request_abort())
         self._abort_requests.add(task)
         task.add_done_callback(self._abort_requests.discard)

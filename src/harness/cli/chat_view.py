@@ -28,6 +28,7 @@ from harness.cli.terminal_text import escape, markdown
 from harness.context import Context
 from harness.conversation import (
     CHAT_EVENT_TYPE,
+    MAIN_LANE,
     MESSAGE_BLOCKS_TYPE,
     SUBAGENT_RESULT_TYPE,
     ChatEventPublished,
@@ -74,7 +75,6 @@ from harness.runtime import (
     ToolEnd,
     ToolStart,
     UsageRecorded,
-    ValueUpdate,
     event_lane,
 )
 from harness.session import Entry, SessionReader, UsageRow
@@ -409,7 +409,9 @@ class ChatView:
     def outcome_row(self, result: LaneLastResult) -> None:
         """The row saying how an operation settled: completed (with time and tokens), aborted, failed.
         A run's why (its abort cause, its error's text) is its `interrupted` or `error` row, shown
-        before this one (CE-7, CE-9); a compaction or navigation has no such row, so it is said here."""
+        before this one (CE-7, CE-9); a compaction or navigation has no such row, so it is said here.
+        An aborted run has no outcome row: its `interrupted` row, or the row saying it was
+        discarded before any output, is the one row of the abort."""
         run = result.kind == "run"
         what = "turn" if run else result.kind
         elapsed = time.monotonic() - self._run_started if self._run_started else 0.0
@@ -417,8 +419,8 @@ class ChatView:
         if result.outcome == "completed":
             self.screen.print(f"[dim]✓ {what} completed ({elapsed:.1f} s{tokens})[/]")
         elif result.outcome == "aborted":
-            cause = "" if run else f" ({result.abort_cause or 'unknown cause'})"
-            self.screen.print(f"[yellow]✗ {what} aborted{cause}[/]")
+            if not run:
+                self.screen.print(f"[yellow]✗ {what} aborted ({result.abort_cause or 'unknown cause'})[/]")
         else:
             error = result.error
             detail = "" if error is None else f" [{error.code}]" if run else f" [{error.code}]: {error.message}"
@@ -550,11 +552,10 @@ def _navigation_end(view: ChatView, event: NavigationEnd) -> None:
 
 @row("operation_abort")
 def _operation_abort(view: ChatView, event: OperationAbort) -> None:
+    # No row: the status line says "aborting…" until the run settles, and its `interrupted` row
+    # is then the abort's one row (the messages it did not send are listed with the outcome).
     view.aborting = True
     view.screen.end_stream()
-    dropped = len(event.steer) + len(event.follow_up)
-    note = f"; {dropped} queued message(s) will not be sent" if dropped else ""
-    view.screen.print(f"[yellow]aborting ({event.cause}); waiting for the run to settle{note}…[/]")
 
 
 @row("run_suspend")
@@ -587,6 +588,8 @@ def _queue_update(view: ChatView, event: QueueUpdate) -> None:
 
 @row("config_update")
 def _config_update(view: ChatView, event: ConfigUpdate) -> None:
+    if event.lane == MAIN_LANE and event.field != "thinking_level":
+        return  # the model and the tools of `main` change with a row that says so (CE-12, CE-13)
     value = event.value
     if isinstance(value, ModelIdentity):
         shown = value.spec
@@ -595,12 +598,6 @@ def _config_update(view: ChatView, event: ConfigUpdate) -> None:
     else:
         shown = value
     view.screen.print(f"[dim]{event.field.replace('_', ' ')} → {escape(shown)}[/]")
-
-
-@row("value_update")
-def _value_update(view: ChatView, event: ValueUpdate) -> None:
-    if event.key == "session_name":
-        view.screen.print(f"[dim]session name → {escape(event.value or '(none)')}[/]")
 
 
 @row("fault", "handler_error")
