@@ -92,14 +92,14 @@ def sent_messages(request: RecordedRequest) -> list[dict[str, Any]]:
 
 class Chat:
     """`harness chat` in a pseudo-terminal, in `work` (the tools' directory), on `store_url` (default:
-    `home/harness.db`); on `openai/gpt-4o` with a key, or with `api_key=False` with no key and no
-    `--model`."""
+    `home/harness.db`); on `openai/gpt-4o` with a key, or with `api_key=False` with no key, no
+    `--model` and no OPENAI_BASE_URL (provider `openai` is then OpenAI's own, which needs a key)."""
 
     def __init__(self, home: Path, work: Path, server: ReplayServer, *args: str, api_key: bool = True,
                  columns: int = 200, cursor_reports: bool = False, store_url: str | None = None) -> None:
         env = {**os.environ, "HARNESS_HOME": str(home), "OPENAI_BASE_URL": f"{server.base_url}/v1",
                "OPENAI_API_KEY": "test-key", "PROMPT_TOOLKIT_NO_CPR": "1", "TERM": "xterm", "COLUMNS": str(columns)}
-        for name in ("HARNESS_STORE", "NO_COLOR", *(() if api_key else ("OPENAI_API_KEY",)),
+        for name in ("HARNESS_STORE", "NO_COLOR", *(() if api_key else ("OPENAI_API_KEY", "OPENAI_BASE_URL")),
                      *(("PROMPT_TOOLKIT_NO_CPR",) if cursor_reports else ())):
             env.pop(name, None)
         self.store_url = store_url or f"sqlite:///{home / 'harness.db'}"
@@ -285,6 +285,15 @@ def test_the_tiny_embedded_model_gets_no_tools_and_the_header_says_why(chats: li
             "model (/model, --model)") in header
     with_tools = start(chats, dirs, server, "--model", "embedded/smollm2-135m", "--tools")
     assert "· edit, shell, write ask first" in str(with_tools.process.before)
+
+
+def test_the_header_names_the_server_an_openai_model_runs_on(chats: list[Chat], dirs: tuple[Path, Path],
+                                                             server: ReplayServer) -> None:
+    """Issue 33: on the server OPENAI_BASE_URL names, `openai/...` is that server's model, and the
+    header says where it runs rather than passing it off as OpenAI's."""
+    chat = start(chats, dirs, server)
+
+    assert f"model openai/gpt-4o at {server.base_url}/v1 ·" in str(chat.process.before)
 
 
 def test_write_tool_call_asks_for_approval_at_the_prompt(chats: list[Chat], dirs: tuple[Path, Path],

@@ -531,6 +531,85 @@ def test_models_lists_identity_api_window_and_missing_keys(home: Path, work: Pat
     assert [line for line in listed.stdout.splitlines() if line.startswith("*")] == [rows["openai/gpt-5"]]
 
 
+# -- any OpenAI-compatible server, in one step ------------------------------------------------------
+
+
+@pytest.fixture
+def local_server() -> Iterator[ReplayServer]:
+    """An OpenAI-compatible server as a local one is: it lists its models and takes no key."""
+    with ReplayServer(models=["stub-small", "stub-large"]) as replay:
+        yield replay
+
+
+def test_openai_base_url_alone_runs_on_the_model_its_server_lists(home: Path, work: Path,
+                                                                 local_server: ReplayServer) -> None:
+    """Issue 33: with only OPENAI_BASE_URL set the run goes to that server, on the first model it
+    lists, with no key; the journal names that model, not the embedded one or openai/gpt-5."""
+    local_server.enqueue(chat_text("Hello from the stub."))
+
+    run = harness(home, work, "run", "--no-tools", "hi", env={"OPENAI_BASE_URL": f"{local_server.base_url}/v1"})
+
+    assert run.returncode == 0, run.stderr
+    assert run.stdout == "Hello from the stub.\n"
+    (request,) = local_server.requests
+    assert (request.path, request.json()["model"]) == ("/v1/chat/completions", "stub-small")
+    show = harness(home, work, "show", session_of(run))
+    assert "assistant (openai/stub-small" in show.stdout
+
+
+def test_a_model_the_server_serves_is_named_with_openai_and_needs_no_key(home: Path, work: Path,
+                                                                         local_server: ReplayServer) -> None:
+    """`--model openai/NAME` takes any name: it is sent as is, without a key, with default limits."""
+    local_server.enqueue(chat_text("Large."))
+
+    run = harness(home, work, "run", "--no-tools", "hi", "--model", "openai/any-name",
+                  env={"OPENAI_BASE_URL": f"{local_server.base_url}/v1"})
+
+    assert run.returncode == 0, run.stderr
+    assert [request.json()["model"] for request in local_server.requests] == ["any-name"]
+    assert "openai/any-name is not a listed model: using default limits" in run.stderr
+
+
+def test_a_key_that_is_set_is_sent_to_the_server(home: Path, work: Path, local_server: ReplayServer) -> None:
+    local_server.enqueue(chat_text("Keyed."))
+
+    run = harness(home, work, "run", "--no-tools", "hi",
+                  env={"OPENAI_BASE_URL": f"{local_server.base_url}/v1", "OPENAI_API_KEY": "sk-local"})
+
+    assert run.returncode == 0, run.stderr
+    (request,) = local_server.requests
+    assert request.headers["authorization"] == "Bearer sk-local"
+    assert request.json()["model"] == "stub-small"
+
+
+def test_models_lists_what_the_server_serves_with_its_default(home: Path, work: Path,
+                                                              local_server: ReplayServer) -> None:
+    url = f"{local_server.base_url}/v1"
+
+    listed = harness(home, work, "models", env={"OPENAI_BASE_URL": url})
+
+    assert listed.returncode == 0, listed.stderr
+    lines = listed.stdout.splitlines()
+    served = lines.index(f"# served at {url} (2 models)")
+    assert lines[served + 1:served + 3] == ["* openai/stub-small", "  openai/stub-large"]
+    assert not [line for line in lines[:served] if line.startswith("*")]
+
+
+def test_openai_base_url_with_no_server_is_refused_not_replaced(home: Path, work: Path) -> None:
+    """A server that is not there is said so; the run does not quietly fall back to the embedded model."""
+    with ReplayServer() as gone:
+        url = f"{gone.base_url}/v1"
+
+    run = harness(home, work, "run", "hi", env={"OPENAI_BASE_URL": url})
+    sessions = harness(home, work, "sessions")
+
+    assert run.returncode == 1
+    assert "model_unavailable" in run.stderr
+    assert url in run.stderr
+    assert "--model openai/NAME" in run.stderr
+    assert sessions.stdout == ""
+
+
 def test_models_refuses_a_broken_models_file(home: Path, work: Path) -> None:
     (home / "models.toml").write_text("[providers.nowhere]\n")
 

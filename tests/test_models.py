@@ -4,6 +4,7 @@ White-box in one test: it loads the models.toml example written in `providers.mo
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -15,7 +16,9 @@ from harness.providers import (
     AnthropicMessagesProvider,
     ApiName,
     EmbeddedProvider,
+    MissingApiKey,
     Model,
+    ModelListUnavailable,
     ModelRegistry,
     ModelsFileInvalid,
     OpenAIChatProvider,
@@ -23,6 +26,7 @@ from harness.providers import (
     models,
 )
 from harness.providers.faux import FAUX_MODEL, FauxProvider
+from harness.providers.replay import ReplayServer
 
 
 def identity(provider: str, model_id: str) -> ModelIdentity:
@@ -202,6 +206,55 @@ def test_a_custom_openai_base_url_puts_the_openai_models_on_chat_completions(tmp
     assert local.model(identity("openai", "gpt-5")).api == "openai-chat"
     assert official.model(identity("openai", "gpt-5")).api == "openai-responses"
     assert chosen.model(identity("openai", "gpt-4o")).api == "openai-responses"
+
+
+def test_a_custom_openai_base_url_is_that_server_with_a_key_only_when_one_is_set(tmp_path: Path) -> None:
+    """Issue 33: provider `openai` is the server at OPENAI_BASE_URL; a local one takes no key, so
+    none is required, and one that is set is sent."""
+    keyless = load(tmp_path, OPENAI_BASE_URL="http://127.0.0.1:8000/v1")
+    keyed = load(tmp_path, OPENAI_BASE_URL="http://127.0.0.1:8000/v1", OPENAI_API_KEY="sk-local")
+    official = load(tmp_path, OPENAI_BASE_URL="https://api.openai.com/v1")
+
+    served = keyless.usable(identity("openai", "qwen3:8b"))
+    assert (served.base_url, served.api_key_env) == ("http://127.0.0.1:8000/v1", None)
+    assert keyed.usable(identity("openai", "gpt-4o")).api_key_env == "OPENAI_API_KEY"
+    with pytest.raises(MissingApiKey):
+        official.usable(identity("openai", "gpt-4o"))
+
+
+def test_the_default_on_a_custom_server_is_a_model_it_lists(tmp_path: Path) -> None:
+    """The first built-in OpenAI model the server lists (a gateway to OpenAI keeps gpt-5), else its
+    first model; asked once."""
+    with ReplayServer(models=["qwen3:8b", "llama3.3"]) as local, ReplayServer(models=["x", "gpt-4o", "gpt-5"]) as gate:
+        registry = load(tmp_path, OPENAI_BASE_URL=f"{local.base_url}/v1")
+        gateway = load(tmp_path, OPENAI_BASE_URL=f"{gate.base_url}/v1", OPENAI_API_KEY="sk")
+
+        assert registry.default_identity() == identity("openai", "qwen3:8b")
+        assert gateway.default_identity() == identity("openai", "gpt-5")
+    assert registry.default_identity() == identity("openai", "qwen3:8b")  # remembered: the server is gone now
+
+
+def test_a_custom_server_that_lists_nothing_is_an_error_unless_a_key_picks_a_model(tmp_path: Path) -> None:
+    with ReplayServer() as unlisted:
+        url = f"{unlisted.base_url}/v1"
+        keyless = load(tmp_path, OPENAI_BASE_URL=url)
+        keyed = load(tmp_path, OPENAI_BASE_URL=url, OPENAI_API_KEY="sk")
+
+        with pytest.raises(ModelUnavailable, match=re.escape(url)):
+            keyless.default_identity()
+        assert keyed.default_identity() == identity("openai", "gpt-5")
+        with pytest.raises(ModelListUnavailable, match="404"):
+            keyless.served_models(keyless.model(identity("openai", "gpt-5")))
+
+
+def test_a_label_names_the_server_when_it_is_not_the_company_s_own(tmp_path: Path) -> None:
+    local = load(tmp_path, OPENAI_BASE_URL="http://127.0.0.1:8000/v1")
+    official = load(tmp_path)
+
+    assert local.label(identity("openai", "qwen3:8b")) == "openai/qwen3:8b at http://127.0.0.1:8000/v1"
+    assert official.label(identity("openai", "gpt-5")) == "openai/gpt-5"
+    assert official.label(identity("anthropic", "claude-sonnet-4-5")) == "anthropic/claude-sonnet-4-5"
+    assert official.label(EMBEDDED_IDENTITY) == "embedded/smollm2-135m"
 
 
 def test_models_toml_is_read_from_harness_home(tmp_path: Path) -> None:

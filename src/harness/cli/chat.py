@@ -199,6 +199,7 @@ class ChatClient:
             if not self.turns.busy:
                 await self.attached.conversation.dispose(self.context)
             await self.jobs.close()
+            await self.mcp.close()
         await self._say_how_to_come_back()
         return 0
 

@@ -57,6 +57,7 @@ __all__ = [
     "FauxProvider",
     "MissingApiKey",
     "Model",
+    "ModelListUnavailable",
     "ModelCost",
     "ModelRegistry",
     "ModelsFileInvalid",
@@ -96,6 +97,7 @@ _LAZY = {
     "EMBEDDED_IDENTITY": "models",
     "ConfiguredModel": "models",
     "MissingApiKey": "models",
+    "ModelListUnavailable": "models",
     "ModelRegistry": "models",
     "ModelsFileInvalid": "models",
     "OpenAIChatProvider": "openai_chat",
@@ -112,6 +114,7 @@ if TYPE_CHECKING:
         EMBEDDED_IDENTITY,
         ConfiguredModel,
         MissingApiKey,
+        ModelListUnavailable,
         ModelRegistry,
         ModelsFileInvalid,
     )

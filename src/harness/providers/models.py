@@ -45,16 +45,19 @@ server, http://localhost:8080/v1), `openrouter` (OPENROUTER_API_KEY) and `groq` 
 Settings given on a provider table also apply to that provider's built-in models (for example a
 `base_url` for `openai`), and a model whose id is built in overrides only the fields it names. The
 built-in OpenAI and Anthropic models leave `base_url` unset, so the SDKs' `OPENAI_BASE_URL` and
-`ANTHROPIC_BASE_URL` apply. With `OPENAI_BASE_URL` pointing anywhere but api.openai.com, the built-in
-OpenAI models use Chat Completions, which every OpenAI-compatible server speaks; `api =
-"openai-responses"` under `[providers.openai]` selects the Responses API again.
+`ANTHROPIC_BASE_URL` apply. With `OPENAI_BASE_URL` pointing anywhere but api.openai.com, provider
+`openai` is that server: its models use Chat Completions, which every OpenAI-compatible server
+speaks (`api = "openai-responses"` under `[providers.openai]` selects the Responses API again), and
+need a key only when `OPENAI_API_KEY` is set (a local server takes none; one that wants a key
+refuses the request).
 
-The default model is `default` when the file gives it, else the first built-in model whose key is
-set, else the embedded model. A model id that no table lists is still accepted for `openai`,
-`anthropic` and every provider the file declares (except the embedded runtime, which needs a
-`path`), with the provider's settings and default limits (a 128,000-token window, 16,384 output
-tokens, text only, no thinking); `ModelRegistry.is_listed` tells them apart. Declare the model to
-give its real limits.
+The default model is `default` when the file gives it; else, with such an `OPENAI_BASE_URL`, a
+model its server lists at `/models` (the first built-in OpenAI model it lists, else its first);
+else the first built-in model whose key is set, else the embedded model. A model id that no table
+lists is still accepted for `openai`, `anthropic` and every provider the file declares (except the
+embedded runtime, which needs a `path`), with the provider's settings and default limits (a
+128,000-token window, 16,384 output tokens, text only, no thinking); `ModelRegistry.is_listed`
+tells them apart. Declare the model to give its real limits.
 """
 
 from __future__ import annotations
@@ -80,6 +83,13 @@ class MissingApiKey(HarnessError):
     Nothing was written."""
 
     code = "missing_api_key"
+
+
+class ModelListUnavailable(HarnessError):
+    """An OpenAI-compatible server did not list its models: no answer, an error status, or a body
+    that is not OpenAI's model list; details `{url, problem}`."""
+
+    code = "model_list_unavailable"
 
 
 class ModelsFileInvalid(HarnessError):
@@ -196,6 +206,10 @@ take seconds to import)."""
 
 _OPENAI_URL = "https://api.openai.com/v1"
 _ANTHROPIC_URL = "https://api.anthropic.com"
+_OPENAI_APIS: tuple[ApiName, ...] = ("openai-chat", "openai-responses")
+
+LIST_TIMEOUT_S = 2.0
+"""How long a server has to list its models (`ModelRegistry.served_models`), in seconds."""
 
 UNLISTED_MODELS: tuple[Model, ...] = (
     Model(id="", provider="openai", api="openai-chat", api_key_env="OPENAI_API_KEY"),
@@ -237,7 +251,9 @@ class ModelRegistry:
     default model; None picks the first built-in model whose key is set. `providers` maps an api to
     the provider serving it; apis not given get their default adapter on first use. `environ` is
     where API keys are read (default `os.environ`). `fast` is the model a conversation's `/fast`
-    switches to (None: there is none).
+    switches to (None: there is none). `openai_server` is the base URL of an OpenAI-compatible
+    server that provider `openai` stands for (`OPENAI_BASE_URL`), whose listed models come before
+    the built-in ones as the default.
     """
 
     def __init__(
@@ -249,12 +265,15 @@ class ModelRegistry:
         providers: Mapping[ApiName, Provider] | None = None,
         environ: Mapping[str, str] | None = None,
         fast: ModelIdentity | None = None,
+        openai_server: str | None = None,
     ) -> None:
         self._environ: Mapping[str, str] = os.environ if environ is None else environ
         self._models: dict[tuple[str, str], Model] = {}
         self._unlisted = {template.provider: template for template in unlisted if template.api != "embedded"}
         self._default = default
         self._fast = fast
+        self._openai_server = openai_server
+        self._served_default: ModelIdentity | None = None
         self._providers: dict[ApiName, Provider] = dict(providers or {})
         for model in models:
             self.register_model(model)
@@ -273,13 +292,21 @@ class ModelRegistry:
         parsed = _read_models_file(path) if path.exists() else _ModelsFile()
         default, fast = _identity_setting(path, "default", parsed.default), _identity_setting(path, "fast", parsed.fast)
         configured = _configured_providers(path, parsed)
-        builtins = BUILTIN_MODELS
-        custom_url = env.get("OPENAI_BASE_URL")
-        if custom_url and "api.openai.com" not in custom_url:
-            builtins = tuple(model.model_copy(update={"api": "openai-chat"}) if model.provider == "openai" else model
-                             for model in builtins)
-        unlisted = _unlisted_templates(configured)
-        registry = cls(_with_file(builtins, configured), unlisted=unlisted, default=default, environ=env, fast=fast)
+        builtins, templates = BUILTIN_MODELS, UNLISTED_MODELS
+        server = env.get("OPENAI_BASE_URL") or None
+        if server is not None and "api.openai.com" in server:
+            server = None
+        if server is not None:
+            # The built-in table describes OpenAI's own service; another server gets its requests on
+            # the wire format every compatible server speaks, and a key only if one is set.
+            update = {"api": "openai-chat", "base_url": server,
+                      "api_key_env": "OPENAI_API_KEY" if env.get("OPENAI_API_KEY") else None}
+            builtins, templates = (
+                tuple(model.model_copy(update=update) if model.provider == "openai" else model for model in models)
+                for models in (builtins, templates))
+        unlisted = _unlisted_templates(templates, configured)
+        registry = cls(_with_file(builtins, configured), unlisted=unlisted, default=default, environ=env, fast=fast,
+                       openai_server=server)
         for key, named in (("default", default), ("fast", fast)):
             if named is None:
                 continue
@@ -370,22 +397,91 @@ class ModelRegistry:
             return self._environ.get("ANTHROPIC_BASE_URL") or _ANTHROPIC_URL
         return None
 
+    def served_models(self, model: Model, *, timeout_s: float = LIST_TIMEOUT_S) -> list[str]:
+        """The model ids the OpenAI-compatible server of `model` lists (GET `{server}/models`, the
+        `data[].id` of OpenAI's list), in its order, asked with `model`'s headers and key when one
+        is set. Raises `ModelListUnavailable` when `model` is not served over an OpenAI api, or its
+        server gives no such list within `timeout_s` seconds."""
+        import httpx  # only the commands that list a server pay for it
+
+        url = self.server_url(model)
+        if url is None or model.api not in _OPENAI_APIS:
+            problem = f"{model.provider}/{model.id} is not served over an OpenAI-compatible api"
+            raise ModelListUnavailable(problem, url=url or "", problem=problem)
+        key = self.api_key(model)
+        headers = {**model.headers, **({"Authorization": f"Bearer {key}"} if key else {})}
+        try:
+            response = httpx.get(f"{url.rstrip('/')}/models", headers=headers, timeout=timeout_s)
+            response.raise_for_status()
+            listed = _ServedList.model_validate_json(response.content)
+        except httpx.HTTPError as error:
+            problem = f"{type(error).__name__}: {str(error) or 'no detail'}"
+        except ValidationError as error:
+            problem = f"not a model list ({error.error_count()} problems)"
+        else:
+            return [entry.id for entry in listed.data]
+        raise ModelListUnavailable(f"the server at {url} did not list its models: {problem}", url=url, problem=problem)
+
+    def label(self, identity: ModelIdentity) -> str:
+        """`provider/id`, followed by the server when provider `openai` or `anthropic` is not the
+        company's own service (`openai/qwen3 at http://localhost:8080/v1`), for people."""
+        try:
+            model = self.model(identity)
+        except ModelUnavailable:
+            return identity.spec
+        url = self.server_url(model)
+        own = {"openai": _OPENAI_URL, "anthropic": _ANTHROPIC_URL}.get(identity.provider)
+        return identity.spec if own is None or url in (None, own) else f"{identity.spec} at {url}"
+
     @property
     def fast_identity(self) -> ModelIdentity | None:
         """The model a conversation's `/fast` switches to (`models.toml`'s `fast`); None when none is set."""
         return self._fast
 
     def default_identity(self) -> ModelIdentity:
-        """The `default` given at construction (`models.toml`'s); else the first built-in model
-        whose key is set, so declaring a provider never changes the default by itself; else the
-        embedded model."""
+        """The `default` given at construction (`models.toml`'s); else, with an `openai_server`, the
+        first built-in OpenAI model it lists, else its first (asked once it answers, see
+        `served_models`); else the first built-in model whose key is set, so declaring a provider
+        never changes the default by itself; else the embedded model.
+
+        Raises `ModelUnavailable` when there is an `openai_server` that lists no model and no key
+        is set: falling back to the embedded model would hide that the server is not there."""
         if self._default is not None:
             return self._default
+        unlisted: ModelListUnavailable | None = None
+        if self._openai_server is not None:
+            try:
+                return self._served_default or self._default_served()
+            except ModelListUnavailable as error:
+                unlisted = error
         builtin = {(model.provider, model.id) for model in BUILTIN_MODELS}
         for row in self.configured():
             if (row.model.provider, row.model.id) in builtin and row.model.api_key_env is not None and row.key_present:
                 return row.identity
+        if unlisted is not None:
+            raise ModelUnavailable("openai", "(default)", reason=(
+                f"OPENAI_BASE_URL is {self._openai_server}, and {unlisted.message}; start that server, "
+                "or name one of its models with --model openai/NAME"))
         return EMBEDDED_IDENTITY
+
+    def _default_served(self) -> ModelIdentity:
+        served = self.served_models(self._unlisted["openai"])
+        if not served:
+            url = str(self._openai_server)
+            raise ModelListUnavailable(f"the server at {url} lists no model", url=url, problem="it lists none")
+        builtin = [model.id for model in BUILTIN_MODELS if model.provider == "openai" and model.id in served]
+        self._served_default = ModelIdentity(provider="openai", model_id=(builtin or served)[0])
+        return self._served_default
+
+
+class _ServedModel(BaseModel):
+    id: str
+
+
+class _ServedList(BaseModel):
+    """OpenAI's model list (`GET /v1/models`), as far as it is read: the ids."""
+
+    data: list[_ServedModel]
 
 
 class _FileModel(BaseModel):
@@ -490,10 +586,10 @@ def _with_file(builtins: Iterable[Model], configured: list[_ConfiguredProvider])
     return list(models.values())
 
 
-def _unlisted_templates(configured: list[_ConfiguredProvider]) -> list[Model]:
+def _unlisted_templates(builtins: Iterable[Model], configured: list[_ConfiguredProvider]) -> list[Model]:
     """One template for unlisted model ids per provider: the built-in ones, and one for each provider
     the file declares, with its settings over its preset's (or over the built-in template)."""
-    templates = {template.provider: template for template in UNLISTED_MODELS}
+    templates = {template.provider: template for template in builtins}
     for provider in configured:
         base = templates.get(provider.name)
         start = base.model_dump() if base is not None else {"id": "", "provider": provider.name, **provider.defaults}

@@ -4,7 +4,9 @@ The real `openai` and `anthropic` SDKs talk to it over real HTTP: point their ba
 `ReplayServer.base_url` (add `/v1` for the OpenAI SDK, whose default base URL includes it). Each
 request gets the next queued `ReplayResponse` (status, content type, headers such as
 `retry-after`, and a body sent whole or, for event streams, chunk by chunk), and every request is
-recorded (method, path, headers, body) for assertions. A body can pause at a `Hold` until the test
+recorded (method, path, headers, body) for assertions, except a GET of `.../models`: that is
+answered with the server's `models` (OpenAI's list; 404 when it has none) and never takes a queued
+response, since clients ask it on their own to pick a model. A body can pause at a `Hold` until the test
 releases it, which also reports whether the client hung up meanwhile, and a response can end by
 dropping the connection mid-body.
 
@@ -144,14 +146,17 @@ class ReplayServer:
     """Serves queued `ReplayResponse`s to whoever connects, in order, on 127.0.0.1.
 
     With `repeat`, the script starts over when it runs out (benchmarks, CLI runs); otherwise a
-    request with nothing queued gets HTTP 500 with a JSON error saying so. Thread-safe: the
+    request with nothing queued gets HTTP 500 with a JSON error saying so. `models` are the model
+    ids a GET of `.../models` lists (None: that GET gets 404). Thread-safe: the
     server runs in its own threads, so async tests can use it from any event loop. Use as a
     context manager, or `start()` and `close()`.
     """
 
     def __init__(
-        self, responses: Iterable[ReplayResponse] = (), *, repeat: bool = False, host: str = "127.0.0.1", port: int = 0
+        self, responses: Iterable[ReplayResponse] = (), *, repeat: bool = False, host: str = "127.0.0.1", port: int = 0,
+        models: Iterable[str] | None = None,
     ) -> None:
+        self._models = None if models is None else list(models)
         self._script = list(responses)
         self._queue: deque[ReplayResponse] = deque(self._script)
         self._repeat = repeat
@@ -236,11 +241,21 @@ class ReplayServer:
         length = int(handler.headers.get("content-length") or 0)
         body = handler.rfile.read(length) if length else b""
         headers = {name.lower(): value for name, value in handler.headers.items()}
-        response = self._next(RecordedRequest(handler.command, handler.path, headers, body))
+        if handler.command == "GET" and handler.path.rstrip("/").endswith("/models"):
+            response = self._model_list()
+        else:
+            response = self._next(RecordedRequest(handler.command, handler.path, headers, body))
         try:
             self._send(handler, response)
         except OSError:
             handler.close_connection = True  # the client went away mid-answer
+
+    def _model_list(self) -> ReplayResponse:
+        if self._models is None:
+            return ReplayResponse.json({"error": {"message": "replay server: no model list", "type": "not_found"}},
+                                       status=404)
+        return ReplayResponse.json({"object": "list", "data": [
+            {"id": model_id, "object": "model", "created": 0, "owned_by": "replay"} for model_id in self._models]})
 
     def _send(self, handler: _Handler, response: ReplayResponse) -> None:
         handler.send_response(response.status)
