@@ -1,6 +1,13 @@
 """The `harness` command: the application with every command module registered on it."""
 
-from harness.cli import commands, garden_commands, serve_commands, session_commands, worker_commands  # noqa: F401  (importing them registers their commands)
+from harness.cli import (  # noqa: F401  (importing them registers their commands)
+    commands,
+    garden_commands,
+    mcp_commands,
+    serve_commands,
+    session_commands,
+    worker_commands,
+)
 from harness.cli.app import app
 
 

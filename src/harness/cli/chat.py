@@ -50,6 +50,7 @@ from harness.tools import (
     ApprovalPolicy,
     ApprovalRequest,
     BackgroundJobs,
+    McpServers,
     PermissionRules,
 )
 
@@ -123,6 +124,8 @@ class ChatClient:
         """The terminal's own directory (`/cd`, `!cmd`); the tools run in the conversation's project
         when it has one (`Conversation.target`), else here."""
         self.jobs = BackgroundJobs()
+        self.mcp = McpServers.from_files(settings.cwd, settings.home)
+        """The MCP servers' tools, joining as each server answers: the prompt does not wait for them."""
         """The shell commands the agent started in the background; they end with the chat."""
         self.listing: list[str] = []
         """Entry ids of the last `/tree` listing, by number - 1 (for `/tree N` and `/fork N`)."""
@@ -176,6 +179,7 @@ class ChatClient:
         if self.settings.session_id is None:
             self._draft = await connect("memory://", self.context)
         self._attached = await self._attach(self.settings.session_id, model=self.settings.model)
+        self.mcp.start()
         try:
             await self._show_start()
             loop = asyncio.get_running_loop()
@@ -355,7 +359,7 @@ class ChatClient:
     async def _attach(self, session_id: str | None, *, model: ModelIdentity | None = None) -> Attached:
         attached = await attach_client(
             self._draft or self.store, session_id, self.context, registry=self.registry, home=self.settings.home,
-            cwd=self.cwd, approval=self.approval, jobs=self.jobs, model=model, lane=self.settings.lane,
+            cwd=self.cwd, approval=self.approval, jobs=self.jobs, mcp=self.mcp, model=model, lane=self.settings.lane,
             listeners=[self.view], require_model=False, tools=self.settings.tools,
         )
         conversation = attached.conversation

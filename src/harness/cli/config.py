@@ -70,8 +70,10 @@ from harness.session import (
 from harness.tools import (
     BUILTIN_TOOL_NAMES,
     DEFAULT_ENV_DENY,
+    MCP_TOOLS,
     ApprovalPolicy,
     BackgroundJobs,
+    McpServers,
     Workspace,
     builtin_tools,
     system_prompt,
@@ -182,11 +184,12 @@ def no_tools_note(config: LaneConfig) -> str | None:
 
 def default_tools(home: Path) -> list[str]:
     """The tools a conversation gets unless told otherwise, on a model that `offers_tools`: the
-    built-in and delegation tools, and the project tool where `home/projects.toml` lists projects."""
+    built-in and delegation tools, the MCP servers' tools (`MCP_TOOLS`), and the project tool where
+    `home/projects.toml` lists projects."""
     # The project tool only where projects are listed: elsewhere it would be one more description
     # in every request for a call that can only say there is nothing to switch to.
     return [*BUILTIN_TOOL_NAMES, *([PROJECT_TOOL] if (home / PROJECTS_FILE).exists() else []),
-            *DELEGATION_TOOL_NAMES]
+            *DELEGATION_TOOL_NAMES, MCP_TOOLS]
 
 
 def session_name_from(prompt: str) -> str | None:
@@ -215,19 +218,22 @@ def drive_settings() -> DriveSettings:
 
 def client_setup(registry: ModelRegistry, workspace: Workspace, home: Path, approval: ApprovalPolicy,
                  jobs: BackgroundJobs, *, drive: DriveSettings | None = None,
-                 listeners: Sequence[Listener] = ()) -> ConversationSetup:
+                 listeners: Sequence[Listener] = (), mcp: McpServers | None = None) -> ConversationSetup:
     """What a client's conversations run with: `registry`'s models (its `fast_identity` for
     `/fast`), the built-in tools working in `workspace.root` (or in the conversation's project)
     with `approval` as their `before_tool` hook (for the tools it gates) and background commands
     tracked in `jobs`, projects listed from `home/projects.toml`, and the `general` agent to
     delegate to (CE-18). The terminal and `harness serve` both build theirs here; `drive` defaults
-    to `drive_settings()`. Shell commands also run without the variable of each of the
-    registry's API keys, whatever its name."""
+    to `drive_settings()`. The tools of `mcp`'s servers join as they connect and change at step
+    boundaries (`McpServers`); a lane offers them through `MCP_TOOLS`. Shell commands also run
+    without the variable of each of the registry's API keys, whatever its name."""
     keys = {row.model.api_key_env for row in registry.configured() if row.model.api_key_env is not None}
     workspace = replace(workspace, env_deny=(*workspace.env_deny, *sorted(keys)))
     return ConversationSetup(
         models=registry, system_prompt=system_prompt(workspace), drive=drive or drive_settings(),
-        hooks=RunHooks(before_tool=approval, before_tool_applies=approval.decides), listeners=listeners,
+        hooks=RunHooks(before_tool=approval, before_tool_applies=approval.decides,
+                       between_steps=mcp.at_step_boundary if mcp is not None else None), listeners=listeners,
+        live_tools=mcp.tools if mcp is not None else {},
         directory=workspace.root, projects_file=home / PROJECTS_FILE, running_jobs=jobs.running,
         fast_model=registry.fast_identity, commands=BUILT_IN_COMMANDS,
         model_tools=ModelTools(default=default_tools(home), offered=offers_tools),
@@ -274,6 +280,7 @@ async def attach_client(
     model: ModelIdentity | None = None,
     lane: str = "main",
     listeners: Sequence[Listener] = (),
+    mcp: McpServers | None = None,
     name_from: str | None = None,
     drive: DriveSettings | None = None,
     tools: bool | None = None,
@@ -283,7 +290,8 @@ async def attach_client(
     """Open conversation `session_id` of `user` (default `local_user()`; a new one when None)
     through a `ConversationService`, its harness running the built-in tools in the conversation's
     project, or in `cwd` while it has none, with `approval` as the `before_tool` hook, its
-    background shell commands tracked in `jobs`, the `general` agent to delegate to (CE-18), and
+    background shell commands tracked in `jobs`, the tools of `mcp`'s servers, the `general` agent
+    to delegate to (CE-18), and
     `/fast` switching to the registry's `fast_identity`: the service's own hooks (turn-end rows,
     the replay of cut replies, the model's project switch, CE-7 to CE-9, CE-19) apply to every
     turn, a sub-agent's too. Projects are listed from `home/projects.toml`. A session without an owner (made before
@@ -327,7 +335,7 @@ async def attach_client(
     # The setup follows the working directory and the model (the tools' output limit), so each
     # attachment has a service of its own; what conversations share is the journal.
     setup = client_setup(registry, tool_workspace(cwd, home, resolved), home, approval, jobs,
-                         drive=drive, listeners=listeners)
+                         drive=drive, listeners=listeners, mcp=mcp)
     service = ConversationService(store, setup)
     config = new_lane_config(identity, home, tools)
     if session_id is None:

@@ -58,7 +58,7 @@ from harness.runtime import (
     ToolStart,
 )
 from harness.session import CustomMessagePayload, Entry, Store
-from harness.tools import ApprovalPolicy, BackgroundJobs, PermissionRules, describe_call
+from harness.tools import ApprovalPolicy, BackgroundJobs, McpServers, PermissionRules, describe_call
 
 _ROW_TYPES = frozenset({CHAT_EVENT_TYPE, GARDEN_MESSAGE_TYPE, SUBAGENT_RESULT_TYPE})
 """The custom messages a run's output shows as rows, as the chat does."""
@@ -258,10 +258,18 @@ async def run_turn(store: Store, turn: RunTurn, registry: ModelRegistry, context
     approval = (ApprovalPolicy.allow_all(rules=turn.rules) if turn.approve_all
                 else ApprovalPolicy(None, rules=turn.rules, unavailable_reason=NO_APPROVER))
     jobs = BackgroundJobs()  # what the run starts in the background ends with it
-    attached = await attach_client(
-        store, turn.session_id, context, registry=registry, home=turn.home, cwd=turn.cwd, approval=approval,
-        jobs=jobs, model=turn.model, lane=turn.lane, listeners=[printer], name_from=turn.prompt, tools=turn.tools,
-    )
+    mcp = McpServers.from_files(turn.cwd, turn.home)
+    mcp.start()
+    try:
+        await mcp.ready()  # one prompt, nobody typing meanwhile: its first step offers the servers' tools
+        attached = await attach_client(
+            store, turn.session_id, context, registry=registry, home=turn.home, cwd=turn.cwd, approval=approval,
+            jobs=jobs, model=turn.model, lane=turn.lane, listeners=[printer], name_from=turn.prompt,
+            tools=turn.tools, mcp=mcp,
+        )
+    except BaseException:
+        await mcp.close()
+        raise
     conversation, lane = attached.conversation, attached.lane
     approval.conversation_of = lambda request: conversation  # path rules follow its working directory
     session_id = conversation.id
@@ -304,6 +312,7 @@ async def run_turn(store: Store, turn: RunTurn, registry: ModelRegistry, context
         await interrupt.settle()
         await conversation.dispose(context)
         await jobs.close()
+        await mcp.close()
     if isinstance(outcome, Suspended):
         status.print(f"[yellow]the provider will answer later (deferred {outcome.deferred.id}); the run stays "
                      f"open in session {session_id}[/]")

@@ -18,6 +18,7 @@ from harness.tools.approval import (
 from harness.tools.builtin import BUILTIN_TOOL_NAMES, builtin_tools, system_prompt
 from harness.tools.functions import FunctionTool, Replay, ToolSignatureInvalid, function_tool, tool
 from harness.tools.jobs import MAX_RUNNING_JOBS, BackgroundJobs, Job, JobMode, JobNotFound, TooManyJobs
+from harness.tools.mcp import MCP_TOOLS, McpServerConfig, McpServers, McpServerStatus, load_mcp_servers
 from harness.tools.permissions import (
     SETTINGS_DIR,
     SETTINGS_FILES,
@@ -45,6 +46,7 @@ __all__ = [
     "DEFAULT_ENV_DENY",
     "DENY",
     "MAX_RUNNING_JOBS",
+    "MCP_TOOLS",
     "NEEDS_APPROVAL",
     "SETTINGS_DIR",
     "SETTINGS_FILES",
@@ -63,6 +65,9 @@ __all__ = [
     "JobMode",
     "JobNotFound",
     "LimitedOutput",
+    "McpServerConfig",
+    "McpServerStatus",
+    "McpServers",
     "PathOutsideWorkspace",
     "PermissionDecision",
     "PermissionRule",
@@ -75,6 +80,7 @@ __all__ = [
     "builtin_tools",
     "describe_call",
     "function_tool",
+    "load_mcp_servers",
     "load_permission_rules",
     "parse_rule",
     "system_prompt",

@@ -1,0 +1,232 @@
+"""MCP servers' tools (issue 30): a real server written with the SDK (`mcp_server.py`), reached over
+stdio and over streamable HTTP through `McpServers` and the client setup every door uses; its
+tools offered as `mcp__test__<tool>`, replayed after a crash only where the server says they are
+read-only or idempotent; a server that dies, hangs or is slow to start costs a tool error or
+nothing, never a wedged turn."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pydantic import JsonValue
+
+from drive_helpers import within
+from harness.context import Context
+from harness.conversation import Conversation
+from harness.messages import TextContent, ToolResultMessage
+from harness.providers import FauxProvider
+from harness.providers.faux import FauxScript, reply, tool_call
+from harness.runtime import Settled
+from harness.session import Store, connect
+from harness.tools import McpServers, load_mcp_servers
+from mcp_child import CONFIG, OWNER, mcp_service
+
+TESTS = Path(__file__).resolve().parent
+SERVER = TESTS / "mcp_server.py"
+CHILD = TESTS / "mcp_child.py"
+PROCESS_TIMEOUT_S = 60.0  # a guard against a process that never answers, never a wait
+
+
+@pytest.fixture
+async def store(tmp_path: Path, ctx: Context) -> AsyncIterator[Store]:
+    opened = await connect(f"sqlite:///{tmp_path / 'harness.db'}", ctx)
+    try:
+        yield opened
+    finally:
+        await opened.close()
+
+
+def stdio_entry(ledger: Path, **more: JsonValue) -> dict[str, JsonValue]:
+    return {"command": sys.executable, "args": [str(SERVER), "stdio", str(ledger)], **more}
+
+
+def project_with(tmp_path: Path, servers: dict[str, Any]) -> Path:
+    """A project directory whose `.mcp.json` declares `servers`."""
+    project = tmp_path / "project"
+    project.mkdir(exist_ok=True)
+    (project / ".mcp.json").write_text(json.dumps({"mcpServers": servers}), encoding="utf-8")
+    return project
+
+
+@asynccontextmanager
+async def http_server(ledger: Path) -> AsyncIterator[str]:
+    """`mcp_server.py` serving streamable HTTP in a process of its own; its endpoint's URL."""
+    process = await asyncio.create_subprocess_exec(sys.executable, str(SERVER), "http", str(ledger),
+                                                   stdout=asyncio.subprocess.PIPE)
+    try:
+        assert process.stdout is not None
+        port = int(await within(process.stdout.readline(), PROCESS_TIMEOUT_S))
+        yield f"http://127.0.0.1:{port}/mcp"
+    finally:
+        process.kill()
+        await process.wait()
+
+
+@asynccontextmanager
+async def connected(project: Path, home: Path) -> AsyncIterator[McpServers]:
+    servers = McpServers.from_files(project, home)
+    servers.start()
+    try:
+        await within(servers.ready(), PROCESS_TIMEOUT_S)
+        yield servers
+    finally:
+        await servers.close()
+
+
+async def turn(store: Store, servers: McpServers, script: FauxScript, home: Path, ctx: Context
+               ) -> tuple[Conversation, FauxProvider, Settled]:
+    """One turn of a new conversation offered `servers`' tools, on the faux model playing `script`."""
+    service, faux = mcp_service(store, servers, script, home)
+    conversation = await service.create(OWNER, CONFIG, ctx)
+    outcome = await within(conversation.send("go", ctx), PROCESS_TIMEOUT_S)
+    assert isinstance(outcome, Settled), outcome
+    await service.close_all(ctx)
+    return conversation, faux, outcome
+
+
+def tool_result(faux: FauxProvider, request: int) -> ToolResultMessage:
+    """The tool result the `request`th request (from 0) ends with."""
+    message = faux.requests[request].request.messages[-1]
+    assert isinstance(message, ToolResultMessage), message
+    return message
+
+
+def text(message: ToolResultMessage) -> str:
+    return "".join(block.text for block in message.content if isinstance(block, TextContent))
+
+
+@asynccontextmanager
+async def server_entry(kind: str, ledger: Path) -> AsyncIterator[dict[str, JsonValue]]:
+    """The `.mcp.json` entry of `mcp_server.py` reached over `kind`."""
+    if kind == "stdio":
+        yield stdio_entry(ledger)
+        return
+    async with http_server(ledger) as url:
+        yield {"type": "http", "url": url}
+
+
+@pytest.mark.parametrize("kind", ["stdio", "http"])
+async def test_the_model_calls_a_server_tool_and_reads_its_result(kind: str, store: Store, tmp_path: Path,
+                                                                  ctx: Context) -> None:
+    """The model is offered the server's tools under their prefixed names; its call reaches the
+    server, and the result is in the next request."""
+    ledger = tmp_path / "ledger.log"
+    async with server_entry(kind, ledger) as entry, connected(project_with(tmp_path, {"test": entry}),
+                                                                tmp_path) as servers:
+        _, faux, _ = await turn(store, servers, [reply(tool_call("mcp__test__echo", {"text": "hi"})), "said"],
+                                tmp_path, ctx)
+
+    offered = {tool.name for tool in faux.requests[0].request.tools}
+    assert {"mcp__test__echo", "mcp__test__ledger", "mcp__test__hang"} <= offered
+    assert text(tool_result(faux, 1)) == "echo: hi"
+    assert not tool_result(faux, 1).is_error
+
+
+async def test_replay_safety_is_what_the_annotations_say(tmp_path: Path) -> None:
+    """A read-only (`echo`) or idempotent (`fresh`, once added) tool is replay-safe; one with no
+    hints (`ledger`) is never replayed."""
+    async with connected(project_with(tmp_path, {"test": stdio_entry(tmp_path / "ledger.log")}),
+                         tmp_path) as servers:
+        replay = {tool.name: tool.replay for tool in servers.tools.values()}
+
+    assert replay["mcp__test__echo"] == "safe"
+    assert replay["mcp__test__ledger"] == "never"
+    assert replay["mcp__test__die"] == "never"
+
+
+async def test_a_crash_during_a_never_replay_call_is_answered_as_interrupted_and_not_repeated(
+        store: Store, tmp_path: Path, ctx: Context) -> None:
+    """The harness process is SIGKILLed while the server runs its `ledger` call; the next process
+    resumes the run: the call is answered as interrupted, effect unknown, and the server never
+    sees it again."""
+    ledger = tmp_path / "ledger.log"
+    project = project_with(tmp_path, {"test": stdio_entry(ledger)})
+    store_url = f"sqlite:///{tmp_path / 'harness.db'}"
+    child = await asyncio.create_subprocess_exec(sys.executable, str(CHILD), store_url, str(project), str(tmp_path),
+                                                 stdout=asyncio.subprocess.PIPE)
+    output, _ = await within(child.communicate(), PROCESS_TIMEOUT_S)
+    assert child.returncode == -signal.SIGKILL, "the child was not killed during the call"
+    conversation_id = output.decode().strip()
+
+    async with connected(project, tmp_path) as servers:
+        service, faux = mcp_service(store, servers, ["after the crash"], tmp_path)
+        conversation = await service.open(OWNER, conversation_id, ctx)
+        [operation] = conversation.open_operations
+        outcome = await within(conversation.drive(operation.operation_id, ctx), PROCESS_TIMEOUT_S)
+        await service.close_all(ctx)
+
+    assert isinstance(outcome, Settled)
+    assert outcome.result.outcome == "completed"
+    assert ledger.read_text().splitlines() == ["ledger k1"]
+    assert text(tool_result(faux, 0)).startswith("The tool was interrupted before it reported a result")
+
+
+async def test_a_server_killed_mid_call_settles_the_turn_with_a_tool_error(store: Store, tmp_path: Path,
+                                                                         ctx: Context) -> None:
+    """The server dies during the call: the model reads an error result and the turn ends; the
+    next call starts the server again."""
+    ledger = tmp_path / "ledger.log"
+    async with connected(project_with(tmp_path, {"test": stdio_entry(ledger)}), tmp_path) as servers:
+        script: FauxScript = [reply(tool_call("mcp__test__die")),
+                              reply(tool_call("mcp__test__echo", {"text": "again"})), "over"]
+        _, faux, outcome = await turn(store, servers, script, tmp_path, ctx)
+
+    assert outcome.result.outcome == "completed"
+    died = tool_result(faux, 1)
+    assert died.is_error
+    assert text(died).startswith("MCP server test failed the call")
+    assert text(tool_result(faux, 2)) == "echo: again"
+    assert ledger.read_text().splitlines() == ["die"]
+
+
+async def test_a_hanging_server_is_a_tool_error_after_its_timeout(store: Store, tmp_path: Path, ctx: Context) -> None:
+    """A call the server never answers ends at the entry's `timeout` as an error the model reads."""
+    project = project_with(tmp_path, {"test": stdio_entry(tmp_path / "ledger.log", timeout=0.5)})
+    async with connected(project, tmp_path) as servers:
+        _, faux, outcome = await turn(store, servers, [reply(tool_call("mcp__test__hang")), "gave up"], tmp_path, ctx)
+
+    assert outcome.result.outcome == "completed"
+    assert tool_result(faux, 1).is_error
+    assert "timed out" in text(tool_result(faux, 1))
+
+
+async def test_a_server_slow_to_start_holds_up_nothing(store: Store, tmp_path: Path, ctx: Context) -> None:
+    """A server that has not answered yet offers no tools and blocks no turn; it stays `starting`."""
+    silent = {"command": sys.executable, "args": ["-c", "import time; time.sleep(600)"]}
+    servers = McpServers.from_files(project_with(tmp_path, {"silent": silent}), tmp_path)
+    servers.start()
+    try:
+        _, faux, outcome = await turn(store, servers, ["no tools yet"], tmp_path, ctx)
+        [status] = servers.statuses()
+    finally:
+        await servers.close()
+
+    assert outcome.result.outcome == "completed"
+    assert faux.requests[0].request.tools == ()
+    assert status.state == "starting"
+
+
+def test_project_servers_win_and_variables_are_expanded(tmp_path: Path) -> None:
+    """`.mcp.json` of the project, then `mcp.json` of the home; `${VAR}` and `${VAR:-default}`
+    expanded; a bad entry is reported, not raised."""
+    project = project_with(tmp_path, {"both": {"command": "${TOOL}", "args": ["${MODE:-fast}"]},
+                                      "web": {"type": "http", "url": "${URL}"},
+                                      "odd": {"type": "sse", "url": "http://x"}})
+    (tmp_path / "mcp.json").write_text(json.dumps({"mcpServers": {"both": {"command": "user"},
+                                                                  "mine": {"command": "mine"}}}))
+
+    found = {config.name: config for config in load_mcp_servers(project, tmp_path, {"TOOL": "run-it"})}
+
+    assert list(found) == ["both", "web", "odd", "mine"]
+    assert found["both"].where == "run-it fast"
+    assert found["web"].problem == "the environment variable URL is not set"
+    assert found["odd"].problem == "type 'sse' is not supported (stdio or http)"
+    assert found["mine"].source == tmp_path / "mcp.json"
