@@ -24,7 +24,9 @@ from harness.messages import ModelIdentity
 from harness.session import Store
 
 if TYPE_CHECKING:
+    from harness.cli.config import Readiness
     from harness.imports import ImportReport
+    from harness.providers import Model, ModelRegistry
     from harness.tools import PermissionRules
 
 import_app = typer.Typer(
@@ -215,7 +217,11 @@ def models() -> None:
         raise typer.Exit(1) from error
     path = home / "models.toml"
     typer.echo(f"# {path}" + ("" if path.exists() else " (not found: built-in models only)"))
-    default = registry.default_identity()
+    default: ModelIdentity | None = None
+    try:
+        default = registry.default_identity()
+    except HarnessError as error:
+        typer.echo(f"# no default model: {error.message}")
     rows = registry.configured()
     found = asyncio.run(check_readiness(registry, [row.model for row in rows]))
     width = max(len(row.identity.spec) for row in rows)
@@ -224,7 +230,28 @@ def models() -> None:
         state = ready.problem or ("ready" if row.model.api_key_env is None else f"key {row.model.api_key_env}")
         typer.echo(f"{mark} {row.identity.spec:<{width}}  {row.model.api:<18} "
                    f"{row.model.context_window:>9,}  {state}")
+    for url, model in _compatible_servers(registry, [ready for ready in found if ready.problem is None]).items():
+        try:
+            served = [ModelIdentity(provider=model.provider, model_id=model_id)
+                      for model_id in registry.served_models(model)]
+        except HarnessError as error:
+            typer.echo(f"# {url}: {error.message}")
+            continue
+        typer.echo(f"# served at {url} ({len(served)} models)")
+        for identity in served:
+            typer.echo(f"{'*' if identity == default else ' '} {identity.spec}")
     typer.echo("# other model ids of openai, anthropic and the providers of models.toml work with default limits")
+
+
+def _compatible_servers(registry: ModelRegistry, ready: list[Readiness]) -> dict[str, Model]:
+    """One callable model per OpenAI-compatible server that is not OpenAI's own (whose list is its
+    whole catalogue), by base URL, in the order of `ready`."""
+    servers: dict[str, Model] = {}
+    for found in ready:
+        url = registry.server_url(found.model)
+        if url is not None and found.model.api in ("openai-chat", "openai-responses") and "api.openai.com" not in url:
+            servers.setdefault(url, found.model)
+    return servers
 
 
 @app.command()

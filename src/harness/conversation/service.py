@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping, Sequence
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Coroutine, Mapping, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager, suppress
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -76,6 +76,7 @@ from harness.conversation.settings import (
     ModelTools,
     WorkMode,
     posted_switch_landed,
+    same_model,
 )
 from harness.conversation.turn_rows import (
     clean_public_text,
@@ -210,6 +211,10 @@ REQUEST_POLL_S = 1.0
 wakes it sooner (SQLite has no notifications; PostgreSQL's wake it at once)."""
 
 logger = logging.getLogger(__name__)
+
+HOLDER_CHECK_S = 2.0
+"""How often a model switch posted to another holder with `wait_for_completion` checks that a
+holder still has the conversation (`switch_model`): a dead holder ends the wait within this."""
 
 OWNERS_KEPT = 10_000
 """Conversations whose owner a service remembers, the most recently checked (`check_owner`)."""
@@ -1080,7 +1085,8 @@ class ConversationService:
         error row; with
         `wait_for_completion`, answered once the lane's model is set, following the journal
         (`posted_switch_landed`: `ModelSwitchRefused` when another pick lands first or the holder
-        records the switch's failure)."""
+        records the switch's failure, and `holder_stopped` within `HOLDER_CHECK_S` once no
+        process holds the conversation and the switch did not apply)."""
         session = await self._owned(user, conversation_id, context)
         live = self._live.get(conversation_id)
         if live is not None:
@@ -1098,10 +1104,39 @@ class ConversationService:
         follow = await follow_lane(self.store, conversation_id, MAIN_LANE, context)  # before: no event missed
         try:
             await session.post_request(request, context)
-            await posted_switch_landed(follow, model)
+            await self._posted_switch_lands(session, follow, model, context)
         finally:
             follow.close()
         return ModelSwitch(model=model, queued=False)
+
+    async def _posted_switch_lands(self, session: Session, events: AsyncIterable[HarnessEvent], model: ModelIdentity,
+                                   context: Context) -> None:
+        """Wait for a switch to `model` posted to the conversation's holder to land
+        (`posted_switch_landed`), for as long as a holder has the conversation: every
+        `HOLDER_CHECK_S` a claim tries whether one still does. Once none does (it stopped, or let
+        go of it), the lane's model as stored says whether the switch applied; if not, it is
+        `ModelSwitchRefused` (`holder_stopped`), so a caller never waits for a dead holder."""
+        landed = asyncio.ensure_future(posted_switch_landed(events, model))
+        try:
+            while not (await asyncio.wait({landed}, timeout=HOLDER_CHECK_S))[0]:
+                if session.id in self._live:  # held here now: this process's taker applies it
+                    continue
+                try:
+                    probe = await session.attach("posted switch's wait", context)
+                except SessionOwned:
+                    continue
+                await probe.detach(context)
+                config = await session.get(addresses.lane_config(MAIN_LANE), context)
+                if config is not None and same_model(config.model, model):
+                    return
+                raise ModelSwitchRefused(
+                    f"the switch to {model.spec} did not apply: the process holding the conversation let go of it "
+                    "first (it stopped); the switch may still be posted for its next holder, so read the "
+                    "conversation's model before picking again", reason="holder_stopped", provider=model.provider,
+                    model_id=model.model_id)
+            landed.result()
+        finally:
+            landed.cancel()
 
     def list_switchable_projects(self, user: str) -> Sequence[SwitchableProject]:
         """The projects `user` may switch a conversation to, read from `setup.projects_file` at
