@@ -83,7 +83,7 @@ def serve_command(
         refuse_open_no_auth,
         serve,
     )
-    from harness.tools import BackgroundJobs, load_permission_rules
+    from harness.tools import BackgroundJobs, McpServers, load_permission_rules
 
     if workers not in ("in-process", "external"):
         raise typer.BadParameter("in-process or external", param_hint="--workers")
@@ -101,10 +101,11 @@ def serve_command(
     async def body(opened: Store, context: Context) -> None:
         registry = ModelRegistry.load(home=home)
         jobs = BackgroundJobs()
+        mcp = McpServers.from_files(Path.cwd(), home)  # connected in the background: serving starts at once
         # Write, edit and shell wait for the owner's answer over HTTP, unless the settings' rules decide.
         approvals = Approvals(rules=load_permission_rules(home, Path.cwd()))
         # Answers another process posts (a second server on this store) reach the calls waiting here.
-        setup = replace(client_setup(registry, tool_workspace(Path.cwd(), home), home, approvals.hook, jobs),
+        setup = replace(client_setup(registry, tool_workspace(Path.cwd(), home), home, approvals.hook, jobs, mcp=mcp),
                         answer_approval=approvals.answer_posted)
 
         def new_lane(model: ModelIdentity | None) -> LaneConfig:
@@ -115,6 +116,7 @@ def serve_command(
         options = ServerOptions(workers="external" if workers == "external" else "in-process",
                                 max_held=MAX_HELD if max_held is None else max_held,
                                 idle_release_s=IDLE_RELEASE_S if idle_release is None else idle_release)
+        mcp.start()
         try:
             try:
                 app = create_app(service, auth, new_lane=new_lane, approvals=approvals, options=options)
@@ -124,6 +126,7 @@ def serve_command(
             await serve(app, host, listen_port)
         finally:
             await jobs.close()
+            await mcp.close()
 
     run_with_store(store, body, pool_max=SERVE_POOL_MAX)
 

@@ -37,7 +37,7 @@ def worker_command(
     from harness.cli.config import client_setup, tool_workspace
     from harness.conversation import ConversationService
     from harness.providers import ModelRegistry
-    from harness.tools import ApprovalPolicy, BackgroundJobs, load_permission_rules
+    from harness.tools import ApprovalPolicy, BackgroundJobs, McpServers, load_permission_rules
     from harness.worker import Worker, WorkerOptions
 
     configure_logging(log_format)
@@ -49,16 +49,19 @@ def worker_command(
         rules = load_permission_rules(home, Path.cwd())  # the settings' deny and ask rules hold even with --yes
         approval = (ApprovalPolicy.allow_all(rules=rules) if approve_all
                     else ApprovalPolicy(None, rules=rules, unavailable_reason=NO_APPROVER))
-        setup = client_setup(registry, tool_workspace(Path.cwd(), home), home, approval, jobs)
+        mcp = McpServers.from_files(Path.cwd(), home)  # connected in the background: claiming starts at once
+        setup = client_setup(registry, tool_workspace(Path.cwd(), home), home, approval, jobs, mcp=mcp)
         worker = Worker(ConversationService(opened, setup), WorkerOptions(concurrency=concurrency))
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, worker.stop)
         logger.info("harness worker: driving up to %d sessions at once; SIGTERM or Ctrl-C stops it", concurrency,
                     extra={"event": "started", "concurrency": concurrency})
+        mcp.start()
         try:
             await worker.run(context)
         finally:
             await jobs.close()
+            await mcp.close()
 
     run_with_store(store, body)
