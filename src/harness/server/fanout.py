@@ -26,7 +26,11 @@ up is never cut by one large event (a long reply's end). The streaming reply is 
 each `MessageUpdate` carries the whole reply so far, so a subscription holds at most one, the
 newest (a newer one takes its place, and the reply's end, a new reply or the run's end drops it):
 the same reply the fan-out's snapshot holds, the shared source's, counted once for the server
-and not per watcher."""
+and not per watcher.
+
+Every watcher of a lane is handed the same `Delivered` for an event: a door that sends the same
+bytes to each of its clients for it (the native watch's SSE) encodes it once, for the first
+watcher that sends it, and the others send those bytes (`Delivered.encoded`)."""
 
 from __future__ import annotations
 
@@ -34,7 +38,7 @@ import asyncio
 import itertools
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from harness.context import Context
 from harness.conversation import LaneEvents
@@ -67,13 +71,31 @@ _REPLY_ENDS = (MessageStart, MessageEnd, RunEnd)
 """Events after which the streaming reply a subscription may hold unread is no longer the newest."""
 
 
+@dataclass(slots=True, eq=False)
+class Delivered:
+    """An event as the fan-out hands it to every subscription of its lane, with its JSON `size`
+    (0 for a `MessageUpdate`: the streaming reply is the fan-out's, not a subscription's)."""
+
+    event: HarnessEvent
+    size: int
+    _encodings: dict[Callable[[HarnessEvent], bytes], bytes] = field(default_factory=dict)
+
+    def encoded(self, encode: Callable[[HarnessEvent], bytes]) -> bytes:
+        """`encode(event)`, computed once for every subscription that asks with the same `encode`
+        (a function of the event alone: the event is read-only and the same for all of them)."""
+        encoded = self._encodings.get(encode)
+        if encoded is None:
+            encoded = self._encodings[encode] = encode(self.event)
+        return encoded
+
+
 @dataclass(slots=True)
 class _Waiting:
     """An event a subscription holds for its reader: its `number` in the order delivered, and its
-    JSON size (0 for the streaming reply, the fan-out's); `event` None once it was dropped."""
+    size (the `Delivered`'s, 0 for the streaming reply); `delivered` None once it was dropped."""
 
     number: int
-    event: HarnessEvent | None
+    delivered: Delivered | None
     size: int
 
 
@@ -97,25 +119,26 @@ class Subscription(LaneEvents):
         self._fault: BaseException | None = None
         self._wakeup = asyncio.Event()
 
-    def push(self, event: HarnessEvent, size: int) -> None:
-        """Hold `event` (of JSON size `size`) for the reader; cut the subscription instead when it
-        would hold more than `limit_bytes`."""
+    def push(self, delivered: Delivered) -> None:
+        """Hold `delivered` for the reader; cut the subscription instead when it would hold more
+        than `limit_bytes`."""
         if self.cut or self.ended:
             return
+        event = delivered.event
         if isinstance(event, MessageUpdate) and self._update is not None:
-            self._update.event = event
+            self._update.delivered = delivered
             self._wakeup.set()
             return
         if isinstance(event, _REPLY_ENDS) and self._update is not None:
-            self._update.event, self._update = None, None
-        if self._queue and self.held_bytes + size > self.limit_bytes:
+            self._update.delivered, self._update = None, None
+        if self._queue and self.held_bytes + delivered.size > self.limit_bytes:
             self.cut, self.held_bytes = True, 0
             self._queue.clear()
             self._update = None
             self._fanout.leave(self)  # nothing more reaches it: a reconnect resumes from the log
         else:
             self._delivered += 1
-            waiting = _Waiting(self._delivered, event, 0 if isinstance(event, MessageUpdate) else size)
+            waiting = _Waiting(self._delivered, delivered, delivered.size)
             self._queue.append(waiting)
             self.held_bytes += waiting.size
             if isinstance(event, MessageUpdate):
@@ -127,15 +150,16 @@ class Subscription(LaneEvents):
         self.ended, self._fault = True, fault
         self._wakeup.set()
 
-    def pop(self) -> HarnessEvent | None:
-        """The next event, without waiting; None when none is held."""
+    def pop(self) -> Delivered | None:
+        """The next event (as every subscription of the lane is handed it), without waiting;
+        None when none is held."""
         while self._queue:
             waiting = self._queue.popleft()
             self.held_bytes -= waiting.size
             if waiting is self._update:
                 self._update = None
-            if waiting.event is not None:
-                return waiting.event
+            if waiting.delivered is not None:
+                return waiting.delivered
         return None
 
     def delivered(self) -> int:
@@ -169,9 +193,9 @@ class Subscription(LaneEvents):
 
     async def _iterate(self) -> AsyncIterator[HarnessEvent]:
         while True:
-            event = self.pop()
-            if event is not None:
-                yield event
+            delivered = self.pop()
+            if delivered is not None:
+                yield delivered.event
             elif self.cut:
                 raise self.overflow()
             elif self.ended:
@@ -190,7 +214,7 @@ class Subscription(LaneEvents):
 
     def _take_all(self) -> list[HarnessEvent]:
         self._fanout.hand_out()
-        taken = [waiting.event for waiting in self._queue if waiting.event is not None]
+        taken = [waiting.delivered.event for waiting in self._queue if waiting.delivered is not None]
         self._queue.clear()
         self._update, self.held_bytes = None, 0
         return taken
@@ -288,11 +312,11 @@ class LaneFanout:
                 self.snapshot = reduce_lane_snapshot(self.snapshot, event)
             except RebaseRequired:
                 self._no_joining()
-        size = 0 if isinstance(event, MessageUpdate) else len(event.model_dump_json())
+        delivered = Delivered(event, 0 if isinstance(event, MessageUpdate) else len(event.model_dump_json()))
         if event.event_seq is not None:
-            self._keep(event.event_seq, event, size)
+            self._keep(event.event_seq, event, delivered.size)
         for subscription in list(self.subscriptions):  # a subscription cut leaves the list
-            subscription.push(event, size)
+            subscription.push(delivered)
 
     def _keep(self, seq: int, event: HarnessEvent, size: int) -> None:
         """Keep durable event `seq` among the recent ones, within `RECENT_EVENTS` and `RECENT_BYTES`."""

@@ -58,7 +58,7 @@ from harness.conversation import Forbidden, InstanceEvent, LaneEvents, conversat
 from harness.messages import AssistantContent, AssistantMessage, TextContent, ThinkingContent
 from harness.runtime import HarnessEvent, LaneSnapshot, MessageEnd, MessageStart, MessageUpdate, RunEnd, RunStart
 from harness.server.approvals import ApprovalChange
-from harness.server.fanout import Subscription
+from harness.server.fanout import Delivered, Subscription
 from harness.server.langgraph_wire import InvalidEventId
 from harness.server.state import Authorization, CurrentAuthorization, CurrentUser, RequestContext, State
 from harness.session import SessionNotFound
@@ -227,20 +227,22 @@ class _ShownReply:
     def __init__(self, reply: AssistantMessage | None) -> None:
         self.reply = reply
 
-    def parts(self, event: HarnessEvent) -> list[ServerSentEvent]:
-        """`event` as this client is shown it (`_parts`, a `MessageUpdate` as a delta)."""
-        match event:
-            case MessageUpdate():
+    def encoded(self, delivered: Delivered) -> bytes:
+        """The event as this client is sent it: a `MessageUpdate` as a delta (b"" when the reply
+        did not change for it), any other as every client is (`_wire`, encoded once for all the
+        watchers of the lane)."""
+        match delivered.event:
+            case MessageUpdate() as event:
                 changes = None if self.reply is None else reply_delta(self.reply, event.message)
                 self.reply = event.message
                 if changes is None:
-                    return [_model_event(event)]
-                return [_model_event(MessageDelta(lane=event.lane, content=changes))] if changes else []
+                    return _encoded(_model_event(event))
+                return _encoded(_model_event(MessageDelta(lane=event.lane, content=changes))) if changes else b""
             case MessageStart(message=AssistantMessage() as message):
                 self.reply = message
             case MessageEnd(message=AssistantMessage()) | RunStart() | RunEnd():
                 self.reply = None
-        return _parts(event)
+        return delivered.encoded(_wire)
 
 
 def _approval(change: ApprovalChange) -> ServerSentEvent:
@@ -248,19 +250,22 @@ def _approval(change: ApprovalChange) -> ServerSentEvent:
     return ServerSentEvent(event="approval", data={"pending": change.pending, "answer": answer})
 
 
+_HEARTBEAT = b": heartbeat\n\n"
+
+
 async def _watched(watch: Subscription, approvals: deque[tuple[int, ApprovalChange]], shown: _ShownReply,
-                   heartbeat_s: float) -> AsyncGenerator[ServerSentEvent, None]:
-    """The events of `watch` as the client is shown them, each approval change `(n, change)` right
+                   heartbeat_s: float) -> AsyncGenerator[bytes, None]:
+    """The events of `watch` as the client is sent them, each approval change `(n, change)` right
     after the watch's event `n` (the newest delivered when it changed), with heartbeats while it
     is quiet; ends with `overflow` when the watch was cut, or when its source ended."""
     while True:
         if approvals and approvals[0][0] < watch.next_number:
-            yield _approval(approvals.popleft()[1])
-        elif (event := watch.pop()) is not None:
-            for part in shown.parts(event):
-                yield part
+            yield _encoded(_approval(approvals.popleft()[1]))
+        elif (delivered := watch.pop()) is not None:
+            if encoded := shown.encoded(delivered):
+                yield encoded
         elif watch.cut:
-            yield ServerSentEvent(event="overflow", data=Overflow(limit=watch.limit_bytes, unit="bytes"))
+            yield _encoded(ServerSentEvent(event="overflow", data=Overflow(limit=watch.limit_bytes, unit="bytes")))
             return
         elif watch.ended:
             return
@@ -269,7 +274,7 @@ async def _watched(watch: Subscription, approvals: deque[tuple[int, ApprovalChan
                 async with asyncio.timeout(heartbeat_s):
                     await watch.wait()
             except TimeoutError:
-                yield ServerSentEvent(comment="heartbeat")
+                yield _HEARTBEAT
 
 
 def _parts(event: HarnessEvent, skip: int = 0) -> list[ServerSentEvent]:
@@ -279,6 +284,11 @@ def _parts(event: HarnessEvent, skip: int = 0) -> list[ServerSentEvent]:
     seq = event.event_seq
     ids = [None if seq is None else str(seq) if k == len(shown) else f"{seq}.{k}" for k in range(1, len(shown) + 1)]
     return [_model_event(item, event_id) for item, event_id in zip(shown[skip:], ids[skip:], strict=True)]
+
+
+def _wire(event: HarnessEvent) -> bytes:
+    """Every part of `event` (`_parts`) as the watch writes it: the same for every client."""
+    return b"".join(_encoded(part) for part in _parts(event))
 
 
 def _snapshot(snapshot: LaneSnapshot, *, reset: bool) -> ServerSentEvent:
@@ -373,15 +383,15 @@ async def conversation_events_stream(conversation_id: str, watch: Annotated[Subs
         # Closed however the response ends (a client gone cancels it): its listener goes with it.
         async with contextlib.aclosing(_watch_events(conversation_id, watch, after, state, authorization,
                                                      context)) as events:
-            async for event in events:
-                yield _encoded(event)
+            async for chunk in events:
+                yield chunk
 
     return _EventStream(body(), headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
 
 async def _watch_events(conversation_id: str, watch: Subscription, after: WatchPosition | None, state: State,
-                        authorization: Authorization, context: Context) -> AsyncGenerator[ServerSentEvent, None]:
-    """The events of `conversation_events_stream`'s response."""
+                        authorization: Authorization, context: Context) -> AsyncGenerator[bytes, None]:
+    """The events of `conversation_events_stream`'s response, encoded."""
     approvals: deque[tuple[int, ApprovalChange]] = deque()
 
     def on_approval(change: ApprovalChange) -> None:
@@ -396,14 +406,14 @@ async def _watch_events(conversation_id: str, watch: Subscription, after: WatchP
         operation = watch.snapshot.operation
         shown = _ShownReply(None if operation is None else operation.streaming_message)
         if replay is None:
-            yield _snapshot(watch.snapshot, reset=after is not None)
+            yield _encoded(_snapshot(watch.snapshot, reset=after is not None))
         else:
-            for event in replay:
-                yield event
+            if replay:
+                yield b"".join(_encoded(event) for event in replay)
             if shown.reply is not None:
-                yield _model_event(MessageUpdate(lane=watch.snapshot.lane, message=shown.reply))
-        async for event in authorization.until_revoked(_watched(watch, approvals, shown, state.options.heartbeat_s)):
-            yield event
+                yield _encoded(_model_event(MessageUpdate(lane=watch.snapshot.lane, message=shown.reply)))
+        async for chunk in authorization.until_revoked(_watched(watch, approvals, shown, state.options.heartbeat_s)):
+            yield chunk
     finally:
         stop_listening()
 
