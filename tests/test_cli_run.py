@@ -19,6 +19,7 @@ import pytest
 from pydantic import TypeAdapter
 
 from conftest import SHARED_FIXTURES, backend_url, needs_shared_fixtures
+from harness import __version__ as harness_version
 from harness.cli.config import local_user
 from harness.context import Context
 from harness.conversation import ChatEventDetails, ConversationService, ErrorDetails, EventRow, ModelSwitched
@@ -642,12 +643,25 @@ def test_doctor_exits_non_zero_on_a_failed_check(home: Path, work: Path) -> None
     assert any(line.startswith("fail  models.toml") for line in checked.stdout.splitlines())
 
 
+def test_version_is_answered_before_the_application_loads() -> None:
+    """Issue 33: `harness --version` imports neither typer nor pydantic nor any command, so it
+    starts in about two bare Python starts rather than thirty."""
+    probe = ("import sys; sys.argv = ['harness', '--version']; from harness.__main__ import main; main(); "
+             "print(sorted({'typer', 'click', 'pydantic', 'harness.cli'} & set(sys.modules)))")
+
+    shown = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=60)
+
+    assert shown.stdout == f"harness {harness_version}\n[]\n"
+
+
 def test_a_command_starts_without_what_only_other_commands_run() -> None:
     """Every test and every user pays each command's start-up: registering the commands imports
     none of what they run, so only `harness serve` loads FastAPI and uvicorn, only the chat
-    prompt_toolkit, and a command that lists sessions no runtime, tools, gardens or importers."""
+    prompt_toolkit, a command that lists sessions no runtime, tools, gardens or importers, and none
+    the provider SDKs (issue 33: the openai SDK alone took 0.9 s of every start)."""
     heavy = {"fastapi", "uvicorn", "starlette", "prompt_toolkit", "httpx", "harness.conversation", "harness.runtime",
-             "harness.tools", "harness.garden", "harness.imports", "harness.worker", "harness.server"}
+             "harness.tools", "harness.garden", "harness.imports", "harness.worker", "harness.server",
+             "openai", "anthropic", "llama_cpp", "mcp"}
     probe = f"import sys, harness.cli; print(sorted({heavy!r} & set(sys.modules)))"
 
     loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=60)

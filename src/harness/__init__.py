@@ -9,19 +9,24 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from harness.context import Context
-from harness.errors import HarnessError, ModelUnavailable, ToolsUnavailable
-from harness.messages import ModelIdentity
-
 if TYPE_CHECKING:
     from harness.agent import Agent, AgentResult, AgentStream, RunFailed, RunNotSettled
+    from harness.context import Context
+    from harness.errors import HarnessError, ModelUnavailable, ToolsUnavailable
+    from harness.messages import ModelIdentity
     from harness.tools import FunctionTool, tool
 
-# Imported at first use: every `harness` command imports this package, and the agent's
-# (the conversation service, the provider SDKs) would add over a second to each one's start.
+__version__ = "0.1.0"
+"""The version `pyproject.toml` builds (hatch reads it here) and `harness --version` prints."""
+
+# Imported at first use: every `harness` command imports this package, and even its data types
+# bring pydantic, which `harness --version` has no use for; the agent's (the conversation service,
+# the provider SDKs) would add over a second to each command's start.
 _LAZY = {"Agent": "harness.agent", "AgentResult": "harness.agent", "AgentStream": "harness.agent",
          "RunFailed": "harness.agent", "RunNotSettled": "harness.agent", "FunctionTool": "harness.tools",
-         "tool": "harness.tools"}
+         "tool": "harness.tools", "Context": "harness.context", "HarnessError": "harness.errors",
+         "ModelUnavailable": "harness.errors", "ToolsUnavailable": "harness.errors",
+         "ModelIdentity": "harness.messages"}
 
 
 def __getattr__(name: str) -> Any:

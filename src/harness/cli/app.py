@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from importlib.metadata import version
 from typing import Annotated, TypeVar
 
 import typer
@@ -35,7 +34,9 @@ app = typer.Typer(
 
 def _print_version(asked: bool) -> None:
     if asked:
-        typer.echo(f"harness {version('harness')}")
+        from harness import __version__
+
+        typer.echo(f"harness {__version__}")
         raise typer.Exit()
 
 
