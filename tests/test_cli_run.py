@@ -643,6 +643,17 @@ def test_doctor_exits_non_zero_on_a_failed_check(home: Path, work: Path) -> None
     assert any(line.startswith("fail  models.toml") for line in checked.stdout.splitlines())
 
 
+def test_the_chat_and_run_start_without_the_sdks_of_what_they_may_never_call() -> None:
+    """Issue 33: the provider SDKs load at a model's first request and the MCP SDK at a server's
+    first connection; each took around a second of every chat's and run's start (and every test's)."""
+    sdks = {"openai", "anthropic", "llama_cpp", "mcp"}
+    probe = f"import sys, harness.cli.chat, harness.cli.run; print(sorted({sdks!r} & set(sys.modules)))"
+
+    loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=60)
+
+    assert loaded.stdout.strip() == "[]"
+
+
 def test_version_is_answered_before_the_application_loads() -> None:
     """Issue 33: `harness --version` imports neither typer nor pydantic nor any command, so it
     starts in about two bare Python starts rather than thirty."""

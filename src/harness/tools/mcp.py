@@ -17,24 +17,22 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib.metadata import version
 from pathlib import Path
-from typing import Any, Literal, TextIO
+from typing import TYPE_CHECKING, Any, Literal, TextIO
 
-import anyio
-import httpx2
-import mcp_types
-from jsonschema.exceptions import SchemaError
-from jsonschema.validators import validator_for
-from mcp import Client, MCPError, StdioServerParameters, stdio_client
-from mcp.client import Transport
-from mcp.client.session import IncomingMessage
-from mcp.client.streamable_http import streamable_http_client
-from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError
 
 from harness.context import Context
 from harness.messages import ImageContent, Message, TextContent, UserContent
 from harness.providers import ToolSpec
 from harness.runtime import AgentTool, Lane, ProgressCallback, ToolOutput
+
+# The SDK (and anyio, jsonschema, httpx2 with it) is imported by the connection code only: it takes
+# over a second of CPU to import, which every chat, run and test process paid with no server declared.
+if TYPE_CHECKING:
+    import mcp_types
+    from mcp import Client
+    from mcp.client import Transport
+    from mcp.client.session import IncomingMessage
 
 logger = logging.getLogger(__name__)
 
@@ -300,6 +298,10 @@ class _Server:
     # -- the connection, in its own task: the SDK's task group lives and ends in it ------------
 
     async def _run(self) -> None:
+        import anyio
+        import mcp_types
+        from mcp import Client
+
         try:
             async with contextlib.AsyncExitStack() as stack:
                 target = self._target(stack)
@@ -325,6 +327,10 @@ class _Server:
 
     def _target(self, stack: contextlib.AsyncExitStack) -> Transport:
         """How the SDK reaches the server; what it needs open meanwhile is closed with `stack`."""
+        import httpx2
+        from mcp import StdioServerParameters, stdio_client
+        from mcp.client.streamable_http import streamable_http_client
+
         transport = self.config.transport
         if isinstance(transport, StdioServer):
             errlog = stack.enter_context(self.owner._errlog(self.config.name))
@@ -340,6 +346,9 @@ class _Server:
         """Until the connection ends: refresh the tool list on each change event (2026-era servers
         announce them on a `subscriptions/listen` stream; earlier ones by notification, which
         `_on_message` takes)."""
+        import anyio
+        from mcp_types.version import MODERN_PROTOCOL_VERSIONS
+
         capabilities = client.server_capabilities.tools
         if client.protocol_version in MODERN_PROTOCOL_VERSIONS and capabilities is not None \
                 and capabilities.list_changed:
@@ -350,6 +359,8 @@ class _Server:
             await anyio.sleep_forever()
 
     async def _on_message(self, message: IncomingMessage) -> None:
+        import mcp_types
+
         if isinstance(message, mcp_types.ToolListChangedNotification):
             self._changed()
 
@@ -358,6 +369,8 @@ class _Server:
             self._refresh = asyncio.get_running_loop().create_task(self._relist(self._client))
 
     async def _relist(self, client: Client) -> None:
+        import anyio
+
         try:
             with anyio.fail_after(self.config.transport.timeout if self.config.transport else CALL_TIMEOUT_S):
                 await self._list(client)
@@ -389,6 +402,9 @@ class _Server:
 
     def _tool(self, tool: mcp_types.Tool) -> AgentTool | str:
         """The tool as the model sees it, or why it cannot be offered."""
+        from jsonschema.exceptions import SchemaError
+        from jsonschema.validators import validator_for
+
         name = f"{TOOL_PREFIX}{_NOT_IN_NAME.sub('_', self.config.name)}__{_NOT_IN_NAME.sub('_', tool.name)}"
         if len(name) > _NAME_LIMIT:
             return f"{name} is longer than {_NAME_LIMIT} characters"
@@ -435,6 +451,9 @@ class _Server:
         try:
             result = call.result()
         except Exception as error:  # the server died, hung past the timeout or answered garbage
+            import mcp_types
+            from mcp import MCPError
+
             problem = _describe(error)
             if isinstance(error, MCPError) and error.code == mcp_types.CONNECTION_CLOSED:
                 # Gone before the connection's task noticed: the next call starts it again.
@@ -447,6 +466,8 @@ class _Server:
 def _output(result: mcp_types.CallToolResult) -> ToolOutput:
     """The model's view of a tool result: text and images as they are, other content described,
     the structured content as JSON when nothing else was sent, cut at `RESULT_LIMIT_CHARS`."""
+    import mcp_types
+
     content: list[UserContent] = []
     for block in result.content:
         if isinstance(block, mcp_types.TextContent):
