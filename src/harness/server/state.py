@@ -16,7 +16,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from harness.context import Context
 from harness.conversation import MAIN_LANE, Conversation, ConversationService, LaneEvents
 from harness.errors import HarnessError
-from harness.messages import ImageContent, ModelIdentity, UserMessage, now_ms
+from harness.messages import ImageContent, ModelIdentity, OutputSchema, UserMessage, now_ms
 from harness.runtime import FOLLOW_POLL_S, AbortRequest, AcceptedRun, RunEnd, follow_lane
 from harness.server.approvals import Approvals
 from harness.server.drives import Drives
@@ -283,11 +283,12 @@ class ServerState:
             self.drives.start(conversation, lane, operation_id)
 
     async def start_turn(self, user: str, conversation_id: str, text: str, context: Context, *,
-                         images: Sequence[ImageContent] = (),
-                         before_drive: BeforeDrive | None = None) -> tuple[Conversation, AcceptedRun]:
+                         images: Sequence[ImageContent] = (), before_drive: BeforeDrive | None = None,
+                         output: OutputSchema | None = None) -> tuple[Conversation, AcceptedRun]:
         """Admit a prompt in `user`'s conversation (`ConversationService.admit`), await
         `before_drive` on it, and drive it in a task of the server; returns as soon as the run
-        is durable. With external workers: admit and close (the release wakes a worker), never
+        is durable; `output` as `Conversation.admit` takes it. With external workers: admit and
+        close (the release wakes a worker), never
         drive; `ConversationHeld` while another process holds the conversation with a run open,
         and when one that holds it with none has not let go within `RELEASE_WAIT_S`: it is asked
         to (`ReleaseRequest`: a worker lets go right after a run settles, a server holding it
@@ -299,7 +300,7 @@ class ServerState:
             while True:
                 try:
                     async with self.conversation(user, conversation_id, context) as conversation:
-                        accepted = await conversation.admit(text, context, images=images)
+                        accepted = await conversation.admit(text, context, images=images, output=output)
                         if before_drive is not None:
                             await before_drive(conversation, accepted)
                         self.drive(conversation, MAIN_LANE, accepted.operation_id)
@@ -378,37 +379,75 @@ class Authorization:
 
     async def until_revoked(self, events: AsyncGenerator[T, None]) -> AsyncGenerator[T, None]:
         """`events`, until the token no longer names the user (revoked, issue 29): checked every
-        `token_check_s`, whether the stream is busy or quiet, so a revoked token's streams end
-        within about that (`ServerState.token_user`); the client's reconnect is then answered
-        401. Closes `events` however it ends."""
-        every = self.state.options.token_check_s
-        next_check = time.monotonic() + every
-        pending: asyncio.Future[T] | None = None
+        `token_check_s` by a task of the stream's own, whether the stream is busy or quiet, so a
+        revoked token's streams end within about that (`ServerState.token_user`); the client's
+        reconnect is then answered 401. Each event passes straight through, in the stream's own
+        task: a revocation found while the stream waits for its next event cancels that wait, as
+        a client leaving would; one found meanwhile ends the stream before its next event. A
+        failed check ends the stream with its error. Closes `events` however it ends."""
+        guard = _RevocationGuard(asyncio.create_task(self._check_every(self.state.options.token_check_s)))
         try:
-            while True:
-                if time.monotonic() >= next_check:
-                    if not await self._valid():
-                        return
-                    next_check = time.monotonic() + every
-                pending = pending or asyncio.ensure_future(anext(events))
-                done, _ = await asyncio.wait({pending}, timeout=max(0.0, next_check - time.monotonic()))
-                if not done:
-                    continue
-                step, pending = pending, None
+            while not guard.checking.done():
                 try:
-                    item = step.result()
+                    item = await guard.step(events)
                 except StopAsyncIteration:
                     return
+                except asyncio.CancelledError:
+                    if guard.interrupted(asyncio.current_task()):
+                        break
+                    raise
                 yield item
+            if not guard.checking.cancelled() and (fault := guard.checking.exception()) is not None:
+                raise fault
         finally:
-            # The generator cannot be closed while a step of it runs: end that step first.
-            if pending is not None and not pending.done():
-                pending.cancel()
-                await asyncio.wait({pending})
+            guard.checking.cancel()
             await events.aclose()
+
+    async def _check_every(self, every: float) -> None:
+        """Return once the token is found revoked, checking it every `every` seconds."""
+        while True:
+            await asyncio.sleep(every)
+            if not await self._valid():
+                return
 
     async def _valid(self) -> bool:
         return await self.state.token_user(self.token, self.context) == self.user
+
+
+class _RevocationGuard:
+    """One stream of `Authorization.until_revoked`: its token's `checking` task, which ends when
+    the token is revoked (or a check failed), then cancels the stream's wait for its next event,
+    if it is waiting."""
+
+    def __init__(self, checking: asyncio.Task[None]) -> None:
+        self.checking = checking
+        self._waiting: asyncio.Task[object] | None = None  # the stream's task, while it waits for an event
+        self._cancelled = False
+        checking.add_done_callback(self._stop)
+
+    async def step(self, events: AsyncGenerator[T, None]) -> T:
+        """The next event of `events` (`StopAsyncIteration` at their end), awaited in this task."""
+        self._waiting = asyncio.current_task()
+        try:
+            return await anext(events)
+        finally:
+            self._waiting = None
+
+    def interrupted(self, task: asyncio.Task[object] | None) -> bool:
+        """Whether the cancellation `task` got in `step` was this guard's, and nothing else asked
+        for one: then the stream ends, as after its last event."""
+        if not self._cancelled or task is None:
+            return False
+        self._cancelled = False
+        return task.uncancel() == 0
+
+    def _stop(self, checking: asyncio.Task[None]) -> None:
+        if checking.cancelled():
+            return
+        checking.exception()  # a failed check's error is the stream's to raise, not a task's left unread
+        if self._waiting is not None:
+            self._cancelled = True
+            self._waiting.cancel()
 
 
 async def current_authorization(state: State, user: CurrentUser, context: RequestContext,
