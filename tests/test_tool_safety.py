@@ -12,10 +12,11 @@ from pydantic import JsonValue
 
 from harness.cli.config import SHELL_ENV_ALLOW_VARIABLE, SHELL_ENV_DENY_VARIABLE, client_setup, tool_workspace
 from harness.context import Context
-from harness.conversation import ExecutionTarget
-from harness.messages import TextContent
+from harness.conversation import ConversationService, ExecutionTarget
+from harness.messages import ModelIdentity, TextContent
 from harness.providers import ModelRegistry
 from harness.runtime import ToolOutput
+from harness.session import LaneConfig, connect
 from harness.tools import TOOL_ENVIRONMENT, ApprovalPolicy, BackgroundJobs, Workspace, builtin_tools
 from test_builtin_tools import Progress
 
@@ -146,6 +147,25 @@ async def test_the_client_also_keeps_each_model_key_of_its_registry_out(
     output = await shell.execute("call-1", {"command": "echo \"[$MY_LLM_CREDS]\""}, Progress(), Context())
 
     assert text(output).strip() == "[]"
+
+
+@pytest.mark.usefixtures("environment")
+async def test_the_persons_own_shell_command_runs_without_the_keys_too(tmp_path: Path, ctx: Context) -> None:
+    """`!cmd` in a chat and a server's `POST .../shell` both run through the service the doors
+    build (`client_setup`): the person's command gets the agent's environment, not the keys."""
+    store = await connect("memory://", ctx)
+    registry = ModelRegistry.load(home=tmp_path)
+    setup = client_setup(registry, tool_workspace(tmp_path, tmp_path), tmp_path, ApprovalPolicy(None), BackgroundJobs())
+    service = ConversationService(store, setup)
+    conversation = await service.create("u", LaneConfig(model=ModelIdentity(provider="faux", model_id="faux")), ctx)
+
+    row, _ = await service.run_local_shell("u", conversation.id, "env -0", tmp_path, ctx)
+    await conversation.dispose(ctx)
+    await store.close(ctx)
+
+    variables = dict(line.split("=", 1) for line in row.output.split("\0") if "=" in line)
+    assert not set(DENIED) & set(variables)
+    assert {name: variables.get(name) for name in PASSED} == PASSED
 
 
 # -- .gitignore ---------------------------------------------------------------------------------

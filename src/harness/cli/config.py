@@ -225,8 +225,9 @@ def client_setup(registry: ModelRegistry, workspace: Workspace, home: Path, appr
     tracked in `jobs`, projects listed from `home/projects.toml`, and the `general` agent to
     delegate to (CE-18). The terminal and `harness serve` both build theirs here; `drive` defaults
     to `drive_settings()`. The tools of `mcp`'s servers join as they connect and change at step
-    boundaries (`McpServers`); a lane offers them through `MCP_TOOLS`. Shell commands also run
-    without the variable of each of the registry's API keys, whatever its name."""
+    boundaries (`McpServers`); a lane offers them through `MCP_TOOLS`. Shell commands, the
+    agent's and the person's own (`!cmd`, a server's `POST .../shell`), also run without the
+    variable of each of the registry's API keys, whatever its name."""
     keys = {row.model.api_key_env for row in registry.configured() if row.model.api_key_env is not None}
     workspace = replace(workspace, env_deny=(*workspace.env_deny, *sorted(keys)))
     return ConversationSetup(
@@ -239,7 +240,7 @@ def client_setup(registry: ModelRegistry, workspace: Workspace, home: Path, appr
         model_tools=ModelTools(default=default_tools(home), offered=offers_tools),
         tools_for=lambda target: builtin_tools(workspace, directory=lambda: target.directory, jobs=jobs,
                                                owner=target.conversation_id),
-        agents=DEFAULT_AGENTS, project_context_bytes=PROJECT_CONTEXT_BYTES)
+        agents=DEFAULT_AGENTS, project_context_bytes=PROJECT_CONTEXT_BYTES, shell_environment=workspace.environment)
 
 
 def new_lane_config(identity: ModelIdentity, home: Path, tools: bool | None = None) -> LaneConfig:

@@ -330,6 +330,10 @@ class ConversationSetup:
     """Hands an approval answer another process posted for a conversation held here (by its id)
     to the door whose `before_tool` hook waits for it (the server's approvals, issue 28); it must
     not block. None: such answers are dropped with a log line, as nothing here waits for one."""
+    shell_environment: Callable[[], Mapping[str, str]] | None = None
+    """The environment the person's own shell commands (`run_local_shell`: `!cmd`, a server's
+    `POST .../shell`) run in, as the agent's `shell` tool does: the doors give their workspace's
+    (`Workspace.environment`, without provider keys, tokens and secrets). None: this process's."""
 
 
 @dataclass(frozen=True)
@@ -1417,11 +1421,13 @@ class ConversationService:
     async def run_local_shell(self, user: str, conversation_id: str, command: str, cwd: Path,
                               context: Context) -> tuple[ShellRan, bool]:
         """`!cmd` for a door that runs it itself: `command` in `cwd` (stdin closed, stdout and
-        stderr merged), then `record_local_shell`. Returns its row and whether it was recorded;
-        the door shows the row itself when it was not (CE-17)."""
+        stderr merged, in the setup's `shell_environment`), then `record_local_shell`. Returns
+        its row and whether it was recorded; the door shows the row itself when it was not (CE-17)."""
+        environment = self.setup.shell_environment
         process = await asyncio.create_subprocess_shell(command, cwd=cwd, stdin=asyncio.subprocess.DEVNULL,
                                                         stdout=asyncio.subprocess.PIPE,
-                                                        stderr=asyncio.subprocess.STDOUT)
+                                                        stderr=asyncio.subprocess.STDOUT,
+                                                        env=dict(environment()) if environment is not None else None)
         output, _ = await process.communicate()
         text = output.decode("utf-8", errors="replace")
         recorded = await self.record_local_shell(user, conversation_id, command, process.returncode, text, context)
