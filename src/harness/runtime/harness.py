@@ -66,6 +66,8 @@ class AgentHarnessOptions:
     hooks: RunHooks = field(default_factory=RunHooks)
     watch_buffer_limit: int = 100_000  # events a watch may hold unread before it ends (WatchOverflow)
     event_log_limit: int = DEFAULT_EVENT_LOG_LIMIT  # events a lane's log keeps after a settlement
+    agent_name: str = "harness"
+    """The agent's name in its runs' OpenTelemetry spans (`invoke_agent {agent_name}`)."""
 
 
 class AgentHarness:
@@ -84,7 +86,7 @@ class AgentHarness:
         self._environment = DriveEnvironment(
             models=options.models, tools=tools,
             system_prompt=options.system_prompt, settings=options.drive, hooks=options.hooks,
-            session_id=options.session.id)
+            session_id=options.session.id, agent_name=options.agent_name)
         self._core = LaneCore(
             line=self._line, bus=self._bus, models=options.models, system_prompt=options.system_prompt,
             settings=options.drive, skills={skill.name: skill for skill in options.skills},

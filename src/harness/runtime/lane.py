@@ -62,6 +62,7 @@ from harness.runtime.requests import (
 from harness.runtime.settings import DriveSettings, SystemPrompt, lane_system_prompt
 from harness.runtime.snapshot import LanePresentation, capture_snapshot, queued_item
 from harness.runtime.summary import plan_compaction
+from harness.runtime.tracing import admission
 from harness.runtime.types import LaneExecutionInfo, LaneInfo, LaneSnapshot
 from harness.session import (
     AbortCause,
@@ -260,6 +261,7 @@ class Lane:
                 m.delete(addresses.pending_entry(entry_id))
             started_at = now_ms()
             meta = OperationMeta(operation_id=operation_id, lane=self.name, source_tip_id=self.projection.tip_id,
+                                 traceparent=traceparent,
                                  started_at=started_at, intent=RunIntent(prompt_entry_ids=request_ids))
             state = LaneState(current_operation_id=operation_id,
                               inbox=[item for item in self.projection.state.inbox if item.kind != "next_run"])
@@ -282,7 +284,9 @@ class Lane:
 
             return Decision(AcceptedRun(operation_id, started_at, tuple(request_ids)), events, publish)
 
-        return await self.core.line.run(plan, context)
+        # The run's trace starts here: its context is stored with the run, for every pass that drives it.
+        with admission(self.name) as traceparent:
+            return await self.core.line.run(plan, context)
 
     async def _check_unused(self, m: SessionMutator, operation_id: str, entry_ids: Sequence[str],
                             context: Context) -> None:

@@ -187,13 +187,16 @@ OperationIntent: TypeAlias = Annotated[
 
 
 class OperationMeta(Record):
-    """An operation's intent, written once when it is accepted."""
+    """An operation's intent, written once when it is accepted. `traceparent` is the W3C trace
+    context of a run's acceptance span, when one was recorded: every pass that drives the run, in
+    any process and after any crash, continues that trace."""
 
     operation_id: str
     lane: str
     source_tip_id: str | None
     started_at: int
     intent: OperationIntent
+    traceparent: str | None = None
 
 
 class Running(Record):

@@ -26,6 +26,7 @@ from harness.runtime.drive.structural import finish_navigation, summarize, wait_
 from harness.runtime.drive.tool_batch import ToolBatchRunner
 from harness.runtime.lane import Lane
 from harness.runtime.outcomes import DriveOutcome, Paused, Suspended
+from harness.runtime.tracing import NO_TRACE, PassTrace, drive_pass
 from harness.session import (
     AssistantEffectPending,
     AssistantReady,
@@ -39,6 +40,7 @@ from harness.session import (
     NeedAssistant,
     OperationState,
     RunCheckpoint,
+    RunIntent,
     RunStarting,
     RunTools,
     SessionMutator,
@@ -115,16 +117,36 @@ class OperationDriver:
         return asyncio.gather(*tasks, return_exceptions=True)
 
     async def _run(self) -> DriveOutcome:
+        trace = self.op.trace = self._trace()
         try:
-            while True:
-                step = await self._advance()
-                if isinstance(step, Transition):
-                    await self.op.commit(step)
-                elif step is not None:
-                    return step
+            with trace.current():
+                outcome = await self._loop()
+        except BaseException as error:
+            trace.end(None, error)
+            raise
         finally:
             self.op.lane.presentation.streaming_message = None
             self.op.lane.presentation.tool_progress.clear()
+        trace.end(outcome)
+        return outcome
+
+    async def _loop(self) -> DriveOutcome:
+        while True:
+            step = await self._advance()
+            if isinstance(step, Transition):
+                await self.op.commit(step)
+            elif step is not None:
+                return step
+
+    def _trace(self) -> PassTrace:
+        """The spans of this pass: a run's continue the trace its acceptance stored, in any process."""
+        op = self.op
+        meta = op.projection.meta
+        if meta is None or meta.operation_id != op.operation_id or not isinstance(meta.intent, RunIntent):
+            return NO_TRACE
+        return drive_pass(agent=op.environment.agent_name, conversation_id=op.environment.session_id,
+                          lane=op.lane.name, operation_id=op.operation_id, traceparent=meta.traceparent,
+                          resumed=not isinstance(op.projection.operation_state, RunStarting))
 
     async def _advance(self) -> Step:
         op = self.op

@@ -20,6 +20,7 @@ from harness.runtime.hooks import RunHooks
 from harness.runtime.lane import Lane
 from harness.runtime.outcomes import Settled
 from harness.runtime.settings import DriveSettings, SystemPrompt
+from harness.runtime.tracing import NO_TRACE, PassTrace
 from harness.session import GenerationContext, SessionMutator
 
 if TYPE_CHECKING:
@@ -37,7 +38,8 @@ class UnwrittenFrames(Protocol):
 @dataclass(frozen=True)
 class DriveEnvironment:
     """What steps run with: the model registry and tools (resolved only when a step executes,
-    HA-23), the system prompt, the drive settings and hooks, and the session id providers see."""
+    HA-23), the system prompt, the drive settings and hooks, the session id providers see, and the
+    agent's name in the run's spans (`gen_ai.agent.name`)."""
 
     models: ModelRegistry | None
     tools: Mapping[str, AgentTool]
@@ -45,6 +47,7 @@ class DriveEnvironment:
     settings: DriveSettings
     hooks: RunHooks
     session_id: str
+    agent_name: str = "harness"
 
 
 class DrivenOperation:
@@ -73,6 +76,8 @@ class DrivenOperation:
         """The result entry ids of the tool calls whose intents this drive committed and whose
         effects it has not started (`tool_batch.with_tool_intents`)."""
         self._effects: set[Context] = set()
+        self.trace: PassTrace = NO_TRACE
+        """The spans of this pass (`tracing`): the driver starts them when the operation is a run."""
 
     # -- commits --------------------------------------------------------------------------------
 

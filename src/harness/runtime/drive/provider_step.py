@@ -156,6 +156,17 @@ async def _send(op: DrivenOperation, intent: AssistantEffectPending, model: Mode
 async def consume(
     op: DrivenOperation, open_stream: Callable[[], AsyncIterator[StreamEvent]], intent: EffectPending, model: Model
 ) -> tuple[AssistantMessage, ProviderErrorInfo | None, bool]:
+    """Read the reply (`_stream`) under its span `chat {model}`, which records it (`tracing`)."""
+    attempt = intent.attempt if isinstance(intent, AssistantEffectPending) else 1
+    with op.trace.chat(model, intent.generation.step, attempt) as span:
+        message, error, framed = await _stream(op, open_stream, intent, model)
+        span.reply(message, error)
+    return message, error, framed
+
+
+async def _stream(
+    op: DrivenOperation, open_stream: Callable[[], AsyncIterator[StreamEvent]], intent: EffectPending, model: Model
+) -> tuple[AssistantMessage, ProviderErrorInfo | None, bool]:
     """Read the reply, publishing it live and persisting frames without awaiting storage in the
     loop (HA-14); returns the final message, for a failure its classification, and whether a
     frame page was written."""

@@ -248,28 +248,30 @@ class ToolBatchRunner:
 
                 await op.run(plan)
 
-        try:
-            output = await tool.execute(block.id, args, on_update, effect)
-        except asyncio.CancelledError as error:
-            task = asyncio.current_task()
-            if task is not None and task.cancelling():
-                raise  # the harness cancelled this call: an interruption, not a result
-            # The tool's own (it awaited something another task cancelled): a failure like any other.
-            output = _failure_output(error)
-        except BaseException as error:  # SystemExit, KeyboardInterrupt too: a tool's failure is its result
-            output = _failure_output(error)
-        finally:
-            op.end_effect(effect)
-            lane.presentation.tool_progress.pop(block.id, None)
-        # Under an abort too: the output may still be stored, and the hook may be what keeps
-        # something out of the journal (the conversation layer's image bytes, CE-22).
-        if op.hooks.after_tool is not None:
-            request = ToolCallRequest(op.operation_id, block.id, block.name, args)
+        with op.trace.tool(block.name, block.id, tool.spec.description) as span:
             try:
-                output = await op.hooks.after_tool(request, output, op.context) or output
-            except Exception as error:
-                output = ToolOutput(content=[TextContent(text=f"after_tool failed: {error}")], is_error=True)
-        result, terminate = _result_of(block, output)
+                output = await tool.execute(block.id, args, on_update, effect)
+            except asyncio.CancelledError as error:
+                task = asyncio.current_task()
+                if task is not None and task.cancelling():
+                    raise  # the harness cancelled this call: an interruption, not a result
+                # The tool's own (it awaited something another task cancelled): a failure like any other.
+                output = _failure_output(error)
+            except BaseException as error:  # SystemExit, KeyboardInterrupt too: a tool's failure is its result
+                output = _failure_output(error)
+            finally:
+                op.end_effect(effect)
+                lane.presentation.tool_progress.pop(block.id, None)
+            # Under an abort too: the output may still be stored, and the hook may be what keeps
+            # something out of the journal (the conversation layer's image bytes, CE-22).
+            if op.hooks.after_tool is not None:
+                request = ToolCallRequest(op.operation_id, block.id, block.name, args)
+                try:
+                    output = await op.hooks.after_tool(request, output, op.context) or output
+                except Exception as error:
+                    output = ToolOutput(content=[TextContent(text=f"after_tool failed: {error}")], is_error=True)
+            result, terminate = _result_of(block, output)
+            span.result(result)
         if op.halted:
             return  # the harness is closing: like a crash, the effect's outcome is not recorded
         reached(FaultPoint.BEFORE_TOOL_STAGING)
