@@ -10,7 +10,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from harness.agent import Agent, AgentResult, AgentStream, RunFailed, RunNotSettled
+    from harness.agent import Agent, AgentResult, AgentStream, OutputInvalid, RunFailed, RunNotSettled
     from harness.context import Context
     from harness.errors import HarnessError, ModelUnavailable, ToolsUnavailable
     from harness.messages import ModelIdentity
@@ -23,6 +23,7 @@ __version__ = "0.1.0"
 # bring pydantic, which `harness --version` has no use for; the agent's (the conversation service,
 # the provider SDKs) would add over a second to each command's start.
 _LAZY = {"Agent": "harness.agent", "AgentResult": "harness.agent", "AgentStream": "harness.agent",
+         "OutputInvalid": "harness.agent",
          "RunFailed": "harness.agent", "RunNotSettled": "harness.agent", "FunctionTool": "harness.tools",
          "tool": "harness.tools", "Context": "harness.context", "HarnessError": "harness.errors",
          "ModelUnavailable": "harness.errors", "ToolsUnavailable": "harness.errors",
@@ -39,4 +40,4 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = ["Agent", "AgentResult", "AgentStream", "Context", "FunctionTool", "HarnessError", "ModelIdentity",
-           "ModelUnavailable", "RunFailed", "RunNotSettled", "ToolsUnavailable", "tool"]
+           "ModelUnavailable", "OutputInvalid", "RunFailed", "RunNotSettled", "ToolsUnavailable", "tool"]

@@ -6,6 +6,10 @@ before anyone is told, survives a crash, and is continued by the conversation's 
     agent = Agent("openai/gpt-5", tools=[add], instructions="Be brief.")
     result = agent.run_sync("What is 2 + 3?")
     print(result.output, result.conversation_id)
+
+With `output_type=` (a pydantic model, or any type pydantic validates) the final answer is JSON of
+that type's schema, checked by the run itself (`harness.runtime.output`) and validated into the
+type: `result.output` is an instance.
 """
 
 from __future__ import annotations
@@ -17,6 +21,8 @@ from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from pydantic import JsonValue, PydanticUserError, TypeAdapter, ValidationError
+
 from harness.context import Context
 from harness.conversation import (
     JOURNAL_DATA_MIGRATIONS,
@@ -25,11 +31,20 @@ from harness.conversation import (
     ConversationService,
     ConversationSetup,
 )
-from harness.errors import HarnessError
+from harness.errors import HarnessError, InvalidInput
 from harness.home import STORE_VARIABLE, default_store_url, local_user
-from harness.messages import Cost, ModelIdentity, Usage, UserMessage, text_of
+from harness.messages import Cost, ModelIdentity, OutputSchema, Usage, UserMessage, text_of
 from harness.providers import ModelRegistry
-from harness.runtime import AgentTool, DriveOutcome, HarnessEvent, RunHooks, Settled, UsageRecorded
+from harness.runtime import (
+    AgentTool,
+    DriveOutcome,
+    HarnessEvent,
+    RunHooks,
+    Settled,
+    UsageRecorded,
+    check_output_schema,
+    recorded_output,
+)
 from harness.session import LaneConfig, MessagePayload, Store, connect
 from harness.tools import ApprovalPolicy, AskApproval, FunctionTool, function_tool
 
@@ -46,6 +61,15 @@ class RunFailed(HarnessError):
     code = "run_failed"
 
 
+class OutputInvalid(RunFailed):
+    """The run's answer did not take the shape of the output type: it was sent back to the model
+    `output_retries` times and the last answer did not fit either (the run settled failed with error
+    code `output_invalid`), or it fit the JSON Schema and not the type's own validators (the run
+    completed). Details `{conversation_id, operation_id, error_code}`."""
+
+    code = "output_invalid"
+
+
 class RunNotSettled(HarnessError):
     """The drive returned before the run settled (the provider answers later, or the drive was
     paused): the run stays open in the journal, and the conversation's next run finishes it
@@ -57,10 +81,11 @@ class RunNotSettled(HarnessError):
 @dataclass(frozen=True)
 class AgentResult:
     """How one run ended: `output` is the text of its final reply ("" when it has none, e.g. an
-    abort before any reply), `usage` the tokens and cost of every provider reply recorded while
+    abort before any reply), or, with an output type, the answer validated into it (None for an
+    abort), `usage` the tokens and cost of every provider reply recorded while
     it ran (delegated sub-agents' too), `outcome` `completed` or `aborted` (`Agent.stop`)."""
 
-    output: str
+    output: Any
     conversation_id: str
     operation_id: str
     usage: Usage
@@ -82,7 +107,11 @@ class Agent:
     `harness.db` in `$HARNESS_HOME`), where `harness sessions`, `harness show ID` and `harness
     chat ID` find the conversations, which belong to `user` (default: this machine's account, `local_user`).
     A tool made with `approval=True` asks `ask` before each call; without `ask` such calls are
-    refused with a reason the model reads.
+    refused with a reason the model reads. `output_type` (here for every run, or per run) makes the
+    final answer an instance of it: the model is asked for JSON of its schema (natively where the
+    provider offers it, else through a `final_result` tool), an answer that does not fit is sent
+    back with what is wrong up to `output_retries` times, then `OutputInvalid` is raised; the
+    answer that fits is a `structured_output` entry of the conversation.
 
     Raises `InvalidInput` for a model that is not `provider/id`, `ModelUnavailable` or
     `MissingApiKey` for one that cannot be called, and `ToolSignatureInvalid` for a function
@@ -93,7 +122,7 @@ class Agent:
     def __init__(self, model: str | ModelIdentity | None = None, *, tools: Sequence[ToolLike] = (),
                  instructions: str | None = None, store: Store | str | None = None,
                  models: ModelRegistry | None = None, user: str | None = None,
-                 ask: AskApproval | None = None) -> None:
+                 ask: AskApproval | None = None, output_type: Any = None, output_retries: int = 2) -> None:
         self.models = models if models is not None else ModelRegistry.load()
         self.model = (ModelIdentity.parse(model) if isinstance(model, str)
                       else model if model is not None else self.models.default_identity())
@@ -105,44 +134,49 @@ class Agent:
         hooks = RunHooks(before_tool=policy, before_tool_applies=policy.decides) if policy is not None else RunHooks()
         self.setup = ConversationSetup(models=self.models, tools=self.tools, system_prompt=instructions, hooks=hooks)
         self.user = user if user is not None else local_user()
+        self.output_retries = output_retries
+        self.output = _Output.of(output_type, output_retries)
         self._store = store
         self._open: _Opened | None = None
         self._tallies: dict[str, _Tally] = {}  # by conversation id, while this agent holds it
 
     # -- runs -------------------------------------------------------------------------------------
 
-    def run_sync(self, prompt: str, *, conversation: str | None = None) -> AgentResult:
+    def run_sync(self, prompt: str, *, conversation: str | None = None, output_type: Any = None) -> AgentResult:
         """`run` in an event loop of its own (`asyncio.run`), closing the store after it; call it
         where no event loop runs."""
         async def once() -> AgentResult:
             try:
-                return await self.run(prompt, conversation=conversation)
+                return await self.run(prompt, conversation=conversation, output_type=output_type)
             finally:
                 await self.close()
 
         return asyncio.run(once())
 
-    async def run(self, prompt: str, *, conversation: str | None = None,
-                  context: Context | None = None) -> AgentResult:
+    async def run(self, prompt: str, *, conversation: str | None = None, context: Context | None = None,
+                  output_type: Any = None) -> AgentResult:
         """Send `prompt` as a turn of conversation `conversation` (None: a new one) and drive it
         to its end: the model's replies, its tool calls, retries of transient provider failures.
+        `output_type` (None: the agent's) makes `output` an instance of it.
 
         A run a stopped process left open in the conversation is finished first. Raises
-        `RunFailed` when the run settles failed, `RunNotSettled` when it is left open;
+        `RunFailed` when the run settles failed (`OutputInvalid` for an answer that never took
+        the output type's shape), `RunNotSettled` when it is left open;
         `SessionNotFound`, `Forbidden` (another user's), `SessionOwned` (another process holds
         it), `LaneBusy` (a run of it is under way), `PromptTooLarge`, `InvalidMessage` (an empty
         prompt) before the turn is admitted, with nothing of it written."""
         context = context or Context()
+        output = self._output(output_type)
         async with self._attached(conversation, context) as attached:
-            return await self._turn(attached, prompt, context)
+            return await self._turn(attached, prompt, output, context)
 
-    def stream(self, prompt: str, *, conversation: str | None = None,
-               context: Context | None = None) -> AgentStream:
+    def stream(self, prompt: str, *, conversation: str | None = None, context: Context | None = None,
+               output_type: Any = None) -> AgentStream:
         """`run`, watched: iterate the returned `AgentStream` for the conversation's events as they
         are committed (each a `ConversationEvent`: the runtime's typed events such as
         `MessageUpdate`, `ToolStart`, `ToolEnd` and `RunEnd`, with chat-event rows as
         `ChatEventPublished`), then read its `result`."""
-        return AgentStream(self, prompt, conversation, context or Context())
+        return AgentStream(self, prompt, conversation, context or Context(), self._output(output_type))
 
     # -- reaching a running run -------------------------------------------------------------------
 
@@ -217,7 +251,12 @@ class Agent:
                 del self._tallies[conversation.id]
                 await service.close(self.user, conversation.id, context)
 
-    async def _turn(self, attached: _Attached, prompt: str, context: Context) -> AgentResult:
+    def _output(self, output_type: Any) -> _Output | None:
+        """A run's output: its own type, else the agent's."""
+        return self.output if output_type is None else _Output.of(output_type, self.output_retries)
+
+    async def _turn(self, attached: _Attached, prompt: str, output: _Output | None,
+                    context: Context) -> AgentResult:
         conversation = attached.conversation
         if conversation.operation() is not None:
             # What a stopped process left open is finished before anything new, as `harness chat`
@@ -225,10 +264,11 @@ class Agent:
             await conversation.resume(context)
         await self._configure(conversation, context)
         before = len(attached.tally.recorded)
-        accepted = await conversation.admit(prompt, context)
+        accepted = await conversation.admit(prompt, context, output=output.schema if output else None,
+                                            output_retries=output.retries if output else 0)
         outcome = await conversation.drive(accepted.operation_id, context)
         # Every event of the run was delivered before its drive returned (HA-12): the tally is whole.
-        return await self._result(conversation, outcome, _total(attached.tally.recorded[before:]), context)
+        return await self._result(conversation, outcome, _total(attached.tally.recorded[before:]), output, context)
 
     async def _configure(self, conversation: Conversation, context: Context) -> None:
         """A continued conversation runs on this agent's model, switched as every door switches
@@ -237,7 +277,7 @@ class Agent:
             await conversation.switch_model(self.model, context, wait_for_completion=True)
 
     async def _result(self, conversation: Conversation, outcome: DriveOutcome, usage: Usage,
-                      context: Context) -> AgentResult:
+                      output_type: _Output | None, context: Context) -> AgentResult:
         if not isinstance(outcome, Settled):
             raise RunNotSettled(f"run {outcome.operation_id} of conversation {conversation.id} is still open "
                                 f"({outcome.kind}); the conversation's next run finishes it first",
@@ -247,9 +287,16 @@ class Agent:
         if result.outcome == "failed":
             code = result.error.code if result.error is not None else "unknown"
             message = result.error.message if result.error is not None else "no error was recorded"
-            raise RunFailed(f"run {outcome.operation_id} of conversation {conversation.id} failed [{code}]: "
-                            f"{message}", conversation_id=conversation.id, operation_id=outcome.operation_id,
-                            error_code=code)
+            failed = OutputInvalid if code == OutputInvalid.code else RunFailed
+            raise failed(f"run {outcome.operation_id} of conversation {conversation.id} failed [{code}]: "
+                         f"{message}", conversation_id=conversation.id, operation_id=outcome.operation_id,
+                         error_code=code)
+        if output_type is not None:
+            recorded = await recorded_output(conversation.journal, result, context)
+            value = None if recorded is None else output_type.validate(recorded.output, conversation.id,
+                                                                         outcome.operation_id)
+            return AgentResult(output=value, conversation_id=conversation.id, operation_id=outcome.operation_id,
+                               usage=usage, outcome=result.outcome)
         output = ""
         if result.final_assistant_entry_id is not None:
             entry = await conversation.journal.entry(result.final_assistant_entry_id, context)
@@ -273,8 +320,9 @@ class AgentStream:
     the journal for the conversation's next run to finish. Raises what `Agent.run` raises, after
     the events that came before."""
 
-    def __init__(self, agent: Agent, prompt: str, conversation: str | None, context: Context) -> None:
-        self._agent, self._prompt, self._context = agent, prompt, context
+    def __init__(self, agent: Agent, prompt: str, conversation: str | None, context: Context,
+                 output: _Output | None = None) -> None:
+        self._agent, self._prompt, self._context, self._output = agent, prompt, context, output
         self.conversation_id = conversation
         self.result: AgentResult | None = None
         self._iterator: AsyncGenerator[ConversationEvent, None] | None = None
@@ -295,7 +343,7 @@ class AgentStream:
         async with self._agent._attached(self.conversation_id, context) as attached:
             self.conversation_id = attached.conversation.id
             watch = await attached.conversation.watch(context)
-            turn = asyncio.ensure_future(self._agent._turn(attached, self._prompt, context))
+            turn = asyncio.ensure_future(self._agent._turn(attached, self._prompt, self._output, context))
             try:
                 while True:
                     following = asyncio.ensure_future(anext(watch))
@@ -317,6 +365,41 @@ class AgentStream:
                     turn.cancel()
                     with contextlib.suppress(asyncio.CancelledError):
                         await turn
+
+
+@dataclass(frozen=True)
+class _Output:
+    """An output type as a run asks for it: pydantic's adapter of it and its JSON Schema."""
+
+    adapter: TypeAdapter[Any]
+    schema: OutputSchema
+    retries: int
+
+    @classmethod
+    def of(cls, output_type: Any, retries: int) -> _Output | None:
+        """None for None; raises `InvalidInput` for a type pydantic cannot give a JSON Schema of,
+        or a negative `retries`, before anything is written."""
+        if output_type is None:
+            return None
+        if retries < 0:
+            raise InvalidInput(f"output_retries is at least 0, not {retries}")
+        try:
+            adapter: TypeAdapter[Any] = TypeAdapter(output_type)
+            schema = OutputSchema.of(adapter.json_schema())
+        except PydanticUserError as error:  # a type pydantic cannot validate, or has no JSON Schema of
+            raise InvalidInput(f"{output_type!r} cannot be an output type: {error}") from error
+        check_output_schema(schema)
+        return cls(adapter, schema, retries)
+
+    def validate(self, recorded: JsonValue, conversation_id: str, operation_id: str) -> Any:
+        """The recorded answer as an instance of the type; `OutputInvalid` when a validator of the
+        type refuses what its JSON Schema let through."""
+        try:
+            return self.adapter.validate_python(recorded)
+        except ValidationError as error:
+            raise OutputInvalid(f"run {operation_id} of conversation {conversation_id}: the answer fits the schema "
+                                f"but not the output type: {error}", conversation_id=conversation_id,
+                                operation_id=operation_id, error_code=OutputInvalid.code) from error
 
 
 @dataclass(frozen=True)

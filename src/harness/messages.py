@@ -145,6 +145,40 @@ class ModelIdentity(Record):
         return f"{self.provider}/{self.model_id}"
 
 
+class OutputSchema(Record):
+    """The shape a run's final answer must take (issue 32): a JSON Schema object (`json_schema`,
+    what pydantic's `model_json_schema` gives) under `name` (letters, digits, `_` and `-`, at most
+    64: what every provider takes for a schema's or a tool's name), with an optional description.
+    A request that carries one asks the model for JSON of that shape: natively where the wire
+    format offers it, else through a final-answer tool of that name."""
+
+    name: Annotated[CleanStr, Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")] = "final_result"
+    json_schema: CleanJsonObject
+    description: CleanStr | None = None
+    wrapped: bool = False
+    """The answer is the `response` property of the JSON object the model gives: providers take
+    only an object at a schema's root, so `of` wraps any other shape (a list, a number) in one."""
+
+    @classmethod
+    def of(cls, json_schema: dict[str, JsonValue], *, name: str = "final_result",
+           description: str | None = None) -> OutputSchema:
+        """The output schema of answers shaped by `json_schema`, wrapped as `{"response": ...}`
+        when its root is not an object (its `$defs` kept at the root, where its references point).
+        Raises pydantic's `ValidationError` for a name providers refuse."""
+        if json_schema.get("type") == "object":
+            return cls(name=name, json_schema=json_schema, description=description)
+        inner = {key: value for key, value in json_schema.items() if key != "$defs"}
+        wrapper: dict[str, JsonValue] = {"type": "object", "properties": {"response": inner},
+                                         "required": ["response"], "additionalProperties": False}
+        if "$defs" in json_schema:
+            wrapper["$defs"] = json_schema["$defs"]
+        return cls(name=name, json_schema=wrapper, description=description, wrapped=True)
+
+    def answer(self, given: JsonValue) -> JsonValue:
+        """The answer in the JSON the model gave (already validated against `json_schema`)."""
+        return given["response"] if self.wrapped and isinstance(given, dict) else given
+
+
 ThinkingLevel: TypeAlias = Literal["off", "minimal", "low", "medium", "high", "xhigh"]
 """How hard a model is asked to think, as a lane configures it and a request carries it. A model
 takes a prefix of `THINKING_LEVELS`; its adapter sends the nearest level it takes

@@ -151,6 +151,9 @@ def run(
                                            "talks on main).")] = "main",
     allow: AllowOption = None,
     deny: DenyOption = None,
+    output_schema: Annotated[Path | None, typer.Option(
+        "--output-schema", help="A JSON Schema file: the answer must be JSON of that shape (sent back to the model "
+                                "while it is not, at most twice); stdout then holds only that JSON.")] = None,
     store: StoreOption = None,
 ) -> None:
     """Run one turn non-interactively: stream the reply (tools work in the current directory).
@@ -164,7 +167,7 @@ def run(
     if prompt is None and not resume:
         raise typer.BadParameter("a prompt is needed (or --resume with --session)", param_hint="PROMPT")
     from harness.cli.config import LaneHasTools, NewConversationLane
-    from harness.cli.run import EXIT_INTERRUPTED, RunTurn, run_turn
+    from harness.cli.run import EXIT_INTERRUPTED, RunTurn, read_output_schema, run_turn
     from harness.providers import ModelRegistry
     from harness.runtime import MAX_INPUT_BYTES
 
@@ -177,11 +180,15 @@ def run(
         identity = ModelIdentity.parse(model) if model is not None else None
     except InvalidInput as error:
         raise typer.BadParameter(error.message, param_hint="--model") from error
+    try:
+        output = read_output_schema(output_schema) if output_schema is not None else None
+    except InvalidInput as error:
+        raise typer.BadParameter(error.message, param_hint="--output-schema") from error
     home, cwd = harness_home(), Path.cwd()
     turn = RunTurn(prompt=text, cwd=cwd, home=home, session_id=session, lane=lane, model=identity,
                    approve_all=yes, json_events=json_events, resume=resume,
                    tools=False if no_tools else True if offer_tools else None,
-                   rules=permission_rules(home, cwd, allow, deny))
+                   rules=permission_rules(home, cwd, allow, deny), output=output)
 
     async def body(s: Store, context: Context) -> int:
         registry = ModelRegistry.load(home=turn.home)

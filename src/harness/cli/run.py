@@ -34,7 +34,8 @@ from harness.conversation import (
     ErrorDetails,
     chat_event_rows,
 )
-from harness.messages import AssistantMessage, ModelIdentity, ThinkingContent, text_of
+from harness.errors import InvalidInput
+from harness.messages import AssistantMessage, ModelIdentity, OutputSchema, ThinkingContent, text_of
 from harness.providers import ModelRegistry
 from harness.runtime import (
     CompactionEnd,
@@ -56,6 +57,8 @@ from harness.runtime import (
     Suspended,
     ToolEnd,
     ToolStart,
+    check_output_schema,
+    recorded_output,
 )
 from harness.session import CustomMessagePayload, Entry, Store
 from harness.tools import ApprovalPolicy, BackgroundJobs, McpServers, PermissionRules, describe_call
@@ -91,6 +94,23 @@ class RunTurn:
     resume: bool = False
     rules: PermissionRules = field(default_factory=PermissionRules)
     """The permission rules of the settings files and the command line (`load_permission_rules`)."""
+    output: OutputSchema | None = None
+    """The shape the answer must take (`--output-schema`): stdout then holds only the validated
+    answer's JSON, the reply's text going to stderr with the status lines (`read_output_schema`)."""
+
+
+def read_output_schema(path: Path) -> OutputSchema:
+    """The output schema in JSON Schema file `path`. Raises `InvalidInput` for a file that cannot
+    be read or is not a JSON Schema."""
+    try:
+        schema = json.loads(path.read_text(encoding="utf-8"))
+        if not isinstance(schema, dict):
+            raise InvalidInput(f"the output schema {path} is not a JSON object", path=str(path))
+        output = OutputSchema.of(schema)
+    except (OSError, UnicodeDecodeError, ValueError) as error:  # pydantic's ValidationError is a ValueError
+        raise InvalidInput(f"cannot read the output schema {path}: {error}", path=str(path)) from error
+    check_output_schema(output)
+    return output
 
 
 # -- printing -------------------------------------------------------------------------------------
@@ -254,11 +274,13 @@ async def run_turn(store: Store, turn: RunTurn, registry: ModelRegistry, context
     `--resume`, `NothingToResume`, ...) are raised."""
     out = out or sys.stdout
     status = status or Console(stderr=True, highlight=False, soft_wrap=True)
-    printer = JsonEventPrinter(out) if turn.json_events else TextPrinter(out, status)
-    approval = (ApprovalPolicy.allow_all(rules=turn.rules) if turn.approve_all
-                else ApprovalPolicy(None, rules=turn.rules, unavailable_reason=NO_APPROVER))
-    jobs = BackgroundJobs()  # what the run starts in the background ends with it
+    # With an answer's shape, stdout holds that answer alone: the reply streams with the status lines.
+    printer = (JsonEventPrinter(out) if turn.json_events
+               else TextPrinter(sys.stderr if turn.output is not None else out, status))
     mcp = McpServers.from_files(turn.cwd, turn.home)
+    approval = (ApprovalPolicy.allow_all(rules=turn.rules) if turn.approve_all
+                else ApprovalPolicy(None, rules=turn.rules, mcp=mcp, unavailable_reason=NO_APPROVER))
+    jobs = BackgroundJobs()  # what the run starts in the background ends with it
     mcp.start()
     try:
         await mcp.ready()  # one prompt, nobody typing meanwhile: its first step offers the servers' tools
@@ -300,13 +322,19 @@ async def run_turn(store: Store, turn: RunTurn, registry: ModelRegistry, context
             try:
                 # Admitted as every door admits a turn: refused once the conversation was ended, after a
                 # queued model switch, with a changed reasoning level's row above it (CE-14).
-                accepted = await conversation.admit(turn.prompt, context, lane=lane)
+                accepted = await conversation.admit(turn.prompt, context, lane=lane, output=turn.output)
             except LaneBusy as error:
                 raise LaneBusy(f"{error.message}; finish it with `harness run --session {session_id} "
                                f"{_lane_option(turn.lane)}--resume` (a prompt given as well is sent after it)",
                                **error.details) from error
             await interrupt.accepted()
             outcome = await conversation.drive(accepted.operation_id, context, lane=lane)
+        if turn.output is not None and not turn.json_events and _settled(outcome, "completed"):
+            assert isinstance(outcome, Settled)
+            recorded = await recorded_output(conversation.journal, outcome.result, context)
+            if recorded is not None:
+                out.write(json.dumps(recorded.output, ensure_ascii=False) + "\n")
+                out.flush()
     finally:
         loop.remove_signal_handler(signal.SIGINT)
         await interrupt.settle()
@@ -322,7 +350,7 @@ async def run_turn(store: Store, turn: RunTurn, registry: ModelRegistry, context
     return EXIT_FAILED
 
 
-def _settled(outcome: DriveOutcome, *outcomes: str) -> bool:
+def _settled(outcome: DriveOutcome | None, *outcomes: str) -> bool:
     return isinstance(outcome, Settled) and outcome.result.outcome in outcomes
 
 

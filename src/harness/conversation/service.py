@@ -86,7 +86,7 @@ from harness.conversation.turn_rows import (
     turn_end_rows,
 )
 from harness.errors import HarnessError
-from harness.messages import ImageContent, Message, ModelIdentity, ThinkingLevel, now_ms
+from harness.messages import ImageContent, Message, ModelIdentity, OutputSchema, ThinkingLevel, now_ms
 from harness.providers import ModelRegistry
 from harness.runtime import (
     DEFAULT_EVENT_LOG_LIMIT,
@@ -668,17 +668,23 @@ class Conversation:
     # -- turns ------------------------------------------------------------------------------------
 
     async def admit(self, text: str, context: Context, *, images: Sequence[ImageContent] = (),
-                    lane: str = MAIN_LANE) -> AcceptedRun:
+                    lane: str = MAIN_LANE, output: OutputSchema | None = None,
+                    output_retries: int = 2) -> AcceptedRun:
         """Admit a turn of `text` (and `images`), durable in phase `starting`, without driving it.
 
         On `main`: under the turn lock, after any queued model switch, with a `ReasoningChanged`
         row right above it when the level changed since the previous turn (CE-14). On another
         lane (a session's own, not the person's): accepted as it is. Raises `InvalidMessage` for
         an empty prompt, `ConversationEnded` once the conversation was ended, `LaneBusy` while an
-        operation is open, `PromptTooLarge`; nothing was written then."""
+        operation is open, `PromptTooLarge`, `InvalidInput` for an `output` that is not a JSON
+        Schema; nothing was written then. `output` makes the turn's final answer JSON of that shape,
+        validated, an answer that does not fit sent back up to `output_retries` times, then the run
+        fails `output_invalid`; the answer that fits is an `OUTPUT_ENTRY_TYPE` entry (`output_of`,
+        issue 32)."""
         if lane == MAIN_LANE:
-            return await self._settings.admit(text, images, context)
-        return await self._admit_on_side_lane(PromptRequest(text=text, images=images), lane, context)
+            return await self._settings.admit(text, images, context, output=output, output_retries=output_retries)
+        request = PromptRequest(text=text, images=images, output=output, output_retries=output_retries)
+        return await self._admit_on_side_lane(request, lane, context)
 
     async def send(self, text: str, context: Context, *, images: Sequence[ImageContent] = ()) -> DriveOutcome:
         """Admit a turn of `text` on `main` (`admit`) and drive it to its end or wait."""
@@ -1312,12 +1318,14 @@ class ConversationService:
         return await conversation.send(text, context, images=images)
 
     async def admit(self, user: str, conversation_id: str, text: str, context: Context, *,
-                    images: Sequence[ImageContent] = ()) -> tuple[Conversation, AcceptedRun]:
+                    images: Sequence[ImageContent] = (), output: OutputSchema | None = None,
+                    ) -> tuple[Conversation, AcceptedRun]:
         """Admit a prompt as `send` does, without driving it: the live conversation and the
         accepted run, durable in phase `starting`, for a door that drives it in a task of its own
-        (the HTTP server answers 202 at once). Raises what `ConversationSettings.admit` raises."""
+        (the HTTP server answers 202 at once); `output` as `Conversation.admit` takes it. Raises
+        what `ConversationSettings.admit` raises."""
         conversation = await self.open(user, conversation_id, context)
-        return conversation, await conversation.admit(text, context, images=images)
+        return conversation, await conversation.admit(text, context, images=images, output=output)
 
     async def run_command(self, user: str, conversation: Conversation, invocation: CommandInvocation | None,
                           run: Callable[[RecordNow], Awaitable[T]], outcome_of: Callable[[T], CommandOutcome | None],

@@ -42,7 +42,16 @@ from harness.conversation.projects import ExecutionTarget
 from harness.conversation.recording import CONVERSATION_VALUES, MAIN_LANE, record_chat_event
 from harness.conversation.turn_rows import clean_public_text
 from harness.errors import HarnessError
-from harness.messages import ImageContent, Message, ModelIdentity, TextContent, ThinkingLevel, UserContent, UserMessage
+from harness.messages import (
+    ImageContent,
+    Message,
+    ModelIdentity,
+    OutputSchema,
+    TextContent,
+    ThinkingLevel,
+    UserContent,
+    UserMessage,
+)
 from harness.runtime import (
     AcceptedRun,
     AgentHarness,
@@ -464,7 +473,8 @@ class ConversationSettings:
     # -- turn admission (CE-14) -----------------------------------------------------------------
 
     async def admit(self, text: str, images: Sequence[ImageContent], context: Context, *,
-                    above: Sequence[Message] = (), prompt_entry_id: str | None = None) -> AcceptedRun:
+                    above: Sequence[Message] = (), prompt_entry_id: str | None = None,
+                    output: OutputSchema | None = None, output_retries: int = 2) -> AcceptedRun:
         """Accept a turn of `text` (and `images`) under the turn lock, after any queued switch.
 
         `above` (rows the model reads, e.g. a command's) are accepted in the same commit, above
@@ -474,7 +484,9 @@ class ConversationSettings:
         differs from the baseline (the previous admitted turn's level, or a level a row announced
         since), a `ReasoningChanged` row is accepted in that commit too, right above the prompt;
         the baseline is then written. The prompt's entry
-        gets `prompt_entry_id` when given (a record made before, such as a goal, names it). Raises `InvalidMessage` for
+        gets `prompt_entry_id` when given (a record made before, such as a goal, names it). `output`
+        and `output_retries` make the turn's answer JSON of that shape (`PromptRequest`, issue 32),
+        kept with the run, so a run resumed after a crash asks for it still. Raises `InvalidMessage` for
         an empty prompt, `ConversationEnded` once the conversation was ended, and whatever
         `Lane.accept` raises (`LaneBusy`, `PromptTooLarge`)."""
         if not text and not images:
@@ -493,7 +505,8 @@ class ConversationSettings:
                 messages.append(chat_event_message(ReasoningChanged(previous=baseline, level=level)))
             messages.append(prompt)
             entry_ids = None if prompt_entry_id is None else [*(new_id() for _ in messages[1:]), prompt_entry_id]
-            accepted = await self._accept(PromptRequest(messages=messages, entry_ids=entry_ids), read, context)
+            accepted = await self._accept(PromptRequest(messages=messages, entry_ids=entry_ids, output=output,
+                                                      output_retries=output_retries), read, context)
             await self.harness.set_value(TURN_BASELINE, TurnBaseline(level=level, entry_id=accepted.entry_ids[-1]),
                                          context)
         return accepted

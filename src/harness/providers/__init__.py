@@ -39,6 +39,7 @@ from harness.providers.protocol import (
     ToolSpec,
     UsageEvent,
 )
+from harness.providers.structured import structured_stream
 
 __all__ = [
     "BUILTIN_MODELS",
@@ -84,6 +85,7 @@ __all__ = [
     "classify_exception",
     "faux",
     "replay",
+    "structured_stream",
 ]
 
 _LAZY = {

@@ -148,6 +148,9 @@ def build_request_params(model: Model, request: ProviderRequest, options: Stream
       `MIN_ANSWER_TOKENS` under `max_tokens` and left out below the API's 1,024 or when the
       assistant turn the request continues (its tool results are last) has no thinking to start
       with, which the API refuses with a budget;
+    - `output_config.format` a `json_schema` for `request.output`, in the shape the API takes
+      (the SDK's `transform_schema`: objects closed, constraints it does not enforce moved into
+      descriptions; the run still validates the answer against the schema as given);
     - `extra_body.temperature` only when `options.temperature` is set and thinking is off (the SDK
       no longer takes it as an argument, and thinking requires the default);
     - `extra_headers`: `model.headers` and `options.headers` merged, when there are any.
@@ -168,6 +171,9 @@ def build_request_params(model: Model, request: ProviderRequest, options: Stream
     if options.tool_choice is not None:
         params["tool_choice"] = {"type": "tool", "name": options.tool_choice}
     params.update(thinking)
+    if request.output is not None:
+        answer = {"type": "json_schema", "schema": anthropic.transform_schema(request.output.json_schema)}
+        params["output_config"] = {**params.get("output_config", {}), "format": answer}
     if options.temperature is not None and not thinking:
         params["extra_body"] = {"temperature": options.temperature}
     if headers := {**model.headers, **options.headers}:

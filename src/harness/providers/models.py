@@ -36,6 +36,7 @@ id = "qwen2.5-7b"
 path = "/models/qwen2.5-7b-instruct-q4_k_m.gguf"
 context_window = 8192
 max_tool_steps = 8                  # cap on steps with tool calls per run; default none
+structured_output = "tool"          # ask for an answer's JSON shape by a final-answer tool, not natively
 ```
 
 A provider table needs `api` (`openai-chat`, `openai-responses`, `anthropic-messages`, `embedded`)
@@ -68,7 +69,7 @@ import tomllib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
@@ -130,6 +131,8 @@ EMBEDDED_MODEL = Model(
     context_window=4096,
     max_tokens=1024,
     max_tool_steps=1,
+    # Its runtime reads no schema field; a forced tool call is how it is asked for an answer's shape.
+    structured_output="tool",
 )
 
 
@@ -499,6 +502,7 @@ class _FileModel(BaseModel):
     max_tool_steps: int | None = None
     adaptive_thinking: bool | None = None
     max_thinking_level: ThinkingLevel | None = None
+    structured_output: Literal["native", "tool"] | None = None
 
 
 class _FileProvider(BaseModel):

@@ -21,6 +21,7 @@ from harness.messages import (
     CleanJsonObject,
     Cost,
     Message,
+    OutputSchema,
     TextContent,
     ThinkingContent,
     ThinkingLevel,
@@ -58,7 +59,10 @@ class Model(_Frozen):
     more (None: no cap); `adaptive_thinking` marks a reasoning model that takes an effort level
     instead of a thinking budget in tokens (Anthropic's Opus 4.7 refuses a budget; 4.6 deprecates it);
     `max_thinking_level` is the highest thinking level a reasoning model takes (`xhigh` only for the
-    few that do, such as OpenAI's gpt-5.2).
+    few that do, such as OpenAI's gpt-5.2); `structured_output` is how a request's `output` schema
+    is asked for: `native`, in the wire format's own field (OpenAI's `response_format` or
+    `text.format`, Anthropic's `output_config.format`), or `tool`, as a final-answer tool the
+    model calls (`harness.providers.structured`), for a server or model without the native field.
     """
 
     id: str
@@ -77,6 +81,7 @@ class Model(_Frozen):
     max_tool_steps: int | None = None
     adaptive_thinking: bool = False
     max_thinking_level: ThinkingLevel = "high"
+    structured_output: Literal["native", "tool"] = "native"
 
     def thinking_levels(self) -> tuple[ThinkingLevel, ...]:
         """The thinking levels this model takes, lowest first: only `off` without `reasoning`, else
@@ -121,12 +126,15 @@ class ToolSpec(_Frozen):
 
 
 class ProviderRequest(_Frozen):
-    """What one provider request carries: the system prompt, the message history (oldest first) and
-    the tools the model may call."""
+    """What one provider request carries: the system prompt, the message history (oldest first),
+    the tools the model may call and, when its answer must be JSON of a shape, that shape (`output`:
+    the adapter asks for it in the wire format's field; `Model.structured_output` says whether a
+    model takes it so)."""
 
     system_prompt: str | None = None
     messages: tuple[Message, ...] = ()
     tools: tuple[ToolSpec, ...] = ()
+    output: OutputSchema | None = None
 
 
 class StreamOptions(_Frozen):

@@ -76,6 +76,13 @@ from harness.runtime.hooks import (
 )
 from harness.runtime.lane import AbortRequest, AcceptedRun, Lane, LaneWatch
 from harness.runtime.outcomes import INTERRUPTED_REPLY, DriveOutcome, Paused, Settled, Suspended, WaitingRetry
+from harness.runtime.output import (
+    OUTPUT_ENTRY_TYPE,
+    OUTPUT_REJECTED_TYPE,
+    RecordedOutput,
+    check_output_schema,
+    recorded_output,
+)
 from harness.runtime.requests import (
     MAX_INPUT_BYTES,
     PromptRequest,
@@ -110,6 +117,8 @@ __all__ = [
     "FOLLOW_POLL_S",
     "INTERRUPTED_REPLY",
     "MAX_INPUT_BYTES",
+    "OUTPUT_ENTRY_TYPE",
+    "OUTPUT_REJECTED_TYPE",
     "AbortRequest",
     "AcceptedRun",
     "AgentHarness",
@@ -179,6 +188,7 @@ __all__ = [
     "QueuedItem",
     "Queues",
     "RebaseRequired",
+    "RecordedOutput",
     "RetryEnd",
     "RetryInfo",
     "RetryPolicy",
@@ -215,9 +225,11 @@ __all__ = [
     "WaitingRetry",
     "WatchOverflow",
     "check_input_size",
+    "check_output_schema",
     "event_lane",
     "follow_lane",
     "lane_system_prompt",
     "read_lane_events",
+    "recorded_output",
     "reduce_lane_snapshot",
 ]

@@ -48,8 +48,10 @@ from harness.runtime.events import (
     RunStart,
 )
 from harness.runtime.outcomes import DriveOutcome, Settled
+from harness.runtime.output import check_output_schema
 from harness.runtime.projection import LaneProjection
 from harness.runtime.requests import (
+    PromptRequest,
     PromptTemplate,
     RunRequest,
     Skill,
@@ -237,8 +239,15 @@ class Lane:
         Captured next-run entries are placed first, then the request's messages. Raises `LaneBusy`
         if an operation is open, `InvalidMessage` if nothing would be placed or the input is not
         user/custom messages, `UnknownSkill`/`UnknownTemplate`, `OperationIdTaken` for a supplied id
-        already in use; on any error nothing was written."""
+        already in use, `InvalidInput` for an `output` schema that is not a JSON Schema or a
+        negative `output_retries`; on any error nothing was written."""
         normalized = normalize_request(request, self.core.skills, self.core.templates)
+        output = request.output if isinstance(request, PromptRequest) else None
+        retries = request.output_retries if isinstance(request, PromptRequest) and output is not None else 0
+        if output is not None:
+            check_output_schema(output)
+            if retries < 0:
+                raise InvalidInput(f"output_retries is at least 0, not {retries}")
 
         async def plan(m: SessionMutator) -> Decision[AcceptedRun]:
             self._refuse_if_busy()
@@ -262,7 +271,8 @@ class Lane:
             started_at = now_ms()
             meta = OperationMeta(operation_id=operation_id, lane=self.name, source_tip_id=self.projection.tip_id,
                                  traceparent=traceparent,
-                                 started_at=started_at, intent=RunIntent(prompt_entry_ids=request_ids))
+                                 started_at=started_at, intent=RunIntent(prompt_entry_ids=request_ids, output=output,
+                                                                         output_retries=retries))
             state = LaneState(current_operation_id=operation_id,
                               inbox=[item for item in self.projection.state.inbox if item.kind != "next_run"])
             m.set(addresses.branch_tip(self.name), placement.tip)

@@ -20,6 +20,7 @@ from harness.messages import (
     CustomMessage,
     ImageContent,
     Message,
+    OutputSchema,
     TextContent,
     UserContent,
     UserMessage,
@@ -59,13 +60,17 @@ class PromptRequest:
     """Start a run from `text` and `images`, or from `messages` (one message or a list).
 
     `operation_id` and `entry_ids` (one per resulting message) may be supplied so a caller can
-    retry an acceptance idempotently; otherwise they are minted."""
+    retry an acceptance idempotently; otherwise they are minted. `output` makes the run's final
+    answer JSON of that shape, an answer that does not fit sent back to the model up to
+    `output_retries` times (issue 32, `harness.runtime.output`)."""
 
     text: str = ""
     images: Sequence[ImageContent] = ()
     messages: Message | Sequence[Message] | None = None
     operation_id: str | None = None
     entry_ids: Sequence[str] | None = None
+    output: OutputSchema | None = None
+    output_retries: int = 2
 
 
 PROMPT_SHAPES = "prompt takes (text, images, context) or (messages, context), by position or by name"

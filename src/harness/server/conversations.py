@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 from typing import Annotated
 
 from fastapi import APIRouter, Query, Response, status
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError
 
 from harness.context import Context
 from harness.conversation import (
@@ -31,7 +31,8 @@ from harness.conversation import (
     compact,
     fast,
 )
-from harness.messages import ImageContent, ModelIdentity
+from harness.errors import InvalidInput
+from harness.messages import ImageContent, ModelIdentity, OutputSchema
 from harness.runtime import LaneBusy
 from harness.server.approvals import PendingApproval
 from harness.server.errors import ExternalModeUnsupported
@@ -168,6 +169,10 @@ class ImageIn(_Body):
 class SendMessage(_Body):
     text: str = Field(description="The prompt; may be empty only with images.")
     images: list[ImageIn] = []
+    output_schema: dict[str, JsonValue] | None = Field(
+        None, description="A JSON Schema the run's final answer must fit: the answer is sent back to the model "
+                          "while it does not (twice at most, then the run fails output_invalid), and the one that "
+                          "fits is a structured_output entry of the conversation.")
 
 
 class Accepted(BaseModel):
@@ -183,9 +188,13 @@ async def send_message(conversation_id: str, body: SendMessage, user: CurrentUse
                        context: RequestContext) -> Accepted:
     """Start a turn: answered once it is durable (202), driven by the server. `lane_busy` (409)
     while a run is open (steer or follow up instead), `prompt_too_large` (413),
-    `conversation_ended` (409)."""
+    `conversation_ended` (409), `invalid_input` for an `output_schema` that is not a JSON Schema."""
     images = [ImageContent(data=image.data, mime_type=image.mime_type) for image in body.images]
-    _, accepted = await state.start_turn(user, conversation_id, body.text, context, images=images)
+    try:
+        output = OutputSchema.of(body.output_schema) if body.output_schema is not None else None
+    except ValidationError as error:
+        raise InvalidInput(f"output_schema cannot be stored: {error.errors()[0]['msg']}") from error
+    _, accepted = await state.start_turn(user, conversation_id, body.text, context, images=images, output=output)
     return Accepted(operation_id=accepted.operation_id, entry_ids=list(accepted.entry_ids))
 
 

@@ -7,7 +7,7 @@ from typing import Annotated, Literal, TypeAlias
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from harness.messages import CleanJson, CleanStr, Message, ModelIdentity, Record, ThinkingLevel, Usage
+from harness.messages import CleanJson, CleanStr, Message, ModelIdentity, OutputSchema, Record, ThinkingLevel, Usage
 
 OperationKind: TypeAlias = Literal["run", "compaction", "navigation"]
 
@@ -164,8 +164,13 @@ class LaneLastResult(Record):
 
 
 class RunIntent(Record):
+    """A run: the entries its prompt placed and, when its final answer must be JSON of a shape,
+    that shape and how many answers that do not fit are sent back for another (issue 32)."""
+
     kind: Literal["run"] = "run"
     prompt_entry_ids: list[str]
+    output: OutputSchema | None = None
+    output_retries: Annotated[int, Field(ge=0)] = 0
 
 
 class CompactionIntent(Record):

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from harness.errors import ModelUnavailable, ToolsUnavailable
-from harness.messages import Message
+from harness.messages import Message, OutputSchema
 from harness.runtime.branch_context import estimate_tokens
 from harness.runtime.commit import (
     Decision,
@@ -18,10 +18,11 @@ from harness.runtime.commit import (
 )
 from harness.runtime.drive.operation import DrivenOperation
 from harness.runtime.drive.provider_step import generate, intent_events, step_intent
-from harness.runtime.drive.settlement import settle
+from harness.runtime.drive.settlement import failure, settle
 from harness.runtime.drive.structural import below_threshold, threshold_compaction
 from harness.runtime.event_log import Announcement
 from harness.runtime.outcomes import DriveOutcome
+from harness.runtime.output import Accepted, judge, reply_of, run_entries
 from harness.session import (
     AssistantReady,
     CommitResult,
@@ -29,6 +30,7 @@ from harness.session import (
     MayFinish,
     NeedAssistant,
     RunCheckpoint,
+    RunIntent,
     SessionMutator,
     addresses,
     new_id,
@@ -51,7 +53,32 @@ async def checkpoint(op: DrivenOperation, state: RunCheckpoint) -> DriveOutcome 
         placed, ready = await place(op, (), include_follow_up=True, then=state)
         if placed:
             return await _next_step(op, state, ready)
+    meta = op.projection.meta
+    if meta is not None and isinstance(meta.intent, RunIntent) and meta.intent.output is not None \
+            and not op.aborting:
+        return await _finish_with_output(op, state, meta.intent, meta.intent.output)
     return await settle(op, state, "completed")
+
+
+async def _finish_with_output(op: DrivenOperation, state: RunCheckpoint, intent: RunIntent,
+                              output: OutputSchema) -> DriveOutcome | Transition | None:
+    """End a run whose answer has a shape: settle it with its answer recorded when the answer fits,
+    send it back to the model with what is wrong while retries are left, else fail the run
+    `output_invalid` (issue 32)."""
+    continuation = state.continuation
+    reply_id = (state.trigger_entry_id if isinstance(continuation, MayFinish)
+                and continuation.include_final_assistant else None)
+    entries = run_entries((await op.branch()).entries, intent.prompt_entry_ids)
+    verdict = judge(output, intent.output_retries, entries, reply_id, reply_of(entries, reply_id))
+    if isinstance(verdict, Accepted):
+        return await settle(op, state, "completed", entries=[verdict.entry])
+    if verdict.feedback is not None:
+        placed, ready = await place(op, [verdict.feedback], include_follow_up=True, then=state)
+        if placed:
+            return await _next_step(op, state, ready)
+    return failure("output_invalid", f"the answer does not fit output schema {output.name} after "
+                                     f"{intent.output_retries} retries: {verdict.reason}",
+                   {"schema": output.name, "retries": intent.output_retries}, "provider")
 
 
 def _ready(op: DrivenOperation, state: RunCheckpoint, trigger_entry_id: str | None) -> AssistantReady:

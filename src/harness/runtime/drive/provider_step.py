@@ -21,6 +21,7 @@ from harness.providers import (
     StartEvent,
     StreamEvent,
     classify_exception,
+    structured_stream,
 )
 from harness.runtime.agent_tool import offered_tools
 from harness.runtime.commit import Decision, Transition
@@ -64,6 +65,7 @@ from harness.session import (
     OperationErrorRecord,
     OperationState,
     RunCheckpoint,
+    RunIntent,
     RunTools,
     SessionMutator,
     SummaryPending,
@@ -124,18 +126,21 @@ async def ask(op: DrivenOperation, intent: AssistantEffectPending) -> DriveOutco
 
 async def _request(op: DrivenOperation, generation: GenerationContext, model: Model) -> ProviderRequest:
     """The step's request: the system prompt, the branch's messages (through the
-    `transform_context` hook when set) and the tools it may call."""
+    `transform_context` hook when set), the tools it may call and the shape its answer must take
+    (the run's `RunIntent.output`, issue 32)."""
     messages = tuple((await op.branch()).messages)
     tools = tuple(tool.spec for tool in offered_tools(generation.config.active_tools, op.environment.tools))
     if model.max_tool_steps is not None and generation.step > model.max_tool_steps:
         tools = ()  # a model too small to trust with more tool steps answers in text now
     system = lane_system_prompt(op.environment.system_prompt, op.lane.name)
+    meta = op.projection.meta
+    output = meta.intent.output if meta is not None and isinstance(meta.intent, RunIntent) else None
     if op.hooks.transform_context is not None:
         transformed = await op.hooks.transform_context(list(messages), op.context)
-        return ProviderRequest(system_prompt=system, messages=tuple(transformed), tools=tools)
+        return ProviderRequest(system_prompt=system, messages=tuple(transformed), tools=tools, output=output)
     # The branch's messages were validated when they were decoded or committed: checking them
     # again would cost O(history) on every step.
-    return ProviderRequest.model_construct(system_prompt=system, messages=messages, tools=tools)
+    return ProviderRequest.model_construct(system_prompt=system, messages=messages, tools=tools, output=output)
 
 
 async def _send(op: DrivenOperation, intent: AssistantEffectPending, model: Model, provider: Provider,
@@ -145,8 +150,8 @@ async def _send(op: DrivenOperation, intent: AssistantEffectPending, model: Mode
     effect = op.effect_context()
     try:
         options = op.stream_options(model, intent.generation)
-        message, error, framed = await consume(op, lambda: provider.stream(model, request, options, effect), intent,
-                                               model)
+        message, error, framed = await consume(
+            op, lambda: structured_stream(provider, model, request, options, effect), intent, model)
     finally:
         op.end_effect(effect)
     reached(FaultPoint.BEFORE_REPLY_SETTLEMENT)

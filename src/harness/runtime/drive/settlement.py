@@ -25,6 +25,7 @@ from harness.session import (
     CommitResult,
     CustomMessagePayload,
     Entry,
+    EntryPayload,
     FailureDrain,
     FailureProvenance,
     LaneLastResult,
@@ -33,6 +34,7 @@ from harness.session import (
     OperationErrorRecord,
     OperationState,
     RunCheckpoint,
+    RunIntent,
     SessionMutator,
     StorageCorruption,
     addresses,
@@ -66,6 +68,7 @@ async def settle(
     error: OperationErrorRecord | None = None,
     abort_cause: AbortCause | None = None,
     stage: Callable[[SessionMutator], None] | None = None,
+    entries: Sequence[EntryPayload] = (),
     tip: str | KeepTip | None = KeepTip.KEEP,
     events_before: Callable[[], Sequence[Announcement]] | None = None,
     publish_before: Publish | None = None,
@@ -73,7 +76,8 @@ async def settle(
 ) -> Settled | None:
     """The terminal commit: `stage`'s final writes (moving the tip to `tip`, where None is the
     empty branch before the session's first entry), clean up the operation, drain steer and
-    follow-up items that were not placed, write the lane's last result, go idle; emits
+    follow-up items that were not placed, place `entries` (a run's recorded answer) at the end of
+    the branch, write the lane's last result, go idle; emits
     `events_before` (made after `stage` ran; `publish_before` publishes what it placed), then
     `run_end`.
 
@@ -114,6 +118,8 @@ async def settle(
             ending = replace(ending, discarded=True)
         placement = Placement(ending.prompt_parent if ending.discarded else from_tip)
         for payload in ending.kept if ending.discarded else ():
+            placement.stage(m, new_id(), payload)
+        for payload in entries:
             placement.stage(m, new_id(), payload)
         for entry_id in writes:
             placement.stage(m, entry_id, pending_payload(projection.pending[entry_id]))
@@ -177,12 +183,13 @@ async def settle_with_reply(op: DrivenOperation, reply: Transition) -> Settled |
     commit: a crash before it leaves the reply's intent (the reply is asked again, HA-24), after
     it the settled run, and no phase between them has anything a restart needs. Only when nothing
     may run between the two: the run may finish with the reply (no tool calls), no
-    `before_run_end` hook, no abort requested, and, decided on the line, no steer or follow-up
-    queued; otherwise `reply` itself, for the checkpoint after it to place what came."""
+    `before_run_end` hook, no answer shape to check (`RunIntent.output`), no abort requested,
+    and, decided on the line, no steer or follow-up queued; otherwise `reply` itself, for the
+    checkpoint after it to place what came."""
     state, meta = reply.state, op.projection.meta
     if not (isinstance(state, RunCheckpoint) and isinstance(state.continuation, MayFinish)
             and op.hooks.before_run_end is None and not op.aborting
-            and meta is not None and meta.intent.kind == "run"):
+            and meta is not None and isinstance(meta.intent, RunIntent) and meta.intent.output is None):
         return reply
     # The tip ends at the reply (its trigger), or where it was when an empty abort wrote none.
     settled = await settle(op, state, "completed", stage=reply.stage, tip=state.trigger_entry_id,
