@@ -27,14 +27,14 @@ FAUX = ModelIdentity(provider=FAUX_MODEL.provider, model_id=FAUX_MODEL.id)
 CONFIG = LaneConfig(model=FAUX, active_tools=[MCP_TOOLS])
 
 
-def mcp_service(store: Store, servers: McpServers, script: FauxScript, home: Path) -> tuple[ConversationService,
-                                                                                            FauxProvider]:
-    """A service as a client builds it (`client_setup`), with `servers`' tools, every call allowed,
-    on the faux model answering `script`."""
+def mcp_service(store: Store, servers: McpServers, script: FauxScript, home: Path,
+                approval: ApprovalPolicy | None = None) -> tuple[ConversationService, FauxProvider]:
+    """A service as a client builds it (`client_setup`), with `servers`' tools, every call allowed
+    unless `approval` says otherwise, on the faux model answering `script`."""
     faux = FauxProvider(script)
     registry = ModelRegistry([FAUX_MODEL], providers={"faux": faux})
-    setup = client_setup(registry, tool_workspace(home, home), home, ApprovalPolicy.allow_all(), BackgroundJobs(),
-                         drive=DriveSettings(frame_interval_s=0), mcp=servers)
+    setup = client_setup(registry, tool_workspace(home, home), home, approval or ApprovalPolicy.allow_all(),
+                         BackgroundJobs(), drive=DriveSettings(frame_interval_s=0), mcp=servers)
     return ConversationService(store, setup), faux
 
 

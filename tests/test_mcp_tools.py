@@ -26,7 +26,7 @@ from harness.providers import FauxProvider
 from harness.providers.faux import FauxScript, reply, tool_call
 from harness.runtime import Settled
 from harness.session import Store, connect
-from harness.tools import McpServers, load_mcp_servers
+from harness.tools import ApprovalPolicy, McpServers, PermissionRules, load_mcp_servers, parse_rule
 from mcp_child import CONFIG, OWNER, mcp_service
 
 TESTS = Path(__file__).resolve().parent
@@ -81,10 +81,11 @@ async def connected(project: Path, home: Path) -> AsyncIterator[McpServers]:
         await servers.close()
 
 
-async def turn(store: Store, servers: McpServers, script: FauxScript, home: Path, ctx: Context
-               ) -> tuple[Conversation, FauxProvider, Settled]:
-    """One turn of a new conversation offered `servers`' tools, on the faux model playing `script`."""
-    service, faux = mcp_service(store, servers, script, home)
+async def turn(store: Store, servers: McpServers, script: FauxScript, home: Path, ctx: Context, *,
+               approval: ApprovalPolicy | None = None) -> tuple[Conversation, FauxProvider, Settled]:
+    """One turn of a new conversation offered `servers`' tools, on the faux model playing `script`
+    (every call allowed unless `approval` says otherwise)."""
+    service, faux = mcp_service(store, servers, script, home, approval)
     conversation = await service.create(OWNER, CONFIG, ctx)
     outcome = await within(conversation.send("go", ctx), PROCESS_TIMEOUT_S)
     assert isinstance(outcome, Settled), outcome
@@ -140,6 +141,28 @@ async def test_replay_safety_is_what_the_annotations_say(tmp_path: Path) -> None
     assert replay["mcp__test__echo"] == "safe"
     assert replay["mcp__test__ledger"] == "never"
     assert replay["mcp__test__die"] == "never"
+
+
+@pytest.mark.parametrize(("rules", "ledger_runs"), [([], False), (["mcp__test__*"], True),
+                                                    (["mcp__test__ledger"], True), (["mcp__other__*"], False)])
+async def test_a_tool_not_marked_read_only_asks_first_unless_a_rule_allows_it(
+        rules: list[str], ledger_runs: bool, store: Store, tmp_path: Path, ctx: Context) -> None:
+    """`ledger` (no hints) asks before it runs, as write and shell do: with nobody to ask it is
+    refused, and its server never sees the call; `echo` (read-only) runs; an allow rule naming the
+    tool or its server's pattern lets `ledger` run."""
+    ledger = tmp_path / "ledger.log"
+    ledger.write_text("first\n")  # the tool kills its caller on the ledger's first line only
+    allowed = PermissionRules([parse_rule(text, "allow", "test", tmp_path) for text in rules])
+    async with connected(project_with(tmp_path, {"test": stdio_entry(ledger)}), tmp_path) as servers:
+        approval = ApprovalPolicy(None, rules=allowed, mcp=servers)
+        script: FauxScript = [reply(tool_call("mcp__test__echo", {"text": "hi"}),
+                                    tool_call("mcp__test__ledger", {"key": "k"})), "done"]
+        _, faux, _ = await turn(store, servers, script, tmp_path, ctx, approval=approval)
+
+    results = faux.requests[1].request.messages[-2:]
+    assert [(message.tool_name, message.is_error) for message in results if isinstance(message, ToolResultMessage)] \
+        == [("mcp__test__echo", False), ("mcp__test__ledger", not ledger_runs)]
+    assert ("ledger k" in ledger.read_text()) is ledger_runs
 
 
 async def test_a_crash_during_a_never_replay_call_is_answered_as_interrupted_and_not_repeated(

@@ -114,9 +114,11 @@ class ChatClient:
                                  context=context, attached=lambda: self.attached, save_draft=self.save_draft,
                                  error=self.error)
         """The chat's turn: start one, queue a line typed during it, abort it, finish an open one."""
+        self.mcp = McpServers.from_files(settings.cwd, settings.home)
+        """The MCP servers' tools, joining as each server answers: the prompt does not wait for them."""
         # One policy for the whole chat; `a` (allow always) is kept in the conversation's journal.
         self.approval = (ApprovalPolicy.allow_all(self.ask_approval, rules=settings.rules) if settings.approve_all
-                         else ApprovalPolicy(self.ask_approval, rules=settings.rules))
+                         else ApprovalPolicy(self.ask_approval, rules=settings.rules, mcp=self.mcp))
         self.approval.conversation_of = lambda request: self._attached.conversation if self._attached else None
         self.allowed_always: tuple[str, ...] = ()
         """The rules the person allowed "always" in the attached conversation, for the status line."""
@@ -124,8 +126,6 @@ class ChatClient:
         """The terminal's own directory (`/cd`, `!cmd`); the tools run in the conversation's project
         when it has one (`Conversation.target`), else here."""
         self.jobs = BackgroundJobs()
-        self.mcp = McpServers.from_files(settings.cwd, settings.home)
-        """The MCP servers' tools, joining as each server answers: the prompt does not wait for them."""
         """The shell commands the agent started in the background; they end with the chat."""
         self.listing: list[str] = []
         """Entry ids of the last `/tree` listing, by number - 1 (for `/tree N` and `/fork N`)."""

@@ -102,8 +102,9 @@ def serve_command(
         registry = ModelRegistry.load(home=home)
         jobs = BackgroundJobs()
         mcp = McpServers.from_files(Path.cwd(), home)  # connected in the background: serving starts at once
-        # Write, edit and shell wait for the owner's answer over HTTP, unless the settings' rules decide.
-        approvals = Approvals(rules=load_permission_rules(home, Path.cwd()))
+        # Write, edit, shell and the MCP tools not marked read-only wait for the owner's answer over
+        # HTTP, unless the settings' rules decide.
+        approvals = Approvals(rules=load_permission_rules(home, Path.cwd()), mcp=mcp)
         # Answers another process posts (a second server on this store) reach the calls waiting here.
         setup = replace(client_setup(registry, tool_workspace(Path.cwd(), home), home, approvals.hook, jobs, mcp=mcp),
                         answer_approval=approvals.answer_posted)

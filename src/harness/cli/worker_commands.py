@@ -47,9 +47,9 @@ def worker_command(
         registry = ModelRegistry.load(home=home)
         jobs = BackgroundJobs()
         rules = load_permission_rules(home, Path.cwd())  # the settings' deny and ask rules hold even with --yes
-        approval = (ApprovalPolicy.allow_all(rules=rules) if approve_all
-                    else ApprovalPolicy(None, rules=rules, unavailable_reason=NO_APPROVER))
         mcp = McpServers.from_files(Path.cwd(), home)  # connected in the background: claiming starts at once
+        approval = (ApprovalPolicy.allow_all(rules=rules) if approve_all
+                    else ApprovalPolicy(None, rules=rules, mcp=mcp, unavailable_reason=NO_APPROVER))
         setup = client_setup(registry, tool_workspace(Path.cwd(), home), home, approval, jobs, mcp=mcp)
         worker = Worker(ConversationService(opened, setup), WorkerOptions(concurrency=concurrency))
         loop = asyncio.get_running_loop()

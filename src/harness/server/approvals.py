@@ -21,7 +21,16 @@ from harness.errors import HarnessError
 from harness.messages import now_ms
 from harness.runtime import ToolCallRequest
 from harness.session import ApprovalAnswerRequest, Session, SessionReader, ValueAddress, addresses
-from harness.tools import DENY, NEEDS_APPROVAL, Approval, ApprovalPolicy, ApprovalRequest, PermissionRules, RuleKeeper
+from harness.tools import (
+    DENY,
+    NEEDS_APPROVAL,
+    Approval,
+    ApprovalPolicy,
+    ApprovalRequest,
+    McpServers,
+    PermissionRules,
+    RuleKeeper,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -81,7 +90,7 @@ class _Waiting:
 
 class Approvals:
     """The pending approvals of one server, and its `before_tool` hook (`Approvals.hook`, an
-    `ApprovalPolicy` over the tools in `gated` weighing the permission `rules`, issue 30). An
+    `ApprovalPolicy` over the tools in `gated` and `mcp`'s weighing the permission `rules`, issue 30). An
     answer `for_session` allows that tool for the rest of the conversation, not the whole server:
     it is kept in the conversation's journal, as a chat's "always" is. `conversation_of` tells
     which conversation an operation belongs to (the server binds it to its drives); a call of an
@@ -89,8 +98,9 @@ class Approvals:
     conversation live here (the server binds it to its service's), in whose journal a waiting
     call is kept."""
 
-    def __init__(self, *, gated: frozenset[str] = NEEDS_APPROVAL, rules: PermissionRules | None = None) -> None:
-        self.hook = ApprovalPolicy(self._ask, gated=gated, rules=rules, conversation_of=self._rule_keeper,
+    def __init__(self, *, gated: frozenset[str] = NEEDS_APPROVAL, rules: PermissionRules | None = None,
+                 mcp: McpServers | None = None) -> None:
+        self.hook = ApprovalPolicy(self._ask, gated=gated, rules=rules, mcp=mcp, conversation_of=self._rule_keeper,
                                    unavailable_reason="this server knows no conversation it belongs to")
         self.conversation_of: Callable[[str], str | None] = lambda operation_id: None
         self.live: Callable[[str], Conversation | None] = lambda conversation_id: None

@@ -14,6 +14,7 @@ from pydantic import JsonValue
 
 from harness.context import Context
 from harness.runtime import Block, ToolCallRequest
+from harness.tools.mcp import McpServers
 from harness.tools.permissions import InvalidPermissionRule, PermissionDecision, PermissionRules, parse_rule
 from harness.tools.workspace import plural
 
@@ -95,7 +96,9 @@ class ApprovalPolicy:
     """A `before_tool` hook (pass the policy itself as `RunHooks.before_tool`, and `decides` as
     `before_tool_applies`) that weighs the permission `rules` and the conversation's "always"
     answers for each call (issue 30): a `deny` rule blocks it, an `ask` rule asks, an `allow`
-    rule runs it; a call no rule names asks when its tool is in `gated`, else runs.
+    rule runs it (`mcp__github__*` allows a server's tools); a call no rule names asks when its
+    tool is in `gated` or is a tool of `mcp`'s servers not marked read-only
+    (`McpServers.changes_things`), else runs.
 
     `conversation_of` gives the conversation a call belongs to (`RuleKeeper`): an answer "always"
     (`Approval.for_session`) is kept in its journal as a row the model reads and survives a
@@ -109,12 +112,13 @@ class ApprovalPolicy:
     model reads."""
 
     def __init__(self, ask: AskApproval | None, *, gated: Iterable[str] = NEEDS_APPROVAL,
-                 rules: PermissionRules | None = None, allowed: Iterable[str] = (),
+                 rules: PermissionRules | None = None, allowed: Iterable[str] = (), mcp: McpServers | None = None,
                  conversation_of: Callable[[ToolCallRequest], RuleKeeper | None] | None = None,
                  directory: Path | None = None, unavailable_reason: str | None = None,
                  on_decision: Callable[[Decided], None] | None = None) -> None:
         self._ask = ask
         self.gated = frozenset(gated)
+        self.mcp = mcp
         self.rules = rules or PermissionRules()
         self._allowed: set[str] = set(allowed)
         self.conversation_of = conversation_of
@@ -124,7 +128,8 @@ class ApprovalPolicy:
 
     @classmethod
     def allow_all(cls, ask: AskApproval | None = None, *, rules: PermissionRules | None = None) -> ApprovalPolicy:
-        """A policy that runs every call no rule denies or asks for (what `--yes` means)."""
+        """A policy that runs every call no rule denies or asks for (what `--yes` means), an MCP
+        server's too."""
         return cls(ask, gated=(), rules=rules)
 
     @property
@@ -141,10 +146,15 @@ class ApprovalPolicy:
         with the reply that made them, one commit fewer (issue 12)."""
         return self.rules.names(tool_name, ("deny", "ask")) or self.needs_approval(tool_name)
 
+    def gates(self, tool_name: str) -> bool:
+        """Whether a call of `tool_name` asks first when no rule names it: a tool of `gated`, or
+        an MCP tool that may change things (`mcp`'s `changes_things`)."""
+        return tool_name in self.gated or (self.mcp is not None and self.mcp.changes_things(tool_name))
+
     def needs_approval(self, tool_name: str, allowed_always: Iterable[str] = ()) -> bool:
         """Whether a call of `tool_name` asks first unless a pattern says otherwise: a gated tool
         that no rule (nor `allowed_always`, a conversation's "always" answers) allows by name."""
-        if tool_name not in self.gated:
+        if not self.gates(tool_name):
             return False
         directory = self._directory or Path.cwd()  # names alone: no path is weighed
         remembered = self._remembered([*self._allowed, *allowed_always], directory)
@@ -163,7 +173,7 @@ class ApprovalPolicy:
 
     async def __call__(self, request: ToolCallRequest, context: Context) -> Block | None:
         decision = await self.decide(request, context)
-        asks = decision.effect == "ask" or (decision.effect is None and request.tool_name in self.gated)
+        asks = decision.effect == "ask" or (decision.effect is None and self.gates(request.tool_name))
         if decision.effect == "deny":
             blocked: Block | None = Block(reason=f"a permission rule denies it: {decision.rule}")
         elif asks:

@@ -197,8 +197,10 @@ class McpServers:
 
     A tool is replay-safe (`replay="safe"`) when its annotations say `readOnlyHint` or
     `idempotentHint`, else never replayed: a crash during its call is answered as interrupted,
-    its effect unknown (HA-25), and it is not called again. A server that fails, hangs past its
-    `timeout` or answers garbage makes that call's result an error the model reads; a call to a
+    its effect unknown (HA-25), and it is not called again. Only a `readOnlyHint` tool runs
+    without asking first (`changes_things`, which an `ApprovalPolicy` given these servers
+    weighs). A server that fails, hangs past its `timeout` or answers garbage makes that call's
+    result an error the model reads; a call to a
     server that stopped starts it again first. The server's requests for sampling or elicitation
     are refused (the SDK's answer: not supported), and the client declares neither capability.
 
@@ -207,6 +209,7 @@ class McpServers:
     def __init__(self, configs: Sequence[McpServerConfig], *, log_dir: Path | None = None,
                  startup_timeout_s: float = STARTUP_TIMEOUT_S) -> None:
         self.tools: dict[str, AgentTool] = {}
+        self._read_only: frozenset[str] = frozenset()
         self._log_dir = log_dir
         self._startup_timeout_s = startup_timeout_s
         self._servers = [_Server(config, self) for config in configs]
@@ -230,6 +233,12 @@ class McpServers:
     def statuses(self) -> list[McpServerStatus]:
         return [server.status() for server in self._servers]
 
+    def changes_things(self, tool_name: str) -> bool:
+        """Whether a call of `tool_name`, an MCP tool's prefixed name, may change things, so it
+        asks before it runs as write, edit and shell do: every such tool whose server does not
+        say `readOnlyHint`, and one no server lists now (fail closed). False for other names."""
+        return tool_name.startswith(TOOL_PREFIX) and tool_name not in self._read_only
+
     async def at_step_boundary(self, lane: Lane, context: Context) -> Sequence[Message]:
         """A `between_steps` hook: wait for the list refreshes that announced changes started, so
         the next step offers the new lists; it places no message."""
@@ -246,6 +255,8 @@ class McpServers:
         for server in self._servers:
             for name, tool in server.tools.items():
                 tools.setdefault(name, tool)
+        self._read_only = frozenset(name for server in self._servers for name in server.read_only
+                                    if tools.get(name) is server.tools[name])
         self.tools.clear()
         self.tools.update(tools)
 
@@ -264,6 +275,8 @@ class _Server:
     state: ServerState = "stopped"
     problem: str | None = None
     tools: dict[str, AgentTool] = field(default_factory=dict)
+    read_only: frozenset[str] = frozenset()
+    """The names in `tools` whose annotations say `readOnlyHint`."""
     refused: tuple[str, ...] = ()
     _client: Client | None = None
     _task: asyncio.Task[None] | None = None
@@ -388,6 +401,7 @@ class _Server:
             if cursor is None:
                 break
         tools: dict[str, AgentTool] = {}
+        read_only: set[str] = set()
         refused: list[str] = []
         for tool in listed:
             made = self._tool(tool)
@@ -397,7 +411,9 @@ class _Server:
                 refused.append(f"{tool.name}: its name {made.name} is taken by another tool of the server")
             else:
                 tools[made.name] = made
-        self.tools, self.refused = tools, tuple(refused)
+                if tool.annotations is not None and tool.annotations.read_only_hint:
+                    read_only.add(made.name)
+        self.tools, self.read_only, self.refused = tools, frozenset(read_only), tuple(refused)
         self.owner._publish()
 
     def _tool(self, tool: mcp_types.Tool) -> AgentTool | str:
