@@ -35,15 +35,16 @@ _PROPAGATOR = TraceContextTextMapPropagator()
 _FINISH_REASONS: dict[StopReason, str] = {"tool_use": "tool_call"}
 
 
-@contextmanager
-def admission(lane: str) -> Iterator[str | None]:
+def admission(lane: str) -> AbstractContextManager[str | None]:
     """The span `accept_run` around a run's acceptance on `lane`, under the caller's current span;
     yields its W3C traceparent for the operation's record, or None when nothing records (no SDK,
     or not sampled): the run's passes then start traces of their own."""
     span = _TRACER.start_span("accept_run", kind=SpanKind.INTERNAL)
-    if not span.is_recording():
-        yield None
-        return
+    return _admitting(span, lane) if span.is_recording() else _NOTHING
+
+
+@contextmanager
+def _admitting(span: Span, lane: str) -> Iterator[str | None]:
     span.set_attribute("harness.lane", lane)
     with trace.use_span(span, end_on_exit=True):
         carrier: dict[str, str] = {}
@@ -84,7 +85,7 @@ class PassTrace:
     def current(self) -> AbstractContextManager[object]:
         """The pass's span as the current one, so spans others make meanwhile (an instrumented
         HTTP client, a tool's own) nest under it."""
-        return trace.use_span(self.span) if self.recording else nullcontext()
+        return trace.use_span(self.span) if self.recording else _NOTHING
 
     def end(self, outcome: DriveOutcome | None, error: BaseException | None = None) -> None:
         """End the pass's span with how the pass ended: settled (`harness.run.outcome`), another
@@ -108,13 +109,13 @@ class PassTrace:
                 span.set_status(Status(StatusCode.ERROR, str(error)))
         span.end()
 
-    @contextmanager
-    def chat(self, model: Model, step: int, attempt: int) -> Iterator[ChatSpan]:
+    def chat(self, model: Model, step: int, attempt: int) -> AbstractContextManager[ChatSpan]:
         """The span `chat {model}` of one provider request, current while it streams; the caller
         gives it the reply (`ChatSpan.reply`)."""
-        if not self.recording:
-            yield _NO_CHAT
-            return
+        return self._chat(model, step, attempt) if self.recording else _NO_CHAT
+
+    @contextmanager
+    def _chat(self, model: Model, step: int, attempt: int) -> Iterator[ChatSpan]:
         span = _TRACER.start_span(f"chat {model.id}", self._context, kind=SpanKind.CLIENT, attributes={
             "gen_ai.operation.name": "chat", "gen_ai.provider.name": model.provider,
             # The name the conventions had before `gen_ai.provider.name`, which backends still read.
@@ -124,13 +125,13 @@ class PassTrace:
         with trace.use_span(span, end_on_exit=True):
             yield ChatSpan(self, span)
 
-    @contextmanager
-    def tool(self, name: str, call_id: str, description: str) -> Iterator[ToolSpan]:
+    def tool(self, name: str, call_id: str, description: str) -> AbstractContextManager[ToolSpan]:
         """The span `execute_tool {name}` of one tool execution, current while it runs; the caller
         gives it the result (`ToolSpan.result`)."""
-        if not self.recording:
-            yield _NO_TOOL
-            return
+        return self._tool(name, call_id, description) if self.recording else _NO_TOOL
+
+    @contextmanager
+    def _tool(self, name: str, call_id: str, description: str) -> Iterator[ToolSpan]:
         span = _TRACER.start_span(f"execute_tool {name}", self._context, kind=SpanKind.INTERNAL, attributes={
             "gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": name, "gen_ai.tool.call.id": call_id,
             "gen_ai.tool.type": "function", "gen_ai.tool.description": description,
@@ -188,7 +189,9 @@ class ToolSpan:
             self._span.set_status(Status(StatusCode.ERROR))
 
 
-_NO_CHAT = ChatSpan(None, INVALID_SPAN)
-_NO_TOOL = ToolSpan(INVALID_SPAN)
+# Without an SDK no generator is made: these shared context managers hold nothing between uses.
+_NOTHING: AbstractContextManager[None] = nullcontext()
+_NO_CHAT = nullcontext(ChatSpan(None, INVALID_SPAN))
+_NO_TOOL = nullcontext(ToolSpan(INVALID_SPAN))
 NO_TRACE = PassTrace(INVALID_SPAN, "")
 """The trace of a pass that makes no spans (a compaction's, a navigation's)."""
