@@ -17,8 +17,10 @@ from typing import Any
 
 import pytest
 from pydantic import JsonValue
+from typer.testing import CliRunner
 
 from drive_helpers import within
+from harness.cli import app
 from harness.context import Context
 from harness.conversation import Conversation
 from harness.messages import TextContent, ToolResultMessage
@@ -26,7 +28,15 @@ from harness.providers import FauxProvider
 from harness.providers.faux import FauxScript, reply, tool_call
 from harness.runtime import Settled
 from harness.session import Store, connect
-from harness.tools import ApprovalPolicy, McpServers, PermissionRules, load_mcp_servers, parse_rule
+from harness.tools import (
+    ApprovalPolicy,
+    McpServers,
+    PermissionRules,
+    load_mcp_servers,
+    load_mcp_trust,
+    parse_rule,
+    trust_mcp_server,
+)
 from mcp_child import CONFIG, OWNER, mcp_service
 
 TESTS = Path(__file__).resolve().parent
@@ -48,11 +58,14 @@ def stdio_entry(ledger: Path, **more: JsonValue) -> dict[str, JsonValue]:
     return {"command": sys.executable, "args": [str(SERVER), "stdio", str(ledger)], **more}
 
 
-def project_with(tmp_path: Path, servers: dict[str, Any]) -> Path:
-    """A project directory whose `.mcp.json` declares `servers`."""
+def project_with(tmp_path: Path, servers: dict[str, Any], *, trusted: bool = True) -> Path:
+    """A project directory whose `.mcp.json` declares `servers`, which the user whose harness
+    home is `tmp_path` trusts (`harness mcp trust`) unless not `trusted`."""
     project = tmp_path / "project"
     project.mkdir(exist_ok=True)
     (project / ".mcp.json").write_text(json.dumps({"mcpServers": servers}), encoding="utf-8")
+    for name in servers if trusted else ():
+        trust_mcp_server(tmp_path, name)
     return project
 
 
@@ -235,6 +248,54 @@ async def test_a_server_slow_to_start_holds_up_nothing(store: Store, tmp_path: P
     assert outcome.result.outcome == "completed"
     assert faux.requests[0].request.tools == ()
     assert status.state == "starting"
+
+
+def test_a_project_server_starts_only_once_the_user_trusts_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A cloned repository's `.mcp.json` runs no command by itself: `harness mcp list` shows its
+    server as not trusted and never starts it, until `harness mcp trust NAME` puts the name in
+    the user's settings (`enabledMcpjsonServers`, Claude Code's key), other keys kept."""
+    started = tmp_path / "started"
+    entry = {"command": "sh", "args": ["-c", f'touch "{started}"; exec "$0" "$@"', sys.executable, str(SERVER),
+                                       "stdio", str(tmp_path / "ledger.log")]}
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "settings.json").write_text(json.dumps({"permissions": {"allow": ["read"]}}))
+    monkeypatch.chdir(project_with(tmp_path, {"repo": entry}, trusted=False))
+    monkeypatch.setenv("HARNESS_HOME", str(home))
+    runner = CliRunner()
+
+    before = runner.invoke(app, ["mcp", "list"])
+    assert not started.exists()
+    trusted = runner.invoke(app, ["mcp", "trust", "repo"])
+    after = runner.invoke(app, ["mcp", "list"])
+
+    assert (before.exit_code, trusted.exit_code, after.exit_code) == (0, 0, 0), (before.output, after.output)
+    assert before.stdout.startswith("repo  not trusted  not trusted: `harness mcp trust repo` lets it start")
+    assert "mcp__repo__echo" not in before.stdout
+    assert after.stdout.startswith("repo  connected")
+    assert "mcp__repo__echo" in after.stdout
+    assert started.exists()
+    assert json.loads((home / "settings.json").read_text()) == {"permissions": {"allow": ["read"]},
+                                                                "enabledMcpjsonServers": ["repo"]}
+
+
+def test_trust_is_read_from_the_users_settings_never_the_projects(tmp_path: Path) -> None:
+    """`enableAllProjectMcpServers` trusts every project server; a project's own settings cannot
+    vouch for its servers; the user's own servers need no trust."""
+    project = project_with(tmp_path, {"a": {"command": "a"}}, trusted=False)
+    (project / ".harness").mkdir()
+    (project / ".harness" / "settings.json").write_text(json.dumps({"enableAllProjectMcpServers": True}))
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "mcp.json").write_text(json.dumps({"mcpServers": {"mine": {"command": "mine"}}}))
+
+    untrusted = {config.name: config.trusted for config in load_mcp_servers(project, home)}
+    (home / "settings.toml").write_text("enableAllProjectMcpServers = true\n")
+    trusted = {config.name: config.trusted for config in load_mcp_servers(project, home)}
+
+    assert untrusted == {"a": False, "mine": True}
+    assert trusted == {"a": True, "mine": True}
+    assert load_mcp_trust(home).all
 
 
 def test_project_servers_win_and_variables_are_expanded(tmp_path: Path) -> None:

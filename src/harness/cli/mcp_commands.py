@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -26,7 +26,8 @@ def list_servers() -> None:
     """Start each MCP server of ./.mcp.json and $HARNESS_HOME/mcp.json (a project server wins on a
     shared name), wait until it answers or fails (30 s at most), and show its state and the tools
     the model is offered, each replay-safe (read-only or idempotent, run again after a crash) or
-    never replayed. Exit status 1 when a server failed."""
+    never replayed. A server of ./.mcp.json you have not trusted (`harness mcp trust NAME`) is
+    listed as not trusted and not started. Exit status 1 when a server failed."""
     statuses = asyncio.run(server_statuses(Path.cwd(), harness_home()))
     if not statuses:
         typer.echo("no MCP servers: declare them in ./.mcp.json or $HARNESS_HOME/mcp.json (mcpServers)")
@@ -37,6 +38,25 @@ def list_servers() -> None:
         for refused in status.refused:
             typer.echo(f"    not offered: {refused}")
     raise typer.Exit(1 if any(status.state == "failed" for status in statuses) else 0)
+
+
+@mcp_app.command("trust")
+def trust_server(name: Annotated[str, typer.Argument(help="The server's name in ./.mcp.json.")]) -> None:
+    """Let the server NAME of a project's .mcp.json start (a cloned repository's file could
+    otherwise run any command on your machine): NAME is added to enabledMcpjsonServers in
+    $HARNESS_HOME/settings.json, so a server of that name is trusted in every project, as
+    Claude Code's setting is. enableAllProjectMcpServers = true there trusts them all."""
+    from harness.errors import HarnessError
+    from harness.tools import load_mcp_servers, trust_mcp_server
+
+    home = harness_home()
+    try:
+        path = trust_mcp_server(home, name)
+    except HarnessError as error:
+        typer.echo(f"error [{error.code}]: {error.message}", err=True)
+        raise typer.Exit(2) from error
+    declared = any(config.name == name for config in load_mcp_servers(Path.cwd(), home))
+    typer.echo(f"trusted MCP server {name} ({path})" + ("" if declared else "; ./.mcp.json does not declare it"))
 
 
 async def server_statuses(cwd: Path, home: Path) -> list[McpServerStatus]:
@@ -57,12 +77,14 @@ async def check_mcp_servers(cwd: Path, home: Path) -> list[Check]:
     when its entry is unusable or it did not start; none when no server is declared."""
     from harness.cli.config import Check
 
-    return [Check(f"mcp server {status.config.name}", "ok" if status.state == "connected" else "fail",
-                  _detail(status)) for status in await server_statuses(cwd, home)]
+    checked = {"connected": "ok", "untrusted": "warn"}
+    return [Check(f"mcp server {status.config.name}", checked.get(status.state, "fail"), _detail(status))
+            for status in await server_statuses(cwd, home)]
 
 
 def _line(status: McpServerStatus) -> str:
-    return f"{status.config.name}  {status.state}  {_detail(status)}"
+    state = "not trusted" if status.state == "untrusted" else status.state
+    return f"{status.config.name}  {state}  {_detail(status)}"
 
 
 def _detail(status: McpServerStatus) -> str:

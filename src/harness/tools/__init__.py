@@ -25,11 +25,14 @@ from harness.tools.permissions import (
     Effect,
     InvalidPermissionRule,
     InvalidSettings,
+    McpTrust,
     PermissionDecision,
     PermissionRule,
     PermissionRules,
+    load_mcp_trust,
     load_permission_rules,
     parse_rule,
+    trust_mcp_server,
 )
 from harness.tools.workspace import (
     DEFAULT_ENV_DENY,
@@ -68,6 +71,7 @@ __all__ = [
     "McpServerConfig",
     "McpServerStatus",
     "McpServers",
+    "McpTrust",
     "PathOutsideWorkspace",
     "PermissionDecision",
     "PermissionRule",
@@ -81,8 +85,10 @@ __all__ = [
     "describe_call",
     "function_tool",
     "load_mcp_servers",
+    "load_mcp_trust",
     "load_permission_rules",
     "parse_rule",
     "system_prompt",
     "tool",
+    "trust_mcp_server",
 ]

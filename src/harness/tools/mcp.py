@@ -14,7 +14,7 @@ import os
 import re
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from importlib.metadata import version
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, TextIO
@@ -25,6 +25,7 @@ from harness.context import Context
 from harness.messages import ImageContent, Message, TextContent, UserContent
 from harness.providers import ToolSpec
 from harness.runtime import AgentTool, Lane, ProgressCallback, ToolOutput
+from harness.tools.permissions import InvalidSettings, McpTrust, load_mcp_trust
 
 # The SDK (and anyio, jsonschema, httpx2 with it) is imported by the connection code only: it takes
 # over a second of CPU to import, which every chat, run and test process paid with no server declared.
@@ -83,12 +84,14 @@ class HttpServer(_Entry):
 @dataclass(frozen=True)
 class McpServerConfig:
     """One server of a `.mcp.json` (`mcpServers.<name>`): how to reach it, or why it cannot be
-    used (`problem`, with `transport` None), and the file that declared it."""
+    used (`problem`, with `transport` None), the file that declared it, and whether the user
+    trusts it to start (`trusted`: a project's server the user has not trusted is never started)."""
 
     name: str
     source: Path
     transport: StdioServer | HttpServer | None
     problem: str | None = None
+    trusted: bool = True
 
     @property
     def where(self) -> str:
@@ -105,13 +108,24 @@ def load_mcp_servers(cwd: Path, home: Path, environ: Mapping[str, str] | None = 
     ..., "headers": {...}}` for a streamable-HTTP server; `timeout` (seconds per tool call) is ours,
     other keys are ignored. `${VAR}` and `${VAR:-default}` in strings are taken from `environ`.
 
+    A project's server (of `cwd/.mcp.json`, which a cloned repository brings) is `trusted` only
+    when the user's settings in `home` trust it (`load_mcp_trust`: `enabledMcpjsonServers`,
+    `enableAllProjectMcpServers`, or `harness mcp trust NAME`); the user's own are trusted.
+
     Never raises for what a file says: an unreadable file or a bad entry is a config with its
-    `problem`, which `harness mcp list` shows; a missing file declares nothing."""
+    `problem`, which `harness mcp list` shows; a missing file declares nothing; unreadable user
+    settings trust no project server."""
     env = os.environ if environ is None else environ
+    try:
+        trust = load_mcp_trust(home)
+    except InvalidSettings as error:
+        logger.warning("no project MCP server is trusted: %s", error.message)
+        trust = McpTrust()
     found: dict[str, McpServerConfig] = {}
-    for path in (cwd / PROJECT_FILE, home / USER_FILE):
-        for config in _read_file(path, env):
-            found.setdefault(config.name, config)
+    for config in _read_file(cwd / PROJECT_FILE, env):
+        found.setdefault(config.name, replace(config, trusted=trust.trusts(config.name)))
+    for config in _read_file(home / USER_FILE, env):
+        found.setdefault(config.name, config)
     return list(found.values())
 
 
@@ -172,7 +186,7 @@ def _expand(value: Any, environ: Mapping[str, str]) -> Any:
 # -- the servers while the process runs ------------------------------------------------------------
 
 
-ServerState = Literal["starting", "connected", "failed", "stopped"]
+ServerState = Literal["starting", "connected", "failed", "stopped", "untrusted"]
 
 
 @dataclass(frozen=True)
@@ -203,6 +217,8 @@ class McpServers:
     result an error the model reads; a call to a
     server that stopped starts it again first. The server's requests for sampling or elicitation
     are refused (the SDK's answer: not supported), and the client declares neither capability.
+    A server whose config is not `trusted` (a project's the user has not trusted) is never
+    started and offers no tools.
 
     `start()` needs a running loop and returns at once; `close()` stops every server."""
 
@@ -284,7 +300,8 @@ class _Server:
     _refresh: asyncio.Task[None] | None = None
 
     def start(self) -> None:
-        if self.config.transport is None or (self._task is not None and not self._task.done()):
+        if not self.config.trusted or self.config.transport is None or (self._task is not None
+                                                                         and not self._task.done()):
             return
         self.state, self.problem, self._ready = "starting", None, asyncio.Event()
         self._task = asyncio.get_running_loop().create_task(self._run(), name=f"mcp server {self.config.name}")
@@ -298,6 +315,9 @@ class _Server:
             await asyncio.wait([self._refresh])
 
     def status(self) -> McpServerStatus:
+        if not self.config.trusted:
+            return McpServerStatus(self.config, "untrusted", f"not trusted: `harness mcp trust {self.config.name}` "
+                                   "lets it start", ())
         problem = self.config.problem if self.config.transport is None else self.problem
         state: ServerState = "failed" if self.config.transport is None else self.state
         return McpServerStatus(self.config, state, problem, tuple(self.tools.values()), self.refused)
@@ -447,7 +467,7 @@ class _Server:
         transport = self.config.transport
         timeout = transport.timeout if transport is not None else CALL_TIMEOUT_S
         if self._client is None:
-            self.start()  # stopped or failed: one new start, waited for, before the call
+            self.start()  # stopped or failed: one new start, waited for, before the call (never an untrusted one)
             await self.settled()
         client = self._client
         if client is None:

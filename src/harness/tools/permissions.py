@@ -37,7 +37,7 @@ from pathlib import Path, PurePosixPath
 from typing import Literal, TypeAlias
 
 import pathspec
-from pydantic import BaseModel, ConfigDict, JsonValue, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError
 
 from harness.errors import HarnessError
 
@@ -233,15 +233,26 @@ class _Lists(BaseModel):
 
 
 class _Settings(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", populate_by_name=True)
 
     permissions: _Lists = _Lists()
+    enable_all_project_mcp_servers: bool = Field(False, alias="enableAllProjectMcpServers", strict=True)
+    enabled_mcpjson_servers: list[str] = Field([], alias="enabledMcpjsonServers", strict=True)
 
 
 def _settings_rules(directory: Path, kind: str, root: Path, *, skip: Path | None = None) -> PermissionRules:
     rules = PermissionRules()
     if skip is not None and directory.resolve() == skip.resolve():
         return rules  # a harness home that is also a project's `.harness/` counts once, as the user's
+    for path, settings in _read_settings(directory):
+        lists = settings.permissions
+        rules += PermissionRules.of(f"{kind} {path}", root, allow=lists.allow, ask=lists.ask, deny=lists.deny)
+    return rules
+
+
+def _read_settings(directory: Path) -> list[tuple[Path, _Settings]]:
+    """The settings files of `directory` that are there, read. Raises `InvalidSettings`."""
+    found = []
     for name in SETTINGS_FILES:
         path = directory / name
         try:
@@ -252,7 +263,7 @@ def _settings_rules(directory: Path, kind: str, root: Path, *, skip: Path | None
             raise InvalidSettings(f"cannot read {path}: {error}", path=str(path)) from error
         try:
             raw = tomllib.loads(text) if name.endswith(".toml") else json.loads(text)
-            lists = _Settings.model_validate(raw).permissions
+            found.append((path, _Settings.model_validate(raw)))
         except (tomllib.TOMLDecodeError, json.JSONDecodeError) as error:
             raise InvalidSettings(f"{path} is not valid {name.rsplit('.', 1)[1].upper()}: {error}",
                                   path=str(path)) from error
@@ -260,9 +271,60 @@ def _settings_rules(directory: Path, kind: str, root: Path, *, skip: Path | None
             first = error.errors()[0]
             where = ".".join(str(part) for part in first["loc"])
             raise InvalidSettings(f"{path}: {where}: {first['msg']} (permissions holds the lists allow, ask "
-                                  f"and deny of rule strings)", path=str(path)) from error
-        rules += PermissionRules.of(f"{kind} {path}", root, allow=lists.allow, ask=lists.ask, deny=lists.deny)
-    return rules
+                                  f"and deny of rule strings; enabledMcpjsonServers a list of server names, "
+                                  f"enableAllProjectMcpServers true or false)", path=str(path)) from error
+    return found
+
+
+# -- which project MCP servers may start ------------------------------------------------------------
+
+USER_SETTINGS_JSON = "settings.json"
+"""The user's settings file `trust_mcp_server` writes, in the harness home."""
+
+
+@dataclass(frozen=True)
+class McpTrust:
+    """Which servers of a project's `.mcp.json` the user lets start (a cloned repository's file
+    could otherwise run any command): every one (`all`), or those `names`."""
+
+    all: bool = False
+    names: frozenset[str] = frozenset()
+
+    def trusts(self, name: str) -> bool:
+        return self.all or name in self.names
+
+
+def load_mcp_trust(home: Path) -> McpTrust:
+    """The user's trust in project MCP servers, from the settings files in `home` (TOML, or JSON in
+    Claude Code's shape): `enableAllProjectMcpServers = true` trusts every one, and
+    `enabledMcpjsonServers` lists the names trusted, in whichever project. A project's own settings
+    are not read for it: a repository cannot vouch for itself. Raises `InvalidSettings`."""
+    read = [settings for _, settings in _read_settings(home)]
+    return McpTrust(all=any(settings.enable_all_project_mcp_servers for settings in read),
+                    names=frozenset(name for settings in read for name in settings.enabled_mcpjson_servers))
+
+
+def trust_mcp_server(home: Path, name: str) -> Path:
+    """Add `name` to `enabledMcpjsonServers` in `home/settings.json` (made when missing; its other
+    keys are kept) and return that file's path; a name already there is left as it is. Raises
+    `InvalidSettings` for a file that is not a JSON object with a list there."""
+    path = home / USER_SETTINGS_JSON
+    try:
+        document = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        document = {}
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise InvalidSettings(f"cannot read {path}: {error}", path=str(path)) from error
+    names = document.get("enabledMcpjsonServers", []) if isinstance(document, dict) else None
+    if not isinstance(document, dict) or not isinstance(names, list):
+        raise InvalidSettings(f"{path} is not a JSON object whose enabledMcpjsonServers is a list", path=str(path))
+    if name not in names:
+        document["enabledMcpjsonServers"] = [*names, name]
+        home.mkdir(parents=True, exist_ok=True)
+        written = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        written.write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
+        written.replace(path)  # whole or not at all: a reader never sees half a file
+    return path
 
 
 # -- matching ---------------------------------------------------------------------------------------
