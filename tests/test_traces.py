@@ -171,7 +171,8 @@ async def test_a_run_is_one_trace_of_genai_spans(spans: InMemorySpanExporter, ct
         "gen_ai.conversation.id": session.id}
     assert dict(agent.attributes or {}) == {
         "gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": "librarian",
-        "gen_ai.conversation.id": session.id, "harness.lane": "main", "harness.operation_id": accepted.operation_id,
+        "gen_ai.provider.name": "faux", "gen_ai.request.model": "faux", "gen_ai.conversation.id": session.id,
+        "harness.lane": "main", "harness.operation_id": accepted.operation_id,
         "harness.resumed": False, "gen_ai.usage.input_tokens": 250, "gen_ai.usage.output_tokens": 10,
         "harness.run.outcome": "completed"}
 

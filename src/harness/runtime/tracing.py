@@ -23,7 +23,7 @@ from opentelemetry import trace
 from opentelemetry.trace import INVALID_SPAN, Span, SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from harness.messages import AssistantMessage, StopReason, ToolResultMessage
+from harness.messages import AssistantMessage, ModelIdentity, StopReason, ToolResultMessage
 from harness.providers import Model, ProviderErrorInfo
 from harness.runtime.outcomes import DriveOutcome, Settled
 
@@ -52,11 +52,11 @@ def _admitting(span: Span, lane: str) -> Iterator[str | None]:
         yield carrier.get("traceparent")
 
 
-def drive_pass(*, agent: str, conversation_id: str, lane: str, operation_id: str, traceparent: str | None,
-               resumed: bool) -> PassTrace:
-    """Start the span `invoke_agent {agent}` of a pass driving run `operation_id`: a child of the
-    run's stored `traceparent` (None: the root of a trace of its own), `resumed` when an earlier
-    pass began the run."""
+def drive_pass(*, agent: str, conversation_id: str, lane: str, operation_id: str, model: ModelIdentity,
+               traceparent: str | None, resumed: bool) -> PassTrace:
+    """Start the span `invoke_agent {agent}` of a pass driving run `operation_id` on the lane's
+    `model`: a child of the run's stored `traceparent` (None: the root of a trace of its own),
+    `resumed` when an earlier pass began the run."""
     # Never the drive task's current context: it is whichever caller's started the task.
     parent = otel_context.Context()
     if traceparent is not None:
@@ -65,6 +65,7 @@ def drive_pass(*, agent: str, conversation_id: str, lane: str, operation_id: str
     if span.is_recording():
         span.set_attributes({
             "gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": agent,
+            "gen_ai.provider.name": model.provider, "gen_ai.request.model": model.model_id,
             "gen_ai.conversation.id": conversation_id, "harness.lane": lane,
             "harness.operation_id": operation_id, "harness.resumed": resumed})
     return PassTrace(span, conversation_id)

@@ -145,7 +145,8 @@ class OperationDriver:
         if meta is None or meta.operation_id != op.operation_id or not isinstance(meta.intent, RunIntent):
             return NO_TRACE
         return drive_pass(agent=op.environment.agent_name, conversation_id=op.environment.session_id,
-                          lane=op.lane.name, operation_id=op.operation_id, traceparent=meta.traceparent,
+                          lane=op.lane.name, operation_id=op.operation_id, model=op.projection.config.model,
+                          traceparent=meta.traceparent,
                           resumed=not isinstance(op.projection.operation_state, RunStarting))
 
     async def _advance(self) -> Step:
