@@ -15,10 +15,10 @@ from datetime import datetime
 
 from harness.cli.chat_input import Terminal
 from harness.cli.chat_view import ChatView, Screen, clip, content_text
-from harness.cli.config import Attached, session_name_from
+from harness.cli.config import Attached
 from harness.cli.terminal_text import escape
 from harness.context import Context
-from harness.conversation import Conversation
+from harness.conversation import Conversation, session_name_from
 from harness.errors import HarnessError, ModelUnavailable
 from harness.messages import ModelIdentity, UserMessage
 from harness.providers import MissingApiKey, ModelRegistry

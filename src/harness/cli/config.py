@@ -36,6 +36,7 @@ from harness.conversation import (
     ConversationService,
     ConversationSetup,
     ModelTools,
+    session_name_from,
 )
 from harness.errors import HarnessError, InvalidInput, ModelUnavailable
 from harness.home import local_user as local_user  # kept here too: the commands import it with the rest
@@ -79,7 +80,6 @@ from harness.tools import (
     system_prompt,
 )
 
-SESSION_NAME_LIMIT = 80
 RETRY_DELAY_VARIABLE = "HARNESS_RETRY_DELAY_MS"
 SHELL_ENV_ALLOW_VARIABLE = "HARNESS_SHELL_ENV_ALLOW"
 SHELL_ENV_DENY_VARIABLE = "HARNESS_SHELL_ENV_DENY"
@@ -190,15 +190,6 @@ def default_tools(home: Path) -> list[str]:
     # in every request for a call that can only say there is nothing to switch to.
     return [*BUILTIN_TOOL_NAMES, *([PROJECT_TOOL] if (home / PROJECTS_FILE).exists() else []),
             *DELEGATION_TOOL_NAMES, MCP_TOOLS]
-
-
-def session_name_from(prompt: str) -> str | None:
-    """A session name from a prompt: its first non-blank line, whitespace collapsed, clipped."""
-    for line in prompt.splitlines():
-        if line.strip():
-            line = " ".join(line.split())
-            return line if len(line) <= SESSION_NAME_LIMIT else line[: SESSION_NAME_LIMIT - 1] + "…"
-    return None
 
 
 def drive_settings() -> DriveSettings:

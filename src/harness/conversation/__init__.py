@@ -135,6 +135,7 @@ from harness.conversation.garden_messages import (
 )
 from harness.conversation.lifecycle import ENDED_AT, ConversationEnded
 from harness.conversation.migrations import JOURNAL_DATA_MIGRATIONS, RETIRE_CHAT_ERROR_NOTICES
+from harness.conversation.naming import SESSION_NAME_LIMIT, session_name_from
 from harness.conversation.project_context import (
     AGENTS_FILE,
     CLAUDE_FILE,
@@ -247,6 +248,7 @@ __all__ = [
     "READ_ONLY_TOOLS",
     "RETIRED_NOTICE_CODES",
     "RETIRE_CHAT_ERROR_NOTICES",
+    "SESSION_NAME_LIMIT",
     "SETTING_EVENT_KINDS",
     "SHELL_OUTPUT_CHARS",
     "SUBAGENT_RESULT_TYPE",
@@ -392,6 +394,7 @@ __all__ = [
     "restart",
     "run_typed_command",
     "select_message_blocks",
+    "session_name_from",
     "shell_ran",
     "show_context",
     "subagent_result_of",

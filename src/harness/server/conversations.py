@@ -4,6 +4,7 @@ current user; another user's conversation answers exactly like a missing one (40
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from typing import Annotated
 
@@ -37,6 +38,7 @@ from harness.runtime import LaneBusy
 from harness.server.approvals import PendingApproval
 from harness.server.errors import ExternalModeUnsupported
 from harness.server.guards import NAME_CHARS, TEXT_CHARS, ShellCommand
+from harness.server.holds import ConversationInUse
 from harness.server.state import CurrentUser, RequestContext, State
 from harness.session import StorageCorruption, addresses
 from harness.tools import Approval
@@ -121,6 +123,19 @@ async def rename_conversation(conversation_id: str, body: RenameConversation, us
     """Rename the conversation, with a row the model reads (once someone has spoken)."""
     await state.service.rename(user, conversation_id, body.name, context)
     return await _listed(state.service, user, conversation_id, context)
+
+
+@router.delete("/conversations/{conversation_id}", status_code=status.HTTP_204_NO_CONTENT)
+async def delete_conversation(conversation_id: str, user: CurrentUser, state: State, context: RequestContext) -> None:
+    """Delete the conversation and everything in its journal, for good (`ConversationService.delete`).
+    Refused with `conversation_in_use` (409) while a request of this server uses it or a turn of it
+    is driven here (stop it first), with `session_owned` (409) while another process holds it;
+    nothing is deleted then. 404 for a missing conversation or another user's."""
+    await state.service.check_owner(user, conversation_id, context)
+    if state.holds.busy(conversation_id):
+        raise ConversationInUse(f"conversation {conversation_id} is in use (a turn or a request): stop it, then "
+                                "delete it", conversation_id=conversation_id)
+    await state.service.delete(user, conversation_id, context)
 
 
 @router.post("/conversations/{conversation_id}/close", status_code=status.HTTP_204_NO_CONTENT)
@@ -246,6 +261,28 @@ async def stop(conversation_id: str, user: CurrentUser, state: State, context: R
 
 
 # -- commands ------------------------------------------------------------------------------------
+
+
+class CommandOut(BaseModel):
+    """A command the command route runs: the `name` typed after `/`, its `usage` and what it does,
+    both from the command's own docstring (`/name args`: what it does.)."""
+
+    name: str
+    usage: str
+    summary: str
+
+    @classmethod
+    def of(cls, name: str, command: BuiltInCommand) -> CommandOut:
+        described = re.match(r"`([^`]+)`: ([^;(:]+)", " ".join((command.__doc__ or "").split()))
+        usage, summary = described.groups() if described else (f"/{name}", "")
+        return cls(name=name, usage=usage, summary=summary.replace("`", "").strip().rstrip("."))
+
+
+@router.get("/commands", response_model=list[CommandOut])
+async def list_commands(user: CurrentUser) -> list[CommandOut]:
+    """The built-in commands the command route runs (the table the terminal's chat runs them from),
+    in the order `/help` lists them, for a surface's completion."""
+    return [CommandOut.of(name, command) for name, command in BUILT_IN_COMMANDS.items()]
 
 
 class TypedCommand(_Body):

@@ -38,6 +38,7 @@ from harness.context import Context
 from harness.conversation import (
     MAIN_LANE,
     ChatEventPublished,
+    Conversation,
     ConversationEvent,
     ConversationWatch,
     DelegationFinished,
@@ -48,6 +49,7 @@ from harness.conversation import (
     conversation_events,
     display_rows,
     public_error,
+    session_name_from,
 )
 from harness.errors import HarnessError, InvalidInput
 from harness.messages import (
@@ -62,6 +64,7 @@ from harness.messages import (
     text_of,
 )
 from harness.runtime import (
+    AcceptedRun,
     EntryAdded,
     LaneLastResult,
     LaneSnapshot,
@@ -80,7 +83,7 @@ from harness.runtime import (
 from harness.server.approvals import ApprovalChange, ApprovalNotFound, PendingApproval
 from harness.server.errors import not_found
 from harness.server.sse import json_event
-from harness.server.state import CurrentAuthorization, CurrentUser, RequestContext, ServerState, State
+from harness.server.state import BeforeDrive, CurrentAuthorization, CurrentUser, RequestContext, ServerState, State
 from harness.session import CustomMessagePayload, Entry, MessagePayload, SessionNotFound, addresses
 from harness.tools import Approval
 
@@ -304,6 +307,7 @@ class RunParts:
             sent = self._blocks[index]
             if isinstance(block, ToolCall):
                 if sent is None:
+                    self._reused(block.id)
                     self._open_step()
                     self._blocks[index] = block
                     self._emit({"type": "tool-input-start", "toolCallId": block.id, "toolName": block.name})
@@ -329,6 +333,13 @@ class RunParts:
             self._replied = True
             self._stop_reason = message.stop_reason
             self._awaiting = {call.id for call in message.tool_calls}
+
+    def _reused(self, tool_call_id: str) -> None:
+        """A new reply names a call whose id an earlier step's finished call had (some providers
+        send `call_1` every turn): it is a new call, sent as one, in its own step."""
+        if tool_call_id in self._outputs:
+            for seen in (self._inputs, self._outputs, self._asked, self._waiting, self._to_ask):
+                seen.discard(tool_call_id)
 
     def _tool_input(self, tool_call_id: str, tool_name: str, args: JsonValue) -> None:
         if tool_call_id in self._inputs:
@@ -570,13 +581,22 @@ async def send(body: ChatRequest, user: CurrentUser, state: State, authorization
             parts = RunParts(MAIN_LANE, newest.id)
             first = await _answer(state, user, body.id, sources.watch, parts, answers, newest, context)
         else:
-            _, accepted = await state.start_turn(user, body.id, text, context, images=images)
+            _, accepted = await state.start_turn(user, body.id, text, context, images=images,
+                                                 before_drive=_named_from(text, context))
             parts, first = RunParts(MAIN_LANE, accepted.operation_id), []
     except BaseException:
         sources.close()
         raise
     return EventSourceResponse(authorization.until_revoked(_stream(sources, parts, first, state.options.heartbeat_s)),
                               headers=_STREAM_HEADERS)
+
+
+def _named_from(prompt: str, context: Context) -> BeforeDrive:
+    """Name a conversation that has no name from its first prompt, as the terminal's chat does."""
+    async def name(conversation: Conversation, _: AcceptedRun) -> None:
+        if (name := session_name_from(prompt)) is not None:
+            await conversation.name_from_first_prompt(name, context)
+    return name
 
 
 async def _answer(state: ServerState, user: str, conversation_id: str, watch: ConversationWatch, parts: RunParts,
