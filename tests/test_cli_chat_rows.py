@@ -1,17 +1,20 @@
 """How the terminal words chat-event rows (issue 13 item 8): one wording per typed fact, from its
 details and never from the model's text (CE-5), the same live and in history; delegation rows from
-their finish marker (CE-18); and the toolbar's usage meter."""
+their finish marker (CE-18); the toolbar's usage meter; and the working line's phases."""
 
 from __future__ import annotations
 
+import io
 import logging
+import time
 
 import pytest
 from rich.text import Text
 
 from harness.cli.chat_rows import chat_row, delegation_row
-from harness.cli.chat_view import UsageMeter, entry_summary
+from harness.cli.chat_view import ChatView, Screen, UsageMeter, entry_summary
 from harness.cli.render import entry_lines
+from harness.context import Context
 from harness.conversation import (
     CHAT_EVENT_TYPE,
     SUBAGENT_RESULT_TYPE,
@@ -43,7 +46,30 @@ from harness.conversation import (
     WorkflowFinish,
     chat_event_message,
 )
-from harness.messages import AssistantMessage, Cost, CustomMessage, ModelIdentity, TextContent, Usage
+from harness.messages import (
+    AssistantMessage,
+    Cost,
+    CustomMessage,
+    ModelIdentity,
+    TextContent,
+    ThinkingContent,
+    ToolCall,
+    ToolResultMessage,
+    Usage,
+)
+from harness.runtime import (
+    CompactionEnd,
+    CompactionStart,
+    HarnessEvent,
+    MessageEnd,
+    MessageStart,
+    MessageUpdate,
+    OperationAbort,
+    RetryScheduled,
+    RunStart,
+    ToolEnd,
+    ToolStart,
+)
 from harness.session import CustomMessagePayload, Entry, UsageRow
 
 GPT_4O = ModelIdentity(provider="openai", model_id="gpt-4o")
@@ -186,3 +212,44 @@ def test_the_usage_meter_sums_the_ledger_and_shows_the_share_of_the_window_the_l
     assert meter.text(8_000) == "3,000 tokens · $0.5300 · last request: 25% of the 8,000-token context window"
     assert meter.text(None) == "3,000 tokens · $0.5300"
     assert UsageMeter.of(rows).text(8_000) == "3,000 tokens · $0.5300"  # no reply yet: nothing was sent
+
+
+def streaming(*content: TextContent | ThinkingContent | ToolCall) -> AssistantMessage:
+    return AssistantMessage(content=list(content), provider="openai", model="gpt-4o", api="openai-chat",
+                            stop_reason="stop")
+
+
+def test_the_working_line_names_each_phase_of_a_turn() -> None:
+    """Issue 33 item 2: what the line above the prompt says as a turn's events arrive, and that
+    what it is doing is clipped to the width while the time is kept."""
+    view = ChatView(Screen(io.StringIO(), color=False), "main")
+    seen: list[str] = []
+
+    def then(event: HarnessEvent) -> None:
+        view(event, Context())
+        seen.append(view.working(80).rsplit(" · ", 1)[0])
+
+    then(RunStart(lane="main", operation_id="op", kind="run", started_at=0))
+    then(MessageStart(lane="main", message=streaming()))
+    then(MessageUpdate(lane="main", message=streaming(ThinkingContent(thinking="hm"))))
+    then(MessageUpdate(lane="main", message=streaming(ThinkingContent(thinking="hm"), TextContent(text="So"))))
+    then(MessageUpdate(lane="main", message=streaming(ToolCall(id="c1", name="shell", arguments={}))))
+    then(MessageEnd(lane="main", message=streaming(ToolCall(id="c1", name="shell", arguments={}))))
+    then(ToolStart(lane="main", operation_id="op", turn_id="t", tool_call_id="c1", tool_name="shell",
+                   args={"command": "make test " + "x" * 200}))
+    long_tool = view.working(60)
+    then(ToolEnd(lane="main", operation_id="op", turn_id="t", tool_call_id="c1",
+                 result=ToolResultMessage(tool_call_id="c1", tool_name="shell", content=[TextContent(text="ok")])))
+    then(CompactionStart(lane="main", operation_id="op", reason="threshold"))
+    then(CompactionEnd(lane="main", operation_id="op", reason="threshold", status="completed"))
+    then(RetryScheduled(lane="main", operation_id="op", attempt=1, max_attempts=4,
+                        not_before=int((time.time() + 30) * 1000), error_message="overloaded"))
+    then(OperationAbort(lane="main", operation_id="op", cause="user"))
+
+    assert seen[:-2] == ["waiting for the model", "waiting for the model", "thinking", "replying",
+                         "writing a shell call", "waiting for the model", "running shell: make test " + "x" * 48 + "…",
+                         "waiting for the model", "compacting the context", "waiting for the model"]
+    assert seen[-2] in ("retrying in 30 s", "retrying in 29 s")
+    assert seen[-1] == "aborting"
+    assert len(long_tool) == 60
+    assert long_tool.endswith(" · 0 s")

@@ -9,6 +9,7 @@ chat. The real command in a pseudo-terminal against the local replay server, as 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import signal
@@ -20,9 +21,11 @@ import pytest
 
 from harness.cli.terminal_text import escape, visible
 from harness.providers.replay import Hold, ReplayResponse, ReplayServer
+from terminal_screen import Display
 from test_cli_chat import (  # noqa: F401  (chats, dirs and server are fixtures)
     HARNESS,
     TIMEOUT_S,
+    WAIT_FOR_GO,
     Chat,
     _chunk,
     _end,
@@ -78,8 +81,9 @@ def test_control_sequences_from_the_model_and_tools_are_shown_not_obeyed(
     chat.expect("turn completed")
     session_id = chat.session_id()
     assert chat.leave() == 0
+    before = len(screen_text(chat))
     again = start(chats, dirs, server, session_id)  # shows the session's last entries
-    assert screen_text(again).count("Reply ␛[2J␛[Hwith [bold]markup[/bold] inside.") == 2
+    assert "Reply ␛[2J␛[Hwith [bold]markup[/bold] inside." in screen_text(again)[before:]
     assert again.leave() == 0
     shown = harness(chat, server, "show", session_id, "--store", chat.store_url)
     server.enqueue(text_reply(reply))
@@ -244,16 +248,10 @@ def test_text_that_arrives_after_ctrl_c_is_not_shown(chats: list[Chat], dirs: tu
     assert chat.leave() == 0
 
 
-PROMPT_REDRAW = re.compile(r"^(?:›\x08|steer› )+")
-"""What is left of the prompt's redraws at the start of a line once escape sequences are removed."""
-
-
-def rows_from(text: str, first: str, last: str) -> list[str]:
-    """The lines printed from the one holding `first` to the next one holding `last`, without
-    the prompt's redraws between them."""
-    start = text.rindex("\n", 0, text.index(first)) + 1
-    end = text.index("\n", text.index(last, start))
-    return [PROMPT_REDRAW.sub("", line) for line in text[start:end].split("\n")]
+def lines_after(lines: list[str], first: str, count: int) -> list[str]:
+    """The `count` lines on screen after the line `first`."""
+    at = lines.index(first) + 1
+    return lines[at:at + count]
 
 
 def test_ctrl_c_a_rename_and_a_mode_switch_each_print_one_row(chats: list[Chat], dirs: tuple[Path, Path],
@@ -264,24 +262,67 @@ def test_ctrl_c_a_rename_and_a_mode_switch_each_print_one_row(chats: list[Chat],
     hold = Hold()
     server.enqueue(text_reply("Counting: one\n", "two", hold=hold))
     chat = start(chats, dirs, server)
+    display = Display(chat)
 
     chat.send_line("/rename counting")
-    chat.expect("/rename counting: named counting")
+    display.wait_for("/rename counting: named counting")
     chat.send_line("/mode plan")
-    chat.expect("/mode plan: mode plan (read-only tools)")
+    display.wait_for("/mode plan: mode plan (read-only tools)")
     chat.send_line("count")
-    chat.expect("Counting: one")
+    display.wait_for("Counting: one")
     chat.process.sendcontrol("c")
-    chat.expect("■ interrupted by you")
-    chat.expect_idle()
+    display.wait_for("■ interrupted by you")
     hold.release()
     chat.send_line("/help")  # a row after the abort, so a late row of the abort would show before it
-    chat.expect("this list")
+    display.wait_for("› /help")
 
-    text = screen_text(chat)
-    assert rows_from(text, "› /rename counting", "named counting")[1:] == ["/rename counting: named counting"]
-    assert rows_from(text, "› /mode plan", "mode plan (read")[1:] == ["/mode plan: mode plan (read-only tools)"]
-    assert rows_from(text, "Counting: one", "/help")[1:-1] == ["■ interrupted by you"]
+    lines = display.lines()
+    assert lines_after(lines, "› /rename counting", 2) == ["/rename counting: named counting", "› /mode plan"]
+    assert lines_after(lines, "› /mode plan", 2) == ["/mode plan: mode plan (read-only tools)", "› count"]
+    assert lines_after(lines, "Counting: one", 2) == ["■ interrupted by you", "› /help"]
+    assert chat.leave() == 0
+
+
+SPINNER = "[⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏]"
+"""A frame of the working line's spinner (rich's `dots`)."""
+
+
+def working_line(phase: str) -> re.Pattern[str]:
+    """The working line of a turn in `phase` (a pattern), with its elapsed time, on one line."""
+    return re.compile(f"{SPINNER} {phase} · \\d+ s")
+
+
+@pytest.mark.parametrize("columns", [50, 80, 120])
+def test_a_spinner_says_what_the_turn_is_doing_and_for_how_long(chats: list[Chat], dirs: tuple[Path, Path],
+                                                               server: ReplayServer, columns: int) -> None:
+    """Issue 33 item 2: before its first token a turn showed nothing but the `steer›` prompt for
+    seconds. A spinner above the prompt says what the turn does, waiting for the model or
+    running a tool, and for how long, on one line at any width; it goes when the turn ends."""
+    hold = Hold()
+    call = {"index": 0, "id": "call_1", "type": "function", "function": {"name": "shell", "arguments": ""}}
+    args = {"index": 0, "function": {"arguments": json.dumps({"command": f"{WAIT_FOR_GO}; echo released"})}}
+    server.enqueue(ReplayResponse.sse(_chunk({"role": "assistant", "content": None}), hold,
+                                      _chunk({"tool_calls": [call]}), _chunk({"tool_calls": [args]}),
+                                      *_end("tool_calls")),
+                   text_reply("Done."))
+    chat = start(chats, dirs, server, "--yes", columns=columns)
+    display = Display(chat)
+
+    chat.send_line("run it")
+    assert hold.reached.wait(TIMEOUT_S)
+    waiting = display.wait_for(lambda lines: any(re.fullmatch(f"{SPINNER} waiting for the model · [1-9][0-9]* s",
+                                                              line) for line in lines))  # the time counts
+    hold.release()
+    running = display.wait_for(lambda lines: any(working_line("running shell: .*").fullmatch(line)
+                                                 for line in lines))
+    (dirs[1] / "go").touch()
+    display.wait_for("turn completed")
+    idle = display.wait_for(lambda lines: not any(re.match(SPINNER, line) for line in lines))
+
+    assert waiting[waiting.index("› run it") + 1:][0].startswith(tuple("⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏"))
+    assert [line for line in running if working_line("running shell: .*").fullmatch(line)] != []
+    assert all(len(line) <= columns for line in running)
+    assert "Done." in idle
     assert chat.leave() == 0
 
 

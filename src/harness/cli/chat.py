@@ -109,7 +109,8 @@ class ChatClient:
         self.terminal = Terminal(self.screen, busy=lambda: self.turns.busy, status=self._status,
                                  on_interrupt=lambda: self.turns.interrupt(),
                                  commands=lambda: [f"/{n}" for n in self.commands],
-                                 history=settings.home / "chat-history", on_shift_tab=self._toggle_mode_soon)
+                                 history=settings.home / "chat-history", on_shift_tab=self._toggle_mode_soon,
+                                 working=self.view.working)
         self.turns = TurnControl(screen=self.screen, view=self.view, terminal=self.terminal, registry=registry,
                                  context=context, attached=lambda: self.attached, save_draft=self.save_draft,
                                  error=self.error)

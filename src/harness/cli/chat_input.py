@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import textwrap
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +24,7 @@ from prompt_toolkit.formatted_text import StyleAndTextTuples
 from prompt_toolkit.history import FileHistory, History, InMemoryHistory
 from prompt_toolkit.key_binding import KeyBindings, KeyPressEvent
 from prompt_toolkit.styles import Style
+from rich.spinner import Spinner
 
 from harness.cli.chat_view import Screen
 from harness.cli.terminal_text import escape
@@ -30,6 +32,7 @@ from harness.cli.terminal_text import escape
 STYLE = Style.from_dict({
     "prompt": "bold",
     "busy": "ansiyellow",
+    "working": "ansicyan",
     "question": "bold ansiyellow",
     "bottom-toolbar": "noreverse ansibrightblack",
 })
@@ -51,10 +54,16 @@ class _Question:
     keys: str = ""  # answered by one of these keys, without Enter; a typed line when empty
 
 
+WORKING_TICK_S = 0.1
+"""How often the working line is redrawn while a turn runs (its spinner and elapsed time move)."""
+
+
 class Terminal:
     """The chat's prompt. `busy()` says whether a turn runs (the prompt then steers), `status()`
-    gives the status line shown under it (wrapped to the terminal's width), `on_interrupt()` is
-    what Ctrl-C does during a turn, and Tab completes the names in `commands()`.
+    gives the status line shown under it (wrapped to the terminal's width), `working(columns)`
+    what the turn is doing in at most that many characters, shown above the prompt behind a
+    spinner while it runs (before the reply's first token too), `on_interrupt()` is what Ctrl-C
+    does during a turn, and Tab completes the names in `commands()`.
 
     Ctrl-C: answers an open question with None; during a turn calls `on_interrupt`; at an idle
     prompt clears the line, or, on an empty line, warns once and then leaves. Ctrl-D on an empty
@@ -63,10 +72,13 @@ class Terminal:
 
     def __init__(self, screen: Screen, *, busy: Callable[[], bool], status: Callable[[], str],
                  on_interrupt: Callable[[], None], commands: Callable[[], list[str]] = list,
-                 history: Path | None = None, on_shift_tab: Callable[[], None] | None = None) -> None:
+                 history: Path | None = None, on_shift_tab: Callable[[], None] | None = None,
+                 working: Callable[[int], str] = lambda columns: "") -> None:
         self._screen = screen
         self._busy = busy
         self._status = status
+        self._working = working
+        self._spinner = Spinner("dots")
         self._on_interrupt = on_interrupt
         self._on_shift_tab = on_shift_tab
         self._questions: list[_Question] = []
@@ -91,19 +103,30 @@ class Terminal:
 
     async def run(self) -> None:
         """Prompt until `leave()`; every submitted line is routed (see the module docstring)."""
-        while not self._done:
-            try:
-                text = await self._session.prompt_async(
-                    self._message, handle_sigint=False, set_exception_handler=False,
-                    default=self._take_stash())
-            except (EOFError, KeyboardInterrupt):
-                self.leave()
-                break
-            if self._done:
-                break
-            follow_up, self._follow_up_next = self._follow_up_next, False
-            self._route(Line(text, follow_up))
+        ticking = asyncio.create_task(self._tick())
+        try:
+            while not self._done:
+                try:
+                    text = await self._session.prompt_async(
+                        self._message, handle_sigint=False, set_exception_handler=False,
+                        default=self._take_stash())
+                except (EOFError, KeyboardInterrupt):
+                    self.leave()
+                    break
+                if self._done:
+                    break
+                follow_up, self._follow_up_next = self._follow_up_next, False
+                self._route(Line(text, follow_up))
+        finally:
+            ticking.cancel()
         self._screen.drain()
+
+    async def _tick(self) -> None:
+        """Redraw the working line while a turn runs, so its spinner turns and its time counts."""
+        while True:
+            await asyncio.sleep(WORKING_TICK_S)
+            if self._busy() and not self._questions:
+                self.invalidate()
 
     async def read(self) -> Line | None:
         """The next line for the chat; None when the person leaves."""
@@ -189,7 +212,17 @@ class Terminal:
         return [("class:prompt", "› ")]
 
     def _message(self) -> StyleAndTextTuples:
-        return [*self._screen.live(), *self._label()]
+        return [*self._screen.live(), *self._working_line(), *self._label()]
+
+    def _working_line(self) -> StyleAndTextTuples:
+        """The spinner and what the turn is doing, on a line of its own; nothing when idle or
+        while a question waits (the question is what the turn waits for)."""
+        if not self._busy() or self._questions:
+            return []
+        frames = self._spinner.frames
+        frame = frames[int(time.monotonic() * 1000 / self._spinner.interval) % len(frames)]
+        columns = self._session.app.output.get_size().columns
+        return [("class:working", f"{frame} {self._working(max(20, columns - 1) - 2)}\n")]
 
     def _toolbar(self) -> StyleAndTextTuples:
         hint = self._questions[0].hint if self._questions else self._status()

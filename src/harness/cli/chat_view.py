@@ -352,6 +352,9 @@ class ChatView:
     _run_started: float = field(default=0.0, init=False)
     _run_tokens: int = field(default=0, init=False)
     _cut_off_text: bool = field(default=False, init=False)  # the reply a crash interrupted had content
+    _writing: str | None = field(default=None, init=False)  # what the streaming reply's newest block is
+    _compacting: bool = field(default=False, init=False)
+    _retry_at: float | None = field(default=None, init=False)  # when a scheduled retry is sent (epoch s)
     _run_id: str | None = field(default=None, init=False)  # the latest run (not compaction) started here
 
     def __call__(self, event: HarnessEvent, context: Context) -> None:
@@ -366,18 +369,43 @@ class ChatView:
     def begin_run(self) -> None:
         """A run starts (or resumes) here: its time and tokens are counted from now."""
         self._run_started, self._run_tokens, self.aborting = time.monotonic(), 0, False
+        self._writing, self._compacting, self._retry_at = None, False, None
+
+    def working(self, columns: int) -> str:
+        """What the lane is doing now and for how long the operation has run, in at most
+        `columns` characters (what it is doing is clipped, the time kept), for the line under the
+        reply while a turn runs: e.g. `waiting for the model · 4 s`, `running shell: make ·
+        1 m 05 s`. The phases: waiting for the model (nothing of its reply yet), thinking,
+        replying, writing a tool call, running tools, compacting the context, waiting to retry,
+        aborting."""
+        if self.aborting:
+            doing = "aborting"
+        elif self.running_tools:
+            doing = "running " + ", ".join(self.running_tools.values())
+        elif self._compacting:
+            doing = "compacting the context"
+        elif self._retry_at is not None and (wait := self._retry_at - time.time()) > 0:
+            doing = f"retrying in {wait:.0f} s"
+        else:
+            doing = self._writing or "waiting for the model"
+        elapsed = int(time.monotonic() - self._run_started) if self._run_started else 0
+        took = f"{elapsed // 60} m {elapsed % 60:02d} s" if elapsed >= 60 else f"{elapsed} s"
+        return f"{clip(doing, max(1, columns - len(took) - 3))} · {took}"
 
     # -- the streaming reply ----------------------------------------------------------------------
 
     def begin_reply(self) -> None:
         self.screen.end_stream()
         self._shown = {}
+        self._writing, self._retry_at = None, None
 
     def stream_reply(self, message: AssistantMessage) -> None:
         """Show what `message` has beyond what was shown of it: text as Markdown, thinking dimmed.
         Once an abort is under way nothing more is shown: the abort rows are the last word."""
         if self.aborting:
             return
+        if message.content:
+            self._writing = _writing(message.content[-1])
         for index, block in enumerate(message.content):
             shown = self._shown.get(index, 0)
             if isinstance(block, TextContent) and len(block.text) > shown:
@@ -398,7 +426,7 @@ class ChatView:
         self.meter.reply(message)
         self.calls.update((block.id, block) for block in message.content if isinstance(block, ToolCall))
         self.screen.end_stream()
-        self._shown = {}
+        self._shown, self._writing = {}, None
         # A stopped or failed reply has no row of its own: the run's `interrupted` or `error` row
         # says so, or the retry row when the reply is asked again.
         if message.stop_reason == "error" and message.error_message == INTERRUPTED_REPLY:
@@ -429,11 +457,8 @@ class ChatView:
     # -- the prompt's status line -----------------------------------------------------------------
 
     def status(self) -> str:
-        """One line on what the lane is doing: running tools, queued messages, an abort."""
+        """The messages queued on the lane, for the status line (what it is doing is `working`)."""
         parts = []
-        if self.aborting:
-            parts.append("aborting…")
-        parts += [f"running {summary}" for summary in self.running_tools.values()]
         if self.queues.steer:
             parts.append(f"{len(self.queues.steer)} steer queued")
         if self.queues.follow_up:
@@ -446,6 +471,7 @@ def _run_start(view: ChatView, event: RunStart) -> None:
     if event.kind == "run":
         view._run_id = event.operation_id
     view.begin_run()
+    view._compacting = event.kind == "compaction"
 
 
 @row("message_start", "message_update")
@@ -503,6 +529,7 @@ def _retry_scheduled(view: ChatView, event: RetryScheduled) -> None:
                 else "finishing the open turn")
         view.screen.print(f"[dim]↻ {what}[/]")
         return
+    view._retry_at = event.not_before / 1000
     wait = max(0.0, (event.not_before - time.time() * 1000) / 1000)
     view.screen.print(f"[yellow]↻ retrying in {wait:.0f} s (attempt {event.attempt} of {event.max_attempts}): "
                       f"{escape(clip(event.error_message))}[/]")
@@ -510,6 +537,7 @@ def _retry_scheduled(view: ChatView, event: RetryScheduled) -> None:
 
 @row("compaction_start")
 def _compaction_start(view: ChatView, event: CompactionStart) -> None:
+    view._compacting = True
     view.screen.end_stream()
     view.screen.print(f"[dim]compacting the context ({event.reason})…[/]")
 
@@ -528,6 +556,7 @@ def _delegation(view: ChatView, event: DelegationFinished) -> None:
 
 @row("compaction_end")
 def _compaction_end(view: ChatView, event: CompactionEnd) -> None:
+    view._compacting = False
     if event.status == "completed":
         view.meter.context_tokens = None  # the summary's usage is not the context's: the next reply says
     if event.reason == "manual" and event.status != "declined":
@@ -606,6 +635,15 @@ def _fault(view: ChatView, event: Fault | HandlerError) -> None:
         view.screen.print(f"[red]harness fault \\[{escape(event.code)}]: {escape(event.message)}[/]")
     else:
         view.screen.print(f"[red]a display handler failed on {escape(event.event_type)}: {escape(event.error)}[/]")
+
+
+def _writing(block: TextContent | ThinkingContent | ToolCall) -> str:
+    """What a reply whose newest block is `block` is doing, for `ChatView.working`."""
+    if isinstance(block, ThinkingContent):
+        return "thinking"
+    if isinstance(block, ToolCall):
+        return f"writing a {block.name} call"
+    return "replying"
 
 
 def _says_something(message: AssistantMessage) -> bool:
