@@ -252,18 +252,20 @@ def _approval(change: ApprovalChange) -> ServerSentEvent:
 
 _HEARTBEAT = b": heartbeat\n\n"
 
+CHUNK_BYTES = 64 * 1024
+"""What a watch writes at once, at most about: the events a client has waiting go out in one
+write (one send on its socket) up to this, not one write each."""
+
 
 async def _watched(watch: Subscription, approvals: deque[tuple[int, ApprovalChange]], shown: _ShownReply,
                    heartbeat_s: float) -> AsyncGenerator[bytes, None]:
     """The events of `watch` as the client is sent them, each approval change `(n, change)` right
     after the watch's event `n` (the newest delivered when it changed), with heartbeats while it
-    is quiet; ends with `overflow` when the watch was cut, or when its source ended."""
+    is quiet; ends with `overflow` when the watch was cut, or when its source ended. What is
+    waiting goes out together (`CHUNK_BYTES`)."""
     while True:
-        if approvals and approvals[0][0] < watch.next_number:
-            yield _encoded(_approval(approvals.popleft()[1]))
-        elif (delivered := watch.pop()) is not None:
-            if encoded := shown.encoded(delivered):
-                yield encoded
+        if chunk := _waiting(watch, approvals, shown):
+            yield chunk
         elif watch.cut:
             yield _encoded(ServerSentEvent(event="overflow", data=Overflow(limit=watch.limit_bytes, unit="bytes")))
             return
@@ -275,6 +277,23 @@ async def _watched(watch: Subscription, approvals: deque[tuple[int, ApprovalChan
                     await watch.wait()
             except TimeoutError:
                 yield _HEARTBEAT
+
+
+def _waiting(watch: Subscription, approvals: deque[tuple[int, ApprovalChange]], shown: _ShownReply) -> bytes:
+    """The events `watch` holds and the approval changes due, in order, encoded, about
+    `CHUNK_BYTES` at most (b"": nothing to send now)."""
+    parts: list[bytes] = []
+    size = 0
+    while size < CHUNK_BYTES:
+        if approvals and approvals[0][0] < watch.next_number:
+            part = _encoded(_approval(approvals.popleft()[1]))
+        elif (delivered := watch.pop()) is not None:
+            part = shown.encoded(delivered)
+        else:
+            break
+        parts.append(part)
+        size += len(part)
+    return b"".join(parts)
 
 
 def _parts(event: HarnessEvent, skip: int = 0) -> list[ServerSentEvent]:
