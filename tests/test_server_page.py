@@ -48,6 +48,7 @@ if CHROMIUM is not None and CHROMEDRIVER is not None:
     from selenium import webdriver
     from selenium.common.exceptions import StaleElementReferenceException
     from selenium.webdriver.chrome.service import Service
+    from selenium.webdriver.common.action_chains import ActionChains
     from selenium.webdriver.common.by import By
     from selenium.webdriver.common.keys import Keys
     from selenium.webdriver.remote.webdriver import WebDriver
@@ -204,7 +205,8 @@ def open_new_conversation(driver: WebDriver, page: Page) -> str:
 
 
 def say(driver: WebDriver, text: str) -> None:
-    driver.find_element(By.ID, "prompt").send_keys(text, Keys.ENTER)
+    """Type `text` and Enter into the composer, once the conversation's view shows it."""
+    wait(driver, lambda d: d.find_element(By.ID, "prompt")).send_keys(text, Keys.ENTER)
 
 
 def running(driver: WebDriver) -> bool:
@@ -225,14 +227,14 @@ async def test_the_page_is_served_at_the_root_and_every_api_route_wins(tmp_path:
     try:
         async with asgi_client(faux_app(store).app) as client:
             index = await client.get("/")
-            module = await client.get("/app.js")
+            module = await client.get("/assets/index.js")
             missing = await client.get("/api/nothing-here")
     finally:
         await store.close()
 
     assert index.status_code == 200
     assert index.headers["content-type"].startswith("text/html")
-    assert '<script type="module" src="/app.js">' in index.text
+    assert '<script type="module" crossorigin src="/assets/index.js">' in index.text
     assert module.status_code == 200
     assert "javascript" in module.headers["content-type"]
     assert missing.status_code == 404
@@ -298,7 +300,7 @@ def test_a_sent_message_streams_its_reply_into_one_row(tmp_path: Path, browser_t
 
         shown(browser_tab, "#transcript .assistant", "there.")
         wait(browser_tab, idle)
-        assert rows(browser_tab) == ["hi", "Hello\nthere."]  # two text blocks, as the model sent them
+        assert rows(browser_tab) == ["hi", "Hello there."]  # two text blocks, one Markdown paragraph
 
 
 def test_a_call_is_approved_and_another_denied_from_the_page(tmp_path: Path, browser_tab: WebDriver) -> None:
@@ -372,7 +374,7 @@ def test_a_reload_mid_reply_shows_the_same_transcript_once(tmp_path: Path, brows
         page.release(pause)
         shown(browser_tab, "#transcript .assistant", "second half.")
         wait(browser_tab, idle)
-        assert rows(browser_tab) == ["hi", "First half.\nsecond half."]
+        assert rows(browser_tab) == ["hi", "First half. second half."]
 
 
 def test_a_second_tab_opened_mid_turn_follows_it_live(tmp_path: Path, browser_tab: WebDriver) -> None:
@@ -396,7 +398,7 @@ def test_a_second_tab_opened_mid_turn_follows_it_live(tmp_path: Path, browser_ta
         second_rows = rows(browser_tab)
         browser_tab.switch_to.window(first)
         wait(browser_tab, idle)
-        assert rows(browser_tab) == second_rows == ["start", "Working on it.\nDone now."]
+        assert rows(browser_tab) == second_rows == ["start", "Working on it. Done now."]
 
 
 def test_the_model_picker_lists_the_models_and_follows_a_switch(tmp_path: Path, browser_tab: WebDriver) -> None:
@@ -562,3 +564,137 @@ def test_a_background_jobs_result_is_a_delegation_row(tmp_path: Path, browser_ta
         row = shown(browser_tab, "#transcript .delegation", "⇢ agent general finished: Find the bug")
         assert row.get_attribute("data-tone") == "quiet"
         wait(browser_tab, idle)
+
+
+# -- what a person expects of a chat page (issue 31) ---------------------------------------------------
+
+
+MARKDOWN = ("**Done** with `list`:\n\n- one\n- two\n\n```python\nprint('hi')\n```\n\n"
+            "<script>window.pwned = 1</script><img src=x onerror=\"window.pwned = 2\">")
+
+
+def test_a_reply_renders_as_markdown_with_highlighted_code_and_inert_html(
+        tmp_path: Path, browser_tab: WebDriver) -> None:
+    """A reply's Markdown renders (bold, a list, a fenced block highlighted, with a copy button),
+    never its raw syntax; a `<script>` or an `<img onerror>` in it runs nothing."""
+    with served(tmp_path, reply(MARKDOWN)) as page:
+        open_new_conversation(browser_tab, page)
+        say(browser_tab, "list them")
+        wait(browser_tab, idle)
+
+        reply_row = shown(browser_tab, "#transcript .assistant", "Done")
+        assert reply_row.find_element(By.TAG_NAME, "strong").text == "Done"
+        assert [item.text for item in reply_row.find_elements(By.TAG_NAME, "li")] == ["one", "two"]
+        code = wait(browser_tab, lambda d: d.find_elements(By.CSS_SELECTOR,
+                                                           "#transcript .assistant pre code span[style]"))
+        assert "print" in " ".join(span.text for span in code)
+        assert reply_row.find_elements(By.CSS_SELECTOR, "button[title*='Copy'], button[aria-label*='Copy']")
+        assert "**" not in reply_row.text
+        assert "```" not in reply_row.text
+        assert browser_tab.execute_script("return window.pwned ?? null") is None
+        assert not reply_row.find_elements(By.CSS_SELECTOR, "script, img[onerror]")
+
+
+def listed(driver: WebDriver) -> list[str]:
+    """The conversation list's names, top to bottom."""
+    def read(d: WebDriver) -> tuple[list[str]]:
+        return ([link.find_element(By.CSS_SELECTOR, ".name").text
+                 for link in d.find_elements(By.CSS_SELECTOR, "#conversations a")],)
+    return wait(driver, read)[0]
+
+
+def test_a_conversation_is_named_from_its_first_prompt_renamed_and_deleted(
+        tmp_path: Path, browser_tab: WebDriver) -> None:
+    """The first prompt names the conversation (its first line, as the terminal does) in the list
+    and the title, with the time it was written; Rename names it anew with its row; Delete, once
+    confirmed, removes it from the list and the store."""
+    with served(tmp_path, reply("Sure."), reply("Renamed.")) as page:
+        address = open_new_conversation(browser_tab, page)
+        conversation_id = address.split("?c=")[1]
+        say(browser_tab, "Plan the trip\nwith details")
+        wait(browser_tab, lambda d: listed(d) == ["Plan the trip"])
+        assert browser_tab.find_element(By.ID, "title").text == "Plan the trip"
+        assert browser_tab.find_element(By.CSS_SELECTOR, "#conversations a time").text
+
+        item = browser_tab.find_element(By.CSS_SELECTOR, "#conversations li")
+        hover = ActionChains(browser_tab).move_to_element(item)
+        hover.perform()
+        browser_tab.find_element(By.CSS_SELECTOR, "#conversations .rename-button").click()
+        field_ = wait(browser_tab, lambda d: d.find_element(By.CSS_SELECTOR, "#conversations input.rename"))
+        field_.send_keys(Keys.CONTROL, "a")
+        field_.send_keys("Trip to Lisbon", Keys.ENTER)
+        wait(browser_tab, lambda d: listed(d) == ["Trip to Lisbon"])
+        shown(browser_tab, "#transcript .event", "renamed: Trip to Lisbon")
+
+        hover.perform()
+        browser_tab.find_element(By.CSS_SELECTOR, "#conversations .delete-button").click()
+        wait(browser_tab, lambda d: d.switch_to.alert).accept()
+        wait(browser_tab, lambda d: listed(d) == [])
+        infos = page.run(lambda: page.served.service.list(USER, Context({"test": "page"})))
+        assert conversation_id not in [info.id for info in infos]
+
+
+def test_a_stop_shows_one_row(tmp_path: Path, browser_tab: WebDriver) -> None:
+    """Stopped mid-reply (Esc), the reply keeps what it wrote and the stop is one row: the
+    interrupted row, not also the reply's error (the request was aborted)."""
+    answer, pause = paused("Partial", "never shown")
+    with served(tmp_path, answer) as page:
+        open_new_conversation(browser_tab, page)
+        say(browser_tab, "go")
+        page.reached(pause)
+        shown(browser_tab, "#transcript .assistant", "Partial")
+
+        browser_tab.find_element(By.ID, "prompt").send_keys(Keys.ESCAPE)
+
+        shown(browser_tab, "#transcript .event", "interrupted by you")
+        wait(browser_tab, idle)
+        assert rows(browser_tab) == ["go", "Partial", "■ interrupted by you"]
+
+
+def test_call_ids_a_provider_reuses_keep_each_card_in_its_turn(tmp_path: Path, browser_tab: WebDriver) -> None:
+    """A provider that names every turn's call `call_1`: each turn's card stays in its place, with
+    its own input, live and from the journal."""
+    script = [reply(tool_call("write", {"key": "first.txt"}, id="call_1")),
+              reply("Wrote the first. ", tool_call("write", {"key": "second.txt"}, id="call_1")),
+              reply("Both written.")]
+    with served(tmp_path, *script) as page:
+        open_new_conversation(browser_tab, page)
+        say(browser_tab, "write two files")
+        shown(browser_tab, '#transcript .tool[data-state="approval"] button.approve', "Approve").click()
+        shown(browser_tab, "#transcript .assistant", "Wrote the first.")
+        shown(browser_tab, '#transcript .tool[data-state="approval"] button.approve', "Approve").click()
+        shown(browser_tab, "#transcript .assistant", "Both written.")
+
+        def cards(d: WebDriver) -> tuple[list[str]]:
+            return ([card.get_attribute("data-state") or "" for card in
+                     d.find_elements(By.CSS_SELECTOR, '#transcript .tool[data-id="call_1"]')],)
+        wait(browser_tab, idle)
+        assert wait(browser_tab, cards)[0] == ["done", "done"]
+        texts = rows(browser_tab)
+        assert [row.split("\n")[0] for row in texts] == ["write two files", "write", "Wrote the first.", "write",
+                                                          "Both written."]
+        assert page.write.runs == [{"key": "first.txt"}, {"key": "second.txt"}]
+
+
+def test_at_390_px_the_page_fits_and_the_list_is_a_drawer(tmp_path: Path, browser_tab: WebDriver) -> None:
+    """On a phone-sized window the page has no horizontal scroll; the conversation list is a drawer
+    the menu button opens, and a conversation picked in it opens."""
+    browser_tab.set_window_size(390, 844)
+    try:
+        with served(tmp_path, reply("A reply with a long line: " + "word " * 60)) as page:
+            browser_tab.get(page.url)
+            wait(browser_tab, lambda d: d.find_element(By.ID, "start")).click()
+            say(browser_tab, "hi")
+            wait(browser_tab, idle)
+            overflow = "return document.documentElement.scrollWidth - document.documentElement.clientWidth"
+            assert browser_tab.execute_script(overflow) <= 0
+            link = browser_tab.find_element(By.CSS_SELECTOR, "#conversations a")
+            assert link.location["x"] + link.size["width"] <= 0  # the drawer is closed
+
+            browser_tab.find_element(By.ID, "menu").click()
+            wait(browser_tab, lambda d: d.find_element(By.CSS_SELECTOR, "#conversations a").location["x"] >= 0)
+            browser_tab.find_element(By.CSS_SELECTOR, "#conversations a").click()
+            wait(browser_tab, lambda d: d.find_element(By.ID, "page").get_attribute("data-drawer") == "closed")
+            assert browser_tab.execute_script(overflow) <= 0
+    finally:
+        browser_tab.set_window_size(1280, 860)

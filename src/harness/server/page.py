@@ -1,5 +1,6 @@
-"""The web page at `/`: plain static files (HTML, CSS and JavaScript modules, nothing to build)
-that speak the AI SDK UI message stream of `/api/chat` and the native conversation routes.
+"""The web page at `/`: the React app of `web/` (the AI SDK's `useChat` on the UI message stream of
+`/api/chat`, the other routes through one typed client), built by Vite into `static/` and committed,
+so a user installs no Node; `tests/test_server_page_build.py` checks the build matches its sources.
 
 FastAPI serves them as low-priority routes, so every API route and `/docs` win over a file of the
 same name.

@@ -1,8 +1,10 @@
+import { type ChatEventDetails, type DelegationFinish, type ModelIdentity, modelName } from "./api";
+
 // How the page words a chat-event row: from its typed details only, never from the English text
 // the model reads (CE-5). Outside text in the details (an error's public text, a name, a command)
 // is returned as text and set with textContent by the caller, never parsed as HTML.
 
-const STOPPED = {
+const STOPPED: Record<string, string> = {
   user: "interrupted by you",
   user_during_tool: "interrupted by you during a tool call",
   step_ceiling: "stopped: the turn reached its limit of steps",
@@ -11,22 +13,28 @@ const STOPPED = {
   probe: "stopped by an internal probe",
 };
 
-const MODES = { build: "build (every tool)", plan: "plan (read-only tools)" };
+const MODES: Record<string, string> = { build: "build (every tool)", plan: "plan (read-only tools)" };
 
 /** How a `/goal pause|resume|drop` row words the status it set. */
-const GOAL_ACTED = { paused: "paused", active: "resumed", dropped: "dropped" };
+type Any = any;
 
-export function modelName(model) {
-  return `${model.provider}/${model.model_id}`;
+export type Tone = "warn" | "bad" | "quiet";
+
+/** A row's words and tone. */
+export interface Words {
+  text: string;
+  tone: Tone;
 }
 
+const GOAL_ACTED: Record<string, string> = { paused: "paused", active: "resumed", dropped: "dropped" };
+
 /** What a model switch did to the tools that follow the model (null: nothing). */
-function toolsFollowed(tools) {
-  if (tools == null) return "";
+function toolsFollowed(tools: unknown): string {
+  if (!Array.isArray(tools)) return "";
   return tools.length ? ` · tools: ${tools.join(", ")}` : " · no tools";
 }
 
-function errorText(details) {
+function errorText(details: Any): string {
   const notice = details.notice;
   if (notice == null) return details.text; // the provider's or an exception's own text, verbatim
   switch (notice.code) {
@@ -36,17 +44,17 @@ function errorText(details) {
       return `compaction stopped after ${notice.failures} failures in a row (the last: ${notice.last_error}); ` +
         "the turn goes on without compacting";
     case "model-switch-failed":
-      return `could not switch the model to ${modelName(notice.requested)}`;
+      return `could not switch the model to ${modelName(notice.requested as ModelIdentity)}`;
     default:
       return details.text;
   }
 }
 
-function outcomeText(outcome) {
+function outcomeText(outcome: Any): string {
   if (outcome == null) return "";
   switch (outcome.command) {
     case "compact":
-      return { compacted: "compacted", nothing_old_enough: "nothing old enough to compact", aborted: "stopped" }[
+      return ({ compacted: "compacted", nothing_old_enough: "nothing old enough to compact", aborted: "stopped" } as Record<string, string>)[
         outcome.result] ?? "the compaction failed";
     case "fast":
       return `fast mode ${outcome.on ? "on" : "off"}: ${modelName(outcome.model)}, reasoning ${outcome.thinking_level}`;
@@ -67,7 +75,7 @@ function outcomeText(outcome) {
       return `goal ${outcome.title} ${GOAL_ACTED[outcome.status] ?? outcome.status}`;
     case "context":
       return outcome.files.length
-        ? `project instructions: ${outcome.files.map((file) => file.path).join(", ")}`
+        ? `project instructions: ${outcome.files.map((file: Any) => file.path).join(", ")}`
         : "no AGENTS.md or CLAUDE.md applies here";
     default:
       return "";
@@ -78,58 +86,59 @@ function outcomeText(outcome) {
  * The row for a chat event's `details`: `{text, tone}` with tone "warn", "bad" or "quiet"; null for
  * a shape this page does not know, which renders nothing and is logged (CE-5).
  */
-export function chatEventWords(details) {
-  switch (details?.kind) {
+export function chatEventWords(details: ChatEventDetails | null | undefined): Words | null {
+  const d = details as Any;
+  switch (d?.kind) {
     case "interrupted":
-      return { text: `■ ${STOPPED[details.cause] ?? "stopped"}`, tone: "warn" };
+      return { text: `■ ${STOPPED[d.cause] ?? "stopped"}`, tone: "warn" };
     case "error":
-      return { text: `✗ ${errorText(details)}`, tone: "bad" };
+      return { text: `✗ ${errorText(d)}`, tone: "bad" };
     case "model":
-      return { text: `model: ${details.previous ? `${modelName(details.previous)} → ` : ""}${modelName(details.model)}` +
-        toolsFollowed(details.tools), tone: "quiet" };
+      return { text: `model: ${d.previous ? `${modelName(d.previous)} → ` : ""}${modelName(d.model)}` +
+        toolsFollowed(d.tools), tone: "quiet" };
     case "rename":
-      return { text: details.name ? `renamed: ${details.name}` : "name cleared", tone: "quiet" };
+      return { text: d.name ? `renamed: ${d.name}` : "name cleared", tone: "quiet" };
     case "cwd": {
-      const where = details.project ? `project ${details.project} (${details.path})` : details.path;
-      return { text: details.by === "agent" ? `the agent switched to ${where}` : `now working in ${where}`,
+      const where = d.project ? `project ${d.project} (${d.path})` : d.path;
+      return { text: d.by === "agent" ? `the agent switched to ${where}` : `now working in ${where}`,
         tone: "quiet" };
     }
     case "mode":
-      return { text: `mode: ${MODES[details.mode]}`, tone: "quiet" };
+      return { text: `mode: ${MODES[d.mode]}`, tone: "quiet" };
     case "reasoning":
-      return { text: `reasoning: ${details.previous} → ${details.level}`, tone: "quiet" };
+      return { text: `reasoning: ${d.previous} → ${d.level}`, tone: "quiet" };
     case "command": {
-      const invocation = `/${details.name}${details.args ? ` ${details.args}` : ""}`;
-      if (details.error != null) return { text: `${invocation}: failed: ${details.error}`, tone: "bad" };
-      const said = outcomeText(details.outcome) || details.output || "";
+      const invocation = `/${d.name}${d.args ? ` ${d.args}` : ""}`;
+      if (d.error != null) return { text: `${invocation}: failed: ${d.error}`, tone: "bad" };
+      const said = outcomeText(d.outcome) || d.output || "";
       return { text: said ? `${invocation}: ${said}` : invocation, tone: "quiet" };
     }
     case "shell": {
-      const status = details.exit_code == null ? "could not finish" : `exit ${details.exit_code}`;
-      const output = details.output ? `\n${details.truncated ? "…" : ""}${details.output}` : "";
-      return { text: `! ${details.command} · ${status}${output}`, tone: details.exit_code === 0 ? "quiet" : "warn" };
+      const status = d.exit_code == null ? "could not finish" : `exit ${d.exit_code}`;
+      const output = d.output ? `\n${d.truncated ? "…" : ""}${d.output}` : "";
+      return { text: `! ${d.command} · ${status}${output}`, tone: d.exit_code === 0 ? "quiet" : "warn" };
     }
     case "compacted": {
-      const before = details.tokens_before != null ? `, ${details.tokens_before} tokens before` : "";
-      return { text: `compacted (${details.reason}${before})`, tone: "quiet" };
+      const before = d.tokens_before != null ? `, ${d.tokens_before} tokens before` : "";
+      return { text: `compacted (${d.reason}${before})`, tone: "quiet" };
     }
     case "goal":
-      return { text: `goal ${details.title}: ${details.status}`, tone: "quiet" };
+      return { text: `goal ${d.title}: ${d.status}`, tone: "quiet" };
     case "allowed":
-      return { text: `${details.rule} runs without asking for the rest of this conversation`, tone: "quiet" };
+      return { text: `${d.rule} runs without asking for the rest of this conversation`, tone: "quiet" };
     default:
       console.error("a chat event with details this page does not know", details);
       return null;
   }
 }
 
-const FINISHED = { completed: ["finished", "quiet"], failed: ["failed", "bad"], aborted: ["was stopped", "warn"] };
+const FINISHED: Record<string, [string, Tone]> = { completed: ["finished", "quiet"], failed: ["failed", "bad"], aborted: ["was stopped", "warn"] };
 
 /** The row of a delegated job's finish marker (CE-18): `{text, tone}`. */
-export function delegationWords(finish) {
+export function delegationWords(finish: DelegationFinish): Words {
   const [ended, tone] = FINISHED[finish.outcome];
   if (finish.kind === "workflow") {
-    const { completed, failed, aborted } = finish.tally;
+    const { completed, failed, aborted } = finish.tally ?? { completed: 0, failed: 0, aborted: 0 };
     return { text: `⇢ workflow ${finish.title} ${ended} · ${completed} completed, ${failed} failed, ${aborted} stopped`,
       tone };
   }

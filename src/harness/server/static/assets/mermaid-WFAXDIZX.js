@@ -1,0 +1,1 @@
+export{i as Mermaid}from"./index.js";
