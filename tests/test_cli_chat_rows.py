@@ -12,7 +12,7 @@ import pytest
 from rich.text import Text
 
 from harness.cli.chat_rows import chat_row, delegation_row
-from harness.cli.chat_view import ChatView, Screen, UsageMeter, entry_summary
+from harness.cli.chat_view import ChatView, Screen, StatusPart, UsageMeter, entry_summary, fit_status
 from harness.cli.render import entry_lines
 from harness.context import Context
 from harness.conversation import (
@@ -209,9 +209,26 @@ def test_the_usage_meter_sums_the_ledger_and_shows_the_share_of_the_window_the_l
     meter = UsageMeter.of(rows, reply_using(last))
     meter.reply(reply_using(Usage()))  # a reply cut off before its provider reported usage
 
-    assert meter.text(8_000) == "3,000 tokens · $0.5300 · last request: 25% of the 8,000-token context window"
-    assert meter.text(None) == "3,000 tokens · $0.5300"
-    assert UsageMeter.of(rows).text(8_000) == "3,000 tokens · $0.5300"  # no reply yet: nothing was sent
+    assert fit_status(meter.parts(8_000), 200) == ("3,000 tokens · $0.5300 · last request: 25% of the 8,000-token "
+                                                   "context window")
+    assert fit_status(meter.parts(None), 200) == "3,000 tokens · $0.5300"
+    assert fit_status(UsageMeter.of(rows).parts(8_000), 200) == "3,000 tokens · $0.5300"  # no reply yet: nothing sent
+
+
+def test_the_status_line_shortens_then_drops_parts_to_stay_on_one_line() -> None:
+    """Issue 33 item 7: the status line wrapped to 2 lines at 120 columns, 5 at 50. Parts are
+    shortened, the one to drop first first, then left out in that order, until the line fits;
+    their order is kept."""
+    parts = [StatusPart("3,000 tokens", drop=4), StatusPart("last request: 25% of the window", drop=1, short="25%"),
+             StatusPart("build mode (Shift+Tab)", drop=2, short="build mode"), StatusPart("Ctrl-D: leave", drop=3)]
+
+    assert fit_status(parts, 200) == "3,000 tokens · last request: 25% of the window · build mode (Shift+Tab) · " \
+                                     "Ctrl-D: leave"
+    assert fit_status(parts, 80) == "3,000 tokens · last request: 25% of the window · build mode · Ctrl-D: leave"
+    assert fit_status(parts, 50) == "3,000 tokens · 25% · build mode · Ctrl-D: leave"
+    assert fit_status(parts, 30) == "25% · build mode"
+    assert fit_status(parts, 3) == "25%"
+    assert fit_status([StatusPart("a single part longer than the line")], 20) == "a single part longe…"
 
 
 def streaming(*content: TextContent | ThinkingContent | ToolCall) -> AssistantMessage:

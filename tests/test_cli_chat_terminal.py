@@ -326,6 +326,40 @@ def test_a_spinner_says_what_the_turn_is_doing_and_for_how_long(chats: list[Chat
     assert chat.leave() == 0
 
 
+def status_lines(lines: list[str]) -> list[str]:
+    """The non-blank lines under the prompt's last line (`›` idle, `steer›` in a turn): the status line."""
+    prompt = max(at for at, line in enumerate(lines) if line.startswith(("›", "steer›")))
+    return [line for line in lines[prompt + 1:] if line]
+
+
+@pytest.mark.parametrize("columns", [50, 80, 120])
+def test_the_status_line_stays_on_one_line_at_any_width(chats: list[Chat], dirs: tuple[Path, Path],
+                                                       server: ReplayServer, columns: int) -> None:
+    """Issue 33 item 7: the status line under the prompt wrapped to 2 lines at 120 columns, 3 at
+    80 and 5 at 50. It is one line, idle and during a turn, keeping what matters most: the
+    share of the window and what asks for approval idle (the mode from 80 columns on), Ctrl-C
+    in a turn."""
+    hold = Hold()
+    server.enqueue(text_reply("First answer."), text_reply("Second", " answer.", hold=hold))
+    chat = start(chats, dirs, server, columns=columns, cursor_reports=True)
+    display = Display(chat)
+
+    chat.send_line("one")
+    display.wait_for("turn completed")
+    idle = display.wait_for(lambda lines: "Ctrl-C: abort" not in " ".join(lines) and "% of the" in lines[-1])
+    chat.send_line("two")
+    busy = display.wait_for(lambda lines: "Ctrl-C: abort" in lines[-1] and "Second" in " ".join(lines))
+    hold.release()
+    display.wait_for("Second answer.")
+
+    assert len(status_lines(idle)) == 1
+    assert "edit, shell, write ask first" in idle[-1]
+    assert ("build mode" in idle[-1]) == (columns >= 80)
+    assert len(status_lines(busy)) == 1
+    assert all(len(line) < columns for line in (idle[-1], busy[-1]))
+    assert chat.leave() == 0
+
+
 def long_conversation(chats: list[Chat], dirs: tuple[Path, Path], server: ReplayServer,
                       *then: ReplayResponse) -> Chat:
     """A chat after four turns long enough to compact (two answers hold more than the 20,000

@@ -31,7 +31,7 @@ from harness.cli.call_preview import call_preview
 from harness.cli.chat_input import Line, Terminal
 from harness.cli.chat_rows import chat_row
 from harness.cli.chat_turns import TurnControl
-from harness.cli.chat_view import ChatView, Screen, UsageMeter
+from harness.cli.chat_view import ChatView, Screen, StatusPart, UsageMeter
 from harness.cli.config import Attached, attach_client, no_tools_note
 from harness.cli.render import branch_oldest_first, entry_lines
 from harness.cli.terminal_text import escape
@@ -290,17 +290,23 @@ class ChatClient:
         await service.select_mode(user, conversation.id, "plan" if self.mode == "build" else "build", self.context)
         self.terminal.invalidate()
 
-    def _status(self) -> str:
+    def _status(self) -> list[StatusPart]:
         """The toolbar: what the session has spent and how much of the context window the last
-        request used, then what the lane is doing and the keys that do something now."""
-        usage = self.view.meter.text(self.context_window())
+        request used, then the messages queued and the keys that do something now; on a narrow
+        terminal the keys a person finds in /help go first (`fit_status`)."""
+        usage = self.view.meter.parts(self.context_window())
         if not self.turns.busy:
-            return (f"{usage} · {self.mode} mode (Shift+Tab) · /help: commands · Tab completes them · "
-                    f"Alt-Enter: new line · Ctrl-D: leave · {self.approvals()}")
-        status = self.view.status()
-        keys = ("Ctrl-C again: leave now (the abort ends on reopening)" if self.turns.abort_wanted
-                else "Enter: steer · Alt-Enter: follow-up · Ctrl-C: abort")
-        return " · ".join(part for part in (usage, status, keys) if part)
+            return [*usage, StatusPart(f"{self.mode} mode (Shift+Tab)", drop=2, short=f"{self.mode} mode"),
+                    StatusPart("/help: commands", drop=4), StatusPart("Tab completes them", drop=6),
+                    StatusPart("Alt-Enter: new line", drop=5), StatusPart("Ctrl-D: leave", drop=3),
+                    StatusPart(self.approvals(), drop=1)]
+        if self.turns.abort_wanted:
+            keys = [StatusPart("Ctrl-C again: leave now (the abort ends on reopening)",
+                               short="Ctrl-C again: leave now")]
+        else:
+            keys = [StatusPart("Enter: steer", drop=3), StatusPart("Alt-Enter: follow-up", drop=5),
+                    StatusPart("Ctrl-C: abort", drop=1)]
+        return [*usage, *self.view.status(), *keys]
 
     def context_window(self) -> int | None:
         """The lane's model's context window in tokens; None when no provider here offers the model."""

@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import textwrap
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,7 +26,7 @@ from prompt_toolkit.key_binding import KeyBindings, KeyPressEvent
 from prompt_toolkit.styles import Style
 from rich.spinner import Spinner
 
-from harness.cli.chat_view import Screen
+from harness.cli.chat_view import Screen, StatusPart, fit_status
 from harness.cli.terminal_text import escape
 
 STYLE = Style.from_dict({
@@ -60,7 +60,7 @@ WORKING_TICK_S = 0.1
 
 class Terminal:
     """The chat's prompt. `busy()` says whether a turn runs (the prompt then steers), `status()`
-    gives the status line shown under it (wrapped to the terminal's width), `working(columns)`
+    gives the status line shown under it (fitted to one line of the terminal), `working(columns)`
     what the turn is doing in at most that many characters, shown above the prompt behind a
     spinner while it runs (before the reply's first token too), `on_interrupt()` is what Ctrl-C
     does during a turn, and Tab completes the names in `commands()`.
@@ -70,7 +70,7 @@ class Terminal:
     idle prompt leaves. Alt-Enter sends a follow-up during a turn and inserts a line break
     otherwise. `read()` returns None once the person leaves."""
 
-    def __init__(self, screen: Screen, *, busy: Callable[[], bool], status: Callable[[], str],
+    def __init__(self, screen: Screen, *, busy: Callable[[], bool], status: Callable[[], Sequence[StatusPart]],
                  on_interrupt: Callable[[], None], commands: Callable[[], list[str]] = list,
                  history: Path | None = None, on_shift_tab: Callable[[], None] | None = None,
                  working: Callable[[int], str] = lambda columns: "") -> None:
@@ -136,7 +136,8 @@ class Terminal:
         """Ask a question on the prompt and return the answer, or None if Ctrl-C cancelled it or
         the chat is leaving. With `keys` (lower-case letters), a press of one of them is the
         answer at once (returned lower-case) and other keys are ignored; without, the answer is
-        a line ended by Enter. What the person had typed is kept and given back afterwards."""
+        a line ended by Enter. What the person had typed is kept and given back afterwards.
+        Cancelling the call dismisses the question (it was answered elsewhere)."""
         if self._done:
             return None
         answer: asyncio.Future[str | None] = asyncio.get_running_loop().create_future()
@@ -145,11 +146,15 @@ class Terminal:
             if buffer.text and self._session.app.is_running:
                 self._stashed = buffer.text
                 buffer.reset()
-        self._questions.append(_Question(prompt, hint, answer, keys))
+        question = _Question(prompt, hint, answer, keys)
+        self._questions.append(question)
         self.invalidate()
         try:
             return await answer
         finally:
+            if question in self._questions:  # dismissed, not answered here
+                self._questions.remove(question)
+                self.invalidate()
             if not self._questions and self._stashed is not None and self._session.app.is_running:
                 self._session.default_buffer.insert_text(self._take_stash())
 
@@ -225,9 +230,12 @@ class Terminal:
         return [("class:working", f"{frame} {self._working(max(20, columns - 1) - 2)}\n")]
 
     def _toolbar(self) -> StyleAndTextTuples:
-        hint = self._questions[0].hint if self._questions else self._status()
-        width = self._session.app.output.get_size().columns
-        return [("class:bottom-toolbar", "\n".join(textwrap.wrap(hint, max(20, width - 1))))]
+        """A question's hint, wrapped (all of it is needed to answer); else the status line, on
+        one line whatever the width."""
+        width = max(20, self._session.app.output.get_size().columns - 1)
+        if self._questions:
+            return [("class:bottom-toolbar", "\n".join(textwrap.wrap(self._questions[0].hint, width)))]
+        return [("class:bottom-toolbar", fit_status(self._status(), width))]
 
     def _take_stash(self) -> str:
         text, self._stashed = self._stashed or "", None

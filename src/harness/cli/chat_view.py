@@ -233,6 +233,41 @@ _FENCE = re.compile(r"^\s{0,3}(`{3,}|~{3,})(.*)$")
 """A Markdown code fence line: its marker and what follows it (a language, or nothing on a closing fence)."""
 
 
+# -- the status line --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StatusPart:
+    """One part of the status line under the prompt. When the line is wider than the terminal,
+    parts are shortened to their `short` form, the highest `drop` first, then left out in the
+    same order (see `fit_status`)."""
+
+    text: str
+    drop: int = 0
+    short: str | None = None
+
+
+def fit_status(parts: Sequence[StatusPart], columns: int) -> str:
+    """`parts` joined with ` · `, in order, on one line of at most `columns` characters: the
+    parts are shortened, the highest `drop` first, then left out in that order until the line
+    fits; the one kept longest is clipped if it still does not."""
+    shown = {at: part.text for at, part in enumerate(parts) if part.text}
+    order = sorted(shown, key=lambda at: (parts[at].drop, at), reverse=True)
+
+    def line() -> str:
+        return " · ".join(shown[at] for at in sorted(shown))
+
+    for at in order:
+        if len(line()) <= columns:
+            break
+        shown[at] = parts[at].short or shown[at]
+    for at in order[:-1]:
+        if len(line()) <= columns:
+            break
+        del shown[at]
+    return clip(line(), columns)
+
+
 # -- the usage meter --------------------------------------------------------------------------------
 
 
@@ -293,14 +328,16 @@ class UsageMeter:
         if sent := _sent(message.usage):
             self.context_tokens = sent
 
-    def text(self, context_window: int | None) -> str:
-        """E.g. `1,234 tokens · $0.0123 · last request: 12% of the 128,000-token context window`;
-        the last part only when both the window and a reply's usage are known."""
-        parts = [f"{self.tokens:,} tokens", f"${self.cost:.4f}"]
+    def parts(self, context_window: int | None) -> list[StatusPart]:
+        """The status line's usage: e.g. `1,234 tokens`, `$0.0123` and `last request: 12% of the
+        128,000-token context window` (short: `12% of the window`), the last only when both the
+        window and a reply's usage are known; the share of the window is kept longest."""
+        parts = [StatusPart(f"{self.tokens:,} tokens", drop=4), StatusPart(f"${self.cost:.4f}", drop=5)]
         if context_window and self.context_tokens is not None:
             share = 100 * self.context_tokens / context_window
-            parts.append(f"last request: {share:.0f}% of the {context_window:,}-token context window")
-        return " · ".join(parts)
+            parts.append(StatusPart(f"last request: {share:.0f}% of the {context_window:,}-token context window",
+                                    drop=1, short=f"{share:.0f}% of the window"))
+        return parts
 
 
 def _sent(usage: Usage) -> int:
@@ -456,14 +493,14 @@ class ChatView:
 
     # -- the prompt's status line -----------------------------------------------------------------
 
-    def status(self) -> str:
+    def status(self) -> list[StatusPart]:
         """The messages queued on the lane, for the status line (what it is doing is `working`)."""
         parts = []
         if self.queues.steer:
-            parts.append(f"{len(self.queues.steer)} steer queued")
+            parts.append(StatusPart(f"{len(self.queues.steer)} steer queued"))
         if self.queues.follow_up:
-            parts.append(f"{len(self.queues.follow_up)} follow-up queued")
-        return " · ".join(parts)
+            parts.append(StatusPart(f"{len(self.queues.follow_up)} follow-up queued"))
+        return parts
 
 
 @row("run_start")
