@@ -149,6 +149,12 @@ class ServerState:
         options = self.options
         self.holds = Holds(self.service, self.drives, idle_release_s=options.idle_release_s,
                            max_held=options.max_held, sweep_s=options.sweep_s)
+        if self.external:
+            # A request's block holds the conversation and lets it go at its end. A release
+            # request it takes meanwhile (its own, posted while a worker held the conversation,
+            # goes to whoever attaches next) must not close the conversation under the request:
+            # the turn it admits would fail `harness_closed`.
+            self.service.on_release_request = None
         self.approvals.conversation_of = self.drives.conversation_of.get
         self.approvals.live = self.service.live
         if self.external and self.service.store.backend.kind != "postgres":
