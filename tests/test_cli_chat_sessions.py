@@ -4,16 +4,18 @@ session, leaving says how to come back, and `-c` continues the most recent sessi
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import pexpect
 import pytest
 
+from harness.cli.chat import command_as_invoked
 from harness.context import Context
 from harness.providers.replay import ReplayServer
 from harness.session import SessionInfo, connect
-from test_cli_chat import Chat, text_reply
+from test_cli_chat import HARNESS, Chat, text_reply
 
 PROMPT = "\u203a"
 """The idle prompt: a Ctrl-D sent before it is drawn reaches no reader."""
@@ -97,7 +99,8 @@ def test_leaving_names_the_session_and_how_to_continue_it(chats: tuple[list[Chat
     assert leave_with(chat, how) == 0
 
     log = chat.log_path.read_text(encoding="utf-8")
-    assert f"continue it with `harness chat {session_id}` (or `harness chat -c`" in log
+    harness = command_as_invoked(str(HARNESS), cwd=chats[2], path=os.environ["PATH"])  # `harness` if on PATH
+    assert f"continue it with `{harness} chat {session_id}` (or `{harness} chat -c`" in log
     assert [info.id for info in listed(chat.store_url)] == [session_id]
 
 
@@ -157,3 +160,39 @@ def test_the_first_prompt_saves_the_session_with_what_was_chosen_before_it(
     assert [info.id for info in listed(chat.store_url)] == [draft_id]  # the id the header showed
     assert server.requests[0].json()["model"] == "gpt-4.1"
     assert leave_with(chat, "ctrl-d") == 0
+
+
+@pytest.mark.parametrize("on_path", [False, True])
+def test_the_way_back_names_the_command_as_the_person_ran_it(chats: tuple[list[Chat], Path, Path],
+                                                             server: ReplayServer, monkeypatch: pytest.MonkeyPatch,
+                                                             on_path: bool) -> None:
+    """Issue 33 item 9: the exit hint said `harness chat ID`, which is not on the PATH of someone
+    who followed the README (`.venv/bin/harness`). It names `harness` only when PATH finds this
+    program, else the path that was run."""
+    monkeypatch.setenv("PATH", f"{HARNESS.parent}:/usr/bin:/bin" if on_path else "/usr/bin:/bin")
+    server.enqueue(text_reply("Noted."))
+    chat = start(chats, server)
+    chat.send_line("remember this")
+    chat.expect("turn completed")
+    session_id = chat.session_id()
+
+    assert chat.leave() == 0
+    harness = "harness" if on_path else str(HARNESS)
+    assert f"continue it with `{harness} chat {session_id}`" in chat.log_path.read_text(encoding="utf-8")
+
+
+def test_a_command_run_by_its_path_is_named_by_that_path(tmp_path: Path) -> None:
+    """Issue 33 item 9: `.venv/bin/harness` typed in the clone stays `.venv/bin/harness`; run
+    from elsewhere it is the absolute path; `harness` only when PATH finds the same program."""
+    program = tmp_path / ".venv" / "bin" / "harness"
+    program.parent.mkdir(parents=True)
+    program.write_text("#!/bin/sh\n")
+    program.chmod(0o755)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+
+    assert command_as_invoked(".venv/bin/harness", cwd=tmp_path, path="/usr/bin") == ".venv/bin/harness"
+    assert command_as_invoked(str(program), cwd=tmp_path, path="/usr/bin") == ".venv/bin/harness"
+    assert command_as_invoked("../.venv/bin/harness", cwd=elsewhere, path="/usr/bin") == str(program)
+    assert command_as_invoked(".venv/bin/harness", cwd=tmp_path, path=f"/usr/bin:{program.parent}") == "harness"
+    assert command_as_invoked("harness", cwd=elsewhere, path="/usr/bin") == "harness"

@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import signal
+import sys
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -196,7 +198,7 @@ class ChatClient:
                 loop.remove_signal_handler(signal.SIGINT)
                 self.screen.drain()
             if (what := await self.turns.leave()) is not None:
-                self.screen.print("[yellow]left with the turn still open; `harness chat "
+                self.screen.print(f"[yellow]left with the turn still open; `{escape(command_as_invoked())} chat "
                                   f"{self.conversation.id}` finishes {what}[/]")
                 self.screen.drain()
                 os._exit(EXIT_LEFT_RUNNING)  # the journal holds the open run; nothing here must outlive it
@@ -218,8 +220,9 @@ class ChatClient:
         if journal.id == self._saved_draft_id and not await journal.read_entries(self.context, limit=1):
             await self.store.delete_session(journal.id, self.context)
             return
-        self.screen.print(f"session [cyan]{journal.id}[/] [dim]· continue it with `harness chat {journal.id}` "
-                          "(or `harness chat -c`, the most recent session)[/]")
+        harness = escape(command_as_invoked())
+        self.screen.print(f"session [cyan]{journal.id}[/] [dim]· continue it with `{harness} chat {journal.id}` "
+                          f"(or `{harness} chat -c`, the most recent session)[/]")
         self.screen.drain()
 
     async def handle(self, line: Line) -> None:
@@ -426,7 +429,7 @@ class ChatClient:
     async def _show_recent(self, tip: str) -> None:
         """The branch's last entries; older ones are clipped, the latest reply is shown whole."""
         entries = await branch_oldest_first(self.conversation.journal, tip, self.context)
-        show_all = f"`harness show {self.conversation.id}` prints them whole"
+        show_all = f"`{command_as_invoked()} show {self.conversation.id}` prints them whole"
         if len(entries) > RECENT_ENTRIES:
             self.screen.print(f"[dim]… {len(entries) - RECENT_ENTRIES} earlier entries (/tree lists them; "
                               f"{escape(show_all)})[/]")
@@ -441,6 +444,26 @@ class ChatClient:
                 self.screen.print(line)
         if clipped and len(entries) <= RECENT_ENTRIES:
             self.screen.print(f"[dim](long entries are clipped; {escape(show_all)})[/]")
+
+
+def command_as_invoked(argv0: str | None = None, *, cwd: Path | None = None, path: str | None = None) -> str:
+    """The `harness` command as the person can type it again in the shell they started it from:
+    `harness` when their PATH (`path`, default `$PATH`) finds this very program by that name,
+    else the path they ran (`argv0`, default `sys.argv[0]`), relative to `cwd` (default the
+    current directory) when it lies under it, e.g. `.venv/bin/harness` after the README's set-up."""
+    argv0 = sys.argv[0] if argv0 is None else argv0
+    cwd = Path.cwd() if cwd is None else cwd
+    if "/" not in argv0:
+        return argv0  # found on PATH by this name
+    if Path(argv0).name == "__main__.py":  # python -m harness
+        return f"{command_as_invoked(sys.executable, cwd=cwd, path=path)} -m harness"
+    program = Path(os.path.abspath(cwd / argv0))
+    found = shutil.which(program.name, path=path)
+    if found is not None and Path(found).resolve() == program.resolve():
+        return program.name
+    if program.is_relative_to(cwd):
+        return str(program.relative_to(cwd))
+    return str(program)
 
 
 def _sources(rows: list[RenderableType]) -> list[object]:
