@@ -18,6 +18,7 @@ from harness.providers import (
     EmbeddedProvider,
     MissingApiKey,
     Model,
+    ModelCost,
     ModelListUnavailable,
     ModelRegistry,
     ModelsFileInvalid,
@@ -26,6 +27,7 @@ from harness.providers import (
     models,
 )
 from harness.providers.faux import FAUX_MODEL, FauxProvider
+from harness.providers.models import priced
 from harness.providers.replay import ReplayServer
 
 
@@ -52,13 +54,14 @@ def test_builtins_leave_the_base_url_to_the_sdk_and_pick_the_api_by_model(tmp_pa
     registry = load(tmp_path)
 
     gpt_4o = registry.model(identity("openai", "gpt-4o"))
-    gpt_5 = registry.model(identity("openai", "gpt-5"))
+    gpt_5 = priced(registry.model(identity("openai", "gpt-5")))  # at genai-prices' price
     sonnet = registry.model(identity("anthropic", "claude-sonnet-4-5"))
 
     assert (gpt_4o.api, gpt_4o.base_url, gpt_4o.context_window, gpt_4o.input) == (
         "openai-chat", None, 128_000, ("text", "image"),
     )
-    assert (gpt_5.api, gpt_5.reasoning, gpt_5.cost.input, gpt_5.cost.output) == ("openai-responses", True, 1.25, 10.0)
+    assert (gpt_5.api, gpt_5.reasoning, gpt_5.cost) == (
+        "openai-responses", True, ModelCost(input=1.25, output=10.0, cache_read=0.125))
     assert (sonnet.api, sonnet.base_url, sonnet.context_window, sonnet.api_key_env) == (
         "anthropic-messages", None, 200_000, "ANTHROPIC_API_KEY",
     )
@@ -119,8 +122,8 @@ def test_models_toml_adds_models_on_presets_and_comes_first(tmp_path: Path) -> N
     assert (ollama.api, ollama.base_url, ollama.api_key_env, ollama.context_window) == (
         "openai-chat", "http://localhost:11434/v1", None, 131_072,
     )
-    assert (groq.base_url, groq.api_key_env, groq.cost.output) == (
-        "https://api.groq.com/openai/v1", "GROQ_API_KEY", 0.79,
+    assert (groq.base_url, groq.api_key_env, groq.cost) == (
+        "https://api.groq.com/openai/v1", "GROQ_API_KEY", ModelCost(input=0.59, output=0.79),
     )
     assert (box.api, box.base_url, box.api_key_env, box.headers) == (
         "openai-chat", "http://gpu-box:8000/v1", "GPU_BOX_KEY", {"X-Team": "research", "X-Model": "qwen"},

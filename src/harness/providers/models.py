@@ -20,7 +20,7 @@ max_tokens = 32768                  # output tokens per reply; default 16384
 input = ["text"]                    # "text" and/or "image"; default ["text"]
 reasoning = false                   # emits thinking; default false
 max_thinking_level = "high"         # the highest thinking level it takes ("xhigh" for the few that do); default high
-cost = { input = 0.59, output = 0.79, cache_read = 0.0, cache_write = 0.0 }  # US dollars per million tokens
+cost = { input = 0.59, output = 0.79, cache_read = 0.0, cache_write = 0.0 }  # $ per Mtok; default: genai-prices'
 
 [providers.gpu-box]
 preset = "vllm"                     # start from a preset under another name
@@ -131,66 +131,52 @@ EMBEDDED_MODEL = Model(
     context_window=4096,
     max_tokens=1024,
     max_tool_steps=1,
+    cost=ModelCost(),  # it runs here, on this machine
     # Its runtime reads no schema field; a forced tool call is how it is asked for an answer's shape.
     structured_output="tool",
 )
 
 
-def _openai(
-    model_id: str, api: ApiName, *, context_window: int, max_tokens: int, price: tuple[float, float, float],
-    images: bool = True, reasoning: bool = False,
-) -> Model:
-    input_price, output_price, cache_read_price = price
+def _openai(model_id: str, api: ApiName, *, context_window: int, max_tokens: int, images: bool = True,
+            reasoning: bool = False) -> Model:
     return Model(
         id=model_id, provider="openai", api=api, name=model_id, api_key_env="OPENAI_API_KEY",
         context_window=context_window, max_tokens=max_tokens,
         input=("text", "image") if images else ("text",), reasoning=reasoning,
-        cost=ModelCost(input=input_price, output=output_price, cache_read=cache_read_price),
     )
 
 
-def _anthropic(model_id: str, name: str, *, max_tokens: int, price: tuple[float, float]) -> Model:
-    input_price, output_price = price
-    # Anthropic bills a cache read at 0.1x the input price and a 5-minute cache write at 1.25x.
+def _anthropic(model_id: str, name: str, *, max_tokens: int) -> Model:
     return Model(
         id=model_id, provider="anthropic", api="anthropic-messages", name=name, api_key_env="ANTHROPIC_API_KEY",
         context_window=200_000, max_tokens=max_tokens, input=("text", "image"), reasoning=True,
-        cost=ModelCost(
-            input=input_price, output=output_price, cache_read=input_price / 10, cache_write=input_price * 1.25
-        ),
     )
 
 
 # Reasoning models use the Responses API, the only OpenAI API that can replay their reasoning;
-# the others use Chat Completions, which every OpenAI-compatible server also speaks.
+# the others use Chat Completions, which every OpenAI-compatible server also speaks. Their prices
+# are the `genai-prices` catalogue's (`harness.providers.prices`), not kept here.
 BUILTIN_MODELS: tuple[Model, ...] = (
-    _openai("gpt-5", "openai-responses", context_window=400_000, max_tokens=128_000,
-            price=(1.25, 10.0, 0.125), reasoning=True),
-    _openai("gpt-5-mini", "openai-responses", context_window=400_000, max_tokens=128_000,
-            price=(0.25, 2.0, 0.025), reasoning=True),
-    _openai("gpt-5-nano", "openai-responses", context_window=400_000, max_tokens=128_000,
-            price=(0.05, 0.40, 0.005), reasoning=True),
-    _openai("gpt-5.1", "openai-responses", context_window=400_000, max_tokens=128_000,
-            price=(1.25, 10.0, 0.125), reasoning=True),
-    _openai("gpt-4.1", "openai-chat", context_window=1_047_576, max_tokens=32_768, price=(2.0, 8.0, 0.50)),
-    _openai("gpt-4.1-mini", "openai-chat", context_window=1_047_576, max_tokens=32_768, price=(0.40, 1.60, 0.10)),
-    _openai("gpt-4.1-nano", "openai-chat", context_window=1_047_576, max_tokens=32_768, price=(0.10, 0.40, 0.025)),
-    _openai("gpt-4o", "openai-chat", context_window=128_000, max_tokens=16_384, price=(2.50, 10.0, 1.25)),
-    _openai("gpt-4o-mini", "openai-chat", context_window=128_000, max_tokens=16_384, price=(0.15, 0.60, 0.075)),
-    _openai("o3", "openai-responses", context_window=200_000, max_tokens=100_000,
-            price=(2.0, 8.0, 0.50), reasoning=True),
-    _openai("o4-mini", "openai-responses", context_window=200_000, max_tokens=100_000,
-            price=(1.10, 4.40, 0.275), reasoning=True),
-    _openai("o3-mini", "openai-responses", context_window=200_000, max_tokens=100_000,
-            price=(1.10, 4.40, 0.55), reasoning=True, images=False),
-    _openai("o1", "openai-responses", context_window=200_000, max_tokens=100_000,
-            price=(15.0, 60.0, 7.50), reasoning=True),
-    _anthropic("claude-sonnet-4-5", "Claude Sonnet 4.5", max_tokens=64_000, price=(3.0, 15.0)),
-    _anthropic("claude-opus-4-5", "Claude Opus 4.5", max_tokens=64_000, price=(5.0, 25.0)),
-    _anthropic("claude-haiku-4-5", "Claude Haiku 4.5", max_tokens=64_000, price=(1.0, 5.0)),
-    _anthropic("claude-opus-4-1", "Claude Opus 4.1", max_tokens=32_000, price=(15.0, 75.0)),
-    _anthropic("claude-sonnet-4-0", "Claude Sonnet 4", max_tokens=64_000, price=(3.0, 15.0)),
-    _anthropic("claude-opus-4-0", "Claude Opus 4", max_tokens=32_000, price=(15.0, 75.0)),
+    _openai("gpt-5", "openai-responses", context_window=400_000, max_tokens=128_000, reasoning=True),
+    _openai("gpt-5-mini", "openai-responses", context_window=400_000, max_tokens=128_000, reasoning=True),
+    _openai("gpt-5-nano", "openai-responses", context_window=400_000, max_tokens=128_000, reasoning=True),
+    _openai("gpt-5.1", "openai-responses", context_window=400_000, max_tokens=128_000, reasoning=True),
+    _openai("gpt-4.1", "openai-chat", context_window=1_047_576, max_tokens=32_768),
+    _openai("gpt-4.1-mini", "openai-chat", context_window=1_047_576, max_tokens=32_768),
+    _openai("gpt-4.1-nano", "openai-chat", context_window=1_047_576, max_tokens=32_768),
+    _openai("gpt-4o", "openai-chat", context_window=128_000, max_tokens=16_384),
+    _openai("gpt-4o-mini", "openai-chat", context_window=128_000, max_tokens=16_384),
+    _openai("o3", "openai-responses", context_window=200_000, max_tokens=100_000, reasoning=True),
+    _openai("o4-mini", "openai-responses", context_window=200_000, max_tokens=100_000, reasoning=True),
+    _openai("o3-mini", "openai-responses", context_window=200_000, max_tokens=100_000, reasoning=True,
+            images=False),
+    _openai("o1", "openai-responses", context_window=200_000, max_tokens=100_000, reasoning=True),
+    _anthropic("claude-sonnet-4-5", "Claude Sonnet 4.5", max_tokens=64_000),
+    _anthropic("claude-opus-4-5", "Claude Opus 4.5", max_tokens=64_000),
+    _anthropic("claude-haiku-4-5", "Claude Haiku 4.5", max_tokens=64_000),
+    _anthropic("claude-opus-4-1", "Claude Opus 4.1", max_tokens=32_000),
+    _anthropic("claude-sonnet-4-0", "Claude Sonnet 4", max_tokens=64_000),
+    _anthropic("claude-opus-4-0", "Claude Opus 4", max_tokens=32_000),
     EMBEDDED_MODEL,
 )
 """Every built-in model, in the order `default_identity` prefers them."""
@@ -372,8 +358,9 @@ class ModelRegistry:
         return provider
 
     def resolve(self, identity: ModelIdentity) -> tuple[Model, Provider]:
-        """`(model, provider)` for `identity`, at the execution boundary (HA-23). Raises `ModelUnavailable`."""
-        model = self.model(identity)
+        """`(model, provider)` for `identity`, at the execution boundary (HA-23), the model `priced`.
+        Raises `ModelUnavailable`."""
+        model = priced(self.model(identity))
         return model, self.provider(model)
 
     def api_key(self, model: Model) -> str | None:
@@ -475,6 +462,18 @@ class ModelRegistry:
         builtin = [model.id for model in BUILTIN_MODELS if model.provider == "openai" and model.id in served]
         self._served_default = ModelIdentity(provider="openai", model_id=(builtin or served)[0])
         return self._served_default
+
+
+def priced(model: Model) -> Model:
+    """`model` with a `cost`: its own (`models.toml`'s `cost`, or one given in code), else the
+    `genai-prices` catalogue's for its provider and id (`prices.catalogue_cost`: nothing for a
+    model the catalogue does not know). A model served in this process (the `faux` and `embedded`
+    apis) is not looked up: without a cost of its own it costs nothing (`usage_with_cost`)."""
+    if model.cost is not None or model.api in ("faux", "embedded"):
+        return model
+    from harness.providers.prices import catalogue_cost  # the catalogue takes most of a second to load
+
+    return model.model_copy(update={"cost": catalogue_cost(model.provider, model.id)})
 
 
 class _ServedModel(BaseModel):

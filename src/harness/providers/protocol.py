@@ -53,7 +53,9 @@ class Model(_Frozen):
     """One callable model: who serves it (`provider`), which wire format (`api`), where (`base_url`;
     None leaves it to the SDK and its environment variables) and what it can do.
 
-    `context_window` and `max_tokens` are in tokens; `api_key_env` names the environment variable
+    `cost` is its price (None: the `genai-prices` catalogue's, looked up when the registry
+    resolves it for a request, `ModelRegistry.resolve`; a model used without the registry then
+    costs nothing); `context_window` and `max_tokens` are in tokens; `api_key_env` names the environment variable
     holding its key (None: no key needed); `path` is a local weights file for the embedded api;
     `max_tool_steps` caps the steps with tool calls in one run for a model too weak to be trusted with
     more (None: no cap); `adaptive_thinking` marks a reasoning model that takes an effort level
@@ -75,7 +77,7 @@ class Model(_Frozen):
     max_tokens: int = 16_384
     input: tuple[InputModality, ...] = ("text",)
     reasoning: bool = False
-    cost: ModelCost = ModelCost()
+    cost: ModelCost | None = None
     headers: dict[str, str] = Field(default_factory=dict)
     path: str | None = None
     max_tool_steps: int | None = None
@@ -99,9 +101,9 @@ class Model(_Frozen):
 
 
 def usage_with_cost(model: Model, usage: Usage) -> Usage:
-    """`usage` with its cost in US dollars at `model.cost` (prices per million tokens), and
-    `total_tokens` as the sum of the token kinds when the provider reported none."""
-    prices = model.cost
+    """`usage` with its cost in US dollars at `model.cost` (prices per million tokens; none: 0),
+    and `total_tokens` as the sum of the token kinds when the provider reported none."""
+    prices = model.cost or ModelCost()
     cost = Cost(
         input=usage.input * prices.input / 1e6,
         output=usage.output * prices.output / 1e6,
