@@ -318,8 +318,10 @@ FRAMES = addresses.assistant_frames("", "").namespace
 
 
 def persisted_frames(home: Path) -> int:
+    """The frame pages holding the reply's text so far (a first page may hold only its start)."""
     with sqlite3.connect(home / "harness.db") as db:
-        count: int = db.execute("SELECT count(*) FROM list_items WHERE namespace = ?", (FRAMES,)).fetchone()[0]
+        count: int = db.execute("SELECT count(*) FROM list_items WHERE namespace = ? AND value LIKE '%Partial, %'",
+                                (FRAMES,)).fetchone()[0]
     return count
 
 
@@ -338,6 +340,22 @@ def test_abort_settles_a_run_a_killed_process_left_open(home: Path, server: Repl
     assert last is not None
     assert last.outcome == "aborted"
     assert last.abort_cause == "user"
+
+
+def test_resume_after_a_kill_says_it_resumes_and_prints_only_the_new_reply(home: Path, server: ReplayServer) -> None:
+    """Issue 33, item 8: the fragment a killed run had streamed is discarded by `--resume`, not printed
+    before the new reply as if both were the answer, and stderr says it resumes, not that it retries."""
+    session_id = run_killed_mid_reply(home, server)
+    server.enqueue(chat_text("Whole answer."))
+
+    resumed = harness(home, "run", "--session", session_id, "--resume", env=openai_env(server))
+
+    assert resumed.returncode == 0, resumed.stderr
+    assert resumed.stdout == "Whole answer.\n"
+    assert "retrying" not in resumed.stderr
+    said = resumed.stderr.splitlines()
+    assert said[-2:] == ["the reply cut off when the earlier process stopped is discarded",
+                         "resuming the run: asking the model again"]
 
 
 def test_a_damaged_branch_refuses_a_run_and_a_run_left_open_on_one_is_aborted_from_the_cli(

@@ -38,6 +38,7 @@ from harness.errors import InvalidInput
 from harness.messages import AssistantMessage, ModelIdentity, OutputSchema, ThinkingContent, text_of
 from harness.providers import ModelRegistry
 from harness.runtime import (
+    INTERRUPTED_REPLY,
     CompactionEnd,
     CompactionStart,
     DriveOutcome,
@@ -170,6 +171,11 @@ class TextPrinter:
                 self._stream(message)
             case MessageUpdate(message=message):
                 self._stream(message)
+            case MessageEnd(message=AssistantMessage() as message) if _cut_off(message):
+                # A reply a stopped process was streaming, settled by the resume: not part of the answer.
+                self._end_line()
+                if text_of(message.content):
+                    self.status.print("[dim]the reply cut off when the earlier process stopped is discarded[/]")
             case MessageEnd(message=AssistantMessage() as message):
                 # A failed reply's error is printed once, by the retry or the run's end that follows.
                 self._stream(message)
@@ -184,6 +190,9 @@ class TextPrinter:
                 first = first if len(first) <= 160 else first[:159] + "…"
                 mark = "[red]error[/]" if result.is_error else "[green]ok[/]"
                 self.status.print(f"[magenta]← {escape(result.tool_name)}[/] {mark} [dim]{escape(first)}[/]")
+            case RetryScheduled(error_message=problem) if problem == INTERRUPTED_REPLY:
+                self._end_line()
+                self.status.print("[dim]resuming the run: asking the model again[/]")
             case RetryScheduled(attempt=attempt, max_attempts=most, error_message=problem):
                 self._end_line()
                 self.status.print(f"[yellow]retrying (attempt {attempt} of {most}): {escape(problem)}[/]")
@@ -348,6 +357,11 @@ async def run_turn(store: Store, turn: RunTurn, registry: ModelRegistry, context
     if isinstance(outcome, Settled):
         return {"completed": EXIT_COMPLETED, "aborted": EXIT_ABORTED}.get(outcome.result.outcome, EXIT_FAILED)
     return EXIT_FAILED
+
+
+def _cut_off(message: AssistantMessage) -> bool:
+    """Whether `message` is the reply a stopped process was streaming, as a resume settles it."""
+    return message.stop_reason == "error" and message.error_message == INTERRUPTED_REPLY
 
 
 def _settled(outcome: DriveOutcome | None, *outcomes: str) -> bool:
