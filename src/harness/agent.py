@@ -26,6 +26,7 @@ from pydantic import JsonValue, PydanticUserError, TypeAdapter, ValidationError
 from harness.context import Context
 from harness.conversation import (
     JOURNAL_DATA_MIGRATIONS,
+    Budget,
     Conversation,
     ConversationEvent,
     ConversationService,
@@ -38,6 +39,7 @@ from harness.providers import ModelRegistry
 from harness.runtime import (
     AgentTool,
     DriveOutcome,
+    DriveSettings,
     HarnessEvent,
     RunHooks,
     Settled,
@@ -83,13 +85,15 @@ class AgentResult:
     """How one run ended: `output` is the text of its final reply ("" when it has none, e.g. an
     abort before any reply), or, with an output type, the answer validated into it (None for an
     abort), `usage` the tokens and cost of every provider reply recorded while
-    it ran (delegated sub-agents' too), `outcome` `completed` or `aborted` (`Agent.stop`)."""
+    it ran (delegated sub-agents' too), `outcome` `completed`, `aborted` (`Agent.stop`) or
+    `budget_exceeded` (a spending cap stopped it before its next step: raise the cap, `budget=` or
+    `Agent.set_budget`, and the conversation's next run goes on)."""
 
     output: Any
     conversation_id: str
     operation_id: str
     usage: Usage
-    outcome: Literal["completed", "aborted"]
+    outcome: Literal["completed", "aborted", "budget_exceeded"]
 
 
 class Agent:
@@ -111,7 +115,13 @@ class Agent:
     final answer an instance of it: the model is asked for JSON of its schema (natively where the
     provider offers it, else through a `final_result` tool), an answer that does not fit is sent
     back with what is wrong up to `output_retries` times, then `OutputInvalid` is raised; the
-    answer that fits is a `structured_output` entry of the conversation.
+    answer that fits is a `structured_output` entry of the conversation. `budget` caps what each
+    run and each conversation of this agent spends (tokens, US dollars at the models' prices),
+    checked before each step: a run that reached a cap stops with its `BudgetReached` row and
+    outcome `budget_exceeded`; `set_budget` keeps caps in a conversation itself, for every process.
+    `fallback` are models (as `model`) that take a step over, in order, when the model still fails
+    with a retryable error (a 503, a timeout) after its retries: the conversation switches to the
+    next one with a model-switch row saying why.
 
     Raises `InvalidInput` for a model that is not `provider/id`, `ModelUnavailable` or
     `MissingApiKey` for one that cannot be called, and `ToolSignatureInvalid` for a function
@@ -122,17 +132,22 @@ class Agent:
     def __init__(self, model: str | ModelIdentity | None = None, *, tools: Sequence[ToolLike] = (),
                  instructions: str | None = None, store: Store | str | None = None,
                  models: ModelRegistry | None = None, user: str | None = None,
-                 ask: AskApproval | None = None, output_type: Any = None, output_retries: int = 2) -> None:
+                 ask: AskApproval | None = None, output_type: Any = None, output_retries: int = 2,
+                 budget: Budget | None = None, fallback: Sequence[str | ModelIdentity] = ()) -> None:
         self.models = models if models is not None else ModelRegistry.load()
         self.model = (ModelIdentity.parse(model) if isinstance(model, str)
                       else model if model is not None else self.models.default_identity())
         self.models.usable(self.model)
+        self.fallback = tuple(ModelIdentity.parse(each) if isinstance(each, str) else each for each in fallback)
+        for each in self.fallback:
+            self.models.usable(each)
         made = [_agent_tool(each) for each in tools]
         self.tools = [agent_tool for agent_tool, _ in made]
         gated = [agent_tool.name for agent_tool, approval in made if approval]
         policy = ApprovalPolicy(ask, gated=gated) if gated else None
         hooks = RunHooks(before_tool=policy, before_tool_applies=policy.decides) if policy is not None else RunHooks()
-        self.setup = ConversationSetup(models=self.models, tools=self.tools, system_prompt=instructions, hooks=hooks)
+        self.setup = ConversationSetup(models=self.models, tools=self.tools, system_prompt=instructions, hooks=hooks,
+                                       budget=budget or Budget(), drive=DriveSettings(fallback=self.fallback))
         self.user = user if user is not None else local_user()
         self.output_retries = output_retries
         self.output = _Output.of(output_type, output_retries)
@@ -197,6 +212,15 @@ class Agent:
         context = context or Context()
         service = await self._service(context)
         await service.stop(self.user, conversation, context)
+
+    async def set_budget(self, conversation: str, budget: Budget, context: Context | None = None) -> None:
+        """Keep `budget` in the conversation itself: every process that drives it honours these
+        caps (with its own, the tighter holding), from the running run's next step on. Raising a cap
+        that stopped a run lets the conversation's next run go on. Raises `SessionOwned` while
+        another process holds the conversation."""
+        context = context or Context()
+        service = await self._service(context)
+        await service.set_budget(self.user, conversation, budget, context)
 
     # -- lifetime ---------------------------------------------------------------------------------
 
@@ -291,19 +315,19 @@ class Agent:
             raise failed(f"run {outcome.operation_id} of conversation {conversation.id} failed [{code}]: "
                          f"{message}", conversation_id=conversation.id, operation_id=outcome.operation_id,
                          error_code=code)
+        if result.outcome == "aborted" and result.abort_cause == "budget":
+            return AgentResult(output=await _final_text(conversation, result.final_assistant_entry_id, context),
+                               conversation_id=conversation.id, operation_id=outcome.operation_id, usage=usage,
+                               outcome="budget_exceeded")
         if output_type is not None:
             recorded = await recorded_output(conversation.journal, result, context)
             value = None if recorded is None else output_type.validate(recorded.output, conversation.id,
                                                                          outcome.operation_id)
             return AgentResult(output=value, conversation_id=conversation.id, operation_id=outcome.operation_id,
                                usage=usage, outcome=result.outcome)
-        output = ""
-        if result.final_assistant_entry_id is not None:
-            entry = await conversation.journal.entry(result.final_assistant_entry_id, context)
-            if entry is not None and isinstance(entry.payload, MessagePayload):
-                output = text_of(entry.payload.message.content)
-        return AgentResult(output=output, conversation_id=conversation.id, operation_id=outcome.operation_id,
-                           usage=usage, outcome=result.outcome)
+        return AgentResult(output=await _final_text(conversation, result.final_assistant_entry_id, context),
+                           conversation_id=conversation.id, operation_id=outcome.operation_id, usage=usage,
+                           outcome=result.outcome)
 
     async def _queue(self, conversation: str, kind: Literal["steer", "follow_up"], text: str,
                      context: Context) -> None:
@@ -425,6 +449,16 @@ class _Tally:
     def __call__(self, event: HarnessEvent, context: Context) -> None:
         if isinstance(event, UsageRecorded):
             self.recorded.append(event.usage)
+
+
+async def _final_text(conversation: Conversation, entry_id: str | None, context: Context) -> str:
+    """The text of a run's final reply; "" when it has none."""
+    if entry_id is None:
+        return ""
+    entry = await conversation.journal.entry(entry_id, context)
+    if entry is None or not isinstance(entry.payload, MessagePayload):
+        return ""
+    return text_of(entry.payload.message.content)
 
 
 def _total(usages: Sequence[Usage]) -> Usage:

@@ -13,6 +13,7 @@ from harness.cli.terminal_text import escape
 from harness.conversation import (
     AgentFinish,
     AlwaysAllowed,
+    BudgetReached,
     ChatErrorNotice,
     ChatEventDetails,
     CommandOutcome,
@@ -53,6 +54,7 @@ _STOPPED: dict[AbortCause, str] = {
     "parent": "stopped by the agent that delegated it",
     "deleted": "stopped: the conversation was deleted",
     "probe": "stopped by an internal probe",
+    "budget": "stopped: the turn reached its budget",
 }
 
 _GOAL_ACTED = {"paused": "paused", "active": "resumed", "dropped": "dropped"}
@@ -71,7 +73,8 @@ def chat_row(details: ChatEventDetails) -> str:
             return f"[red]✗ {escape(_error_text(details.text, details.notice))}[/]"
         case ModelSwitched():
             before = f"{details.previous.spec} -> " if details.previous is not None else ""
-            return f"[dim]model: {escape(before + details.model.spec + _tools_followed(details.tools))}[/]"
+            why = f" (fallback: {details.reason or 'it kept failing'})" if details.by == "fallback" else ""
+            return f"[dim]model: {escape(before + details.model.spec + _tools_followed(details.tools) + why)}[/]"
         case Renamed():
             return f"[dim]renamed: {escape(details.name)}[/]" if details.name else "[dim]name cleared[/]"
         case DirectoryMoved(project=str(project)):
@@ -105,6 +108,9 @@ def chat_row(details: ChatEventDetails) -> str:
             return f"[dim]compacted ({details.reason}{before})[/]"
         case GoalStatus():
             return f"[dim]goal {escape(details.title)}: {details.status}[/]"
+        case BudgetReached():
+            return f"[yellow]■ stopped: the {details.scope} reached its budget of {details.amount(details.limit)} " \
+                   f"({details.amount(details.spent)} used)[/]"
         case AlwaysAllowed():
             return f"[dim]{escape(details.rule)} runs without asking for the rest of this conversation[/]"
 

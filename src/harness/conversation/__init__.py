@@ -27,10 +27,12 @@ from harness.conversation.blocks import (
     normalize_tool_blocks,
     select_message_blocks,
 )
+from harness.conversation.budgets import BUDGET, Budget
 from harness.conversation.chat_events import (
     CHAT_EVENT_TYPE,
     RETIRED_NOTICE_CODES,
     AlwaysAllowed,
+    BudgetReached,
     ChatErrorNotice,
     ChatEventDetails,
     ChatEventView,
@@ -211,6 +213,7 @@ from harness.conversation.turn_rows import clean_public_text, public_error, repl
 __all__ = [
     "AGENTS_FILE",
     "ALWAYS_ALLOWED",
+    "BUDGET",
     "BUILD_TOOLS",
     "BUILT_IN_COMMANDS",
     "CHAT_EVENT_TYPE",
@@ -265,6 +268,8 @@ __all__ = [
     "AssistantRow",
     "BlockImage",
     "BlocksRow",
+    "Budget",
+    "BudgetReached",
     "BuiltInCommand",
     "ChatErrorNotice",
     "ChatEventDetails",

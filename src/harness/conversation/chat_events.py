@@ -193,13 +193,33 @@ class ErrorDetails(_Fact):
 
 class ModelSwitched(_Fact):
     """A model switch; `tools` the tools it gave the conversation, when they follow the model and
-    changed (empty: none any more)."""
+    changed (empty: none any more). `by` `fallback`: the previous model kept failing with a
+    retryable error (`reason`, its last) and this one, next among the fallback models, took the
+    step over (issue 32)."""
 
     kind: Literal["model"] = "model"
     v: Literal[1] = 1
     previous: ModelIdentity | None
     model: ModelIdentity
     tools: list[CleanStr] | None = None
+    by: Literal["person", "fallback"] = "person"
+    reason: CleanStr | None = None
+
+
+class BudgetReached(_Fact):
+    """A run stopped at a step boundary because a spending cap was reached (issue 32): the `scope`
+    the cap is for, its `limit` and what was `spent` there, in `unit` (tokens, or US dollars)."""
+
+    kind: Literal["budget"] = "budget"
+    v: Literal[1] = 1
+    scope: Literal["run", "conversation"]
+    unit: Literal["tokens", "usd"]
+    limit: float
+    spent: float
+
+    def amount(self, value: float) -> str:
+        """`value` in this row's unit, for people and the model."""
+        return f"{value:,.0f} tokens" if self.unit == "tokens" else f"${value:,.4f}"
 
 
 class Renamed(_Fact):
@@ -285,7 +305,7 @@ class AlwaysAllowed(_Fact):
 
 ChatEventDetails: TypeAlias = Annotated[
     Interrupted | ErrorDetails | ModelSwitched | Renamed | DirectoryMoved | ModeSelected | ReasoningChanged
-    | CommandRan | ShellRan | Compacted | GoalStatus | AlwaysAllowed,
+    | CommandRan | ShellRan | Compacted | GoalStatus | AlwaysAllowed | BudgetReached,
     Field(discriminator="kind"),
 ]
 
@@ -343,6 +363,7 @@ _CAUSES = {
     "parent": "[The request was stopped by the agent that delegated it.]",
     "deleted": "[The request was stopped because the conversation was deleted.]",
     "probe": "[The request was stopped by an internal probe.]",
+    "budget": "[The request was stopped: it reached its budget.]",
 }
 
 
@@ -353,6 +374,9 @@ def render_chat_event_for_model(details: ChatEventDetails) -> str:
             return _CAUSES[details.cause]
         case ErrorDetails():
             return f"[The request failed: {details.text}]"
+        case ModelSwitched(by="fallback", previous=ModelIdentity() as previous):
+            return f"[{previous.spec} kept failing ({details.reason or 'a retryable error'}); " \
+                   f"{details.model.spec} took the request over.]"
         case ModelSwitched():
             return f"[The person switched the model to {details.model.spec}.{_tools_text(details.tools)}]"
         case Renamed():
@@ -383,6 +407,9 @@ def render_chat_event_for_model(details: ChatEventDetails) -> str:
             return "[Conversation compacted.]"
         case GoalStatus():
             return f"[Goal {details.title!r} is now {details.status}.]"
+        case BudgetReached():
+            return f"[The request was stopped: the {details.scope}'s budget of {details.amount(details.limit)} " \
+                   f"is spent ({details.amount(details.spent)} used).]"
         case AlwaysAllowed():
             return f"[The person allowed `{details.rule}` calls to run without asking for the rest of this " \
                    "conversation.]"

@@ -27,6 +27,7 @@ from harness.conversation.blocks import (
     normalize_tool_blocks,
     referenced_images,
 )
+from harness.conversation.budgets import BUDGET, Budget, fallback_rows, over_budget
 from harness.conversation.chat_events import (
     ChatEventDetails,
     ChatEventView,
@@ -330,6 +331,10 @@ class ConversationSetup:
     """Hands an approval answer another process posted for a conversation held here (by its id)
     to the door whose `before_tool` hook waits for it (the server's approvals, issue 28); it must
     not block. None: such answers are dropped with a log line, as nothing here waits for one."""
+    budget: Budget = field(default_factory=Budget)
+    """The spending caps of every run here, besides each conversation's own (`set_budget`), the
+    tighter of the two holding (`harness.conversation.budgets`, issue 32). A door's fallback
+    models are `drive.fallback`."""
     shell_environment: Callable[[], Mapping[str, str]] | None = None
     """The environment the person's own shell commands (`run_local_shell`: `!cmd`, a server's
     `POST .../shell`) run in, as the agent's `shell` tool does: the doors give their workspace's
@@ -1049,6 +1054,19 @@ class ConversationService:
         await self._post_append(session, user, chat_event_message(details), context)
         return True
 
+    async def budget(self, user: str, conversation_id: str, context: Context) -> Budget:
+        """The conversation's own spending caps (`set_budget`; none set: no cap)."""
+        session = await self._owned(user, conversation_id, context)
+        return await session.get(BUDGET, context) or Budget()
+
+    async def set_budget(self, user: str, conversation_id: str, budget: Budget, context: Context) -> None:
+        """Keep `budget` as the conversation's own spending caps, durably: every process that drives
+        it checks them (with its door's, the tighter holding) at each step boundary, the running run
+        included; a run they stopped is not resumed, the next one goes on when they allow it
+        (issue 32). Raises `SessionOwned` while another process holds the conversation."""
+        async with self._settings_of(user, conversation_id, context) as settings:
+            await settings.harness.set_value(BUDGET, budget, context)
+
     async def rename(self, user: str, conversation_id: str, name: str | None, context: Context) -> bool:
         """Name the conversation (None clears it) and record the rename row, live or closed, unless
         nobody has spoken in it yet; the next restore reads both from the journal (CE-10, CE-13,
@@ -1590,7 +1608,7 @@ class ConversationService:
             system_prompt=project.system_prompt(system_prompt) if project is not None else system_prompt,
             drive=setup.drive, listeners=setup.listeners, event_log_limit=setup.event_log_limit,
             hooks=conversation_hooks(setup.hooks, session, self.store.images,
-                                     project_boundary(session, target, select)))
+                                     project_boundary(session, target, select), budget=setup.budget))
         harness, open_operations = await AgentHarness.create(options, context)
         if delegation is not None:
             try:
@@ -1651,13 +1669,14 @@ async def _name(session: Session, context: Context) -> str | None:
 
 
 def conversation_hooks(hooks: RunHooks, session: SessionReader, images: ImageStore,
-                       boundary: BetweenSteps | None = None) -> RunHooks:
+                       boundary: BetweenSteps | None = None, *, budget: Budget | None = None) -> RunHooks:
     """`hooks` (the door's) with the conversation's own, for a harness on `session`: interrupted
     replies replayed before the door's transform (CE-8); tool results' blocks normalized into
     `images` after the door's `after_tool` (CE-22); the `boundary` between steps (the model's
     project switch, CE-19) before the door's; the reply's blocks appended at run end before the
-    door's `before_run_end` (CE-23); and the turn-end rows placed in the terminal commit (CE-7,
-    CE-9)."""
+    door's `before_run_end` (CE-23); the turn-end rows placed in the terminal commit (CE-7,
+    CE-9); the spending caps, `budget` (the door's) and the conversation's own, checked before
+    each step; and a fallback model's row (issue 32)."""
     door_transform, door_after_tool, door_run_end = hooks.transform_context, hooks.after_tool, hooks.before_run_end
     door_between = hooks.between_steps
     blocks_at_run_end = message_blocks_at_run_end(session)
@@ -1681,4 +1700,5 @@ def conversation_hooks(hooks: RunHooks, session: SessionReader, images: ImageSto
             await door_run_end(lane, context)
 
     return replace(hooks, transform_context=transform, after_tool=after_tool, before_run_end=before_run_end,
-                   between_steps=between_steps, discard_turn=discards_turn, settlement_messages=turn_end_rows)
+                   between_steps=between_steps, discard_turn=discards_turn, settlement_messages=turn_end_rows,
+                   over_budget=over_budget(session, budget or Budget()), fallback_messages=fallback_rows)

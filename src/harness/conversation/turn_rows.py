@@ -31,7 +31,8 @@ from harness.session import OperationErrorRecord
 PUBLIC_TEXT_CHARS = 600
 """How much of a provider's error text a person is shown; the rest stays in the log."""
 
-_SILENT_CAUSES = frozenset({"deleted", "probe"})
+_SILENT_CAUSES = frozenset({"deleted", "probe", "budget"})
+"""Causes that leave no `interrupted` row: a budget stop's row is its `BudgetReached` (`budgets`)."""
 
 
 def discards_turn(ending: OperationEnding) -> bool:
@@ -46,7 +47,7 @@ def discards_turn(ending: OperationEnding) -> bool:
 
 def turn_end_rows(ending: OperationEnding) -> list[Message]:
     """The chat-event rows a settling run leaves: `interrupted` for an abort (none for the
-    `deleted` and `probe` causes, nor for a discarded turn), `error` for a failure; nothing for
+    `deleted`, `probe` and `budget` causes, nor for a discarded turn), `error` for a failure; nothing for
     anything else (CE-7, CE-9)."""
     if ending.kind != "run" or ending.discarded:
         return []

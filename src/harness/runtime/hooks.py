@@ -1,5 +1,6 @@
 """The hooks a harness calls while it drives a run: around each tool call, on each request's
-messages, between steps and before a run ends."""
+messages, between steps, before each step (a budget), when a fallback model takes a step, and
+before a run ends."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from typing import Literal
 from pydantic import JsonValue
 
 from harness.context import Context
-from harness.messages import Message
+from harness.messages import Message, ModelIdentity
 from harness.runtime.agent_tool import ToolOutput
 from harness.runtime.lane import Lane
 from harness.session import AbortCause, EntryPayload, OperationErrorRecord, OperationKind
@@ -49,6 +50,30 @@ TransformContext = Callable[[list[Message], Context], Awaitable[list[Message]]]
 BetweenSteps = Callable[[Lane, Context], Awaitable[Sequence[Message]]]
 """Awaited after a tool batch settles and before the next request: it may append entries (they are
 placed at this boundary) and return messages that are placed and sent in that very request."""
+
+OverBudget = Callable[[Lane, Context], Awaitable[bool]]
+"""Awaited at each step boundary of a run, before its next provider request (the first one
+included): True stops the run there, and it settles aborted with cause `budget` (issue 32).
+Entries it appends meanwhile (a row saying which cap was reached) are placed at the settlement."""
+
+
+@dataclass(frozen=True)
+class ModelFallback:
+    """A step's model gave up after its retries and the next fallback model takes the step over
+    (`DriveSettings.fallback`): `error` is the last failure's message."""
+
+    lane: str
+    operation_id: str
+    previous: ModelIdentity
+    model: ModelIdentity
+    error: str
+
+
+FallbackMessages = Callable[[ModelFallback], Sequence[Message]]
+"""Called inside the commit that switches the lane to the fallback model (with the failed reply),
+on the session line, without awaiting: the messages it returns are placed on the branch in that
+commit, so the step's new request reads them (the conversation layer's model-switch row). It must
+be quick and must not raise."""
 
 BeforeRunEnd = Callable[[Lane, Context], Awaitable[None]]
 """Awaited when a run would finish, before it settles: entries it appends are placed first."""
@@ -104,6 +129,8 @@ class RunHooks:
     after_tool: AfterTool | None = None
     transform_context: TransformContext | None = None
     between_steps: BetweenSteps | None = None
+    over_budget: OverBudget | None = None
+    fallback_messages: FallbackMessages | None = None
     before_run_end: BeforeRunEnd | None = None
     discard_turn: DiscardTurn | None = None
     settlement_messages: SettlementMessages | None = None

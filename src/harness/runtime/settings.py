@@ -8,7 +8,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from typing import Literal, TypeAlias
 
-from harness.messages import now_ms
+from harness.messages import ModelIdentity, now_ms
 
 SystemPrompt: TypeAlias = str | Callable[[str], str | None] | None
 """A harness's system prompt: one text for every lane, or a function of the lane's name asked at
@@ -60,7 +60,11 @@ class DriveSettings:
     `step_ceiling`); `abort_grace_s` is how long an abort waits for a tool that ignores
     cancellation; `frame_interval_s` bounds how often a streaming reply is persisted and
     `presentation_interval_s` how often it is published live (`message_update`). `clock`
-    (Unix ms) and `sleep` (seconds) are injectable for tests."""
+    (Unix ms) and `sleep` (seconds) are injectable for tests. `fallback` are the models that take
+    a step over, in order, when its model still fails with a retryable error after its retries
+    (issue 32): the lane switches to the next one (after the failing model when it is among
+    them, else the first), the switch committed with the failed reply and announced by
+    `RunHooks.fallback_messages`, and the step starts again on it with its retries anew."""
 
     retry: RetryPolicy = RetryPolicy()
     compaction: CompactionSettings = CompactionSettings()
@@ -69,5 +73,6 @@ class DriveSettings:
     frame_interval_s: float = 0.1
     presentation_interval_s: float = 0.05
     tool_execution: Literal["parallel", "sequential"] = "parallel"
+    fallback: tuple[ModelIdentity, ...] = ()
     clock: Callable[[], int] = now_ms
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep

@@ -21,7 +21,7 @@ class LaneConfig(Record):
 
 
 InboxKind: TypeAlias = Literal["steer", "follow_up", "next_run", "write"]
-AbortCause: TypeAlias = Literal["user", "user_during_tool", "step_ceiling", "parent", "deleted", "probe"]
+AbortCause: TypeAlias = Literal["user", "user_during_tool", "step_ceiling", "parent", "deleted", "probe", "budget"]
 
 
 class InboxItem(Record):

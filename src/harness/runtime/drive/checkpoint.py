@@ -1,5 +1,5 @@
 """The checkpoint between steps: the between-step hook, placing queued input, the step ceiling,
-a threshold compaction, and then the next step, or the end of the run."""
+the budget, a threshold compaction, and then the next step, or the end of the run."""
 
 from __future__ import annotations
 
@@ -97,6 +97,9 @@ async def _next_step(op: DrivenOperation, state: RunCheckpoint, ready: Assistant
     if state.steps >= op.settings.step_ceiling:
         await op.lane.request_abort("step_ceiling", op.context)
         return None
+    if op.hooks.over_budget is not None and await op.hooks.over_budget(op.lane, op.context):
+        await op.lane.request_abort("budget", op.context)
+        return None
     overflow_used = isinstance(state.continuation, NeedAssistant) and state.continuation.overflow_recovery_used
     # The model is asked next, whatever this checkpoint placed (a follow-up included): a compaction
     # first, completed or failed, resumes to ask it, never to finish the run.
@@ -114,7 +117,8 @@ async def _next_step(op: DrivenOperation, state: RunCheckpoint, ready: Assistant
 def direct_intent(op: DrivenOperation, then: RunCheckpoint, placed: Sequence[Message]) -> Transition | None:
     """The next step's intent (its `state` an `AssistantEffectPending`, with its events), for the
     commit that places `placed`, the results completing a tool batch, when checkpoint `then`
-    would do nothing but ask the model again: no `between_steps` or `transform_context` hook, no
+    would do nothing but ask the model again: no `between_steps`, `transform_context` or
+    `over_budget` hook, no
     abort or pause requested, no write or steer item queued, the step ceiling not reached, the
     context under the compaction threshold and the model resolvable. None otherwise: the batch
     commits `then` and the checkpoint runs.
@@ -124,8 +128,8 @@ def direct_intent(op: DrivenOperation, then: RunCheckpoint, placed: Sequence[Mes
     intent with the results on the branch, as the two commits did (bench/README.md)."""
     hooks, branch = op.hooks, op.cached_branch()  # a job on the line cannot read the branch itself
     if (not isinstance(then.continuation, NeedAssistant) or hooks.between_steps is not None
-            or hooks.transform_context is not None or op.aborting or op.pause_signal.is_set()
-            or then.steps >= op.settings.step_ceiling
+            or hooks.transform_context is not None or hooks.over_budget is not None or op.aborting
+            or op.pause_signal.is_set() or then.steps >= op.settings.step_ceiling
             or any(item.kind in ("write", "steer") for item in op.projection.state.inbox) or branch is None):
         return None
     ready = _ready(op, then, then.trigger_entry_id)

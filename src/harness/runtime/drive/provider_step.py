@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from pydantic import JsonValue
 
 from harness.errors import ModelUnavailable, ToolsUnavailable
-from harness.messages import AssistantMessage, TextContent, ThinkingContent, ToolCall
+from harness.messages import AssistantMessage, ModelIdentity, TextContent, ThinkingContent, ToolCall
 from harness.providers import (
     AssistantStreamAccumulator,
     DoneEvent,
@@ -24,13 +24,14 @@ from harness.providers import (
     structured_stream,
 )
 from harness.runtime.agent_tool import offered_tools
-from harness.runtime.commit import Decision, Transition
+from harness.runtime.commit import Decision, Placement, Transition, payload_of
 from harness.runtime.drive.operation import DrivenOperation
 from harness.runtime.drive.settlement import DOES_NOT_FIT, failure, settle_with_reply
 from harness.runtime.drive.tool_batch import with_tool_intents
 from harness.runtime.event_log import Announcement, EntryEvent, TurnEndOf
 from harness.runtime.events import (
     CompactionStart,
+    ConfigUpdate,
     DeferredHandle,
     HarnessEvent,
     MessageEnd,
@@ -45,6 +46,7 @@ from harness.runtime.events import (
     UsageRecorded,
 )
 from harness.runtime.fault_points import FaultPoint, reached
+from harness.runtime.hooks import ModelFallback
 from harness.runtime.outcomes import INTERRUPTED_REPLY, DriveOutcome, WaitingRetry
 from harness.runtime.settings import lane_system_prompt
 from harness.runtime.snapshot import LanePresentation, frames_message
@@ -260,12 +262,15 @@ def settle_reply(op: DrivenOperation, intent: EffectPending, message: AssistantM
     retrying = (not aborting and error is not None and error.kind == "retryable"
                 and isinstance(intent, AssistantEffectPending) and intent.attempt < generation.max_attempts)
     empty_abort = message.stop_reason == "aborted" and _says_nothing(message)
-    # A failed attempt that is retried or compacted away stays a side entry, out of context.
-    side = retrying or (not aborting and _recovers_overflow(op, intent, error))
+    fallback = None if aborting or retrying else _fallback(op, intent, error)
+    # A failed attempt that is retried, taken over by a fallback model or compacted away stays a
+    # side entry, out of context.
+    side = retrying or fallback is not None or (not aborting and _recovers_overflow(op, intent, error))
     on_branch = not side and not empty_abort
     entry_id, parent = intent.response_entry_id, projection.tip_id
     payload = MessagePayload(message=message)
-    next_state = _after_reply(op, intent, message, error, aborting, retrying)
+    next_state = _after_reply(op, intent, message, error, aborting, retrying, fallback)
+    switch = _FallbackSwitch(op, intent, fallback, error) if fallback is not None else None
 
     def stage(m: SessionMutator) -> None:
         if not empty_abort:
@@ -275,6 +280,8 @@ def settle_reply(op: DrivenOperation, intent: EffectPending, message: AssistantM
             m.set(addresses.branch_tip(lane), entry_id)
         if framed:
             m.delete_list(addresses.assistant_frames(op.operation_id, entry_id))
+        if switch is not None:
+            switch.stage(m)
 
     # The reply's entry is write 0 of the commit (`commit_transition` stages it first).
     end: Announcement = (MessageEnd(lane=lane, message=message) if empty_abort
@@ -293,6 +300,9 @@ def settle_reply(op: DrivenOperation, intent: EffectPending, message: AssistantM
         elif isinstance(intent, AssistantEffectPending) and intent.attempt > 1:
             out.append(RetryEnd(lane=lane, operation_id=op.operation_id, attempt=intent.attempt,
                                 success=error is None, final_error=error.message if error else None))
+        if switch is not None:
+            out += switch.events()
+            return out  # the step goes on, on the fallback model
         if isinstance(next_state, SummaryPending):
             out.append(CompactionStart(lane=lane, operation_id=op.operation_id, reason="overflow"))
         if isinstance(next_state, DeferredSuspended):
@@ -310,12 +320,15 @@ def settle_reply(op: DrivenOperation, intent: EffectPending, message: AssistantM
         if on_branch:
             projection.move_tip(entry_id, [Entry(id=entry_id, parent_id=parent, seq=result.seqs[0],
                                                  timestamp=result.timestamp, payload=payload)])
+        if switch is not None:
+            switch.publish(result)
 
     return with_tool_intents(op, Transition(next_state, stage, events, publish), message)
 
 
 def _after_reply(op: DrivenOperation, intent: EffectPending, message: AssistantMessage,
-                 error: ProviderErrorInfo | None, aborting: bool, retrying: bool) -> OperationState:
+                 error: ProviderErrorInfo | None, aborting: bool, retrying: bool,
+                 fallback: ModelIdentity | None) -> OperationState:
     """Classify the reply into the next phase (first match wins)."""
     generation = intent.generation
 
@@ -334,6 +347,9 @@ def _after_reply(op: DrivenOperation, intent: EffectPending, message: AssistantM
         delay = op.settings.retry.delay_ms(intent.attempt, error.retry_after_ms)
         return AssistantRetryWait(generation=generation, next_attempt=intent.attempt + 1,
                                   not_before=op.settings.clock() + delay, error_message=error.message)
+    if fallback is not None:
+        config = generation.config.model_copy(update={"model": fallback})
+        return AssistantReady(generation=generation.model_copy(update={"config": config}))
     if _recovers_overflow(op, intent, error):
         assert isinstance(intent, AssistantEffectPending)
         resume = RunCheckpoint(continuation=NeedAssistant(overflow_recovery_used=True),
@@ -361,6 +377,50 @@ def _after_reply(op: DrivenOperation, intent: EffectPending, message: AssistantM
                           calls=[ToolCallState(source_index=i, result_entry_id=new_id()) for i in calls])
         return RunTools(batch=batch)
     return finish()
+
+
+def _fallback(op: DrivenOperation, intent: EffectPending, error: ProviderErrorInfo | None) -> ModelIdentity | None:
+    """The model that takes the step over when its model's retries ran out on a retryable error
+    (`DriveSettings.fallback`): the one after it there, or the first when it is not among them;
+    None when there is none, or the step may still be retried."""
+    if (error is None or error.kind != "retryable" or not isinstance(intent, AssistantEffectPending)
+            or intent.attempt < intent.generation.max_attempts):
+        return None
+    chain, current = op.settings.fallback, intent.generation.config.model
+    rest = chain[chain.index(current) + 1:] if current in chain else chain
+    return next((model for model in rest if model != current), None)
+
+
+class _FallbackSwitch:
+    """What the settlement of a reply taken over by a fallback model commits besides it: the lane's
+    model switched, and the rows `RunHooks.fallback_messages` gives placed on the branch, which the
+    step's next request reads."""
+
+    def __init__(self, op: DrivenOperation, intent: AssistantEffectPending | DeferredEffectPending,
+                 model: ModelIdentity, error: ProviderErrorInfo | None) -> None:
+        self.op, self.lane = op, op.lane.name
+        self.previous = op.projection.config
+        self.config = self.previous.model_copy(update={"model": model})
+        hook = op.hooks.fallback_messages
+        announced = ModelFallback(lane=self.lane, operation_id=op.operation_id, previous=intent.generation.config.model,
+                                  model=model, error=error.message if error is not None else "")
+        self.rows = tuple(hook(announced)) if hook is not None else ()
+        self.placement = Placement(op.projection.tip_id)
+
+    def stage(self, m: SessionMutator) -> None:
+        m.set(addresses.lane_config(self.lane), self.config)
+        for row in self.rows:
+            self.placement.stage(m, new_id(), payload_of(row))
+        if self.rows:
+            m.set(addresses.branch_tip(self.lane), self.placement.tip)
+
+    def events(self) -> list[Announcement]:
+        update = ConfigUpdate(lane=self.lane, field="model", previous=self.previous.model, value=self.config.model)
+        return [update, *self.placement.events(self.lane)]
+
+    def publish(self, result: CommitResult) -> None:
+        self.op.projection.config = self.config
+        self.placement.publish(self.op.projection, result)
 
 
 def _recovers_overflow(op: DrivenOperation, intent: EffectPending, error: ProviderErrorInfo | None) -> bool:
