@@ -4,9 +4,12 @@ are in test_tool_jobs."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import resource
 import signal
+import subprocess
+import sys
 import time
 import tracemalloc
 from collections.abc import Awaitable, Callable
@@ -755,3 +758,43 @@ async def test_a_declined_call_does_not_run_and_the_model_reads_why(store: Store
     assert len(results) == 1
     assert results[0].is_error
     assert "declined" in "".join(b.text for b in results[0].content if isinstance(b, TextContent))
+
+
+def _live_members(group_id: int) -> list[int]:
+    """The processes of group `group_id` that have not exited (zombies count as exited)."""
+    live = []
+    for stat_file in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat_file.read_text().rsplit(")", 1)[1].split()
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        if int(fields[2]) == group_id and fields[0] != "Z":
+            live.append(int(stat_file.parent.name))
+    return live
+
+
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads process groups from /proc")
+def test_a_command_is_guarded_even_when_its_starter_dies_before_another_step(tmp_path: Path) -> None:
+    """The command's own shell tells the guard its group before it runs anything
+    (`GroupGuard.command_argv`), so a process SIGKILLed the moment the command is spawned, before
+    it could tell the guard itself, leaves nothing of the command running."""
+    starter = (
+        "import asyncio, os, signal, subprocess\n"
+        "from harness.tools.shell import GroupGuard\n"
+        "async def main():\n"
+        "    guard = await GroupGuard.start()\n"
+        "    argv, pipe = guard.command_argv('sleep 300 & wait')\n"
+        "    command = subprocess.Popen(argv, stdin=pipe, start_new_session=True)\n"
+        "    print(command.pid, flush=True)\n"
+        "    os.kill(os.getpid(), signal.SIGKILL)\n"
+        "asyncio.run(main())\n")
+    started = subprocess.run([sys.executable, "-c", starter], capture_output=True, text=True, timeout=60)
+    group_id = int(started.stdout)
+    deadline = time.monotonic() + 30
+    try:
+        while members := _live_members(group_id):
+            assert time.monotonic() < deadline, f"the command's processes {members} outlived their starter"
+            time.sleep(0.05)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(group_id, signal.SIGKILL)

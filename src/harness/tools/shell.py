@@ -213,16 +213,16 @@ async def start_command(command: str, workspace: Workspace, capture: OutputCaptu
     or secrets unless allowed), its output streaming into `capture`; close the returned
     `ShellProcess` once the command is over."""
     guard = await GroupGuard.start()
+    argv, guard_pipe = guard.command_argv(command)
     try:
         transport, output = await asyncio.get_running_loop().subprocess_exec(
-            lambda: _CommandOutput(capture), SHELL, "-c", command, cwd=workspace.root,
-            stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+            lambda: _CommandOutput(capture), *argv, cwd=workspace.root,
+            stdin=guard_pipe, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
             env=workspace.environment(),
             start_new_session=True)
     except BaseException:
         await guard.release()
         raise
-    guard.watch(transport.get_pid())
     return ShellProcess(transport, output, guard)
 
 
@@ -239,8 +239,8 @@ class GroupGuard:
     the command ends (a chat killed with SIGKILL, say), so no command outlives the harness
     unseen. It waits on a pipe whose write end only this process holds: the kernel closes it on
     any death, and the watcher, in its own session, then sends the group SIGTERM and SIGKILL.
-    It is started before the command, so only a death between the command's start and `watch`
-    (a few event-loop steps) could leave the command running."""
+    It is started before the command, and the command's shell tells it the group itself
+    (`command_argv`) before it runs anything, so no death of this process leaves it unguarded."""
 
     def __init__(self, watcher: asyncio.subprocess.Process, write_end: int) -> None:
         self._watcher, self._write_end = watcher, write_end
@@ -259,10 +259,13 @@ class GroupGuard:
             os.close(read_end)
         return cls(watcher, write_end)
 
-    def watch(self, group_id: int) -> None:
-        """Guard process group `group_id` from now on."""
-        with contextlib.suppress(OSError):
-            os.write(self._write_end, f"{group_id}\n".encode())
+    def command_argv(self, command: str) -> tuple[list[str], int]:
+        """The argv that runs `command` in `SHELL` under this guard, and the descriptor to give it
+        as stdin: its shell first writes its own pid (its group's id, in a new session) down the
+        guard's pipe, then swaps stdin for /dev/null and runs `command` in its place, before
+        anything of `command` runs and whatever this process does meanwhile."""
+        announce = 'printf "%s\\n" "$$" >&0; exec 0</dev/null; exec "$0" -c "$1"'
+        return [SHELL, "-c", announce, SHELL, command], self._write_end
 
     async def release(self) -> None:
         """The command is over (or was killed here): the watcher leaves without touching the group."""
