@@ -55,7 +55,7 @@ def faux_app(store: Store, script: FauxScript = (), *, auth: Authenticator | Non
     hooks = RunHooks(before_tool=approvals.hook) if approvals is not None else RunHooks()
     setup = ConversationSetup(drive=drive or DriveSettings(frame_interval_s=0), hooks=hooks, agents=agents,
                               event_log_limit=event_log_limit,
-                              answer_approval=approvals.answer_posted if approvals is not None else None)
+                              on_approval=approvals.changed if approvals is not None else None)
     service, faux = faux_service(store, script, tools=tools, setup=setup, models=models)
 
     def new_lane(model: ModelIdentity | None) -> LaneConfig:

@@ -1,8 +1,9 @@
-"""Tool approvals answered from a server that does not hold the conversation (issue 28, "approval
-answers" reach the holder as a posted request): server A drives a turn whose tool call waits for
-approval; server B, a second app on the same database, lists the call and answers it with a 202,
-and A's run goes on with that answer. The two servers are two `Store`s on one database, as in
-`test_server_holds`."""
+"""Tool approvals answered from a server that does not hold the conversation (issues 28 and 30,
+"approval answers" reach the holder as a posted request): server A drives a turn whose tool call
+waits for approval; server B, a second app on the same database, lists the call and answers it,
+A's run goes on with that answer, and B answers 200 once A took it. The first answer wins; a
+later one, or one after the run was stopped, is 409 `approval_answered` and changes nothing. The
+two servers are two `Store`s on one database, as in `test_server_holds`."""
 
 from __future__ import annotations
 
@@ -16,11 +17,12 @@ import httpx
 
 from drive_helpers import ProbeTool, within
 from harness.context import Context
+from harness.conversation import STOPPED_BY, ApprovalDecision
 from harness.providers.faux import reply, tool_call
 from harness.runtime import Settled
 from harness.server import Approvals, pending_address
 from harness.session import Store
-from server_helpers import Served, asgi_client, faux_app
+from server_helpers import USER, Served, asgi_client, faux_app
 from test_server_ai_sdk import answer_body, parts_of
 from test_server_holds import QUIET, stores  # noqa: F401  (stores is a fixture)
 
@@ -35,10 +37,12 @@ def gated(probe: ProbeTool, store: Store, script: list[Any], *, options: Any = N
 
 @dataclass(frozen=True)
 class Waiting:
-    """A's turn `operation_id`, held by a probe call waiting for approval; `b` is a client of B."""
+    """A's turn `operation_id`, held by a probe call waiting for approval; `a` is a client of A,
+    `b` of B."""
 
     probe: ProbeTool
     holder: Served
+    a: httpx.AsyncClient
     b: httpx.AsyncClient
     conversation: str
     operation_id: str
@@ -56,51 +60,97 @@ async def a_call_waiting_in_a(pair: tuple[Store, Store], script: list[Any]) -> A
         conversation = (await a.post("/api/conversations", json={})).json()["id"]
         started = (await a.post(f"/api/conversations/{conversation}/messages", json={"text": "go"})).json()
         await within(asked.wait())
-        yield Waiting(probe, holder, b, conversation, started["operation_id"])
+        yield Waiting(probe, holder, a, b, conversation, started["operation_id"])
 
 
 async def answer_from_elsewhere(pair: tuple[Store, Store], ctx: Context, body: dict[str, Any]
-                                ) -> tuple[ProbeTool, list[Any], httpx.Response, Settled, list[Any], int]:
+                                ) -> tuple[ProbeTool, list[Any], httpx.Response, Settled, list[Any],
+                                           list[ApprovalDecision | None]]:
     """A's turn waits for approval of one probe call; B lists it and answers it with `body`.
     Returns the probe, B's listing while the call waited, B's answer, A's outcome, B's listing
-    after, and how many pending copies the journal holds after."""
+    after, and the answers the journal's copies of the call hold after."""
     async with a_call_waiting_in_a(pair, [reply(tool_call("probe", {"key": "k"})), "done"]) as waits:
         approvals = f"/api/conversations/{waits.conversation}/approvals"
         waiting = (await waits.b.get(approvals)).json()
+        ended = asyncio.ensure_future(waits.holder.app.state.server.drives.wait(waits.operation_id))
         answered = await waits.b.post(f"{approvals}/{waiting[0]['tool_call_id']}", json=body)
-        outcome = await within(waits.holder.app.state.server.drives.wait(waits.operation_id))
+        outcome = await within(ended)
         after = (await waits.b.get(approvals)).json()
         copies = await (await pair[1].open_session(waits.conversation, ctx)).scan_values(pending_address(""), ctx)
     assert isinstance(outcome, Settled)
-    return waits.probe, waiting, answered, outcome, after, len(copies)
+    return waits.probe, waiting, answered, outcome, after, [copy.decided for _, copy in copies]
 
 
 async def test_another_server_lists_and_allows_a_call_waiting_in_the_holder(stores: tuple[Store, Store],  # noqa: F811
                                                                           ctx: Context) -> None:
-    """Issue 28: B lists the call A keeps waiting (it listed none) and allows it with a 202 (it
-    answered 404 `approval_not_found`); A runs the tool and the turn completes; the call's pending
-    copy is gone from the journal."""
+    """Issues 28 and 30: B lists the call A keeps waiting (it listed none) and allows it, answered
+    200 once A took that answer; A runs the tool and the turn completes; the call's journal copy
+    now holds the answer, by whom."""
     probe, waiting, answered, outcome, after, copies = await answer_from_elsewhere(stores, ctx, {"allow": True})
 
     assert [(pending["tool_name"], pending["args"]) for pending in waiting] == [("probe", {"key": "k"})]
-    assert answered.status_code == 202, answered.text
+    assert answered.status_code == 200, answered.text
     assert answered.json()["tool_call_id"] == waiting[0]["tool_call_id"]
     assert outcome.result.outcome == "completed"
     assert probe.runs == [{"key": "k"}]
-    assert (after, copies) == ([], 0)
+    assert after == []
+    assert [(decided.allow, decided.by) for decided in copies if decided is not None] == [(True, USER)]
 
 
 async def test_another_servers_refusal_reaches_the_call_waiting_in_the_holder(stores: tuple[Store, Store],  # noqa: F811
                                                                             ctx: Context) -> None:
     """Issue 28: B's refusal, posted to A, refuses the call there: the tool never runs and the
-    turn goes on to its end; the call's pending copy is gone from the journal."""
+    turn goes on to its end; the call no longer waits."""
     probe, _, answered, outcome, after, copies = await answer_from_elsewhere(
         stores, ctx, {"allow": False, "reason": "not now"})
 
-    assert answered.status_code == 202, answered.text
+    assert answered.status_code == 200, answered.text
     assert outcome.result.outcome == "completed"
     assert probe.runs == []
-    assert (after, copies) == ([], 0)
+    assert after == []
+    assert [(decided.allow, decided.reason) for decided in copies if decided is not None] == [(False, "not now")]
+
+
+async def test_the_first_answer_wins_and_a_later_one_is_a_conflict(stores: tuple[Store, Store],  # noqa: F811
+                                                                  ctx: Context) -> None:
+    """Issue 30: A's own answer to its waiting call comes first; B's refusal after it is 409
+    `approval_answered`, naming who answered, and changes nothing: the tool ran."""
+    async with a_call_waiting_in_a(stores, [reply(tool_call("probe", {"key": "k"})), "done"]) as waits:
+        approvals = f"/api/conversations/{waits.conversation}/approvals"
+        [pending] = (await waits.b.get(approvals)).json()
+        ended = asyncio.ensure_future(waits.holder.app.state.server.drives.wait(waits.operation_id))
+        first = await waits.a.post(f"{approvals}/{pending['tool_call_id']}", json={"allow": True})
+        again = await waits.a.post(f"{approvals}/{pending['tool_call_id']}", json={"allow": False})
+        later = await waits.b.post(f"{approvals}/{pending['tool_call_id']}", json={"allow": False})
+        outcome = await within(ended)
+
+    assert first.status_code == 200, first.text
+    assert (again.status_code, again.json()["code"]) == (409, "approval_answered")
+    assert (later.status_code, later.json()["code"]) == (409, "approval_answered")
+    assert later.json()["details"]["by"] == USER
+    assert isinstance(outcome, Settled)
+    assert waits.probe.runs == [{"key": "k"}]
+
+
+async def test_an_answer_after_the_run_was_stopped_changes_nothing(stores: tuple[Store, Store],  # noqa: F811
+                                                                  ctx: Context) -> None:
+    """Issue 30: B stops the run while its call waits in A (the stop refuses it); B's answer after
+    that is 409 `approval_answered` (refused by the run's stop), the tool never runs and the run
+    settles aborted."""
+    async with a_call_waiting_in_a(stores, [reply(tool_call("probe", {"key": "k"})), "done"]) as waits:
+        approvals = f"/api/conversations/{waits.conversation}/approvals"
+        [pending] = (await waits.b.get(approvals)).json()
+        ended = asyncio.ensure_future(waits.holder.app.state.server.drives.wait(waits.operation_id))
+        stopped = await waits.b.post(f"/api/conversations/{waits.conversation}/stop")
+        outcome = await within(ended)
+        late = await waits.b.post(f"{approvals}/{pending['tool_call_id']}", json={"allow": True})
+
+    assert stopped.status_code == 202, stopped.text
+    assert isinstance(outcome, Settled)
+    assert outcome.result.outcome == "aborted"
+    assert (late.status_code, late.json()["code"]) == (409, "approval_answered"), late.text
+    assert late.json()["details"]["by"] == STOPPED_BY
+    assert waits.probe.runs == []
 
 
 async def test_an_unknown_call_is_not_found_on_a_server_that_does_not_hold_it(

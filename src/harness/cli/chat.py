@@ -120,8 +120,11 @@ class ChatClient:
         self.mcp = McpServers.from_files(settings.cwd, settings.home)
         """The MCP servers' tools, joining as each server answers: the prompt does not wait for them."""
         # One policy for the whole chat; `a` (allow always) is kept in the conversation's journal.
+        # A call asked here may be answered from `harness serve` too (its approvals route, the web
+        # page): the first answer wins, and the prompt is dismissed.
         self.approval = (ApprovalPolicy.allow_all(self.ask_approval, rules=settings.rules) if settings.approve_all
-                         else ApprovalPolicy(self.ask_approval, rules=settings.rules, mcp=self.mcp))
+                         else ApprovalPolicy(self.ask_approval, rules=settings.rules, mcp=self.mcp,
+                                             answered_anywhere=True))
         self.approval.conversation_of = lambda request: self._attached.conversation if self._attached else None
         self.allowed_always: tuple[str, ...] = ()
         """The rules the person allowed "always" in the attached conversation, for the status line."""
@@ -338,7 +341,8 @@ class ChatClient:
         """The `before_tool` question, answered by one key: y allows the call, a allows the tool
         for the rest of the conversation (kept in its journal), n refuses; a call an `ask` rule
         asks for has no a, since that rule would ask again. What a write or edit would change is
-        shown first."""
+        shown first. Another process may answer first (`harness serve`): the question is then
+        dismissed with a line saying who answered and how."""
         self.screen.end_stream()
         why = f"the rule {request.rule} asks" if request.rule else "needs approval"
         self.screen.print(f"[bold yellow]?[/] [magenta]{escape(request.summary)}[/] [dim]{escape(why)}[/]")
@@ -348,7 +352,16 @@ class ChatClient:
         always = f" · a: allow {request.tool_name} for this conversation" if request.rule is None else ""
         hint = f"y: allow once{always} · n: refuse · Ctrl-C: abort the turn"
         keys = "yna" if request.rule is None else "yn"
-        match await self.terminal.ask(f"allow {request.tool_name}? [{'/'.join(keys)}] ", hint, keys=keys):
+        question = f"allow {request.tool_name}? [{'/'.join(keys)}] "
+        try:
+            key = await self.terminal.ask(question, hint, keys=keys)
+        except asyncio.CancelledError:
+            decided = self.conversation.approval_decision(request.tool_call_id)
+            if decided is not None:
+                what = "allowed" if decided.allow else "refused"
+                self.screen.print(f"[yellow]{escape(question)}[/]{what} elsewhere, by {escape(decided.by)}")
+            raise
+        match key:
             case "y":
                 return ALLOW_ONCE
             case "a":

@@ -73,13 +73,14 @@ async def server_statuses(cwd: Path, home: Path) -> list[McpServerStatus]:
 
 
 async def check_mcp_servers(cwd: Path, home: Path) -> list[Check]:
-    """One `harness doctor` line per MCP server: `ok` when it answered with its tools, `fail`
-    when its entry is unusable or it did not start; none when no server is declared."""
+    """One `harness doctor` line per MCP server: `ok` when it answered with its tools, `warn` when
+    it is not trusted (and so not started), `fail` when its entry is unusable or it did not
+    start; none when no server is declared."""
     from harness.cli.config import Check
 
-    checked = {"connected": "ok", "untrusted": "warn"}
-    return [Check(f"mcp server {status.config.name}", checked.get(status.state, "fail"), _detail(status))
-            for status in await server_statuses(cwd, home)]
+    return [Check(f"mcp server {status.config.name}",
+                  "ok" if status.state == "connected" else "warn" if status.state == "untrusted" else "fail",
+                  _detail(status)) for status in await server_statuses(cwd, home)]
 
 
 def _line(status: McpServerStatus) -> str:

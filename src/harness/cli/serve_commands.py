@@ -40,10 +40,9 @@ def serve_command(
     workers: Annotated[str, typer.Option(
         "--workers", help="Who drives the turns: `in-process` (this server) or `external` (`harness worker` "
         "processes on the same PostgreSQL store; this server only accepts, reads, watches and wakes them). "
-        "With external workers tool approvals cannot be answered over HTTP: each worker's own policy "
-        "decides (`harness worker --yes` runs every call, else the calls that change things are refused); "
-        "the AI SDK and LangGraph doors admit for the workers and stream what they drive; /compact "
-        "answers 501 external_mode_unsupported.")] = "in-process",
+        "With external workers a call waiting for approval in a worker is listed and answered over HTTP "
+        "(`harness worker --yes` runs every call instead); the AI SDK and LangGraph doors admit for the "
+        "workers and stream what they drive; /compact answers 501 external_mode_unsupported.")] = "in-process",
     max_held: Annotated[int | None, typer.Option(
         "--max-held", min=1, show_default=False, help="Conversations attached at once, at most (default 64; "
         "each holds a database connection or a lock); one more in use answers 503 server_busy.")] = None,
@@ -105,9 +104,9 @@ def serve_command(
         # Write, edit, shell and the MCP tools not marked read-only wait for the owner's answer over
         # HTTP, unless the settings' rules decide.
         approvals = Approvals(rules=load_permission_rules(home, Path.cwd()), mcp=mcp)
-        # Answers another process posts (a second server on this store) reach the calls waiting here.
+        # The streams show the calls waiting here as they start and stop waiting.
         setup = replace(client_setup(registry, tool_workspace(Path.cwd(), home), home, approvals.hook, jobs, mcp=mcp),
-                        answer_approval=approvals.answer_posted)
+                        on_approval=approvals.changed)
 
         def new_lane(model: ModelIdentity | None) -> LaneConfig:
             return new_lane_config(model or registry.default_identity(), home)

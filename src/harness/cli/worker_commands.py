@@ -18,14 +18,15 @@ from harness.session import Store
 
 logger = logging.getLogger(__name__)
 
-NO_APPROVER = "a worker has nobody to ask (start it with --yes to let every call run)"
+NO_APPROVER = "the worker does not hold its conversation now"
 
 
 @app.command("worker")
 def worker_command(
     concurrency: Annotated[int, typer.Option("--concurrency", min=1, help="Sessions driven at once.")] = 4,
     approve_all: Annotated[bool, typer.Option("--yes", help="Run the tools that change things (write, edit, "
-                                              "shell) without asking; without it they are refused.")] = False,
+                                              "shell, MCP tools not marked read-only) without asking; without it "
+                                              "each call waits for an answer given through harness serve.")] = False,
     log_format: LogFormatOption = "text",
     store: StoreOption = None,
 ) -> None:
@@ -33,7 +34,14 @@ def worker_command(
     due, deferred replies), drive them and let go, beside any number of other workers. SIGTERM or
     Ctrl-C stops it: it claims nothing more, lets each turn in hand finish its current step, releases
     them open at that step boundary for the next worker and exits. Logs go to stderr: one line per
-    conversation claimed and released, per turn start and end (conversation, operation, outcome)."""
+    conversation claimed and released, per turn start and end (conversation, operation, outcome).
+
+    A call that needs approval (write, edit, shell, an MCP tool not marked read-only, or one an ask
+    rule of the settings names) waits, keeping its turn, for an answer given through `harness
+    serve` on the same store (GET/POST /api/conversations/ID/approvals, and its web page); the
+    first answer wins. Stopping the run refuses it. A worker stopped meanwhile waits for it up to
+    its stop grace (30 s), then leaves the turn open: the next worker asks again. --yes runs those
+    calls without asking; a deny or ask rule of the settings holds even then."""
     from harness.cli.config import client_setup, tool_workspace
     from harness.conversation import ConversationService
     from harness.providers import ModelRegistry
@@ -49,9 +57,13 @@ def worker_command(
         rules = load_permission_rules(home, Path.cwd())  # the settings' deny and ask rules hold even with --yes
         mcp = McpServers.from_files(Path.cwd(), home)  # connected in the background: claiming starts at once
         approval = (ApprovalPolicy.allow_all(rules=rules) if approve_all
-                    else ApprovalPolicy(None, rules=rules, mcp=mcp, unavailable_reason=NO_APPROVER))
+                    else ApprovalPolicy(None, rules=rules, mcp=mcp, unavailable_reason=NO_APPROVER,
+                                        answered_anywhere=True))
         setup = client_setup(registry, tool_workspace(Path.cwd(), home), home, approval, jobs, mcp=mcp)
-        worker = Worker(ConversationService(opened, setup), WorkerOptions(concurrency=concurrency))
+        service = ConversationService(opened, setup)
+        # A call waits in its conversation for an answer from any process (harness serve's route).
+        approval.conversation_of = lambda request: service.running(request.operation_id)
+        worker = Worker(service, WorkerOptions(concurrency=concurrency))
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, worker.stop)

@@ -12,6 +12,16 @@ from harness.conversation.agents import (
     UnknownAgent,
 )
 from harness.conversation.always import ALWAYS_ALLOWED
+from harness.conversation.approvals import (
+    STOPPED_BY,
+    ApprovalAnswered,
+    ApprovalChange,
+    ApprovalDecision,
+    ApprovalNotFound,
+    PendingApproval,
+    journal_pending,
+    pending_address,
+)
 from harness.conversation.blocks import (
     KEY_CHARS,
     LINK_CHARS,
@@ -169,6 +179,7 @@ from harness.conversation.projects import (
 )
 from harness.conversation.recording import CONVERSATION_VALUES, MAIN_LANE, record_chat_event
 from harness.conversation.service import (
+    ANSWER_WAIT_S,
     HOLDER_CHECK_S,
     IMAGE_SWEEP_GRACE_S,
     OWNER,
@@ -213,6 +224,7 @@ from harness.conversation.turn_rows import clean_public_text, public_error, repl
 __all__ = [
     "AGENTS_FILE",
     "ALWAYS_ALLOWED",
+    "ANSWER_WAIT_S",
     "BUDGET",
     "BUILD_TOOLS",
     "BUILT_IN_COMMANDS",
@@ -254,6 +266,7 @@ __all__ = [
     "SESSION_NAME_LIMIT",
     "SETTING_EVENT_KINDS",
     "SHELL_OUTPUT_CHARS",
+    "STOPPED_BY",
     "SUBAGENT_RESULT_TYPE",
     "TEXT_CHARS",
     "TITLE_CHARS",
@@ -265,6 +278,10 @@ __all__ = [
     "AgentRegistry",
     "Alert",
     "AlwaysAllowed",
+    "ApprovalAnswered",
+    "ApprovalChange",
+    "ApprovalDecision",
+    "ApprovalNotFound",
     "AssistantRow",
     "BlockImage",
     "BlocksRow",
@@ -332,6 +349,7 @@ __all__ = [
     "ModelTools",
     "NoFastModel",
     "NodeTally",
+    "PendingApproval",
     "PostedCommand",
     "Presence",
     "ProjectContext",
@@ -381,6 +399,7 @@ __all__ = [
     "garden_message_of",
     "has_spoken",
     "instruction_files",
+    "journal_pending",
     "last_turn_error_text",
     "load_projects",
     "message_blocks_of",
@@ -389,6 +408,7 @@ __all__ = [
     "model",
     "normalize_tool_blocks",
     "parse_chat_event_details",
+    "pending_address",
     "public_error",
     "read_project_context",
     "record_chat_event",

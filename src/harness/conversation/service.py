@@ -22,6 +22,17 @@ from pydantic import BaseModel, ConfigDict
 from harness.context import Context
 from harness.conversation.agents import AgentRegistry
 from harness.conversation.always import allow_always, allowed_always
+from harness.conversation.approvals import (
+    ApprovalAnswered,
+    ApprovalChange,
+    ApprovalDecision,
+    ApprovalNotFound,
+    PendingApproval,
+    WaitingCalls,
+    answered,
+    journal_approval,
+    pending_address,
+)
 from harness.conversation.blocks import (
     message_blocks_at_run_end,
     normalize_tool_blocks,
@@ -96,6 +107,9 @@ from harness.runtime import (
     AgentHarness,
     AgentHarnessOptions,
     AgentTool,
+    Approval,
+    ApprovalRequest,
+    AskApproval,
     BetweenSteps,
     CompactionEnd,
     CurrentOperationInfo,
@@ -158,6 +172,7 @@ from harness.session import (
     ValueAddress,
     addresses,
     is_image_ref,
+    new_id,
 )
 
 OWNER = addresses.value_address(CONVERSATION_VALUES.namespace, "owner", str)
@@ -206,6 +221,11 @@ class RecordNow:
             self.recorded = True
             await self._conversation.record(command_failed(self._invocation, error), self._context)
 
+
+ANSWER_WAIT_S = 10.0
+"""How long `ConversationService.answer_approval` waits for another process holding the
+conversation to take a posted answer, to tell whether it was the first; after that it is
+answered as posted."""
 
 REQUEST_POLL_S = 1.0
 """How often a live conversation looks for requests other processes posted for it when nothing
@@ -327,10 +347,10 @@ class ConversationSetup:
     """The tools a conversation has while nobody chose them, by its model: a switch from the tiny
     embedded model to a capable one gives them, and back takes them away; `/tools on` gives
     `default`. None: a switch keeps the tools, and `/tools on` and `auto` are refused."""
-    answer_approval: Callable[[str, ApprovalAnswerRequest], None] | None = None
-    """Hands an approval answer another process posted for a conversation held here (by its id)
-    to the door whose `before_tool` hook waits for it (the server's approvals, issue 28); it must
-    not block. None: such answers are dropped with a log line, as nothing here waits for one."""
+    on_approval: Callable[[ApprovalChange], None] | None = None
+    """Told, synchronously with the run, when a call of a conversation live here starts waiting
+    for approval and when it stops (`Conversation.ask_approval`; the server's streams show
+    them); it must not block."""
     budget: Budget = field(default_factory=Budget)
     """The spending caps of every run here, besides each conversation's own (`set_budget`), the
     tighter of the two holding (`harness.conversation.budgets`, issue 32). A door's fallback
@@ -506,8 +526,10 @@ class Conversation:
 
     def __init__(self, info: ConversationInfo, settings: ConversationSettings, open_operations: list[OpenOperation],
                  feed: InstanceFeed, changes: ChangeFeed, delegation: Delegation | None = None,
-                 run_posted: PostedRunner | None = None) -> None:
+                 run_posted: PostedRunner | None = None,
+                 on_approval: Callable[[ApprovalChange], None] | None = None) -> None:
         self.info = info
+        self._approvals = WaitingCalls(info.id, self._keep_approval, on_approval)
         self._run_posted = run_posted
         self._last_posted: asyncio.Task[object] | None = None
         self._harness = harness = settings.harness
@@ -797,6 +819,11 @@ class Conversation:
                     for info in self._harness.lanes if info.name in wanted])
 
     def _on_posted_command(self, request: HolderRequest) -> None:
+        if isinstance(request, ApprovalAnswerRequest):
+            # At once, not behind the commands posted before it: one of those (a model switch)
+            # may be waiting for this very turn to end.
+            self._answer_posted(request)
+            return
         run_posted = self._run_posted
         assert run_posted is not None
         context = Context({"conversation_id": self.id, "task": "posted command"})
@@ -904,6 +931,44 @@ class Conversation:
         model reads, and a rule that survives a restart (`always.allow_always`, issue 30)."""
         return await allow_always(self._harness, rule, context)
 
+    # -- approvals (issue 30) ----------------------------------------------------------------------
+
+    async def ask_approval(self, request: ApprovalRequest, context: Context, *,
+                           here: AskApproval | None = None) -> Approval:
+        """Wait for the first answer to tool call `request` of a run of this conversation, from
+        anywhere: `here` (the door's own asker, e.g. the terminal's prompt, dismissed when another
+        answer comes first), an answer given here (`answer_approval`, the server's route), or
+        one another process posted (`ConversationService.answer_approval`); a stop of the run
+        refuses it. Meanwhile the call is listed in the journal (`journal_pending`), and after it
+        with its answer (`ApprovalDecision`), so every process can list and answer it."""
+        return await self._approvals.ask(request, context, here)
+
+    def pending_approvals(self) -> list[PendingApproval]:
+        """The calls waiting for approval here, oldest first."""
+        return self._approvals.pending()
+
+    def answer_approval(self, tool_call_id: str, answer: Approval, by: str) -> PendingApproval:
+        """Answer the call `tool_call_id` waiting here, as `by` (a user); its run goes on at once.
+        Raises `ApprovalAnswered` (the first answer wins; a stopped run's calls were refused) and
+        `ApprovalNotFound`; nothing changed then."""
+        return self._approvals.answer(tool_call_id, answer, by)
+
+    def approval_decision(self, tool_call_id: str) -> ApprovalDecision | None:
+        """How call `tool_call_id` was answered while live here (who, what), if it was."""
+        return self._approvals.decided(tool_call_id)
+
+    def _answer_posted(self, request: ApprovalAnswerRequest) -> None:
+        answer = Approval(allow=request.allow, for_session=request.for_session, reason=request.reason)
+        try:
+            self._approvals.answer(request.tool_call_id, answer, request.user, answer_id=request.answer_id)
+        except (ApprovalNotFound, ApprovalAnswered) as error:  # the poster reads the journal's copy
+            logger.info("approval answer posted for conversation %s dropped: %s", self.id, error.message)
+
+    async def _keep_approval(self, pending: PendingApproval) -> None:
+        # A context of its own: the run's is cancelled when it is stopped, and the answer must be kept then too.
+        context = Context({"conversation_id": self.id, "task": "pending approval"})
+        await self._harness.set_value(pending_address(pending.tool_call_id), pending, context)
+
     @asynccontextmanager
     async def _between_turns(self, context: Context) -> AsyncIterator[ConversationSettings]:
         """The settings, under the turn lock with no turn running: a change made here lands
@@ -1001,6 +1066,55 @@ class ConversationService:
     def live(self, conversation_id: str) -> Conversation | None:
         """The conversation if it is live in this process (no read, no check of its owner)."""
         return self._live.get(conversation_id)
+
+    def running(self, operation_id: str) -> Conversation | None:
+        """The conversation live here one of whose lanes has `operation_id` open (no read): a
+        door's approval policy finds a call's conversation this way."""
+        for conversation in self._live.values():
+            for lane in conversation._harness.lanes:
+                if lane.operation is not None and lane.operation.id == operation_id:
+                    return conversation
+        return None
+
+    async def answer_approval(self, user: str, conversation_id: str, tool_call_id: str, answer: Approval,
+                              context: Context) -> tuple[PendingApproval, bool]:
+        """Answer the call `tool_call_id` waiting for approval in `user`'s conversation, wherever
+        it waits, and return it and whether the answer is only posted yet (issue 30). Live here:
+        answered at once. Held by another process (a worker, a chat, another server): posted to
+        it (`ApprovalAnswerRequest`), then followed in the journal for up to `ANSWER_WAIT_S` until
+        the holder took an answer: this one (answered), or another first (`ApprovalAnswered`);
+        still untaken after that, posted. Raises `ApprovalAnswered` when the call was answered
+        first or refused by its run's stop, `ApprovalNotFound` when no such call waits, and
+        `Forbidden`; nothing changed then."""
+        session = await self._owned(user, conversation_id, context)
+        if (live := self._live.get(conversation_id)) is not None:
+            return live.answer_approval(tool_call_id, answer, user), False
+        kept = await session.get(pending_address(tool_call_id), context)
+        if kept is not None and kept.decided is not None:  # also once its run has ended
+            raise answered(tool_call_id, kept.decided)
+        if kept is None or await journal_approval(session, tool_call_id, context) is None:
+            raise ApprovalNotFound(f"no call {tool_call_id[:80]!r} waits for approval in this conversation",
+                                   tool_call_id=tool_call_id[:80])
+        waiting, answer_id = kept, new_id()
+        changed = self.store.changes.subscribe(conversation_id)
+        try:
+            await session.post_request(ApprovalAnswerRequest(
+                lane=MAIN_LANE, user=user, tool_call_id=tool_call_id, allow=answer.allow,
+                for_session=answer.for_session, reason=answer.reason, answer_id=answer_id, requested_at=now_ms()),
+                context)
+            deadline = asyncio.get_running_loop().time() + ANSWER_WAIT_S
+            while (left := deadline - asyncio.get_running_loop().time()) > 0:
+                # Read whether or not the run is still open: it may end right after the answer.
+                kept = await session.get(pending_address(tool_call_id), context)
+                if kept is None or kept.operation_id != waiting.operation_id or kept.decided is not None:
+                    break
+                await changed.wait(min(left, REQUEST_POLL_S / 4))
+        finally:
+            changed.close()
+        decided = kept.decided if kept is not None and kept.operation_id == waiting.operation_id else None
+        if decided is not None and decided.answer_id != answer_id:
+            raise answered(tool_call_id, decided)
+        return waiting, decided is None
 
     @property
     def live_ids(self) -> tuple[str, ...]:
@@ -1279,20 +1393,16 @@ class ConversationService:
 
     async def _run_posted(self, conversation: Conversation, request: HolderRequest, context: Context) -> None:
         """Carry out what another process posted, as the poster's user, through this door: a
-        command from the setup's table, a setting change, or an approval answer (handed to
-        `setup.answer_approval`). A failure is the command's row (CE-16) and a line in the log,
-        never the holder's problem."""
+        command from the setup's table or a setting change (an approval answer is taken by the
+        conversation itself, at once). A failure is the command's row (CE-16) and a line in the
+        log, never the holder's problem."""
         try:
             if isinstance(request, ReleaseRequest):
                 if self.on_release_request is not None:  # a chat, which keeps its conversation, has none
                     self.on_release_request(conversation.id)
                 return
             if isinstance(request, ApprovalAnswerRequest):
-                if self.setup.answer_approval is None:
-                    logger.warning("approval answer posted for conversation %s dropped: no call waits here for one",
-                                   conversation.id)
-                else:
-                    self.setup.answer_approval(conversation.id, request)
+                conversation._answer_posted(request)
                 return
             if isinstance(request, SettingRequest):
                 # On `conversation` itself: while it is let go it is no longer listed as live here.
@@ -1621,7 +1731,8 @@ class ConversationService:
         settings = await ConversationSettings.read(harness, target, context, model_tools=setup.model_tools,
                                                    project=project)
         conversation = self._live[session.id] = Conversation(info, settings, open_operations, self.feed,
-                                                             self.store.changes, delegation, self._run_posted)
+                                                             self.store.changes, delegation, self._run_posted,
+                                                             setup.on_approval)
         return conversation
 
     async def _target(self, session: Session, context: Context) -> ExecutionTarget:

@@ -65,6 +65,9 @@ from harness.runtime.events import (
 from harness.runtime.follow import FOLLOW_POLL_S, LaneFollow, follow_lane
 from harness.runtime.harness import AgentHarness, AgentHarnessOptions
 from harness.runtime.hooks import (
+    Approval,
+    ApprovalRequest,
+    AskApproval,
     BeforeTool,
     BetweenSteps,
     Block,
@@ -127,6 +130,9 @@ __all__ = [
     "AgentHarness",
     "AgentHarnessOptions",
     "AgentTool",
+    "Approval",
+    "ApprovalRequest",
+    "AskApproval",
     "BeforeTool",
     "BetweenSteps",
     "Block",

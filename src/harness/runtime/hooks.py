@@ -35,6 +35,35 @@ class Block:
     terminate: bool = False
 
 
+@dataclass(frozen=True)
+class ApprovalRequest:
+    """A tool call waiting for approval: what a person is shown. `summary` is one line, e.g.
+    `shell: make test` or `write src/app.py (120 bytes)`; `rule` is the `ask` rule that asks, as
+    `` `shell(git push*)` (project settings ...) ``, or None when the call asks because its tool
+    changes things. An answer "always" cannot quiet an ask rule (ask beats allow)."""
+
+    operation_id: str
+    tool_call_id: str
+    tool_name: str
+    args: dict[str, JsonValue]
+    summary: str
+    rule: str | None = None
+
+
+@dataclass(frozen=True)
+class Approval:
+    """An answer to an approval request: run the call (`allow`), and with `for_session` every
+    later call of the same tool in the conversation too, without asking (an answer "always",
+    kept in its journal); a refusal's `reason` is told to the model."""
+
+    allow: bool
+    for_session: bool = False
+    reason: str | None = None
+
+
+AskApproval = Callable[[ApprovalRequest, Context], Awaitable[Approval]]
+"""Ask whoever can decide (the terminal chat asks the person); it may take as long as they do."""
+
 BeforeTool = Callable[[ToolCallRequest, Context], Awaitable[Block | dict[str, JsonValue] | None]]
 """Return None to run the call, replacement args to run it with those, or a `Block`. Raising
 blocks it too: approval fails closed. Its Context is cancelled when the run is aborted (or its

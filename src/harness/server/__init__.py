@@ -5,8 +5,9 @@ A door module exposes an `APIRouter` that `create_app` includes; its routes take
 dependencies: `State` (the `ServerState`), `CurrentUser` (the request's user, 401 without a valid
 token) and `RequestContext`."""
 
+from harness.conversation import ApprovalChange, ApprovalNotFound, PendingApproval, pending_address
 from harness.server.app import create_app
-from harness.server.approvals import ApprovalChange, ApprovalNotFound, Approvals, PendingApproval, pending_address
+from harness.server.approvals import Approvals
 from harness.server.drives import Drives
 from harness.server.errors import STATUS_BY_CODE, Unauthorized, error_body, not_found, status_of
 from harness.server.guards import (

@@ -38,8 +38,8 @@ def create_app(service: ConversationService, auth: Authenticator, *, new_lane: N
     conversation attached past a request, wakes the workers by letting go of what it accepted,
     posts steer, follow-up and stop for them, and follows their runs for the event streams, the
     AI SDK door's and the LangGraph door's as the native watch's. `/compact` answers
-    `external_mode_unsupported` (501): it drives a summary in the request; tool approvals are the
-    workers' own policy.
+    `external_mode_unsupported` (501): it drives a summary in the request; a call waiting for
+    approval in a worker is listed from the journal and answered by a posted answer.
 
     Every request is logged and counted, and `/healthz`, `/readyz` and `/metrics` answer without
     a token (`harness.server.observability`, issue 29)."""

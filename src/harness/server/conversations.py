@@ -27,6 +27,7 @@ from harness.conversation import (
     DisplayPage,
     FastOutcome,
     ModelSwitch,
+    PendingApproval,
     PostedCommand,
     SwitchableProject,
     compact,
@@ -35,7 +36,6 @@ from harness.conversation import (
 from harness.errors import InvalidInput
 from harness.messages import ImageContent, ModelIdentity, OutputSchema
 from harness.runtime import LaneBusy
-from harness.server.approvals import PendingApproval
 from harness.server.errors import ExternalModeUnsupported
 from harness.server.guards import NAME_CHARS, TEXT_CHARS, ShellCommand
 from harness.server.holds import ConversationInUse
@@ -420,14 +420,14 @@ class ApprovalAnswer(_Body):
              responses={202: {"model": PendingApproval, "description": "Posted to the process that holds it."}})
 async def answer_approval(conversation_id: str, tool_call_id: str, body: ApprovalAnswer, response: Response,
                           user: CurrentUser, state: State, context: RequestContext) -> PendingApproval:
-    """Answer a waiting call: 200 when it waits in this server, the run going on at once; 202 when
-    it waits in another process that holds the conversation, the answer posted to it (issue 28).
-    `approval_not_found` (404)."""
-    await state.service.check_owner(user, conversation_id, context)
-    session = await state.service.store.open_session(conversation_id, context)
-    pending, posted = await state.approvals.answer_anywhere(
-        session, user, tool_call_id, Approval(allow=body.allow, for_session=body.for_session, reason=body.reason),
-        context)
+    """Answer a waiting call, wherever it waits (this server, a worker, a terminal chat, another
+    server: `ConversationService.answer_approval`, issue 30): 200 once the run took this answer;
+    202 when it waits in another process that has not taken the posted answer yet. The first
+    answer wins: a later one, or one after the run was stopped, is `approval_answered` (409) and
+    changes nothing; `approval_not_found` (404) when no such call waits."""
+    pending, posted = await state.service.answer_approval(
+        user, conversation_id, tool_call_id, Approval(allow=body.allow, for_session=body.for_session,
+                                                      reason=body.reason), context)
     if posted:
         response.status_code = status.HTTP_202_ACCEPTED
     return pending

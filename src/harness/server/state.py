@@ -136,7 +136,8 @@ class ServerState:
     options: ServerOptions = field(default_factory=ServerOptions)
     approvals: Approvals = field(default_factory=Approvals)
     """The pending tool approvals; the service's `before_tool` hook must be `approvals.hook` for
-    any call to wait here."""
+    any call to wait here, and its setup's `on_approval` `approvals.changed` for the streams to
+    show them."""
     fanouts: Fanouts = field(default_factory=Fanouts)
     """The watched lanes, each with one source shared by its watchers (`ServerState.watch`)."""
     drives: Drives = field(init=False)

@@ -54,10 +54,9 @@ from fastapi.sse import EventSourceResponse, ServerSentEvent, format_sse_event
 from pydantic import BaseModel
 
 from harness.context import Context
-from harness.conversation import Forbidden, InstanceEvent, LaneEvents, conversation_events
+from harness.conversation import ApprovalChange, Forbidden, InstanceEvent, LaneEvents, conversation_events
 from harness.messages import AssistantContent, AssistantMessage, TextContent, ThinkingContent
 from harness.runtime import HarnessEvent, LaneSnapshot, MessageEnd, MessageStart, MessageUpdate, RunEnd, RunStart
-from harness.server.approvals import ApprovalChange
 from harness.server.fanout import Delivered, Subscription
 from harness.server.langgraph_wire import InvalidEventId
 from harness.server.state import Authorization, CurrentAuthorization, CurrentUser, RequestContext, State

@@ -37,6 +37,8 @@ from pydantic import BaseModel, ConfigDict, JsonValue
 from harness.context import Context
 from harness.conversation import (
     MAIN_LANE,
+    ApprovalChange,
+    ApprovalNotFound,
     ChatEventPublished,
     Conversation,
     ConversationEvent,
@@ -45,6 +47,7 @@ from harness.conversation import (
     Forbidden,
     LaneEvents,
     MessageBlocksPublished,
+    PendingApproval,
     SenderRow,
     conversation_events,
     display_rows,
@@ -80,7 +83,6 @@ from harness.runtime import (
     TurnEnd,
     TurnStart,
 )
-from harness.server.approvals import ApprovalChange, ApprovalNotFound, PendingApproval
 from harness.server.errors import not_found
 from harness.server.sse import json_event
 from harness.server.state import BeforeDrive, CurrentAuthorization, CurrentUser, RequestContext, ServerState, State
@@ -617,9 +619,8 @@ async def _answer(state: ServerState, user: str, conversation_id: str, watch: Co
     # calls answered now: the stream must not pause on them.
     replayed = parts.replay(watch.snapshot, meta.source_tip_id if meta is not None else None,
                             [call for call in pending if call.tool_call_id not in answers])
-    session = await state.service.store.open_session(conversation_id, context)
     for approval_id, answer in answers.items():
-        await state.approvals.answer_anywhere(session, user, approval_id, answer, context)
+        await state.service.answer_approval(user, conversation_id, approval_id, answer, context)
     return unseen(replayed, message)
 
 

@@ -110,7 +110,8 @@ class ApprovalAnswerRequest(Record):
     """An answer to a tool call waiting for approval in the holder's process, given by `user` in
     another process (issue 28): `allow` it (for the rest of the conversation when `for_session`)
     or refuse it, `reason` told to the model. Taken like a `CommandRequest`: deleted, then handed
-    to the holder's approvals; one for a call that no longer waits is dropped."""
+    to the holder's approvals; one for a call that no longer waits is dropped. `answer_id` names
+    the answer in the call's journal copy once taken, so the poster learns it came first."""
 
     kind: Literal["approval"] = "approval"
     lane: str
@@ -119,6 +120,7 @@ class ApprovalAnswerRequest(Record):
     allow: bool
     for_session: bool = False
     reason: CleanStr | None = None
+    answer_id: CleanStr | None = None
     requested_at: int
 
 

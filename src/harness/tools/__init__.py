@@ -2,15 +2,13 @@
 shell commands started in the background), the permission rules read from settings files, and the
 approval policy that weighs them and asks before a call changes anything."""
 
+from harness.runtime import Approval, ApprovalRequest, AskApproval
 from harness.tools.approval import (
     ALLOW_FOR_SESSION,
     ALLOW_ONCE,
     DENY,
     NEEDS_APPROVAL,
-    Approval,
     ApprovalPolicy,
-    ApprovalRequest,
-    AskApproval,
     Decided,
     RuleKeeper,
     describe_call,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -13,7 +13,7 @@ from typing import Protocol
 from pydantic import JsonValue
 
 from harness.context import Context
-from harness.runtime import Block, ToolCallRequest
+from harness.runtime import Approval, ApprovalRequest, AskApproval, Block, ToolCallRequest
 from harness.tools.mcp import McpServers
 from harness.tools.permissions import InvalidPermissionRule, PermissionDecision, PermissionRules, parse_rule
 from harness.tools.workspace import plural
@@ -24,39 +24,9 @@ NEEDS_APPROVAL: frozenset[str] = frozenset({"write", "edit", "shell"})
 """The built-in tools that change files or run commands, and so ask before they run."""
 
 
-@dataclass(frozen=True)
-class Approval:
-    """An answer to an approval request: run the call (`allow`), and with `for_session` every
-    later call of the same tool in the conversation too, without asking (an answer "always",
-    kept in its journal); a refusal's `reason` is told to the model."""
-
-    allow: bool
-    for_session: bool = False
-    reason: str | None = None
-
-
 ALLOW_ONCE = Approval(allow=True)
 ALLOW_FOR_SESSION = Approval(allow=True, for_session=True)
 DENY = Approval(allow=False)
-
-
-@dataclass(frozen=True)
-class ApprovalRequest:
-    """A tool call waiting for approval: what a person is shown. `summary` is one line, e.g.
-    `shell: make test` or `write src/app.py (120 bytes)`; `rule` is the `ask` rule that asks, as
-    `` `shell(git push*)` (project settings ...) ``, or None when the call asks because its tool
-    changes things. An answer "always" cannot quiet an ask rule (ask beats allow)."""
-
-    operation_id: str
-    tool_call_id: str
-    tool_name: str
-    args: dict[str, JsonValue]
-    summary: str
-    rule: str | None = None
-
-
-AskApproval = Callable[[ApprovalRequest, Context], Awaitable[Approval]]
-"""Ask whoever can decide (the terminal chat asks the person); it may take as long as they do."""
 
 
 class Located(Protocol):
@@ -65,8 +35,9 @@ class Located(Protocol):
 
 
 class RuleKeeper(Protocol):
-    """What the policy reads and writes of the conversation a call belongs to: where its tools run
-    and the rules its person allowed "always", kept in its journal (a `Conversation` is one)."""
+    """What the policy reads and writes of the conversation a call belongs to: where its tools run,
+    the rules its person allowed "always", kept in its journal, and how a call of it waits for an
+    answer from any process (a `Conversation` is one)."""
 
     @property
     def target(self) -> Located: ...
@@ -74,6 +45,9 @@ class RuleKeeper(Protocol):
     async def allowed_always(self, context: Context) -> Sequence[str]: ...
 
     async def allow_always(self, rule: str, context: Context) -> bool: ...
+
+    async def ask_approval(self, request: ApprovalRequest, context: Context, *,
+                           here: AskApproval | None = None) -> Approval: ...
 
 
 @dataclass(frozen=True)
@@ -107,16 +81,22 @@ class ApprovalPolicy:
     once). Paths are then relative to `directory` (default: this process's). `on_decision` sees
     every decision, with the rule that made it; a door may bind `conversation_of` after attaching.
 
-    It fails closed: with no `ask` (nobody to ask, as in `harness run` without `--yes`), when `ask`
-    raises, or when the Context is cancelled while asking, the call is blocked with a reason the
-    model reads."""
+    With `answered_anywhere` (issue 30) a call asks through its conversation
+    (`RuleKeeper.ask_approval`): it waits, listed in the journal, for whichever answer comes
+    first, one posted from any process (`harness serve`'s approvals route) or `ask`'s here (the
+    terminal's prompt), so a worker or a chat is answered from the web page too.
+
+    It fails closed: with no `ask` and no conversation to wait in (nobody to ask, as in `harness
+    run` without `--yes`), when asking raises, or when the Context is cancelled while asking (the
+    run was stopped), the call is blocked with a reason the model reads."""
 
     def __init__(self, ask: AskApproval | None, *, gated: Iterable[str] = NEEDS_APPROVAL,
                  rules: PermissionRules | None = None, allowed: Iterable[str] = (), mcp: McpServers | None = None,
                  conversation_of: Callable[[ToolCallRequest], RuleKeeper | None] | None = None,
                  directory: Path | None = None, unavailable_reason: str | None = None,
-                 on_decision: Callable[[Decided], None] | None = None) -> None:
+                 on_decision: Callable[[Decided], None] | None = None, answered_anywhere: bool = False) -> None:
         self._ask = ask
+        self.answered_anywhere = answered_anywhere
         self.gated = frozenset(gated)
         self.mcp = mcp
         self.rules = rules or PermissionRules()
@@ -181,19 +161,26 @@ class ApprovalPolicy:
         else:
             blocked = None
         if self._on_decision is not None:
-            self._on_decision(Decided(request, decision, asked=asks and self._ask is not None, ran=blocked is None))
+            asked = asks and (self._ask is not None or self.answered_anywhere)
+            self._on_decision(Decided(request, decision, asked=asked, ran=blocked is None))
         return blocked
 
     async def _asked(self, request: ToolCallRequest, decision: PermissionDecision, context: Context) -> Block | None:
         rule = str(decision.rule) if decision.rule is not None else None
-        if self._ask is None:
+        waits_in = (self.conversation_of(request) if self.answered_anywhere and self.conversation_of is not None
+                    else None)
+        if self._ask is None and waits_in is None:
             why = f" (the rule {rule} asks)" if rule else ""
             return Block(reason=f"`{request.tool_name}` needs approval{why} and {self._unavailable_reason}")
         asked = ApprovalRequest(operation_id=request.operation_id, tool_call_id=request.tool_call_id,
                                 tool_name=request.tool_name, args=dict(request.args),
                                 summary=describe_call(request.tool_name, request.args), rule=rule)
         try:
-            answer = await self._ask(asked, context)
+            if waits_in is not None:
+                answer = await waits_in.ask_approval(asked, context, here=self._ask)
+            else:
+                assert self._ask is not None
+                answer = await self._ask(asked, context)
         except Exception as error:  # approval fails closed
             return Block(reason=f"the approval check failed ({type(error).__name__}: {error}), so it did not run")
         if context.cancelled:
