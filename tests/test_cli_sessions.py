@@ -266,6 +266,39 @@ def test_show_ends_at_the_last_line_of_text(home: Path, server: ReplayServer) ->
     assert not code_block.stdout.endswith("\n\n")
 
 
+def test_show_cuts_long_texts_says_so_and_full_prints_them_whole(home: Path, server: ReplayServer) -> None:
+    """Issue 33, item 11: a long reply was cut with no way to see it whole."""
+    words = " ".join(f"word{i}" for i in range(200))
+    server.enqueue(chat_text(words + " THE END"))
+    harness(home, "run", "long?", "--model", "openai/gpt-4o", "--no-tools", env=openai_env(server))
+    session_id = listed_sessions(home)[0].id
+
+    cut = harness(home, "show", session_id)
+    whole = harness(home, "show", session_id, "--full")
+
+    assert "THE END" not in cut.stdout
+    assert cut.stdout.splitlines()[-1] == (f"(1 text was cut at 400 characters: `harness show {session_id} --full` "
+                                           "shows them whole)")
+    assert whole.returncode == 0, whole.stderr
+    assert " ".join(whole.stdout.split()).endswith(words + " THE END")
+    assert "cut at" not in whole.stdout
+
+
+def test_show_keeps_the_lines_of_a_reply_whose_code_fence_is_missing(home: Path, server: ReplayServer) -> None:
+    """Issue 33, item 11: code whose opening fence the model left out was reflowed into one
+    paragraph, and the lone closing fence's code block printed as lines of spaces."""
+    server.enqueue(chat_text("Here it is:\ndef main():\n    return 1\n```\n\nDone."))
+    harness(home, "run", "code?", "--model", "openai/gpt-4o", "--no-tools", env=openai_env(server))
+
+    shown = harness(home, "show", listed_sessions(home)[0].id)
+
+    lines = shown.stdout.splitlines()
+    reply = lines[lines.index("Here it is:"):]
+    assert reply[1:3] == ["def main():", "return 1"]
+    assert all(line == line.rstrip() for line in lines)
+    assert reply[-1] == " Done."  # what follows a lone fence is code, as CommonMark says
+
+
 def test_show_and_export_report_damaged_bytes_as_storage_corruption(home: Path) -> None:
     """Issue 10: bytes that are not UTF-8 in an entry's payload made `show` and `export` die with a
     traceback of sqlite3.OperationalError; now a coded one-line error names the entry."""

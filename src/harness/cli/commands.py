@@ -114,13 +114,16 @@ def chat(
 
 
 @app.command()
-def show(session_id: SessionArgument, lane: str = "main", store: StoreOption = None) -> None:
+def show(session_id: SessionArgument, lane: str = "main",
+         full: Annotated[bool, typer.Option("--full", help="Print every text whole; without it, texts longer "
+                                                          "than 400 characters are cut.")] = False,
+         store: StoreOption = None) -> None:
     """Print a session's branch readably, oldest first."""
-    from harness.cli.render import print_branch
+    from harness.cli.render import SHOW_LIMIT, print_branch
 
     async def body(s: Store, context: Context) -> None:
         session = await s.open_session(await resolve_session(s, session_id, context), context)
-        await print_branch(session, lane, context)
+        await print_branch(session, lane, context, limit=None if full else SHOW_LIMIT)
 
     run_with_store(store, body)
 

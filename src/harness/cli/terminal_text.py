@@ -49,6 +49,12 @@ class _Markdown(Markdown):
     def __init__(self, text: str) -> None:
         super().__init__(text, justify="default", hyperlinks=False)  # "left" pads lines to the width
         self.parsed = _MARKDOWN.parse(text)
+        # A line break the model wrote is kept (a hard break), as the chat keeps it by rendering line
+        # by line: code whose opening fence is missing stays on its lines, not reflowed into one paragraph.
+        for token in self.parsed:
+            for inline in token.children or ():
+                if inline.type == "softbreak":
+                    inline.type = "hardbreak"
 
 
 def markdown(text: str) -> Markdown:
