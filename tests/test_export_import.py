@@ -1,5 +1,6 @@
 """`harness export` and `harness import harness`: a session written out as JSONL and read back into a
-new session has the same entries, ids, parent links, lanes, labels, name and usage ledger."""
+new session has the same entries, ids, parent links, lanes, labels, name (marked as imported) and usage
+ledger."""
 
 from __future__ import annotations
 
@@ -155,6 +156,11 @@ async def journal(session: Session, entry_ids: list[str], context: Context) -> d
     }
 
 
+def as_imported(original: dict[str, Any]) -> dict[str, Any]:
+    """What the import of `original` holds: the same, its name marked as imported (issue 33, item 12)."""
+    return {**original, "name": f"{original['name']} (imported)"}
+
+
 async def round_trip(store: Store, session: Session, tmp_path: Path, context: Context) -> Session:
     path = tmp_path / "session.jsonl"
     with path.open("w", encoding="utf-8") as file:
@@ -171,7 +177,7 @@ async def test_a_round_trip_keeps_entries_lanes_labels_name_and_usage(store: Sto
 
     ids = list(built.ids.values())
     assert imported.id != built.session.id
-    assert await journal(imported, ids, ctx) == await journal(built.session, ids, ctx)
+    assert await journal(imported, ids, ctx) == as_imported(await journal(built.session, ids, ctx))
     assert len(await imported.entries(ids, ctx)) == len(ids)
 
 
@@ -266,7 +272,7 @@ async def test_a_session_written_by_real_runs_round_trips(store: Store, ctx: Con
 
     imported = await round_trip(store, session, tmp_path, ctx)
 
-    assert await journal(imported, ids, ctx) == await journal(session, ids, ctx)
+    assert await journal(imported, ids, ctx) == as_imported(await journal(session, ids, ctx))
     assert len(await imported.usage_ledger(ctx)) == 4
 
 
@@ -345,7 +351,9 @@ async def test_export_and_import_commands_round_trip(tmp_path: Path, ctx: Contex
     assert imported.returncode == 0, imported.stderr
     assert "imported harness: 7 messages, 2 tool calls" in imported.stderr
     assert again.returncode == 0, again.stderr
-    assert comparable(again.stdout) == comparable(exported.stdout)
+    header, *rest = comparable(again.stdout)
+    assert [{**header, "name": "repo tour"}, *rest] == comparable(exported.stdout)
+    assert header["name"] == "repo tour (imported)"  # issue 33, item 12: `harness show "repo tour"` is not ambiguous
     store = await connect(f"sqlite:///{home / 'harness.db'}", ctx)
     try:
         owned = [info.id for info in await ConversationService(store).list(local_user(), ctx)]

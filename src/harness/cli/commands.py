@@ -326,12 +326,18 @@ def export_session(
                 raise ExportUnwritable(f"cannot write {output}: {error.strerror}", path=str(output)) from error
             with file:
                 report = await export_harness_session(session, file, context)
-        typer.echo(f"exported {report.entries} entries, {report.lanes} lanes, {report.labels} labels, "
-                   f"{report.usage_rows} usage rows", err=True)
+        counts = [_counted(report.entries, "entry", "entries"), _counted(report.lanes, "lane"),
+                  _counted(report.labels, "label"), _counted(report.usage_rows, "usage row")]
+        typer.echo(f"exported {', '.join(counts)}", err=True)
         for warning in report.warnings:
             typer.echo(f"warning: {warning}", err=True)
 
     run_with_store(store, body)
+
+
+def _counted(count: int, one: str, many: str | None = None) -> str:
+    """`1 lane`, `2 lanes`: a count with its noun, plural unless the count is one."""
+    return f"{count} {one if count == 1 else many or one + 's'}"
 
 
 @import_app.command("harness")

@@ -187,14 +187,17 @@ class _Parsed:
     usage: list[UsageRecord] = field(default_factory=list)
 
 
+IMPORTED_SUFFIX = " (imported)"
+"""Added to an imported session's name."""
+
 _RECORDS: dict[str, type[_Record]] = {"entry": EntryRecord, "lane": LaneRecord, "label": LabelRecord,
                                       "usage": UsageRecord}
 
 
 async def import_harness_session(store: Store, path: str | Path, user: str, context: Context) -> ImportReport:
     """Read a harness JSONL file (as `export_harness_session` writes it) into a new conversation of
-    `user` in `store` (its owner, as the other importers record it), in one transaction, and
-    return what was written.
+    `user` in `store` (its owner, as the other importers record it), named as the original with
+    `IMPORTED_SUFFIX`, in one transaction, and return what was written.
 
     The whole file is checked first: raises `UnsupportedFormat` (nothing written) when the first
     line is not a harness `session` header of version 1, a record does not have its type's shape,
@@ -211,7 +214,8 @@ async def import_harness_session(store: Store, path: str | Path, user: str, cont
         for label in parsed.labels:
             m.set(addresses.entry_label(label.entry_id), label.label)
         if parsed.header.name is not None:
-            m.set(addresses.session_name(), parsed.header.name)
+            # Marked, so a name given as SESSION still names one session when the original is in the store too.
+            m.set(addresses.session_name(), parsed.header.name + IMPORTED_SUFFIX)
         m.set(OWNER, user)
         for lane in parsed.lanes:
             m.set(addresses.branch_tip(lane.name), lane.tip_id)
