@@ -9,10 +9,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from rich.text import Text
 
 from garden_helpers import ANSWER, CONCLUDED, SURVEY, in_run
 from harness.cli.chat_view import ChatView, Screen, entry_summary
+from harness.cli.garden_commands import local_garden
 from harness.cli.render import entry_lines
 from harness.context import Context
 from harness.conversation import (
@@ -22,6 +24,7 @@ from harness.conversation import (
     garden_message,
     garden_message_of,
 )
+from harness.errors import InvalidInput
 from harness.garden import ConversationOrigin, Garden, GardenSetup, emit_recently_concluded, emit_tend_survey, running
 from harness.messages import ModelIdentity
 from harness.runtime import MessageEnd
@@ -34,6 +37,55 @@ TIMEOUT_S = 60
 def harness(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "harness.cli", *args], cwd=home, env=environment(home),
                           capture_output=True, text=True, timeout=TIMEOUT_S, check=False, stdin=subprocess.DEVNULL)
+
+
+async def test_a_garden_is_deleted_with_its_files_and_journal_after_a_yes(tmp_path: Path, ctx: Context) -> None:
+    """Issue 33, item 12: there was no `harness garden delete`."""
+    home = tmp_path / "home"
+    home.mkdir()
+    assert harness(home, "garden", "create", "allotment", "--model", "faux/faux").returncode == 0
+    assert harness(home, "garden", "goal", "allotment", "Water the beds").returncode == 0
+    (home / "gardens" / "allotment" / "work").mkdir()
+    store = await connect(f"sqlite:///{home / 'harness.db'}", ctx)
+    try:
+        [journal] = [info.id for info in await store.list_sessions(ctx)]
+    finally:
+        await store.close()
+
+    unasked = harness(home, "garden", "delete", "allotment")
+    deleted = harness(home, "garden", "delete", "allotment", "--yes")
+
+    assert unasked.returncode == 2
+    assert "pass --yes" in unasked.stderr
+    assert deleted.returncode == 0, deleted.stderr
+    assert deleted.stderr.strip() == "deleted garden allotment"
+    assert not (home / "gardens" / "allotment").exists()
+    store = await connect(f"sqlite:///{home / 'harness.db'}", ctx)
+    try:
+        assert journal not in [info.id for info in await store.list_sessions(ctx)]
+    finally:
+        await store.close()
+    assert "error [garden_not_found]" in harness(home, "garden", "goals", "allotment").stderr
+
+
+async def test_goal_with_several_gardens_lists_them_instead_of_suggesting_another(
+        tmp_path: Path, ctx: Context, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 33, item 12: with two gardens, `/goal` said to create one."""
+    monkeypatch.setenv("HARNESS_HOME", str(tmp_path))
+    for name in ("allotment", "orchard"):
+        (tmp_path / "gardens" / name).mkdir(parents=True)
+        (tmp_path / "gardens" / name / "garden.json").write_text("{}")
+    store = await connect("memory://", ctx)
+    try:
+        with pytest.raises(InvalidInput) as refused:
+            local_garden(GardenSetup(store=store, service=ConversationService(store, ConversationSetup())))
+    finally:
+        await store.close()
+
+    assert "there are 2: allotment, orchard" in refused.value.message
+    assert "harness garden goal NAME TEXT" in refused.value.message
+    assert "garden create" not in refused.value.message
+    assert refused.value.details == {"gardens": ["allotment", "orchard"]}
 
 
 async def test_a_garden_is_made_given_goals_and_its_inbox_lists_replies_and_notes_apart(

@@ -3,6 +3,7 @@ inbox (replies and notes, apart, OM-5)."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -55,10 +56,15 @@ def local_garden(setup: GardenSetup) -> Garden:
     from harness.garden import Garden, garden_names
 
     names = garden_names()
-    if len(names) != 1:
-        have = f"there are {len(names)} ({', '.join(names)})" if names else "there is none"
-        raise InvalidInput(f"/goal gives goals to the only garden under {harness_home() / 'gardens'}; {have}: "
-                           "`harness garden create NAME` makes one", gardens=list(names))
+    where = harness_home() / "gardens"
+    if not names:
+        raise InvalidInput(f"/goal gives goals to the only garden under {where}; there is none: "
+                           "`harness garden create NAME` makes one", gardens=[])
+    if len(names) > 1:
+        raise InvalidInput(f"/goal gives goals to the only garden under {where}, and there are {len(names)}: "
+                           f"{', '.join(names)}. Give one of them a goal with `harness garden goal NAME TEXT` (it "
+                           "reports to no conversation), or remove the others with `harness garden delete NAME`",
+                           gardens=list(names))
     return Garden.open(names[0], setup)
 
 
@@ -86,6 +92,33 @@ def create(
         typer.echo(f"garden {garden.name} at {garden.root.path} (gardener on {identity.spec})")
 
     run_with_store(store, body)
+
+
+@garden_app.command("delete")
+def delete(
+    name: NameArgument,
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="Delete without asking (required without a terminal).")]
+    = False,
+    root: RootOption = None,
+    store: StoreOption = None,
+) -> None:
+    """Delete a garden for good: its goals, runs, inbox and journal (refused while it is tended or
+    served); the messages it sent stay in your conversations."""
+    if not yes and not sys.stdin.isatty():
+        raise typer.BadParameter("nobody can be asked without a terminal: pass --yes to delete", param_hint="--yes")
+
+    async def body(s: Store, context: Context) -> int:
+        garden = open_garden(name, s, store, root)
+        goals = len(garden.goals())
+        if not yes and not typer.confirm(f"delete garden {name} at {garden.root.path} and its {goals} goals?",
+                                         default=False):
+            typer.echo("nothing deleted", err=True)
+            return 1
+        await garden.delete(context)
+        typer.echo(f"deleted garden {name}", err=True)
+        return 0
+
+    raise typer.Exit(run_with_store(store, body))
 
 
 @garden_app.command("goal")

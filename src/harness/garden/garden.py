@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -101,6 +102,10 @@ class GardenSetup:
     drive: DriveSettings = field(default_factory=DriveSettings)
 
 
+GARDEN_FILES = ("garden.json", "goals", "runs", "inbox", "events.jsonl", "work", "tool-output")
+"""What a garden keeps at its runtime root (`RuntimeRoot`, and the gardener's workspace), `garden.json`
+first: `Garden.delete` removes these."""
+
 _FRAMING: dict[GoalType, str] = {
     "tend": "Tend the garden. {text}\nLeave your survey for the operator with emit_tend_survey.",
     "durable": "Pursue this goal: {text}\nWhen it is achieved, tell the operator with emit_recently_concluded, "
@@ -164,6 +169,33 @@ class Garden:
             raise GardenNotFound(f"the garden at {runtime.path} is {record.name}, not {name}", garden=name,
                                  root=str(runtime.path))
         return cls(runtime, record, setup)
+
+    async def delete(self, context: Context) -> None:
+        """Delete the garden for good: its journal session (every goal's lane and run), then what it
+        keeps at its runtime root (`GARDEN_FILES`), and the root itself if nothing else is left in
+        it. The messages it sent stay in the conversations they went to.
+
+        Raises `SessionOwned` while a process tends or serves it (nothing is deleted) and
+        `GardenWriteFailed` when a file cannot be removed (the journal session is gone by then,
+        and so is the garden: `garden.json` goes first)."""
+        with contextlib.suppress(SessionNotFound):  # a delete that stopped half-way is finished
+            await self.setup.store.delete_session(self.record.session_id, context)
+
+        def remove() -> None:
+            for name in GARDEN_FILES:
+                path = self.root.path / name
+                if path.is_dir():
+                    shutil.rmtree(path)
+                else:
+                    path.unlink(missing_ok=True)
+            with contextlib.suppress(OSError):  # not empty: files the garden did not make stay
+                self.root.path.rmdir()
+
+        try:
+            await asyncio.to_thread(remove)
+        except OSError as error:
+            raise GardenWriteFailed(f"garden {self.name}: cannot remove its files at {self.root.path}: {error}",
+                                    garden=self.name) from error
 
     async def close(self, context: Context) -> None:
         """Detach the gardener's journal session, if a run attached it; runs left open stay open."""
