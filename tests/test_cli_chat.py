@@ -500,6 +500,9 @@ def test_tree_navigates_and_fork_starts_a_new_session(chats: list[Chat], dirs: t
     chat.expect("navigation completed")
     chat.send_line("/fork 1")
     chat.expect("now chatting in it")
+    # Issue 33, item 12: not "unchanged", which /tree had already moved; words wrap with their style.
+    gap = r"(?:\s|\x1b\[[0-9;]*m)+"
+    chat.process.expect(gap.join(["keeps", "its", "branch", "as", "it", "is", "now"]))
     chat.send_line("/sessions")
     chat.expect("first question (fork)")
     chat.send_line("a question on the fork")

@@ -231,7 +231,7 @@ async def _fork(client: ChatClient, argument: str) -> None:
                                                   lane=client.lane)
     await client.switch_session(forked)
     client.screen.print(f"forked session [cyan]{escape(forked)}[/] at entry {escape(target)}; now chatting in it "
-                        f"[dim](the original, {escape(source.id)}, is unchanged)[/]")
+                        f"[dim](the original, {escape(source.id)}, keeps its branch as it is now)[/]")
 
 
 @command("cd", "/cd [DIR]", "show or change this terminal's directory (the tools follow it unless in a project)")
