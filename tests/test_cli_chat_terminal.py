@@ -360,6 +360,67 @@ def test_the_status_line_stays_on_one_line_at_any_width(chats: list[Chat], dirs:
     assert chat.leave() == 0
 
 
+PASTED_LINES = [f"{n:03d} INFO request served in {n % 7 + 1} ms by worker {n % 3}" for n in range(200)]
+
+
+def bracketed_paste(lines: list[str]) -> str:
+    """What a terminal in bracketed-paste mode sends when `lines` are pasted (Return between lines)."""
+    return "\x1b[200~" + "\r".join(lines) + "\r\x1b[201~"
+
+
+PLACEHOLDER = re.compile(r"\[pasted 200 lines · ~[0-9,]+ tokens · ([0-9]+)% of the window\]")
+
+
+def test_a_paste_of_many_lines_shows_as_one_line_and_is_sent_whole(chats: list[Chat], dirs: tuple[Path, Path],
+                                                                   server: ReplayServer) -> None:
+    """Issue 33 item 4: a paste of 200 lines landed as 200 input lines. It shows as one
+    placeholder with its size and share of the window, on the input line and in the echo of
+    the sent line, and the model receives the text typed around it with the whole paste."""
+    server.enqueue(text_reply("Read it."))
+    chat = start(chats, dirs, server, columns=80)
+    display = Display(chat)
+
+    chat.process.send("summarise this: ")
+    chat.process.send(bracketed_paste(PASTED_LINES))
+    pasted = display.wait_for(lambda lines: any(PLACEHOLDER.search(line) for line in lines))
+    chat.process.send(" thanks\r")
+    display.wait_for("turn completed")
+
+    assert [line for line in pasted if line.startswith("›")] != []
+    assert all(PLACEHOLDER.fullmatch(line.removeprefix("› summarise this: ")) for line in pasted
+               if line.startswith("›"))
+    shown = display.lines()
+    assert [line for line in shown if "INFO request served" in line] == []
+    echo = [line for line in shown if PLACEHOLDER.search(line)]
+    assert len(echo) == 1
+    assert re.fullmatch(f"› summarise this: {PLACEHOLDER.pattern} thanks", echo[0])
+    assert "this paste is" not in " ".join(shown)  # 2% of gpt-4o's window: no warning
+    sent = sent_messages(server.requests[-1])[-1]
+    assert sent == {"role": "user", "content": "summarise this: " + "\n".join(PASTED_LINES) + " thanks"}
+    assert chat.leave() == 0
+
+
+def test_a_paste_that_would_take_most_of_the_window_is_warned_about(chats: list[Chat], dirs: tuple[Path, Path],
+                                                                    server: ReplayServer) -> None:
+    """Issue 33 item 4: a paste that filled the default model's 4,096-token window was sent
+    without a word. On a window that small the placeholder says the share, and one row warns."""
+    (dirs[0] / "models.toml").write_text('[providers.openai]\n[[providers.openai.models]]\n'
+                                         'id = "gpt-4o"\ncontext_window = 4096\n')
+    chat = start(chats, dirs, server, columns=80)
+    display = Display(chat)
+
+    chat.process.send(bracketed_paste(PASTED_LINES))
+    lines = display.wait_for(lambda lines: any(PLACEHOLDER.search(line) for line in lines)
+                             and any("4,096-token window" in line for line in lines))
+
+    share = next(int(found.group(1)) for line in lines if (found := PLACEHOLDER.search(line)))
+    assert share > 50
+    assert [line for line in lines if "window" in line and not PLACEHOLDER.search(line)] == [
+        f"this paste is {share}% of the 4,096-token window; sending it may compact the chat"]
+    chat.process.sendcontrol("c")  # clears the input line
+    assert chat.leave() == 0
+
+
 def long_conversation(chats: list[Chat], dirs: tuple[Path, Path], server: ReplayServer,
                       *then: ReplayResponse) -> Chat:
     """A chat after four turns long enough to compact (two answers hold more than the 20,000

@@ -112,7 +112,7 @@ class ChatClient:
                                  on_interrupt=lambda: self.turns.interrupt(),
                                  commands=lambda: [f"/{n}" for n in self.commands],
                                  history=settings.home / "chat-history", on_shift_tab=self._toggle_mode_soon,
-                                 working=self.view.working)
+                                 working=self.view.working, context_window=self.context_window)
         self.turns = TurnControl(screen=self.screen, view=self.view, terminal=self.terminal, registry=registry,
                                  context=context, attached=lambda: self.attached, save_draft=self.save_draft,
                                  error=self.error)

@@ -4,6 +4,9 @@ keys of a chat (Enter, Alt-Enter, Ctrl-C, Ctrl-D) and questions that borrow it (
 A single task keeps prompting, so typing works while a turn runs. Each submitted line goes to the
 oldest open question if there is one, else to the chat's line queue (`read`). The prompt erases
 itself when a line is submitted; the chat prints what it did with the line instead.
+
+A paste of several lines shows as one placeholder on the input line, saying its size and the share
+of the model's context window it would take (`Pastes`); the line is sent with the pasted text.
 """
 
 from __future__ import annotations
@@ -23,11 +26,14 @@ from prompt_toolkit.filters import Condition
 from prompt_toolkit.formatted_text import StyleAndTextTuples
 from prompt_toolkit.history import FileHistory, History, InMemoryHistory
 from prompt_toolkit.key_binding import KeyBindings, KeyPressEvent
+from prompt_toolkit.keys import Keys
 from prompt_toolkit.styles import Style
 from rich.spinner import Spinner
 
 from harness.cli.chat_view import Screen, StatusPart, fit_status
 from harness.cli.terminal_text import escape
+from harness.messages import UserMessage
+from harness.runtime import estimate_tokens
 
 STYLE = Style.from_dict({
     "prompt": "bold",
@@ -57,6 +63,49 @@ class _Question:
 WORKING_TICK_S = 0.1
 """How often the working line is redrawn while a turn runs (its spinner and elapsed time move)."""
 
+PASTE_WARN_SHARE = 0.5
+"""A paste that would take more than this share of the model's context window is warned about: with
+the system prompt, the conversation and the reply it would not fit without a compaction."""
+
+
+class Pastes:
+    """The multi-line pastes of a chat, each shown on the input line as a placeholder such as
+    `[pasted 200 lines · ~1,900 tokens · 46% of the window]` and put back in a submitted line.
+
+    Tokens are the runtime's estimate (`estimate_tokens`, four characters a token), the share is
+    of the window given when pasted. Placeholders stay known for the whole chat, so a line
+    recalled from this chat's history is sent whole too."""
+
+    def __init__(self) -> None:
+        self._texts: dict[str, str] = {}
+
+    def add(self, text: str, context_window: int | None) -> tuple[str, float | None]:
+        """Keep `text` (line ends made `\\n`, the final one dropped) and return its placeholder and
+        the share of `context_window` (tokens) it would take, None when the window is unknown."""
+        text = text.replace("\r\n", "\n").replace("\r", "\n").removesuffix("\n")
+        lines, tokens = text.count("\n") + 1, estimate_tokens([UserMessage(content=text)])
+        share = tokens / context_window if context_window else None
+        of_window = f" · {share:.0%} of the window" if share is not None else ""
+        label = f"pasted {lines:,} lines · ~{tokens:,} tokens{of_window}"
+        placeholder, copy = f"[{label}]", 1
+        while self._texts.get(placeholder, text) != text:  # the same size again: number it
+            copy += 1
+            placeholder = f"[{label} #{copy}]"
+        self._texts[placeholder] = text
+        return placeholder, share
+
+    def expand(self, line: str) -> str:
+        """`line` with each placeholder replaced by the text pasted."""
+        for placeholder, text in self._texts.items():
+            line = line.replace(placeholder, text)
+        return line
+
+    def collapse(self, line: str) -> str:
+        """`line` with each pasted text it holds shown as its placeholder again."""
+        for placeholder, text in self._texts.items():
+            line = line.replace(text, placeholder)
+        return line
+
 
 class Terminal:
     """The chat's prompt. `busy()` says whether a turn runs (the prompt then steers), `status()`
@@ -68,16 +117,22 @@ class Terminal:
     Ctrl-C: answers an open question with None; during a turn calls `on_interrupt`; at an idle
     prompt clears the line, or, on an empty line, warns once and then leaves. Ctrl-D on an empty
     idle prompt leaves. Alt-Enter sends a follow-up during a turn and inserts a line break
-    otherwise. `read()` returns None once the person leaves."""
+    otherwise. `read()` returns None once the person leaves.
+
+    A bracketed paste of several lines is collapsed to a placeholder (`Pastes`); with more than
+    `PASTE_WARN_SHARE` of `context_window()` (tokens; None when unknown) it is warned about."""
 
     def __init__(self, screen: Screen, *, busy: Callable[[], bool], status: Callable[[], Sequence[StatusPart]],
                  on_interrupt: Callable[[], None], commands: Callable[[], list[str]] = list,
                  history: Path | None = None, on_shift_tab: Callable[[], None] | None = None,
-                 working: Callable[[int], str] = lambda columns: "") -> None:
+                 working: Callable[[int], str] = lambda columns: "",
+                 context_window: Callable[[], int | None] = lambda: None) -> None:
         self._screen = screen
         self._busy = busy
         self._status = status
         self._working = working
+        self._context_window = context_window
+        self._pastes = Pastes()
         self._spinner = Spinner("dots")
         self._on_interrupt = on_interrupt
         self._on_shift_tab = on_shift_tab
@@ -160,7 +215,9 @@ class Terminal:
 
     def give_back(self, text: str) -> None:
         """Put `text` back on the input line, before anything typed since (a refused prompt is not
-        lost); during a question it waits until the question is answered."""
+        lost); during a question it waits until the question is answered. Pasted text shows as
+        its placeholder again."""
+        text = self._pastes.collapse(text)
         buffer = self._session.default_buffer
         if self._questions or not self._session.app.is_running:
             self._stashed = text + (self._stashed or "")
@@ -241,20 +298,33 @@ class Terminal:
         text, self._stashed = self._stashed or "", None
         return text
 
+    def _paste(self, data: str) -> None:
+        """Insert a paste at the cursor: as it is when it is one line, else as its placeholder,
+        with a warning when it would take much of the context window."""
+        buffer = self._session.default_buffer
+        if "\n" not in data.replace("\r", "\n").rstrip("\n"):
+            buffer.insert_text(data.replace("\r", "").replace("\n", ""))
+            return
+        placeholder, share = self._pastes.add(data, window := self._context_window())
+        buffer.insert_text(placeholder)
+        if share is not None and share > PASTE_WARN_SHARE:
+            self._screen.print(f"[yellow]this paste is {share:.0%} of the {window:,}-token window; sending it may "
+                               "compact the chat[/]")
+
     def _route(self, line: Line) -> None:
-        """Answer the oldest question with `line`, or queue it for `read()`; echo it either way
-        (the prompt erased itself)."""
+        """Answer the oldest question with `line`, or queue it for `read()`, its pastes put back
+        either way; echo it as typed (the prompt erased itself)."""
         if self._questions:
             question = self._questions.pop(0)
             self._screen.print(f"[yellow]{escape(question.prompt)}[/]{escape(line.text)}")
             if not question.answer.done():
-                question.answer.set_result(line.text)
+                question.answer.set_result(self._pastes.expand(line.text))
             return
         self._leave_armed = False
         if line.text.strip():
             label = ("follow-up› " if line.follow_up else "steer› ") if self._busy() else "› "
             self._screen.print(f"[bold]{escape(label)}[/]{escape(line.text)}")
-        self._lines.put_nowait(line)
+        self._lines.put_nowait(Line(self._pastes.expand(line.text), line.follow_up))
 
     def _bindings(self) -> KeyBindings:
         bindings = KeyBindings()
@@ -290,6 +360,10 @@ class Terminal:
                 if not question.answer.done():
                     question.answer.set_result(key)
                 self.invalidate()
+
+        @bindings.add(Keys.BracketedPaste, filter=~choosing)
+        def _(event: KeyPressEvent) -> None:
+            self._paste(event.data)
 
         @bindings.add("escape", "enter", filter=turn, eager=True)
         def _(event: KeyPressEvent) -> None:

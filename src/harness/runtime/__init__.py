@@ -2,6 +2,7 @@
 
 from harness.messages import ModelIdentity, ThinkingLevel
 from harness.runtime.agent_tool import AgentTool, ProgressCallback, ToolOutput
+from harness.runtime.branch_context import estimate_tokens
 from harness.runtime.bus import Listener
 from harness.runtime.errors import (
     EventReadOnly,
@@ -238,6 +239,7 @@ __all__ = [
     "WatchOverflow",
     "check_input_size",
     "check_output_schema",
+    "estimate_tokens",
     "event_lane",
     "follow_lane",
     "lane_system_prompt",
