@@ -28,10 +28,10 @@ from langgraph_sdk.schema import StreamPart
 
 from harness.context import Context
 from harness.conversation import ConversationService
-from harness.messages import ModelIdentity
+from harness.messages import ModelIdentity, now_ms
 from harness.runtime import read_lane_events
-from harness.server import LocalUser, ServerOptions, create_app, parse_event_id
-from harness.session import LaneConfig, LaneLastResult, Store, WorkNeedsPostgres, addresses, connect
+from harness.server import LocalUser, ServerOptions, ServerState, create_app, parse_event_id
+from harness.session import LaneConfig, LaneLastResult, ReleaseRequest, Store, WorkNeedsPostgres, addresses, connect
 from server_helpers import SseEvent, asgi_client, reply_texts, serving, sse_until
 from test_cli_sessions import harness
 from test_server_ai_sdk import chat_body, node, parts_of, run_client
@@ -203,6 +203,30 @@ async def test_stop_and_steer_through_the_api_reach_the_worker_and_a_turn_while_
     result = await last_result(store, conversation_id, ctx)
     assert result is not None
     assert (result.outcome, result.abort_cause) == ("aborted", "user_during_tool")  # stopped mid-tool (CE-7)
+
+
+@pytest.mark.postgres
+async def test_a_turn_is_admitted_while_a_release_request_waits_for_the_next_holder(store: Store, ctx: Context) -> None:
+    """A turn posted right after a run ended can find the release request it posted while the
+    worker held the conversation still waiting: the worker let go without taking it, so the next
+    holder does, here the server attaching for this very turn. Having taken it, the server still
+    admits the turn, the run left open for the workers, instead of closing the conversation under
+    it (`harness_closed`, a 503)."""
+    service = ConversationService(store)
+    state = ServerState(service, LocalUser(USER), _lane, EXTERNAL)
+    conversation_id = (await service.create(USER, CONFIG, ctx)).id
+    await service.close(USER, conversation_id, ctx)
+    session = await store.open_session(conversation_id, ctx)
+    await session.post_request(ReleaseRequest(lane="main", requested_at=now_ms()), ctx)
+
+    async with state.conversation(USER, conversation_id, ctx) as conversation:
+        await conversation.take_requests(ctx)  # taken by now, here or by the conversation's own taker
+        accepted = await conversation.admit("hi", ctx)
+
+    assert await session.scan_records(addresses.lane_request(""), ctx) == []
+    lane = await session.get(addresses.lane_state("main"), ctx)
+    assert lane is not None
+    assert lane.current_operation_id == accepted.operation_id
 
 
 async def test_external_workers_need_postgresql(tmp_path: Path, ctx: Context) -> None:
