@@ -1,7 +1,8 @@
 """Budgets and fallback models (issue 32, item 5): a run stopped by its budget with its row and
 typed result, then going on once the cap is raised; a conversation's own cap honoured by another
 service on the same SQLite store; a fallback model taking a step over after a 503 storm, with
-its model-switch row; prices from genai-prices, models.toml overriding them."""
+its model-switch row; the same through `harness run`'s `--budget-tokens` and `--fallback`, and
+their usage errors; prices from genai-prices, models.toml overriding them."""
 
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ from harness.providers.protocol import usage_with_cost
 from harness.providers.replay import ReplayResponse, ReplayServer
 from harness.runtime import DriveSettings, RetryPolicy, Settled
 from harness.session import LaneConfig, connect
-from test_cli_run import chat_chunk, openai_env
+from test_cli_run import chat_chunk, harness, openai_env, session_of
 
 GPT_4O = ModelIdentity(provider="openai", model_id="gpt-4o")
 GPT_4O_MINI = ModelIdentity(provider="openai", model_id="gpt-4o-mini")
@@ -49,7 +50,7 @@ def served(server: ReplayServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     return server
 
 
-def with_usage(tokens: int, *, text: str | None = None, call: tuple[str, dict[str, int]] | None = None
+def with_usage(tokens: int, *, text: str | None = None, call: tuple[str, dict[str, object]] | None = None
                ) -> ReplayResponse:
     """A Chat Completions stream of `text` or one tool `call`, reporting `tokens` tokens used (half in)."""
     if call is not None:
@@ -178,6 +179,77 @@ async def test_a_fallback_model_takes_the_step_after_a_503_storm_with_its_row(
     assert "overloaded" in (switched.reason or "")
     last = server.requests[2].json()["messages"]
     assert "took the request over" in last[-1]["content"]
+
+
+# -- through harness run ------------------------------------------------------------------------------
+
+UNAVAILABLE = ReplayResponse.json({"error": {"message": "the service is overloaded", "type": "server_error"}},
+                                  status=503)
+
+
+def test_harness_run_stops_at_budget_tokens_with_its_row_and_a_raised_cap_goes_on(
+        server: ReplayServer, tmp_path: Path) -> None:
+    """`--budget-tokens 100`: the read's reply spends 150, so the run stops before asking again,
+    exit status 4 with the budget row on stderr; the same session with `--budget-tokens 1000`
+    is answered."""
+    (tmp_path / "notes.txt").write_text("five\n")
+    server.enqueue(with_usage(150, call=("read", {"path": "notes.txt"})), with_usage(40, text="It says five."))
+
+    stopped = harness(tmp_path, tmp_path, "run", "What do the notes say?", "--model", "openai/gpt-4o",
+                      "--budget-tokens", "100", env=openai_env(server))
+    requests_then = len(server.requests)
+    raised = harness(tmp_path, tmp_path, "run", "Go on.", "--session", session_of(stopped),
+                     "--budget-tokens", "1000", env=openai_env(server))
+
+    assert stopped.returncode == 4, stopped.stderr
+    assert "stopped: the run reached its budget of 100 tokens (150 tokens used)" in stopped.stderr
+    assert "abort" not in stopped.stderr  # the row says why, once
+    assert requests_then == 1
+    assert raised.returncode == 0, raised.stderr
+    assert raised.stdout.strip() == "It says five."
+
+
+def test_harness_run_fallback_takes_the_run_over_after_a_503_storm_and_prints_its_row(
+        server: ReplayServer, tmp_path: Path) -> None:
+    server.enqueue(*[UNAVAILABLE] * 4, with_usage(10, text="from the fallback"))
+
+    run = harness(tmp_path, tmp_path, "run", "Hello?", "--model", "openai/gpt-4o", "--fallback", "openai/gpt-4o-mini",
+                  env={**openai_env(server), "HARNESS_RETRY_DELAY_MS": "0"})
+
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip() == "from the fallback"
+    assert [request.json()["model"] for request in server.requests] == ["gpt-4o"] * 4 + ["gpt-4o-mini"]
+    assert "model: openai/gpt-4o -> openai/gpt-4o-mini (fallback: " in run.stderr
+    assert "overloaded" in run.stderr
+
+
+@pytest.mark.parametrize(("command", "option", "value", "said"), [
+    ("run", "--budget-tokens", "0", "--budget-tokens"),
+    ("run", "--budget-tokens", "many", "--budget-tokens"),
+    ("run", "--budget-usd", "-1", "positive number of US dollars"),
+    ("run", "--budget-usd", "nan", "positive number of US dollars"),
+    ("run", "--fallback", "gpt-4o-mini", "provider/id"),
+    ("chat", "--budget-usd", "0", "positive number of US dollars"),
+    ("chat", "--fallback", "gpt-4o-mini", "provider/id"),
+])
+def test_a_bad_budget_or_fallback_is_a_usage_error_that_writes_nothing(
+        tmp_path: Path, command: str, option: str, value: str, said: str) -> None:
+    refused = harness(tmp_path, tmp_path, command, *(["hi"] if command == "run" else []), option, value)
+
+    assert refused.returncode == 2
+    assert said in " ".join(refused.stderr.replace("│", " ").split())
+    assert not (tmp_path / "harness.db").exists()
+
+
+def test_a_fallback_model_that_cannot_run_is_refused_before_anything_is_written(
+        server: ReplayServer, tmp_path: Path) -> None:
+    refused = harness(tmp_path, tmp_path, "run", "hi", "--model", "openai/gpt-4o", "--fallback", "nowhere/no-model",
+                      env=openai_env(server))
+
+    assert refused.returncode == 1
+    assert "model_unavailable" in refused.stderr
+    assert not server.requests
+    assert harness(tmp_path, tmp_path, "sessions").stdout == ""
 
 
 # -- prices --------------------------------------------------------------------------------------------

@@ -38,7 +38,7 @@ from harness.cli.config import Attached, attach_client, no_tools_note
 from harness.cli.render import branch_oldest_first, entry_lines
 from harness.cli.terminal_text import escape
 from harness.context import Context
-from harness.conversation import Conversation, ConversationService, WorkMode
+from harness.conversation import Budget, Conversation, ConversationService, WorkMode
 from harness.conversation import restart as restart_conversation
 from harness.errors import HarnessError, ModelUnavailable
 from harness.messages import AssistantMessage, ModelIdentity
@@ -78,6 +78,10 @@ class ChatSettings:
     """A new lane's tools: None for the model's default (`offers_tools`), True or False to decide."""
     rules: PermissionRules = field(default_factory=PermissionRules)
     """The permission rules of the settings files and the command line (`load_permission_rules`)."""
+    budget: Budget = field(default_factory=Budget)
+    """Each turn's spending caps (`--budget-tokens`, `--budget-usd`): reaching one stops the turn."""
+    fallback: tuple[ModelIdentity, ...] = ()
+    """The models that take a step over when the lane's model keeps failing (`--fallback`)."""
 
 
 CommandRun = Callable[["ChatClient", str], Awaitable[None]]
@@ -383,7 +387,8 @@ class ChatClient:
         attached = await attach_client(
             self._draft or self.store, session_id, self.context, registry=self.registry, home=self.settings.home,
             cwd=self.cwd, approval=self.approval, jobs=self.jobs, mcp=self.mcp, model=model, lane=self.settings.lane,
-            listeners=[self.view], require_model=False, tools=self.settings.tools,
+            listeners=[self.view], require_model=False, tools=self.settings.tools, budget=self.settings.budget,
+            fallback=self.settings.fallback,
         )
         conversation = attached.conversation
         self.view.meter = await UsageMeter.read(conversation.journal, conversation.tip_id(attached.lane), self.context)

@@ -6,6 +6,7 @@ checks) in its body, as every command module does: see `harness.cli.app`."""
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 import sys
 from collections.abc import Awaitable, Callable
@@ -25,6 +26,7 @@ from harness.session import Store
 
 if TYPE_CHECKING:
     from harness.cli.config import Readiness
+    from harness.conversation import Budget
     from harness.imports import ImportReport
     from harness.providers import Model, ModelRegistry
     from harness.tools import PermissionRules
@@ -44,6 +46,31 @@ AllowOption = Annotated[list[str] | None, typer.Option(
 DenyOption = Annotated[list[str] | None, typer.Option(
     "--deny", metavar="RULE", help="A permission rule whose calls never run, e.g. 'shell(rm *)' (repeatable; deny "
                                    "beats ask and allow).")]
+BudgetTokensOption = Annotated[int | None, typer.Option(
+    "--budget-tokens", metavar="N", min=1, help="Stop a run once it has used N tokens (checked before each "
+                                                  "request; its sub-agents' count too).")]
+BudgetUsdOption = Annotated[float | None, typer.Option(
+    "--budget-usd", metavar="X", help="Stop a run once it has cost X US dollars at the models' prices.")]
+FallbackOption = Annotated[list[str] | None, typer.Option(
+    "--fallback", metavar="MODEL", help="A provider/id that takes a request over when the model still fails with "
+                                        "a retryable error after its retries (repeatable, tried in order).")]
+
+
+def spending(budget_tokens: int | None, budget_usd: float | None,
+             fallback: list[str] | None) -> tuple[Budget, tuple[ModelIdentity, ...]]:
+    """Each run's caps and the fallback models of `--budget-tokens`, `--budget-usd` and
+    `--fallback` (issue 32); a dollar amount that is not a positive number or a model that is not
+    provider/id is a usage error (exit status 2) before anything is opened."""
+    from harness.conversation import Budget
+
+    if budget_usd is not None and not (math.isfinite(budget_usd) and budget_usd > 0):
+        raise typer.BadParameter(f"a budget is a positive number of US dollars, not {budget_usd}",
+                                 param_hint="--budget-usd")
+    try:
+        models = tuple(ModelIdentity.parse(each) for each in fallback or ())
+    except InvalidInput as error:
+        raise typer.BadParameter(error.message, param_hint="--fallback") from error
+    return Budget(run_tokens=budget_tokens, run_usd=budget_usd), models
 
 
 def permission_rules(home: Path, cwd: Path, allow: list[str] | None, deny: list[str] | None) -> PermissionRules:
@@ -79,9 +106,13 @@ def chat(
                         "default.")] = False,
     allow: AllowOption = None,
     deny: DenyOption = None,
+    budget_tokens: BudgetTokensOption = None,
+    budget_usd: BudgetUsdOption = None,
+    fallback: FallbackOption = None,
     store: StoreOption = None,
 ) -> None:
     """Chat with an agent in the terminal; every turn is journaled, so a stopped chat can be resumed."""
+    budget, fallback_models = spending(budget_tokens, budget_usd, fallback)
     if not (sys.stdin.isatty() and sys.stdout.isatty()):
         typer.echo("harness chat needs a terminal; for one prompt from a script use `harness run`", err=True)
         raise typer.Exit(2)
@@ -101,7 +132,8 @@ def chat(
                       else await resolve_session(s, session, context) if session is not None else None)
         settings = ChatSettings(home=home, cwd=cwd, session_id=session_id, lane=lane,
                                 model=ModelIdentity.parse(model) if model else None, approve_all=yes, resume=resume,
-                                tools=True if tools else None, rules=rules)
+                                tools=True if tools else None, rules=rules, budget=budget,
+                                fallback=fallback_models)
         registry = ModelRegistry.load(home=settings.home)
         client = ChatClient(s, settings, registry, context, commands=COMMANDS, out=sys.stdout,
                             color="NO_COLOR" not in os.environ)
@@ -157,13 +189,16 @@ def run(
     output_schema: Annotated[Path | None, typer.Option(
         "--output-schema", help="A JSON Schema file: the answer must be JSON of that shape (sent back to the model "
                                 "while it is not, at most twice); stdout then holds only that JSON.")] = None,
+    budget_tokens: BudgetTokensOption = None,
+    budget_usd: BudgetUsdOption = None,
+    fallback: FallbackOption = None,
     store: StoreOption = None,
 ) -> None:
     """Run one turn non-interactively: stream the reply (tools work in the current directory).
 
     Exit status: 0 completed, 1 failed (or an error before the run), 2 a usage error, 3 deferred by
-    the provider, 4 aborted (Ctrl-C, or an abort from elsewhere); 130 when a second Ctrl-C left
-    without waiting (the run stays open: --resume finishes it)."""
+    the provider, 4 aborted (Ctrl-C, an abort from elsewhere, or its budget reached); 130 when a
+    second Ctrl-C left without waiting (the run stays open: --resume finishes it)."""
     if resume and session is None:
         raise typer.BadParameter("--resume needs --session: a new session has nothing to resume",
                                  param_hint="--resume")
@@ -187,11 +222,13 @@ def run(
         output = read_output_schema(output_schema) if output_schema is not None else None
     except InvalidInput as error:
         raise typer.BadParameter(error.message, param_hint="--output-schema") from error
+    budget, fallback_models = spending(budget_tokens, budget_usd, fallback)
     home, cwd = harness_home(), Path.cwd()
     turn = RunTurn(prompt=text, cwd=cwd, home=home, session_id=session, lane=lane, model=identity,
                    approve_all=yes, json_events=json_events, resume=resume,
                    tools=False if no_tools else True if offer_tools else None,
-                   rules=permission_rules(home, cwd, allow, deny), output=output)
+                   rules=permission_rules(home, cwd, allow, deny), output=output, budget=budget,
+                   fallback=fallback_models)
 
     async def body(s: Store, context: Context) -> int:
         registry = ModelRegistry.load(home=turn.home)

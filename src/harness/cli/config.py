@@ -32,6 +32,7 @@ from harness.conversation import (
     PROJECT_CONTEXT_BYTES,
     PROJECT_TOOL,
     PROJECTS_FILE,
+    Budget,
     Conversation,
     ConversationService,
     ConversationSetup,
@@ -209,21 +210,23 @@ def drive_settings() -> DriveSettings:
 
 def client_setup(registry: ModelRegistry, workspace: Workspace, home: Path, approval: ApprovalPolicy,
                  jobs: BackgroundJobs, *, drive: DriveSettings | None = None,
-                 listeners: Sequence[Listener] = (), mcp: McpServers | None = None) -> ConversationSetup:
+                 listeners: Sequence[Listener] = (), mcp: McpServers | None = None,
+                 budget: Budget | None = None) -> ConversationSetup:
     """What a client's conversations run with: `registry`'s models (its `fast_identity` for
     `/fast`), the built-in tools working in `workspace.root` (or in the conversation's project)
     with `approval` as their `before_tool` hook (for the tools it gates) and background commands
     tracked in `jobs`, projects listed from `home/projects.toml`, and the `general` agent to
     delegate to (CE-18). The terminal and `harness serve` both build theirs here; `drive` defaults
-    to `drive_settings()`. The tools of `mcp`'s servers join as they connect and change at step
-    boundaries (`McpServers`); a lane offers them through `MCP_TOOLS`. Shell commands, the
-    agent's and the person's own (`!cmd`, a server's `POST .../shell`), also run without the
-    variable of each of the registry's API keys, whatever its name."""
+    to `drive_settings()`, `budget` (each run's spending caps, issue 32) to none. The tools of
+    `mcp`'s servers join as they connect and change at step boundaries (`McpServers`); a lane
+    offers them through `MCP_TOOLS`. Shell commands, the agent's and the person's own (`!cmd`, a
+    server's `POST .../shell`), also run without the variable of each of the registry's API keys,
+    whatever its name."""
     keys = {row.model.api_key_env for row in registry.configured() if row.model.api_key_env is not None}
     workspace = replace(workspace, env_deny=(*workspace.env_deny, *sorted(keys)))
     return ConversationSetup(
         models=registry, system_prompt=system_prompt(workspace), drive=drive or drive_settings(),
-        hooks=RunHooks(before_tool=approval, before_tool_applies=approval.decides,
+        budget=budget or Budget(), hooks=RunHooks(before_tool=approval, before_tool_applies=approval.decides,
                        between_steps=mcp.at_step_boundary if mcp is not None else None), listeners=listeners,
         live_tools=mcp.tools if mcp is not None else {},
         directory=workspace.root, projects_file=home / PROJECTS_FILE, running_jobs=jobs.running,
@@ -278,6 +281,8 @@ async def attach_client(
     tools: bool | None = None,
     require_model: bool = True,
     user: str | None = None,
+    budget: Budget | None = None,
+    fallback: Sequence[ModelIdentity] = (),
 ) -> Attached:
     """Open conversation `session_id` of `user` (default `local_user()`; a new one when None)
     through a `ConversationService`, its harness running the built-in tools in the conversation's
@@ -299,6 +304,9 @@ async def attach_client(
     conversation keeps across model switches, on an existing conversation too (True gives one
     without tools the default ones). A new session is named
     from `name_from`. `drive` defaults to `drive_settings()` (compaction fits itself to the model).
+    `budget` caps what each run spends (`Budget`, issue 32); `fallback` are the models that take a
+    step over, in order, when the lane's model keeps failing with a retryable error
+    (`DriveSettings.fallback`): each must be usable, checked with the model.
     With `require_model=False` a lane whose configured model is not usable is still attached (to
     read it, or switch its model), with `Attached.model` None; a `model` given here must be usable
     all the same. Also raises
@@ -324,10 +332,14 @@ async def attach_client(
     except (ModelUnavailable, MissingApiKey):
         if require_model or model is not None or configured is None:
             raise
+    for each in fallback:
+        registry.usable(each)
+    if fallback:
+        drive = replace(drive or drive_settings(), fallback=tuple(fallback))
     # The setup follows the working directory and the model (the tools' output limit), so each
     # attachment has a service of its own; what conversations share is the journal.
     setup = client_setup(registry, tool_workspace(cwd, home, resolved), home, approval, jobs,
-                         drive=drive, listeners=listeners, mcp=mcp)
+                         drive=drive, listeners=listeners, mcp=mcp, budget=budget)
     service = ConversationService(store, setup)
     config = new_lane_config(identity, home, tools)
     if session_id is None:

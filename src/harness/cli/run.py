@@ -2,9 +2,9 @@
 
 Exit codes: `EXIT_COMPLETED` (0), `EXIT_FAILED` (1, also for errors before the run), 2 for a usage
 error (typer's, e.g. a missing prompt or a bad option), `EXIT_SUSPENDED` (3: the provider will
-answer later; the operation stays open), `EXIT_ABORTED` (4: the run was aborted, by Ctrl-C or by
-another process's durable abort, and settled). A second Ctrl-C leaves at once with
-`EXIT_INTERRUPTED` (130, as a shell reports a process Ctrl-C ended), and the operation stays open
+answer later; the operation stays open), `EXIT_ABORTED` (4: the run was aborted, by Ctrl-C, by
+another process's durable abort or by a spending cap, and settled). A second Ctrl-C leaves at once
+with `EXIT_INTERRUPTED` (130, as a shell reports a process Ctrl-C ended), and the operation stays open
 in the journal to be resumed (`--resume`).
 """
 
@@ -30,6 +30,7 @@ from harness.conversation import (
     CHAT_EVENT_TYPE,
     GARDEN_MESSAGE_TYPE,
     SUBAGENT_RESULT_TYPE,
+    Budget,
     Conversation,
     ErrorDetails,
     chat_event_rows,
@@ -98,6 +99,10 @@ class RunTurn:
     output: OutputSchema | None = None
     """The shape the answer must take (`--output-schema`): stdout then holds only the validated
     answer's JSON, the reply's text going to stderr with the status lines (`read_output_schema`)."""
+    budget: Budget = field(default_factory=Budget)
+    """The run's spending caps (`--budget-tokens`, `--budget-usd`): reaching one stops it, aborted."""
+    fallback: tuple[ModelIdentity, ...] = ()
+    """The models that take a step over when the lane's model keeps failing (`--fallback`)."""
 
 
 def read_output_schema(path: Path) -> OutputSchema:
@@ -202,7 +207,7 @@ class TextPrinter:
             case CompactionEnd(status=outcome, error=error):
                 detail = f": {error.message}" if error is not None else ""
                 self.status.print(f"[dim]compaction {outcome}{escape(detail)}[/]")
-            case OperationAbort(cause=cause):
+            case OperationAbort(cause=cause) if cause != "budget":  # a budget stop's row says it
                 self._end_line()
                 self.status.print(f"[yellow]abort requested ({cause}); waiting for the run to settle…[/]")
             case EntryAdded(entry=entry):
@@ -213,7 +218,7 @@ class TextPrinter:
                     # The stored row's cleaned text, as every reader shows it; the raw text is logged (CE-9).
                     text = f": {self._error_row}" if self._error_row is not None else ""
                     self.status.print(f"[red]run failed \\[{escape(result.error.code)}]{escape(text)}[/]")
-                elif result.outcome == "aborted":
+                elif result.outcome == "aborted" and result.abort_cause != "budget":
                     self.status.print(f"[yellow]run aborted ({result.abort_cause or 'unknown cause'})[/]")
             case Fault(code=code, message=text):
                 self._end_line()
@@ -296,7 +301,7 @@ async def run_turn(store: Store, turn: RunTurn, registry: ModelRegistry, context
         attached = await attach_client(
             store, turn.session_id, context, registry=registry, home=turn.home, cwd=turn.cwd, approval=approval,
             jobs=jobs, model=turn.model, lane=turn.lane, listeners=[printer], name_from=turn.prompt,
-            tools=turn.tools, mcp=mcp,
+            tools=turn.tools, mcp=mcp, budget=turn.budget, fallback=turn.fallback,
         )
     except BaseException:
         await mcp.close()
