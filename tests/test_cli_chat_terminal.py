@@ -14,6 +14,7 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -21,6 +22,7 @@ import pytest
 
 from harness.cli.terminal_text import escape, visible
 from harness.providers.replay import Hold, ReplayResponse, ReplayServer
+from harness.tools import trust_mcp_server
 from terminal_screen import Display
 from test_cli_chat import (  # noqa: F401  (chats, dirs and server are fixtures)
     HARNESS,
@@ -38,6 +40,7 @@ from test_cli_chat import (  # noqa: F401  (chats, dirs and server are fixtures)
     tool_reply,
 )
 
+MCP_SERVER = Path(__file__).parent / "mcp_server.py"
 CLEAR_SCREEN = "\x1b[2J\x1b[H"
 ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b[()=>][0-9A-Za-z]?")
 
@@ -226,6 +229,40 @@ def test_version_and_short_help(chats: list[Chat], dirs: tuple[Path, Path], serv
     assert re.fullmatch(r"harness \d+\.\d+\.\d+\S*\n", version.stdout)
     assert "--version" in short.stdout
     assert "--resume" in chat_help.stdout
+
+
+def test_the_start_names_the_project_mcp_servers_not_trusted_and_asks_nothing(
+        chats: list[Chat], dirs: tuple[Path, Path], server: ReplayServer) -> None:
+    """The servers of a project's `.mcp.json` the person has not trusted are not started (a cloned
+    repository's file runs nothing by itself): the chat says so in one line at its start, naming
+    them and the command that trusts one, and asks nothing, so the first line typed is the prompt.
+    A trusted server is not named, and once all are trusted there is no such line."""
+    home, work = dirs
+    started = work / "started"
+    untrusted = {"command": "sh", "args": ["-c", f'touch "{started}"']}
+    trusted = {"command": sys.executable, "args": [str(MCP_SERVER), "stdio", str(work / "ledger.log")]}
+    (work / ".mcp.json").write_text(json.dumps({"mcpServers": {"repo": untrusted, "docs": untrusted,
+                                                               "ledger": trusted}}))
+    trust_mcp_server(home, "ledger")
+    server.enqueue(text_reply("Hello."))
+    chat = start(chats, dirs, server)
+
+    chat.send_line("hi")
+    chat.expect("Hello.")
+    assert chat.leave() == 0
+    first = screen_text(chat)
+    ran_untrusted = started.exists()
+    trust_mcp_server(home, "repo")
+    trust_mcp_server(home, "docs")
+    again = start(chats, dirs, server)
+    assert again.leave() == 0
+
+    [line] = [line for line in first.splitlines() if ".mcp.json" in line]
+    assert line.startswith("./.mcp.json's MCP servers repo, docs are not started until you trust them: `")
+    assert line.rstrip().endswith(" mcp trust NAME`")
+    assert sent_messages(server.requests[0])[-1] == {"role": "user", "content": "hi"}
+    assert not ran_untrusted
+    assert ".mcp.json" not in screen_text(again)[len(first):]
 
 
 def test_text_that_arrives_after_ctrl_c_is_not_shown(chats: list[Chat], dirs: tuple[Path, Path],

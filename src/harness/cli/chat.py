@@ -442,6 +442,9 @@ class ChatClient:
             await self._show_recent(tip)
         if (notice := self.turns.model_notice()) is not None:
             self.screen.print(f"[yellow]{escape(notice)}[/]")
+        if untrusted := [status.config.name for status in self.mcp.statuses() if status.state == "untrusted"]:
+            # Said, not asked: a cloned repository's servers wait for the person's own command.
+            self.screen.print(f"[yellow]{escape(_untrusted_note(untrusted))}[/]")
         self.screen.print("[dim]/help: commands · Enter sends · Ctrl-C interrupts a turn · Ctrl-D leaves[/]")
 
     async def _show_recent(self, tip: str) -> None:
@@ -482,6 +485,14 @@ def command_as_invoked(argv0: str | None = None, *, cwd: Path | None = None, pat
     if program.is_relative_to(cwd):
         return str(program.relative_to(cwd))
     return str(program)
+
+
+def _untrusted_note(names: list[str]) -> str:
+    """The start's line about the servers of ./.mcp.json the person has not trusted (`names`)."""
+    trust = f"{command_as_invoked()} mcp trust"
+    if len(names) == 1:
+        return f"./.mcp.json's MCP server {names[0]} is not started until you trust it: `{trust} {names[0]}`"
+    return f"./.mcp.json's MCP servers {', '.join(names)} are not started until you trust them: `{trust} NAME`"
 
 
 def _sources(rows: list[RenderableType]) -> list[object]:
