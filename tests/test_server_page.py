@@ -2,7 +2,7 @@
 Selenium, against the app served by uvicorn on a free loopback port with the faux provider scripting
 the replies, a reply paused mid-way (`delay`) where a test acts mid-reply: send and see the reply
 stream, approve a call and deny one, stop a run, reload mid-reply, two tabs following one turn, the
-model picker, a delegated job's row.
+model picker, a delegated job's row, a fallback's and a budget stop's rows.
 
 The server runs in a thread of its own (its own event loop), so the browser's blocking calls never
 hold it up; `Page.run` runs a coroutine there and `Page.release` lets a paused reply go on. Skipped,
@@ -30,9 +30,21 @@ import pytest
 
 from drive_helpers import FAUX, ProbeTool
 from harness.context import Context
-from harness.conversation import GENERAL_AGENT, AgentRegistry
+from harness.conversation import GENERAL_AGENT, AgentRegistry, Budget
+from harness.messages import ModelIdentity
 from harness.providers import Model
-from harness.providers.faux import FauxDelay, FauxReply, FauxRequest, FauxScript, delay, reply, thinking, tool_call
+from harness.providers.faux import (
+    FauxDelay,
+    FauxReply,
+    FauxRequest,
+    FauxScript,
+    delay,
+    failure,
+    reply,
+    thinking,
+    tool_call,
+)
+from harness.runtime import DriveSettings, RetryPolicy
 from harness.server import Approvals, StoreTokens
 from harness.session import LaneConfig, connect
 from server_helpers import USER, Served, asgi_client, faux_app, serving
@@ -68,13 +80,14 @@ class Page:
     `script` with the faux provider; `write` is a tool whose calls wait for an answer from the
     page, `agents` the sub-agents the model may delegate to and `models` those the registry holds
     beside the faux one. With `tokens` the server checks bearer tokens and `token` is one of
-    `USER`'s; else every request is `USER`."""
+    `USER`'s; else every request is `USER`. `drive` as `faux_app`'s."""
 
     directory: Path
     script: FauxScript
     tokens: bool = False
     agents: AgentRegistry | None = None
     models: Sequence[Model] = ()
+    drive: DriveSettings | None = None
     url: str = ""
     token: str = ""
     served: Served = field(init=False)
@@ -98,7 +111,7 @@ class Page:
                 auth = StoreTokens(store.tokens)
                 self.token, _ = await store.tokens.create(USER, context)
             self.served = faux_app(store, self.script, auth=auth, tools=[self.write], approvals=Approvals(),
-                                   agents=self.agents, models=self.models)
+                                   agents=self.agents, models=self.models, drive=self.drive)
             async with serving(self.served.app) as url:
                 ready.set_result(url)
                 await self._stop.wait()
@@ -164,9 +177,9 @@ def browser_tab(browser: WebDriver) -> Iterator[WebDriver]:
 @contextmanager
 def served(tmp_path: Path, *script: FauxReply | str, tokens: bool = False, agents: AgentRegistry | None = None,
            answer: Callable[[FauxRequest], FauxReply | str] | None = None,
-           models: Sequence[Model] = ()) -> Iterator[Page]:
+           models: Sequence[Model] = (), drive: DriveSettings | None = None) -> Iterator[Page]:
     """The page's server answering `script` (or every request with `answer`), stopped on leaving."""
-    page = Page(tmp_path, answer or list(script), tokens=tokens, agents=agents, models=models)
+    page = Page(tmp_path, answer or list(script), tokens=tokens, agents=agents, models=models, drive=drive)
     page.start()
     try:
         yield page
@@ -563,6 +576,29 @@ def test_a_background_jobs_result_is_a_delegation_row(tmp_path: Path, browser_ta
 
         row = shown(browser_tab, "#transcript .delegation", "⇢ agent general finished: Find the bug")
         assert row.get_attribute("data-tone") == "quiet"
+        wait(browser_tab, idle)
+
+
+def test_a_fallback_and_a_budget_stop_show_their_rows(tmp_path: Path, browser_tab: WebDriver) -> None:
+    """The model fails with a retryable error past its retries: the fallback model takes the step,
+    its model row saying so and why; the conversation's cap of 1 token then stops the run before
+    the step after its call, with the budget row (issue 32)."""
+    drive = DriveSettings(frame_interval_s=0, retry=RetryPolicy(max_retries=0),
+                          fallback=(ModelIdentity(provider="faux", model_id=OTHER.id),))
+    with served(tmp_path, failure("retryable", "overloaded"), reply(tool_call("nothing")), models=[OTHER],
+                drive=drive) as page:
+        conversation_id = page.conversation(LaneConfig(model=FAUX))
+        page.run(lambda: page.served.service.set_budget(USER, conversation_id, Budget(conversation_tokens=1),
+                                                        Context({"test": "page"})))
+        browser_tab.get(f"{page.url}/?c={conversation_id}")
+        say(browser_tab, "go")
+
+        shown(browser_tab, '#transcript .event[data-kind="model"]',
+              "model: faux/faux → faux/other (fallback: overloaded)")
+        budget = shown(browser_tab, '#transcript .event[data-kind="budget"]',
+                       "■ stopped: the conversation reached its budget of 1 tokens")
+        assert budget.get_attribute("data-tone") == "warn"
+        assert budget.text.endswith("tokens used)")
         wait(browser_tab, idle)
 
 

@@ -34,6 +34,13 @@ function toolsFollowed(tools: unknown): string {
   return tools.length ? ` · tools: ${tools.join(", ")}` : " · no tools";
 }
 
+/** An amount of a budget row's unit, as the terminal says it: `1,234 tokens`, `$0.0012`. */
+function amount(unit: string, value: number): string {
+  return unit === "tokens"
+    ? `${Math.round(value).toLocaleString("en-US")} tokens`
+    : `$${value.toLocaleString("en-US", { minimumFractionDigits: 4, maximumFractionDigits: 4 })}`;
+}
+
 function errorText(details: Any): string {
   const notice = details.notice;
   if (notice == null) return details.text; // the provider's or an exception's own text, verbatim
@@ -95,7 +102,11 @@ export function chatEventWords(details: ChatEventDetails | null | undefined): Wo
       return { text: `✗ ${errorText(d)}`, tone: "bad" };
     case "model":
       return { text: `model: ${d.previous ? `${modelName(d.previous)} → ` : ""}${modelName(d.model)}` +
-        toolsFollowed(d.tools), tone: "quiet" };
+        toolsFollowed(d.tools) + (d.by === "fallback" ? ` (fallback: ${d.reason ?? "it kept failing"})` : ""),
+        tone: "quiet" };
+    case "budget":
+      return { text: `■ stopped: the ${d.scope} reached its budget of ${amount(d.unit, d.limit)} ` +
+        `(${amount(d.unit, d.spent)} used)`, tone: "warn" };
     case "rename":
       return { text: d.name ? `renamed: ${d.name}` : "name cleared", tone: "quiet" };
     case "cwd": {
