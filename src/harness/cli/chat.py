@@ -434,7 +434,7 @@ class ChatClient:
         title = f" · {escape(name)}" if name else ""
         config, tip = conversation.config(lane), conversation.tip_id(lane)
         self.screen.print(f"[bold]harness chat[/] · session [cyan]{conversation.id}[/]{title}")
-        self.screen.print(f"[dim]lane {escape(lane)} · model {escape(config.model.spec)} · "
+        self.screen.print(f"[dim]lane {escape(lane)} · model {escape(self.registry.label(config.model))} · "
                           f"{escape(self.where())} · {escape(self.approvals())}[/]")
         if note := no_tools_note(config):
             self.screen.print(f"[dim]{escape(note)}[/]")

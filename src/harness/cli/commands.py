@@ -252,7 +252,8 @@ def run(
 @app.command()
 def models() -> None:
     """List the configured models (provider/id, api, context window) and whether each can be called:
-    its key, its weights file, its server answering; `*` marks the default."""
+    its key, its weights file, its server answering; then the models each OpenAI-compatible server
+    other than OpenAI's lists (its /models); `*` marks the default."""
     from harness.cli.config import check_readiness
     from harness.providers import ModelRegistry
 
