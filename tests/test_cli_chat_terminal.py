@@ -458,6 +458,61 @@ def test_a_paste_that_would_take_most_of_the_window_is_warned_about(chats: list[
     assert chat.leave() == 0
 
 
+SENTENCE = ("the harness respected every request while its workers kept the journal whole and nothing that "
+            "was written could be lost between one step and the next one")
+WORDS = SENTENCE.split()
+
+
+def reply_paragraph(lines: list[str], after: str) -> str:
+    """The screen lines of the reply after the line `after`, up to what ends it (a blank line,
+    the working line, the prompt or the outcome row), joined by spaces; empty before `after` shows."""
+    paragraph: list[str] = []
+    for line in lines[lines.index(after) + 1:] if after in lines else []:
+        if not line or re.match(SPINNER, line) or line.startswith(("›", "steer›", "✓")):
+            break
+        paragraph.append(line)
+    return " ".join(paragraph)
+
+
+def test_a_resize_mid_reply_prints_the_transcript_again_at_the_new_width(
+        chats: list[Chat], dirs: tuple[Path, Path], server: ReplayServer) -> None:
+    """Issue 33 item 3: resizing the terminal mid-reply garbled the transcript for good: words
+    split across lines, a partial line printed twice. A paragraph that streams while the
+    terminal goes from 120 columns to 50 and back is on screen whole each time, wrapped at
+    words to the width of now, once, and so is everything above it."""
+    first, second, third = (" ".join(WORDS * 2), " ".join(WORDS[:20]), " ".join(WORDS[20:]))
+    holds = Hold(), Hold()
+    server.enqueue(ReplayResponse.sse(_chunk({"role": "assistant", "content": ""}), _chunk({"content": first}),
+                                      holds[0], _chunk({"content": " " + second}), holds[1],
+                                      _chunk({"content": " " + third + ".\n\nDone."}), *_end("stop")))
+    chat = start(chats, dirs, server, columns=120)
+    display = Display(chat)
+
+    chat.send_line("go")
+    assert holds[0].reached.wait(TIMEOUT_S)
+    wide = display.wait_for(lambda lines: reply_paragraph(lines, "› go") == first)
+    display.resize(50)
+    narrow = display.wait_for(lambda lines: reply_paragraph(lines, "› go") == first)
+    holds[0].release()
+    assert holds[1].reached.wait(TIMEOUT_S)
+    display.wait_for(lambda lines: reply_paragraph(lines, "› go") == f"{first} {second}")
+    display.resize(120)
+    wide_again = display.wait_for(lambda lines: reply_paragraph(lines, "› go") == f"{first} {second}"
+                                  and max(map(len, lines)) > 50)
+    holds[1].release()
+    display.wait_for("turn completed")
+    done = display.lines()
+
+    assert max(map(len, wide)) > 50
+    assert max(map(len, narrow)) <= 50
+    assert any(chat.session_id() in line for line in narrow)  # the header, wrapped again at words, not cut
+    assert reply_paragraph(done, "› go") == f"{first} {second} {third}."
+    assert "Done." in done
+    assert [line for line in (*narrow, *wide_again, *done) if line.startswith("› go")] == ["› go"] * 3
+    assert len([line for line in done if line.startswith("harness chat · session")]) == 1
+    assert chat.leave() == 0
+
+
 def long_conversation(chats: list[Chat], dirs: tuple[Path, Path], server: ReplayServer,
                       *then: ReplayResponse) -> Chat:
     """A chat after four turns long enough to compact (two answers hold more than the 20,000

@@ -153,6 +153,8 @@ class Terminal:
             completer=WordCompleter(commands, sentence=True), complete_while_typing=False,
         )
         screen.on_live_change = self.invalidate
+        # A resize redraws the prompt: the transcript above it is printed again first if the width changed.
+        self._session.app.before_render.add_handler(lambda app: screen.fit())
 
     # -- what the chat calls ----------------------------------------------------------------------
 

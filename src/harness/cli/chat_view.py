@@ -9,8 +9,10 @@ from its `ChatEventPublished`, worded by `chat_rows`, never from the text the mo
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
+import os
 import re
 import shutil
 import time
@@ -114,13 +116,21 @@ class Screen:
 
     A block streamed with `markdown` is rendered as Markdown a piece at a time as it completes:
     each line on its own (headings, list items, emphasis, inline code), a fenced code block
-    whole once its closing fence arrives, highlighted. Rows already printed cannot be redrawn,
-    so this keeps the reply appearing as it streams while still rendering it."""
+    whole once its closing fence arrives, highlighted. Rows once printed are not redrawn as more
+    arrives, so this keeps the reply appearing as it streams while still rendering it.
+
+    Everything printed is kept as what renders it again (a streamed paragraph as one line, though
+    it was printed a screen line at a time), so that when the terminal's width changes the
+    transcript is printed again at the new width (`fit`) instead of left as the terminal cut or
+    reflowed it."""
 
     def __init__(self, out: TextIO, *, color: bool) -> None:
         self._out = out
         self._console = Console(file=io.StringIO(), force_terminal=color, no_color=not color, highlight=False,
                                 emoji=False)
+        self._printed: list[Callable[[], str]] = []  # each renders one row, or paragraph, at the width of now
+        self._paragraph: list[str] = []  # the screen lines printed so far of a streamed paragraph
+        self._columns = self.columns()  # the width everything on screen was printed at
         self._live_key: object = None
         self._live_text = ""
         self._live_style = ""
@@ -133,14 +143,45 @@ class Screen:
     def print(self, text: RenderableType = "", *, style: str | None = None) -> None:
         """Print one row of rich markup, or a rich renderable (pass outside text through
         `terminal_text.escape`, or `visible` for a renderable)."""
+        self.fit()
         self._commit_live()
-        self._write(self._render(text, style=style))
+        self._emit(lambda: self._render(text, style=style))
+
+    def columns(self) -> int:
+        """The terminal's width in characters, asked of the terminal itself: `COLUMNS`, which a
+        shell sets once, is stale after a resize. `COLUMNS` (else 80) when `out` is no terminal."""
+        with contextlib.suppress(OSError, ValueError, io.UnsupportedOperation):
+            if (columns := os.get_terminal_size(self._out.fileno()).columns) > 0:
+                return columns
+        return shutil.get_terminal_size().columns
+
+    def fit(self) -> None:
+        """When the terminal's width changed since the last row was printed: clear the screen and
+        its scrollback and print everything again at the new width, then let the prompt draw
+        itself anew below. A terminal that reflows on a resize splits words and repeats the
+        prompt's lines; one that cuts loses text. Called before each row and each draw of the
+        prompt (`chat_input.Terminal`)."""
+        if (columns := self.columns()) == self._columns or not self._out.isatty():
+            return
+        self._columns = columns
+        self._out.write(_CLEAR_ALL + "".join(render() for render in self._printed))
+        self._out.flush()
+        app = get_app_or_none()
+        if app is not None and app.is_running:
+            # What it drew is gone: it draws the whole prompt again, from where the cursor is now.
+            app.renderer.reset(leave_alternate_screen=False)
+            app.renderer.request_absolute_cursor_position()
 
     def _render(self, renderable: RenderableType, *, style: str | None = None) -> str:
-        self._console.width = max(20, shutil.get_terminal_size().columns)
+        self._console.width = max(20, self._columns)
         with self._console.capture() as captured:
             self._console.print(renderable, style=style)
         return _TRAILING_SPACE.sub(r"\1", captured.get())  # rich pads Markdown to the width
+
+    def _emit(self, render: Callable[[], str]) -> None:
+        """Print a new row, kept as `render` to print it again at another width."""
+        self._printed.append(render)
+        self._write(render())
 
     def _write(self, text: str) -> None:
         app = get_app_or_none()
@@ -165,6 +206,7 @@ class Screen:
     def stream(self, key: object, text: str, *, style: str = "", markdown: bool = False) -> None:
         """Add `text` to the streaming block `key` (a new key ends the previous block's line):
         complete lines are printed, the unfinished one is shown live."""
+        self.fit()
         if key != self._live_key:
             self._commit_live()
             self._live_key, self._live_style, self._live_markdown = key, style, markdown
@@ -175,39 +217,55 @@ class Screen:
                 self._line(line.removesuffix("\r"))
         # A paragraph longer than the terminal is printed a screen line at a time, at a word
         # break, so it keeps appearing as it streams (the live line is one screen line).
-        width = max(20, shutil.get_terminal_size().columns - 1)
+        width = max(20, self._columns - 1)
         while len(self._live_text) > width and self._fence is None:
             cut = self._live_text.rfind(" ", 0, width + 1)
+            glue = " " if cut > 0 else ""
             cut = cut + 1 if cut > 0 else width
             line, self._live_text = self._live_text[:cut], self._live_text[cut:]
-            self._line(line.rstrip(" "))
+            self._line(line.rstrip(" "), glue=glue)
         self.on_live_change()
 
-    def _line(self, line: str) -> None:
-        """Print one complete line of the streaming block (as Markdown, for a Markdown block)."""
-        if not self._live_markdown:
-            self._write(self._render(escape(line), style=self._live_style or None))
+    def _line(self, line: str, *, glue: str | None = None) -> None:
+        """Print one complete line of the streaming block (as Markdown, for a Markdown block); with
+        `glue`, one screen line of a longer one, whose rest follows after `glue` (what the cut took)."""
+        if glue is not None or self._paragraph:
+            self._paragraph.append(line + (glue or ""))
+            whole = self._line_render("".join(self._paragraph))
+            if len(self._paragraph) == 1:
+                self._printed.append(whole)
+            else:
+                self._printed[-1] = whole  # its record: nothing is printed between a paragraph's lines
+            if glue is None:
+                self._paragraph = []
+            self._write(self._line_render(line)())
             return
-        fence = _FENCE.match(line)
+        fence = _FENCE.match(line) if self._live_markdown else None
         if self._fence is not None:
             self._fence.append(line)
             if fence is not None and fence.group(1)[0] == self._fence[0].lstrip()[0] and not fence.group(2).strip():
                 self._end_fence()
         elif fence is not None:
             self._fence = [line]
-        elif not line.strip():
-            self._write("\n")
         else:
-            # One line is rendered alone: its own indentation kept as padding (four spaces would
-            # make it a code block), the blank lines and padding rich puts around blocks left out.
-            text = line.lstrip(" ")
-            rendered = self._render(Padding(markdown(text), (0, 0, 0, len(line) - len(text))))
-            self._write(rendered.lstrip("\n"))
+            self._emit(self._line_render(line))
+
+    def _line_render(self, line: str) -> Callable[[], str]:
+        """What prints `line`, one line of the streaming block outside a code block, at the width of now."""
+        style = self._live_style or None
+        if not self._live_markdown:
+            return lambda: self._render(escape(line), style=style)
+        if not line.strip():
+            return lambda: "\n"
+        # One line is rendered alone: its own indentation kept as padding (four spaces would make
+        # it a code block), the blank lines and padding rich puts around blocks left out.
+        text = line.lstrip(" ")
+        return lambda: self._render(Padding(markdown(text), (0, 0, 0, len(line) - len(text)))).lstrip("\n")
 
     def _end_fence(self) -> None:
         if self._fence is not None:
-            lines, self._fence = self._fence, None
-            self._write(self._render(markdown("\n".join(lines))))
+            block, self._fence = markdown("\n".join(self._fence)), None
+            self._emit(lambda: self._render(block))
 
     def end_stream(self) -> None:
         """Print the streaming block's unfinished line, if any, and forget the block."""
@@ -228,6 +286,8 @@ class Screen:
         return to_formatted_text(ANSI(self._render(escape(self._live_text), style=self._live_style or None)))
 
 
+_CLEAR_ALL = "\x1b[H\x1b[2J\x1b[3J"
+"""To the top left, clear the screen, clear the scrollback (xterm's `E3`, which most terminals know)."""
 _TRAILING_SPACE = re.compile(r" +((?:\x1b\[[0-9;]*m)*)$", re.MULTILINE)
 _FENCE = re.compile(r"^\s{0,3}(`{3,}|~{3,})(.*)$")
 """A Markdown code fence line: its marker and what follows it (a language, or nothing on a closing fence)."""
