@@ -43,7 +43,7 @@ from harness.conversation.service import (
 from harness.conversation.settings import BUILD_TOOLS, TOOLS_CHOSEN, ConversationSettings
 from harness.errors import HarnessError, InvalidInput
 from harness.messages import THINKING_LEVELS, ModelIdentity, ThinkingLevel
-from harness.runtime import NothingToCompact, Settled
+from harness.runtime import TOOL_PATTERN_SUFFIX, NothingToCompact, Settled
 from harness.session import CompactionPayload, ValueAddress, addresses
 
 Outcome = TypeVar("Outcome", bound=CommandOutcome)
@@ -210,7 +210,12 @@ async def tools(service: ConversationService, user: str, conversation: Conversat
 
     async def run(record_now: RecordNow) -> ToolsOutcome:
         settings = conversation._settings
-        available = [tool.name for tool in settings.harness.options.tools]
+        options = settings.harness.options
+        # Patterns among the default tools (`mcp__*`) stand for tools that join while it runs.
+        patterns = [name for name in (settings.model_tools.default if settings.model_tools else ())
+                    if name.endswith(TOOL_PATTERN_SUFFIX)]
+        available = list(dict.fromkeys([*(tool.name for tool in options.tools), *sorted(options.live_tools),
+                                        *patterns]))
         words = (args or "").split()
         if words:
             await settings.choose_tools(_chosen_tools(settings, words, await settings.configured_tools(context),

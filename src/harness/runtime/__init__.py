@@ -1,7 +1,7 @@
 """The harness: attach to a session, accept runs atomically, inspect and watch lanes (HA-1 to HA-30)."""
 
 from harness.messages import ModelIdentity, ThinkingLevel
-from harness.runtime.agent_tool import AgentTool, ProgressCallback, ToolOutput
+from harness.runtime.agent_tool import TOOL_PATTERN_SUFFIX, AgentTool, ProgressCallback, ToolOutput
 from harness.runtime.branch_context import estimate_tokens
 from harness.runtime.bus import Listener
 from harness.runtime.errors import (
@@ -126,6 +126,7 @@ __all__ = [
     "MAX_INPUT_BYTES",
     "OUTPUT_ENTRY_TYPE",
     "OUTPUT_REJECTED_TYPE",
+    "TOOL_PATTERN_SUFFIX",
     "AbortRequest",
     "AcceptedRun",
     "AgentHarness",
