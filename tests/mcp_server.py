@@ -9,7 +9,8 @@ append their effects to, one line per effect.
 Its tools: `echo` (read-only) answers at once; `ledger` (no hints: never replayed) appends its key
 to LEDGER, and on the ledger's first line kills the process that started the server (SIGKILL:
 the harness that called it, over stdio); `die` appends `die` and kills the server itself mid-call;
-`hang` appends `hang` and never answers; `grow` adds the tool `fresh` and announces the change.
+`hang` appends `hang` and never answers; `grow` adds the tool `fresh` and `shrink` removes it, each
+announcing the change.
 """
 
 from __future__ import annotations
@@ -73,6 +74,14 @@ async def grow(ctx: Context) -> str:
                     annotations=ToolAnnotations(idempotent_hint=True))
     await ctx.notify_tools_changed()
     return "grown"
+
+
+@server.tool()
+async def shrink(ctx: Context) -> str:
+    """Remove the tool `fresh`."""
+    server.remove_tool("fresh")
+    await ctx.notify_tools_changed()
+    return "shrunk"
 
 
 async def serve_http() -> None:

@@ -25,7 +25,7 @@ from harness.context import Context
 from harness.conversation import Conversation
 from harness.messages import TextContent, ToolResultMessage
 from harness.providers import FauxProvider
-from harness.providers.faux import FauxScript, reply, tool_call
+from harness.providers.faux import FauxScript, delay, reply, tool_call
 from harness.runtime import Settled
 from harness.session import Store, connect
 from harness.tools import (
@@ -142,6 +142,42 @@ async def test_the_model_calls_a_server_tool_and_reads_its_result(kind: str, sto
     assert {"mcp__test__echo", "mcp__test__ledger", "mcp__test__hang"} <= offered
     assert text(tool_result(faux, 1)) == "echo: hi"
     assert not tool_result(faux, 1).is_error
+
+
+@pytest.mark.parametrize("kind", ["stdio", "http"])
+async def test_a_tool_list_change_during_a_turn_lands_at_the_next_step(kind: str, store: Store, tmp_path: Path,
+                                                                       ctx: Context) -> None:
+    """Issue 30 item 1: the server's `grow` adds `fresh` and announces it on its listen stream, which
+    may arrive after `grow`'s result; the first step after the new list arrived offers `fresh`, and
+    the model's call reaches it. `shrink` removes it: the first step after that list arrived no
+    longer offers it. The model's replies wait for `on_change`, never a sleep."""
+    async with server_entry(kind, tmp_path / "ledger.log") as entry, \
+            connected(project_with(tmp_path, {"test": entry}), tmp_path) as servers:
+        grown, shrunk = asyncio.Event(), asyncio.Event()
+
+        def changed() -> None:
+            if "mcp__test__fresh" in servers.tools:
+                grown.set()
+            elif grown.is_set():
+                shrunk.set()
+
+        servers.on_change(changed)
+        script: FauxScript = [reply(tool_call("mcp__test__grow")),
+                              reply(delay(grown), tool_call("mcp__test__echo", {"text": "after grow"})),
+                              reply(tool_call("mcp__test__fresh")),
+                              reply(tool_call("mcp__test__shrink")),
+                              reply(delay(shrunk), tool_call("mcp__test__echo", {"text": "after shrink"})),
+                              "done"]
+        _, faux, outcome = await turn(store, servers, script, tmp_path, ctx)
+
+    offered = [{tool.name for tool in record.request.tools} for record in faux.requests]
+    assert outcome.result.outcome == "completed"
+    assert len(offered) == 6
+    assert "mcp__test__fresh" not in offered[0]
+    assert "mcp__test__fresh" in offered[2]  # the step after the list with it arrived (in 1 if it came early)
+    assert text(tool_result(faux, 3)) == "fresh!"
+    assert "mcp__test__fresh" not in offered[5]  # the step after the list without it arrived
+    assert {"mcp__test__echo", "mcp__test__grow", "mcp__test__shrink"} <= offered[5]
 
 
 async def test_replay_safety_is_what_the_annotations_say(tmp_path: Path) -> None:

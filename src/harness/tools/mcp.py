@@ -13,7 +13,7 @@ import math
 import os
 import re
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from importlib.metadata import version
 from pathlib import Path
@@ -207,7 +207,7 @@ class McpServers:
     its `live_tools`, so a server's tools join when it is ready and a list change
     (`notifications/tools/list_changed`, or a 2026-era `subscriptions/listen` event) lands at the
     next step. `at_step_boundary` is a `between_steps` hook that first waits for a list change
-    already announced.
+    already announced; `on_change` tells whoever asks when a new list is in `tools`.
 
     A tool is replay-safe (`replay="safe"`) when its annotations say `readOnlyHint` or
     `idempotentHint`, else never replayed: a crash during its call is answered as interrupted,
@@ -229,6 +229,7 @@ class McpServers:
         self._log_dir = log_dir
         self._startup_timeout_s = startup_timeout_s
         self._servers = [_Server(config, self) for config in configs]
+        self._listeners: list[Callable[[], None]] = []
 
     @classmethod
     def from_files(cls, cwd: Path, home: Path) -> McpServers:
@@ -255,6 +256,20 @@ class McpServers:
         say `readOnlyHint`, and one no server lists now (fail closed). False for other names."""
         return tool_name.startswith(TOOL_PREFIX) and tool_name not in self._read_only
 
+    def on_change(self, listener: Callable[[], None]) -> Callable[[], None]:
+        """Call `listener()` each time `tools` is rebuilt: when a server connects, and when it has
+        read its list again after announcing a change (the list may have come back the same). It
+        runs on the loop once the new list is in `tools` and `changes_things`, so it may read them;
+        a listener that raises is logged and the others still run. Returns the function that stops
+        the calls.
+
+        A change notice can arrive after the result of the call that caused it (a 2026-era server
+        sends it on its own `subscriptions/listen` stream), so the step after that call may still
+        offer the old list; whoever must know when the new one is offered (a status line, a test)
+        waits for this call instead of guessing."""
+        self._listeners.append(listener)
+        return lambda: self._listeners.remove(listener)
+
     async def at_step_boundary(self, lane: Lane, context: Context) -> Sequence[Message]:
         """A `between_steps` hook: wait for the list refreshes that announced changes started, so
         the next step offers the new lists; it places no message."""
@@ -275,6 +290,11 @@ class McpServers:
                                     if tools.get(name) is server.tools[name])
         self.tools.clear()
         self.tools.update(tools)
+        for listener in list(self._listeners):
+            try:
+                listener()
+            except Exception:  # someone else's hook: the list has changed all the same
+                logger.exception("an MCP tool-list listener failed")
 
     def _errlog(self, name: str) -> contextlib.AbstractContextManager[TextIO]:
         """Where a process server's stderr goes: its log file, else this process's stderr."""
