@@ -259,13 +259,15 @@ async def test_every_route_of_a_conversation_the_other_server_drives_works_here(
             httpx.AsyncClient(base_url=url, timeout=10) as b:
         path = f"/api/conversations/{(await a.post('/api/conversations', json={})).json()['id']}"
         sent = (await a.post(f"{path}/messages", json={"text": "go"})).json()
+        # Waited on from now: the stop can settle the drive before the last request returns.
+        driven = asyncio.ensure_future(first.app.state.server.drives.wait(sent["operation_id"]))
         opened = asyncio.Event()
         watch = asyncio.create_task(sse_until(b, f"{path}/events", lambda event: event.name == "run_end",
                                               opened=opened))
         await within(opened.wait())
         on_b = [await b.get(path), await b.get(f"{path}/display"), await b.patch(path, json={"name": "renamed"}),
                 await b.post(f"{path}/stop")]
-        outcome = await within(first.app.state.server.drives.wait(sent["operation_id"]))
+        outcome = await within(driven)
         ended = await within(watch)
         again = await b.post(f"{path}/messages", json={"text": "and now"})
         await within(second.app.state.server.drives.wait(again.json()["operation_id"]))
