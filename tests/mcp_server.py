@@ -87,6 +87,9 @@ async def shrink(ctx: Context) -> str:
 async def serve_http() -> None:
     listening = socket.socket()
     listening.bind(("127.0.0.1", 0))
+    # Listening before the port is told: a client that connects while uvicorn still starts waits
+    # in the backlog instead of being refused (and the server counted as failed).
+    listening.listen(128)
     print(listening.getsockname()[1], flush=True)
     config = uvicorn.Config(server.streamable_http_app(), log_level="warning", lifespan="on")
     await uvicorn.Server(config).serve(sockets=[listening])
