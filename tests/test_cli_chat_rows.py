@@ -11,7 +11,7 @@ import time
 import pytest
 from rich.text import Text
 
-from harness.cli.chat_rows import chat_row, delegation_row
+from harness.cli.chat_rows import SHELL_ROW_LINES, chat_row, delegation_row
 from harness.cli.chat_view import ChatView, Screen, StatusPart, UsageMeter, entry_summary, fit_status
 from harness.cli.render import entry_lines
 from harness.context import Context
@@ -135,6 +135,20 @@ def entry_of(message: CustomMessage) -> Entry:
 ])
 def test_each_kind_of_row_is_worded_from_its_details(details: ChatEventDetails, row: str) -> None:
     assert shown(details) == row
+
+
+def test_a_long_shell_output_shows_its_last_lines_on_the_chats_row_and_whole_in_show_full() -> None:
+    """Issue 33: `!seq 1 3000` filled the screen with its (recorded) output; its row shows the last
+    `SHELL_ROW_LINES` lines and says how many it left out, and `harness show --full` all of them."""
+    output = "".join(f"{n}\n" for n in range(1, 101))
+    details = ShellRan(command="seq 1 100", exit_code=0, output=output)
+
+    row = Text.from_markup(chat_row(details)).plain.split("\n")
+    whole = [Text.from_markup(str(line)).plain for line in entry_lines(entry_of(chat_event_message(details)), None)]
+
+    assert row[:2] == ["! seq 1 100 · exit 0", "… 60 earlier lines not shown (`harness show --full` prints them)"]
+    assert row[2:] == [str(n) for n in range(101 - SHELL_ROW_LINES, 101)]
+    assert whole[0].split("\n") == ["! seq 1 100 · exit 0", *(str(n) for n in range(1, 101))]
 
 
 def test_a_row_in_history_is_worded_from_its_details_not_the_model_text() -> None:

@@ -62,10 +62,13 @@ _GOAL_ACTED = {"paused": "paused", "active": "resumed", "dropped": "dropped"}
 
 _MODES = {"build": "build (all of this session's tools)", "plan": "plan (read-only tools)"}
 
+SHELL_ROW_LINES = 40
+"""The lines of a `!cmd`'s recorded output its row shows, its last ones, unless told otherwise."""
 
-def chat_row(details: ChatEventDetails) -> str:
-    """The row for `details`, as rich markup on one line (a `!cmd` row adds the lines of its
-    recorded output)."""
+
+def chat_row(details: ChatEventDetails, *, shell_lines: int | None = SHELL_ROW_LINES) -> str:
+    """The row for `details`, as rich markup on one line (a `!cmd` row adds the last `shell_lines`
+    lines of its recorded output, None: all, and says how many it left out)."""
     match details:
         case Interrupted():
             return f"[yellow]■ {_STOPPED[details.cause]}[/]"
@@ -95,14 +98,21 @@ def chat_row(details: ChatEventDetails) -> str:
             said = _outcome_text(details.outcome)
             return f"[dim]{invocation}{': ' + escape(said) if said else ''}[/]"
         case ShellRan():
-            # The output is shown here only, as recorded: what the person sees is what the model reads.
+            # The output is shown here only, as recorded (what the model reads), but a long one cut
+            # to its end: it would push the whole chat off the screen.
             status = "could not finish" if details.exit_code is None else f"exit {details.exit_code}"
             row = f"[dim]! {escape(details.command)} · {status}[/]"
-            output = details.output.rstrip("\n")
-            if not output.strip():
+            lines = details.output.rstrip("\n").split("\n")
+            if not "".join(lines).strip():
                 return row
-            cut = "\n[dim]… (only the output's end is kept)[/]" if details.truncated else ""
-            return f"{row}{cut}\n{escape(output)}"
+            hidden = len(lines) - shell_lines if shell_lines is not None else 0
+            if hidden > 0:
+                earlier = f"{hidden} earlier line{'s' if hidden > 1 else ''}"
+                cut = f"\n[dim]… {earlier} not shown (`harness show --full` prints them)[/]"
+                lines = lines[hidden:]
+            else:
+                cut = "\n[dim]… (only the output's end is kept)[/]" if details.truncated else ""
+            return f"{row}{cut}\n{escape(chr(10).join(lines))}"
         case Compacted():
             before = f", {details.tokens_before} tokens before" if details.tokens_before is not None else ""
             return f"[dim]compacted ({details.reason}{before})[/]"

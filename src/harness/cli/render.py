@@ -9,7 +9,7 @@ from pydantic import JsonValue
 from rich.console import Console, RenderableType
 from rich.text import Text
 
-from harness.cli.chat_rows import chat_row, delegation_row, garden_row
+from harness.cli.chat_rows import SHELL_ROW_LINES, chat_row, delegation_row, garden_row
 from harness.cli.terminal_text import escape, markdown
 from harness.context import Context
 from harness.conversation import (
@@ -84,7 +84,8 @@ def entry_lines(entry: Entry, limit: int | Clip | None) -> list[RenderableType]:
         case "custom_message":
             custom: CustomMessage = payload.message
             if custom.custom_type == CHAT_EVENT_TYPE:  # worded from its details; an unknown shape shows nothing (CE-5)
-                return [chat_row(row.details) for row in chat_event_rows([entry])]
+                shell_lines = None if clip.limit is None else SHELL_ROW_LINES
+                return [chat_row(row.details, shell_lines=shell_lines) for row in chat_event_rows([entry])]
             if custom.custom_type == GARDEN_MESSAGE_TYPE:  # from the garden; an unknown shape shows nothing
                 garden = garden_message_of(custom)
                 return [garden_row(garden.model_copy(update={"text": clip(garden.text)}))] if garden else []
