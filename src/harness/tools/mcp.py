@@ -396,9 +396,10 @@ class _Server:
         return streamable_http_client(transport.url, http_client=http)
 
     async def _follow(self, client: Client) -> None:
-        """Until the connection ends: refresh the tool list on each change event (2026-era servers
-        announce them on a `subscriptions/listen` stream; earlier ones by notification, which
-        `_on_message` takes)."""
+        """Until the connection ends, keep the server telling its tool-list changes: a 2026-era
+        server sends them only on a `subscriptions/listen` stream, earlier ones unasked. Either way
+        the SDK hands each notice to `_on_message`, which alone refreshes the list (acting on the
+        stream's events as well read the list twice per change)."""
         import anyio
         from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
@@ -406,19 +407,15 @@ class _Server:
         if client.protocol_version in MODERN_PROTOCOL_VERSIONS and capabilities is not None \
                 and capabilities.list_changed:
             async with client.listen(tools_list_changed=True) as changes:
-                async for _ in changes:
-                    self._changed()
+                async for _ in changes:  # drained so its backlog never overflows
+                    pass
         else:
             await anyio.sleep_forever()
 
     async def _on_message(self, message: IncomingMessage) -> None:
         import mcp_types
 
-        if isinstance(message, mcp_types.ToolListChangedNotification):
-            self._changed()
-
-    def _changed(self) -> None:
-        if self._client is not None:
+        if isinstance(message, mcp_types.ToolListChangedNotification) and self._client is not None:
             self._refresh = asyncio.get_running_loop().create_task(self._relist(self._client))
 
     async def _relist(self, client: Client) -> None:
