@@ -181,8 +181,10 @@ OWNER = addresses.value_address(CONVERSATION_VALUES.namespace, "owner", str)
 
 T = TypeVar("T")
 
-PostedRunner = Callable[["Conversation", HolderRequest, Context], Coroutine[Any, Any, None]]
-"""How a conversation runs a command another process posted for it (its service's)."""
+PostedRunner = Callable[["Conversation", CommandRequest | SettingRequest | ReleaseRequest, Context],
+                       Coroutine[Any, Any, None]]
+"""How a conversation runs a command another process posted for it (its service's); an approval
+answer it takes itself, at once (`Conversation._answer_posted`)."""
 
 class RecordNow:
     """`record_now(outcome)`: record a running command's row at once, or `record_now.admit_with(...)`
@@ -1391,7 +1393,8 @@ class ConversationService:
         finally:
             await self.close(user, conversation_id, context)
 
-    async def _run_posted(self, conversation: Conversation, request: HolderRequest, context: Context) -> None:
+    async def _run_posted(self, conversation: Conversation, request: CommandRequest | SettingRequest | ReleaseRequest,
+                          context: Context) -> None:
         """Carry out what another process posted, as the poster's user, through this door: a
         command from the setup's table or a setting change (an approval answer is taken by the
         conversation itself, at once). A failure is the command's row (CE-16) and a line in the
@@ -1400,9 +1403,6 @@ class ConversationService:
             if isinstance(request, ReleaseRequest):
                 if self.on_release_request is not None:  # a chat, which keeps its conversation, has none
                     self.on_release_request(conversation.id)
-                return
-            if isinstance(request, ApprovalAnswerRequest):
-                conversation._answer_posted(request)
                 return
             if isinstance(request, SettingRequest):
                 # On `conversation` itself: while it is let go it is no longer listed as live here.
