@@ -51,6 +51,7 @@ BUDGET = addresses.value_address(CONVERSATION_VALUES.namespace, "budget", Budget
 """The conversation's own caps, durable (`ConversationService.set_budget`)."""
 
 _BUDGET_ROW = uuid.UUID("2c6f0b7e-93d4-4a51-8e2a-5b1f7d9c3e60")
+_LEDGER_PAGE = 1000
 
 
 @dataclass
@@ -64,11 +65,16 @@ class _Ledger:
     run_starts: dict[str, int | None] = field(default_factory=dict)  # by operation id: its prompt's seq
 
     async def catch_up(self, journal: SessionReader, context: Context) -> None:
-        while rows := await journal.usage_ledger(context, after_seq=self.seqs[-1] if self.seqs else None):
+        # A short page is the last: a check costs one read, not a second, empty one.
+        while True:
+            rows = await journal.usage_ledger(context, after_seq=self.seqs[-1] if self.seqs else None,
+                                              limit=_LEDGER_PAGE)
             for row in rows:
                 self.seqs.append(row.seq)
                 self.tokens.append((self.tokens[-1] if self.tokens else 0) + row.usage.total_tokens)
                 self.usd.append((self.usd[-1] if self.usd else 0.0) + row.usage.cost.total)
+            if len(rows) < _LEDGER_PAGE:
+                return
 
     def since(self, seq: int | None) -> tuple[int, float]:
         """Tokens and dollars of the rows after `seq` (None: all of them)."""
