@@ -389,25 +389,41 @@ class Authorization:
         `token_check_s` by a task of the stream's own, whether the stream is busy or quiet, so a
         revoked token's streams end within about that (`ServerState.token_user`); the client's
         reconnect is then answered 401. Each event passes straight through, in the stream's own
-        task: a revocation found while the stream waits for its next event cancels that wait, as
-        a client leaving would; one found meanwhile ends the stream before its next event. A
-        failed check ends the stream with its error. Closes `events` however it ends."""
-        guard = _RevocationGuard(asyncio.create_task(self._check_every(self.state.options.token_check_s)))
+        task: a revocation found while the stream waits for its next event ends that wait (an
+        `asyncio.timeout` moved to now), as a client leaving would; one found meanwhile ends the
+        stream before its next event. A failed check ends the stream with its error. Closes
+        `events` however it ends."""
+        checking = asyncio.create_task(self._check_every(self.state.options.token_check_s))
+        waiting: asyncio.Timeout | None = None  # the wait for the next event, while the stream waits
+
+        def found(_: asyncio.Task[None]) -> None:
+            if checking.cancelled():
+                return
+            checking.exception()  # a failed check's error is the stream's to raise, not a task's left unread
+            if waiting is not None:
+                waiting.reschedule(-1)  # in the past: the wait ends at once
+
+        checking.add_done_callback(found)
         try:
-            while not guard.checking.done():
+            while not checking.done():
+                step = asyncio.timeout(None)
                 try:
-                    item = await guard.step(events)
+                    async with step:
+                        waiting = step
+                        item = await anext(events)
                 except StopAsyncIteration:
                     return
-                except asyncio.CancelledError:
-                    if guard.interrupted(asyncio.current_task()):
+                except TimeoutError:
+                    if step.expired():  # ended by `found`, not by `events` itself
                         break
                     raise
+                finally:
+                    waiting = None
                 yield item
-            if not guard.checking.cancelled() and (fault := guard.checking.exception()) is not None:
+            if not checking.cancelled() and (fault := checking.exception()) is not None:
                 raise fault
         finally:
-            guard.checking.cancel()
+            checking.cancel()
             await events.aclose()
 
     async def _check_every(self, every: float) -> None:
@@ -419,42 +435,6 @@ class Authorization:
 
     async def _valid(self) -> bool:
         return await self.state.token_user(self.token, self.context) == self.user
-
-
-class _RevocationGuard:
-    """One stream of `Authorization.until_revoked`: its token's `checking` task, which ends when
-    the token is revoked (or a check failed), then cancels the stream's wait for its next event,
-    if it is waiting."""
-
-    def __init__(self, checking: asyncio.Task[None]) -> None:
-        self.checking = checking
-        self._waiting: asyncio.Task[object] | None = None  # the stream's task, while it waits for an event
-        self._cancelled = False
-        checking.add_done_callback(self._stop)
-
-    async def step(self, events: AsyncGenerator[T, None]) -> T:
-        """The next event of `events` (`StopAsyncIteration` at their end), awaited in this task."""
-        self._waiting = asyncio.current_task()
-        try:
-            return await anext(events)
-        finally:
-            self._waiting = None
-
-    def interrupted(self, task: asyncio.Task[object] | None) -> bool:
-        """Whether the cancellation `task` got in `step` was this guard's, and nothing else asked
-        for one: then the stream ends, as after its last event."""
-        if not self._cancelled or task is None:
-            return False
-        self._cancelled = False
-        return task.uncancel() == 0
-
-    def _stop(self, checking: asyncio.Task[None]) -> None:
-        if checking.cancelled():
-            return
-        checking.exception()  # a failed check's error is the stream's to raise, not a task's left unread
-        if self._waiting is not None:
-            self._cancelled = True
-            self._waiting.cancel()
 
 
 async def current_authorization(state: State, user: CurrentUser, context: RequestContext,
