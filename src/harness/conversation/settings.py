@@ -295,16 +295,19 @@ class ConversationSettings:
         else:
             chosen = (self.model_tools.of(self.lane.config.model) if self.model_tools is not None
                       else await self.configured_tools(context))
-        await self._set_tools(chosen, context)
+        await self.lane.set_active_tools(await self._offered(chosen, context), context)
         if tools is None:
             await self.harness.set_value(TOOLS_CHOSEN, None, context)
         return chosen
 
-    async def _set_tools(self, tools: list[str], context: Context) -> None:
-        if await self.harness.session.get(BUILD_TOOLS, context) is not None:
-            await self.harness.set_value(BUILD_TOOLS, tools, context)
-            tools = mode_tools(tools, "plan")
-        await self.lane.set_active_tools(tools, context)
+    async def _offered(self, tools: list[str], context: Context) -> list[str]:
+        """What the lane offers of `tools`, made the conversation's: in plan mode the read-only
+        ones, `tools` remembered first as what build mode gives back (a crash after it leaves
+        the change to make again)."""
+        if await self.harness.session.get(BUILD_TOOLS, context) is None:
+            return tools
+        await self.harness.set_value(BUILD_TOOLS, tools, context)
+        return mode_tools(tools, "plan")
 
     async def _tools_following(self, model: ModelIdentity, context: Context) -> list[str] | None:
         """The tools a switch to `model` gives the conversation: `model_tools.of(model)` while
@@ -384,11 +387,7 @@ class ConversationSettings:
         row = record and (always_record or (changed and await has_spoken(self.harness.session, self.lane.tip_id,
                                                                          context)))
         tools = await self._tools_following(model, context)
-        offered = tools
-        if tools is not None and await self.harness.session.get(BUILD_TOOLS, context) is not None:
-            # Plan mode: remember the new build set first; a crash after it leaves the switch to make again.
-            await self.harness.set_value(BUILD_TOOLS, tools, context)
-            offered = mode_tools(tools, "plan")
+        offered = await self._offered(tools, context) if tools is not None else None
         # The switch, its tools and its row in one commit: no close between them leaves one without the other.
         announce = chat_event_message(ModelSwitched(previous=previous, model=model, tools=tools)) if row else None
         await self.lane.set_model(model, context, announce=announce, active_tools=offered)
