@@ -314,27 +314,34 @@ async def test_the_sweep_on_postgres_reads_only_the_lanes_with_a_turn_open(
 
 
 async def test_close_refuses_a_conversation_another_request_uses(stores: tuple[Store, Store], ctx: Context) -> None:
-    """Issue 29: `POST .../close` while another request of the server uses the conversation (as a
-    route does, through `Holds.use`) is 409 `conversation_in_use` and closes nothing: that request
-    goes on with the conversation attached, and a close after it works. (It closed the
-    conversation under the request.)"""
+    """Issue 29: `POST .../close` and `DELETE` while another request of the server uses the
+    conversation (as a route does, through `Holds.use`) are 409 `conversation_in_use` and close
+    and delete nothing: that request goes on with the conversation attached, and a close and a
+    delete after it work. (It closed the conversation under the request.)"""
     store, _ = stores
     served = faux_app(store, ["hello"], options=ServerOptions(idle_release_s=3_600, sweep_s=3_600))
     holds = served.app.state.server.holds
     async with asgi_client(served.app) as client:
         conversation_id = (await client.post("/api/conversations", json={})).json()["id"]
+        address = f"/api/conversations/{conversation_id}"
         async with holds.use(USER, conversation_id, ctx) as conversation:
-            refused = await client.post(f"/api/conversations/{conversation_id}/close")
+            refused = await client.post(f"{address}/close")
+            not_deleted = await client.delete(address)
             accepted = await conversation.admit("still here?", ctx)
             outcome = await within(conversation.drive(accepted.operation_id, ctx))
-        closed = await client.post(f"/api/conversations/{conversation_id}/close")
+        closed = await client.post(f"{address}/close")
+        deleted = await client.delete(address)
+        gone = await client.get(address)
 
     assert refused.status_code == 409, refused.text
     assert refused.json()["code"] == "conversation_in_use"
+    assert (not_deleted.status_code, not_deleted.json()["code"]) == (409, "conversation_in_use")
     assert isinstance(outcome, Settled)
     assert outcome.result.outcome == "completed"
     assert closed.status_code == 204, closed.text
     assert holds.held == ()
+    assert deleted.status_code == 204, deleted.text
+    assert gone.status_code == 404, gone.text
 
 
 async def test_a_switch_waiting_for_a_holder_that_dies_is_refused_within_seconds(

@@ -38,7 +38,6 @@ from harness.messages import ImageContent, ModelIdentity, OutputSchema
 from harness.runtime import LaneBusy
 from harness.server.errors import ExternalModeUnsupported
 from harness.server.guards import NAME_CHARS, TEXT_CHARS, ShellCommand
-from harness.server.holds import ConversationInUse
 from harness.server.state import CurrentUser, RequestContext, State
 from harness.session import StorageCorruption, addresses
 from harness.tools import Approval
@@ -132,10 +131,7 @@ async def delete_conversation(conversation_id: str, user: CurrentUser, state: St
     is driven here (stop it first), with `session_owned` (409) while another process holds it;
     nothing is deleted then. 404 for a missing conversation or another user's."""
     await state.service.check_owner(user, conversation_id, context)
-    if state.holds.busy(conversation_id):
-        raise ConversationInUse(f"conversation {conversation_id} is in use (a turn or a request): stop it, then "
-                                "delete it", conversation_id=conversation_id)
-    await state.service.delete(user, conversation_id, context)
+    await state.holds.delete(user, conversation_id, context)
 
 
 @router.post("/conversations/{conversation_id}/close", status_code=status.HTTP_204_NO_CONTENT)

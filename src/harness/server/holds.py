@@ -48,9 +48,9 @@ class ServerBusy(HarnessError):
 
 
 class ConversationInUse(HarnessError):
-    """`POST .../close` while another request of this server uses the conversation (a turn being
-    admitted, a `/fast` switch): nothing was closed; close it once that request has ended.
-    Details `{conversation_id}`."""
+    """`POST .../close` or `DELETE` while another request of this server uses the conversation (a
+    turn being admitted, a `/fast` switch) or a turn of it is driven here: nothing was closed or
+    deleted; try again once that request or turn has ended. Details `{conversation_id}`."""
 
     code = "conversation_in_use"
 
@@ -151,11 +151,22 @@ class Holds:
         """Let go of `user`'s conversation now (`ConversationService.close`): nothing of it is
         lost. Raises `ConversationInUse` while a request uses it or a turn of it is driven here,
         closing nothing, and what `close` raises (`Forbidden`)."""
-        if self.busy(conversation_id):
-            raise ConversationInUse(f"conversation {conversation_id} is in use by another request; close it once "
-                                    "that has ended", conversation_id=conversation_id)
-        self._last_used.pop(conversation_id, None)
+        self._let_go_of(conversation_id, "close")
         await self._service.close(user, conversation_id, context)
+
+    async def delete(self, user: str, conversation_id: str, context: Context) -> None:
+        """Delete `user`'s conversation for good (`ConversationService.delete`), held here or not.
+        Raises `ConversationInUse` as `close` does, deleting nothing, and what `delete` raises."""
+        self._let_go_of(conversation_id, "delete")
+        await self._service.delete(user, conversation_id, context)
+
+    def _let_go_of(self, conversation_id: str, action: str) -> None:
+        """Forget the conversation's idle time before `action` lets go of it; raises
+        `ConversationInUse` while it is `busy`."""
+        if self.busy(conversation_id):
+            raise ConversationInUse(f"conversation {conversation_id} is in use by a request or a turn; {action} it "
+                                    "once that has ended (stop a turn first)", conversation_id=conversation_id)
+        self._last_used.pop(conversation_id, None)
 
     async def sweep(self, context: Context) -> None:
         """Once: let go of every conversation idle for `idle_release_s`, detach every broken one
