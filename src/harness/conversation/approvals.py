@@ -200,7 +200,7 @@ class WaitingCalls:
         when no such call waits here; nothing changed then."""
         waiting = self._waiting.get(tool_call_id)
         if waiting is None or waiting.decided.done():
-            decided = waiting.decided.result() if waiting is not None else self._decided.get(tool_call_id)
+            decided = self._decided.get(tool_call_id)  # `_decide` kept it there when it answered the call
             if decided is not None:
                 raise answered(tool_call_id, decided)
             raise ApprovalNotFound(f"no call {tool_call_id[:80]!r} waits for approval in this conversation",
