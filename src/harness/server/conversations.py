@@ -269,7 +269,8 @@ class CommandOut(BaseModel):
 
     @classmethod
     def of(cls, name: str, command: BuiltInCommand) -> CommandOut:
-        described = re.match(r"`([^`]+)`: ([^;(:]+)", " ".join((command.__doc__ or "").split()))
+        # The summary is the docstring's first clause: up to `;`, `(`, `:` or the sentence's end.
+        described = re.match(r"`([^`]+)`: (.+?)(?:[;(:]|\. |\.?$)", " ".join((command.__doc__ or "").split()))
         usage, summary = described.groups() if described else (f"/{name}", "")
         return cls(name=name, usage=usage, summary=summary.replace("`", "").strip().rstrip("."))
 
