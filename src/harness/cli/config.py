@@ -15,7 +15,7 @@ import importlib.util
 import os
 import re
 import time
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
@@ -206,6 +206,21 @@ def drive_settings() -> DriveSettings:
         raise InvalidInput(f"{RETRY_DELAY_VARIABLE} is a whole number of milliseconds, not {delay!r}",
                            variable=RETRY_DELAY_VARIABLE, value=delay)
     return replace(drive, retry=replace(drive.retry, base_delay_ms=int(delay)))
+
+
+@contextlib.asynccontextmanager
+async def process_tools(cwd: Path, home: Path) -> AsyncIterator[tuple[BackgroundJobs, McpServers]]:
+    """The background shell commands and the MCP servers (`McpServers.from_files(cwd, home)`)
+    that one process's conversations share, for `client_setup`: the servers start connecting on
+    entry, in the background, and on the way out, however it comes, the commands still running
+    are ended and the servers stopped."""
+    jobs, mcp = BackgroundJobs(), McpServers.from_files(cwd, home)
+    mcp.start()
+    try:
+        yield jobs, mcp
+    finally:
+        await jobs.close()
+        await mcp.close()
 
 
 def client_setup(registry: ModelRegistry, workspace: Workspace, home: Path, approval: ApprovalPolicy,

@@ -22,7 +22,7 @@ from typing import TextIO
 
 from rich.console import Console
 
-from harness.cli.config import attach_client, no_tools_note
+from harness.cli.config import attach_client, no_tools_note, process_tools
 from harness.cli.render import entry_lines
 from harness.cli.terminal_text import escape, visible
 from harness.context import Context
@@ -63,7 +63,7 @@ from harness.runtime import (
     recorded_output,
 )
 from harness.session import CustomMessagePayload, Entry, Store
-from harness.tools import ApprovalPolicy, BackgroundJobs, McpServers, PermissionRules, describe_call
+from harness.tools import ApprovalPolicy, PermissionRules, describe_call
 
 _ROW_TYPES = frozenset({CHAT_EVENT_TYPE, GARDEN_MESSAGE_TYPE, SUBAGENT_RESULT_TYPE})
 """The custom messages a run's output shows as rows, as the chat does."""
@@ -291,70 +291,63 @@ async def run_turn(store: Store, turn: RunTurn, registry: ModelRegistry, context
     # With an answer's shape, stdout holds that answer alone: the reply streams with the status lines.
     printer = (JsonEventPrinter(out) if turn.json_events
                else TextPrinter(sys.stderr if turn.output is not None else out, status))
-    mcp = McpServers.from_files(turn.cwd, turn.home)
-    approval = (ApprovalPolicy.allow_all(rules=turn.rules) if turn.approve_all
-                else ApprovalPolicy(None, rules=turn.rules, mcp=mcp, unavailable_reason=NO_APPROVER))
-    jobs = BackgroundJobs()  # what the run starts in the background ends with it
-    mcp.start()
-    try:
+    # What the run starts in the background ends with it.
+    async with process_tools(turn.cwd, turn.home) as (jobs, mcp):
+        approval = (ApprovalPolicy.allow_all(rules=turn.rules) if turn.approve_all
+                    else ApprovalPolicy(None, rules=turn.rules, mcp=mcp, unavailable_reason=NO_APPROVER))
         await mcp.ready()  # one prompt, nobody typing meanwhile: its first step offers the servers' tools
         attached = await attach_client(
             store, turn.session_id, context, registry=registry, home=turn.home, cwd=turn.cwd, approval=approval,
             jobs=jobs, model=turn.model, lane=turn.lane, listeners=[printer], name_from=turn.prompt,
             tools=turn.tools, mcp=mcp, budget=turn.budget, fallback=turn.fallback,
         )
-    except BaseException:
-        await mcp.close()
-        raise
-    conversation, lane = attached.conversation, attached.lane
-    approval.conversation_of = lambda request: conversation  # path rules follow its working directory
-    session_id = conversation.id
-    if isinstance(printer, JsonEventPrinter):
-        printer.begin(session_id, lane)
-    status.print(f"[dim]session {session_id}[/]")
-    config = conversation.config(lane)
-    if turn.tools is None and (note := no_tools_note(config)):
-        status.print(f"[dim]{escape(note)}[/]")
-    identity, model = config.model, attached.model
-    if model is not None and not registry.is_listed(identity):
-        status.print(f"[yellow]{escape(identity.spec)} is not a listed model: using default limits "
-                     f"({model.context_window:,} tokens of context, {model.max_tokens:,} per reply); declare it "
-                     f"in models.toml to set them[/]")
-    interrupt = _Interrupts(conversation, lane, context, status)
-    loop = asyncio.get_running_loop()
-    loop.add_signal_handler(signal.SIGINT, interrupt.on_signal)
-    outcome: DriveOutcome | None = None
-    try:
-        if turn.resume:
-            await interrupt.accepted()
-            try:
-                outcome = await conversation.resume(context, lane=lane)
-            except NothingToResume:
-                if turn.prompt is None:
-                    raise
-        if turn.prompt is not None and (outcome is None or _settled(outcome, "completed", "failed")):
-            try:
-                # Admitted as every door admits a turn: refused once the conversation was ended, after a
-                # queued model switch, with a changed reasoning level's row above it (CE-14).
-                accepted = await conversation.admit(turn.prompt, context, lane=lane, output=turn.output)
-            except LaneBusy as error:
-                raise LaneBusy(f"{error.message}; finish it with `harness run --session {session_id} "
-                               f"{_lane_option(turn.lane)}--resume` (a prompt given as well is sent after it)",
-                               **error.details) from error
-            await interrupt.accepted()
-            outcome = await conversation.drive(accepted.operation_id, context, lane=lane)
-        if turn.output is not None and not turn.json_events and _settled(outcome, "completed"):
-            assert isinstance(outcome, Settled)
-            recorded = await recorded_output(conversation.journal, outcome.result, context)
-            if recorded is not None:
-                out.write(json.dumps(recorded.output, ensure_ascii=False) + "\n")
-                out.flush()
-    finally:
-        loop.remove_signal_handler(signal.SIGINT)
-        await interrupt.settle()
-        await conversation.dispose(context)
-        await jobs.close()
-        await mcp.close()
+        conversation, lane = attached.conversation, attached.lane
+        approval.conversation_of = lambda request: conversation  # path rules follow its working directory
+        session_id = conversation.id
+        if isinstance(printer, JsonEventPrinter):
+            printer.begin(session_id, lane)
+        status.print(f"[dim]session {session_id}[/]")
+        config = conversation.config(lane)
+        if turn.tools is None and (note := no_tools_note(config)):
+            status.print(f"[dim]{escape(note)}[/]")
+        identity, model = config.model, attached.model
+        if model is not None and not registry.is_listed(identity):
+            status.print(f"[yellow]{escape(identity.spec)} is not a listed model: using default limits "
+                         f"({model.context_window:,} tokens of context, {model.max_tokens:,} per reply); declare it "
+                         f"in models.toml to set them[/]")
+        interrupt = _Interrupts(conversation, lane, context, status)
+        loop = asyncio.get_running_loop()
+        loop.add_signal_handler(signal.SIGINT, interrupt.on_signal)
+        outcome: DriveOutcome | None = None
+        try:
+            if turn.resume:
+                await interrupt.accepted()
+                try:
+                    outcome = await conversation.resume(context, lane=lane)
+                except NothingToResume:
+                    if turn.prompt is None:
+                        raise
+            if turn.prompt is not None and (outcome is None or _settled(outcome, "completed", "failed")):
+                try:
+                    # Admitted as every door admits a turn: refused once the conversation was ended, after a
+                    # queued model switch, with a changed reasoning level's row above it (CE-14).
+                    accepted = await conversation.admit(turn.prompt, context, lane=lane, output=turn.output)
+                except LaneBusy as error:
+                    raise LaneBusy(f"{error.message}; finish it with `harness run --session {session_id} "
+                                   f"{_lane_option(turn.lane)}--resume` (a prompt given as well is sent after it)",
+                                   **error.details) from error
+                await interrupt.accepted()
+                outcome = await conversation.drive(accepted.operation_id, context, lane=lane)
+            if turn.output is not None and not turn.json_events and _settled(outcome, "completed"):
+                assert isinstance(outcome, Settled)
+                recorded = await recorded_output(conversation.journal, outcome.result, context)
+                if recorded is not None:
+                    out.write(json.dumps(recorded.output, ensure_ascii=False) + "\n")
+                    out.flush()
+        finally:
+            loop.remove_signal_handler(signal.SIGINT)
+            await interrupt.settle()
+            await conversation.dispose(context)
     if isinstance(outcome, Suspended):
         status.print(f"[yellow]the provider will answer later (deferred {outcome.deferred.id}); the run stays "
                      f"open in session {session_id}[/]")

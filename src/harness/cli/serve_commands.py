@@ -11,6 +11,7 @@ from typing import Annotated
 import typer
 
 from harness.cli.app import StoreOption, app, run_with_store
+from harness.cli.commands import permission_rules
 from harness.cli.logs import LogFormatOption, configure_logging
 from harness.context import Context
 from harness.errors import HarnessError
@@ -65,7 +66,7 @@ def serve_command(
     (Prometheus text: requests, event streams, turns, attached conversations) need no token."""
     # Imported here, not at the top: the server's web stack would add half a second to every
     # other command's start (see `harness.cli.app`).
-    from harness.cli.config import client_setup, local_user, new_lane_config, tool_workspace
+    from harness.cli.config import client_setup, local_user, new_lane_config, process_tools, tool_workspace
     from harness.conversation import ConversationService
     from harness.providers import ModelRegistry
     from harness.server import (
@@ -82,7 +83,6 @@ def serve_command(
         refuse_open_no_auth,
         serve,
     )
-    from harness.tools import BackgroundJobs, McpServers, load_permission_rules
 
     if workers not in ("in-process", "external"):
         raise typer.BadParameter("in-process or external", param_hint="--workers")
@@ -96,37 +96,33 @@ def serve_command(
             typer.echo(f"error [{error.code}]: {error.message}", err=True)
             raise typer.Exit(2) from error
     home = harness_home()
+    rules = permission_rules(home, Path.cwd(), None, None)  # a bad settings file: a usage error, nothing opened
 
     async def body(opened: Store, context: Context) -> None:
         registry = ModelRegistry.load(home=home)
-        jobs = BackgroundJobs()
-        mcp = McpServers.from_files(Path.cwd(), home)  # connected in the background: serving starts at once
-        # Write, edit, shell and the MCP tools not marked read-only wait for the owner's answer over
-        # HTTP, unless the settings' rules decide.
-        approvals = Approvals(rules=load_permission_rules(home, Path.cwd()), mcp=mcp)
-        # The streams show the calls waiting here as they start and stop waiting.
-        setup = replace(client_setup(registry, tool_workspace(Path.cwd(), home), home, approvals.hook, jobs, mcp=mcp),
-                        on_approval=approvals.changed)
+        # The MCP servers connect in the background: serving starts at once.
+        async with process_tools(Path.cwd(), home) as (jobs, mcp):
+            # Write, edit, shell and the MCP tools not marked read-only wait for the owner's answer
+            # over HTTP, unless the settings' rules decide.
+            approvals = Approvals(rules=rules, mcp=mcp)
+            # The streams show the calls waiting here as they start and stop waiting.
+            setup = replace(client_setup(registry, tool_workspace(Path.cwd(), home), home, approvals.hook, jobs,
+                                         mcp=mcp), on_approval=approvals.changed)
 
-        def new_lane(model: ModelIdentity | None) -> LaneConfig:
-            return new_lane_config(model or registry.default_identity(), home)
+            def new_lane(model: ModelIdentity | None) -> LaneConfig:
+                return new_lane_config(model or registry.default_identity(), home)
 
-        auth: Authenticator = LocalUser(local_user()) if no_auth else StoreTokens(opened.tokens)
-        service = ConversationService(opened, setup)
-        options = ServerOptions(workers="external" if workers == "external" else "in-process",
-                                max_held=MAX_HELD if max_held is None else max_held,
-                                idle_release_s=IDLE_RELEASE_S if idle_release is None else idle_release)
-        mcp.start()
-        try:
+            auth: Authenticator = LocalUser(local_user()) if no_auth else StoreTokens(opened.tokens)
+            service = ConversationService(opened, setup)
+            options = ServerOptions(workers="external" if workers == "external" else "in-process",
+                                    max_held=MAX_HELD if max_held is None else max_held,
+                                    idle_release_s=IDLE_RELEASE_S if idle_release is None else idle_release)
             try:
                 app = create_app(service, auth, new_lane=new_lane, approvals=approvals, options=options)
             except WorkNeedsPostgres as error:  # a usage error, as a bad option is
                 typer.echo(f"error [{error.code}]: {error.message}", err=True)
                 raise typer.Exit(2) from error
             await serve(app, host, listen_port)
-        finally:
-            await jobs.close()
-            await mcp.close()
 
     run_with_store(store, body, pool_max=SERVE_POOL_MAX)
 

@@ -11,6 +11,7 @@ from typing import Annotated
 import typer
 
 from harness.cli.app import StoreOption, app, run_with_store
+from harness.cli.commands import permission_rules
 from harness.cli.logs import LogFormatOption, configure_logging
 from harness.context import Context
 from harness.home import harness_home
@@ -42,38 +43,34 @@ def worker_command(
     first answer wins. Stopping the run refuses it. A worker stopped meanwhile waits for it up to
     its stop grace (30 s), then leaves the turn open: the next worker asks again. --yes runs those
     calls without asking; a deny or ask rule of the settings holds even then."""
-    from harness.cli.config import client_setup, tool_workspace
+    from harness.cli.config import client_setup, process_tools, tool_workspace
     from harness.conversation import ConversationService
     from harness.providers import ModelRegistry
-    from harness.tools import ApprovalPolicy, BackgroundJobs, McpServers, load_permission_rules
+    from harness.tools import ApprovalPolicy
     from harness.worker import Worker, WorkerOptions
 
     configure_logging(log_format)
     home = harness_home()
+    # The settings' deny and ask rules hold even with --yes; a bad settings file is a usage error, nothing opened.
+    rules = permission_rules(home, Path.cwd(), None, None)
 
     async def body(opened: Store, context: Context) -> None:
         registry = ModelRegistry.load(home=home)
-        jobs = BackgroundJobs()
-        rules = load_permission_rules(home, Path.cwd())  # the settings' deny and ask rules hold even with --yes
-        mcp = McpServers.from_files(Path.cwd(), home)  # connected in the background: claiming starts at once
-        approval = (ApprovalPolicy.allow_all(rules=rules) if approve_all
-                    else ApprovalPolicy(None, rules=rules, mcp=mcp, unavailable_reason=NO_APPROVER,
-                                        answered_anywhere=True))
-        setup = client_setup(registry, tool_workspace(Path.cwd(), home), home, approval, jobs, mcp=mcp)
-        service = ConversationService(opened, setup)
-        # A call waits in its conversation for an answer from any process (harness serve's route).
-        approval.conversation_of = lambda request: service.running(request.operation_id)
-        worker = Worker(service, WorkerOptions(concurrency=concurrency))
-        loop = asyncio.get_running_loop()
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(signum, worker.stop)
-        logger.info("harness worker: driving up to %d sessions at once; SIGTERM or Ctrl-C stops it", concurrency,
-                    extra={"event": "started", "concurrency": concurrency})
-        mcp.start()
-        try:
+        # The MCP servers connect in the background: claiming starts at once.
+        async with process_tools(Path.cwd(), home) as (jobs, mcp):
+            approval = (ApprovalPolicy.allow_all(rules=rules) if approve_all
+                        else ApprovalPolicy(None, rules=rules, mcp=mcp, unavailable_reason=NO_APPROVER,
+                                            answered_anywhere=True))
+            setup = client_setup(registry, tool_workspace(Path.cwd(), home), home, approval, jobs, mcp=mcp)
+            service = ConversationService(opened, setup)
+            # A call waits in its conversation for an answer from any process (harness serve's route).
+            approval.conversation_of = lambda request: service.running(request.operation_id)
+            worker = Worker(service, WorkerOptions(concurrency=concurrency))
+            loop = asyncio.get_running_loop()
+            for signum in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(signum, worker.stop)
+            logger.info("harness worker: driving up to %d sessions at once; SIGTERM or Ctrl-C stops it",
+                        concurrency, extra={"event": "started", "concurrency": concurrency})
             await worker.run(context)
-        finally:
-            await jobs.close()
-            await mcp.close()
 
     run_with_store(store, body)
