@@ -16,7 +16,6 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import pytest
-from pydantic import JsonValue
 
 from harness.context import Context
 from harness.messages import ModelIdentity, TextContent, ToolResultMessage
@@ -30,7 +29,6 @@ from harness.runtime import (
     LaneConfig,
     RunHooks,
     Settled,
-    ToolCallRequest,
     ToolOutput,
 )
 from harness.session import MessagePayload, Store
@@ -45,41 +43,9 @@ from harness.tools import (
     Workspace,
     builtin_tools,
 )
+from tool_helpers import Asker, Progress, call, details, request, text, wait_dead
 
-
-@pytest.fixture
-def root(tmp_path: Path) -> Path:
-    folder = tmp_path / "work"
-    folder.mkdir()
-    return folder
-
-
-@pytest.fixture
-def workspace(root: Path, tmp_path: Path) -> Workspace:
-    return Workspace(root=root, output_dir=tmp_path / "home" / "tool-output")
-
-
-class Progress:
-    """An `on_update` that records `(partial, checkpoint)` pairs; `reported` is set at the first."""
-
-    def __init__(self) -> None:
-        self.updates: list[tuple[JsonValue, bool]] = []
-        self.reported = asyncio.Event()
-
-    async def __call__(self, partial: JsonValue, checkpoint: bool) -> None:
-        self.updates.append((partial, checkpoint))
-        self.reported.set()
-
-    def output(self) -> str:
-        partial = self.updates[0][0]
-        assert isinstance(partial, dict)
-        return str(partial["output"])
-
-
-async def call(workspace: Workspace, name: str, args: dict[str, JsonValue], context: Context | None = None,
-               progress: Progress | None = None) -> ToolOutput:
-    tool = {tool.name: tool for tool in builtin_tools(workspace)}[name]
-    return await tool.execute("call-1", args, progress or Progress(), context or Context())
+pytest_plugins = ["tool_fixtures"]  # root and workspace
 
 
 def content(path: Path) -> str:
@@ -88,15 +54,6 @@ def content(path: Path) -> str:
 
 def content_bytes(path: Path) -> bytes:
     return path.read_bytes()
-
-
-def text(output: ToolOutput) -> str:
-    return "".join(block.text for block in output.content if isinstance(block, TextContent))
-
-
-def details(output: ToolOutput) -> dict[str, JsonValue]:
-    assert isinstance(output.details, dict)
-    return output.details
 
 
 # -- the set ---------------------------------------------------------------------------------------
@@ -442,7 +399,7 @@ async def test_a_background_child_holding_the_output_is_let_go_once_the_command_
 
     assert not output.is_error, text(output)
     child = int(text(output).split()[0])
-    assert await _wait_dead(child, timeout_s=10)  # the child wakes after 3 s
+    assert await wait_dead(child, timeout_s=10)  # the child wakes after 3 s
     assert (root / "write-failed").exists()
 
 
@@ -587,31 +544,6 @@ async def test_shell_reports_progress_and_persists_a_checkpoint(workspace: Works
     assert first["output"] == "first\n"
 
 
-async def _wait_dead(pid: int, timeout_s: float = 5.0) -> bool:
-    """Whether process `pid` (not our child, so not ours to reap) ends within `timeout_s`: waits on
-    a pidfd, which becomes readable once the process has exited, zombie or reaped."""
-    try:
-        pidfd = os.pidfd_open(pid)
-    except ProcessLookupError:
-        return True
-    loop = asyncio.get_running_loop()
-    exited: asyncio.Future[None] = loop.create_future()
-
-    def readable() -> None:
-        if not exited.done():
-            exited.set_result(None)
-
-    loop.add_reader(pidfd, readable)
-    try:
-        await asyncio.wait_for(exited, timeout_s)
-        return True
-    except TimeoutError:
-        return False
-    finally:
-        loop.remove_reader(pidfd)
-        os.close(pidfd)
-
-
 async def test_a_shell_command_past_its_timeout_is_killed_with_its_children(workspace: Workspace,
                                                                           root: Path) -> None:
     started = time.monotonic()
@@ -622,13 +554,14 @@ async def test_a_shell_command_past_its_timeout_is_killed_with_its_children(work
     assert output.is_error
     assert "timed out after 0.5 s" in text(output)
     assert details(output)["timed_out"] is True
-    assert await _wait_dead(int((root / "child.pid").read_text()))
+    assert await wait_dead(int((root / "child.pid").read_text()))
 
 
 async def test_cancelling_the_context_kills_the_shell_process_group(workspace: Workspace) -> None:
     """An abort cancels the call's Context; the command and its children are killed at once."""
     context, progress = Context(), Progress()
-    task = asyncio.ensure_future(call(workspace, "shell", {"command": "sleep 30 & echo $!; wait"}, context, progress))
+    task = asyncio.ensure_future(call(workspace, "shell", {"command": "sleep 30 & echo $!; wait"},
+                                      context=context, progress=progress))
     await asyncio.wait_for(progress.reported.wait(), 10)
     started = time.monotonic()
 
@@ -639,7 +572,7 @@ async def test_cancelling_the_context_kills_the_shell_process_group(workspace: W
     assert output.is_error
     assert details(output)["cancelled"] is True
     assert "cancelled" in text(output)
-    assert await _wait_dead(int(progress.output()))
+    assert await wait_dead(int(progress.output()))
 
 
 async def test_cancelling_the_task_kills_the_shell_process_group(workspace: Workspace) -> None:
@@ -653,26 +586,10 @@ async def test_cancelling_the_task_kills_the_shell_process_group(workspace: Work
     with pytest.raises(asyncio.CancelledError):
         await task
 
-    assert await _wait_dead(int(progress.output()))
+    assert await wait_dead(int(progress.output()))
 
 
 # -- approval --------------------------------------------------------------------------------------
-
-
-def request(tool: str, **args: JsonValue) -> ToolCallRequest:
-    return ToolCallRequest(operation_id="op-1", tool_call_id=f"call-{tool}", tool_name=tool, args=dict(args))
-
-
-class Asker:
-    """An approval callback answering from a list and recording what it was asked."""
-
-    def __init__(self, *answers: Approval) -> None:
-        self.answers = list(answers)
-        self.asked: list[ApprovalRequest] = []
-
-    async def __call__(self, asked: ApprovalRequest, context: Context) -> Approval:
-        self.asked.append(asked)
-        return self.answers.pop(0)
 
 
 async def test_approval_asks_for_changes_and_not_for_reads(ctx: Context) -> None:

@@ -20,14 +20,13 @@ from harness.messages import CustomMessage, ModelIdentity
 from harness.providers import FAUX_MODEL, FauxProvider, ModelRegistry
 from harness.providers.faux import reply, tool_call
 from harness.providers.replay import ReplayServer
-from harness.runtime import Block, Settled, ToolCallRequest
+from harness.runtime import Block, Settled
 from harness.server import ApprovalChange, Approvals
 from harness.session import connect
 from harness.tools import (
     ALLOW_FOR_SESSION,
     Approval,
     ApprovalPolicy,
-    ApprovalRequest,
     BackgroundJobs,
     Decided,
     InvalidPermissionRule,
@@ -37,6 +36,7 @@ from harness.tools import (
 )
 from server_helpers import asgi_client, faux_app
 from test_cli_run import chat_text, chat_tool_call, harness, openai_env
+from tool_helpers import Asker, request
 
 HERE = Path("/work/repo")
 
@@ -200,27 +200,13 @@ def test_no_settings_files_is_no_rules(layout: tuple[Path, Path, Path]) -> None:
 # -- the policy -------------------------------------------------------------------------------------
 
 
-def call(tool: str, **args: JsonValue) -> ToolCallRequest:
-    return ToolCallRequest(operation_id="op-1", tool_call_id=f"call-{tool}", tool_name=tool, args=dict(args))
-
-
-class Asker:
-    def __init__(self, *answers: Approval) -> None:
-        self.answers = list(answers)
-        self.asked: list[ApprovalRequest] = []
-
-    async def __call__(self, asked: ApprovalRequest, context: Context) -> Approval:
-        self.asked.append(asked)
-        return self.answers.pop(0)
-
-
 async def test_deny_blocks_even_what_yes_and_an_allow_rule_let_run(ctx: Context) -> None:
     rules = PermissionRules.of("--deny", HERE, allow=["shell"], deny=["shell(rm *)"])
     asker = Asker()
     policy = ApprovalPolicy.allow_all(asker, rules=rules)
 
-    blocked = await policy(call("shell", command="rm -rf build"), ctx)
-    ran = await policy(call("shell", command="make"), ctx)
+    blocked = await policy(request("shell", command="rm -rf build"), ctx)
+    ran = await policy(request("shell", command="make"), ctx)
 
     assert blocked == Block(reason="a permission rule denies it: `shell(rm *)` (--deny)")
     assert ran is None
@@ -232,9 +218,9 @@ async def test_an_allow_rule_runs_a_gated_call_and_an_ask_rule_asks_for_a_read(c
     asker = Asker(Approval(allow=False))
     policy = ApprovalPolicy(asker, rules=rules, directory=HERE)
 
-    assert await policy(call("write", path="src/a.py", content=""), ctx) is None
-    assert await policy(call("read", path="README.md"), ctx) is None
-    assert await policy(call("read", path=".env"), ctx) == Block(reason="the person declined it")
+    assert await policy(request("write", path="src/a.py", content=""), ctx) is None
+    assert await policy(request("read", path="README.md"), ctx) is None
+    assert await policy(request("read", path=".env"), ctx) == Block(reason="the person declined it")
     assert [(asked.tool_name, asked.rule) for asked in asker.asked] == [("read", "`read(.env)` (the test)")]
     assert policy.decides("read")
     assert not policy.decides("list")
@@ -245,9 +231,9 @@ async def test_a_hook_sees_the_rule_that_decided(ctx: Context) -> None:
     rules = PermissionRules.of("project settings x", HERE, allow=["shell(git status*)"], ask=["shell(git push*)"])
     policy = ApprovalPolicy(None, rules=rules, on_decision=seen.append)
 
-    await policy(call("shell", command="git status"), ctx)
-    await policy(call("shell", command="git push"), ctx)
-    await policy(call("shell", command="make"), ctx)
+    await policy(request("shell", command="git status"), ctx)
+    await policy(request("shell", command="git push"), ctx)
+    await policy(request("shell", command="make"), ctx)
 
     assert [(d.decision.effect, d.decision.rule.text if d.decision.rule else None, d.ran) for d in seen] == [
         ("allow", "shell(git status*)", True),
@@ -361,7 +347,7 @@ async def test_an_always_answered_over_http_is_the_conversations_not_the_servers
     assert probe.runs == [{"key": "one"}, {"key": "two"}]
     assert AlwaysAllowed(rule="probe") in kept
     assert [change.pending.conversation_id for change in changes if change.answer is None] == [first, second]
-    denied = await approvals.hook(call("mcp__github__delete_repo"), ctx)
+    denied = await approvals.hook(request("mcp__github__delete_repo"), ctx)
     assert denied == Block(reason="a permission rule denies it: `mcp__github__*` (the test)")
 
 

@@ -14,28 +14,15 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from pydantic import JsonValue
 
 from harness.context import Context
-from harness.messages import TextContent
-from harness.runtime import ToolOutput
 from harness.tools import BackgroundJobs, JobNotFound, Workspace, builtin_tools
-from test_builtin_tools import Progress, _wait_dead
+from tool_helpers import Progress, call, details, text, wait_dead
+
+pytest_plugins = ["tool_fixtures"]  # root and workspace
 
 WAIT_FOR_GO = "i=0; while [ ! -f go ] && [ $i -lt 1500 ]; do sleep 0.02; i=$((i+1)); done"
 """Runs until the file `go` appears in its directory (at most about 30 s)."""
-
-
-@pytest.fixture
-def root(tmp_path: Path) -> Path:
-    folder = tmp_path / "work"
-    folder.mkdir()
-    return folder
-
-
-@pytest.fixture
-def workspace(root: Path, tmp_path: Path) -> Workspace:
-    return Workspace(root=root, output_dir=tmp_path / "home" / "tool-output")
 
 
 @pytest.fixture
@@ -46,31 +33,16 @@ async def jobs(root: Path) -> AsyncIterator[BackgroundJobs]:
     await registry.close()
 
 
-async def call(workspace: Workspace, jobs: BackgroundJobs, name: str, args: dict[str, JsonValue], *,
-               owner: str = "conversation-1") -> ToolOutput:
-    tool = {tool.name: tool for tool in builtin_tools(workspace, jobs=jobs, owner=owner)}[name]
-    return await tool.execute("call-1", args, Progress(), Context())
-
-
 def content(path: Path) -> str:
     return path.read_text() if path.exists() else ""
-
-
-def text(output: ToolOutput) -> str:
-    return "".join(block.text for block in output.content if isinstance(block, TextContent))
-
-
-def details(output: ToolOutput) -> dict[str, JsonValue]:
-    assert isinstance(output.details, dict)
-    return output.details
 
 
 async def test_a_background_command_answers_at_once_and_the_jobs_tool_reads_and_stops_it(
         workspace: Workspace, jobs: BackgroundJobs, root: Path, tmp_path: Path) -> None:
     """`shell` with `background` returns its job id while the command runs; `jobs output` shows
     what it printed so far, `jobs stop` ends it, and its whole output stays in tool-output."""
-    started = await call(workspace, jobs, "shell", {"command": f"echo first; {WAIT_FOR_GO}; echo never",
-                                                    "background": "job"})
+    started = await call(workspace, "shell", {"command": f"echo first; {WAIT_FOR_GO}; echo never",
+                                              "background": "job"}, jobs=jobs)
     assert not started.is_error, text(started)
     job_id = str(details(started)["job"])
     job = jobs.job("conversation-1", job_id)
@@ -78,9 +50,9 @@ async def test_a_background_command_answers_at_once_and_the_jobs_tool_reads_and_
     while job.capture.bytes == 0:  # noqa: ASYNC110 (the capture has no event for "some output came")
         await asyncio.sleep(0.01)
 
-    listed = await call(workspace, jobs, "jobs", {"action": "list"})
-    output = await call(workspace, jobs, "jobs", {"action": "output", "job": job_id})
-    stopped = await call(workspace, jobs, "jobs", {"action": "stop", "job": job_id})
+    listed = await call(workspace, "jobs", {"action": "list"}, jobs=jobs)
+    output = await call(workspace, "jobs", {"action": "output", "job": job_id}, jobs=jobs)
+    stopped = await call(workspace, "jobs", {"action": "stop", "job": job_id}, jobs=jobs)
 
     assert f"{job_id} (job, running for" in text(listed)
     assert "first" in text(output)
@@ -93,12 +65,12 @@ async def test_a_background_command_answers_at_once_and_the_jobs_tool_reads_and_
 
 
 async def test_a_job_that_ends_reports_its_exit_code_and_output(workspace: Workspace, jobs: BackgroundJobs) -> None:
-    started = await call(workspace, jobs, "shell", {"command": "pwd; exit 4", "background": "job"})
+    started = await call(workspace, "shell", {"command": "pwd; exit 4", "background": "job"}, jobs=jobs)
     job = jobs.job("conversation-1", str(details(started)["job"]))
     assert job.follower is not None
     await job.follower
 
-    output = await call(workspace, jobs, "jobs", {"action": "output", "job": job.id})
+    output = await call(workspace, "jobs", {"action": "output", "job": job.id}, jobs=jobs)
 
     assert "exited with 4" in text(output)
     assert str(workspace.root) in text(output)
@@ -107,10 +79,11 @@ async def test_a_job_that_ends_reports_its_exit_code_and_output(workspace: Works
 
 async def test_jobs_belong_to_their_owner(workspace: Workspace, jobs: BackgroundJobs) -> None:
     """Another conversation's jobs are neither listed nor reachable."""
-    started = await call(workspace, jobs, "shell", {"command": WAIT_FOR_GO, "background": "job"}, owner="a")
+    started = await call(workspace, "shell", {"command": WAIT_FOR_GO, "background": "job"}, jobs=jobs, owner="a")
 
-    listed = await call(workspace, jobs, "jobs", {"action": "list"}, owner="b")
-    stop = await call(workspace, jobs, "jobs", {"action": "stop", "job": str(details(started)["job"])}, owner="b")
+    listed = await call(workspace, "jobs", {"action": "list"}, jobs=jobs, owner="b")
+    stop = await call(workspace, "jobs", {"action": "stop", "job": str(details(started)["job"])}, jobs=jobs,
+                      owner="b")
 
     assert text(listed) == "no background jobs"
     assert stop.is_error
@@ -187,7 +160,7 @@ async def test_a_job_ends_with_the_process_that_started_it(root: Path) -> None:
         child.send_signal(signal.SIGKILL)
         await child.wait()
 
-        assert await _wait_dead(pid)
+        assert await wait_dead(pid)
     finally:
         if child.returncode is None:
             child.kill()

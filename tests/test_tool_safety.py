@@ -8,17 +8,18 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from pydantic import JsonValue
 
 from harness.cli.config import SHELL_ENV_ALLOW_VARIABLE, SHELL_ENV_DENY_VARIABLE, client_setup, tool_workspace
 from harness.context import Context
 from harness.conversation import ConversationService, ExecutionTarget
-from harness.messages import ModelIdentity, TextContent
+from harness.messages import ModelIdentity
 from harness.providers import ModelRegistry
 from harness.runtime import ToolOutput
 from harness.session import LaneConfig, connect
-from harness.tools import TOOL_ENVIRONMENT, ApprovalPolicy, BackgroundJobs, Workspace, builtin_tools
-from test_builtin_tools import Progress
+from harness.tools import TOOL_ENVIRONMENT, ApprovalPolicy, BackgroundJobs, Workspace
+from tool_helpers import Progress, call, details, text
+
+pytest_plugins = ["tool_fixtures"]  # root and workspace
 
 DENIED = {
     "OPENAI_API_KEY": "sk-openai", "ANTHROPIC_API_KEY": "sk-ant", "ANTHROPIC_AUTH_TOKEN": "t",
@@ -30,36 +31,9 @@ PASSED = {"SAFETY_PLAIN_SETTING": "plain", "HARNESS_HOME": "/some/home", "HARNES
 
 
 @pytest.fixture
-def root(tmp_path: Path) -> Path:
-    folder = tmp_path / "work"
-    folder.mkdir()
-    return folder
-
-
-@pytest.fixture
-def workspace(root: Path, tmp_path: Path) -> Workspace:
-    return Workspace(root=root, output_dir=tmp_path / "home" / "tool-output")
-
-
-@pytest.fixture
 def environment(monkeypatch: pytest.MonkeyPatch) -> None:
     for name, value in {**DENIED, **PASSED}.items():
         monkeypatch.setenv(name, value)
-
-
-async def call(workspace: Workspace, name: str, args: dict[str, JsonValue], *,
-               jobs: BackgroundJobs | None = None) -> ToolOutput:
-    tool = {tool.name: tool for tool in builtin_tools(workspace, jobs=jobs, owner="c")}[name]
-    return await tool.execute("call-1", args, Progress(), Context())
-
-
-def text(output: ToolOutput) -> str:
-    return "".join(block.text for block in output.content if isinstance(block, TextContent))
-
-
-def details(output: ToolOutput) -> dict[str, JsonValue]:
-    assert isinstance(output.details, dict)
-    return output.details
 
 
 def seen(output: ToolOutput) -> dict[str, str]:
@@ -99,7 +73,7 @@ async def test_a_background_job_runs_without_the_keys_too(workspace: Workspace) 
     started = await call(workspace, "shell", {"command": "echo \"[$OPENAI_API_KEY][$SAFETY_PLAIN_SETTING]\"",
                                               "background": "job"}, jobs=jobs)
     assert not started.is_error, text(started)
-    job = jobs.jobs("c")[0]
+    job = jobs.jobs("conversation-1")[0]
     assert job.follower is not None
     await job.follower
 
