@@ -1,3 +1,4 @@
+# ruff: noqa: F811  (the fixtures shared with test_cli_chat are parameters here)
 """`harness chat` and its sessions, in a pseudo-terminal: a chat left with nothing said leaves no
 session, leaving says how to come back, and `-c` continues the most recent session."""
 
@@ -5,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Iterator
 from pathlib import Path
 
 import pexpect
@@ -15,34 +15,10 @@ from harness.cli.chat import command_as_invoked
 from harness.context import Context
 from harness.providers.replay import ReplayServer
 from harness.session import SessionInfo, connect
-from test_cli_chat import HARNESS, Chat, text_reply
+from test_cli_chat import HARNESS, Chat, chats, dirs, server, start, text_reply  # noqa: F401  (chats, dirs and server are fixtures)
 
 PROMPT = "\u203a"
 """The idle prompt: a Ctrl-D sent before it is drawn reaches no reader."""
-
-
-@pytest.fixture
-def server() -> Iterator[ReplayServer]:
-    with ReplayServer() as replay:
-        yield replay
-
-
-@pytest.fixture
-def chats(tmp_path: Path, server: ReplayServer) -> Iterator[tuple[list[Chat], Path, Path]]:
-    home, work = tmp_path / "home", tmp_path / "work"
-    home.mkdir()
-    work.mkdir()
-    started: list[Chat] = []
-    yield started, home, work
-    for chat in started:
-        chat.close()
-
-
-def start(chats: tuple[list[Chat], Path, Path], server: ReplayServer, *args: str) -> Chat:
-    started, home, work = chats
-    chat = Chat(home, work, server, *args)
-    started.append(chat)
-    return chat
 
 
 def listed(store_url: str) -> list[SessionInfo]:
@@ -73,9 +49,9 @@ def leave_with(chat: Chat, how: str) -> int:
 
 
 @pytest.mark.parametrize("how", ["/quit", "ctrl-d"])
-def test_a_chat_left_with_nothing_said_leaves_no_session(chats: tuple[list[Chat], Path, Path],
+def test_a_chat_left_with_nothing_said_leaves_no_session(chats: list[Chat], dirs: tuple[Path, Path],
                                                          server: ReplayServer, how: str) -> None:
-    chat = start(chats, server)
+    chat = start(chats, dirs, server)
     chat.send_line("/model openai/gpt-4.1")
     chat.expect("gpt-4.1")
     chat.expect(PROMPT)
@@ -88,10 +64,10 @@ def test_a_chat_left_with_nothing_said_leaves_no_session(chats: tuple[list[Chat]
 
 
 @pytest.mark.parametrize("how", ["/quit", "ctrl-d", "ctrl-c twice"])
-def test_leaving_names_the_session_and_how_to_continue_it(chats: tuple[list[Chat], Path, Path],
+def test_leaving_names_the_session_and_how_to_continue_it(chats: list[Chat], dirs: tuple[Path, Path],
                                                           server: ReplayServer, how: str) -> None:
     server.enqueue(text_reply("Noted."))
-    chat = start(chats, server)
+    chat = start(chats, dirs, server)
     chat.send_line("remember this")
     chat.expect("turn completed")
     session_id = chat.session_id()
@@ -99,30 +75,30 @@ def test_leaving_names_the_session_and_how_to_continue_it(chats: tuple[list[Chat
     assert leave_with(chat, how) == 0
 
     log = chat.log_path.read_text(encoding="utf-8")
-    harness = command_as_invoked(str(HARNESS), cwd=chats[2], path=os.environ["PATH"])  # `harness` if on PATH
+    harness = command_as_invoked(str(HARNESS), cwd=dirs[1], path=os.environ["PATH"])  # `harness` if on PATH
     assert f"continue it with `{harness} chat {session_id}` (or `{harness} chat -c`" in log
     assert [info.id for info in listed(chat.store_url)] == [session_id]
 
 
-def test_continue_opens_the_most_recently_updated_session(chats: tuple[list[Chat], Path, Path],
+def test_continue_opens_the_most_recently_updated_session(chats: list[Chat], dirs: tuple[Path, Path],
                                                           server: ReplayServer) -> None:
     server.enqueue(text_reply("First answer."), text_reply("Second answer."), text_reply("Third answer."))
-    first = start(chats, server)
+    first = start(chats, dirs, server)
     first.send_line("first topic")
     first.expect("turn completed")
     older = first.session_id()
     assert leave_with(first, "ctrl-d") == 0
-    second = start(chats, server)
+    second = start(chats, dirs, server)
     second.send_line("second topic")
     second.expect("turn completed")
     newer = second.session_id()
     assert leave_with(second, "ctrl-d") == 0
-    reopened = start(chats, server, older)  # a turn in the older session makes it the most recent
+    reopened = start(chats, dirs, server, older)  # a turn in the older session makes it the most recent
     reopened.send_line("back to the first")
     reopened.expect("turn completed")
     assert leave_with(reopened, "ctrl-d") == 0
 
-    continued = start(chats, server, "-c")
+    continued = start(chats, dirs, server, "-c")
     continued.expect(PROMPT)
 
     assert continued.session_id() == older != newer
@@ -131,15 +107,15 @@ def test_continue_opens_the_most_recently_updated_session(chats: tuple[list[Chat
     assert leave_with(continued, "ctrl-d") == 0
 
 
-def test_a_chat_session_is_given_by_its_name(chats: tuple[list[Chat], Path, Path], server: ReplayServer) -> None:
+def test_a_chat_session_is_given_by_its_name(chats: list[Chat], dirs: tuple[Path, Path], server: ReplayServer) -> None:
     server.enqueue(text_reply("Named by its prompt."))
-    first = start(chats, server)
+    first = start(chats, dirs, server)
     first.send_line("plan the garden")
     first.expect("turn completed")
     session_id = first.session_id()
     assert leave_with(first, "ctrl-d") == 0
 
-    by_name = start(chats, server, "plan the garden")
+    by_name = start(chats, dirs, server, "plan the garden")
     by_name.expect(PROMPT)
 
     assert by_name.session_id() == session_id
@@ -147,9 +123,9 @@ def test_a_chat_session_is_given_by_its_name(chats: tuple[list[Chat], Path, Path
 
 
 def test_the_first_prompt_saves_the_session_with_what_was_chosen_before_it(
-        chats: tuple[list[Chat], Path, Path], server: ReplayServer) -> None:
+        chats: list[Chat], dirs: tuple[Path, Path], server: ReplayServer) -> None:
     server.enqueue(text_reply("Answered on 4.1."))
-    chat = start(chats, server)
+    chat = start(chats, dirs, server)
     draft_id = chat.session_id()
     chat.send_line("/model openai/gpt-4.1")
     chat.expect("gpt-4.1")
@@ -163,7 +139,7 @@ def test_the_first_prompt_saves_the_session_with_what_was_chosen_before_it(
 
 
 @pytest.mark.parametrize("on_path", [False, True])
-def test_the_way_back_names_the_command_as_the_person_ran_it(chats: tuple[list[Chat], Path, Path],
+def test_the_way_back_names_the_command_as_the_person_ran_it(chats: list[Chat], dirs: tuple[Path, Path],
                                                              server: ReplayServer, monkeypatch: pytest.MonkeyPatch,
                                                              on_path: bool) -> None:
     """Issue 33 item 9: the exit hint said `harness chat ID`, which is not on the PATH of someone
@@ -171,7 +147,7 @@ def test_the_way_back_names_the_command_as_the_person_ran_it(chats: tuple[list[C
     program, else the path that was run."""
     monkeypatch.setenv("PATH", f"{HARNESS.parent}:/usr/bin:/bin" if on_path else "/usr/bin:/bin")
     server.enqueue(text_reply("Noted."))
-    chat = start(chats, server)
+    chat = start(chats, dirs, server)
     chat.send_line("remember this")
     chat.expect("turn completed")
     session_id = chat.session_id()
