@@ -53,7 +53,7 @@ from harness.providers.protocol import (
     usage_with_cost,
 )
 from harness.providers.streaming import ClientCache, Finish, Outcome, resolve_api_key, stream_reply
-from harness.providers.structured import is_strict
+from harness.providers.structured import openai_json_schema
 from harness.providers.transform import prepare_history
 
 # A local server needs no key, but the SDK refuses to start without one.
@@ -122,7 +122,7 @@ def build_request_params(model: Model, request: ProviderRequest, options: Stream
     text), and images in tool results follow the results as one user message, since a `tool`
     message carries text only. Streaming asks for usage (`stream_options.include_usage`).
     `options.tool_choice` forces that tool. `request.output` is `response_format` `json_schema`,
-    strict when the schema allows it (`is_strict`). `max_tokens` is sent only when `options.max_tokens`
+    strict when the schema allows it (`openai_json_schema`). `max_tokens` is sent only when `options.max_tokens`
     is set (as `max_completion_tokens` to OpenAI itself); `reasoning_effort` only for a reasoning
     model with thinking on, at the nearest level the model takes (`Model.nearest_thinking_level`);
     `temperature` not to OpenAI's reasoning models, which refuse it; `prompt_cache_key` (from
@@ -143,11 +143,7 @@ def build_request_params(model: Model, request: ProviderRequest, options: Stream
     if options.tool_choice is not None:
         params["tool_choice"] = {"type": "function", "function": {"name": options.tool_choice}}
     if request.output is not None:
-        schema: dict[str, Any] = {"name": request.output.name, "schema": request.output.json_schema,
-                                  "strict": is_strict(request.output.json_schema)}
-        if request.output.description:
-            schema["description"] = request.output.description
-        params["response_format"] = {"type": "json_schema", "json_schema": schema}
+        params["response_format"] = {"type": "json_schema", "json_schema": openai_json_schema(request.output)}
     if options.max_tokens is not None:
         params["max_completion_tokens" if is_openai_endpoint(model) else "max_tokens"] = options.max_tokens
     if options.temperature is not None and not is_openai_reasoning_model(model):

@@ -80,7 +80,7 @@ from harness.providers.protocol import (
     usage_with_cost,
 )
 from harness.providers.streaming import ClientCache, Outcome, stream_reply
-from harness.providers.structured import is_strict
+from harness.providers.structured import openai_json_schema
 from harness.providers.transform import prepare_history
 
 
@@ -134,7 +134,7 @@ def build_request_params(model: Model, request: ProviderRequest, options: Stream
     thinking on, `reasoning={"effort", "summary": "auto"}` at the nearest level the model takes
     (`Model.nearest_thinking_level`). The system prompt is `instructions`;
     `options.tool_choice` forces that tool; `request.output` is `text.format` `json_schema`,
-    strict when the schema allows it (`is_strict`); `max_output_tokens` only when `options.max_tokens` is
+    strict when the schema allows it (`openai_json_schema`); `max_output_tokens` only when `options.max_tokens` is
     set; `temperature` not to OpenAI's reasoning models, which refuse it; `prompt_cache_key` (from
     `options.session_id`) only to OpenAI; `extra_headers` merges `model.headers` and
     `options.headers`.
@@ -165,12 +165,7 @@ def build_request_params(model: Model, request: ProviderRequest, options: Stream
     if options.tool_choice is not None:
         params["tool_choice"] = {"type": "function", "name": options.tool_choice}
     if request.output is not None:
-        text_format: dict[str, Any] = {"type": "json_schema", "name": request.output.name,
-                                       "schema": request.output.json_schema,
-                                       "strict": is_strict(request.output.json_schema)}
-        if request.output.description:
-            text_format["description"] = request.output.description
-        params["text"] = {"format": text_format}
+        params["text"] = {"format": {"type": "json_schema", **openai_json_schema(request.output)}}
     if options.max_tokens is not None:
         params["max_output_tokens"] = options.max_tokens
     if options.temperature is not None and not is_openai_reasoning_model(model):

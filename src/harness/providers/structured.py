@@ -1,7 +1,7 @@
 """Structured output (issue 32): how a request's `output` schema reaches a model.
 
 A model with `structured_output="native"` gets it in its wire format's own field, which each
-adapter fills (`strict` where the schema allows OpenAI's strict mode, `is_strict`). A model with
+adapter fills (OpenAI's two from `openai_json_schema`, `strict` where the schema allows it). A model with
 `structured_output="tool"` gets a final-answer tool instead (`structured_stream`): the schema is
 that tool's arguments, the tool is forced when it is the only one, and the model's call of it comes
 back as the reply's text, so every reply with an answer looks the same to the runtime, whichever
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
+from typing import Any
 
 from pydantic import JsonValue
 
@@ -35,6 +36,17 @@ from harness.providers.protocol import (
 )
 
 OUTPUT_TOOL_DESCRIPTION = "Give your final answer by calling this tool, the answer as its arguments."
+
+
+def openai_json_schema(output: OutputSchema) -> dict[str, Any]:
+    """OpenAI's `json_schema` format of `output`, as Chat Completions takes it in
+    `response_format.json_schema` and the Responses API in `text.format` (beside its `type`): its
+    name, schema, description when it has one, and `strict` when the schema allows it (`is_strict`)."""
+    schema = output.json_schema
+    answer: dict[str, Any] = {"name": output.name, "schema": schema, "strict": is_strict(schema)}
+    if output.description:
+        answer["description"] = output.description
+    return answer
 
 
 def is_strict(schema: JsonValue) -> bool:
