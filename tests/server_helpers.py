@@ -326,12 +326,13 @@ async def forwarder(url: str) -> AsyncIterator[Forwarder]:
 
 class StalledClient:
     """A client of `app`'s SSE stream at `path`, spoken to through ASGI directly: it reads the
-    response until the snapshot, then stops reading (`send` blocks) until `release`; it never
-    disconnects. `body` holds what it read; `run()` is the request, `snapshot_sent` set once the
-    snapshot was read (a reader that stopped: the server must not wait for it)."""
+    response until the snapshot (or the bytes `first`), then stops reading (`send` blocks) until
+    `release`; it never disconnects. `body` holds what it read; `run()` is the request,
+    `snapshot_sent` set once the snapshot was read (a reader that stopped: the server must not
+    wait for it)."""
 
-    def __init__(self, app: FastAPI, path: str) -> None:
-        self.app, self.path = app, path
+    def __init__(self, app: FastAPI, path: str, *, first: bytes = b"snapshot") -> None:
+        self.app, self.path, self.first = app, path, first
         self.body = bytearray()
         self.snapshot_sent, self._released = asyncio.Event(), asyncio.Event()
 
@@ -346,7 +347,7 @@ class StalledClient:
         async def send(message: MutableMapping[str, Any]) -> None:
             if message["type"] == "http.response.body":
                 self.body.extend(message.get("body", b""))
-                if b"snapshot" in self.body:
+                if self.first in self.body:
                     self.snapshot_sent.set()
                     await self._released.wait()
 

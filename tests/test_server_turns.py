@@ -254,6 +254,24 @@ async def test_a_slow_client_is_cut_off_and_never_blocks_the_run(store: Store, c
     assert client.body.rstrip().endswith(b'data: {"type":"overflow","limit":1000,"unit":"bytes"}')
 
 
+async def test_a_slow_client_of_the_feed_is_cut_off_after_its_events(store: Store, ctx: Context) -> None:
+    """The feed holds `client_buffer` events for a client that reads nothing: past them the run
+    goes on all the same, and the stream ends with `overflow` counted in events."""
+    served = faux_app(store, ["hi"], options=ServerOptions(client_buffer=1))
+    conversation = await served.service.create(USER, served.app.state.server.new_lane(None), ctx)
+    client = StalledClient(served.app, "/api/feed", first=b"subscribed")
+    async with served.app.router.lifespan_context(served.app):
+        stream = asyncio.create_task(client.run())
+        await within(client.snapshot_sent.wait())
+        _, accepted = await served.app.state.server.start_turn(USER, conversation.id, "go", ctx)
+        outcome = await _outcome(served.app, accepted.operation_id)
+        client.release()
+        await within(stream)
+
+    assert outcome.result.outcome == "completed"
+    assert client.body.rstrip().endswith(b'data: {"type":"overflow","limit":1,"unit":"events"}')
+
+
 async def test_tokens_let_their_user_in_and_someone_elses_conversation_reads_as_missing(store: Store,
                                                                                           ctx: Context) -> None:
     token, _ = await store.tokens.create(USER, ctx)

@@ -44,13 +44,13 @@ import contextlib
 import json
 import re
 from collections import deque
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import Annotated, Generic, Literal, TypeVar
+from typing import Annotated, Generic, Literal, Protocol, TypeVar
 
 from fastapi import APIRouter, Depends, Header
 from fastapi.responses import StreamingResponse
-from fastapi.sse import EventSourceResponse, ServerSentEvent, format_sse_event
+from fastapi.sse import ServerSentEvent, format_sse_event
 from pydantic import BaseModel
 
 from harness.context import Context
@@ -59,7 +59,7 @@ from harness.messages import AssistantContent, AssistantMessage, TextContent, Th
 from harness.runtime import HarnessEvent, LaneSnapshot, MessageEnd, MessageStart, MessageUpdate, RunEnd, RunStart
 from harness.server.fanout import Delivered, Subscription
 from harness.server.langgraph_wire import InvalidEventId
-from harness.server.state import Authorization, CurrentAuthorization, CurrentUser, RequestContext, State
+from harness.server.state import Authorization, CurrentAuthorization, CurrentUser, RequestContext, ServerState, State
 from harness.session import SessionNotFound
 
 router = APIRouter(prefix="/api", tags=["events"])
@@ -160,58 +160,88 @@ class WatchPosition:
 
 
 class _Buffer(Generic[T]):
-    """Items pushed by a pump, taken by the stream; full at `limit`, after which it takes no more."""
+    """Items pushed by a pump, taken by the stream; full at `limit`, after which it is `cut` and
+    takes no more."""
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
         self.items: deque[T] = deque()
-        self.overflowed = False
+        self.cut = False
         self.ended = False
-        self.changed = asyncio.Event()
+        self._changed = asyncio.Event()
 
     def push(self, item: T) -> None:
-        if self.overflowed or self.ended:
+        if self.cut or self.ended:
             return
         if len(self.items) >= self.limit:
-            self.overflowed = True
+            self.cut = True
             self.items.clear()
         else:
             self.items.append(item)
-        self.changed.set()
+        self._changed.set()
 
     def end(self) -> None:
         self.ended = True
-        self.changed.set()
+        self._changed.set()
 
+    def take(self) -> list[T]:
+        """Every item held, oldest first, without waiting."""
+        taken = list(self.items)
+        self.items.clear()
+        return taken
 
-async def _events(buffer: _Buffer[T], render: Callable[[T], Iterable[ServerSentEvent]], heartbeat_s: float,
-                  ) -> AsyncGenerator[ServerSentEvent, None]:
-    """What `buffer` takes, rendered, with heartbeats while it is quiet; ends with `overflow`
-    when the buffer overflowed, or when its source ended."""
-    while True:
-        while buffer.items:
-            for event in render(buffer.items.popleft()):
-                yield event
-        if buffer.overflowed:
-            yield ServerSentEvent(event="overflow", data=Overflow(limit=buffer.limit, unit="events"))
+    async def wait(self) -> None:
+        """Return once an item is held, or the buffer is cut or ended."""
+        if self.items or self.cut or self.ended:
             return
-        if buffer.ended:
-            return
-        buffer.changed.clear()
-        try:
-            await asyncio.wait_for(buffer.changed.wait(), heartbeat_s)
-        except TimeoutError:
-            yield ServerSentEvent(comment="heartbeat")
+        self._changed.clear()
+        await self._changed.wait()
 
 
 async def _pump(source: AsyncIterator[T], buffer: _Buffer[T]) -> None:
     try:
         async for item in source:
             buffer.push(item)
-            if buffer.overflowed:
+            if buffer.cut:
                 return
     finally:
         buffer.end()
+
+
+class _Source(Protocol):
+    """What a stream sends from (a watch's `Subscription`, the feed's `_Buffer`): whether it was
+    `cut` (its client fell behind) or `ended`, and `wait` for more."""
+
+    @property
+    def cut(self) -> bool: ...
+
+    @property
+    def ended(self) -> bool: ...
+
+    async def wait(self) -> None: ...
+
+
+_HEARTBEAT = b": heartbeat\n\n"
+
+
+async def _sent(source: _Source, waiting: Callable[[], bytes], overflow: Overflow,
+                heartbeat_s: float) -> AsyncGenerator[bytes, None]:
+    """What `waiting` has for the client each time `source` has more (b"": nothing now), with
+    heartbeats while it is quiet; ends with `overflow` when `source` was cut, or when it ended."""
+    while True:
+        if chunk := waiting():
+            yield chunk
+        elif source.cut:
+            yield _encoded(ServerSentEvent(event="overflow", data=overflow))
+            return
+        elif source.ended:
+            return
+        else:
+            try:
+                async with asyncio.timeout(heartbeat_s):
+                    await source.wait()
+            except TimeoutError:
+                yield _HEARTBEAT
 
 
 def _model_event(event: BaseModel, event_id: str | None = None) -> ServerSentEvent:
@@ -249,38 +279,15 @@ def _approval(change: ApprovalChange) -> ServerSentEvent:
     return ServerSentEvent(event="approval", data={"pending": change.pending, "answer": answer})
 
 
-_HEARTBEAT = b": heartbeat\n\n"
-
 CHUNK_BYTES = 64 * 1024
 """What a watch writes at once, at most about: the events a client has waiting go out in one
 write (one send on its socket) up to this, not one write each."""
 
 
-async def _watched(watch: Subscription, approvals: deque[tuple[int, ApprovalChange]], shown: _ShownReply,
-                   heartbeat_s: float) -> AsyncGenerator[bytes, None]:
-    """The events of `watch` as the client is sent them, each approval change `(n, change)` right
-    after the watch's event `n` (the newest delivered when it changed), with heartbeats while it
-    is quiet; ends with `overflow` when the watch was cut, or when its source ended. What is
-    waiting goes out together (`CHUNK_BYTES`)."""
-    while True:
-        if chunk := _waiting(watch, approvals, shown):
-            yield chunk
-        elif watch.cut:
-            yield _encoded(ServerSentEvent(event="overflow", data=Overflow(limit=watch.limit_bytes, unit="bytes")))
-            return
-        elif watch.ended:
-            return
-        else:
-            try:
-                async with asyncio.timeout(heartbeat_s):
-                    await watch.wait()
-            except TimeoutError:
-                yield _HEARTBEAT
-
-
 def _waiting(watch: Subscription, approvals: deque[tuple[int, ApprovalChange]], shown: _ShownReply) -> bytes:
-    """The events `watch` holds and the approval changes due, in order, encoded, about
-    `CHUNK_BYTES` at most (b"": nothing to send now)."""
+    """The events `watch` holds as the client is sent them, each approval change `(n, change)`
+    right after the watch's event `n` (the newest delivered when it changed), in order, encoded,
+    about `CHUNK_BYTES` at most (b"": nothing to send now): what is waiting goes out together."""
     parts: list[bytes] = []
     size = 0
     while size < CHUNK_BYTES:
@@ -360,12 +367,23 @@ def _resumed_after(last_event_id: Annotated[str | None, Header()] = None) -> Wat
 
 
 class _EventStream(StreamingResponse):
-    """Server-sent events encoded here (`_encoded`) and written as they come. FastAPI's
-    `EventSourceResponse` route runs each stream in two more tasks and passes each event through
-    two memory streams and a timer: for the watch, with a few hundred streams on one event loop,
-    about a fifth of the server's CPU (issue 29); the watch sends its own heartbeats."""
+    """Server-sent events encoded here (`_encoded`) and written as they come, `events` closed
+    however the response ends (a client gone cancels it), so what they hold goes with them.
+    FastAPI's `EventSourceResponse` route runs each stream in two more tasks and passes each
+    event through two memory streams and a timer: for the watch, with a few hundred streams on
+    one event loop, about a fifth of the server's CPU (issue 29); the streams send their own
+    heartbeats (`_sent`)."""
 
     media_type = "text/event-stream"
+
+    def __init__(self, events: AsyncGenerator[bytes, None]) -> None:
+        super().__init__(_closed_at_end(events), headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+
+async def _closed_at_end(events: AsyncGenerator[bytes, None]) -> AsyncIterator[bytes]:
+    async with contextlib.aclosing(events):
+        async for chunk in events:
+            yield chunk
 
 
 def _encoded(event: ServerSentEvent) -> bytes:
@@ -397,14 +415,7 @@ async def conversation_events_stream(conversation_id: str, watch: Annotated[Subs
     same snapshot, ids and resume, the streaming reply from its persisted frames (one
     `frame_interval_s` behind), no approvals (the worker's own policy answers them)."""
 
-    async def body() -> AsyncIterator[bytes]:
-        # Closed however the response ends (a client gone cancels it): its listener goes with it.
-        async with contextlib.aclosing(_watch_events(conversation_id, watch, after, state, authorization,
-                                                     context)) as events:
-            async for chunk in events:
-                yield chunk
-
-    return _EventStream(body(), headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    return _EventStream(_watch_events(conversation_id, watch, after, state, authorization, context))
 
 
 async def _watch_events(conversation_id: str, watch: Subscription, after: WatchPosition | None, state: State,
@@ -430,18 +441,26 @@ async def _watch_events(conversation_id: str, watch: Subscription, after: WatchP
                 yield b"".join(_encoded(event) for event in replay)
             if shown.reply is not None:
                 yield _encoded(_model_event(MessageUpdate(lane=watch.snapshot.lane, message=shown.reply)))
-        async for chunk in authorization.until_revoked(_watched(watch, approvals, shown, state.options.heartbeat_s)):
+        events = _sent(watch, lambda: _waiting(watch, approvals, shown),
+                       Overflow(limit=watch.limit_bytes, unit="bytes"), state.options.heartbeat_s)
+        async for chunk in authorization.until_revoked(events):
             yield chunk
     finally:
         stop_listening()
 
 
-@router.get("/feed", response_class=EventSourceResponse)
+@router.get("/feed", response_class=_EventStream)
 async def instance_feed(user: CurrentUser, state: State, authorization: CurrentAuthorization,
-                        context: RequestContext) -> AsyncIterator[ServerSentEvent]:
+                        context: RequestContext) -> _EventStream:
     """What the current user's conversations are doing on this server: `activity` (a turn
     started or ended, with its outcome), `presence` (live here or not) and `alert` (a harness
     fault, with its code). No chat events: those are each conversation's own stream."""
+    return _EventStream(_feed_events(user, state, authorization, context))
+
+
+async def _feed_events(user: str, state: ServerState, authorization: Authorization,
+                       context: Context) -> AsyncGenerator[bytes, None]:
+    """The events of `instance_feed`'s response, encoded."""
     owned: dict[str, bool] = {}
 
     async def mine(feed: AsyncIterator[InstanceEvent]) -> AsyncIterator[InstanceEvent]:
@@ -459,10 +478,11 @@ async def instance_feed(user: CurrentUser, state: State, authorization: CurrentA
     buffer: _Buffer[InstanceEvent] = _Buffer(state.options.client_buffer)
     pump = asyncio.create_task(_pump(mine(aiter(feed)), buffer))
     try:
-        yield ServerSentEvent(comment="subscribed")  # from here on, nothing is missed
-        events = _events(buffer, lambda item: [_model_event(item)], state.options.heartbeat_s)
-        async for event in authorization.until_revoked(events):
-            yield event
+        yield _encoded(ServerSentEvent(comment="subscribed"))  # from here on, nothing is missed
+        events = _sent(buffer, lambda: b"".join(_encoded(_model_event(item)) for item in buffer.take()),
+                       Overflow(limit=buffer.limit, unit="events"), state.options.heartbeat_s)
+        async for chunk in authorization.until_revoked(events):
+            yield chunk
     finally:
         feed.close()
         pump.cancel()
