@@ -293,6 +293,16 @@ def paused(before: str, after: str) -> tuple[FauxReply, FauxDelay]:
     return FauxReply(parts=(*reply(before).parts, pause, *reply(after).parts)), pause
 
 
+def mid_reply(driver: WebDriver, page: Page, prompt: str, pause: FauxDelay, so_far: str) -> str:
+    """Open a new conversation and send `prompt`; return once its reply, paused at `pause`, shows
+    `so_far`. The conversation's address."""
+    address = open_new_conversation(driver, page)
+    say(driver, prompt)
+    page.reached(pause)
+    shown(driver, "#transcript .assistant", so_far)
+    return address
+
+
 def tool_state(driver: WebDriver, tool_call_id: str) -> str | None:
     found = driver.find_elements(By.CSS_SELECTOR, f'#transcript .tool[data-id="{tool_call_id}"]')
     return found[0].get_attribute("data-state") if found else None
@@ -303,11 +313,8 @@ def test_a_sent_message_streams_its_reply_into_one_row(tmp_path: Path, browser_t
     and the journal's rows replace the live ones when the turn ends, nothing twice."""
     answer, pause = paused("Hello", "there.")
     with served(tmp_path, answer) as page:
-        open_new_conversation(browser_tab, page)
-        say(browser_tab, "hi")
-        page.reached(pause)
+        mid_reply(browser_tab, page, "hi", pause, "Hello")
 
-        shown(browser_tab, "#transcript .assistant", "Hello")
         assert running(browser_tab)
         page.release(pause)
 
@@ -351,21 +358,24 @@ def test_a_call_is_approved_and_another_denied_from_the_page(tmp_path: Path, bro
             browser_tab.save_screenshot(path)
 
 
-def test_stop_stops_the_run_with_its_interrupted_row(tmp_path: Path, browser_tab: WebDriver) -> None:
-    """Stop mid-reply is the durable stop: the run ends, the interrupted row says so and the
-    composer takes a new message."""
+@pytest.mark.parametrize("how", ["button", "esc"])
+def test_stop_stops_the_run_with_one_interrupted_row(tmp_path: Path, browser_tab: WebDriver, how: str) -> None:
+    """Stop mid-reply (the Stop button, or Esc) is the durable stop: the run ends, the reply keeps
+    what it wrote and the stop is one row, the interrupted row, not also the reply's error (the
+    request was aborted); the composer takes a new message."""
     answer, pause = paused("Partial", "never shown")
     with served(tmp_path, answer) as page:
-        open_new_conversation(browser_tab, page)
-        say(browser_tab, "go")
-        page.reached(pause)
-        shown(browser_tab, "#transcript .assistant", "Partial")
+        mid_reply(browser_tab, page, "go", pause, "Partial")
 
-        browser_tab.find_element(By.ID, "stop").click()
+        if how == "esc":
+            browser_tab.find_element(By.ID, "prompt").send_keys(Keys.ESCAPE)
+        else:
+            browser_tab.find_element(By.ID, "stop").click()
 
         shown(browser_tab, "#transcript .event", "interrupted by you")
         wait(browser_tab, idle)
         assert "never shown" not in " ".join(rows(browser_tab))
+        assert rows(browser_tab) == ["go", "Partial", "■ interrupted by you"]
         assert browser_tab.find_element(By.ID, "send").text == "Send"
 
 
@@ -374,10 +384,7 @@ def test_a_reload_mid_reply_shows_the_same_transcript_once(tmp_path: Path, brows
     reply so far once, then the rest live, nothing twice."""
     answer, pause = paused("First half.", "second half.")
     with served(tmp_path, answer) as page:
-        open_new_conversation(browser_tab, page)
-        say(browser_tab, "hi")
-        page.reached(pause)
-        shown(browser_tab, "#transcript .assistant", "First half.")
+        mid_reply(browser_tab, page, "hi", pause, "First half.")
 
         browser_tab.refresh()
 
@@ -668,23 +675,6 @@ def test_a_conversation_is_named_from_its_first_prompt_renamed_and_deleted(
         wait(browser_tab, lambda d: listed(d) == [])
         infos = page.run(lambda: page.served.service.list(USER, Context({"test": "page"})))
         assert conversation_id not in [info.id for info in infos]
-
-
-def test_a_stop_shows_one_row(tmp_path: Path, browser_tab: WebDriver) -> None:
-    """Stopped mid-reply (Esc), the reply keeps what it wrote and the stop is one row: the
-    interrupted row, not also the reply's error (the request was aborted)."""
-    answer, pause = paused("Partial", "never shown")
-    with served(tmp_path, answer) as page:
-        open_new_conversation(browser_tab, page)
-        say(browser_tab, "go")
-        page.reached(pause)
-        shown(browser_tab, "#transcript .assistant", "Partial")
-
-        browser_tab.find_element(By.ID, "prompt").send_keys(Keys.ESCAPE)
-
-        shown(browser_tab, "#transcript .event", "interrupted by you")
-        wait(browser_tab, idle)
-        assert rows(browser_tab) == ["go", "Partial", "■ interrupted by you"]
 
 
 def test_call_ids_a_provider_reuses_keep_each_card_in_its_turn(tmp_path: Path, browser_tab: WebDriver) -> None:
