@@ -1,9 +1,10 @@
-"""How a terminal client is set up: the models it may use, the workspace of the built-in tools, and a
-conversation of the local account opened with both through `ConversationService`; plus the checks
-`harness doctor` runs.
+"""How a client is set up: the models it may use, the workspace of the built-in tools, the background
+commands and MCP servers its process shares (`process_tools`), the `ConversationSetup` of them all
+(`client_setup`) and a conversation of the local account opened with it through
+`ConversationService`; plus the checks `harness doctor` runs.
 
-`harness chat` and `harness run` use these: each piece is a plain function of its inputs, with no
-typer in it.
+`harness chat`, `run`, `serve` and `worker` use these: each piece is a plain function of its
+inputs, with no typer in it.
 """
 
 from __future__ import annotations
