@@ -24,8 +24,8 @@ from pydantic import BaseModel, JsonValue
 
 from agent_child import calls, ledger, lookup
 from conftest import REPO
-from harness import Agent, AgentResult, Context, RunFailed, tool
-from harness.conversation import ConversationService
+from harness import Agent, AgentResult, Context, ModelIdentity, RunFailed, tool
+from harness.conversation import ChatEventPublished, ConversationService, ModelSwitched
 from harness.home import local_user
 from harness.providers.replay import Hold, ReplayResponse, ReplayServer
 from harness.runtime import MessageUpdate
@@ -306,6 +306,23 @@ async def test_a_failed_run_raises_with_its_code_and_the_conversation_takes_the_
         result = await agent.run("Again?", conversation=conversation)
 
     assert result.output == "fine now"
+
+
+async def test_an_agent_of_another_model_continues_a_conversation_on_its_own_model(served: ReplayServer) -> None:
+    """CE-12 through the front door: `run(conversation=ID)` on an agent of another model switches
+    the conversation to that model, with its model-switch row, before the prompt is sent."""
+    served.enqueue(chat_text("from 4o"), chat_text("from mini"))
+    async with Agent("openai/gpt-4o") as first:
+        started = await first.run("Hello?")
+    async with Agent("openai/gpt-4o-mini") as second:
+        stream = second.stream("Again?", conversation=started.conversation_id)
+        rows = [event.row.details async for event in stream if isinstance(event, ChatEventPublished)]
+
+    assert [request.json()["model"] for request in served.requests] == ["gpt-4o", "gpt-4o-mini"]
+    assert rows == [ModelSwitched(previous=ModelIdentity.parse("openai/gpt-4o"),
+                                  model=ModelIdentity.parse("openai/gpt-4o-mini"))]
+    assert stream.result is not None
+    assert stream.result.output == "from mini"
 
 
 # -- streaming, and a stop from outside ---------------------------------------------------------------
