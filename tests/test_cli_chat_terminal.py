@@ -201,12 +201,17 @@ def test_rows_and_the_toolbar_wrap_at_words_in_a_narrow_terminal(chats: list[Cha
 
 def test_tab_completes_a_command_and_thinking_needs_a_model_that_thinks(
         chats: list[Chat], dirs: tuple[Path, Path], server: ReplayServer) -> None:
-    """Tab completes a slash command; `/thinking high` on a model without thinking is refused
-    with the level it takes, and the level stays off."""
+    """Tab lists the slash commands a prefix starts, each with its one-line summary, and picks
+    one; `/thinking high` on a model without thinking is refused with the level it takes, and the
+    level stays off."""
     chat = start(chats, dirs, server)
 
-    chat.process.send("/ren")
-    chat.process.send("\t")
+    chat.process.send("/re")
+    chat.process.send("\t")  # /rename, /restart and /resume start so: the menu shows what each does
+    chat.expect("name the conversation")
+    chat.expect("reopen the conversation from its journal")
+    chat.expect("finish the lane's open operation")
+    chat.process.send("\t")  # the first of them
     chat.expect("ame")  # what Tab added
     chat.send_line(" by tab")
     chat.expect("/rename by tab: named by tab")

@@ -114,7 +114,7 @@ class ChatClient:
         # The turn control needs the terminal, so the terminal looks `turns` up when it calls.
         self.terminal = Terminal(self.screen, busy=lambda: self.turns.busy, status=self._status,
                                  on_interrupt=lambda: self.turns.interrupt(),
-                                 commands=lambda: [f"/{n}" for n in self.commands],
+                                 commands={f"/{name}": entry.summary for name, entry in self.commands.items()},
                                  history=settings.home / "chat-history", on_shift_tab=self._toggle_mode_soon,
                                  working=self.view.working, context_window=self.context_window)
         self.turns = TurnControl(screen=self.screen, view=self.view, terminal=self.terminal, registry=registry,

@@ -39,6 +39,19 @@ def command(name: str, usage: str, summary: str, *, while_busy: bool = False,
     return register
 
 
+def door_command(name: str, *, alone: str | None = None,
+                 while_busy: bool = False) -> Callable[[CommandRun], CommandRun]:
+    """Register the decorated function as `/name` of the conversation's command table
+    (`conversation.BUILT_IN_COMMANDS`), with the usage and summary every door shows for it;
+    `alone` says what the chat does for the command without its argument, which the table's
+    command needs (`/model` alone shows the models)."""
+    described = conversation.BUILT_IN_COMMANDS[name]
+    usage, summary = described.usage, described.summary
+    if alone is not None:
+        usage, summary = f"/{name} [{usage.removeprefix(f'/{name} ')}]", f"{alone}, or {summary}"
+    return command(name, usage, summary, while_busy=while_busy)
+
+
 @command("help", "/help", "this list", while_busy=True)
 async def _help(client: ChatClient, argument: str) -> None:
     seen: set[str] = set()
@@ -52,8 +65,7 @@ async def _help(client: ChatClient, argument: str) -> None:
                         "a turn, twice leaves at once; Ctrl-D leaves.[/]")
 
 
-@command("model", "/model [provider/id]", "show the models, or switch this lane's model (during a turn: for the "
-         "next one)", while_busy=True)
+@door_command("model", alone="show the models", while_busy=True)
 async def _model(client: ChatClient, argument: str) -> None:
     current = client.conversation.config(client.lane).model
     if argument:
@@ -100,14 +112,14 @@ async def _think(client: ChatClient, argument: str) -> None:
     client.screen.print(f"[dim]thinking is {'shown' if client.view.show_thinking else 'collapsed'}[/]")
 
 
-@command("rename", "/rename NAME", "name this session", while_busy=True)
+@door_command("rename", while_busy=True)
 async def _rename(client: ChatClient, argument: str) -> None:
     if argument:
         await client.save_draft()  # a session worth naming is worth keeping
     await conversation.rename(*client.command_door(), argument, client.context)
 
 
-@command("mode", "/mode [build|plan]", "show or switch the work mode (Shift+Tab toggles it)", while_busy=True)
+@door_command("mode", alone="show the work mode (Shift+Tab toggles it)", while_busy=True)
 async def _mode(client: ChatClient, argument: str) -> None:
     if not argument:
         client.screen.print(f"mode: [bold]{client.mode}[/] [dim](build: all of this session's tools; plan: the "
@@ -116,18 +128,17 @@ async def _mode(client: ChatClient, argument: str) -> None:
     await conversation.mode(*client.command_door(), argument, client.context)
 
 
-@command("tools", "/tools [on|off|auto|±NAME]", "list this session's tools, or change them: on, off, +NAME, -NAME "
-         "(a model switch keeps your choice), auto (the model's again)", while_busy=True)
+@door_command("tools", while_busy=True)
 async def _tools(client: ChatClient, argument: str) -> None:
     await conversation.tools(*client.command_door(), argument or None, client.context)
 
 
-@command("context", "/context", "list the project's AGENTS.md / CLAUDE.md files the model reads", while_busy=True)
+@door_command("context", while_busy=True)
 async def _context(client: ChatClient, argument: str) -> None:
     await conversation.show_context(*client.command_door(), argument or None, client.context)
 
 
-@command("fast", "/fast", "switch the next turns to the fast model at a lower reasoning level, or back")
+@door_command("fast")
 async def _fast(client: ChatClient, argument: str) -> None:
     try:
         await conversation.fast(*client.command_door(), argument or None, client.context)
@@ -136,7 +147,7 @@ async def _fast(client: ChatClient, argument: str) -> None:
         client.screen.print('[dim]name one in models.toml: fast = "provider/id"[/]')
 
 
-@command("compact", "/compact [instructions]", "summarize the older part of the conversation")
+@door_command("compact")
 async def _compact(client: ChatClient, argument: str) -> None:
     if (notice := client.turns.model_notice()) is not None:  # the summary is the model's to write
         client.screen.print(f"[yellow]{escape(notice)}[/]")
@@ -177,7 +188,7 @@ async def _last_settled(client: ChatClient) -> DriveOutcome | None:
     return Settled(operation_id=last.operation_id, result=last) if last is not None else None
 
 
-@command("restart", "/restart", "reopen this conversation from its journal")
+@door_command("restart")
 async def _restart(client: ChatClient, argument: str) -> None:
     await client.restart()
 

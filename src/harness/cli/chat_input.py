@@ -15,7 +15,7 @@ import asyncio
 import contextlib
 import textwrap
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -112,7 +112,8 @@ class Terminal:
     gives the status line shown under it (fitted to one line of the terminal), `working(columns)`
     what the turn is doing in at most that many characters, shown above the prompt behind a
     spinner while it runs (before the reply's first token too), `on_interrupt()` is what Ctrl-C
-    does during a turn, and Tab completes the names in `commands()`.
+    does during a turn, and Tab completes the names in `commands` (`/name` to its one-line summary,
+    which the Tab menu shows beside each name).
 
     Ctrl-C: answers an open question with None; during a turn calls `on_interrupt`; at an idle
     prompt clears the line, or, on an empty line, warns once and then leaves. Ctrl-D on an empty
@@ -123,7 +124,7 @@ class Terminal:
     `PASTE_WARN_SHARE` of `context_window()` (tokens; None when unknown) it is warned about."""
 
     def __init__(self, screen: Screen, *, busy: Callable[[], bool], status: Callable[[], Sequence[StatusPart]],
-                 on_interrupt: Callable[[], None], commands: Callable[[], list[str]] = list,
+                 on_interrupt: Callable[[], None], commands: Mapping[str, str] | None = None,
                  history: Path | None = None, on_shift_tab: Callable[[], None] | None = None,
                  working: Callable[[int], str] = lambda columns: "",
                  context_window: Callable[[], int | None] = lambda: None) -> None:
@@ -150,7 +151,8 @@ class Terminal:
         self._session: PromptSession[str] = PromptSession(
             history=store, key_bindings=self._bindings(), erase_when_done=True, style=STYLE,
             bottom_toolbar=self._toolbar, enable_suspend=True,
-            completer=WordCompleter(commands, sentence=True), complete_while_typing=False,
+            completer=WordCompleter(list(commands or {}), meta_dict=dict(commands or {}), sentence=True),
+            complete_while_typing=False,
         )
         screen.on_live_change = self.invalidate
         # A resize redraws the prompt: the transcript above it is printed again first if the width changed.

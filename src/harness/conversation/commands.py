@@ -12,6 +12,7 @@ conversation.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict
@@ -195,7 +196,7 @@ async def mode(service: ConversationService, user: str, conversation: Conversati
     return await service.run_command(user, conversation, _invocation("mode", args, typed), run, _itself, context)
 
 
-TOOLS_USAGE = "/tools [on | off | auto | +NAME -NAME ...]"
+TOOLS_USAGE = "/tools [on|off|auto|±NAME]"
 
 
 async def tools(service: ConversationService, user: str, conversation: Conversation, args: str | None,
@@ -314,10 +315,35 @@ async def fork_conversation(service: ConversationService, user: str, conversatio
     return forked.id
 
 
-BUILT_IN_COMMANDS: dict[str, BuiltInCommand] = {
-    "compact": compact, "fast": fast, "model": model, "rename": rename, "mode": mode, "tools": tools,
-    "restart": restart, "context": show_context}
-"""Every built-in command by the name a person types after `/`."""
+@dataclass(frozen=True)
+class DescribedCommand:
+    """A built-in command with the words every door shows for it: `usage` as it is typed
+    (`/name ARGS`) and a one-line `summary` of what it does, read by the terminal's `/help` and
+    Tab menu and by `GET /api/commands` (the page's command list). Called, it runs `run`."""
+
+    usage: str
+    summary: str
+    run: BuiltInCommand
+
+    async def __call__(self, service: ConversationService, user: str, conversation: Conversation, args: str | None,
+                       context: Context, *, typed: bool = True) -> CommandOutcome:
+        return await self.run(service, user, conversation, args, context, typed=typed)
+
+
+BUILT_IN_COMMANDS: dict[str, DescribedCommand] = {
+    "compact": DescribedCommand("/compact [instructions]", "summarize the older part of the conversation", compact),
+    "fast": DescribedCommand("/fast", "switch the next turns to the fast model at a lower reasoning level, or back",
+                             fast),
+    "model": DescribedCommand("/model provider/id", "switch the model of the next turns", model),
+    "rename": DescribedCommand("/rename NAME", "name the conversation", rename),
+    "mode": DescribedCommand("/mode build|plan", "switch to build mode (every tool) or plan mode (the read-only "
+                             "ones)", mode),
+    "tools": DescribedCommand(TOOLS_USAGE, "list the tools, or change them: on, off, +NAME, -NAME (a model switch "
+                              "keeps your choice), auto (the model's again)", tools),
+    "restart": DescribedCommand("/restart", "reopen the conversation from its journal", restart),
+    "context": DescribedCommand("/context", "list the project's AGENTS.md / CLAUDE.md files the model reads",
+                                show_context)}
+"""Every built-in command by the name a person types after `/`, in the order a list of them shows."""
 
 
 async def run_typed_command(service: ConversationService, user: str, conversation: Conversation, line: str,

@@ -4,7 +4,6 @@ current user; another user's conversation answers exactly like a missing one (40
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping, Sequence
 from typing import Annotated
 
@@ -260,26 +259,20 @@ async def stop(conversation_id: str, user: CurrentUser, state: State, context: R
 
 
 class CommandOut(BaseModel):
-    """A command the command route runs: the `name` typed after `/`, its `usage` and what it does,
-    both from the command's own docstring (`/name args`: what it does.)."""
+    """A command the command route runs: the `name` typed after `/`, its `usage` and a one-line
+    `summary` of what it does, as the command table gives them (`DescribedCommand`)."""
 
     name: str
     usage: str
     summary: str
 
-    @classmethod
-    def of(cls, name: str, command: BuiltInCommand) -> CommandOut:
-        # The summary is the docstring's first clause: up to `;`, `(`, `:` or the sentence's end.
-        described = re.match(r"`([^`]+)`: (.+?)(?:[;(:]|\. |\.?$)", " ".join((command.__doc__ or "").split()))
-        usage, summary = described.groups() if described else (f"/{name}", "")
-        return cls(name=name, usage=usage, summary=summary.replace("`", "").strip().rstrip("."))
-
 
 @router.get("/commands", response_model=list[CommandOut])
 async def list_commands(user: CurrentUser) -> list[CommandOut]:
     """The built-in commands the command route runs (the table the terminal's chat runs them from),
-    in the order `/help` lists them, for a surface's completion."""
-    return [CommandOut.of(name, command) for name, command in BUILT_IN_COMMANDS.items()]
+    in the table's order, with the words the terminal's `/help` shows, for a surface's completion."""
+    return [CommandOut(name=name, usage=command.usage, summary=command.summary)
+            for name, command in BUILT_IN_COMMANDS.items()]
 
 
 class TypedCommand(_Body):
