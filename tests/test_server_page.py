@@ -15,10 +15,13 @@ chromium-driver`; CI installs them).
 from __future__ import annotations
 
 import asyncio
+import base64
 import os
 import shutil
+import struct
 import tempfile
 import threading
+import zlib
 from collections.abc import Callable, Coroutine, Iterator, Sequence
 from concurrent.futures import Future
 from contextlib import contextmanager
@@ -31,7 +34,7 @@ import pytest
 from drive_helpers import FAUX, ProbeTool
 from harness.context import Context
 from harness.conversation import GENERAL_AGENT, AgentRegistry, Budget
-from harness.messages import ModelIdentity
+from harness.messages import Cost, ImageContent, ModelIdentity, Usage, UserMessage
 from harness.providers import Model
 from harness.providers.faux import (
     FauxDelay,
@@ -230,6 +233,15 @@ def idle(driver: WebDriver) -> bool:
     return not running(driver) and not driver.find_elements(By.CSS_SELECTOR, "[data-live]")
 
 
+def png(width: int, height: int) -> bytes:
+    """A grey PNG image of `width` x `height` pixels."""
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+    rows = b"".join(b"\0" + b"\x80" * width for _ in range(height))
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0))
+            + chunk(b"IDAT", zlib.compress(rows)) + chunk(b"IEND", b""))
+
+
 # -- the tests ----------------------------------------------------------------------------------------
 
 
@@ -252,6 +264,45 @@ async def test_the_page_is_served_at_the_root_and_every_api_route_wins(tmp_path:
     assert "javascript" in module.headers["content-type"]
     assert missing.status_code == 404
     assert missing.json()["code"] == "not_found"
+
+
+async def test_a_messages_images_and_the_conversations_spending_are_read_back(tmp_path: Path, ctx: Context) -> None:
+    """What the page reads besides the display: image N of a person's message, with the media
+    type its bytes say (`image_not_found` for an index past them, a reply's entry or another
+    user's conversation), and the usage ledger summed in tokens and dollars."""
+    shot = png(2, 2)
+    spent = Usage(input=10, output=5, total_tokens=15, cost=Cost(input=0.001, output=0.0005, total=0.0015))
+    store = await connect(f"sqlite:///{tmp_path}/harness.db", ctx)
+    try:
+        served = faux_app(store, [reply("One.", usage=spent), reply("Two.", usage=spent)])
+        async with asgi_client(served.app) as client:
+            conversation_id = (await client.post("/api/conversations", json={})).json()["id"]
+            conversation = await served.service.open(USER, conversation_id, ctx)
+            await conversation.send("look", ctx, images=[ImageContent(data=base64.b64encode(shot).decode(),
+                                                                      mime_type="image/jpeg")])
+            await conversation.send("again", ctx)
+            rows = (await client.get(f"/api/conversations/{conversation_id}/display")).json()["rows"]
+            user, reply_ = rows[0], rows[1]
+            of = f"/api/conversations/{conversation_id}/messages"
+            image = await client.get(f"{of}/{user['id']}/images/0")
+            past = await client.get(f"{of}/{user['id']}/images/1")
+            of_reply = await client.get(f"{of}/{reply_['id']}/images/0")
+            usage = (await client.get(f"/api/conversations/{conversation_id}/usage")).json()
+            other = await served.service.create("someone-else", LaneConfig(model=FAUX), ctx)
+            elsewhere = await client.get(f"/api/conversations/{other.id}/messages/{user['id']}/images/0")
+    finally:
+        await store.close()
+
+    assert user["image_count"] == 1
+    assert image.status_code == 200
+    assert image.content == shot
+    assert image.headers["content-type"] == "image/png"  # what the bytes say, not what was claimed
+    assert [past.status_code, past.json()["code"]] == [404, "image_not_found"]
+    assert [of_reply.status_code, of_reply.json()["code"]] == [404, "image_not_found"]
+    assert elsewhere.status_code == 404
+    assert usage["total_tokens"] == 30
+    assert usage["input"] == 20
+    assert usage["cost"]["total"] == pytest.approx(0.003)
 
 
 def test_a_new_conversation_is_listed_and_opened(tmp_path: Path, browser_tab: WebDriver) -> None:
@@ -724,3 +775,82 @@ def test_at_390_px_the_page_fits_and_the_list_is_a_drawer(tmp_path: Path, browse
             assert browser_tab.execute_script(overflow) <= 0
     finally:
         browser_tab.set_window_size(1280, 860)
+
+
+def test_the_header_shows_the_connection_and_what_the_conversation_spent(
+        tmp_path: Path, browser_tab: WebDriver) -> None:
+    """The header says the page is connected, offline while the browser has no network and
+    connected again after; and what the conversation spent, in tokens and dollars, as the
+    terminal's status line says it, read again when a turn ends."""
+    spent = Usage(input=1_000, output=234, total_tokens=1_234, cost=Cost(input=0.01, output=0.0023, total=0.0123))
+    with served(tmp_path, reply("Counted.", usage=spent)) as page:
+        open_new_conversation(browser_tab, page)
+        connection = shown(browser_tab, "#connection", "connected")
+        assert connection.get_attribute("data-state") == "connected"
+        assert shown(browser_tab, "#usage", "0 tokens").text == "0 tokens · $0.0000"
+
+        say(browser_tab, "count")
+        shown(browser_tab, "#usage", "1,234 tokens · $0.0123")
+
+        assert isinstance(browser_tab, webdriver.Chrome)
+        browser_tab.set_network_conditions(offline=True, latency=0, download_throughput=-1, upload_throughput=-1)
+        try:
+            shown(browser_tab, '#connection[data-state="offline"]', "offline")
+        finally:
+            browser_tab.delete_network_conditions()
+        shown(browser_tab, '#connection[data-state="connected"]', "connected")
+
+
+ATTACH_JS = """
+const [how, base64, name] = arguments;
+const bytes = Uint8Array.from(atob(base64), (c) => c.charCodeAt(0));
+const data = new DataTransfer();
+data.items.add(new File([bytes], name, {type: "image/png"}));
+if (how === "paste") {
+  document.getElementById("prompt").dispatchEvent(
+    new ClipboardEvent("paste", {clipboardData: data, bubbles: true, cancelable: true}));
+} else {
+  document.getElementById("transcript").dispatchEvent(
+    new DragEvent("drop", {dataTransfer: data, bubbles: true, cancelable: true}));
+}
+"""
+"""Paste (`how` "paste") or drop an image file into the page, as a person's clipboard or drag does."""
+
+
+def test_images_pasted_dropped_and_picked_are_sent_and_shown_after_reload(
+        tmp_path: Path, browser_tab: WebDriver) -> None:
+    """An image pasted into the composer, one dropped on the conversation and one picked with the
+    file chooser show as thumbnails, one removed again; the message goes through the AI SDK door
+    with the other two as file parts, the model reads them as images, and after a reload the
+    message shows both, read back from the server."""
+    pasted, dropped, picked = png(3, 2), png(5, 4), png(7, 6)
+    chosen = tmp_path / "picked.png"
+    chosen.write_bytes(picked)
+    with served(tmp_path, reply("Two grey squares.")) as page:
+        open_new_conversation(browser_tab, page)
+        wait(browser_tab, lambda d: d.find_element(By.ID, "prompt"))
+        browser_tab.execute_script(ATTACH_JS, "paste", base64.b64encode(pasted).decode(), "pasted.png")
+        browser_tab.execute_script(ATTACH_JS, "drop", base64.b64encode(dropped).decode(), "dropped.png")
+        browser_tab.find_element(By.ID, "attach-input").send_keys(str(chosen))
+        wait(browser_tab, lambda d: len(d.find_elements(By.CSS_SELECTOR, "#attachments img")) == 3)
+        browser_tab.find_elements(By.CSS_SELECTOR, "#attachments button")[1].click()  # the dropped one
+        wait(browser_tab, lambda d: len(d.find_elements(By.CSS_SELECTOR, "#attachments img")) == 2)
+
+        say(browser_tab, "what are these?")
+        shown(browser_tab, "#transcript .assistant", "Two grey squares.")
+        wait(browser_tab, idle)
+        assert not browser_tab.find_elements(By.CSS_SELECTOR, "#attachments img")
+        prompt = page.served.faux.requests[0].request.messages[-1]
+        assert isinstance(prompt, UserMessage)
+        assert not isinstance(prompt.content, str)
+        assert [part.data for part in prompt.content if isinstance(part, ImageContent)] == [
+            base64.b64encode(pasted).decode(), base64.b64encode(picked).decode()]
+
+        browser_tab.refresh()
+        shown(browser_tab, "#transcript .user", "what are these?")
+
+        def sizes(d: WebDriver) -> list[list[int]] | None:
+            read = d.execute_script("return [...document.querySelectorAll('#transcript .user img')]"
+                                    ".map((img) => [img.naturalWidth, img.naturalHeight])")
+            return read if read and all(width for width, _ in read) else None
+        assert wait(browser_tab, sizes) == [[3, 2], [7, 6]]

@@ -61,6 +61,16 @@ export interface CommandInfo {
   summary: string;
 }
 
+/** What a conversation has spent: tokens by kind and their cost in US dollars. */
+export interface Usage {
+  input: number;
+  output: number;
+  cache_read: number;
+  cache_write: number;
+  total_tokens: number;
+  cost: { input: number; output: number; cache_read: number; cache_write: number; total: number };
+}
+
 export interface ModelSwitch {
   model: ModelIdentity;
   queued: boolean;
@@ -183,6 +193,9 @@ export const api = {
     json<DisplayPage>("GET", `${of(id)}/display${before ? `?before=${encodeURIComponent(before)}` : ""}`),
   image: async (id: string, ref: string) =>
     (await request("GET", `${of(id)}/images/${encodeURIComponent(ref)}`)).blob(),
+  promptImage: async (id: string, entryId: string, index: number) =>
+    (await request("GET", `${of(id)}/messages/${encodeURIComponent(entryId)}/images/${index}`)).blob(),
+  usage: (id: string) => json<Usage>("GET", `${of(id)}/usage`),
   switchModel: (id: string, model: ModelIdentity) => json<ModelSwitch>("PUT", `${of(id)}/model`, { model }),
   selectProject: (id: string, executionRef: string) =>
     json<ChatEventDetails>("PUT", `${of(id)}/project`, { execution_ref: executionRef }),

@@ -16,8 +16,23 @@
 // prompt are the turn's and are not drawn.
 
 import { useChat } from "@ai-sdk/react";
-import { DefaultChatTransport, lastAssistantMessageIsCompleteWithApprovalResponses, type UIMessage } from "ai";
-import { type FormEvent, type KeyboardEvent, useCallback, useEffect, useMemo, useRef, useState } from "react";
+import {
+  DefaultChatTransport,
+  type FileUIPart,
+  lastAssistantMessageIsCompleteWithApprovalResponses,
+  type UIMessage,
+} from "ai";
+import {
+  type ClipboardEvent,
+  type DragEvent,
+  type FormEvent,
+  type KeyboardEvent,
+  useCallback,
+  useEffect,
+  useMemo,
+  useRef,
+  useState,
+} from "react";
 import {
   api,
   ApiError,
@@ -31,11 +46,22 @@ import {
   modelName,
   type Project,
   serverSentEvents,
+  type Usage,
 } from "./api";
 import { displayRows, liveRows, type Row, type RowActions, RowView } from "./rows";
 import { chatEventWords } from "./words";
 
 const RETRY_MS = [250, 500, 1000, 2000, 4000];
+/** Failed tries to reach the server after which the page says it is offline, not reconnecting. */
+const OFFLINE_AFTER = 3;
+/** The largest image the server keeps (its image store's limit). */
+const MAX_IMAGE_BYTES = 5 * 1024 * 1024;
+
+/** How the page reaches the server: `connecting` until the watch first answers. */
+export type Connection = "connecting" | "connected" | "reconnecting" | "offline";
+const CONNECTION_WORDS: Record<Connection, string> = {
+  connecting: "connecting…", connected: "connected", reconnecting: "reconnecting…", offline: "offline",
+};
 
 /** What the page reads of a watch event's data (the rest it leaves alone). */
 interface Watched {
@@ -91,11 +117,33 @@ function after([seq, part]: [number, number], [seenSeq, seenPart]: [number, numb
   return seq > seenSeq || (seq === seenSeq && part > seenPart);
 }
 
+/** Wait `ms`, or less when `signal` aborts or the browser says it is back online. */
 function pause(ms: number, signal: AbortSignal): Promise<void> {
   return new Promise((resolve) => {
-    const timer = setTimeout(resolve, ms);
-    signal.addEventListener("abort", () => { clearTimeout(timer); resolve(); }, { once: true });
+    const done = () => {
+      clearTimeout(timer);
+      window.removeEventListener("online", done);
+      resolve();
+    };
+    const timer = setTimeout(done, ms);
+    window.addEventListener("online", done);
+    signal.addEventListener("abort", done, { once: true });
   });
+}
+
+/** A read file as a data URL. */
+function dataUrl(file: File): Promise<string> {
+  return new Promise((resolve, reject) => {
+    const reader = new FileReader();
+    reader.onload = () => resolve(reader.result as string);
+    reader.onerror = () => reject(reader.error);
+    reader.readAsDataURL(file);
+  });
+}
+
+/** Tokens and dollars as the terminal's status line says them: `1,234 tokens · $0.0123`. */
+function spentWords(usage: Usage): string {
+  return `${usage.total_tokens.toLocaleString("en-US")} tokens · $${usage.cost.total.toFixed(4)}`;
 }
 
 /** The conversation `id`, named `name` (the list's, which follows renames and naming from the first
@@ -107,7 +155,10 @@ export function ConversationView({ id, name, shared, menu }: { id: string; name:
   const [nextBefore, setNextBefore] = useState<string | null>(null);
   const [resumed, setResumed] = useState(false);
   const [problem, setProblem] = useState<Problem | null>(null);
-  const [connection, setConnection] = useState<"idle" | "live" | "reconnecting">("idle");
+  const [link, setLink] = useState<Connection>("connecting");
+  const [online, setOnline] = useState(navigator.onLine);
+  const [spent, setSpent] = useState<Usage | null>(null);
+  const [attachments, setAttachments] = useState<FileUIPart[]>([]);
   const [draft, setDraft] = useState("");
   const [delivery, setDelivery] = useState<"steer" | "follow-up">("steer");
   const [inForce, setInForce] = useState("");
@@ -129,7 +180,7 @@ export function ConversationView({ id, name, shared, menu }: { id: string; name:
     onFinish: ({ message, isAbort, isDisconnect }) => {
       if (isAbort || isDisconnect || alive.current.signal.aborted) return;
       retry.current = 0;
-      setConnection("live");
+      setLink("connected");
       if (waitsForApproval(message)) return; // the stream paused: the answer goes on with it
       turnEnded().catch(show);
     },
@@ -165,12 +216,18 @@ export function ConversationView({ id, name, shared, menu }: { id: string; name:
     return page;
   }, [id]);
 
+  const readUsage = useCallback(async () => {
+    const usage = await api.usage(id);
+    if (!alive.current.signal.aborted) setSpent(usage);
+  }, [id]);
+
   const turnEnded = useCallback(async () => {
+    readUsage().catch(show);
     await readDisplay();
     chatRef.current.setMessages([]);
     setResumed(false);
     shared.changed();
-  }, [readDisplay, shared]);
+  }, [readDisplay, readUsage, shared, show]);
 
   /** Follow the turn in progress, replayed from its start (nothing when none runs). */
   const follow = useCallback(() => {
@@ -181,7 +238,7 @@ export function ConversationView({ id, name, shared, menu }: { id: string; name:
   }, [show]);
 
   const reconnect = useCallback(() => {
-    setConnection("reconnecting");
+    setLink(retry.current >= OFFLINE_AFTER ? "offline" : "reconnecting");
     const wait = RETRY_MS[Math.min(retry.current++, RETRY_MS.length - 1)];
     pause(wait, alive.current.signal).then(() => {
       if (!alive.current.signal.aborted) chatRef.current.resumeStream().catch(show);
@@ -285,9 +342,21 @@ export function ConversationView({ id, name, shared, menu }: { id: string; name:
       await readDisplay();
       watch(controller.signal);
       follow();
+      await readUsage();
     })().catch(show);
     return () => controller.abort();
   }, [id]);
+
+  useEffect(() => {
+    const changed = () => setOnline(navigator.onLine);
+    window.addEventListener("online", changed);
+    window.addEventListener("offline", changed);
+    return () => {
+      window.removeEventListener("online", changed);
+      window.removeEventListener("offline", changed);
+    };
+  }, []);
+  const connection: Connection = online ? link : "offline";
 
   async function watch(signal: AbortSignal) {
     let lastEventId: string | null = null;
@@ -295,7 +364,7 @@ export function ConversationView({ id, name, shared, menu }: { id: string; name:
     while (!signal.aborted) {
       try {
         const response = await api.events(id, signal, lastEventId);
-        setConnection("live");
+        setLink("connected");
         attempt = 0;
         for await (const event of serverSentEvents(response)) {
           if (event.id) lastEventId = event.id;
@@ -308,7 +377,7 @@ export function ConversationView({ id, name, shared, menu }: { id: string; name:
           return;
         }
       }
-      setConnection("reconnecting");
+      setLink(attempt + 1 >= OFFLINE_AFTER ? "offline" : "reconnecting");
       await pause(RETRY_MS[Math.min(attempt++, RETRY_MS.length - 1)], signal);
     }
   }
@@ -358,30 +427,64 @@ export function ConversationView({ id, name, shared, menu }: { id: string; name:
 
   // -- composing --------------------------------------------------------------------------------------
 
-  async function send(text: string) {
+  /** Send `text` (and `files`, with a new message only); true when `files` went with it. */
+  async function send(text: string, files: FileUIPart[]): Promise<boolean> {
     setProblem(null);
     if (text.startsWith("/") && !text.startsWith("//")) {
       await api.command(id, text);
       shared.changed();
-      return;
+      return false;
     }
     if (following()) {
       await (delivery === "steer" ? api.steer(id, text) : api.followUp(id, text));
-      return;
+      return false;
     }
     setResumed(false);
-    await chat.sendMessage({ text });
+    await chat.sendMessage(files.length > 0 ? { text, files } : { text });
+    return true;
   }
 
   function submit(event?: FormEvent) {
     event?.preventDefault();
     const text = draft;
-    if (!text.trim()) return;
+    const files = attachments;
+    if (!text.trim() && (files.length === 0 || following())) return;
     setDraft("");
-    send(text).catch((error) => {
+    setAttachments([]);
+    send(text, files).then((took) => {
+      if (!took && files.length > 0) setAttachments((now) => [...files, ...now]);
+    }, (error) => {
       setDraft(text);
+      setAttachments((now) => [...files, ...now]);
       show(error);
     });
+  }
+
+  /** Attach the images among `files` (pasted, dropped or picked); anything else is refused. */
+  function attach(files: Iterable<File>) {
+    for (const file of files) {
+      if (!file.type.startsWith("image/")) {
+        setProblem({ text: `${file.name || "that file"} is not an image`, code: "" });
+      } else if (file.size > MAX_IMAGE_BYTES) {
+        setProblem({ text: `${file.name || "that image"} is larger than 5 MiB`, code: "" });
+      } else {
+        dataUrl(file).then((url) => setAttachments((now) => [...now,
+          { type: "file", mediaType: file.type, filename: file.name || undefined, url }]), show);
+      }
+    }
+  }
+
+  function pasted(event: ClipboardEvent<HTMLTextAreaElement>) {
+    const files = [...event.clipboardData.files];
+    if (files.length === 0) return;
+    event.preventDefault();
+    attach(files);
+  }
+
+  function dropped(event: DragEvent<HTMLElement>) {
+    if (event.dataTransfer.files.length === 0) return;
+    event.preventDefault();
+    attach(event.dataTransfer.files);
   }
 
   async function stop() {
@@ -419,6 +522,7 @@ export function ConversationView({ id, name, shared, menu }: { id: string; name:
       if (row.approvalId) Promise.resolve(chat.addToolApprovalResponse({ id: row.approvalId, approved })).catch(show);
     },
     image: (ref) => api.image(id, ref).then((blob) => URL.createObjectURL(blob)),
+    promptImage: (entryId, index) => api.promptImage(id, entryId, index).then((blob) => URL.createObjectURL(blob)),
   }), [chat, id, show]);
 
   const shown = useMemo(() => {
@@ -451,12 +555,17 @@ export function ConversationView({ id, name, shared, menu }: { id: string; name:
   const title = name ?? "New conversation";
   const empty = shown.journal.length === 0 && shown.live.length === 0;
   return (
-    <main id="conversation" data-running={running ? "true" : "false"}>
+    <main id="conversation" data-running={running ? "true" : "false"} onDrop={dropped}
+      onDragOver={(event) => { if (event.dataTransfer.types.includes("Files")) event.preventDefault(); }}>
       <header>
         {menu}
         <h1 id="title" title={title}>{title}</h1>
-        <span id="connection" data-state={connection} role="status"
-          title={connection === "live" ? "connected" : connection}>{connection === "reconnecting" ? "reconnecting…" : ""}</span>
+        <span id="connection" data-state={connection} role="status">{CONNECTION_WORDS[connection]}</span>
+        {spent && (
+          <span id="usage" title={`input ${spent.input.toLocaleString("en-US")}, output ${
+            spent.output.toLocaleString("en-US")}, cache read ${spent.cache_read.toLocaleString("en-US")}, cache written ${
+            spent.cache_write.toLocaleString("en-US")} tokens`}>{spentWords(spent)}</span>
+        )}
         <div className="pickers">
           {shared.projects.length > 0 && (
             <select id="project" aria-label="Project" value="" onChange={(event) => {
@@ -498,9 +607,29 @@ export function ConversationView({ id, name, shared, menu }: { id: string; name:
             ))}
           </ul>
         )}
+        {attachments.length > 0 && (
+          <ul id="attachments" aria-label="Attached images">
+            {attachments.map((file, index) => (
+              <li key={index}>
+                <img src={file.url} alt={file.filename ?? "attached image"} />
+                <button type="button" aria-label="Remove image" title="Remove"
+                  onClick={() => setAttachments((now) => now.filter((_, at) => at !== index))}>×</button>
+              </li>
+            ))}
+          </ul>
+        )}
         <textarea id="prompt" rows={2} placeholder={running ? "Steer the turn, or queue a follow-up" : "Message"}
-          aria-label="Message" value={draft} onChange={(event) => setDraft(event.target.value)} onKeyDown={keyDown} />
+          aria-label="Message" value={draft} onChange={(event) => setDraft(event.target.value)} onKeyDown={keyDown}
+          onPaste={pasted} />
         <div className="actions">
+          <label id="attach" title="Attach images (or paste or drop them)">
+            <span aria-hidden="true">📎</span><span className="label">Image</span>
+            <input id="attach-input" type="file" accept="image/png,image/jpeg,image/gif,image/webp" multiple
+              onChange={(event) => {
+                attach(event.target.files ?? []);
+                event.target.value = "";
+              }} />
+          </label>
           <label id="while-running" hidden={!running}>While it runs{" "}
             <select id="delivery" aria-label="While it runs" value={delivery}
               onChange={(event) => setDelivery(event.target.value as "steer" | "follow-up")}>
@@ -525,6 +654,6 @@ function waitsForApproval(message: UIMessage): boolean {
 function userRowOf(message: UIMessage): Row | null {
   if (message.role !== "user") return null;
   const text = message.parts.flatMap((part) => (part.type === "text" ? [part.text] : [])).join("\n\n");
-  const images = message.parts.filter((part) => part.type === "file").length;
-  return { kind: "user", key: message.id, id: message.id, text, images, pending: true };
+  const sources = message.parts.flatMap((part) => (part.type === "file" ? [part.url] : []));
+  return { kind: "user", key: message.id, id: message.id, text, images: sources.length, sources, pending: true };
 }

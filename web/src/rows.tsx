@@ -16,7 +16,7 @@ import { chatEventWords, delegationWords } from "./words";
 export type ToolState = "input" | "running" | "approval" | "done" | "failed" | "denied";
 
 export type Row =
-  | { kind: "user"; key: string; id: string; text: string; images: number; pending?: boolean }
+  | { kind: "user"; key: string; id: string; text: string; images: number; pending?: boolean; sources?: string[] }
   | { kind: "assistant"; key: string; id: string; text: string; thinking: string; error: string | null;
       streaming?: boolean; blocks?: MessageBlock[] }
   | { kind: "tool"; key: string; id: string; name: string; input: unknown; state: ToolState; output: string | null;
@@ -150,6 +150,8 @@ export interface RowActions {
   approve: (row: Extract<Row, { kind: "tool" }>, approved: boolean) => void;
   /** A URL to show a blocks' image from. */
   image: (ref: string) => Promise<string>;
+  /** A URL to show image `index` of the person's message `entryId` from. */
+  promptImage: (entryId: string, index: number) => Promise<string>;
 }
 
 export function RowView({ row, live, actions }: { row: Row; live: boolean; actions: RowActions }) {
@@ -158,8 +160,15 @@ export function RowView({ row, live, actions }: { row: Row; live: boolean; actio
     case "user":
       return (
         <div className={`row user${row.pending ? " pending" : ""}`} {...common}>
-          <p className="text">{row.text}</p>
-          {row.images > 0 && <p className="images">{row.images} image{row.images === 1 ? "" : "s"} attached</p>}
+          {row.images > 0 && (
+            <div className="images" aria-label={`${row.images} image${row.images === 1 ? "" : "s"} attached`}>
+              {row.sources ? row.sources.map((url, index) => <img key={index} src={url} alt="attached image" />) :
+                Array.from({ length: row.images }, (_, index) => (
+                  <Loaded key={index} load={() => actions.promptImage(row.id, index)} alt="attached image" />
+                ))}
+            </div>
+          )}
+          {row.text && <p className="text">{row.text}</p>}
         </div>
       );
     case "assistant":
@@ -252,7 +261,7 @@ function Cards({ blocks, image }: { blocks: MessageBlock[]; image: RowActions["i
     <div className="blocks">
       {blocks.map((block, index) => (
         <article className="card" key={index}>
-          {block.image && <CardImage reference={block.image.ref} alt={block.title} image={image} />}
+          {block.image && <Loaded key={block.image.ref} load={() => image(block.image!.ref)} alt={block.title} />}
           <h3>{block.link ? <a href={block.link} rel="noopener noreferrer" target="_blank">{block.title}</a> :
             block.title}</h3>
           <p>{block.text}</p>
@@ -262,10 +271,21 @@ function Cards({ blocks, image }: { blocks: MessageBlock[]; image: RowActions["i
   );
 }
 
-function CardImage({ reference, alt, image }: { reference: string; alt: string; image: RowActions["image"] }) {
+/** An image the server serves behind the token: read once, shown from an object URL. */
+function Loaded({ load, alt }: { load: () => Promise<string>; alt: string }) {
   const [url, setUrl] = useState<string>();
   useEffect(() => {
-    image(reference).then(setUrl, (error) => console.error(error));
-  }, [reference, image]);
+    let gone = false;
+    let loaded: string | undefined;
+    load().then((made) => {
+      loaded = made;
+      if (gone) URL.revokeObjectURL(made);
+      else setUrl(made);
+    }, (error) => console.error(error));
+    return () => {
+      gone = true;
+      if (loaded) URL.revokeObjectURL(loaded);
+    };
+  }, []); // one image a mount: its key names it
   return url ? <img src={url} alt={alt} /> : null;
 }

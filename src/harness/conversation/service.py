@@ -9,7 +9,9 @@ conversation's owner (`Forbidden`, nothing changed).
 from __future__ import annotations
 
 import asyncio
+import binascii
 import logging
+from base64 import b64decode
 from collections import deque
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Coroutine, Mapping, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager, suppress
@@ -98,7 +100,17 @@ from harness.conversation.turn_rows import (
     turn_end_rows,
 )
 from harness.errors import HarnessError
-from harness.messages import ImageContent, Message, ModelIdentity, OutputSchema, ThinkingLevel, now_ms
+from harness.messages import (
+    Cost,
+    ImageContent,
+    Message,
+    ModelIdentity,
+    OutputSchema,
+    ThinkingLevel,
+    Usage,
+    UserMessage,
+    now_ms,
+)
 from harness.providers import ModelRegistry
 from harness.runtime import (
     DEFAULT_EVENT_LOG_LIMIT,
@@ -157,6 +169,7 @@ from harness.session import (
     HolderRequest,
     ImageStore,
     LaneConfig,
+    MessagePayload,
     OperationErrorRecord,
     QueueRequest,
     ReleaseRequest,
@@ -171,9 +184,14 @@ from harness.session import (
     StoredImage,
     ValueAddress,
     addresses,
+    image_ref,
     is_image_ref,
     new_id,
+    sniff_image_type,
 )
+
+USAGE_PAGE = 1000
+"""Usage ledger rows `ConversationService.usage` reads at a time."""
 
 OWNER = addresses.value_address(CONVERSATION_VALUES.namespace, "owner", str)
 """The user id a conversation belongs to, written when it is created."""
@@ -1598,6 +1616,47 @@ class ConversationService:
             raise ImageNotFound(f"conversation {conversation_id} has no image {ref[:80]!r}",
                                 conversation_id=conversation_id, ref=ref[:80])
         return image
+
+    async def read_prompt_image(self, user: str, conversation_id: str, entry_id: str, index: int,
+                                context: Context) -> StoredImage:
+        """Image `index` (from 0) of the person's message `entry_id`, with the media type its bytes
+        say, so a screen shows what was sent after a reload (the display row counts them). To the
+        conversation's owner only: `Forbidden` for another user, `ImageNotFound` when the entry is
+        not a person's message of the conversation, has no such image, or holds bytes that are
+        not a PNG, JPEG, GIF or WebP image."""
+        session = await self._owned(user, conversation_id, context)
+        entry = await session.entry(entry_id, context)
+        images: list[ImageContent] = []
+        if entry is not None and isinstance(entry.payload, MessagePayload) and isinstance(
+                message := entry.payload.message, UserMessage) and not isinstance(message.content, str):
+            images = [part for part in message.content if isinstance(part, ImageContent)]
+        data = b""
+        if 0 <= index < len(images):
+            with suppress(binascii.Error):  # not base64: no image, as for none
+                data = b64decode(images[index].data)
+        mime_type = sniff_image_type(data)
+        if mime_type is None:
+            raise ImageNotFound(f"message {entry_id[:80]!r} of conversation {conversation_id} has no image {index}",
+                                conversation_id=conversation_id, ref=f"{entry_id[:80]}/{index}")
+        return StoredImage(ref=image_ref(data), mime_type=mime_type, data=data)
+
+    async def usage(self, user: str, conversation_id: str, context: Context) -> Usage:
+        """What the conversation has spent: its usage ledger summed, tokens and US dollars by kind
+        (adjustments included), read page by page. `Forbidden` for another user's conversation."""
+        session = await self._owned(user, conversation_id, context)
+        tokens = dict.fromkeys(("input", "output", "cache_read", "cache_write", "total_tokens"), 0)
+        dollars = dict.fromkeys(Cost.model_fields, 0.0)
+        after: int | None = None
+        while rows := await session.usage_ledger(context, after_seq=after, limit=USAGE_PAGE):
+            for row in rows:
+                for name in tokens:
+                    tokens[name] += getattr(row.usage, name)
+                for name in dollars:
+                    dollars[name] += getattr(row.usage.cost, name)
+            if len(rows) < USAGE_PAGE:
+                break
+            after = rows[-1].seq
+        return Usage(**tokens, cost=Cost(**dollars))
 
     async def sweep_images(self, context: Context, *, older_than_s: float = IMAGE_SWEEP_GRACE_S) -> tuple[str, ...]:
         """Delete the images no session of the store names and that were last stored more than

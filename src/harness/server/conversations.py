@@ -33,12 +33,12 @@ from harness.conversation import (
     fast,
 )
 from harness.errors import InvalidInput
-from harness.messages import ImageContent, ModelIdentity, OutputSchema
+from harness.messages import ImageContent, ModelIdentity, OutputSchema, Usage
 from harness.runtime import LaneBusy
 from harness.server.errors import ExternalModeUnsupported
 from harness.server.guards import NAME_CHARS, TEXT_CHARS, ShellCommand
 from harness.server.state import CurrentUser, RequestContext, State
-from harness.session import StorageCorruption, addresses
+from harness.session import StorageCorruption, StoredImage, addresses
 from harness.tools import Approval
 
 router = APIRouter(prefix="/api", tags=["conversations"])
@@ -438,5 +438,28 @@ async def read_image(conversation_id: str, ref: str, user: CurrentUser, state: S
                      context: RequestContext) -> Response:
     """A card's picture, to the conversation's owner only (CE-24); `image_not_found` (404)."""
     image = await state.service.read_image(user, conversation_id, ref, context)
-    return Response(image.data, media_type=image.mime_type, headers={"Cache-Control": "private, max-age=31536000, "
-                                                                                      "immutable"})
+    return _image_response(image)
+
+
+@router.get("/conversations/{conversation_id}/messages/{entry_id}/images/{index}", response_class=Response,
+            responses={200: {"content": {"image/png": {}, "image/jpeg": {}, "image/gif": {}, "image/webp": {}}}})
+async def read_prompt_image(conversation_id: str, entry_id: str, index: int, user: CurrentUser, state: State,
+                            context: RequestContext) -> Response:
+    """Image `index` (from 0) the person sent with message `entry_id` (a display `user` row's id;
+    its `image_count` says how many), to the conversation's owner only; `image_not_found` (404)."""
+    image = await state.service.read_prompt_image(user, conversation_id, entry_id, index, context)
+    return _image_response(image)
+
+
+def _image_response(image: StoredImage) -> Response:
+    # An image is immutable: a card's by its content ref, a message's as its entry is.
+    return Response(image.data, media_type=image.mime_type,
+                    headers={"Cache-Control": "private, max-age=31536000, immutable",
+                             "X-Content-Type-Options": "nosniff"})
+
+
+@router.get("/conversations/{conversation_id}/usage", response_model=Usage)
+async def read_usage(conversation_id: str, user: CurrentUser, state: State, context: RequestContext) -> Usage:
+    """What the conversation has spent: tokens by kind and their cost in US dollars, summed over
+    its usage ledger, adjustments included."""
+    return await state.service.usage(user, conversation_id, context)
