@@ -2,7 +2,8 @@
 
 Actions: `commit-and-hang` (stage a commit, then stop inside its transaction and wait to be
 killed), `attach-and-hang` (own the session and wait to be killed), `append TEXT` (append one
-entry to lane main and exit), `try-attach` (print `owned` or `attached`).
+entry to lane main and exit), `try-attach` (print `owned` or `attached`), `held` (print `held` or
+`free`: `Session.held`).
 
 White-box: `commit-and-hang` stops inside a commit through the backends' `_commit_barrier` seam."""
 
@@ -64,6 +65,8 @@ async def main(url: str, session_id: str, action: str, args: list[str]) -> None:
         else:
             announce("attached")
             await ownership.detach(context)
+    elif action == "held":
+        announce("held" if await session.held(context) else "free")
     await store.close()
 
 

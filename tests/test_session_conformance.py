@@ -694,6 +694,45 @@ async def test_a_second_store_cannot_claim_or_write_an_owned_session(
         await other.close()
 
 
+async def test_held_says_whether_a_claim_holds_the_session_and_takes_nothing(
+    store_url: str, store: Store, ctx: Context
+) -> None:
+    """HA-4, issue 29: `Session.held` answers from the session's lock, through the owner's store
+    and through another on the same database (a memory store is private: the same one then),
+    and takes nothing: the owner commits after it was asked, and a claimant attaching while it
+    is asked over and over is not refused. (A waiter asked by attaching and detaching: a
+    claimant at that moment was refused `SessionOwned`.)"""
+    other = store if store_url == "memory://" else await connect(store_url, ctx)
+    try:
+        session = await new_session_with_lane(store, ctx)
+        seen = await other.open_session(session.id, ctx)
+        free = [await session.held(ctx), await seen.held(ctx)]
+        ownership = await session.attach("owner", ctx)
+        owned = [await session.held(ctx), await seen.held(ctx)]
+
+        async def name(m: SessionMutator) -> None:
+            m.set(addresses.session_name(), "by owner")
+
+        await ownership.mutate(name, ctx)
+        await ownership.detach(ctx)
+        asking = [asyncio.ensure_future(seen.held(ctx)) for _ in range(5)]
+        claiming = asyncio.ensure_future(seen.attach("claimant", ctx))  # starts after every question
+        await asyncio.gather(*asking)
+        claim = await claiming
+        claimed = await session.held(ctx)
+        await claim.detach(ctx)
+        released = await seen.held(ctx)
+    finally:
+        if other is not store:
+            await other.close()
+
+    assert free == [False, False]
+    assert owned == [True, True]
+    assert await session.get(addresses.session_name(), ctx) == "by owner"
+    assert claimed
+    assert not released
+
+
 # -- delete and listing ------------------------------------------------------------------------
 
 
@@ -984,6 +1023,31 @@ async def test_two_processes_cannot_both_own_and_a_killed_owner_releases(
         await ownership.detach(ctx)
     finally:
         await store.close()
+
+
+async def test_held_answers_across_processes(durable_url: str, ctx: Context) -> None:
+    """HA-4, issue 29: `Session.held` sees another process's claim (then, once it is killed, none:
+    PostgreSQL notices a killed client a moment later), and another process sees this one's."""
+    store = await connect(durable_url, ctx)
+    try:
+        session = await new_session_with_lane(store, ctx)
+        with child(durable_url, session.id, "attach-and-hang") as owner:
+            assert await asyncio.to_thread(read_word, owner) == "attached"
+            held_by_child = await session.held(ctx)
+            owner.send_signal(signal.SIGKILL)
+            owner.wait(timeout=30)
+        ownership = await attach_when_released(session, ctx)
+        with child(durable_url, session.id, "held") as asker:
+            seen_by_child = await asyncio.to_thread(read_word, asker)
+        await ownership.detach(ctx)
+        with child(durable_url, session.id, "held") as asker:
+            seen_after = await asyncio.to_thread(read_word, asker)
+    finally:
+        await store.close()
+
+    assert held_by_child
+    assert seen_by_child == "held"
+    assert seen_after == "free"
 
 
 async def test_a_session_whose_owner_was_killed_takes_writes_of_no_owner_again(durable_url: str, ctx: Context) -> None:

@@ -1275,19 +1275,17 @@ class ConversationService:
                                    context: Context) -> None:
         """Wait for a switch to `model` posted to the conversation's holder to land
         (`posted_switch_landed`), for as long as a holder has the conversation: every
-        `HOLDER_CHECK_S` a claim tries whether one still does. Once none does (it stopped, or let
-        go of it), the lane's model as stored says whether the switch applied; if not, it is
-        `ModelSwitchRefused` (`holder_stopped`), so a caller never waits for a dead holder."""
+        `HOLDER_CHECK_S` the session's lock says whether one still does (`Session.held`, which
+        takes nothing: a process attaching it meanwhile is not refused). Once none does (it
+        stopped, or let go of it), the lane's model as stored says whether the switch applied; if
+        not, it is `ModelSwitchRefused` (`holder_stopped`), so a caller never waits for a dead
+        holder."""
         landed = asyncio.ensure_future(posted_switch_landed(events, model))
         try:
             while not (await asyncio.wait({landed}, timeout=HOLDER_CHECK_S))[0]:
-                if session.id in self._live:  # held here now: this process's taker applies it
+                # Held here (this process's taker applies it) or elsewhere: wait on.
+                if session.id in self._live or await session.held(context):
                     continue
-                try:
-                    probe = await session.attach("posted switch's wait", context)
-                except SessionOwned:
-                    continue
-                await probe.detach(context)
                 config = await session.get(addresses.lane_config(MAIN_LANE), context)
                 if config is not None and same_model(config.model, model):
                     return

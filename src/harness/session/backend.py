@@ -276,6 +276,11 @@ class Backend(Protocol):
 
     async def release(self, claim: Claim, context: Context) -> None: ...
 
+    async def held(self, session_id: str, context: Context) -> bool:
+        """Whether a claim holds the session now, as its lock shows it: taking nothing and
+        bumping no epoch (`SessionReader.held`). False for an unknown session."""
+        ...
+
     def connection_use(self) -> ConnectionUse:
         """What this backend holds open now (`ConnectionUse`), for a server's metrics (issue 29)."""
         ...

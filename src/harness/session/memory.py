@@ -186,6 +186,13 @@ class MemoryBackend:
         if session is not None and session.epoch == claim.epoch:
             session.claimed = False
 
+    async def held(self, session_id: str, context: Context) -> bool:
+        """Whether a claim holds the session: every claim of a memory store is of this process."""
+        if self._closed:
+            raise StoreClosed("the memory store is closed")
+        session = self._sessions.get(session_id)
+        return session is not None and session.claimed
+
     async def run_data_migration(self, migration: DataMigration, context: Context) -> bool:
         if migration.name in self._applied_migrations:
             return False

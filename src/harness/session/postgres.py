@@ -297,6 +297,15 @@ WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted
 GROUP BY 1
 """
 
+# Whether a claim holds the advisory lock `classid:objid`: an exclusive lock, where a commit of no
+# owner takes a shared one for its transaction.
+_LOCK_HELD = """
+SELECT EXISTS (SELECT FROM pg_locks l
+               WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted AND l.mode = 'ExclusiveLock'
+                   AND l.classid = %(classid)s AND l.objid = %(objid)s
+                   AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()))
+"""
+
 _END_STALE_LEASE = """
 SELECT pg_terminate_backend(a.pid)
 FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
@@ -419,6 +428,12 @@ class PostgresBackend:
         # different schemas of one database never contend for the same session id.
         digest = hashlib.blake2b(f"{self._schema}\x00{session_id}".encode(), digest_size=8).digest()
         return int.from_bytes(digest, "big", signed=True)
+
+    def _lock_ids(self, session_id: str) -> dict[str, int]:
+        """The session's lock key as `pg_locks` shows it: `classid` and `objid`, its high and low
+        32 bits."""
+        unsigned = self._lock_key(session_id) & 0xFFFF_FFFF_FFFF_FFFF
+        return {"classid": unsigned >> 32, "objid": unsigned & 0xFFFF_FFFF}
 
     async def create_session(self, info: SessionInfo, context: Context, writes: Sequence[Write] = ()) -> None:
         """Insert the session row and apply `writes` in one transaction; `InvalidWrite` if the id
@@ -668,6 +683,14 @@ class PostgresBackend:
                                                    (owned.lock_key, self.channel, owned.session_id))
             await owned.connection.close()
 
+    async def held(self, session_id: str, context: Context) -> bool:
+        """Whether a claim holds the session, in this process or another: its advisory lock as
+        `pg_locks` shows it, read on a pooled connection, which takes no lock (one read, made once
+        more on a lost connection, as `_rows` does). A claim whose process died holds it until the
+        server notices the connection gone."""
+        [(held,)] = await self._rows(_LOCK_HELD, self._lock_ids(session_id))
+        return bool(held)
+
     async def post(self, session_id: str, writes: Sequence[SetValue], context: Context) -> CommitResult:
         """Commit `writes` beside any owner (no lock probe; the session row's lock orders it with
         the owner's commits) and notify `channel` with the session id in the same transaction."""
@@ -693,9 +716,7 @@ class PostgresBackend:
         `lease_s` seconds (its process stopped or hangs); True if one was ended. Its lock goes as
         that backend exits, and its owner can commit nothing more: its connection is gone, and
         the next claim bumps the epoch."""
-        unsigned = self._lock_key(session_id) & 0xFFFF_FFFF_FFFF_FFFF
-        params = {"classid": unsigned >> 32, "objid": unsigned & 0xFFFF_FFFF, "app": LEASE_APPLICATION,
-                  "lease": lease_s}
+        params = {**self._lock_ids(session_id), "app": LEASE_APPLICATION, "lease": lease_s}
         async with self._connection() as conn:
             ended = await (await conn.execute(_END_STALE_LEASE, params)).fetchall()
         return any(row[0] for row in ended)

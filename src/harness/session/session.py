@@ -550,6 +550,16 @@ class Session(SessionReader):
             claim, self._claim, self._owner = self._claim, None, None
             await self._backend.release(claim, context)
 
+    async def held(self, context: Context) -> bool:
+        """Whether a claim holds the session now (HA-4), as the database's lock shows it: a
+        claim of this session (`owner`), of another `Store` of this process and of another
+        process all count, so a caller asking about other processes rules out its own first (a
+        server its live conversations). It takes nothing and bumps no epoch: a holder goes on
+        committing, and a claimant's `attach` at the same moment is not refused for it. A
+        moment's answer: a claim may be taken or released right after. False for a session
+        that is gone."""
+        return await self._backend.held(self.id, context)
+
     def _refuse_if_owned(self) -> None:
         if self._owner is not None:
             raise SessionOwned(f"session {self.id} is owned by {self._owner!r}", session_id=self.id)

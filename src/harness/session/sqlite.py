@@ -288,14 +288,26 @@ def _unlock(lock: _SessionLock) -> None:
     _DESCRIPTORS.give_back(lock.identity, lock.fd)
 
 
+# struct flock: l_type, l_whence, l_start, l_len, l_pid (0 for OFD locks), padded to 32 bytes.
+_FLOCK = "hhqqixxxx"
+
+
 def _set_lock(fd: int, kind: int, offset: int) -> bool:
-    # struct flock: l_type, l_whence, l_start, l_len, l_pid (0 for OFD locks), padded to 32 bytes.
-    request = struct.pack("hhqqixxxx", kind, os.SEEK_SET, offset, 1, 0)
+    request = struct.pack(_FLOCK, kind, os.SEEK_SET, offset, 1, 0)
     try:
         fcntl.fcntl(fd, fcntl.F_OFD_SETLK, request)
     except (BlockingIOError, PermissionError):
         return False
     return True
+
+
+def _owner_locked(fd: int, offset: int) -> bool:
+    """Whether another open of the file (of any process, this one's other descriptors included)
+    holds an owner's lock, the exclusive one, on byte `offset`: F_OFD_GETLK asks whether a shared
+    lock could be placed, and places nothing, so neither the owner nor a claimant notices."""
+    request = struct.pack(_FLOCK, fcntl.F_RDLCK, os.SEEK_SET, offset, 1, 0)
+    kind: int = struct.unpack(_FLOCK, fcntl.fcntl(fd, fcntl.F_OFD_GETLK, request))[0]
+    return kind != fcntl.F_UNLCK
 
 
 _Call = tuple[asyncio.AbstractEventLoop, "asyncio.Future[Any]", Callable[[], Any]]
@@ -834,6 +846,21 @@ class SqliteBackend:
                 _unlock(claim.lock)
 
         await self._call(run)
+
+    async def held(self, session_id: str, context: Context) -> bool:
+        """Whether a claim holds the session, in this process or another: its lock byte tested
+        from a lock descriptor that holds nothing (`_owner_locked`). A hash collision of two
+        sessions' bytes can make it True for a session nobody holds, never False for a held one."""
+        def run(db: sqlite3.Connection) -> bool:
+            identity = self._identity
+            assert identity is not None  # `_call` checks for a closed store first
+            fd = _DESCRIPTORS.take(identity, self.path)
+            try:
+                return _owner_locked(fd, _lock_offset(session_id))
+            finally:
+                _DESCRIPTORS.give_back(identity, fd)
+
+        return await self._call(run)
 
     async def run_data_migration(self, migration: DataMigration, context: Context) -> bool:
         def run(db: sqlite3.Connection) -> bool:
