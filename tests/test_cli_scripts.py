@@ -47,7 +47,7 @@ def closed_port() -> Iterator[int]:
 
 
 def readme_models_toml(home: Path, port: int) -> None:
-    """The README's `models.toml` example, its Ollama moved to a port nothing listens on."""
+    """The `models.toml` example of docs/models.md, its Ollama moved to a port nothing listens on."""
     (home / "models.toml").write_text(f"""
 [providers.ollama]
 base_url = "http://127.0.0.1:{port}/v1"
