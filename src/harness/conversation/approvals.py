@@ -119,6 +119,38 @@ class ApprovalChange:
     answer: Approval | None
 
 
+class JournalApprovals:
+    """The approval changes of a conversation whose calls wait in another process (a `harness
+    worker`, a chat, another server), read from the journal's copies (`pending_address`) of its
+    open run: each `changes` says what started waiting and what was answered since the last, each
+    call once, so a door that follows the run from the journal shows its approvals as they land."""
+
+    def __init__(self, journal: SessionReader) -> None:
+        self._journal = journal
+        self._told: dict[tuple[str, str], bool] = {}  # (operation, call) -> whether its answer was told
+
+    async def changes(self, context: Context) -> list[ApprovalChange]:
+        """What changed since the last call, oldest first: a call now waiting (`answer` None) and
+        a call told waiting that has its answer now. A call answered before it was ever seen
+        waiting is not told. Raises the store's errors; nothing is remembered then."""
+        state = await self._journal.get(addresses.lane_state(MAIN_LANE), context)
+        if state is None or state.current_operation_id is None:
+            return []
+        copies = sorted((kept for _, kept in await self._journal.scan_values(pending_address(""), context)
+                         if kept.operation_id == state.current_operation_id), key=lambda kept: kept.asked_at)
+        changes: list[ApprovalChange] = []
+        for kept in copies:
+            key, told = (kept.operation_id, kept.tool_call_id), self._told.get((kept.operation_id, kept.tool_call_id))
+            if kept.decided is None and told is None:
+                changes.append(ApprovalChange(kept, None))
+                self._told[key] = False
+            elif kept.decided is not None and not told:
+                if told is False:
+                    changes.append(ApprovalChange(kept.model_copy(update={"decided": None}), kept.decided.approval))
+                self._told[key] = True
+        return changes
+
+
 @dataclass
 class _Waiting:
     pending: PendingApproval

@@ -25,8 +25,9 @@ from __future__ import annotations
 
 import asyncio
 import binascii
+import logging
 from base64 import b64decode
-from collections.abc import AsyncGenerator, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, TypeAlias
 
@@ -45,6 +46,7 @@ from harness.conversation import (
     ConversationWatch,
     DelegationFinished,
     Forbidden,
+    JournalApprovals,
     LaneEvents,
     MessageBlocksPublished,
     PendingApproval,
@@ -88,6 +90,8 @@ from harness.server.sse import json_event
 from harness.server.state import BeforeDrive, CurrentAuthorization, CurrentUser, RequestContext, ServerState, State
 from harness.session import CustomMessagePayload, Entry, MessagePayload, SessionNotFound, addresses
 from harness.tools import Approval
+
+logger = logging.getLogger(__name__)
 
 UI_MESSAGE_STREAM_HEADERS: dict[str, str] = {"x-vercel-ai-ui-message-stream": "v1"}
 """The header that tells an AI SDK client the body is a UI message stream of protocol v1."""
@@ -144,6 +148,7 @@ class RunParts:
         self._asked: set[str] = set()  # tool calls whose approval request was sent
         self._to_ask: set[str] = set()  # tool calls waiting for approval whose input is not yet sent
         self._waiting: set[str] = set()  # asked and not answered: the run waits for the person
+        self._answered: set[str] = set()  # tool calls answered: never asked again
         self._stop_reason: StopReason | None = None
 
     # -- the two inputs ---------------------------------------------------------------------------
@@ -186,15 +191,17 @@ class RunParts:
         return self._take()
 
     def approval(self, change: ApprovalChange) -> list[UiPart]:
-        """The parts a change of the server's approvals adds to the run: `tool-approval-request`
+        """The parts a change of the run's approvals adds to the run: `tool-approval-request`
         when one of its calls starts waiting, after that call's input. An answer adds nothing (the
         call's output, or its refusal as an error output, follows as without approval), but a run
-        that no longer waits is not paused."""
+        that no longer waits is not paused, and the call is never asked again (a journal read late
+        may still show it waiting)."""
         call = change.pending.tool_call_id
         if self.started and not self.finished and change.pending.operation_id == self.operation_id:
             if change.answer is None:
                 self._ask(call)
             else:
+                self._answered.add(call)
                 self._to_ask.discard(call)
                 self._waiting.discard(call)
         return self._take()
@@ -340,7 +347,7 @@ class RunParts:
         """A new reply names a call whose id an earlier step's finished call had (some providers
         send `call_1` every turn): it is a new call, sent as one, in its own step."""
         if tool_call_id in self._outputs:
-            for seen in (self._inputs, self._outputs, self._asked, self._waiting, self._to_ask):
+            for seen in (self._inputs, self._outputs, self._asked, self._waiting, self._to_ask, self._answered):
                 seen.discard(tool_call_id)
 
     def _tool_input(self, tool_call_id: str, tool_name: str, args: JsonValue) -> None:
@@ -356,7 +363,7 @@ class RunParts:
             self._ask(tool_call_id)
 
     def _ask(self, tool_call_id: str) -> None:
-        if tool_call_id in self._asked or tool_call_id in self._outputs:
+        if tool_call_id in self._asked or tool_call_id in self._outputs or tool_call_id in self._answered:
             return
         if tool_call_id not in self._inputs:
             # The approval is asked on the drive's side; the reply that made the call may still be
@@ -619,8 +626,12 @@ async def _answer(state: ServerState, user: str, conversation_id: str, watch: Co
     # calls answered now: the stream must not pause on them.
     replayed = parts.replay(watch.snapshot, meta.source_tip_id if meta is not None else None,
                             [call for call in pending if call.tool_call_id not in answers])
+    calls = {call.tool_call_id: call for call in pending}
     for approval_id, answer in answers.items():
         await state.service.answer_approval(user, conversation_id, approval_id, answer, context)
+        # A posted answer leaves the journal's copy waiting until the holder takes it: the
+        # stream must not ask it again meanwhile.
+        replayed += parts.approval(ApprovalChange(calls[approval_id], answer))
     return unseen(replayed, message)
 
 
@@ -672,10 +683,13 @@ class _Change:
 
 class _Sources:
     """What one stream reads: the conversation's watch and the changes of its approvals, both
-    subscribed before anything is read, so nothing between them is missed. An approval changes
-    synchronously with the run, so what the watch delivered before a change is known when it
-    changes: the change carries it, and the stream puts the change after those events and before
-    any later one, whichever the stream's task sees first."""
+    subscribed before anything is read, so nothing between them is missed. A call waiting in this
+    server changes synchronously with the run, so what the watch delivered before a change is
+    known when it changes: the change carries it, and the stream puts the change after those
+    events and before any later one, whichever the stream's task sees first. A call waiting in
+    another process (a `harness worker`, a chat) is read from the journal's copies whenever the
+    conversation's journal changes while this server does not hold it (`JournalApprovals`); its
+    change comes after the events read by then, and `RunParts` asks it after the call's input."""
 
     def __init__(self, state: ServerState, conversation_id: str, events: LaneEvents) -> None:
         self.watch = ConversationWatch(events)
@@ -688,6 +702,28 @@ class _Sources:
                 self.changes.put_nowait(_Change(read, self.watch.buffered(), change))
 
         self._stop_listening = state.approvals.listen(on_change)
+        self._elsewhere = asyncio.ensure_future(self._waiting_elsewhere(state, conversation_id, on_change))
+
+    async def _waiting_elsewhere(self, state: ServerState, conversation_id: str,
+                                 changed: Callable[[ApprovalChange], None]) -> None:
+        """Tell `changed` of the calls that wait in, or are answered by, whichever other process
+        holds the conversation, at each change of its journal (every `follow_poll_s` without a
+        notification); nothing is read while this server holds it (its calls are told live)."""
+        context = Context({"server": "ui-stream approvals", "conversation": conversation_id})
+        journal = JournalApprovals(self.watch.events.reader)
+        wakes = state.service.store.changes.subscribe(conversation_id)
+        try:
+            while True:
+                if state.service.live(conversation_id) is None:
+                    try:
+                        for change in await journal.changes(context):
+                            changed(change)
+                    except HarnessError as error:  # the store cannot tell now: read at the next wake
+                        logger.warning("approvals of conversation %s not read: %s [%s]", conversation_id,
+                                       error.message, error.code)
+                await wakes.wait(state.options.follow_poll_s)
+        finally:
+            wakes.close()
 
     def read(self) -> asyncio.Future[ConversationEvent]:
         """The watch's next event, as a future."""
@@ -696,6 +732,7 @@ class _Sources:
 
     def close(self) -> None:
         self._stop_listening()
+        self._elsewhere.cancel()
         self.watch.close()
 
 
