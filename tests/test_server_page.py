@@ -34,6 +34,7 @@ import pytest
 from drive_helpers import FAUX, ProbeTool
 from harness.context import Context
 from harness.conversation import GENERAL_AGENT, AgentRegistry, Budget
+from harness.garden import Garden, Gardener, GardenSetup
 from harness.messages import Cost, ImageContent, ModelIdentity, Usage, UserMessage
 from harness.providers import Model
 from harness.providers.faux import (
@@ -854,3 +855,41 @@ def test_images_pasted_dropped_and_picked_are_sent_and_shown_after_reload(
                                     ".map((img) => [img.naturalWidth, img.naturalHeight])")
             return read if read and all(width for width, _ in read) else None
         assert wait(browser_tab, sizes) == [[3, 2], [7, 6]]
+
+
+def test_a_garden_shows_its_goals_and_its_replies_apart_from_its_notes(
+        tmp_path: Path, browser_tab: WebDriver, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The list offers the user's gardens; one opened shows its goals, each with the actions its
+    status allows (a pause takes effect), and its inbox: the replies it gave in conversations
+    apart from its notes, newest first, as Markdown."""
+    monkeypatch.setenv("HARNESS_HOME", str(tmp_path / "home"))  # where the server reaches the gardens
+    with served(tmp_path) as page:
+        async def plant() -> Garden:
+            service = page.served.service
+            garden = await Garden.create("allotment", Gardener(model=FAUX), GardenSetup(
+                store=service.store, service=service, models=service.setup.models), Context({"test": "page"}),
+                owner=USER)
+            await garden.add_goal("tend", "Water the beds", Context({"test": "page"}))
+            await garden.close(Context({"test": "page"}))
+            return garden
+        garden = page.run(plant)
+        for folder, name, text in ((garden.root.reply_dir, "r1.md", "Tomatoes want **sun**."),
+                                   (garden.root.notes_dir, "n1.md", "Beds watered."),
+                                   (garden.root.notes_dir, "n2.md", "Roses need a person.")):
+            garden.root.write_file(folder / name, text)
+            os.utime(folder / name, ns=(int(name[1]) * 10**9,) * 2)  # n2 newer than n1
+
+        browser_tab.get(page.url)
+        shown(browser_tab, "#gardens a", "allotment").click()
+        goal = shown(browser_tab, "#goals li", "Water the beds")
+        assert "tend · active" in goal.text
+        replies = shown(browser_tab, "#replies", "Tomatoes")
+        assert replies.find_element(By.CSS_SELECTOR, ".inbox-file strong").text == "sun"
+        notes = [note.text for note in browser_tab.find_elements(By.CSS_SELECTOR, "#notes .inbox-file")]
+        assert notes == ["Roses need a person.", "Beds watered."]
+        assert "Roses" not in replies.text
+
+        goal.find_element(By.CSS_SELECTOR, 'button[data-action="pause"]').click()
+        wait(browser_tab, lambda d: d.find_element(By.CSS_SELECTOR, "#goals li").get_attribute("data-status")
+             == "paused")
+        assert "?g=allotment" in browser_tab.current_url

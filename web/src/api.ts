@@ -77,6 +77,41 @@ export interface ModelSwitch {
   tools: string[] | null;
 }
 
+/** A garden as its owner lists it; `created_at` is Unix ms. */
+export interface GardenInfo {
+  name: string;
+  gardener_model: ModelIdentity;
+  created_at: number;
+  active_goals: number;
+}
+
+export type GoalAction = "pause" | "resume" | "drop" | "conclude";
+
+/** A garden's goal; times are Unix ms. */
+export interface Goal {
+  id: string;
+  type: "tend" | "durable";
+  text: string;
+  status: "active" | "paused" | "dropped" | "done";
+  every_s: number | null;
+  created_at: number;
+  last_run_at: number | null;
+}
+
+export interface InboxFile {
+  name: string;
+  text: string;
+  size: number;
+  truncated: boolean;
+}
+
+/** A garden's inbox: its replies in conversations and, apart, its notes; newest first. */
+export interface Inbox {
+  replies: InboxFile[];
+  notes: InboxFile[];
+  more: boolean;
+}
+
 /** A chat event's typed details (CE-2); `kind` picks the shape, which `words.ts` reads. */
 export type ChatEventDetails = { kind: string } & Record<string, unknown>;
 
@@ -203,6 +238,12 @@ export const api = {
   steer: (id: string, text: string) => json<unknown>("POST", `${of(id)}/steer`, { text }),
   followUp: (id: string, text: string) => json<unknown>("POST", `${of(id)}/follow-up`, { text }),
   stop: (id: string) => json<unknown>("POST", `/api/chat/${encodeURIComponent(id)}/stop`),
+  gardens: () => json<GardenInfo[]>("GET", "/api/gardens"),
+  goals: (garden: string) => json<Goal[]>("GET", `/api/gardens/${encodeURIComponent(garden)}/goals`),
+  inbox: (garden: string) => json<Inbox>("GET", `/api/gardens/${encodeURIComponent(garden)}/inbox`),
+  goalAction: (garden: string, goalId: string, action: GoalAction) =>
+    json<Goal>("POST", `/api/gardens/${encodeURIComponent(garden)}/goals/${encodeURIComponent(goalId)}/action`,
+      { action }),
   events: (id: string, signal: AbortSignal, lastEventId: string | null) =>
     request("GET", `${of(id)}/events`, { signal, lastEventId }),
 };

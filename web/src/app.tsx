@@ -1,13 +1,20 @@
-// The page: the conversation list (named, dated, searchable, renamed and deleted in place), the
-// open conversation (its address is `?c=ID`), and the sign-in dialog a server with tokens asks for.
-// Below 48rem the list is a drawer the menu button opens.
+// The page: the conversation list (named, dated, searchable, renamed and deleted in place) and
+// the user's gardens below it, the open conversation (its address is `?c=ID`) or garden (`?g=NAME`),
+// and the sign-in dialog a server with tokens asks for. Below 48rem the list is a drawer the menu
+// button opens.
 
 import { useCallback, useEffect, useMemo, useRef, useState } from "react";
-import { api, type CommandInfo, type ConversationInfo, type ModelInfo, onSignIn, type Project } from "./api";
+import { api, type CommandInfo, type ConversationInfo, type GardenInfo, type ModelInfo, onSignIn, type Project }
+  from "./api";
 import { ConversationView, type Shared } from "./conversation";
+import { GardenView } from "./garden";
 
 function addressed(): string | null {
   return new URLSearchParams(location.search).get("c");
+}
+
+function addressedGarden(): string | null {
+  return new URLSearchParams(location.search).get("g");
 }
 
 const day = new Intl.DateTimeFormat(undefined, { month: "short", day: "numeric" });
@@ -42,6 +49,8 @@ function SignIn({ asked }: { asked: ((token: string) => void) | null }) {
 export function App() {
   const [conversations, setConversations] = useState<ConversationInfo[]>([]);
   const [current, setCurrent] = useState<string | null>(addressed);
+  const [garden, setGarden] = useState<string | null>(addressedGarden);
+  const [gardens, setGardens] = useState<GardenInfo[]>([]);
   const [search, setSearch] = useState("");
   const [drawer, setDrawer] = useState(false);
   const [renaming, setRenaming] = useState<string | null>(null);
@@ -73,7 +82,11 @@ export function App() {
     api.models().then(setModels, () => setModels([]));
     api.projects().then(setProjects, () => setProjects([]));
     api.commands().then(setCommands, () => setCommands([]));
-    const back = () => setCurrent(addressed());
+    api.gardens().then(setGardens, () => setGardens([]));
+    const back = () => {
+      setCurrent(addressed());
+      setGarden(addressedGarden());
+    };
     window.addEventListener("popstate", back);
     return () => window.removeEventListener("popstate", back);
   }, [list]);
@@ -81,6 +94,14 @@ export function App() {
   function open(id: string | null) {
     history.pushState(null, "", id ? `?c=${encodeURIComponent(id)}` : "/");
     setCurrent(id);
+    setGarden(null);
+    setDrawer(false);
+  }
+
+  function openGarden(name: string) {
+    history.pushState(null, "", `?g=${encodeURIComponent(name)}`);
+    setGarden(name);
+    setCurrent(null);
     setDrawer(false);
   }
 
@@ -147,10 +168,29 @@ export function App() {
             </li>
           ))}
         </ul>
+        {gardens.length > 0 && (
+          <nav id="gardens" aria-label="Gardens">
+            <h2>Gardens</h2>
+            <ul>
+              {gardens.map((item) => (
+                <li key={item.name}>
+                  <a href={`?g=${encodeURIComponent(item.name)}`} data-name={item.name}
+                    aria-current={item.name === garden ? "page" : undefined}
+                    onClick={(event) => { event.preventDefault(); openGarden(item.name); }}>
+                    <span className="name">{item.name}</span>
+                    <span className="count" title="active goals">{item.active_goals}</span>
+                  </a>
+                </li>
+              ))}
+            </ul>
+          </nav>
+        )}
         {problem && <p className="problem" role="alert">{problem}</p>}
       </aside>
       <div id="scrim" onClick={() => setDrawer(false)} />
-      {known ? (
+      {garden != null && !known ? (
+        <GardenView key={garden} name={garden} menu={menu} />
+      ) : known ? (
         <ConversationView key={current} id={current} shared={shared} menu={menu}
           name={conversations.find((conversation) => conversation.id === current)?.name ?? null} />
       ) : (
