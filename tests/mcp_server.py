@@ -2,9 +2,9 @@
 the SDK's FastMCP).
 
 Run as `python mcp_server.py stdio LEDGER` (over its stdin and stdout, as a `.mcp.json` stdio entry
-starts it) or `python mcp_server.py http LEDGER` (streamable HTTP at `/mcp` on a free port of
-127.0.0.1, printed as the first line of its stdout once it listens). LEDGER is a file the tools
-append their effects to, one line per effect.
+starts it) or `python mcp_server.py http LEDGER [PORT]` (streamable HTTP at `/mcp` on PORT of
+127.0.0.1, a free one when not given, printed as the first line of its stdout once it listens).
+LEDGER is a file the tools append their effects to, one line per effect.
 
 Its tools: `echo` (read-only) answers at once; `ledger` (no hints: never replayed) appends its key
 to LEDGER, and on the ledger's first line kills the process that started the server (SIGKILL:
@@ -86,7 +86,8 @@ async def shrink(ctx: Context) -> str:
 
 async def serve_http() -> None:
     listening = socket.socket()
-    listening.bind(("127.0.0.1", 0))
+    listening.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listening.bind(("127.0.0.1", int(sys.argv[3]) if len(sys.argv) > 3 else 0))
     # Listening before the port is told: a client that connects while uvicorn still starts waits
     # in the backlog instead of being refused (and the server counted as failed).
     listening.listen(128)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
+import socket
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -70,9 +71,10 @@ def project_with(tmp_path: Path, servers: dict[str, Any], *, trusted: bool = Tru
 
 
 @asynccontextmanager
-async def http_server(ledger: Path) -> AsyncIterator[str]:
-    """`mcp_server.py` serving streamable HTTP in a process of its own; its endpoint's URL."""
-    process = await asyncio.create_subprocess_exec(sys.executable, str(SERVER), "http", str(ledger),
+async def http_server(ledger: Path, port: int = 0) -> AsyncIterator[str]:
+    """`mcp_server.py` serving streamable HTTP in a process of its own (on `port`, a free one if
+    0); its endpoint's URL."""
+    process = await asyncio.create_subprocess_exec(sys.executable, str(SERVER), "http", str(ledger), str(port),
                                                    stdout=asyncio.subprocess.PIPE)
     try:
         assert process.stdout is not None
@@ -178,6 +180,38 @@ async def test_a_tool_list_change_during_a_turn_lands_at_the_next_step(kind: str
     assert text(tool_result(faux, 3)) == "fresh!"
     assert "mcp__test__fresh" not in offered[5]  # the step after the list without it arrived
     assert {"mcp__test__echo", "mcp__test__grow", "mcp__test__shrink"} <= offered[5]
+
+
+async def test_an_http_server_down_at_the_start_is_tried_again_at_a_step_boundary(
+        store: Store, tmp_path: Path, ctx: Context) -> None:
+    """Issue 30: an HTTP server nobody listens for yet fails to connect and offers nothing; once
+    it is up, a step boundary starts it again (its backoff is 0 s here) without waiting for it,
+    its tools join, and the model's call reaches it."""
+    with socket.socket() as probe:  # a port nobody listens on, until the server takes it
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    project = project_with(tmp_path, {"test": {"type": "http", "url": f"http://127.0.0.1:{port}/mcp"}})
+    servers = McpServers(load_mcp_servers(project, tmp_path), retry_first_s=0)
+    servers.start()
+    try:
+        await within(servers.ready(), PROCESS_TIMEOUT_S)
+        [down] = servers.statuses()
+        joined = asyncio.Event()
+        servers.on_change(lambda: joined.set() if "mcp__test__echo" in servers.tools else None)
+        async with http_server(tmp_path / "ledger.log", port):
+            script: FauxScript = [reply(tool_call("mcp__test__echo", {"text": "too early"})),
+                                  reply(delay(joined), tool_call("mcp__test__echo", {"text": "hi"})), "said"]
+            _, faux, outcome = await turn(store, servers, script, tmp_path, ctx)
+            [up] = servers.statuses()
+    finally:
+        await servers.close()
+
+    assert (down.state, down.tools) == ("failed", ())
+    assert outcome.result.outcome == "completed"
+    assert tool_result(faux, 1).is_error  # no such tool while it was down
+    assert "mcp__test__echo" in {tool.name for tool in faux.requests[2].request.tools}
+    assert text(tool_result(faux, 2)) == "echo: hi"
+    assert up.state == "connected"
 
 
 async def test_replay_safety_is_what_the_annotations_say(tmp_path: Path) -> None:

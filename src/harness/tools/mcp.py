@@ -49,6 +49,13 @@ CALL_TIMEOUT_S = 60.0
 STARTUP_TIMEOUT_S = 30.0
 """How long a server may take to start and list its tools before it counts as failed."""
 RESULT_LIMIT_CHARS = 100_000
+RETRY_FIRST_S = 2.0
+"""How long after an HTTP server failed to connect it may be tried again (at a step boundary);
+each failure in a row doubles it, up to `RETRY_MAX_S`."""
+RETRY_MAX_S = 60.0
+RETRIES = 8
+"""How many times in a row an HTTP server that failed to connect is tried again before it is
+left failed (a call the model makes to one of its tools still starts it)."""
 """The most text of one result the model reads; the rest is cut, and it is told so."""
 
 _VARIABLE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
@@ -207,7 +214,11 @@ class McpServers:
     its `live_tools`, so a server's tools join when it is ready and a list change
     (`notifications/tools/list_changed`, or a 2026-era `subscriptions/listen` event) lands at the
     next step. `at_step_boundary` is a `between_steps` hook that first waits for a list change
-    already announced; `on_change` tells whoever asks when a new list is in `tools`.
+    already announced; `on_change` tells whoever asks when a new list is in `tools`. An HTTP
+    server that could not be reached (down when the process started, say) is tried again at a
+    later step boundary, in the background, `retry_first_s` after it failed and twice as long
+    after each failure in a row (at most `RETRY_MAX_S`), `RETRIES` times: once it answers, its
+    tools join as a slow server's do.
 
     A tool is replay-safe (`replay="safe"`) when its annotations say `readOnlyHint` or
     `idempotentHint`, else never replayed: a crash during its call is answered as interrupted,
@@ -223,11 +234,12 @@ class McpServers:
     `start()` needs a running loop and returns at once; `close()` stops every server."""
 
     def __init__(self, configs: Sequence[McpServerConfig], *, log_dir: Path | None = None,
-                 startup_timeout_s: float = STARTUP_TIMEOUT_S) -> None:
+                 startup_timeout_s: float = STARTUP_TIMEOUT_S, retry_first_s: float = RETRY_FIRST_S) -> None:
         self.tools: dict[str, AgentTool] = {}
         self._read_only: frozenset[str] = frozenset()
         self._log_dir = log_dir
         self._startup_timeout_s = startup_timeout_s
+        self._retry_first_s = retry_first_s
         self._servers = [_Server(config, self) for config in configs]
         self._listeners: list[Callable[[], None]] = []
 
@@ -271,8 +283,11 @@ class McpServers:
         return lambda: self._listeners.remove(listener)
 
     async def at_step_boundary(self, lane: Lane, context: Context) -> Sequence[Message]:
-        """A `between_steps` hook: wait for the list refreshes that announced changes started, so
-        the next step offers the new lists; it places no message."""
+        """A `between_steps` hook: start again each HTTP server whose retry is due (not waited
+        for: its tools join at a step after it answers), and wait for the list refreshes that
+        announced changes started, so the next step offers the new lists; it places no message."""
+        for server in self._servers:
+            server.retry_if_due()
         await asyncio.gather(*(server.refreshed() for server in self._servers))
         return []
 
@@ -314,6 +329,9 @@ class _Server:
     read_only: frozenset[str] = frozenset()
     """The names in `tools` whose annotations say `readOnlyHint`."""
     refused: tuple[str, ...] = ()
+    failures: int = 0
+    """Starts in a row that ended before the server answered."""
+    _retry_at: float | None = None  # when the loop's clock says a failed HTTP server may be started again
     _client: Client | None = None
     _task: asyncio.Task[None] | None = None
     _ready: asyncio.Event = field(default_factory=asyncio.Event)
@@ -329,6 +347,12 @@ class _Server:
     async def settled(self) -> None:
         if self._task is not None:
             await self._ready.wait()
+
+    def retry_if_due(self) -> None:
+        if self.state == "failed" and self._retry_at is not None \
+                and asyncio.get_running_loop().time() >= self._retry_at:
+            self._retry_at = None
+            self.start()
 
     async def refreshed(self) -> None:
         if self._refresh is not None:
@@ -363,7 +387,7 @@ class _Server:
                                       client_info=mcp_types.Implementation(name="harness", version=version("harness")),
                                       ) as client:
                         await self._list(client)
-                        self._client, self.state = client, "connected"
+                        self._client, self.state, self.failures = client, "connected", 0
                         self._ready.set()
                         startup.deadline = math.inf
                         await self._follow(client)
@@ -376,7 +400,19 @@ class _Server:
             logger.info("MCP server %s: %s", self.config.name, self.problem)
         finally:
             self._client = None
+            if self.state == "failed":
+                self._failed()
             self._ready.set()
+
+    def _failed(self) -> None:
+        """Count a start that failed, and say when an HTTP server may be tried again, if it may: a
+        server running elsewhere may come up later, while a process of ours that could not start
+        would fail the same way again."""
+        self.failures += 1
+        self._retry_at = None
+        if isinstance(self.config.transport, HttpServer) and self.failures <= RETRIES:
+            backoff = min(self.owner._retry_first_s * 2 ** (self.failures - 1), RETRY_MAX_S)
+            self._retry_at = asyncio.get_running_loop().time() + backoff
 
     def _target(self, stack: contextlib.AsyncExitStack) -> Transport:
         """How the SDK reaches the server; what it needs open meanwhile is closed with `stack`."""
