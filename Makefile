@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint bench bench-peers soak
+.PHONY: run test lint docs bench bench-peers soak
 
 # llama-cpp-python has no wheel on PyPI: the first install compiles llama.cpp (10 to 20 minutes on
 # 2 cores; pip caches the wheel). These flags build a portable binary as fast as a native one.
@@ -39,6 +39,14 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 	$(BIN)/lint-imports
+
+# The guides in docs/ and the API reference generated from the docstrings (mkdocs.yml), into site/;
+# --strict makes every warning an error: a docstring the reference cannot read, a broken link or
+# anchor, a page left out of the nav. The theme, Material for MkDocs, prints a notice at every build
+# (its end of life in May 2027, and Zensical, its successor, which reads this same mkdocs.yml); the
+# variable is the theme's own switch for that notice.
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
 
 # Modules, not scripts: a script's folder would shadow the `harness` package.
 bench: $(STAMP)
