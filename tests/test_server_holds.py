@@ -11,6 +11,7 @@ import subprocess
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import psycopg
@@ -31,6 +32,7 @@ from harness.providers.faux import delay, reply
 from harness.runtime import Settled
 from harness.server import IDLE_RELEASE_S, MAX_HELD, ServerOptions
 from harness.session import LaneConfig, Store, connect
+from harness_helpers import RecordingBackend
 from server_helpers import FAUX, USER, asgi_client, faux_app, forwarder, serving, sse_events, sse_until
 
 SHARED = ["sqlite", "postgres"]  # the backends two processes can share
@@ -342,6 +344,43 @@ async def test_close_refuses_a_conversation_another_request_uses(stores: tuple[S
     assert holds.held == ()
     assert deleted.status_code == 204, deleted.text
     assert gone.status_code == 404, gone.text
+
+
+class DeleteGate(RecordingBackend):
+    """A backend whose `delete_session` says it was `reached`, then waits for `go`."""
+
+    def __init__(self, inner: Any) -> None:
+        super().__init__(inner)
+        self.reached, self.go = asyncio.Event(), asyncio.Event()
+
+    async def delete_session(self, session_id: str, context: Context) -> None:
+        self.reached.set()
+        await self.go.wait()
+        await self.inner.delete_session(session_id, context)
+
+
+async def test_a_request_racing_a_delete_is_refused_and_the_delete_goes_through(store: Store, ctx: Context) -> None:
+    """Issue 29: a message posted while a `DELETE` of its conversation runs (held at its last
+    step, the session's delete) is 409 `conversation_in_use` and attaches nothing, and the delete
+    then deletes the conversation. (The delete opened the conversation outside the server's hold:
+    the message attached it again and admitted a turn, and the delete answered `session_owned`.)"""
+    gate = DeleteGate(store.backend)
+    served = faux_app(Store(gate, store.url), ["never sent"],
+                      options=ServerOptions(idle_release_s=3_600, sweep_s=3_600))
+    async with asgi_client(served.app) as client:
+        address = f"/api/conversations/{(await client.post('/api/conversations', json={})).json()['id']}"
+        deleting = asyncio.create_task(client.delete(address))
+        await within(gate.reached.wait())
+        sent = await client.post(f"{address}/messages", json={"text": "hi"})
+        gate.go.set()
+        deleted = await within(deleting)
+        gone = await client.get(address)
+        held = served.app.state.server.holds.held
+
+    assert (sent.status_code, sent.json()["code"]) == (409, "conversation_in_use"), sent.text
+    assert deleted.status_code == 204, deleted.text
+    assert gone.status_code == 404, gone.text
+    assert held == ()
 
 
 async def test_a_switch_waiting_for_a_holder_that_dies_is_refused_within_seconds(

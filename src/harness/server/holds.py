@@ -49,8 +49,9 @@ class ServerBusy(HarnessError):
 
 class ConversationInUse(HarnessError):
     """`POST .../close` or `DELETE` while another request of this server uses the conversation (a
-    turn being admitted, a `/fast` switch) or a turn of it is driven here: nothing was closed or
-    deleted; try again once that request or turn has ended. Details `{conversation_id}`."""
+    turn being admitted, a `/fast` switch) or a turn of it is driven here, or any request that
+    would use it while a `DELETE` of it runs: nothing was closed, deleted or done; try again once
+    that request or turn has ended. Details `{conversation_id}`."""
 
     code = "conversation_in_use"
 
@@ -66,6 +67,7 @@ class Holds:
         self._max_held = max_held
         self._sweep_s = sweep_s
         self._users: dict[str, int] = {}  # requests using each conversation now
+        self._alone: set[str] = set()  # conversations a request uses alone (a delete): refused to the others
         self._last_used: dict[str, float] = {}
         self._room = asyncio.Lock()
         self._letting_go: set[asyncio.Task[None]] = set()
@@ -92,10 +94,17 @@ class Holds:
         return conversation_id in self._users or self._drives.driving(conversation_id)
 
     @asynccontextmanager
-    async def use(self, user: str, conversation_id: str, context: Context) -> AsyncIterator[Conversation]:
+    async def use(self, user: str, conversation_id: str, context: Context, *,
+                  alone: bool = False) -> AsyncIterator[Conversation]:
         """`user`'s conversation, attached for the block (`ConversationService.open`), counted as
-        in use until it ends. One whose store failed under it is attached again first. Raises
-        `ServerBusy` when holding it would pass `max_held`, and what `open` raises."""
+        in use until it ends; `alone`, no other request may use it meanwhile. One whose store
+        failed under it is attached again first. Raises `ConversationInUse` while a request uses
+        it alone (a delete), `ServerBusy` when holding it would pass `max_held`, and what `open` raises."""
+        if conversation_id in self._alone:
+            raise ConversationInUse(f"conversation {conversation_id} is being deleted by another request; try again "
+                                    "once that has ended", conversation_id=conversation_id)
+        if alone:
+            self._alone.add(conversation_id)
         self._users[conversation_id] = self._users.get(conversation_id, 0) + 1  # no sweep lets it go now
         try:
             live = self._service.live(conversation_id)
@@ -112,6 +121,8 @@ class Holds:
                 conversation = live
             yield conversation
         finally:
+            if alone:
+                self._alone.discard(conversation_id)
             self._done(conversation_id)
 
     @asynccontextmanager
@@ -155,10 +166,14 @@ class Holds:
         await self._service.close(user, conversation_id, context)
 
     async def delete(self, user: str, conversation_id: str, context: Context) -> None:
-        """Delete `user`'s conversation for good (`ConversationService.delete`), held here or not.
-        Raises `ConversationInUse` as `close` does, deleting nothing, and what `delete` raises."""
+        """Delete `user`'s conversation for good (`ConversationService.delete`), held here or not,
+        in use alone (`use`) while it is opened, stopped, let go of and deleted: a request that
+        would use it meanwhile (attach it again under the delete, admit a turn it cuts off) is
+        refused `ConversationInUse`, and no sweep lets go of it. Raises `ConversationInUse` as
+        `close` does, deleting nothing, and what `use` and `delete` raise."""
         self._let_go_of(conversation_id, "delete")
-        await self._service.delete(user, conversation_id, context)
+        async with self.use(user, conversation_id, context, alone=True):
+            await self._service.delete(user, conversation_id, context)
 
     def _let_go_of(self, conversation_id: str, action: str) -> None:
         """Forget the conversation's idle time before `action` lets go of it; raises
