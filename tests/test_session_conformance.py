@@ -256,6 +256,29 @@ async def test_values_across_reads_one_address_of_every_session_that_has_it(stor
     assert unnamed.id not in found
 
 
+async def test_values_across_names_the_session_whose_value_does_not_fit(store: Store, ctx: Context) -> None:
+    """A stored value that does not fit its record type is `StorageCorruption` naming the
+    address, as a session's own read says it, and the session it is in."""
+    fits = await new_session_with_lane(store, ctx)
+
+    async def fine(m: SessionMutator) -> None:
+        m.set(addresses.session_name(), "fine")
+
+    await fits.mutate(fine, ctx)
+    damaged = await new_session_with_lane(store, ctx)
+    name = addresses.session_name()
+    await store.backend.commit(damaged.id, [SetValue(name.namespace, name.key, '{"not": "a name"}')], None, ctx)
+
+    with pytest.raises(StorageCorruption) as across:
+        await store.values_across(name, ctx)
+    with pytest.raises(StorageCorruption) as alone:
+        await damaged.get(name, ctx)
+
+    assert across.value.code == "storage_corruption"
+    assert across.value.details == {"session_id": damaged.id, **alone.value.details}
+    assert damaged.id in across.value.message
+
+
 # -- the session line --------------------------------------------------------------------------
 
 

@@ -18,6 +18,7 @@ from harness.session.changes import ChangeFeed
 from harness.session.entries import custom_type_of
 from harness.session.errors import (
     SessionNotFound,
+    StorageCorruption,
     StoreClosed,
     StoreUnavailable,
     UnknownEntry,
@@ -110,13 +111,21 @@ class Store:
     async def values_across(self, address: ValueAddress[T], context: Context) -> dict[str, T]:
         """The value at `address` in every session that has one, by session id, in one read (a
         conversation list reads every session's owner and name this way). Raises
-        `StorageCorruption` when a stored value does not decode."""
+        `StorageCorruption` when a stored value does not decode, naming its session (details
+        `session_id`, `address`), as a session's own read names the address."""
         self._check_open()
         if not (storable_identifier(address.namespace) and storable_identifier(address.key)):
             return {}
         rows = await self.backend.values_across(address.namespace, address.key, context)
         where = f"{address.namespace}/{address.key}"
-        return {session_id: decode_value(address.adapter, row.value, where) for session_id, row in rows.items()}
+        found: dict[str, T] = {}
+        for session_id, row in rows.items():
+            try:
+                found[session_id] = decode_value(address.adapter, row.value, where)
+            except StorageCorruption as error:  # one session's of many: say which
+                raise StorageCorruption(f"session {session_id}: {error.message}", session_id=session_id,
+                                        **error.details) from error
+        return found
 
     async def delete_session(self, session_id: str, context: Context) -> None:
         """Delete the session with everything in it: entries, records (lanes, operations, pending
