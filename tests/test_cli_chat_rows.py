@@ -42,10 +42,10 @@ from harness.conversation import (
     RenameOutcome,
     RestartOutcome,
     ShellRan,
-    SubagentResult,
     WorkflowFinish,
-    chat_event_message,
 )
+from harness.conversation.chat_events import chat_event_message
+from harness.conversation.delegation import SubagentResult
 from harness.messages import (
     AssistantMessage,
     Cost,

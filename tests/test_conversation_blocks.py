@@ -23,10 +23,8 @@ from harness.cli.chat_view import ChatView, Screen, entry_summary
 from harness.cli.render import entry_lines, print_branch
 from harness.context import Context
 from harness.conversation import (
-    MAX_MESSAGE_BLOCKS,
     MAX_TOOL_BLOCKS,
     MESSAGE_BLOCKS_TYPE,
-    TITLE_CHARS,
     AssistantRow,
     BlockImage,
     BlocksRow,
@@ -42,6 +40,7 @@ from harness.conversation import (
     ToolRow,
     UserRow,
 )
+from harness.conversation.blocks import MAX_MESSAGE_BLOCKS, TITLE_CHARS
 from harness.imports import export_harness_session
 from harness.messages import AssistantMessage, CustomMessage, TextContent, ToolResultMessage
 from harness.providers import FauxProvider, Model, StreamOptions, ToolSpec, openai_chat

@@ -12,8 +12,6 @@ from conversation_helpers import faux_service, rows, transcript
 from drive_helpers import FAUX, ProbeTool, text, within
 from harness.context import Context
 from harness.conversation import (
-    FAST_BEFORE,
-    SHELL_OUTPUT_CHARS,
     ChatEventPublished,
     CommandInvocation,
     CommandRan,
@@ -38,6 +36,8 @@ from harness.conversation import (
     restart,
     run_typed_command,
 )
+from harness.conversation.command_rows import SHELL_OUTPUT_CHARS
+from harness.conversation.commands import FAST_BEFORE
 from harness.errors import InvalidInput, ModelUnavailable
 from harness.messages import CustomMessage, ModelIdentity, UserMessage
 from harness.providers import FAUX_MODEL, FauxProvider

@@ -28,10 +28,9 @@ from harness.conversation import (
     DelegationRow,
     Interrupted,
     NodeTally,
-    SubagentResult,
     WorkflowFinish,
-    subagent_result_of,
 )
+from harness.conversation.delegation import SubagentResult, subagent_result_of
 from harness.errors import InvalidInput
 from harness.messages import CustomMessage, Message, ToolResultMessage
 from harness.providers import FauxProvider

@@ -39,11 +39,11 @@ from harness.conversation import (
     Renamed,
     RenameOutcome,
     fast,
-    garden_message_of,
     model,
     rename,
     run_typed_command,
 )
+from harness.conversation.garden_messages import garden_message_of
 from harness.errors import HarnessError
 from harness.garden import GardenWriteFailed, goal_command
 from harness.messages import ModelIdentity, UserMessage

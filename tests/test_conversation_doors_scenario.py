@@ -70,11 +70,10 @@ from harness.conversation import (
     ModelSwitched,
     SenderRow,
     chat_event_of,
-    garden_message,
-    garden_message_of,
     render_chat_event_for_model,
     run_typed_command,
 )
+from harness.conversation.garden_messages import garden_message, garden_message_of
 from harness.errors import HarnessError
 from harness.garden import ConversationOrigin
 from harness.messages import ModelIdentity, text_of

@@ -25,16 +25,16 @@ from harness.context import Context
 from harness.conversation import (
     CHAT_EVENT_TYPE,
     JOURNAL_DATA_MIGRATIONS,
-    RETIRE_CHAT_ERROR_NOTICES,
     ContextOverflow,
     ConversationService,
     ErrorDetails,
     EventRow,
     ModelSwitchFailed,
-    chat_event_message,
     chat_event_of,
     parse_chat_event_details,
 )
+from harness.conversation.chat_events import chat_event_message
+from harness.conversation.migrations import RETIRE_CHAT_ERROR_NOTICES
 from harness.messages import CustomMessage, ModelIdentity, UserMessage
 from harness.providers import FAUX_MODEL, FauxProvider, ModelRegistry
 from harness.runtime import AgentHarness, AgentHarnessOptions, Settled

@@ -19,8 +19,6 @@ from conversation_helpers import faux_service, rows, transcript
 from drive_helpers import FAUX, ProbeTool, within
 from harness.context import Context
 from harness.conversation import (
-    PROJECT_SELECTION,
-    PROJECT_SWITCH_REFUSED_TYPE,
     Conversation,
     ConversationService,
     ConversationSetup,
@@ -33,11 +31,11 @@ from harness.conversation import (
     SwitchableProject,
     UnknownProject,
     chat_event_of,
-    fork_conversation,
-    load_projects,
     mode,
-    resolve_project_argument,
 )
+from harness.conversation.commands import fork_conversation
+from harness.conversation.project_switch import PROJECT_SWITCH_REFUSED_TYPE
+from harness.conversation.projects import PROJECT_SELECTION, load_projects, resolve_project_argument
 from harness.messages import CustomMessage, Message, TextContent, ToolResultMessage
 from harness.providers import FauxProvider
 from harness.providers.faux import FauxScript, delay, reply, tool_call

@@ -15,8 +15,6 @@ from conversation_helpers import faux_service, rows, transcript
 from drive_helpers import FAUX, ProbeTool, within
 from harness.context import Context
 from harness.conversation import (
-    READ_ONLY_TOOLS,
-    TURN_BASELINE,
     ChatEventPublished,
     Conversation,
     ConversationService,
@@ -29,8 +27,8 @@ from harness.conversation import (
     ModeSelected,
     ReasoningChanged,
     Renamed,
-    TurnBaseline,
 )
+from harness.conversation.settings import READ_ONLY_TOOLS, TURN_BASELINE, TurnBaseline
 from harness.errors import ModelUnavailable
 from harness.messages import ModelIdentity
 from harness.providers import FAUX_MODEL, FauxProvider

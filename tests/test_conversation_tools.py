@@ -20,7 +20,6 @@ from drive_helpers import FAUX
 from harness.cli.config import Attached, attach_client, default_tools
 from harness.context import Context
 from harness.conversation import (
-    READ_ONLY_TOOLS,
     CommandRan,
     ModelOutcome,
     ModelSwitched,
@@ -31,6 +30,7 @@ from harness.conversation import (
     run_typed_command,
     tools,
 )
+from harness.conversation.settings import READ_ONLY_TOOLS
 from harness.errors import InvalidInput
 from harness.messages import ModelIdentity, ToolResultMessage, text_of
 from harness.providers import EMBEDDED_IDENTITY, FAUX_MODEL, FauxProvider, ModelRegistry

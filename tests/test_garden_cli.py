@@ -17,13 +17,8 @@ from harness.cli.chat_view import ChatView, Screen, entry_summary
 from harness.cli.garden_commands import local_garden
 from harness.cli.render import entry_lines
 from harness.context import Context
-from harness.conversation import (
-    ConversationService,
-    ConversationSetup,
-    GardenMessage,
-    garden_message,
-    garden_message_of,
-)
+from harness.conversation import ConversationService, ConversationSetup, GardenMessage
+from harness.conversation.garden_messages import garden_message, garden_message_of
 from harness.errors import InvalidInput
 from harness.garden import ConversationOrigin, Garden, GardenSetup, emit_recently_concluded, emit_tend_survey, running
 from harness.messages import ModelIdentity

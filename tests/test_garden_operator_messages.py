@@ -20,7 +20,8 @@ from conversation_helpers import faux_service, transcript
 from drive_helpers import within
 from garden_helpers import OWNER, conversation, conversations, files_in, in_run, make_garden
 from harness.context import Context
-from harness.conversation import Conversation, ConversationService, garden_message_of
+from harness.conversation import Conversation, ConversationService
+from harness.conversation.garden_messages import garden_message_of
 from harness.garden import (
     GARDENER,
     ConversationOrigin,

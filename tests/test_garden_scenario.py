@@ -21,9 +21,9 @@ from harness.conversation import (
     GoalOutcome,
     GoalStatus,
     chat_event_of,
-    garden_message_of,
     run_typed_command,
 )
+from harness.conversation.garden_messages import garden_message_of
 from harness.garden import (
     ConversationOrigin,
     Garden,

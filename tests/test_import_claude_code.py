@@ -14,7 +14,8 @@ from typer.testing import CliRunner
 from conftest import SHARED_FIXTURES, needs_shared_fixtures
 from harness.cli import app
 from harness.context import Context
-from harness.conversation import CommandRan, Compacted, ErrorDetails, Interrupted, chat_event_of, chat_event_rows
+from harness.conversation import CommandRan, Compacted, ErrorDetails, Interrupted, chat_event_of
+from harness.conversation.service import chat_event_rows
 from harness.errors import UnsupportedFormat
 from harness.imports import import_claude_code_session
 from harness.messages import (

@@ -15,15 +15,17 @@ from drive_helpers import FAUX
 from harness.context import Context
 from harness.conversation import (
     BUILT_IN_COMMANDS,
-    PROJECT_CONTEXT_TYPE,
     CommandRan,
     ContextFile,
     ContextOutcome,
     Conversation,
     ConversationService,
     ConversationSetup,
-    ProjectContextOff,
     chat_event_of,
+)
+from harness.conversation.project_context import (
+    PROJECT_CONTEXT_TYPE,
+    ProjectContextOff,
     instruction_files,
     read_project_context,
 )

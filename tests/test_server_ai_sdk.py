@@ -20,7 +20,8 @@ import pytest
 
 from drive_helpers import FAUX, ProbeTool, within
 from harness.context import Context
-from harness.conversation import GardenMessage, chat_event_rows
+from harness.conversation import GardenMessage
+from harness.conversation.service import chat_event_rows
 from harness.messages import UserMessage
 from harness.providers.faux import FauxReply, delay, failure, reply, tool_call
 from harness.providers.replay import Hold, ReplayServer

@@ -17,7 +17,8 @@ import httpx
 
 from drive_helpers import ProbeTool, within
 from harness.context import Context
-from harness.conversation import STOPPED_BY, ApprovalDecision
+from harness.conversation import ApprovalDecision
+from harness.conversation.approvals import STOPPED_BY
 from harness.providers.faux import reply, tool_call
 from harness.runtime import Settled
 from harness.server import Approvals, pending_address

@@ -12,7 +12,8 @@ import pytest
 from drive_helpers import FAUX, within
 from garden_helpers import SURVEY, gardener_script
 from harness.context import Context
-from harness.conversation import CommandRan, GoalActionOutcome, GoalOutcome, GoalStatus, chat_event_rows
+from harness.conversation import CommandRan, GoalActionOutcome, GoalOutcome, GoalStatus
+from harness.conversation.service import chat_event_rows
 from harness.garden import ConversationOrigin, Garden, Gardener, GardenSetup
 from harness.messages import UserMessage
 from harness.runtime import Settled

@@ -24,7 +24,7 @@ from conversation_helpers import faux_service, transcript
 from drive_helpers import within
 from harness.cli import app
 from harness.context import Context
-from harness.conversation import HOLDER_CHECK_S
+from harness.conversation.service import HOLDER_CHECK_S
 from harness.errors import HarnessError
 from harness.messages import AssistantMessage, text_of
 from harness.providers import FAUX_MODEL

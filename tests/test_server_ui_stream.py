@@ -22,8 +22,8 @@ from harness.conversation import (
     ConversationSetup,
     GardenMessage,
     conversation_events,
-    subagent_result_of,
 )
+from harness.conversation.delegation import subagent_result_of
 from harness.errors import InvalidInput
 from harness.messages import UserMessage
 from harness.providers.faux import FauxReply, delay, failure, reply, thinking, tool_call

@@ -15,7 +15,8 @@ import httpx
 
 from drive_helpers import ProbeTool, within
 from harness.context import Context
-from harness.conversation import Conversation, chat_event_rows
+from harness.conversation import Conversation
+from harness.conversation.service import chat_event_rows
 from harness.providers.faux import FauxReply, delay, reply, tool_call
 from harness.providers.replay import Hold, ReplayServer
 from harness.runtime import MessageUpdate

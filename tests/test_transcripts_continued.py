@@ -24,8 +24,8 @@ from harness.conversation import (
     ConversationSetup,
     Forbidden,
     Interrupted,
-    chat_event_rows,
 )
+from harness.conversation.service import chat_event_rows
 from harness.imports import import_claude_code_session, import_pi_session
 from harness.messages import AssistantMessage, TextContent
 from harness.providers import FAUX_MODEL, FauxProvider, ModelRegistry, ProviderRequest, StreamOptions

@@ -14,6 +14,8 @@ from harness.cli.garden_commands import local_garden
 from harness.cli.render import branch_oldest_first
 from harness.cli.session_refs import local_time, named_sessions
 from harness.cli.terminal_text import escape
+from harness.conversation.commands import fork_conversation
+from harness.conversation.projects import resolve_project_argument
 from harness.errors import InvalidInput
 from harness.garden import GardenSetup, goal_action_of, goal_command
 from harness.runtime import DriveOutcome, Settled
@@ -238,8 +240,7 @@ async def _fork(client: ChatClient, argument: str) -> None:
     if target is None:
         client.screen.print("[dim]nothing to fork: the branch is empty[/]")
         return
-    forked = await conversation.fork_conversation(service, user, source.id, target, client.context,
-                                                  lane=client.lane)
+    forked = await fork_conversation(service, user, source.id, target, client.context, lane=client.lane)
     await client.switch_session(forked)
     client.screen.print(f"forked session [cyan]{escape(forked)}[/] at entry {escape(target)}; now chatting in it "
                         f"[dim](the original, {escape(source.id)}, keeps its branch as it is now)[/]")
@@ -282,7 +283,7 @@ async def _project(client: ChatClient, argument: str) -> None:
                     ).strip()
         if not argument:
             return
-    chosen = conversation.resolve_project_argument(listed, argument)
+    chosen = resolve_project_argument(listed, argument)
     # Never a chdir: the terminal stays where it is, only the conversation's tools move (CE-21).
     await service.select_project_execution(user, current.id, chosen.execution_ref, client.context)
     client.screen.print(f"project: [bold]{escape(chosen.slug)}[/] [dim]the tools now work in {escape(chosen.path)}; "

@@ -14,7 +14,6 @@ from harness.conversation import (
     AgentFinish,
     AlwaysAllowed,
     BudgetReached,
-    ChatErrorNotice,
     ChatEventDetails,
     CommandOutcome,
     CommandRan,
@@ -45,6 +44,7 @@ from harness.conversation import (
     ToolsOutcome,
     WorkflowFinish,
 )
+from harness.conversation.chat_events import ChatErrorNotice
 from harness.session import AbortCause
 
 _STOPPED: dict[AbortCause, str] = {

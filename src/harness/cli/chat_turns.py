@@ -18,7 +18,8 @@ from harness.cli.chat_view import ChatView, Screen, clip, content_text
 from harness.cli.config import Attached
 from harness.cli.terminal_text import escape
 from harness.context import Context
-from harness.conversation import Conversation, session_name_from
+from harness.conversation import Conversation
+from harness.conversation.naming import session_name_from
 from harness.errors import HarnessError, ModelUnavailable
 from harness.messages import ModelIdentity, UserMessage
 from harness.providers import MissingApiKey, ModelRegistry

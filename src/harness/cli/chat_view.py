@@ -35,11 +35,11 @@ from harness.conversation import (
     SUBAGENT_RESULT_TYPE,
     ChatEventPublished,
     DelegationFinished,
-    chat_event_rows,
     conversation_events,
     delegation_rows,
-    garden_message_of,
 )
+from harness.conversation.garden_messages import garden_message_of
+from harness.conversation.service import chat_event_rows
 from harness.messages import (
     AssistantMessage,
     CustomMessage,

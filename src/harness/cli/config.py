@@ -27,19 +27,19 @@ from harness.context import Context
 from harness.conversation import (
     BUILT_IN_COMMANDS,
     DEFAULT_AGENTS,
-    DELEGATION_TOOL_NAMES,
     JOURNAL_DATA_MIGRATIONS,
     MAIN_LANE,
-    PROJECT_CONTEXT_BYTES,
-    PROJECT_TOOL,
     PROJECTS_FILE,
     Budget,
     Conversation,
     ConversationService,
     ConversationSetup,
     ModelTools,
-    session_name_from,
 )
+from harness.conversation.agents import DELEGATION_TOOL_NAMES
+from harness.conversation.naming import session_name_from
+from harness.conversation.project_context import PROJECT_CONTEXT_BYTES
+from harness.conversation.project_switch import PROJECT_TOOL
 from harness.errors import HarnessError, InvalidInput, ModelUnavailable
 from harness.home import local_user as local_user  # kept here too: the commands import it with the rest
 from harness.messages import ModelIdentity, UserMessage, text_of

@@ -17,10 +17,10 @@ from harness.conversation import (
     GARDEN_MESSAGE_TYPE,
     MESSAGE_BLOCKS_TYPE,
     SUBAGENT_RESULT_TYPE,
-    chat_event_rows,
     delegation_rows,
-    garden_message_of,
 )
+from harness.conversation.garden_messages import garden_message_of
+from harness.conversation.service import chat_event_rows
 from harness.messages import (
     AssistantMessage,
     CustomMessage,

@@ -33,8 +33,8 @@ from harness.conversation import (
     Budget,
     Conversation,
     ErrorDetails,
-    chat_event_rows,
 )
+from harness.conversation.service import chat_event_rows
 from harness.errors import InvalidInput
 from harness.messages import AssistantMessage, ModelIdentity, OutputSchema, ThinkingContent, text_of
 from harness.providers import ModelRegistry

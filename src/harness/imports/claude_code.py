@@ -64,7 +64,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from harness.context import Context
-from harness.conversation import CommandRan, Compacted, ErrorDetails, Interrupted, clean_public_text
+from harness.conversation import CommandRan, Compacted, ErrorDetails, Interrupted
+from harness.conversation.turn_rows import clean_public_text
 from harness.imports.plan import (
     ImportPlan,
     ImportReport,

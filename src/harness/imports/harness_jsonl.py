@@ -30,7 +30,7 @@ from typing import Literal, TextIO
 from pydantic import BaseModel, ConfigDict, JsonValue, ValidationError
 
 from harness.context import Context
-from harness.conversation import OWNER
+from harness.conversation.service import OWNER
 from harness.imports.plan import ImportPlan, ImportReport, Raw, count_branch, read_jsonl
 from harness.messages import Usage
 from harness.session import (

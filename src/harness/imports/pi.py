@@ -51,7 +51,8 @@ from typing import Any
 from pydantic import JsonValue
 
 from harness.context import Context
-from harness.conversation import ChatEventDetails, ErrorDetails, Interrupted, clean_public_text
+from harness.conversation import ChatEventDetails, ErrorDetails, Interrupted
+from harness.conversation.turn_rows import clean_public_text
 from harness.imports.plan import (
     ImportPlan,
     ImportReport,

@@ -15,7 +15,9 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from harness.context import Context
-from harness.conversation import OWNER, ChatEventDetails, chat_event_message
+from harness.conversation import ChatEventDetails
+from harness.conversation.chat_events import chat_event_message
+from harness.conversation.service import OWNER
 from harness.errors import InvalidInput, UnsupportedFormat
 from harness.messages import (
     AssistantMessage,

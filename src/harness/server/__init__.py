@@ -5,7 +5,8 @@ A door module exposes an `APIRouter` that `create_app` includes; its routes take
 dependencies: `State` (the `ServerState`), `CurrentUser` (the request's user, 401 without a valid
 token) and `RequestContext`."""
 
-from harness.conversation import ApprovalChange, ApprovalNotFound, PendingApproval, pending_address
+from harness.conversation import ApprovalChange, ApprovalNotFound, PendingApproval
+from harness.conversation.approvals import pending_address
 from harness.server.app import create_app
 from harness.server.approvals import Approvals
 from harness.server.drives import Drives

@@ -10,7 +10,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from harness.context import Context
-from harness.conversation import ApprovalChange, Conversation, PendingApproval, journal_pending
+from harness.conversation import ApprovalChange, Conversation, PendingApproval
+from harness.conversation.approvals import journal_pending
 from harness.runtime import ToolCallRequest
 from harness.session import SessionReader
 from harness.tools import NEEDS_APPROVAL, ApprovalPolicy, McpServers, PermissionRules

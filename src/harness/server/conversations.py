@@ -13,9 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError
 from harness.context import Context
 from harness.conversation import (
     BUILT_IN_COMMANDS,
-    DISPLAY_PAGE,
     MAIN_LANE,
-    MAX_DISPLAY_PAGE,
     BuiltInCommand,
     CommandOutcome,
     CompactOutcome,
@@ -32,6 +30,7 @@ from harness.conversation import (
     compact,
     fast,
 )
+from harness.conversation.display import DISPLAY_PAGE, MAX_DISPLAY_PAGE
 from harness.errors import InvalidInput
 from harness.messages import ImageContent, ModelIdentity, OutputSchema, Usage
 from harness.runtime import LaneBusy

@@ -8,7 +8,8 @@ import contextlib
 import logging
 
 from harness.context import Context
-from harness.conversation import MAIN_LANE, OWNER, Conversation, ConversationService
+from harness.conversation import MAIN_LANE, Conversation, ConversationService
+from harness.conversation.service import OWNER
 from harness.errors import HarnessError
 from harness.runtime import DriveOutcome, HarnessClosed, Settled
 from harness.session import SessionNotFound, SessionOwned, addresses, work_board

@@ -46,16 +46,16 @@ from harness.conversation import (
     ConversationWatch,
     DelegationFinished,
     Forbidden,
-    JournalApprovals,
     LaneEvents,
     MessageBlocksPublished,
     PendingApproval,
     SenderRow,
     conversation_events,
-    display_rows,
-    public_error,
-    session_name_from,
 )
+from harness.conversation.approvals import JournalApprovals
+from harness.conversation.display import display_rows
+from harness.conversation.naming import session_name_from
+from harness.conversation.turn_rows import public_error
 from harness.errors import HarnessError, InvalidInput
 from harness.messages import (
     AssistantMessage,

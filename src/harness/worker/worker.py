@@ -10,7 +10,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from harness.context import Context
-from harness.conversation import OWNER, Conversation, ConversationService
+from harness.conversation import Conversation, ConversationService
+from harness.conversation.service import OWNER
 from harness.errors import HarnessError
 from harness.messages import now_ms
 from harness.runtime import DriveOutcome, Paused, Settled, Suspended, WaitingRetry
