@@ -23,8 +23,10 @@ from harness.context import Context
 from harness.providers.faux import delay, failure, reply
 from harness.providers.replay import Hold, ReplayServer
 from harness.runtime import DriveSettings, EntryAdded, RetryPolicy, RunEnd, RunStart, read_lane_events
-from harness.server import parse_event_id
+from harness.server import ServerOptions, parse_event_id
 from harness.session import Store, connect
+from harness.session.addresses import LANE_EVENTS_NAMESPACE
+from harness_helpers import recording
 from server_helpers import SERVE_START_S, USER, Served, faux_app, serve_process, serving
 from test_cli_run import chat_text, openai_env
 
@@ -149,6 +151,36 @@ async def test_a_stream_cut_and_rejoined_gets_the_durable_log_once(store: Store,
     assert values[-1] == state["values"]
     assert [message["type"] for message in state["values"]["messages"]] == ["human", "ai"]
     assert state["values"]["messages"][-1]["content"] == "".join(PARTS)
+
+
+async def test_a_stream_rejoined_while_the_fanout_holds_its_run_reads_no_log(store: Store) -> None:
+    """Issue 29: a run's stream rejoined with its last event id while the thread's fan-out still
+    holds the run's events from its start (its source open since an earlier run's stream) is
+    replayed from that memory, as a `/events` resume is: the lane's log is not read for it, and
+    the client gets the rest of the run once."""
+    recorded, backend = recording(store)
+    gate = asyncio.Event()
+    served = faux_app(recorded, ["first", reply(PARTS[0], delay(gate), PARTS[1])],
+                      options=ServerOptions(source_grace_s=60, sweep_s=3_600))
+    async with serving(served.app) as url:
+        client = get_client(url=url, api_key=None)
+        thread_id = (await client.threads.create())["thread_id"]
+        _ = [part async for part in client.runs.stream(thread_id, "harness", input=ask("one"), stream_mode=MODES)]
+        got: list[StreamPart] = []
+        await read_until(client.runs.stream(thread_id, "harness", input=ask("two"), stream_mode=MODES,
+                                            stream_resumable=True), got, says(PARTS[0]))
+        run_id = got[0].data["run_id"]
+        backend.reads.clear()
+        gate.set()
+        got += [part async for part in client.runs.join_stream(thread_id, run_id, last_event_id=got[-1].id)]
+        log_reads = [read for read in backend.reads if read[:2] == ("list", LANE_EVENTS_NAMESPACE)]
+        replay = [part async for part in client.runs.join_stream(thread_id, run_id)]
+        await client.aclose()
+
+    assert log_reads == []
+    assert text_of(got) == text_of(replay) == "".join(PARTS[:2])
+    assert durable(got) == durable(replay)
+    assert got[-1].data == {"run_id": run_id, "status": "success"}
 
 
 async def test_cancel_is_a_durable_abort(store: Store) -> None:

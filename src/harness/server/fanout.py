@@ -13,7 +13,9 @@ its own.
 A client that reconnects with its last event id is served from memory when it can be: the
 fan-out keeps its newest durable events (at most `RECENT_EVENTS`, and `RECENT_BYTES` of their
 JSON), and a subscription's `read_events` answers from them when they hold every event after the
-one asked for; otherwise it reads the lane's log, as a watch does. A source whose last watcher
+one asked for; otherwise it reads the lane's log, as a watch does. A door that reads the log
+without a subscription of its own (the LangGraph door's check that a run is still logged) reads
+through `Fanouts.read_events`, from the same memory. A source whose last watcher
 left stays open `grace_s` more, so the watchers of a reconnect storm find it, their resume read
 from memory; it is closed once the grace ends with nobody back, or at once when it ended (the
 server let go of the conversation: a live watch ends then, and the next watcher opens a follow).
@@ -52,8 +54,10 @@ from harness.runtime import (
     RebaseRequired,
     RunEnd,
     WatchOverflow,
+    read_lane_events,
     reduce_lane_snapshot,
 )
+from harness.session import SessionReader
 
 CLIENT_BUFFER_BYTES = 4 * 1024 * 1024
 """Bytes of events a watcher may fall behind by (their JSON size) before it is cut."""
@@ -389,6 +393,15 @@ class Fanouts:
         finally:
             del self._opening[key]
             opened.set_result(None)
+
+    async def read_events(self, reader: SessionReader, lane: str, after_seq: int | None, limit: int,
+                          context: Context) -> LaneEventPage:
+        """Lane `lane`'s logged events after `after_seq`, at most `limit`, of `reader`'s session:
+        from the memory of the lane's fan-out, with no store read, when it holds the one right
+        after it (`LaneFanout.recent_after`); else from the log (`read_lane_events`)."""
+        fanout = self._joinable.get((reader.id, lane))
+        page = fanout.recent_after(after_seq, limit) if fanout is not None else None
+        return page if page is not None else await read_lane_events(reader, lane, after_seq, limit, context)
 
     def close(self) -> None:
         """Close every source (the server stops): their watchers end after what they hold."""

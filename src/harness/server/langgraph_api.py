@@ -18,9 +18,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import uuid
 import weakref
-from collections.abc import AsyncGenerator, AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import aclosing
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
@@ -39,6 +40,7 @@ from harness.runtime import (
     FollowBehind,
     HarnessEvent,
     LaneBusy,
+    LaneEventPage,
     LaneLastResult,
     MessageStart,
     MessageUpdate,
@@ -292,11 +294,22 @@ async def _known(session: SessionReader, run_id: str, context: Context) -> RunRe
                      metadata={}, created_at=meta.started_at, source_tip_id=meta.source_tip_id, log_after=None)
 
 
-async def _log_events(session: SessionReader, after: int | None,
+ReadEvents = Callable[[int | None, int, Context], Awaitable[LaneEventPage]]
+"""Reads a page of the main lane's logged events: those after a seq (None: from the oldest kept),
+at most a limit (`LaneEvents.read_events`)."""
+
+
+def _log_of(session: SessionReader) -> ReadEvents:
+    """The main lane's log, read from the store."""
+    return functools.partial(read_lane_events, session, MAIN_LANE)
+
+
+async def _log_events(read: ReadEvents, after: int | None, upto: int | None,
                       context: Context) -> AsyncGenerator[HarnessEvent, None]:
-    """The main lane's logged events after seq `after` (None: from the oldest kept), page by page."""
-    while True:
-        page = await read_lane_events(session, MAIN_LANE, after, REPLAY_PAGE, context)
+    """The main lane's logged events after seq `after` (None: from the oldest kept), page by page
+    from `read`, until one at or past event `upto` (None: the newest; no page is read past it)."""
+    while upto is None or after is None or after < upto:
+        page = await read(after, REPLAY_PAGE, context)
         for event in page.events:
             yield event
         if not page.events:
@@ -304,13 +317,13 @@ async def _log_events(session: SessionReader, after: int | None,
         after = page.events[-1].event_seq
 
 
-async def _logged_items(session: SessionReader, record: RunRecord, upto: int | None, context: Context,
+async def _logged_items(read: ReadEvents, record: RunRecord, upto: int | None, context: Context,
                         picker: RunItems | None = None) -> AsyncGenerator[RunItem, None]:
-    """The run's durable items from the lane's event log (`RunItems`), read as they are taken, as
-    far as event `upto` (None: the newest); `picker` goes on with the events after `upto`. None at
-    all when the log no longer holds the run's start."""
+    """The run's durable items from the lane's event log (`RunItems`), read through `read` as they
+    are taken, as far as event `upto` (None: the newest); `picker` goes on with the events after
+    `upto`. None at all when the log no longer holds the run's start."""
     picker = picker or RunItems(record.run_id, MAIN_LANE)
-    async with aclosing(_log_events(session, record.log_after, context)) as events:
+    async with aclosing(_log_events(read, record.log_after, upto, context)) as events:
         async for event in events:
             seq = event.event_seq
             assert seq is not None, "a logged event carries its seq"
@@ -328,20 +341,21 @@ def _run_gone(session: SessionReader, record: RunRecord) -> RunNotFound:
 
 
 async def _run_items(session: SessionReader, record: RunRecord, upto: int | None, context: Context,
-                     picker: RunItems | None = None) -> list[RunItem]:
-    """The run's durable items (`_logged_items`) as far as event `upto` (None: the newest). Raises
-    `RunNotFound` when the log no longer holds the run's start."""
-    async with aclosing(_logged_items(session, record, upto, context, picker)) as logged:
+                     picker: RunItems | None = None, *, read: ReadEvents | None = None) -> list[RunItem]:
+    """The run's durable items (`_logged_items`) as far as event `upto` (None: the newest), read
+    through `read` (None: from the store). Raises `RunNotFound` when the log no longer holds the
+    run's start."""
+    async with aclosing(_logged_items(read or _log_of(session), record, upto, context, picker)) as logged:
         items = [item async for item in logged]
     if not items:
         raise _run_gone(session, record)
     return items
 
 
-async def _check_held(session: SessionReader, record: RunRecord, context: Context) -> None:
+async def _check_held(session: SessionReader, record: RunRecord, read: ReadEvents, context: Context) -> None:
     """Raises `RunNotFound` when the lane's log no longer holds the run's start; reads the log
-    only as far as that start."""
-    async with aclosing(_logged_items(session, record, None, context)) as logged:
+    through `read` only as far as that start."""
+    async with aclosing(_logged_items(read, record, None, context)) as logged:
         if await anext(logged, None) is None:
             raise _run_gone(session, record)
 
@@ -460,8 +474,11 @@ async def _run_parts(state: ServerState, user: str, thread_id: str, record: RunR
     session = watch.reader
     picker = RunItems(record.run_id, MAIN_LANE)
     try:
-        # The log up to the snapshot, then the watch: every event once, in order.
-        items = await _run_items(session, record, watch.snapshot.event_seq or 0, context, picker)
+        # The log up to the snapshot, then the watch: every event once, in order. Read through the
+        # watch: from its fan-out's recent events when they hold the run from its start (a resume
+        # of a run the server's watchers saw begin), else from the store.
+        items = await _run_items(session, record, watch.snapshot.event_seq or 0, context, picker,
+                                 read=watch.read_events)
         before = await _branch_back(session, record.source_tip_id, None, context, to_compaction=True)
         stream = RunStream(run_id=record.run_id, thread_id=thread_id, modes=modes, before=before, cursor=cursor)
         for item in items:
@@ -509,8 +526,8 @@ async def _event_stream(authorization: Authorization, session: SessionReader, re
                         headers: dict[str, str] | None = None) -> EventSourceResponse:
     """The run's stream after `cursor`, until it ends or the request's token is revoked; raises
     `RunNotFound` (404, before any of it is sent) when the lane's log no longer holds the run."""
-    await _check_held(session, record, context)
     state = authorization.state
+    await _check_held(session, record, functools.partial(state.fanouts.read_events, session, MAIN_LANE), context)
     parts = authorization.until_revoked(_run_parts(state, authorization.user, session.id, record, modes, cursor,
                                                    context))
     return EventSourceResponse(_sse(parts, state.options.heartbeat_s), headers={"Cache-Control": "no-store",
