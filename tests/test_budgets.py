@@ -237,7 +237,7 @@ def test_a_bad_budget_or_fallback_is_a_usage_error_that_writes_nothing(
     refused = harness(tmp_path, tmp_path, command, *(["hi"] if command == "run" else []), option, value)
 
     assert refused.returncode == 2
-    assert said in " ".join(refused.stderr.replace("│", " ").split())
+    assert said in refused.stderr
     assert not (tmp_path / "harness.db").exists()
 
 

@@ -23,13 +23,26 @@ from harness.session import Store, connect
 
 T = TypeVar("T")
 
+# Help is click's plain layout (rich_markup_mode=None), the one a maintained command line reads
+# like: click rewraps each docstring paragraph and option help to the terminal, so a docstring's
+# line breaks never show, and a flag shows no value (typer's Rich panels keep the docstrings'
+# breaks and give every flag a `<bool>`). It spares `harness --help` importing Rich too.
 app = typer.Typer(
     name="harness",
     help="Harness: a durable agent runtime. Every turn is journaled before anyone is told.",
     no_args_is_help=True,
+    rich_markup_mode=None,
     pretty_exceptions_enable=False,
     context_settings={"help_option_names": ["-h", "--help"]},  # inherited by every command
 )
+
+
+def command_group(name: str, help: str) -> typer.Typer:
+    """The group of sub-commands `harness NAME ...`, registered on the application and helped as
+    it is (`help` is the group's one line in `harness --help`)."""
+    group = typer.Typer(name=name, help=help, no_args_is_help=True, rich_markup_mode=None)
+    app.add_typer(group)
+    return group
 
 
 def _print_version(asked: bool) -> None:

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from harness.cli.app import StoreOption, app, default_store_url, run_with_store
+from harness.cli.app import StoreOption, app, command_group, default_store_url, run_with_store
 from harness.cli.session_refs import SessionArgument, latest_session, resolve_session
 from harness.context import Context
 from harness.errors import HarnessError, InvalidInput
@@ -31,12 +31,7 @@ if TYPE_CHECKING:
     from harness.providers import Model, ModelRegistry
     from harness.tools import PermissionRules
 
-import_app = typer.Typer(
-    name="import",
-    help="Read another agent's session file into a new session; prints the new session id.",
-    no_args_is_help=True,
-)
-app.add_typer(import_app)
+import_app = command_group("import", "Read another agent's session file into a new session. Prints the new session id.")
 
 ImportFile = Annotated[Path, typer.Argument(help="The session file (JSONL) to import.")]
 
@@ -88,7 +83,7 @@ def permission_rules(home: Path, cwd: Path, allow: list[str] | None, deny: list[
 @app.command()
 def chat(
     session: Annotated[str | None, typer.Argument(
-        metavar="[SESSION]", help="The session to continue (an id, a unique id prefix or its name); a new one when "
+        metavar="SESSION", help="The session to continue (an id, a unique id prefix or its name); a new one when "
                                   "omitted.")] = None,
     continue_last: Annotated[bool, typer.Option(
         "--continue", "-c", help="Continue the most recently updated session.")] = False,
@@ -111,7 +106,7 @@ def chat(
     fallback: FallbackOption = None,
     store: StoreOption = None,
 ) -> None:
-    """Chat with an agent in the terminal; every turn is journaled, so a stopped chat can be resumed."""
+    """Chat with an agent in the terminal. Every turn is journaled, so a stopped chat can be resumed."""
     budget, fallback_models = spending(budget_tokens, budget_usd, fallback)
     if not (sys.stdin.isatty() and sys.stdout.isatty()):
         typer.echo("harness chat needs a terminal; for one prompt from a script use `harness run`", err=True)
@@ -194,7 +189,7 @@ def run(
     fallback: FallbackOption = None,
     store: StoreOption = None,
 ) -> None:
-    """Run one turn non-interactively: stream the reply (tools work in the current directory).
+    """Run one turn without a terminal and stream its reply. Tools work in the current directory.
 
     Exit status: 0 completed, 1 failed (or an error before the run), 2 a usage error, 3 deferred by
     the provider, 4 aborted (Ctrl-C, an abort from elsewhere, or its budget reached); 130 when a
@@ -251,9 +246,10 @@ def run(
 
 @app.command()
 def models() -> None:
-    """List the configured models (provider/id, api, context window) and whether each can be called:
-    its key, its weights file, its server answering; then the models each OpenAI-compatible server
-    other than OpenAI's lists (its /models); `*` marks the default."""
+    """List the models and whether each can be called. The configured ones show provider/id, api,
+    context window and what a call needs (its key, its weights file, its server answering); then
+    come the models each OpenAI-compatible server other than OpenAI's lists (its /models); `*`
+    marks the default."""
     from harness.cli.config import check_readiness
     from harness.providers import ModelRegistry
 
@@ -304,10 +300,10 @@ def _compatible_servers(registry: ModelRegistry, ready: list[Readiness]) -> dict
 
 @app.command()
 def doctor(store: StoreOption = None) -> None:
-    """Check the store (connect, a write in a scratch session), the models configuration (the
-    default model and each model of models.toml can be called: key, weights file, server), the
-    embedded model and each MCP server (it starts and lists its tools); one line per check, exit
-    status 1 if any failed."""
+    """Check that the store, the models and the MCP servers work. The store: connect, a write in a
+    scratch session; the models configuration: the default model and each model of models.toml can
+    be called (key, weights file, server); the embedded model; each MCP server: it starts and
+    lists its tools. One line per check, exit status 1 if any failed."""
     from harness.cli.config import Check, check_embedded, check_model_readiness, check_models, check_store
     from harness.cli.mcp_commands import check_mcp_servers
     from harness.providers import ModelRegistry
@@ -349,7 +345,7 @@ def export_session(
     = None,
     store: StoreOption = None,
 ) -> None:
-    """Write a session as harness JSONL (read it back with `harness import harness FILE`)."""
+    """Write a session as harness JSONL. `harness import harness FILE` reads it back."""
     from harness.imports import export_harness_session
 
     async def body(s: Store, context: Context) -> None:
@@ -380,7 +376,7 @@ def _counted(count: int, one: str, many: str | None = None) -> str:
 
 @import_app.command("harness")
 def import_harness(file: ImportFile, store: StoreOption = None) -> None:
-    """Import a session file written by `harness export` as a conversation of the local account."""
+    """Import a file of `harness export`. It becomes a conversation of the local account."""
     from harness.imports import import_harness_session
 
     _import(store, lambda s, context, user: import_harness_session(s, file, user, context))
@@ -388,8 +384,8 @@ def import_harness(file: ImportFile, store: StoreOption = None) -> None:
 
 @import_app.command("pi")
 def import_pi(file: ImportFile, store: StoreOption = None) -> None:
-    """Import a pi coding-agent session file (format v1, v2 or v3) as a conversation of the local
-    account."""
+    """Import a pi coding-agent session file (format v1, v2 or v3). It becomes a conversation of
+    the local account."""
     from harness.imports import import_pi_session
 
     _import(store, lambda s, context, user: import_pi_session(s, file, user, context))
@@ -397,7 +393,7 @@ def import_pi(file: ImportFile, store: StoreOption = None) -> None:
 
 @import_app.command("claude-code")
 def import_claude_code(file: ImportFile, store: StoreOption = None) -> None:
-    """Import a Claude Code session transcript as a conversation of the local account."""
+    """Import a Claude Code session transcript. It becomes a conversation of the local account."""
     from harness.imports import import_claude_code_session
 
     _import(store, lambda s, context, user: import_claude_code_session(s, file, user, context))

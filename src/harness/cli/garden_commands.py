@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from harness.cli.app import StoreOption, app, default_store_url, run_with_store
+from harness.cli.app import StoreOption, command_group, default_store_url, run_with_store
 from harness.cli.terminal_text import visible
 from harness.context import Context
 from harness.errors import InvalidInput
@@ -22,9 +22,7 @@ from harness.session import Store
 if TYPE_CHECKING:
     from harness.garden import Garden, GardenEvent, GardenSetup, GoalType
 
-garden_app = typer.Typer(name="garden", help="Gardens: goals pursued by a background agent, the gardener.",
-                         no_args_is_help=True)
-app.add_typer(garden_app)
+garden_app = command_group("garden", "Gardens: goals pursued by a background agent, the gardener.")
 
 NameArgument = Annotated[str, typer.Argument(help="The garden's name (a-z, 0-9, _ and -).")]
 RootOption = Annotated[Path | None, typer.Option(
@@ -102,8 +100,8 @@ def delete(
     root: RootOption = None,
     store: StoreOption = None,
 ) -> None:
-    """Delete a garden for good: its goals, runs, inbox and journal (refused while it is tended or
-    served); the messages it sent stay in your conversations."""
+    """Delete a garden for good. Its goals, runs, inbox and journal go (refused while it is tended
+    or served); the messages it sent stay in your conversations."""
     if not yes and not sys.stdin.isatty():
         raise typer.BadParameter("nobody can be asked without a terminal: pass --yes to delete", param_hint="--yes")
 
@@ -130,7 +128,7 @@ def goal(
     root: RootOption = None,
     store: StoreOption = None,
 ) -> None:
-    """Give a garden a goal with no conversation behind it (`/goal` in a chat gives one with)."""
+    """Give a garden a goal with no conversation behind it. `/goal` in a chat gives one with."""
     if goal_type not in ("tend", "durable"):
         raise typer.BadParameter("a goal given here is tend or durable; a converse goal comes from a conversation",
                                  param_hint="--type")
@@ -157,7 +155,7 @@ def goals(name: NameArgument, root: RootOption = None, store: StoreOption = None
 
 @garden_app.command("tend")
 def tend(name: NameArgument, root: RootOption = None, store: StoreOption = None) -> None:
-    """Tend a garden once, now: every active tend goal, and every durable or converse goal still open."""
+    """Tend a garden once, now. It tends every active tend goal and every open durable or converse one."""
 
     async def body(s: Store, context: Context) -> None:
         garden = open_garden(name, s, store, root)
@@ -178,8 +176,8 @@ def serve(
     root: RootOption = None,
     store: StoreOption = None,
 ) -> None:
-    """Keep a garden tending, each tend goal on its schedule, until Ctrl-C; runs left open by Ctrl-C
-    are resumed by the next tending."""
+    """Keep a garden tending until Ctrl-C. Each tend goal runs on its schedule; runs left open by
+    Ctrl-C are resumed by the next tending."""
 
     async def body(s: Store, context: Context) -> None:
         garden = open_garden(name, s, store, root)
@@ -198,7 +196,7 @@ def serve(
 
 @garden_app.command("inbox")
 def inbox(name: NameArgument, root: RootOption = None, store: StoreOption = None) -> None:
-    """List a garden's inbox: the replies (copies of what it said in conversations) and, apart,
+    """List a garden's inbox. The replies (copies of what it said in conversations) and, apart,
     its notes (what it said to nobody in particular)."""
 
     async def body(s: Store, context: Context) -> None:

@@ -9,25 +9,24 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from harness.cli.app import app
+from harness.cli.app import command_group
 from harness.home import harness_home
 
 if TYPE_CHECKING:
     from harness.cli.config import Check
     from harness.tools import McpServerStatus
 
-mcp_app = typer.Typer(name="mcp", help="MCP servers whose tools the model is offered (.mcp.json).",
-                      no_args_is_help=True)
-app.add_typer(mcp_app)
+mcp_app = command_group("mcp", "MCP servers whose tools the model is offered (.mcp.json).")
 
 
 @mcp_app.command("list")
 def list_servers() -> None:
-    """Start each MCP server of ./.mcp.json and $HARNESS_HOME/mcp.json (a project server wins on a
-    shared name), wait until it answers or fails (30 s at most), and show its state and the tools
-    the model is offered, each replay-safe (read-only or idempotent, run again after a crash) or
-    never replayed. A server of ./.mcp.json you have not trusted (`harness mcp trust NAME`) is
-    listed as not trusted and not started. Exit status 1 when a server failed."""
+    """Start each MCP server and show its state and tools. The servers of ./.mcp.json and
+    $HARNESS_HOME/mcp.json (a project server wins on a shared name) are each waited for until it
+    answers or fails (30 s at most); the tools shown are the ones the model is offered, each
+    replay-safe (read-only or idempotent, run again after a crash) or never replayed. A server of
+    ./.mcp.json you have not trusted (`harness mcp trust NAME`) is listed as not trusted and not
+    started. Exit status 1 when a server failed."""
     statuses = asyncio.run(server_statuses(Path.cwd(), harness_home()))
     if not statuses:
         typer.echo("no MCP servers: declare them in ./.mcp.json or $HARNESS_HOME/mcp.json (mcpServers)")
@@ -42,8 +41,8 @@ def list_servers() -> None:
 
 @mcp_app.command("trust")
 def trust_server(name: Annotated[str, typer.Argument(help="The server's name in ./.mcp.json.")]) -> None:
-    """Let the server NAME of a project's .mcp.json start (a cloned repository's file could
-    otherwise run any command on your machine): NAME is added to enabledMcpjsonServers in
+    """Let the server NAME of a project's .mcp.json start. A cloned repository's file could
+    otherwise run any command on your machine: NAME is added to enabledMcpjsonServers in
     $HARNESS_HOME/settings.json, so a server of that name is trusted in every project, as
     Claude Code's setting is. enableAllProjectMcpServers = true there trusts them all."""
     from harness.errors import HarnessError

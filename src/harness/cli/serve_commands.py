@@ -10,7 +10,7 @@ from typing import Annotated
 
 import typer
 
-from harness.cli.app import StoreOption, app, run_with_store
+from harness.cli.app import StoreOption, app, command_group, run_with_store
 from harness.cli.commands import permission_rules
 from harness.cli.logs import LogFormatOption, configure_logging
 from harness.context import Context
@@ -19,9 +19,7 @@ from harness.home import harness_home
 from harness.messages import ModelIdentity
 from harness.session import LaneConfig, Store, TokenInfo, WorkNeedsPostgres
 
-token_app = typer.Typer(name="token", help="Bearer tokens for `harness serve`, stored hashed in the store.",
-                        no_args_is_help=True)
-app.add_typer(token_app)
+token_app = command_group("token", "Bearer tokens for `harness serve`, stored hashed in the store.")
 
 SERVE_POOL_MAX = 16
 """The pooled PostgreSQL connections `harness serve` opens at most (a store URL's `?pool_max=N`
@@ -53,9 +51,9 @@ def serve_command(
     log_format: LogFormatOption = "text",
     store: StoreOption = None,
 ) -> None:
-    """Serve the HTTP API (OpenAPI at /docs) and the page (/) on the store; turns it accepts are
-    driven here, and turns a stopped server left open are finished (with `--workers external`: by
-    the workers). It prints the page's URL once it listens. A conversation is attached only while
+    """Serve the HTTP API (OpenAPI at /docs) and the web page (/). Turns it accepts are driven
+    here, and turns a stopped server left open are finished (with `--workers external`: by the
+    workers). It prints the page's URL once it listens. A conversation is attached only while
     a request or a turn uses it and `--idle-release` seconds after, at most `--max-held` at once;
     every few seconds the server lets go of idle ones and finishes open turns nobody drives (a
     dead process's, or its own after the store failed and recovered).
@@ -130,7 +128,7 @@ def serve_command(
 @token_app.command("create")
 def token_create(user: Annotated[str, typer.Argument(help="The user the token lets in.")],
                  store: StoreOption = None) -> None:
-    """Create a bearer token for USER and print it, once: only its hash is stored."""
+    """Create a bearer token for USER and print it, once. Only its hash is stored."""
 
     async def body(opened: Store, context: Context) -> None:
         token, info = await opened.tokens.create(user, context)

@@ -16,7 +16,7 @@ from harness.session import AbortCause, Store, addresses
 
 @app.command()
 def sessions(store: StoreOption = None) -> None:
-    """List the sessions in the store, oldest first: id, created, last updated, name."""
+    """List the sessions in the store, oldest first. Each shows id, created, last updated, name."""
 
     async def body(s: Store, context: Context) -> None:
         listed = await named_sessions(s, context)
@@ -38,7 +38,7 @@ def delete(
     = False,
     store: StoreOption = None,
 ) -> None:
-    """Delete a session and everything in its journal, for good (refused while a chat or run holds it).
+    """Delete a session and its whole journal, for good. Refused while a chat or run holds it.
 
     A run left open in it is stopped first (cause `deleted`) and settles before the session goes."""
     if not yes and not sys.stdin.isatty():

@@ -31,10 +31,11 @@ def worker_command(
     log_format: LogFormatOption = "text",
     store: StoreOption = None,
 ) -> None:
-    """Claim the turns a PostgreSQL store holds open (new, left by a dead process, retries that are
-    due, deferred replies), drive them and let go, beside any number of other workers. SIGTERM or
-    Ctrl-C stops it: it claims nothing more, lets each turn in hand finish its current step, releases
-    them open at that step boundary for the next worker and exits. Logs go to stderr: one line per
+    """Drive the open turns of a PostgreSQL store. It claims them (new, left by a dead process,
+    retries that are due, deferred replies), drives them and lets go, beside any number of other
+    workers.
+    SIGTERM or Ctrl-C stops it: it claims nothing more, lets each turn in hand finish its current
+    step, releases them open at that step boundary for the next worker and exits. Logs go to stderr: one line per
     conversation claimed and released, per turn start and end (conversation, operation, outcome).
 
     A call that needs approval (write, edit, shell, an MCP tool not marked read-only, or one an ask

@@ -1,0 +1,55 @@
+"""`harness --help` and every command's help read like a maintained command line's (issue 33,
+item 10): each docstring paragraph and option help is rewrapped to the terminal, so no line
+breaks where the next word would still fit; a flag shows no value type (`<bool>`); and each
+command's line in a listing is a whole first sentence, not one cut with `...`. In process,
+through typer's CliRunner, at 80 columns.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import typer
+from typer.testing import CliRunner
+
+from harness.cli import app
+
+WIDTH = 78
+"""Click wraps help to the terminal's width, at most 80 columns, less 2."""
+
+
+def command_paths(command: Any, path: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+    """`path` and the path of every command under it (a group's commands are in `commands`)."""
+    return [path, *(each for name, sub in getattr(command, "commands", {}).items()
+                    for each in command_paths(sub, (*path, name)))]
+
+
+def broken_early(line: str, following: str) -> bool:
+    """Whether `following` continues `line`'s text (it starts at a column where a run of `line`'s
+    text starts, and is no new option or table row) although its first word would have fit on
+    `line`."""
+    text = following.strip()
+    indent = len(following) - len(following.lstrip())
+    if not text or indent == 0 or text.startswith("-") or "  " in text or len(line) <= indent:
+        return False
+    if line[indent - 1] != " " or line[indent] == " ":
+        return False
+    return len(line.rstrip()) + 1 + len(text.split()[0]) <= WIDTH
+
+
+def test_every_commands_help_is_wrapped_to_the_terminal_and_shows_no_bool() -> None:
+    paths = command_paths(typer.main.get_command(app))
+    assert ("garden", "goal") in paths  # the walk reaches the commands of groups
+    faults = []
+    for path in paths:
+        shown = CliRunner().invoke(app, [*path, "--help"], env={"COLUMNS": "80"})
+        assert shown.exit_code == 0, (path, shown.output)
+        lines = shown.output.splitlines()
+        faults += [f"harness {' '.join(path)}: {line.strip()!r} shows a flag's type" for line in lines
+                   if "<bool>" in line]
+        faults += [f"harness {' '.join(path)}: {line.strip()!r} ends before {following.split()[0]!r}"
+                   for line, following in itertools.pairwise(lines) if broken_early(line, following)]
+        faults += [f"harness {' '.join(path)}: {line.strip()!r} is cut" for line in lines
+                   if line.endswith("...") and not line.startswith("Usage:")]
+    assert not faults, "\n".join(faults)
