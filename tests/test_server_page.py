@@ -26,6 +26,7 @@ from collections.abc import Callable, Coroutine, Iterator, Sequence
 from concurrent.futures import Future
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -35,7 +36,16 @@ from drive_helpers import FAUX, ProbeTool
 from harness.context import Context
 from harness.conversation import GENERAL_AGENT, AgentRegistry, Budget
 from harness.garden import Garden, Gardener, GardenSetup
-from harness.messages import Cost, ImageContent, ModelIdentity, Usage, UserMessage
+from harness.imports.plan import ImportPlan, write_plan
+from harness.messages import (
+    AssistantMessage,
+    Cost,
+    ImageContent,
+    ModelIdentity,
+    TextContent,
+    Usage,
+    UserMessage,
+)
 from harness.providers import Model
 from harness.providers.faux import (
     FauxDelay,
@@ -50,7 +60,7 @@ from harness.providers.faux import (
 )
 from harness.runtime import DriveSettings, RetryPolicy
 from harness.server import Approvals, StoreTokens
-from harness.session import LaneConfig, connect
+from harness.session import LaneConfig, MessagePayload, Store, connect
 from server_helpers import USER, Served, asgi_client, faux_app, serving
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -74,6 +84,10 @@ if CHROMIUM is not None and CHROMEDRIVER is not None:
 
 WAIT_S = 10.0
 """How long a test waits for the page to show something before it fails."""
+
+POLL_S = 0.1
+"""How often a test looks again while it waits (WebDriver's default, half a second, is most of
+a page test's time)."""
 
 T = TypeVar("T")
 
@@ -194,7 +208,8 @@ def served(tmp_path: Path, *script: FauxReply | str, tokens: bool = False, agent
 def wait(driver: WebDriver, condition: Callable[[WebDriver], T | None]) -> T:
     """What `condition` returns once it is truthy; fails after `WAIT_S`. A row the page redrew
     while `condition` read it is read again."""
-    result = WebDriverWait(driver, WAIT_S, ignored_exceptions=(StaleElementReferenceException,)).until(condition)
+    result = WebDriverWait(driver, WAIT_S, poll_frequency=POLL_S,
+                           ignored_exceptions=(StaleElementReferenceException,)).until(condition)
     assert result is not None
     return result
 
@@ -893,3 +908,52 @@ def test_a_garden_shows_its_goals_and_its_replies_apart_from_its_notes(
         wait(browser_tab, lambda d: d.find_element(By.CSS_SELECTOR, "#goals li").get_attribute("data-status")
              == "paused")
         assert "?g=allotment" in browser_tab.current_url
+
+
+LONG_TURNS = 1_000
+"""Turns of the long conversation: 2,000 messages, twenty display pages."""
+
+
+async def long_conversation(store: Store, ctx: Context) -> str:
+    """A conversation of `USER` holding `LONG_TURNS` turns, written in one transaction as an
+    import writes one; its id. Turn N is `question N` and `answer N`."""
+    plan = ImportPlan(source_format="test", path=Path("long"), model=FAUX, name="Long")
+    for turn in range(LONG_TURNS):
+        plan.add(MessagePayload(message=UserMessage(content=f"question {turn}")))
+        plan.add(MessagePayload(message=AssistantMessage(
+            content=[TextContent(text=f"answer {turn} with **bold** and `code`")], api="faux", provider="faux",
+            model="faux", stop_reason="stop")))
+    return (await write_plan(store, plan, USER, ctx)).session_id
+
+
+def more_rows_than(count: int, driver: WebDriver) -> bool:
+    """Whether the transcript draws more than `count` rows. Read in one script, not element by
+    element: 2,000 rows read over WebDriver one by one take minutes."""
+    return bool(driver.execute_script("return document.querySelectorAll('#transcript > .row').length > arguments[0]",
+                                      count))
+
+
+def test_a_conversation_of_two_thousand_messages_opens_at_its_end_and_reads_back_as_it_scrolls(
+        tmp_path: Path, browser_tab: WebDriver) -> None:
+    """A conversation of 2,000 messages opens at its newest rows from one page of the display,
+    not the whole history; scrolled to the top it reads the older pages one by one, the rows in
+    view staying where they were, back to the first message."""
+    with served(tmp_path) as page:
+        conversation_id = page.run(lambda: long_conversation(page.served.service.store, Context({"test": "page"})))
+        browser_tab.get(f"{page.url}/?c={conversation_id}")
+        shown(browser_tab, "#transcript .assistant", f"answer {LONG_TURNS - 1}")
+        assert len(rows(browser_tab)) == 100  # one page drawn, not the whole history
+
+        drawn = "return [...document.querySelectorAll('#transcript > .row')].map((row) => row.innerText)"
+        top = "return arguments[0].getBoundingClientRect().top"
+        box = browser_tab.find_element(By.ID, "transcript")
+        pages = 1
+        while not (texts := browser_tab.execute_script(drawn))[0].startswith("question 0"):
+            first = browser_tab.find_element(By.CSS_SELECTOR, "#transcript > .row")
+            browser_tab.execute_script("arguments[0].scrollTop = 0", box)
+            before = browser_tab.execute_script(top, first)
+            wait(browser_tab, partial(more_rows_than, len(texts)))
+            assert abs(browser_tab.execute_script(top, first) - before) <= 2  # still where it was read
+            pages += 1
+        assert pages == 2 * LONG_TURNS // 100
+        assert len(texts) == 2 * LONG_TURNS

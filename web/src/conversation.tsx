@@ -29,6 +29,7 @@ import {
   type KeyboardEvent,
   useCallback,
   useEffect,
+  useLayoutEffect,
   useMemo,
   useRef,
   useState,
@@ -153,6 +154,8 @@ export function ConversationView({ id, name, shared, menu }: { id: string; name:
   const [info, setInfo] = useState<Info | null>(null);
   const [rows, setRows] = useState<DisplayRow[]>([]);
   const [nextBefore, setNextBefore] = useState<string | null>(null);
+  const rowsRef = useRef(rows);
+  rowsRef.current = rows;
   const [resumed, setResumed] = useState(false);
   const [problem, setProblem] = useState<Problem | null>(null);
   const [link, setLink] = useState<Connection>("connecting");
@@ -206,12 +209,20 @@ export function ConversationView({ id, name, shared, menu }: { id: string; name:
     if (!alive.current.signal.aborted) setProblem(problemOf(error));
   }, []);
 
-  /** The first page of the display; the turn's live message is dropped in the same render. */
+  /** The newest page of the display; the turn's live message is dropped in the same render. Older
+   * pages read since (scrolling back) stay: the page is laid over the rows from its first one on. */
   const readDisplay = useCallback(async () => {
     const page = await api.display(id);
     if (alive.current.signal.aborted) return;
-    setRows(page.rows);
-    setNextBefore(page.next_before);
+    const current = rowsRef.current;
+    const first = page.rows[0];
+    const at = first == null ? -1 : current.findLastIndex((row) => row.kind === first.kind && row.id === first.id);
+    if (at > 0) {
+      setRows([...current.slice(0, at), ...page.rows]);
+    } else {
+      setRows(page.rows);
+      setNextBefore(page.next_before);
+    }
     for (const row of page.rows) if (row.kind === "event") settleModel(row.id, row.details, { old: true });
     return page;
   }, [id]);
@@ -519,11 +530,13 @@ export function ConversationView({ id, name, shared, menu }: { id: string; name:
 
   const actions: RowActions = useMemo(() => ({
     approve: (row, approved) => {
-      if (row.approvalId) Promise.resolve(chat.addToolApprovalResponse({ id: row.approvalId, approved })).catch(show);
+      if (row.approvalId) {
+        Promise.resolve(chatRef.current.addToolApprovalResponse({ id: row.approvalId, approved })).catch(show);
+      }
     },
     image: (ref) => api.image(id, ref).then((blob) => URL.createObjectURL(blob)),
     promptImage: (entryId, index) => api.promptImage(id, entryId, index).then((blob) => URL.createObjectURL(blob)),
-  }), [chat, id, show]);
+  }), [id, show]);
 
   const shown = useMemo(() => {
     const journal = displayRows(rows);
@@ -546,11 +559,47 @@ export function ConversationView({ id, name, shared, menu }: { id: string; name:
     if (box && atEnd.current) box.scrollTop = box.scrollHeight;
   });
 
+  // -- a long conversation: older pages are read as the person scrolls back, the rows in view kept
+  // where they are; the rows drawn already are not drawn again (RowView is memoized) ----------------
+
+  const readingOlder = useRef(false);
+  const keptFromEnd = useRef<number | null>(null);
+  const olderMark = useRef<HTMLButtonElement>(null);
+
   async function older() {
-    const page = await api.display(id, nextBefore);
-    setRows((current) => [...page.rows, ...current]);
-    setNextBefore(page.next_before);
+    if (nextBefore == null || readingOlder.current) return;
+    readingOlder.current = true;
+    try {
+      const page = await api.display(id, nextBefore);
+      if (alive.current.signal.aborted) return;
+      const box = transcript.current;
+      if (box) keptFromEnd.current = box.scrollHeight - box.scrollTop;
+      setRows((current) => [...page.rows, ...current]);
+      setNextBefore(page.next_before);
+    } finally {
+      readingOlder.current = false;
+    }
   }
+
+  useLayoutEffect(() => {
+    const box = transcript.current;
+    if (box && keptFromEnd.current != null) {
+      box.scrollTop = box.scrollHeight - keptFromEnd.current;
+      keptFromEnd.current = null;
+    }
+  });
+
+  // Observed anew for each page, so a page too short to scroll reads the next one too.
+  useEffect(() => {
+    const mark = olderMark.current;
+    const box = transcript.current;
+    if (mark == null || box == null) return;
+    const near = new IntersectionObserver((seen) => {
+      if (seen.some((entry) => entry.isIntersecting)) older().catch(show);
+    }, { root: box, rootMargin: "800px 0px 0px 0px" });
+    near.observe(mark);
+    return () => near.disconnect();
+  }, [nextBefore]);
 
   const title = name ?? "New conversation";
   const empty = shown.journal.length === 0 && shown.live.length === 0;
@@ -590,7 +639,8 @@ export function ConversationView({ id, name, shared, menu }: { id: string; name:
         const box = event.currentTarget;
         atEnd.current = box.scrollHeight - box.scrollTop - box.clientHeight < 48;
       }}>
-        {nextBefore && <button id="older" type="button" onClick={() => older().catch(show)}>Older messages</button>}
+        {nextBefore && <button id="older" ref={olderMark} type="button" onClick={() => older().catch(show)}>
+          Older messages</button>}
         {empty && info && <div className="empty"><p>Ask anything, or type <kbd>/</kbd> for commands.</p></div>}
         {shown.journal.map((row) => <RowView key={row.key} row={row} live={false} actions={actions} />)}
         {shown.live.map((row) => <RowView key={`live:${row.key}`} row={row} live actions={actions} />)}

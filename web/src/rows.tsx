@@ -8,7 +8,7 @@
 
 import { getToolName, isToolUIPart, type UIMessage } from "ai";
 import { createTwoFilesPatch } from "diff";
-import { useEffect, useState } from "react";
+import { memo, useEffect, useState } from "react";
 import type { BlocksRow, ChatEventDetails, DelegationFinish, DisplayRow, MessageBlock } from "./api";
 import { languageOf, Markdown } from "./markdown";
 import { chatEventWords, delegationWords } from "./words";
@@ -154,7 +154,25 @@ export interface RowActions {
   promptImage: (entryId: string, index: number) => Promise<string>;
 }
 
-export function RowView({ row, live, actions }: { row: Row; live: boolean; actions: RowActions }) {
+interface RowProps {
+  row: Row;
+  live: boolean;
+  actions: RowActions;
+}
+
+/** Whether two rows show the same: their fields are the same values (nested ones are the display
+ * read's own objects, kept as long as their rows are). */
+function sameRow(a: Row, b: Row): boolean {
+  const keys = Object.keys(a) as (keyof Row)[];
+  return keys.length === Object.keys(b).length && keys.every((key) => Object.is(a[key], b[key]));
+}
+
+/** A row, drawn again only when it changed: a long conversation's rows are not redrawn for each
+ * key typed or each page read. */
+export const RowView = memo(RowOf, (before, after) =>
+  before.live === after.live && before.actions === after.actions && sameRow(before.row, after.row));
+
+function RowOf({ row, live, actions }: RowProps) {
   const common = { "data-id": row.id, "data-live": live ? "" : undefined };
   switch (row.kind) {
     case "user":
