@@ -28,7 +28,8 @@ from pydantic import JsonValue
 from harness.context import Context
 from harness.messages import ModelIdentity
 from harness.providers import FAUX_MODEL, FauxProvider, ModelRegistry
-from harness.runtime import MAX_INPUT_BYTES, AgentHarness, AgentHarnessOptions, Settled
+from harness.runtime import AgentHarness, AgentHarnessOptions, Settled
+from harness.runtime.requests import MAX_INPUT_BYTES
 from harness.session import LaneConfig, connect
 from harness.tools import Workspace, builtin_tools
 

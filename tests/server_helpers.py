@@ -27,7 +27,8 @@ from harness.conversation import AgentRegistry, ConversationService, Conversatio
 from harness.messages import ModelIdentity
 from harness.providers import FauxProvider, Model
 from harness.providers.faux import FauxScript
-from harness.runtime import DEFAULT_EVENT_LOG_LIMIT, DriveSettings, RunHooks
+from harness.runtime import DriveSettings, RunHooks
+from harness.runtime.event_log import DEFAULT_EVENT_LOG_LIMIT
 from harness.server import Approvals, Authenticator, LocalUser, ServerOptions, create_app
 from harness.session import LaneConfig, Store
 from test_cli_run import environment

@@ -21,17 +21,8 @@ from harness.context import Context
 from harness.messages import ModelIdentity, TextContent, ToolResultMessage
 from harness.providers import FAUX_MODEL, FauxProvider, ModelRegistry
 from harness.providers.faux import reply, tool_call
-from harness.runtime import (
-    AgentHarness,
-    AgentHarnessOptions,
-    AgentTool,
-    Block,
-    LaneConfig,
-    RunHooks,
-    Settled,
-    ToolOutput,
-)
-from harness.session import MessagePayload, Store
+from harness.runtime import AgentHarness, AgentHarnessOptions, AgentTool, Block, RunHooks, Settled, ToolOutput
+from harness.session import LaneConfig, MessagePayload, Store
 from harness.tools import (
     ALLOW_FOR_SESSION,
     ALLOW_ONCE,

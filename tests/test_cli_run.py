@@ -26,7 +26,8 @@ from harness.conversation import ChatEventDetails, ConversationService, ErrorDet
 from harness.messages import ModelIdentity, TextContent
 from harness.providers import BUILTIN_MODELS, ModelRegistry
 from harness.providers.replay import Hold, ReplayResponse, ReplayServer
-from harness.runtime import MAX_INPUT_BYTES, HarnessEvent
+from harness.runtime import HarnessEvent
+from harness.runtime.requests import MAX_INPUT_BYTES
 from harness.session import connect
 from request_validators import problems
 

@@ -49,16 +49,8 @@ from harness.garden import GardenWriteFailed, goal_command
 from harness.messages import ModelIdentity, UserMessage
 from harness.providers import FAUX_MODEL
 from harness.providers.faux import FauxReply, delay, reply, tool_call
-from harness.runtime import (
-    MAX_INPUT_BYTES,
-    DriveOutcome,
-    DriveSettings,
-    LaneBusy,
-    PromptTooLarge,
-    QueueUpdate,
-    Settled,
-    ValueUpdate,
-)
+from harness.runtime import DriveOutcome, DriveSettings, LaneBusy, PromptTooLarge, QueueUpdate, Settled, ValueUpdate
+from harness.runtime.requests import MAX_INPUT_BYTES
 from harness.session import LaneConfig, SessionNotFound, Store, new_id
 from harness.session.addresses import lane_request
 from harness.session.backend import SetValue

@@ -30,8 +30,9 @@ from harness.providers import (
     openai_responses,
 )
 from harness.providers.faux import reply, tool_call
-from harness.runtime import MAX_INPUT_BYTES, AgentTool, Settled, ToolOutput
+from harness.runtime import AgentTool, Settled, ToolOutput
 from harness.runtime.branch_context import context_messages
+from harness.runtime.requests import MAX_INPUT_BYTES
 from harness.session import Store
 from request_validators import problems
 

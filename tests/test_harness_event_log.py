@@ -15,7 +15,6 @@ from drive_helpers import ProbeTool, Rig, start_rig, within
 from harness.context import Context
 from harness.providers.faux import FauxToolCall, reply, tool_call
 from harness.runtime import (
-    DURABLE_EVENT_TYPES,
     AgentHarness,
     AgentHarnessOptions,
     EventDelivery,
@@ -27,7 +26,7 @@ from harness.runtime import (
     read_lane_events,
     reduce_lane_snapshot,
 )
-from harness.runtime.event_log import read_lane_events_from
+from harness.runtime.event_log import DURABLE_EVENT_TYPES, read_lane_events_from
 from harness.session import Backend, Claim, CommitResult, Store, StoreConnectionLost, Write, connect
 from harness_helpers import RecordingBackend, said
 

@@ -15,7 +15,8 @@ from drive_helpers import branch, start_rig, within
 from harness.context import Context, NotAContext
 from harness.errors import HarnessError, InvalidInput
 from harness.messages import Cost, ModelIdentity, Record, TextContent, ToolResultMessage, Usage, UserMessage
-from harness.runtime import MAX_INPUT_BYTES, InvalidMessage, Lane, PromptRequest, PromptTooLarge, Settled
+from harness.runtime import InvalidMessage, Lane, PromptRequest, PromptTooLarge, Settled
+from harness.runtime.requests import MAX_INPUT_BYTES
 from harness.session import (
     MAX_RECORD_BYTES,
     CustomPayload,

@@ -24,7 +24,8 @@ from harness.messages import AssistantMessage, ModelIdentity, OutputSchema, text
 from harness.providers import FAUX_MODEL, FauxProvider, Model, ModelRegistry
 from harness.providers.faux import reply, tool_call
 from harness.providers.replay import ReplayResponse, ReplayServer
-from harness.runtime import OUTPUT_ENTRY_TYPE, OUTPUT_REJECTED_TYPE, Settled, recorded_output
+from harness.runtime import Settled
+from harness.runtime.output import OUTPUT_ENTRY_TYPE, OUTPUT_REJECTED_TYPE, recorded_output
 from harness.session import CustomMessagePayload, CustomPayload, LaneConfig, MessagePayload, addresses, connect
 from server_helpers import asgi_client, faux_app
 from test_cli_run import anthropic_event, chat_chunk, harness, openai_env

@@ -36,17 +36,8 @@ from harness.errors import HarnessError, InvalidInput
 from harness.home import STORE_VARIABLE, default_store_url, local_user
 from harness.messages import Cost, ModelIdentity, OutputSchema, Usage, UserMessage, text_of
 from harness.providers import ModelRegistry
-from harness.runtime import (
-    AgentTool,
-    DriveOutcome,
-    DriveSettings,
-    HarnessEvent,
-    RunHooks,
-    Settled,
-    UsageRecorded,
-    check_output_schema,
-    recorded_output,
-)
+from harness.runtime import AgentTool, DriveOutcome, DriveSettings, HarnessEvent, RunHooks, Settled, UsageRecorded
+from harness.runtime.output import check_output_schema, recorded_output
 from harness.session import LaneConfig, MessagePayload, Store, connect
 from harness.tools import ApprovalPolicy, AskApproval, FunctionTool, function_tool
 

@@ -33,7 +33,7 @@ from rich.spinner import Spinner
 from harness.cli.chat_view import Screen, StatusPart, fit_status
 from harness.cli.terminal_text import escape
 from harness.messages import UserMessage
-from harness.runtime import estimate_tokens
+from harness.runtime.branch_context import estimate_tokens
 
 STYLE = Style.from_dict({
     "prompt": "bold",

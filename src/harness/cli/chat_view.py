@@ -55,14 +55,12 @@ from harness.messages import (
     text_of,
 )
 from harness.runtime import (
-    INTERRUPTED_REPLY,
     CompactionEnd,
     CompactionStart,
     ConfigUpdate,
     Fault,
     HandlerError,
     HarnessEvent,
-    LaneLastResult,
     MessageEnd,
     MessageStart,
     MessageUpdate,
@@ -77,9 +75,10 @@ from harness.runtime import (
     ToolEnd,
     ToolStart,
     UsageRecorded,
-    event_lane,
 )
-from harness.session import Entry, SessionReader, UsageRow
+from harness.runtime.events import event_lane
+from harness.runtime.outcomes import INTERRUPTED_REPLY
+from harness.session import Entry, LaneLastResult, SessionReader, UsageRow
 from harness.tools import describe_call
 
 USAGE_PAGE = 1000

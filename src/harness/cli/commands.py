@@ -202,7 +202,7 @@ def run(
     from harness.cli.config import LaneHasTools, NewConversationLane
     from harness.cli.run import EXIT_INTERRUPTED, RunTurn, read_output_schema, run_turn
     from harness.providers import ModelRegistry
-    from harness.runtime import MAX_INPUT_BYTES
+    from harness.runtime.requests import MAX_INPUT_BYTES
 
     # One character past the bound is enough for the run to be refused (prompt_too_large): a pipe
     # of gigabytes is not read whole first.

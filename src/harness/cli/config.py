@@ -54,14 +54,9 @@ from harness.providers import (
     ProviderRequest,
     StreamOptions,
 )
-from harness.runtime import (
-    DriveSettings,
-    LaneConfig,
-    Listener,
-    OpenOperation,
-    RunHooks,
-)
+from harness.runtime import DriveSettings, Listener, OpenOperation, RunHooks
 from harness.session import (
+    LaneConfig,
     SessionMutator,
     SessionNotFound,
     SessionOwned,

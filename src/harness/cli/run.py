@@ -39,7 +39,6 @@ from harness.errors import InvalidInput
 from harness.messages import AssistantMessage, ModelIdentity, OutputSchema, ThinkingContent, text_of
 from harness.providers import ModelRegistry
 from harness.runtime import (
-    INTERRUPTED_REPLY,
     CompactionEnd,
     CompactionStart,
     DriveOutcome,
@@ -59,9 +58,9 @@ from harness.runtime import (
     Suspended,
     ToolEnd,
     ToolStart,
-    check_output_schema,
-    recorded_output,
 )
+from harness.runtime.outcomes import INTERRUPTED_REPLY
+from harness.runtime.output import check_output_schema, recorded_output
 from harness.session import CustomMessagePayload, Entry, Store
 from harness.tools import ApprovalPolicy, PermissionRules, describe_call
 

@@ -44,7 +44,8 @@ from harness.conversation.service import (
 from harness.conversation.settings import BUILD_TOOLS, TOOLS_CHOSEN, ConversationSettings
 from harness.errors import HarnessError, InvalidInput
 from harness.messages import THINKING_LEVELS, ModelIdentity, ThinkingLevel
-from harness.runtime import TOOL_PATTERN_SUFFIX, NothingToCompact, Settled
+from harness.runtime import NothingToCompact, Settled
+from harness.runtime.agent_tool import TOOL_PATTERN_SUFFIX
 from harness.session import CompactionPayload, ValueAddress, addresses
 
 Outcome = TypeVar("Outcome", bound=CommandOutcome)

@@ -47,8 +47,6 @@ from harness.runtime import (
     HarnessClosed,
     HarnessEvent,
     Lane,
-    LaneConfig,
-    LaneLastResult,
     NoActiveOperation,
     OperationAbort,
     OperationIdTaken,
@@ -57,7 +55,7 @@ from harness.runtime import (
     Settled,
     ToolOutput,
 )
-from harness.session import CustomMessagePayload, Entry, MessagePayload, addresses, new_id
+from harness.session import CustomMessagePayload, Entry, LaneConfig, LaneLastResult, MessagePayload, addresses, new_id
 
 SUBAGENT_RESULT_TYPE = "harness.subagent-result"
 """The custom type of the hidden message a finished background job leaves on its parent lane."""

@@ -28,7 +28,8 @@ from harness.conversation.recording import CONVERSATION_VALUES, MAIN_LANE
 from harness.errors import HarnessError, ModelUnavailable
 from harness.messages import CustomMessage, ModelIdentity
 from harness.providers import ModelRegistry
-from harness.runtime import SystemPrompt, lane_system_prompt
+from harness.runtime import SystemPrompt
+from harness.runtime.settings import lane_system_prompt
 from harness.session import addresses
 
 AGENTS_FILE = "AGENTS.md"

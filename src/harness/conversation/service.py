@@ -113,7 +113,6 @@ from harness.messages import (
 )
 from harness.providers import ModelRegistry
 from harness.runtime import (
-    DEFAULT_EVENT_LOG_LIMIT,
     AbortRequest,
     AcceptedRun,
     AgentHarness,
@@ -153,10 +152,11 @@ from harness.runtime import (
     ToolCallRequest,
     ToolOutput,
     ValueUpdate,
-    check_input_size,
     follow_lane,
     read_lane_events,
 )
+from harness.runtime.event_log import DEFAULT_EVENT_LOG_LIMIT
+from harness.runtime.requests import check_input_size
 from harness.session import (
     AbortCause,
     AppendRequest,

@@ -37,14 +37,13 @@ from harness.runtime import (
     DriveOutcome,
     DriveSettings,
     Lane,
-    LaneConfig,
     ProgressCallback,
     PromptRequest,
     Settled,
     Suspended,
     ToolOutput,
 )
-from harness.session import MessagePayload, SessionNotFound, Store, UnknownLane, new_id
+from harness.session import LaneConfig, MessagePayload, SessionNotFound, Store, UnknownLane, new_id
 from harness.tools import BUILTIN_TOOL_NAMES, TOOL_ENVIRONMENT, Workspace, builtin_tools
 
 logger = logging.getLogger("harness.garden")

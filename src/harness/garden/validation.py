@@ -19,7 +19,7 @@ from typing import Any, Literal, TypeAlias
 import jsonschema
 from pydantic import BaseModel, ConfigDict
 
-from harness.runtime import MAX_INPUT_BYTES
+from harness.runtime.requests import MAX_INPUT_BYTES
 
 RejectionCode: TypeAlias = Literal[
     "MISSING_RUNTIME_CONTEXT",

@@ -1,8 +1,9 @@
-"""The harness: attach to a session, accept runs atomically, inspect and watch lanes (HA-1 to HA-30)."""
+"""The harness: attach to a session, accept runs atomically, inspect and watch lanes (HA-1 to HA-30).
 
-from harness.messages import ModelIdentity, ThinkingLevel
-from harness.runtime.agent_tool import TOOL_PATTERN_SUFFIX, AgentTool, ProgressCallback, ToolOutput
-from harness.runtime.branch_context import estimate_tokens
+What an application uses, and nothing else; the rooms above take the rest from the modules that
+define it (pyproject.toml names which)."""
+
+from harness.runtime.agent_tool import AgentTool, ProgressCallback, ToolOutput
 from harness.runtime.bus import Listener
 from harness.runtime.errors import (
     EventReadOnly,
@@ -25,7 +26,7 @@ from harness.runtime.errors import (
     UnknownTemplate,
     WatchOverflow,
 )
-from harness.runtime.event_log import DEFAULT_EVENT_LOG_LIMIT, DURABLE_EVENT_TYPES, LaneEventPage, read_lane_events
+from harness.runtime.event_log import LaneEventPage, read_lane_events
 from harness.runtime.events import (
     CompactionEnd,
     CompactionStart,
@@ -61,9 +62,8 @@ from harness.runtime.events import (
     TurnStart,
     UsageRecorded,
     ValueUpdate,
-    event_lane,
 )
-from harness.runtime.follow import FOLLOW_POLL_S, LaneFollow, follow_lane
+from harness.runtime.follow import LaneFollow, follow_lane
 from harness.runtime.harness import AgentHarness, AgentHarnessOptions
 from harness.runtime.hooks import (
     Approval,
@@ -82,25 +82,9 @@ from harness.runtime.hooks import (
     ToolCallRequest,
 )
 from harness.runtime.lane import AbortRequest, AcceptedRun, Lane, LaneWatch
-from harness.runtime.outcomes import INTERRUPTED_REPLY, DriveOutcome, Paused, Settled, Suspended, WaitingRetry
-from harness.runtime.output import (
-    OUTPUT_ENTRY_TYPE,
-    OUTPUT_REJECTED_TYPE,
-    RecordedOutput,
-    check_output_schema,
-    recorded_output,
-)
-from harness.runtime.requests import (
-    MAX_INPUT_BYTES,
-    PromptRequest,
-    PromptTemplate,
-    RunRequest,
-    Skill,
-    SkillRequest,
-    TemplateRequest,
-    check_input_size,
-)
-from harness.runtime.settings import CompactionSettings, DriveSettings, RetryPolicy, SystemPrompt, lane_system_prompt
+from harness.runtime.outcomes import DriveOutcome, Paused, Settled, Suspended, WaitingRetry
+from harness.runtime.requests import PromptRequest, PromptTemplate, RunRequest, Skill, SkillRequest, TemplateRequest
+from harness.runtime.settings import CompactionSettings, DriveSettings, RetryPolicy, SystemPrompt
 from harness.runtime.snapshot import reduce_lane_snapshot
 from harness.runtime.types import (
     CurrentOperationInfo,
@@ -116,17 +100,8 @@ from harness.runtime.types import (
     RunningTool,
     SnapshotOperation,
 )
-from harness.session import LaneConfig, LaneLastResult
 
 __all__ = [
-    "DEFAULT_EVENT_LOG_LIMIT",
-    "DURABLE_EVENT_TYPES",
-    "FOLLOW_POLL_S",
-    "INTERRUPTED_REPLY",
-    "MAX_INPUT_BYTES",
-    "OUTPUT_ENTRY_TYPE",
-    "OUTPUT_REJECTED_TYPE",
-    "TOOL_PATTERN_SUFFIX",
     "AbortRequest",
     "AcceptedRun",
     "AgentHarness",
@@ -162,13 +137,11 @@ __all__ = [
     "InvalidMessage",
     "Lane",
     "LaneBusy",
-    "LaneConfig",
     "LaneCreated",
     "LaneEventPage",
     "LaneExecutionInfo",
     "LaneFollow",
     "LaneInfo",
-    "LaneLastResult",
     "LaneSnapshot",
     "LaneWatch",
     "Listener",
@@ -177,7 +150,6 @@ __all__ = [
     "MessageStart",
     "MessageUpdate",
     "ModelFallback",
-    "ModelIdentity",
     "NavigationEnd",
     "NavigationStart",
     "NoActiveOperation",
@@ -202,7 +174,6 @@ __all__ = [
     "QueuedItem",
     "Queues",
     "RebaseRequired",
-    "RecordedOutput",
     "RetryEnd",
     "RetryInfo",
     "RetryPolicy",
@@ -224,7 +195,6 @@ __all__ = [
     "Suspended",
     "SystemPrompt",
     "TemplateRequest",
-    "ThinkingLevel",
     "ToolCallRequest",
     "ToolEnd",
     "ToolOutput",
@@ -238,13 +208,7 @@ __all__ = [
     "ValueUpdate",
     "WaitingRetry",
     "WatchOverflow",
-    "check_input_size",
-    "check_output_schema",
-    "estimate_tokens",
-    "event_lane",
     "follow_lane",
-    "lane_system_prompt",
     "read_lane_events",
-    "recorded_output",
     "reduce_lane_snapshot",
 ]

@@ -41,7 +41,6 @@ from harness.runtime import (
     HarnessEvent,
     LaneBusy,
     LaneEventPage,
-    LaneLastResult,
     MessageStart,
     MessageUpdate,
     NoActiveOperation,
@@ -83,6 +82,7 @@ from harness.session import (
     CompactionPayload,
     DeferredEffectPending,
     Entry,
+    LaneLastResult,
     SessionReader,
     addresses,
 )

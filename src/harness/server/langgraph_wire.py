@@ -43,7 +43,8 @@ from harness.messages import (
     UserMessage,
     text_of,
 )
-from harness.runtime import EntryAdded, HarnessEvent, MessageEnd, RunEnd, RunStart, event_lane
+from harness.runtime import EntryAdded, HarnessEvent, MessageEnd, RunEnd, RunStart
+from harness.runtime.events import event_lane
 from harness.server.sse import json_text
 from harness.session import (
     BranchSummaryPayload,

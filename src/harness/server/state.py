@@ -17,7 +17,8 @@ from harness.context import Context
 from harness.conversation import MAIN_LANE, Conversation, ConversationService, LaneEvents
 from harness.errors import HarnessError
 from harness.messages import ImageContent, ModelIdentity, OutputSchema, UserMessage, now_ms
-from harness.runtime import FOLLOW_POLL_S, AbortRequest, AcceptedRun, RunEnd, follow_lane
+from harness.runtime import AbortRequest, AcceptedRun, RunEnd, follow_lane
+from harness.runtime.follow import FOLLOW_POLL_S
 from harness.server.approvals import Approvals
 from harness.server.drives import Drives
 from harness.server.errors import ConversationHeld, ExternalModeUnsupported, Unauthorized

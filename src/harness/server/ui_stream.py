@@ -71,7 +71,6 @@ from harness.messages import (
 from harness.runtime import (
     AcceptedRun,
     EntryAdded,
-    LaneLastResult,
     LaneSnapshot,
     MessageEnd,
     MessageStart,
@@ -88,7 +87,7 @@ from harness.runtime import (
 from harness.server.errors import not_found
 from harness.server.sse import json_event
 from harness.server.state import BeforeDrive, CurrentAuthorization, CurrentUser, RequestContext, ServerState, State
-from harness.session import CustomMessagePayload, Entry, MessagePayload, SessionNotFound, addresses
+from harness.session import CustomMessagePayload, Entry, LaneLastResult, MessagePayload, SessionNotFound, addresses
 from harness.tools import Approval
 
 logger = logging.getLogger(__name__)
