@@ -8,11 +8,17 @@ through typer's CliRunner, at 80 columns.
 from __future__ import annotations
 
 import itertools
+import os
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
+import pytest
 import typer
 from typer.testing import CliRunner
 
+from harness.__main__ import main
 from harness.cli import app
 
 WIDTH = 78
@@ -53,3 +59,22 @@ def test_every_commands_help_is_wrapped_to_the_terminal_and_shows_no_bool() -> N
         faults += [f"harness {' '.join(path)}: {line.strip()!r} is cut" for line in lines
                    if line.endswith("...") and not line.startswith("Usage:")]
     assert not faults, "\n".join(faults)
+
+
+def test_help_is_printed_from_its_cache_without_loading_the_application(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 33, item 13: `harness --help` prints what the application printed the first time for
+    this version, source and width, without importing typer, pydantic or any command."""
+    monkeypatch.setenv("HARNESS_HOME", str(tmp_path))
+    monkeypatch.setenv("COLUMNS", "80")
+    monkeypatch.setattr(sys, "argv", ["harness", "--help"])
+    main()
+    first = capsys.readouterr().out
+    probe = ("import sys; sys.argv = ['harness', '--help']; from harness.__main__ import main; main(); "
+             "print(sorted({'typer', 'pydantic', 'harness.cli'} & set(sys.modules)))")
+
+    again = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=60,
+                           env={**os.environ, "HARNESS_HOME": str(tmp_path), "COLUMNS": "80"})
+
+    assert first == CliRunner().invoke(app, ["--help"], env={"COLUMNS": "80"}).output
+    assert again.stdout == f"{first}[]\n"

@@ -1,5 +1,7 @@
 """The `harness` command: the application with every command module registered on it."""
 
+import typer
+
 from harness.cli import (  # noqa: F401  (importing them registers their commands)
     commands,
     garden_commands,
@@ -16,4 +18,11 @@ def main() -> None:
     app()
 
 
-__all__ = ["app", "main"]
+def help_text(program: str) -> str:
+    """What `program --help` prints for the application, as click lays it out for this terminal."""
+    command = typer.main.get_command(app)
+    with command.make_context(program, [], resilient_parsing=True) as context:
+        return command.get_help(context) + "\n"
+
+
+__all__ = ["app", "help_text", "main"]
