@@ -63,8 +63,8 @@ from harness.session import (
     Store,
     addresses,
     connect,
-    new_id,
 )
+from harness.session.ids import new_id
 
 LANE = "main"
 DEFAULT_POSTGRES = "postgresql://postgres@127.0.0.1:5432/test"

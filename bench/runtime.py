@@ -55,16 +55,14 @@ from harness.session import (
     LaneConfig,
     LaneState,
     MessagePayload,
-    OperationMeta,
-    RunIntent,
-    RunStarting,
     Session,
     SessionMutator,
     Store,
     addresses,
     connect,
-    new_id,
 )
+from harness.session.ids import new_id
+from harness.session.records import OperationMeta, RunIntent, RunStarting
 
 LANE = "main"
 DEFAULT_POSTGRES = "postgresql://postgres@127.0.0.1:5432/test"

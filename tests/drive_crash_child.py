@@ -64,13 +64,13 @@ from harness.session import (
     Entry,
     LaneConfig,
     MessagePayload,
-    PendingEntry,
     Session,
     SessionOwned,
     UsageRow,
     addresses,
     connect,
 )
+from harness.session.records import PendingEntry
 
 FAUX = ModelIdentity(provider=FAUX_MODEL.provider, model_id=FAUX_MODEL.id)
 NEVER, SAFE = "ledger", "lookup"

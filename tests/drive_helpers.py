@@ -41,14 +41,12 @@ from harness.session import (
     LaneConfig,
     LaneState,
     MessagePayload,
-    OperationMeta,
-    OperationState,
-    RunIntent,
     Session,
     SessionMutator,
     Store,
     addresses,
 )
+from harness.session.records import OperationMeta, OperationState, RunIntent
 
 T = TypeVar("T")
 E = TypeVar("E", bound=HarnessEvent)

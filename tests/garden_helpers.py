@@ -13,7 +13,8 @@ from harness.garden import GARDENER, ConversationOrigin, Garden, Gardener, Garde
 from harness.messages import ToolResultMessage, UserMessage
 from harness.providers import FauxProvider
 from harness.providers.faux import FauxReply, FauxRequest, reply, tool_call
-from harness.session import LaneConfig, Store, new_id
+from harness.session import LaneConfig, Store
+from harness.session.ids import new_id
 
 OWNER = "alice"
 SURVEY = "All beds watered; the roses need a person."

@@ -57,7 +57,8 @@ from harness.runtime import (
     ToolEnd,
     ToolOutput,
 )
-from harness.session import CustomPayload, Entry, LaneConfig, MessagePayload, Store, image_ref
+from harness.session import CustomPayload, Entry, LaneConfig, MessagePayload, Store
+from harness.session.images import image_ref
 
 ALICE, BOB = "alice", "bob"
 CONFIG = LaneConfig(model=FAUX, active_tools=["cards"])

@@ -51,9 +51,10 @@ from harness.providers import FAUX_MODEL
 from harness.providers.faux import FauxReply, delay, reply, tool_call
 from harness.runtime import DriveOutcome, DriveSettings, LaneBusy, PromptTooLarge, QueueUpdate, Settled, ValueUpdate
 from harness.runtime.requests import MAX_INPUT_BYTES
-from harness.session import LaneConfig, SessionNotFound, Store, new_id
+from harness.session import LaneConfig, SessionNotFound, Store
 from harness.session.addresses import lane_request
 from harness.session.backend import SetValue
+from harness.session.ids import new_id
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "harness"
 SECOND = FAUX_MODEL.model_copy(update={"id": "faux-2"})

@@ -39,7 +39,6 @@ from harness.messages import CustomMessage, ModelIdentity, UserMessage
 from harness.providers import FAUX_MODEL, FauxProvider, ModelRegistry
 from harness.runtime import AgentHarness, AgentHarnessOptions, Settled
 from harness.session import (
-    DATA_MIGRATIONS,
     CompactionPayload,
     CustomMessagePayload,
     CustomPayload,
@@ -47,9 +46,6 @@ from harness.session import (
     EntryPayload,
     LaneConfig,
     MessagePayload,
-    PendingCustom,
-    PendingEntry,
-    PendingMessage,
     QueueRequest,
     SessionMutator,
     StopRequest,
@@ -57,6 +53,8 @@ from harness.session import (
     addresses,
     connect,
 )
+from harness.session.migrations import DATA_MIGRATIONS
+from harness.session.records import PendingCustom, PendingEntry, PendingMessage
 from journal_helpers import new_session_with_lane
 from test_cli_run import environment
 

@@ -32,7 +32,8 @@ from harness.messages import TextContent, ToolResultMessage
 from harness.providers import FauxProvider
 from harness.runtime import AgentHarness, OpenOperation, Settled
 from harness.runtime.fault_points import ENVIRONMENT_VARIABLE, FaultPoint
-from harness.session import AssistantEffectPending, SessionOwned, Store, addresses, connect
+from harness.session import SessionOwned, Store, addresses, connect
+from harness.session.records import AssistantEffectPending
 from request_validators import assert_valid_everywhere
 
 TESTS = Path(__file__).resolve().parent

@@ -12,7 +12,8 @@ from drive_helpers import FakeClock, ProbeTool, messages, shape, start_rig, with
 from harness.context import Context
 from harness.providers.faux import failure, reply, tool_call
 from harness.runtime import DriveSettings, Paused, PromptRequest, RetryPolicy, Settled
-from harness.session import RunCheckpoint, Store, addresses
+from harness.session import Store, addresses
+from harness.session.records import RunCheckpoint
 
 
 async def test_a_pause_during_a_tool_lets_the_batch_finish_and_the_next_drive_ends_the_run(

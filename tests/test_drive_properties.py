@@ -46,7 +46,8 @@ from harness.runtime import (
     Settled,
     ToolOutput,
 )
-from harness.session import AssistantEffectPending, Session, Store, addresses, connect
+from harness.session import Session, Store, addresses, connect
+from harness.session.records import AssistantEffectPending
 from request_validators import assert_valid_everywhere
 
 GUARD_S = 10.0  # a guard against a hang, never a wait: reaching it fails the example

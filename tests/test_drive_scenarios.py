@@ -81,23 +81,17 @@ from harness.runtime import (
     WaitingRetry,
     reduce_lane_snapshot,
 )
-from harness.session import (
-    AppendList,
+from harness.session import AppendList, CustomPayload, LaneConfig, MessagePayload, SessionMutator, Store, addresses
+from harness.session.records import (
     AssistantEffectPending,
-    CustomPayload,
     DeferredEffectPending,
     DeferredSuspended,
     GenerationContext,
-    LaneConfig,
-    MessagePayload,
     OperationState,
     PendingMessage,
     RunTools,
-    SessionMutator,
-    Store,
     ToolBatch,
     ToolCallState,
-    addresses,
 )
 from harness_helpers import recording as recording_store
 from harness_helpers import said

@@ -17,7 +17,8 @@ from harness.context import Context
 from harness.conversation import ConversationService
 from harness.messages import AssistantMessage, ToolCall, ToolResultMessage
 from harness.server import LocalUser, ServerOptions, create_app
-from harness.session import Store, work_board
+from harness.session import Store
+from harness.session.work import work_board
 from server_helpers import serving
 from test_server_external import Watcher, _lane, logged
 from test_worker_processes import Notes, Workers, branch, last_result, ledger, ledger_rows, settled, text

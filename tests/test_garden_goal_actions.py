@@ -39,7 +39,8 @@ from harness.garden import (
     read_garden_events,
 )
 from harness.messages import CustomMessage
-from harness.session import LaneConfig, Store, new_id
+from harness.session import LaneConfig, Store
+from harness.session.ids import new_id
 
 
 @pytest.fixture(params=["sqlite", "postgres"])

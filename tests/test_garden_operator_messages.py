@@ -43,7 +43,8 @@ from harness.garden import (
     validate_operator_message_request,
 )
 from harness.providers.faux import FauxRequest
-from harness.session import Store, new_id
+from harness.session import Store
+from harness.session.ids import new_id
 
 SRC = Path(garden_api.__file__).resolve().parents[2]
 

@@ -30,22 +30,18 @@ from harness.runtime import (
     UnknownTemplate,
 )
 from harness.session import (
-    CancelRequested,
     CustomMessagePayload,
     DeleteValue,
-    InboxItem,
     InsertEntry,
     LaneState,
     MessagePayload,
-    OperationMeta,
-    RunIntent,
-    RunStarting,
     SetValue,
     Store,
     StoreUnavailable,
     UnknownEntry,
     addresses,
 )
+from harness.session.records import CancelRequested, InboxItem, OperationMeta, RunIntent, RunStarting
 from harness_helpers import RecordingBackend, attach, harness_with_lane, record_events, recording, said
 from journal_helpers import CONFIG, new_session_with_lane
 

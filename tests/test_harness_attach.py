@@ -24,6 +24,17 @@ from harness.runtime import (
     PromptRequest,
 )
 from harness.session import (
+    LaneConfig,
+    LaneLastResult,
+    LaneState,
+    OperationErrorRecord,
+    SessionMutator,
+    SessionOwned,
+    StorageCorruption,
+    Store,
+    addresses,
+)
+from harness.session.records import (
     AssistantReady,
     CancelRequested,
     CompactionIntent,
@@ -31,20 +42,11 @@ from harness.session import (
     FailureProvenance,
     GenerationContext,
     InboxItem,
-    LaneConfig,
-    LaneLastResult,
-    LaneState,
-    OperationErrorRecord,
     OperationMeta,
     OperationState,
     PendingMessage,
     RunIntent,
     RunStarting,
-    SessionMutator,
-    SessionOwned,
-    StorageCorruption,
-    Store,
-    addresses,
 )
 from harness_helpers import attach, recording, said
 from journal_helpers import CONFIG, append_chain, new_session_with_lane

@@ -18,7 +18,6 @@ from harness.messages import Cost, ModelIdentity, Record, TextContent, ToolResul
 from harness.runtime import InvalidMessage, Lane, PromptRequest, PromptTooLarge, Settled
 from harness.runtime.requests import MAX_INPUT_BYTES
 from harness.session import (
-    MAX_RECORD_BYTES,
     CustomPayload,
     MessagePayload,
     RecordTooLarge,
@@ -27,6 +26,7 @@ from harness.session import (
     Store,
     value_address,
 )
+from harness.session.session import MAX_RECORD_BYTES
 from harness_helpers import recording, said
 
 BAD_IDS = ["a\ud800", "a\x00b", "", 123]

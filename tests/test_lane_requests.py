@@ -8,7 +8,8 @@ from __future__ import annotations
 from harness.context import Context
 from harness.messages import Message, UserMessage, now_ms
 from harness.runtime import AgentHarness, Lane, PromptRequest
-from harness.session import CancelRequested, QueueRequest, Session, StopRequest, Store, addresses
+from harness.session import QueueRequest, Session, StopRequest, Store, addresses
+from harness.session.records import CancelRequested
 from harness_helpers import harness_with_lane
 
 

@@ -36,9 +36,9 @@ from harness.session import (
     Write,
     addresses,
     connect,
-    work_board,
 )
 from harness.session.postgres import PostgresBackend, PostgresClaim
+from harness.session.work import work_board
 from journal_helpers import append_chain, new_session_with_lane, text_of, user
 
 pytestmark = pytest.mark.postgres

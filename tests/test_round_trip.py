@@ -13,8 +13,9 @@ import pytest
 from pydantic import AfterValidator, BaseModel, Field, JsonValue, TypeAdapter
 
 from harness.messages import CleanJson, Record
-from harness.session import MessagePayload, OperationState
+from harness.session import MessagePayload
 from harness.session.entries import ENTRY_PAYLOAD_ADAPTER
+from harness.session.records import OperationState
 from harness.session.round_trip import always_reads_back
 
 

@@ -18,7 +18,8 @@ from harness.garden import ConversationOrigin, Garden, Gardener, GardenSetup
 from harness.messages import UserMessage
 from harness.runtime import Settled
 from harness.server import StoreTokens
-from harness.session import MessagePayload, Store, connect, new_id
+from harness.session import MessagePayload, Store, connect
+from harness.session.ids import new_id
 from server_helpers import USER, Served, asgi_client, faux_app
 
 

@@ -21,18 +21,15 @@ from harness.context import Context
 from harness.errors import ContextNotStorable, InvalidInput
 from harness.messages import Usage
 from harness.session import (
-    MAX_IMAGE_BYTES,
     CommitResult,
     CustomPayload,
     DataMigration,
     Entry,
-    InboxItem,
     InsertEntry,
     InvalidWrite,
     LaneExists,
     LaneState,
     OwnershipLost,
-    PendingCustom,
     SessionMutator,
     SessionNotFound,
     SessionOwned,
@@ -43,11 +40,12 @@ from harness.session import (
     UnsupportedImage,
     addresses,
     connect,
-    image_ref,
     list_address,
     value_address,
 )
+from harness.session.images import MAX_IMAGE_BYTES, image_ref
 from harness.session.memory import MemoryBackend
+from harness.session.records import InboxItem, PendingCustom
 from journal_helpers import (
     CONFIG,
     append_chain,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import uuid
 
-from harness.session import new_id
+from harness.session.ids import new_id
 
 
 def test_an_id_is_a_canonical_uuid7_carrying_its_millisecond() -> None:

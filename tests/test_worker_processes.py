@@ -28,16 +28,8 @@ import pytest
 from harness.context import Context
 from harness.conversation import ConversationService
 from harness.messages import AssistantMessage, TextContent, ToolCall, ToolResultMessage, UserMessage, now_ms
-from harness.session import (
-    LaneLastResult,
-    MessagePayload,
-    QueueRequest,
-    StopRequest,
-    Store,
-    WorkBoard,
-    addresses,
-    work_board,
-)
+from harness.session import LaneLastResult, MessagePayload, QueueRequest, StopRequest, Store, addresses
+from harness.session.work import WorkBoard, work_board
 from worker_child import CONFIG, POLL_VARIABLE, holding
 
 pytestmark = pytest.mark.postgres

@@ -17,7 +17,8 @@ from harness.context import Context
 from harness.errors import HarnessError
 from harness.home import harness_home
 from harness.messages import ModelIdentity
-from harness.session import LaneConfig, Store, TokenInfo, WorkNeedsPostgres
+from harness.session import LaneConfig, Store, WorkNeedsPostgres
+from harness.session.tokens import TokenInfo
 
 token_app = command_group("token", "Bearer tokens for `harness serve`, stored hashed in the store.")
 

@@ -32,20 +32,18 @@ from harness.conversation.chat_events import logger
 from harness.messages import AssistantMessage, Message, ToolResultMessage, text_of
 from harness.runtime import Lane, ToolOutput
 from harness.session import (
-    MAX_IMAGE_BYTES,
     CompactionPayload,
     CustomPayload,
     Entry,
     EntryPayload,
     ImageStore,
     MessagePayload,
-    PendingCustom,
-    PendingEntry,
-    PendingMessage,
     SessionReader,
     UnsupportedImage,
     addresses,
 )
+from harness.session.images import MAX_IMAGE_BYTES
+from harness.session.records import PendingCustom, PendingEntry, PendingMessage
 
 MESSAGE_BLOCKS_TYPE = "harness.message-blocks"
 """The custom type of the entry that holds a reply's accepted blocks (CE-23)."""

@@ -24,7 +24,8 @@ from harness.conversation.chat_events import BudgetReached, ModelSwitched, chat_
 from harness.conversation.recording import CONVERSATION_VALUES
 from harness.messages import Message
 from harness.runtime import Lane, ModelFallback, OperationIdTaken, OverBudget
-from harness.session import RunIntent, SessionReader, addresses
+from harness.session import SessionReader, addresses
+from harness.session.records import RunIntent
 
 
 class Budget(BaseModel):

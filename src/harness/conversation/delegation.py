@@ -55,7 +55,8 @@ from harness.runtime import (
     Settled,
     ToolOutput,
 )
-from harness.session import CustomMessagePayload, Entry, LaneConfig, LaneLastResult, MessagePayload, addresses, new_id
+from harness.session import CustomMessagePayload, Entry, LaneConfig, LaneLastResult, MessagePayload, addresses
+from harness.session.ids import new_id
 
 SUBAGENT_RESULT_TYPE = "harness.subagent-result"
 """The custom type of the hidden message a finished background job leaves on its parent lane."""

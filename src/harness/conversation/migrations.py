@@ -14,7 +14,8 @@ from __future__ import annotations
 from typing import Any
 
 from harness.conversation.chat_events import CHAT_EVENT_TYPE, RETIRED_NOTICE_CODES
-from harness.session import DATA_MIGRATIONS, DataMigration
+from harness.session import DataMigration
+from harness.session.migrations import DATA_MIGRATIONS
 
 
 def _without_retired_notice(message: Any) -> dict[str, Any] | None:

@@ -161,7 +161,6 @@ from harness.session import (
     AbortCause,
     AppendRequest,
     ApprovalAnswerRequest,
-    CancelRequested,
     ChangeFeed,
     CommandRequest,
     CustomMessagePayload,
@@ -184,11 +183,10 @@ from harness.session import (
     StoredImage,
     ValueAddress,
     addresses,
-    image_ref,
-    is_image_ref,
-    new_id,
-    sniff_image_type,
 )
+from harness.session.ids import new_id
+from harness.session.images import image_ref, is_image_ref, sniff_image_type
+from harness.session.records import CancelRequested
 
 USAGE_PAGE = 1000
 """Usage ledger rows `ConversationService.usage` reads at a time."""

@@ -63,7 +63,8 @@ from harness.runtime import (
     PromptRequest,
     RunEnd,
 )
-from harness.session import CustomMessagePayload, Entry, MessagePayload, SessionReader, addresses, new_id
+from harness.session import CustomMessagePayload, Entry, MessagePayload, SessionReader, addresses
+from harness.session.ids import new_id
 
 MODEL_SWITCH_ACK_S = 1.5
 """How long `switch_model` waits for the turn lock before it acknowledges a queued switch (CE-12)."""

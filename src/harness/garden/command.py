@@ -21,7 +21,7 @@ from harness.errors import HarnessError, InvalidInput
 from harness.garden.garden import Garden, GardenNotFound
 from harness.garden.records import ConversationOrigin, GoalState
 from harness.runtime import AcceptedRun
-from harness.session import new_id
+from harness.session.ids import new_id
 
 KickoffDrive = Callable[[Conversation, AcceptedRun, Context], Awaitable[None]]
 """What `/goal` does with its admitted kickoff turn: drive it to its end (the default), or hand

@@ -43,7 +43,8 @@ from harness.runtime import (
     Suspended,
     ToolOutput,
 )
-from harness.session import LaneConfig, MessagePayload, SessionNotFound, Store, UnknownLane, new_id
+from harness.session import LaneConfig, MessagePayload, SessionNotFound, Store, UnknownLane
+from harness.session.ids import new_id
 from harness.tools import BUILTIN_TOOL_NAMES, TOOL_ENVIRONMENT, Workspace, builtin_tools
 
 logger = logging.getLogger("harness.garden")

@@ -46,7 +46,8 @@ from harness.garden.validation import (
 from harness.messages import TextContent, now_ms
 from harness.providers import ToolSpec
 from harness.runtime import AgentTool, ProgressCallback, ToolOutput
-from harness.session import SessionNotFound, connect, new_id
+from harness.session import SessionNotFound, connect
+from harness.session.ids import new_id
 
 logger = logging.getLogger("harness.garden")
 

@@ -23,21 +23,18 @@ from harness.runtime.event_log import Announcement, EntryEvent, EventLog, entry_
 from harness.runtime.events import Fault, HarnessEvent
 from harness.runtime.projection import LaneProjection
 from harness.session import (
-    CancelRequested,
     CommitResult,
     CustomMessagePayload,
     CustomPayload,
     Entry,
     EntryPayload,
     MessagePayload,
-    OperationState,
     OwnershipLost,
-    PendingEntry,
-    PendingMessage,
     SessionMutator,
     SessionOwnership,
     addresses,
 )
+from harness.session.records import CancelRequested, OperationState, PendingEntry, PendingMessage
 
 R = TypeVar("R")
 

@@ -14,16 +14,8 @@ from harness.runtime.events import HarnessEvent, MessageUpdate
 from harness.runtime.projection import read_lane_projection
 from harness.runtime.snapshot import FrameReader, LanePresentation, capture_snapshot
 from harness.runtime.types import LaneSnapshot
-from harness.session import (
-    AssistantEffectPending,
-    ChangeSubscription,
-    DeferredEffectPending,
-    OperationState,
-    SessionReader,
-    StorageCorruption,
-    Store,
-    addresses,
-)
+from harness.session import ChangeSubscription, SessionReader, StorageCorruption, Store, addresses
+from harness.session.records import AssistantEffectPending, DeferredEffectPending, OperationState
 
 FOLLOW_POLL_S = 0.5
 """How often a follow reads the journal when no change notification comes (seconds): the whole

@@ -23,7 +23,6 @@ from harness.runtime.requests import PromptTemplate, Skill
 from harness.runtime.settings import DriveSettings, SystemPrompt
 from harness.runtime.types import LaneInfo, OpenOperation
 from harness.session import (
-    CancelRequested,
     CommitResult,
     LaneConfig,
     LaneState,
@@ -34,6 +33,7 @@ from harness.session import (
     UnknownLane,
     addresses,
 )
+from harness.session.records import CancelRequested
 
 if TYPE_CHECKING:
     from harness.providers import ModelRegistry

@@ -69,15 +69,23 @@ from harness.runtime.types import LaneExecutionInfo, LaneInfo, LaneSnapshot
 from harness.session import (
     AbortCause,
     AppendRequest,
-    CancelRequested,
     CommitResult,
-    CompactionIntent,
     HolderRequest,
-    InboxItem,
-    InboxKind,
     LaneConfig,
     LaneRequest,
     LaneState,
+    SessionMutator,
+    StopRequest,
+    StorageCorruption,
+    UnknownEntry,
+    addresses,
+)
+from harness.session.ids import new_id
+from harness.session.records import (
+    CancelRequested,
+    CompactionIntent,
+    InboxItem,
+    InboxKind,
     NavigationIntent,
     NavigationReady,
     OperationMeta,
@@ -88,14 +96,8 @@ from harness.session import (
     RunIntent,
     RunStarting,
     RunTools,
-    SessionMutator,
-    StopRequest,
-    StorageCorruption,
     SummaryPending,
     SummaryTask,
-    UnknownEntry,
-    addresses,
-    new_id,
 )
 
 if TYPE_CHECKING:

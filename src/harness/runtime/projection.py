@@ -17,20 +17,16 @@ from harness.runtime.events import QueueUpdate
 from harness.runtime.snapshot import LaneView, queues_of
 from harness.runtime.types import CurrentOperationInfo, OperationStatus
 from harness.session import (
-    PHASES_OF_KIND,
-    CancelRequested,
     Entry,
     LaneConfig,
     LaneLastResult,
     LaneState,
-    OperationMeta,
-    OperationState,
-    PendingEntry,
     SessionReader,
     StorageCorruption,
     UnknownLane,
     addresses,
 )
+from harness.session.records import PHASES_OF_KIND, CancelRequested, OperationMeta, OperationState, PendingEntry
 
 
 @dataclass

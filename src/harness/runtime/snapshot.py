@@ -50,26 +50,28 @@ from harness.runtime.types import (
     SnapshotOperation,
 )
 from harness.session import (
-    AssistantEffectPending,
-    AssistantRetryWait,
-    CancelRequested,
     CompactionPayload,
-    DeferredEffectPending,
-    DeferredSuspended,
-    InboxItem,
     LaneLastResult,
     LaneState,
     MessagePayload,
+    SessionReader,
+    StorageCorruption,
+    addresses,
+)
+from harness.session.records import (
+    AssistantEffectPending,
+    AssistantRetryWait,
+    CancelRequested,
+    DeferredEffectPending,
+    DeferredSuspended,
+    InboxItem,
     OperationMeta,
     OperationState,
     PendingCustom,
     PendingEntry,
     PendingMessage,
     RunTools,
-    SessionReader,
-    StorageCorruption,
     SummaryRetryWait,
-    addresses,
 )
 
 _FRAMES = TypeAdapter(list[StreamFrame])

@@ -12,7 +12,8 @@ from harness.conversation import MAIN_LANE, Conversation, ConversationService
 from harness.conversation.service import OWNER
 from harness.errors import HarnessError
 from harness.runtime import DriveOutcome, HarnessClosed, Settled
-from harness.session import SessionNotFound, SessionOwned, addresses, work_board
+from harness.session import SessionNotFound, SessionOwned, addresses
+from harness.session.work import work_board
 
 logger = logging.getLogger(__name__)
 

@@ -77,15 +77,8 @@ from harness.server.state import (
     State,
 )
 from harness.server.streams import REPLAY_PAGE
-from harness.session import (
-    AssistantEffectPending,
-    CompactionPayload,
-    DeferredEffectPending,
-    Entry,
-    LaneLastResult,
-    SessionReader,
-    addresses,
-)
+from harness.session import CompactionPayload, Entry, LaneLastResult, SessionReader, addresses
+from harness.session.records import AssistantEffectPending, DeferredEffectPending
 
 router = APIRouter(tags=["langgraph"])
 

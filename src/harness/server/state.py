@@ -30,10 +30,10 @@ from harness.session import (
     ReleaseRequest,
     SessionOwned,
     SessionReader,
-    Tokens,
     WorkNeedsPostgres,
     addresses,
 )
+from harness.session.tokens import Tokens
 
 HEARTBEAT_S = 15.0
 """How often a quiet event stream sends a heartbeat comment, so proxies keep it open."""

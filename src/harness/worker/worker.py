@@ -15,7 +15,8 @@ from harness.conversation.service import OWNER
 from harness.errors import HarnessError
 from harness.messages import now_ms
 from harness.runtime import DriveOutcome, Paused, Settled, Suspended, WaitingRetry
-from harness.session import DEFAULT_LEASE_S, OpenWork, SessionNotFound, SessionOwned, StoreConnectionLost, work_board
+from harness.session import SessionNotFound, SessionOwned, StoreConnectionLost
+from harness.session.work import DEFAULT_LEASE_S, OpenWork, work_board
 
 logger = logging.getLogger(__name__)
 

@@ -23,17 +23,15 @@ from harness.runtime.drive.structural import below_threshold, threshold_compacti
 from harness.runtime.event_log import Announcement
 from harness.runtime.outcomes import DriveOutcome
 from harness.runtime.output import Accepted, judge, reply_of, run_entries
-from harness.session import (
+from harness.session import CommitResult, SessionMutator, addresses
+from harness.session.ids import new_id
+from harness.session.records import (
     AssistantReady,
-    CommitResult,
     GenerationContext,
     MayFinish,
     NeedAssistant,
     RunCheckpoint,
     RunIntent,
-    SessionMutator,
-    addresses,
-    new_id,
 )
 
 

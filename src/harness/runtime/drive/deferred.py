@@ -14,17 +14,9 @@ from harness.runtime.drive.settlement import failure
 from harness.runtime.errors import HarnessFault
 from harness.runtime.events import DeferredHandle, RunResume, TurnStart
 from harness.runtime.fault_points import FaultPoint, reached
-from harness.session import (
-    DeferredEffectPending,
-    DeferredSuspended,
-    FailureDrain,
-    FailureProvenance,
-    MessagePayload,
-    OperationErrorRecord,
-    SessionMutator,
-    addresses,
-    new_id,
-)
+from harness.session import MessagePayload, OperationErrorRecord, SessionMutator, addresses
+from harness.session.ids import new_id
+from harness.session.records import DeferredEffectPending, DeferredSuspended, FailureDrain, FailureProvenance
 
 
 async def poll(op: DrivenOperation, state: DeferredSuspended) -> Transition | None:

@@ -27,7 +27,8 @@ from harness.runtime.drive.tool_batch import ToolBatchRunner
 from harness.runtime.lane import Lane
 from harness.runtime.outcomes import DriveOutcome, Paused, Suspended
 from harness.runtime.tracing import NO_TRACE, PassTrace, drive_pass
-from harness.session import (
+from harness.session import SessionMutator, StorageCorruption
+from harness.session.records import (
     AssistantEffectPending,
     AssistantReady,
     AssistantRetryWait,
@@ -43,8 +44,6 @@ from harness.session import (
     RunIntent,
     RunStarting,
     RunTools,
-    SessionMutator,
-    StorageCorruption,
     SummaryPending,
     SummaryRetryWait,
 )

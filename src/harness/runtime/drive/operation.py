@@ -21,7 +21,8 @@ from harness.runtime.lane import Lane
 from harness.runtime.outcomes import Settled
 from harness.runtime.settings import DriveSettings, SystemPrompt
 from harness.runtime.tracing import NO_TRACE, PassTrace
-from harness.session import GenerationContext, SessionMutator
+from harness.session import SessionMutator
+from harness.session.records import GenerationContext
 
 if TYPE_CHECKING:
     from harness.providers import ModelRegistry

@@ -50,32 +50,27 @@ from harness.runtime.hooks import ModelFallback
 from harness.runtime.outcomes import INTERRUPTED_REPLY, DriveOutcome, WaitingRetry
 from harness.runtime.settings import lane_system_prompt
 from harness.runtime.snapshot import LanePresentation, frames_message
-from harness.session import (
+from harness.session import CommitResult, Entry, MessagePayload, OperationErrorRecord, SessionMutator, addresses
+from harness.session.ids import new_id
+from harness.session.records import (
     AssistantEffectPending,
     AssistantReady,
     AssistantRetryWait,
-    CommitResult,
     DeferredEffectPending,
     DeferredSuspended,
-    Entry,
     FailureDrain,
     FailureProvenance,
     GenerationContext,
     MayFinish,
-    MessagePayload,
     NeedAssistant,
-    OperationErrorRecord,
     OperationState,
     RunCheckpoint,
     RunIntent,
     RunTools,
-    SessionMutator,
     SummaryPending,
     SummaryTask,
     ToolBatch,
     ToolCallState,
-    addresses,
-    new_id,
 )
 
 EffectPending = AssistantEffectPending | DeferredEffectPending

@@ -21,24 +21,26 @@ from harness.runtime.outcomes import Settled
 from harness.runtime.snapshot import queued_item
 from harness.session import (
     AbortCause,
-    CancelRequested,
     CommitResult,
     CustomMessagePayload,
     Entry,
     EntryPayload,
-    FailureDrain,
-    FailureProvenance,
     LaneLastResult,
-    MayFinish,
     MessagePayload,
     OperationErrorRecord,
-    OperationState,
-    RunCheckpoint,
-    RunIntent,
     SessionMutator,
     StorageCorruption,
     addresses,
-    new_id,
+)
+from harness.session.ids import new_id
+from harness.session.records import (
+    CancelRequested,
+    FailureDrain,
+    FailureProvenance,
+    MayFinish,
+    OperationState,
+    RunCheckpoint,
+    RunIntent,
 )
 
 DOES_NOT_FIT = ("the conversation no longer fits the model's context window: go back to an entry before the "

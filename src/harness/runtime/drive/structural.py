@@ -31,17 +31,19 @@ from harness.session import (
     BranchSummaryPayload,
     CommitResult,
     CompactionPayload,
+    OperationErrorRecord,
+    SessionMutator,
+    addresses,
+)
+from harness.session.ids import new_id
+from harness.session.records import (
     FailureDrain,
     FailureProvenance,
     NavigationIntent,
-    OperationErrorRecord,
     RunCheckpoint,
-    SessionMutator,
     SummaryPending,
     SummaryRetryWait,
     SummaryTask,
-    addresses,
-    new_id,
 )
 
 Step = DriveOutcome | Transition | None

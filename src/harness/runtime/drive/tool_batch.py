@@ -41,22 +41,18 @@ from harness.runtime.fault_points import FaultPoint, reached
 from harness.runtime.hooks import BeforeTool, Block, ToolCallRequest
 from harness.runtime.requests import MAX_INPUT_BYTES, input_bytes
 from harness.runtime.snapshot import LanePresentation
-from harness.session import (
+from harness.session import CommitResult, MessagePayload, SessionMutator, StorageCorruption, addresses
+from harness.session.records import (
     AssistantEffectPending,
     CancelRequested,
-    CommitResult,
     MayFinish,
-    MessagePayload,
     NeedAssistant,
     OperationState,
     PendingMessage,
     RunCheckpoint,
     RunTools,
-    SessionMutator,
-    StorageCorruption,
     ToolBatch,
     ToolCallState,
-    addresses,
 )
 
 INTERRUPTED = ("The tool was interrupted before it reported a result, so whether its side effects "
