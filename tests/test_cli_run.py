@@ -645,9 +645,11 @@ def test_doctor_exits_non_zero_on_a_failed_check(home: Path, work: Path) -> None
 
 def test_the_chat_and_run_start_without_the_sdks_of_what_they_may_never_call() -> None:
     """Issue 33: the provider SDKs load at a model's first request and the MCP SDK at a server's
-    first connection; each took around a second of every chat's and run's start (and every test's)."""
-    sdks = {"openai", "anthropic", "llama_cpp", "mcp"}
-    probe = f"import sys, harness.cli.chat, harness.cli.run; print(sorted({sdks!r} & set(sys.modules)))"
+    first connection; each took around a second of every chat's and run's start (and every test's).
+    Gardens load at the first `/goal`, and httpx where `harness models` and `doctor` ask servers."""
+    sdks = {"openai", "anthropic", "llama_cpp", "mcp", "harness.garden", "httpx"}
+    probe = (f"import sys, harness.cli.chat, harness.cli.chat_commands, harness.cli.run; "
+             f"print(sorted({sdks!r} & set(sys.modules)))")
 
     loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=60)
 

@@ -10,14 +10,12 @@ from pathlib import Path
 import harness.conversation as conversation
 from harness.cli.chat import ChatClient, ChatCommand, CommandRun
 from harness.cli.chat_view import entry_summary
-from harness.cli.garden_commands import local_garden
 from harness.cli.render import branch_oldest_first
 from harness.cli.session_refs import local_time, named_sessions
 from harness.cli.terminal_text import escape
 from harness.conversation.commands import fork_conversation
 from harness.conversation.projects import resolve_project_argument
 from harness.errors import InvalidInput
-from harness.garden import GardenSetup, goal_action_of, goal_command
 from harness.runtime import DriveOutcome, Settled
 
 TREE_SHOWN = 40
@@ -169,6 +167,9 @@ async def _compact(client: ChatClient, argument: str) -> None:
 async def _goal(client: ChatClient, argument: str) -> None:
     """`/goal TEXT` starts the goal's kickoff turn; `/goal pause|resume|drop ID` (`goal_action_of`)
     starts none: its row says what it did."""
+    from harness.cli.garden_commands import local_garden  # gardens load at the first /goal, not each chat's start
+    from harness.garden import GardenSetup, goal_action_of, goal_command
+
     await client.save_draft()  # the goal's origin, and the row of an action on it, must outlive the chat
     garden = local_garden(GardenSetup(store=client.store, service=client.attached.service, models=client.registry))
     if goal_action_of(argument) is not None:

@@ -21,8 +21,6 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
 
-import httpx
-
 from harness.context import Context
 from harness.conversation import (
     BUILT_IN_COMMANDS,
@@ -116,10 +114,19 @@ async def check_readiness(registry: ModelRegistry, models: Sequence[Model], *,
     """For each of `models`, in order: its key is set, its `path` (embedded weights) is a file, and
     its server answers an HTTP GET of its base URL within `timeout_s` seconds (any status counts;
     each server is asked once, all at the same time)."""
+    import httpx  # here, not at the top: only `harness models` and `doctor` ask servers, not each chat's start
+
+    async def probe(client: httpx.AsyncClient, url: str) -> str | None:
+        try:
+            await client.get(url)
+        except httpx.HTTPError as error:
+            return f"no answer from {url} ({type(error).__name__}: {str(error) or 'no detail'})"
+        return None
+
     servers = {url for model in models if registry.api_key(model) is not None or model.api_key_env is None
                if (url := registry.server_url(model)) is not None}
     async with httpx.AsyncClient(timeout=timeout_s) as client:
-        answers = dict(zip(servers, await asyncio.gather(*(_probe(client, url) for url in servers)), strict=True))
+        answers = dict(zip(servers, await asyncio.gather(*(probe(client, url) for url in servers)), strict=True))
     return [_readiness(registry, model, answers) for model in models]
 
 
@@ -135,14 +142,6 @@ def _readiness(registry: ModelRegistry, model: Model, answers: dict[str, str | N
 def _missing_weights(model: Model) -> str | None:
     if model.path is not None and not Path(model.path).expanduser().is_file():
         return f"no file at {model.path}"
-    return None
-
-
-async def _probe(client: httpx.AsyncClient, url: str) -> str | None:
-    try:
-        await client.get(url)
-    except httpx.HTTPError as error:
-        return f"no answer from {url} ({type(error).__name__}: {str(error) or 'no detail'})"
     return None
 
 

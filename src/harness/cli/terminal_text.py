@@ -8,11 +8,14 @@ Markdown, so only the client's own styling reaches the terminal.
 
 from __future__ import annotations
 
+import functools
 import re
+from typing import TYPE_CHECKING
 
-from markdown_it import MarkdownIt
-from rich.markdown import Markdown
 from rich.markup import escape as escape_markup
+
+if TYPE_CHECKING:
+    from rich.markdown import Markdown
 
 _BIDI_CONTROLS = "\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069"
 _CONTROLS = re.compile(f"[\x00-\x08\x0b-\x1f\x7f-\x9f{_BIDI_CONTROLS}]")
@@ -41,23 +44,32 @@ def escape(text: str) -> str:
     return escape_markup(visible(text))
 
 
-# rich's own parser, without raw HTML: a reply about `<div>` shows it instead of dropping it.
-_MARKDOWN = MarkdownIt("commonmark", {"html": False}).enable("strikethrough").enable("table")
-
-
-class _Markdown(Markdown):
-    def __init__(self, text: str) -> None:
-        super().__init__(text, justify="default", hyperlinks=False)  # "left" pads lines to the width
-        self.parsed = _MARKDOWN.parse(text)
-        # A line break the model wrote is kept (a hard break), as the chat keeps it by rendering line
-        # by line: code whose opening fence is missing stays on its lines, not reflowed into one paragraph.
-        for token in self.parsed:
-            for inline in token.children or ():
-                if inline.type == "softbreak":
-                    inline.type = "hardbreak"
-
-
 def markdown(text: str) -> Markdown:
     """`visible(text)` as rich Markdown (code blocks highlighted); HTML in it stays text and links
     show their address."""
-    return _Markdown(visible(text))
+    return _markdown_type()(visible(text))
+
+
+@functools.cache
+def _markdown_type() -> type[Markdown]:
+    """rich's Markdown as the client renders it, made at the first reply rendered: its parser and
+    highlighting are a tenth of a second of a start that may never render one (`harness sessions`,
+    a new chat's prompt)."""
+    from markdown_it import MarkdownIt
+    from rich.markdown import Markdown
+
+    # rich's own parser, without raw HTML: a reply about `<div>` shows it instead of dropping it.
+    parser = MarkdownIt("commonmark", {"html": False}).enable("strikethrough").enable("table")
+
+    class ClientMarkdown(Markdown):
+        def __init__(self, text: str) -> None:
+            super().__init__(text, justify="default", hyperlinks=False)  # "left" pads lines to the width
+            self.parsed = parser.parse(text)
+            # A line break the model wrote is kept (a hard break), as the chat keeps it by rendering line
+            # by line: code whose opening fence is missing stays on its lines, not reflowed into one paragraph.
+            for token in self.parsed:
+                for inline in token.children or ():
+                    if inline.type == "softbreak":
+                        inline.type = "hardbreak"
+
+    return ClientMarkdown
