@@ -48,14 +48,14 @@ def faux_app(store: Store, script: FauxScript = (), *, auth: Authenticator | Non
              tools: Sequence[OffersTool] = (), approvals: Approvals | None = None,
              options: ServerOptions | None = None, agents: AgentRegistry | None = None,
              event_log_limit: int = DEFAULT_EVENT_LOG_LIMIT, drive: DriveSettings | None = None,
-             models: Sequence[Model] = ()) -> Served:
+             models: Sequence[Model] = (), projects_file: Path | None = None) -> Served:
     """The app over a faux service answering `script`, with `tools` (their calls waiting for
     `approvals` when given, answered from this app or posted from another) and `agents` to
-    delegate to, driven with `drive` (default: no frame interval); every request is `USER` unless
-    `auth` says otherwise."""
+    delegate to, driven with `drive` (default: no frame interval), its projects listed in
+    `projects_file`; every request is `USER` unless `auth` says otherwise."""
     hooks = RunHooks(before_tool=approvals.hook) if approvals is not None else RunHooks()
     setup = ConversationSetup(drive=drive or DriveSettings(frame_interval_s=0), hooks=hooks, agents=agents,
-                              event_log_limit=event_log_limit,
+                              event_log_limit=event_log_limit, projects_file=projects_file,
                               on_approval=approvals.changed if approvals is not None else None)
     service, faux = faux_service(store, script, tools=tools, setup=setup, models=models)
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import os
 import shutil
 import struct
@@ -31,10 +32,13 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
+from rich.text import Text
 
 from drive_helpers import FAUX, ProbeTool
+from harness.cli.chat_rows import chat_row
 from harness.context import Context
-from harness.conversation import GENERAL_AGENT, AgentRegistry, Budget
+from harness.conversation import GENERAL_AGENT, AgentRegistry, Budget, ChatEventDetails, EventRow, run_typed_command
+from harness.errors import HarnessError
 from harness.garden import Garden, Gardener, GardenSetup
 from harness.imports.plan import ImportPlan, write_plan
 from harness.messages import (
@@ -98,7 +102,7 @@ class Page:
     `script` with the faux provider; `write` is a tool whose calls wait for an answer from the
     page, `agents` the sub-agents the model may delegate to and `models` those the registry holds
     beside the faux one. With `tokens` the server checks bearer tokens and `token` is one of
-    `USER`'s; else every request is `USER`. `drive` as `faux_app`'s."""
+    `USER`'s; else every request is `USER`. `drive` and `projects_file` as `faux_app`'s."""
 
     directory: Path
     script: FauxScript
@@ -106,6 +110,7 @@ class Page:
     agents: AgentRegistry | None = None
     models: Sequence[Model] = ()
     drive: DriveSettings | None = None
+    projects_file: Path | None = None
     url: str = ""
     token: str = ""
     served: Served = field(init=False)
@@ -129,7 +134,8 @@ class Page:
                 auth = StoreTokens(store.tokens)
                 self.token, _ = await store.tokens.create(USER, context)
             self.served = faux_app(store, self.script, auth=auth, tools=[self.write], approvals=Approvals(),
-                                   agents=self.agents, models=self.models, drive=self.drive)
+                                   agents=self.agents, models=self.models, drive=self.drive,
+                                   projects_file=self.projects_file)
             async with serving(self.served.app) as url:
                 ready.set_result(url)
                 await self._stop.wait()
@@ -195,9 +201,11 @@ def browser_tab(browser: WebDriver) -> Iterator[WebDriver]:
 @contextmanager
 def served(tmp_path: Path, *script: FauxReply | str, tokens: bool = False, agents: AgentRegistry | None = None,
            answer: Callable[[FauxRequest], FauxReply | str] | None = None,
-           models: Sequence[Model] = (), drive: DriveSettings | None = None) -> Iterator[Page]:
+           models: Sequence[Model] = (), drive: DriveSettings | None = None,
+           projects_file: Path | None = None) -> Iterator[Page]:
     """The page's server answering `script` (or every request with `answer`), stopped on leaving."""
-    page = Page(tmp_path, answer or list(script), tokens=tokens, agents=agents, models=models, drive=drive)
+    page = Page(tmp_path, answer or list(script), tokens=tokens, agents=agents, models=models, drive=drive,
+                projects_file=projects_file)
     page.start()
     try:
         yield page
@@ -957,3 +965,93 @@ def test_a_conversation_of_two_thousand_messages_opens_at_its_end_and_reads_back
             pages += 1
         assert pages == 2 * LONG_TURNS // 100
         assert len(texts) == 2 * LONG_TURNS
+
+
+def event_rows(count: int, driver: WebDriver) -> bool:
+    """Whether the transcript shows `count` event rows."""
+    return len(driver.find_elements(By.CSS_SELECTOR, "#transcript .event")) == count
+
+
+TYPED = ("/rename Trip to Lisbon", "/mode plan", "/tools", "/model nowhere/none")
+"""Commands a person types: three that run and one that fails as it runs."""
+
+
+def test_commands_typed_in_the_page_record_and_show_the_rows_the_terminal_does(
+        tmp_path: Path, browser_tab: WebDriver) -> None:
+    """Each command typed in the page (completed from the command table) records the row the
+    terminal's chat records for the same command, and the page words it as the terminal does; a
+    command that fails as it runs is its failure row, as in the terminal, not a problem of the
+    composer, which is left empty; an unknown one is the composer's problem and stays typed."""
+    with served(tmp_path) as page:
+        open_new_conversation(browser_tab, page)
+        conversation_id = browser_tab.current_url.split("?c=")[1]
+        wait(browser_tab, lambda d: d.find_element(By.ID, "prompt")).send_keys("/ren")
+        shown(browser_tab, "#commands li", "/rename NAME")
+        browser_tab.find_element(By.ID, "prompt").send_keys(Keys.TAB)
+        assert browser_tab.find_element(By.ID, "prompt").get_attribute("value") == "/rename "
+        browser_tab.find_element(By.ID, "prompt").send_keys(Keys.CONTROL, "a", Keys.DELETE)
+        for count, line in enumerate(TYPED, start=1):
+            say(browser_tab, line)
+            wait(browser_tab, partial(event_rows, count))
+        assert browser_tab.find_element(By.ID, "prompt").get_attribute("value") == ""
+        assert not browser_tab.find_elements(By.ID, "error")
+        shown_rows = rows(browser_tab)
+
+        async def the_terminals_way() -> tuple[list[ChatEventDetails], list[ChatEventDetails]]:
+            service, context = page.served.service, Context({"test": "page"})
+            other = await service.create(USER, LaneConfig(model=FAUX, active_tools=["write"]), context)
+            for line in TYPED:  # as `harness chat` runs them: the conversation's command, on the live conversation
+                with contextlib.suppress(HarnessError):
+                    await run_typed_command(service, USER, other, line, context)
+            recorded = [(await service.read_display(USER, conversation, context)).rows
+                        for conversation in (conversation_id, other.id)]
+            page_rows, terminal_rows = ([row.details for row in read if isinstance(row, EventRow)] for read in recorded)
+            return page_rows, terminal_rows
+        in_the_page, in_the_terminal = page.run(the_terminals_way)
+
+        assert in_the_page == in_the_terminal
+        assert shown_rows == [Text.from_markup(chat_row(details)).plain for details in in_the_page]
+        assert shown_rows[-1].startswith("/model nowhere/none: failed: model nowhere/none is not available")
+
+        say(browser_tab, "/nothing-like-it")
+        assert "unknown_command" in shown(browser_tab, "#error", "nothing-like-it").text
+        assert browser_tab.find_element(By.ID, "prompt").get_attribute("value") == "/nothing-like-it"
+
+
+PROJECTS = """\
+[[projects]]
+id = 1
+slug = "alpha"
+path = "{alpha}"
+
+[[projects]]
+id = 2
+slug = "beta"
+path = "{beta}"
+"""
+
+
+def test_the_project_picker_lists_the_projects_and_moves_the_conversation(
+        tmp_path: Path, browser_tab: WebDriver) -> None:
+    """The picker lists the server's projects (`projects.toml`); a pick moves the conversation
+    there, with the row the terminal shows for it, and the conversation's tools run there."""
+    for name in ("alpha", "beta"):
+        (tmp_path / name).mkdir()
+    projects = tmp_path / "projects.toml"
+    projects.write_text(PROJECTS.format(alpha=tmp_path / "alpha", beta=tmp_path / "beta"))
+    with served(tmp_path, reply("Hi."), projects_file=projects) as page:
+        open_new_conversation(browser_tab, page)
+        conversation_id = browser_tab.current_url.split("?c=")[1]
+        say(browser_tab, "hi")  # a conversation nobody spoke in records no move (CE-13)
+        wait(browser_tab, idle)
+        picker = wait(browser_tab, lambda d: d.find_element(By.ID, "project"))
+        options = [option.text for option in picker.find_elements(By.TAG_NAME, "option")]
+        assert options == ["Project…", "alpha", "beta"]
+
+        Select(picker).select_by_visible_text("beta")
+
+        row = shown(browser_tab, '#transcript .event[data-kind="cwd"]', "project: beta")
+        assert row.text == f"project: beta ({tmp_path / 'beta'})"
+        conversation = page.served.service.live(conversation_id)
+        assert conversation is not None
+        assert conversation.target.directory == tmp_path / "beta"

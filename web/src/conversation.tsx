@@ -442,7 +442,14 @@ export function ConversationView({ id, name, shared, menu }: { id: string; name:
   async function send(text: string, files: FileUIPart[]): Promise<boolean> {
     setProblem(null);
     if (text.startsWith("/") && !text.startsWith("//")) {
-      await api.command(id, text);
+      const before = new Set(rowsRef.current.filter(isCommandRow).map((row) => row.id));
+      try {
+        await api.command(id, text);
+      } catch (error) {
+        // A command that failed as it ran is recorded as its row, which says why, as in the
+        // terminal; one refused before it ran (an unknown name) is the composer's problem.
+        if (!(error instanceof ApiError) || !(await failureRecorded(text, before))) throw error;
+      }
       shared.changed();
       return false;
     }
@@ -469,6 +476,15 @@ export function ConversationView({ id, name, shared, menu }: { id: string; name:
       setAttachments((now) => [...files, ...now]);
       show(error);
     });
+  }
+
+  /** Whether the display now shows a failed command row for `line`'s command that was not among
+   * the rows `before`. */
+  async function failureRecorded(line: string, before: Set<string>): Promise<boolean> {
+    const name = line.slice(1).split(/\s/, 1)[0];
+    const page = await readDisplay();
+    return page != null && page.rows.some((row) => isCommandRow(row) && !before.has(row.id) &&
+      row.details.name === name && row.details.error != null);
   }
 
   /** Attach the images among `files` (pasted, dropped or picked); anything else is refused. */
@@ -695,6 +711,10 @@ export function ConversationView({ id, name, shared, menu }: { id: string; name:
       </form>
     </main>
   );
+}
+
+function isCommandRow(row: DisplayRow): row is Extract<DisplayRow, { kind: "event" }> {
+  return row.kind === "event" && row.details.kind === "command";
 }
 
 function waitsForApproval(message: UIMessage): boolean {

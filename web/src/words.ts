@@ -13,7 +13,7 @@ const STOPPED: Record<string, string> = {
   probe: "stopped by an internal probe",
 };
 
-const MODES: Record<string, string> = { build: "build (every tool)", plan: "plan (read-only tools)" };
+const MODES: Record<string, string> = { build: "build (all of this session's tools)", plan: "plan (read-only tools)" };
 
 /** How a `/goal pause|resume|drop` row words the status it set. */
 type Any = any;
@@ -66,27 +66,40 @@ function outcomeText(outcome: Any): string {
     case "fast":
       return `fast mode ${outcome.on ? "on" : "off"}: ${modelName(outcome.model)}, reasoning ${outcome.thinking_level}`;
     case "model":
-      return `model ${modelName(outcome.model)}${toolsFollowed(outcome.tools)}`;
+      return outcome.queued ? `model ${modelName(outcome.model)} after the running turn` :
+        `model ${modelName(outcome.model)}${toolsFollowed(outcome.tools)}`;
     case "rename":
       return outcome.name ? `named ${outcome.name}` : "name cleared";
     case "mode":
       return `mode ${MODES[outcome.mode]}`;
-    case "tools":
-      return `tools: ${outcome.tools.join(", ") || "none"} (${outcome.chosen ? "chosen, kept across model switches" :
-        "the model's"})`;
+    case "tools": {
+      const others = (outcome.available as string[]).filter((name) => !outcome.tools.includes(name));
+      return `tools: ${outcome.tools.join(", ") || "none"} (${outcome.chosen ?
+        "your choice, kept across model switches" : "the model's"})` +
+        (others.length ? `; /tools +NAME adds one of ${others.join(", ")}` : "");
+    }
     case "restart":
-      return "restarted from its journal";
+      return "restarted from the journal";
     case "goal":
-      return `the garden ${outcome.garden} pursues the goal ${outcome.title}`;
+      return `goal ${outcome.title} given to garden ${outcome.garden}`;
     case "goal_action":
       return `goal ${outcome.title} ${GOAL_ACTED[outcome.status] ?? outcome.status}`;
     case "context":
-      return outcome.files.length
-        ? `project instructions: ${outcome.files.map((file: Any) => file.path).join(", ")}`
-        : "no AGENTS.md or CLAUDE.md applies here";
+      return contextText(outcome);
     default:
       return "";
   }
+}
+
+/** `/context`'s files, one a line: path, size (and how much of it is read), a short sha256. */
+function contextText(outcome: Any): string {
+  if (!outcome.files.length) return "no AGENTS.md or CLAUDE.md applies here";
+  const count = (n: number) => n.toLocaleString("en-US");
+  return [`project instructions, at most ${count(outcome.limit_bytes)} bytes` +
+    (outcome.current ? "" : " (changed since the last turn: the next one reads these)"),
+  ...outcome.files.map((file: Any) => `  ${file.path} · ${count(file.size)} bytes` +
+    (file.included === file.size ? "" : `, the first ${count(file.included)} read`) + ` · sha256 ${
+      file.sha256.slice(0, 12)}`)].join("\n");
 }
 
 /**
@@ -110,9 +123,11 @@ export function chatEventWords(details: ChatEventDetails | null | undefined): Wo
     case "rename":
       return { text: d.name ? `renamed: ${d.name}` : "name cleared", tone: "quiet" };
     case "cwd": {
-      const where = d.project ? `project ${d.project} (${d.path})` : d.path;
-      return { text: d.by === "agent" ? `the agent switched to ${where}` : `now working in ${where}`,
-        tone: "quiet" };
+      // As the terminal words them: who moved, and where to.
+      const where = d.project ? `${d.project} (${d.path})` : d.path;
+      const text = d.by === "agent" ? (d.project ? `the agent switched to project ${where}` :
+        `the agent moved to ${where}`) : (d.project ? `project: ${where}` : `working directory: ${where}`);
+      return { text, tone: "quiet" };
     }
     case "mode":
       return { text: `mode: ${MODES[d.mode]}`, tone: "quiet" };
