@@ -62,7 +62,7 @@ def _options(
 
 StoreOption = Annotated[
     str | None,
-    typer.Option("--store", help="Store URL (sqlite:///PATH or postgresql://...); default: SQLite under "
+    typer.Option("--store", metavar="URL", help="Store URL (sqlite:///PATH or postgresql://...); default: SQLite under "
                  "$HARNESS_HOME.", envvar=STORE_VARIABLE),
 ]
 
