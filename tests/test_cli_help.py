@@ -18,7 +18,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from harness.__main__ import main
+from harness.__main__ import help_cache, main
 from harness.cli import app
 
 WIDTH = 78
@@ -64,7 +64,10 @@ def test_every_commands_help_is_wrapped_to_the_terminal_and_shows_no_bool() -> N
 def test_help_is_printed_from_its_cache_without_loading_the_application(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     """Issue 33, item 13: `harness --help` prints what the application printed the first time for
-    this version, source and width, without importing typer, pydantic or any command."""
+    this version, source and width, without importing typer, pydantic or any command; the text
+    kept for another version or source is removed."""
+    (tmp_path / "cache").mkdir()
+    (tmp_path / "cache" / "help-0.0.1-1-78.txt").write_text("an older version's help\n")
     monkeypatch.setenv("HARNESS_HOME", str(tmp_path))
     monkeypatch.setenv("COLUMNS", "80")
     monkeypatch.setattr(sys, "argv", ["harness", "--help"])
@@ -78,3 +81,4 @@ def test_help_is_printed_from_its_cache_without_loading_the_application(
 
     assert first == CliRunner().invoke(app, ["--help"], env={"COLUMNS": "80"}).output
     assert again.stdout == f"{first}[]\n"
+    assert [kept.name for kept in (tmp_path / "cache").iterdir()] == [Path(help_cache()).name]

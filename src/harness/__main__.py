@@ -70,14 +70,20 @@ def _help_width() -> int:
 
 
 def _keep(path: str, text: str) -> None:
-    """Write `text` to `path` whole or not at all (a rename), as best it can: a home that cannot be
-    written to leaves the help uncached, not failed."""
+    """Write `text` to `path` whole or not at all (a rename), and remove the help kept for another
+    version or source; as best it can: a home that cannot be written to leaves the help uncached,
+    not failed."""
+    folder, name = os.path.split(path)
+    current = name.rsplit("-", 1)[0]  # help-VERSION-CHANGED, whatever the width
     try:
-        os.makedirs(os.path.dirname(path), exist_ok=True)
+        os.makedirs(folder, exist_ok=True)
         partial = f"{path}.{os.getpid()}"
         with open(partial, "w", encoding="utf-8") as out:
             out.write(text)
         os.replace(partial, path)
+        for entry in os.scandir(folder):
+            if entry.name.startswith("help-") and not entry.name.startswith(f"{current}-"):
+                os.remove(entry.path)
     except OSError:
         pass
 
