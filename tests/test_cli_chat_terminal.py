@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from harness.cli.terminal_text import escape, visible
+from harness.conversation import BUILT_IN_COMMANDS
 from harness.providers.replay import Hold, ReplayResponse, ReplayServer
 from harness.tools import trust_mcp_server
 from terminal_screen import Display
@@ -177,7 +178,8 @@ def test_a_call_refused_before_it_runs_shows_the_arguments_sent(chats: list[Chat
 def test_rows_and_the_toolbar_wrap_at_words_in_a_narrow_terminal(chats: list[Chat], dirs: tuple[Path, Path],
                                                                  server: ReplayServer) -> None:
     """At 70 columns the header and /help wrap between words within the width, and the
-    approval hint under the prompt wraps instead of being cut."""
+    approval hint under the prompt wraps instead of being cut. /help says a conversation command
+    in the words of the command table every door reads."""
     server.enqueue(tool_reply("write", {"path": "x.txt", "content": "x"}))
     chat = start(chats, dirs, server, columns=70, cursor_reports=True)
 
@@ -190,6 +192,7 @@ def test_rows_and_the_toolbar_wrap_at_words_in_a_narrow_terminal(chats: list[Cha
         assert len(line) <= 70, line
     joined = " ".join(line.strip() for line in help_text.splitlines())
     assert "Ctrl-C aborts a turn, twice leaves at once; Ctrl-D leaves." in joined
+    assert f"{BUILT_IN_COMMANDS['compact'].usage} {BUILT_IN_COMMANDS['compact'].summary}" in " ".join(joined.split())
     chat.send_line("write x")
     chat.expect_reporting("allow write?")
     chat.expect_reporting("abort the turn")  # the end of the hint, on its second line
