@@ -9,7 +9,8 @@ hold it up; `Page.run` runs a coroutine there and `Page.release` lets a paused r
 with the reason, only when Chromium or its driver is not installed (`apt-get install chromium
 chromium-driver`; CI installs them).
 
-`HARNESS_PAGE_SCREENSHOT=docs/serve.png` also saves the README's screenshot of the page.
+`HARNESS_PAGE_SCREENSHOTS=docs` also saves the README's pictures of the page, each where a test
+reaches its state (scripts/page_screenshots.sh).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
+from pydantic import JsonValue
 from rich.text import Text
 
 from drive_helpers import FAUX, ProbeTool
@@ -99,8 +101,8 @@ T = TypeVar("T")
 @dataclass
 class Page:
     """The app served on its own loop in a thread, over a SQLite store in `directory`, answering
-    `script` with the faux provider; `write` is a tool whose calls wait for an answer from the
-    page, `agents` the sub-agents the model may delegate to and `models` those the registry holds
+    `script` with the faux provider; `write` and `edit` are tools whose calls wait for an answer
+    from the page, `agents` the sub-agents the model may delegate to and `models` those the registry holds
     beside the faux one. With `tokens` the server checks bearer tokens and `token` is one of
     `USER`'s; else every request is `USER`. `drive` and `projects_file` as `faux_app`'s."""
 
@@ -115,6 +117,7 @@ class Page:
     token: str = ""
     served: Served = field(init=False)
     write: ProbeTool = field(default_factory=lambda: ProbeTool("write"))
+    edit: ProbeTool = field(default_factory=lambda: ProbeTool("edit"))
     _loop: asyncio.AbstractEventLoop = field(default_factory=asyncio.new_event_loop)
     _stop: asyncio.Event = field(default_factory=asyncio.Event)
     _thread: threading.Thread | None = None
@@ -133,7 +136,7 @@ class Page:
             if self.tokens:
                 auth = StoreTokens(store.tokens)
                 self.token, _ = await store.tokens.create(USER, context)
-            self.served = faux_app(store, self.script, auth=auth, tools=[self.write], approvals=Approvals(),
+            self.served = faux_app(store, self.script, auth=auth, tools=[self.write, self.edit], approvals=Approvals(),
                                    agents=self.agents, models=self.models, drive=self.drive,
                                    projects_file=self.projects_file)
             async with serving(self.served.app) as url:
@@ -266,6 +269,16 @@ def png(width: int, height: int) -> bytes:
             + chunk(b"IDAT", zlib.compress(rows)) + chunk(b"IEND", b""))
 
 
+SCREENSHOTS = os.environ.get("HARNESS_PAGE_SCREENSHOTS")
+"""A folder to save the README's pictures of the page in (scripts/page_screenshots.sh); none: none."""
+
+
+def picture(driver: WebDriver, name: str) -> None:
+    """Save the page as the picture `name` when `SCREENSHOTS` names a folder."""
+    if SCREENSHOTS:
+        driver.save_screenshot(str(Path(SCREENSHOTS) / f"{name}.png"))
+
+
 # -- the tests ----------------------------------------------------------------------------------------
 
 
@@ -340,6 +353,8 @@ def test_a_new_conversation_is_listed_and_opened(tmp_path: Path, browser_tab: We
         assert address.endswith(current[0].get_attribute("data-id") or "?")
         assert browser_tab.find_element(By.ID, "conversation").is_displayed()
         assert rows(browser_tab) == []
+        shown(browser_tab, "#transcript .empty", "Ask anything")
+        picture(browser_tab, "page-empty")
 
 
 def test_a_server_with_tokens_asks_for_one_until_it_is_valid(tmp_path: Path, browser_tab: WebDriver) -> None:
@@ -391,6 +406,7 @@ def test_a_sent_message_streams_its_reply_into_one_row(tmp_path: Path, browser_t
         mid_reply(browser_tab, page, "hi", pause, "Hello")
 
         assert running(browser_tab)
+        picture(browser_tab, "page-streaming")
         page.release(pause)
 
         shown(browser_tab, "#transcript .assistant", "there.")
@@ -401,7 +417,7 @@ def test_a_sent_message_streams_its_reply_into_one_row(tmp_path: Path, browser_t
 def test_a_call_is_approved_and_another_denied_from_the_page(tmp_path: Path, browser_tab: WebDriver) -> None:
     """A `write` call waits with Approve and Deny on its row: approved it runs and the turn goes on;
     denied it never runs and the model reads the refusal. A shell row recorded between turns shows
-    at once. With `HARNESS_PAGE_SCREENSHOT` set, the page is saved there (the README's picture)."""
+    at once."""
     script = [reply(thinking("The person wants notes kept."), "I'll write that down. ",
                     tool_call("write", {"key": "notes.txt"}, id="call-a")),
               reply("Written to notes.txt."),
@@ -429,8 +445,35 @@ def test_a_call_is_approved_and_another_denied_from_the_page(tmp_path: Path, bro
         assert "blocked" in browser_tab.find_element(By.CSS_SELECTOR, '.tool[data-id="call-b"] .output').text
         assert not browser_tab.find_elements(By.CSS_SELECTOR, "#transcript .approval")
         assert not browser_tab.find_element(By.CSS_SELECTOR, "#transcript .thinking").get_attribute("open")
-        if path := os.environ.get("HARNESS_PAGE_SCREENSHOT"):
-            browser_tab.save_screenshot(path)
+        picture(browser_tab, "serve")
+
+
+EDIT: dict[str, JsonValue] = {"key": "greeting", "path": "src/greet.py",
+                              "old_text": "def greet(name):\n    print('helo', name)\n",
+                              "new_text": "def greet(name: str) -> None:\n    print('hello', name)\n"}
+"""An `edit` call's arguments: the page shows them as the diff the terminal shows."""
+
+
+def test_an_edit_waiting_for_approval_shows_its_diff(tmp_path: Path, browser_tab: WebDriver) -> None:
+    """An `edit` call that waits for approval shows the change it would make as a highlighted
+    diff, open, with Approve and Deny, as the terminal shows it; approved, it runs."""
+    script = [reply("The greeting has a typo; I'll fix it and add types. ", tool_call("edit", EDIT, id="call-e")),
+              reply("Fixed: `greet` now says **hello**.")]
+    with served(tmp_path, *script) as page:
+        open_new_conversation(browser_tab, page)
+        say(browser_tab, "Fix the typo in src/greet.py")
+        card = shown(browser_tab, '#transcript .tool[data-id="call-e"][data-state="approval"]', "needs your approval")
+        diff = card.find_element(By.CSS_SELECTOR, "details[open] pre code")
+        lines = diff.text.split("\n")
+        assert "-    print('helo', name)" in lines
+        assert "+    print('hello', name)" in lines
+        assert card.find_element(By.CSS_SELECTOR, ".path").text == "src/greet.py"
+        picture(browser_tab, "page-approval")
+
+        card.find_element(By.CSS_SELECTOR, "button.approve").click()
+        shown(browser_tab, "#transcript .assistant", "Fixed:")
+        wait(browser_tab, idle)
+        assert page.edit.runs == [EDIT]
 
 
 @pytest.mark.parametrize("how", ["button", "esc"])
@@ -789,6 +832,7 @@ def test_at_390_px_the_page_fits_and_the_list_is_a_drawer(tmp_path: Path, browse
             wait(browser_tab, idle)
             overflow = "return document.documentElement.scrollWidth - document.documentElement.clientWidth"
             assert browser_tab.execute_script(overflow) <= 0
+            picture(browser_tab, "page-narrow")
             link = browser_tab.find_element(By.CSS_SELECTOR, "#conversations a")
             assert link.location["x"] + link.size["width"] <= 0  # the drawer is closed
 
@@ -999,7 +1043,8 @@ def test_commands_typed_in_the_page_record_and_show_the_rows_the_terminal_does(
 
         async def the_terminals_way() -> tuple[list[ChatEventDetails], list[ChatEventDetails]]:
             service, context = page.served.service, Context({"test": "page"})
-            other = await service.create(USER, LaneConfig(model=FAUX, active_tools=["write"]), context)
+            tools = [page.write.name, page.edit.name]  # as the server's new conversations have them
+            other = await service.create(USER, LaneConfig(model=FAUX, active_tools=tools), context)
             for line in TYPED:  # as `harness chat` runs them: the conversation's command, on the live conversation
                 with contextlib.suppress(HarnessError):
                     await run_typed_command(service, USER, other, line, context)

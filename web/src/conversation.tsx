@@ -55,6 +55,8 @@ import { chatEventWords } from "./words";
 const RETRY_MS = [250, 500, 1000, 2000, 4000];
 /** Failed tries to reach the server after which the page says it is offline, not reconnecting. */
 const OFFLINE_AFTER = 3;
+/** How long the page waits before it says it lost the server (it may be back at once). */
+const SETTLE_MS = 1000;
 /** The largest image the server keeps (its image store's limit). */
 const MAX_IMAGE_BYTES = 5 * 1024 * 1024;
 
@@ -367,12 +369,24 @@ export function ConversationView({ id, name, shared, menu }: { id: string; name:
       window.removeEventListener("offline", changed);
     };
   }, []);
-  const connection: Connection = online ? link : "offline";
+  // Shown after a second: a stream taken up again at once (as when a turn pauses for an
+  // approval) is no news; connected is shown at once.
+  const [connection, setConnection] = useState<Connection>("connecting");
+  const reached: Connection = online ? link : "offline";
+  useEffect(() => {
+    if (reached === "connected") {
+      setConnection(reached);
+      return;
+    }
+    const timer = setTimeout(() => setConnection(reached), SETTLE_MS);
+    return () => clearTimeout(timer);
+  }, [reached]);
 
   async function watch(signal: AbortSignal) {
     let lastEventId: string | null = null;
     let attempt = 0;
     while (!signal.aborted) {
+      let failed = false;
       try {
         const response = await api.events(id, signal, lastEventId);
         setLink("connected");
@@ -387,9 +401,12 @@ export function ConversationView({ id, name, shared, menu }: { id: string; name:
           show(error);
           return;
         }
+        failed = true;
       }
-      setLink(attempt + 1 >= OFFLINE_AFTER ? "offline" : "reconnecting");
-      await pause(RETRY_MS[Math.min(attempt++, RETRY_MS.length - 1)], signal);
+      // A watch the server ended (it cut a slow reader, or closed the conversation) is taken up
+      // again at once, still connected; a failed one is retried, and says so.
+      if (failed) setLink(attempt + 1 >= OFFLINE_AFTER ? "offline" : "reconnecting");
+      await pause(failed ? RETRY_MS[Math.min(attempt++, RETRY_MS.length - 1)] : RETRY_MS[0], signal);
     }
   }
 
@@ -689,7 +706,11 @@ export function ConversationView({ id, name, shared, menu }: { id: string; name:
           onPaste={pasted} />
         <div className="actions">
           <label id="attach" title="Attach images (or paste or drop them)">
-            <span aria-hidden="true">📎</span><span className="label">Image</span>
+            <svg aria-hidden="true" viewBox="0 0 24 24" width="16" height="16" fill="none" stroke="currentColor"
+              strokeWidth="2" strokeLinecap="round" strokeLinejoin="round">
+              <path d="m21 11-8.6 8.6a5 5 0 0 1-7-7L14 4a3.3 3.3 0 0 1 4.7 4.7l-8.6 8.6a1.7 1.7 0 0 1-2.4-2.4L15.6 7" />
+            </svg>
+            <span className="label">Image</span>
             <input id="attach-input" type="file" accept="image/png,image/jpeg,image/gif,image/webp" multiple
               onChange={(event) => {
                 attach(event.target.files ?? []);
