@@ -848,8 +848,9 @@ def test_at_390_px_the_page_fits_and_the_list_is_a_drawer(tmp_path: Path, browse
 def test_the_header_shows_the_connection_and_what_the_conversation_spent(
         tmp_path: Path, browser_tab: WebDriver) -> None:
     """The header says the page is connected, offline while the browser has no network and
-    connected again after; and what the conversation spent, in tokens and dollars, as the
-    terminal's status line says it, read again when a turn ends."""
+    connected again after, reconnecting once the server is gone and offline when it stays gone;
+    and what the conversation spent, in tokens and dollars, as the terminal's status line says
+    it, read again when a turn ends."""
     spent = Usage(input=1_000, output=234, total_tokens=1_234, cost=Cost(input=0.01, output=0.0023, total=0.0123))
     with served(tmp_path, reply("Counted.", usage=spent)) as page:
         open_new_conversation(browser_tab, page)
@@ -867,6 +868,9 @@ def test_the_header_shows_the_connection_and_what_the_conversation_spent(
         finally:
             browser_tab.delete_network_conditions()
         shown(browser_tab, '#connection[data-state="connected"]', "connected")
+
+    shown(browser_tab, '#connection[data-state="reconnecting"]', "reconnecting…")  # the server stopped
+    shown(browser_tab, '#connection[data-state="offline"]', "offline")
 
 
 ATTACH_JS = """

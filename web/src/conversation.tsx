@@ -53,8 +53,9 @@ import { displayRows, liveRows, type Row, type RowActions, RowView } from "./row
 import { chatEventWords } from "./words";
 
 const RETRY_MS = [250, 500, 1000, 2000, 4000];
-/** Failed tries to reach the server after which the page says it is offline, not reconnecting. */
-const OFFLINE_AFTER = 3;
+/** Failed tries to reach the server after which the page says it is offline, not reconnecting
+ * (about four seconds of trying, by `RETRY_MS`). */
+const OFFLINE_AFTER = 5;
 /** How long the page waits before it says it lost the server (it may be back at once). */
 const SETTLE_MS = 1000;
 /** The largest image the server keeps (its image store's limit). */
