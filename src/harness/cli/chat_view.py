@@ -37,6 +37,7 @@ from harness.conversation import (
     DelegationFinished,
     conversation_events,
     delegation_rows,
+    spent,
 )
 from harness.conversation.garden_messages import garden_message_of
 from harness.conversation.service import chat_event_rows
@@ -80,9 +81,6 @@ from harness.runtime.events import event_lane
 from harness.runtime.outcomes import INTERRUPTED_REPLY
 from harness.session import Entry, LaneLastResult, SessionReader, UsageRow
 from harness.tools import describe_call
-
-USAGE_PAGE = 1000
-"""Usage ledger rows read at a time when a chat attaches."""
 
 ROW_LIMIT = 160
 """Characters of a tool result or queued message shown on its one-line row."""
@@ -357,12 +355,10 @@ class UsageMeter:
 
     @classmethod
     async def read(cls, session: SessionReader, tip: str | None, context: Context) -> UsageMeter:
-        """The meter after `session`'s whole usage ledger, read page by page, and the newest reply
-        on the branch ending at `tip` since its newest compaction."""
-        rows: list[UsageRow] = []
-        while page := await session.usage_ledger(context, after_seq=rows[-1].seq if rows else None,
-                                                 limit=USAGE_PAGE):
-            rows += page
+        """The meter after what `session` has spent (`spent`, its whole usage ledger summed), and
+        the newest reply on the branch ending at `tip` since its newest compaction."""
+        meter = cls()
+        meter.add(await spent(session, context))
         replies: list[AssistantMessage] = []
 
         def visit(entry: Entry) -> bool:
@@ -375,7 +371,9 @@ class UsageMeter:
 
         if tip is not None:
             await session.scan_branch(tip, visit, context)
-        return cls.of(rows, replies[0] if replies else None)
+        if replies:
+            meter.reply(replies[0])
+        return meter
 
     def add(self, usage: Usage) -> None:
         """Count `usage` in the totals."""

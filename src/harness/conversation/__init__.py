@@ -15,7 +15,7 @@ from harness.conversation.approvals import (
     PendingApproval,
 )
 from harness.conversation.blocks import MAX_TOOL_BLOCKS, MESSAGE_BLOCKS_TYPE, BlockImage, MessageBlock
-from harness.conversation.budgets import Budget
+from harness.conversation.budgets import Budget, spent
 from harness.conversation.chat_events import (
     CHAT_EVENT_TYPE,
     AlwaysAllowed,
@@ -248,5 +248,6 @@ __all__ = [
     "restart",
     "run_typed_command",
     "show_context",
+    "spent",
     "tools",
 ]

@@ -1,5 +1,6 @@
 """Spending caps of a conversation's runs, checked at each step boundary from the usage ledger,
-and the row of a fallback model taking a step over (issue 32).
+what the ledger sums to (`spent`, every door's meter), and the row of a fallback model taking a
+step over (issue 32).
 
 A `Budget` caps tokens (each usage row's `total_tokens`) and US dollars (its `cost.total`) per
 run and per conversation. The caps a run is held to are the tighter of its door's
@@ -22,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from harness.context import Context
 from harness.conversation.chat_events import BudgetReached, ModelSwitched, chat_event_message
 from harness.conversation.recording import CONVERSATION_VALUES
-from harness.messages import Message
+from harness.messages import Cost, Message, Usage
 from harness.runtime import Lane, ModelFallback, OperationIdTaken, OverBudget
 from harness.session import SessionReader, addresses
 from harness.session.records import RunIntent
@@ -53,6 +54,26 @@ BUDGET = addresses.value_address(CONVERSATION_VALUES.namespace, "budget", Budget
 
 _BUDGET_ROW = uuid.UUID("2c6f0b7e-93d4-4a51-8e2a-5b1f7d9c3e60")
 _LEDGER_PAGE = 1000
+
+_TOKENS = ("input", "output", "cache_read", "cache_write", "total_tokens")
+
+
+async def spent(journal: SessionReader, context: Context) -> Usage:
+    """What the conversation on `journal` has spent: its whole usage ledger summed, tokens and US
+    dollars by kind (adjustments included), read a page at a time."""
+    tokens = dict.fromkeys(_TOKENS, 0)
+    dollars = dict.fromkeys(Cost.model_fields, 0.0)
+    after: int | None = None
+    while rows := await journal.usage_ledger(context, after_seq=after, limit=_LEDGER_PAGE):
+        for row in rows:
+            for name in tokens:
+                tokens[name] += getattr(row.usage, name)
+            for name in dollars:
+                dollars[name] += getattr(row.usage.cost, name)
+        if len(rows) < _LEDGER_PAGE:
+            break
+        after = rows[-1].seq
+    return Usage(**tokens, cost=Cost(**dollars))
 
 
 @dataclass

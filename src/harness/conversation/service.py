@@ -40,7 +40,7 @@ from harness.conversation.blocks import (
     normalize_tool_blocks,
     referenced_images,
 )
-from harness.conversation.budgets import BUDGET, Budget, fallback_rows, over_budget
+from harness.conversation.budgets import BUDGET, Budget, fallback_rows, over_budget, spent
 from harness.conversation.chat_events import (
     ChatEventDetails,
     ChatEventView,
@@ -101,7 +101,6 @@ from harness.conversation.turn_rows import (
 )
 from harness.errors import HarnessError
 from harness.messages import (
-    Cost,
     ImageContent,
     Message,
     ModelIdentity,
@@ -187,9 +186,6 @@ from harness.session import (
 from harness.session.ids import new_id
 from harness.session.images import image_ref, is_image_ref, sniff_image_type
 from harness.session.records import CancelRequested
-
-USAGE_PAGE = 1000
-"""Usage ledger rows `ConversationService.usage` reads at a time."""
 
 OWNER = addresses.value_address(CONVERSATION_VALUES.namespace, "owner", str)
 """The user id a conversation belongs to, written when it is created."""
@@ -1637,22 +1633,9 @@ class ConversationService:
         return StoredImage(ref=image_ref(data), mime_type=mime_type, data=data)
 
     async def usage(self, user: str, conversation_id: str, context: Context) -> Usage:
-        """What the conversation has spent: its usage ledger summed, tokens and US dollars by kind
-        (adjustments included), read page by page. `Forbidden` for another user's conversation."""
-        session = await self._owned(user, conversation_id, context)
-        tokens = dict.fromkeys(("input", "output", "cache_read", "cache_write", "total_tokens"), 0)
-        dollars = dict.fromkeys(Cost.model_fields, 0.0)
-        after: int | None = None
-        while rows := await session.usage_ledger(context, after_seq=after, limit=USAGE_PAGE):
-            for row in rows:
-                for name in tokens:
-                    tokens[name] += getattr(row.usage, name)
-                for name in dollars:
-                    dollars[name] += getattr(row.usage.cost, name)
-            if len(rows) < USAGE_PAGE:
-                break
-            after = rows[-1].seq
-        return Usage(**tokens, cost=Cost(**dollars))
+        """What the conversation has spent (`spent`: its usage ledger summed, tokens and US dollars
+        by kind). `Forbidden` for another user's conversation."""
+        return await spent(await self._owned(user, conversation_id, context), context)
 
     async def sweep_images(self, context: Context, *, older_than_s: float = IMAGE_SWEEP_GRACE_S) -> tuple[str, ...]:
         """Delete the images no session of the store names and that were last stored more than
