@@ -1,5 +1,7 @@
-// One conversation's view: its rows, the turn streaming now, the composer (messages, slash
-// commands, steers and follow-ups while a turn runs), Stop, and the model and project pickers.
+// One conversation's view: its rows, the turn streaming now, the composer (messages with images
+// pasted, dropped or picked, slash commands, steers and follow-ups while a turn runs), Stop, the
+// model and project pickers, the connection and what the conversation spent. A long history is
+// read a page at a time, the older pages as the person scrolls back.
 //
 // A turn is the AI SDK's `useChat` on the server's UI message stream (`POST /api/chat`; `GET
 // /api/chat/{id}/stream` replays the turn in progress from its start, so the transport says its
@@ -62,7 +64,7 @@ const SETTLE_MS = 1000;
 const MAX_IMAGE_BYTES = 5 * 1024 * 1024;
 
 /** How the page reaches the server: `connecting` until the watch first answers. */
-export type Connection = "connecting" | "connected" | "reconnecting" | "offline";
+type Connection = "connecting" | "connected" | "reconnecting" | "offline";
 const CONNECTION_WORDS: Record<Connection, string> = {
   connecting: "connecting…", connected: "connected", reconnecting: "reconnecting…", offline: "offline",
 };
