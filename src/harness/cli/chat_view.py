@@ -35,6 +35,7 @@ from harness.conversation import (
     SUBAGENT_RESULT_TYPE,
     ChatEventPublished,
     DelegationFinished,
+    ErrorDetails,
     conversation_events,
     delegation_rows,
     spent,
@@ -450,6 +451,7 @@ class ChatView:
     _compacting: bool = field(default=False, init=False)
     _retry_at: float | None = field(default=None, init=False)  # when a scheduled retry is sent (epoch s)
     _run_id: str | None = field(default=None, init=False)  # the latest run (not compaction) started here
+    _error_shown: bool = field(default=False, init=False)  # the running operation's `error` row is shown
 
     def __call__(self, event: HarnessEvent, context: Context) -> None:
         lane = event_lane(event)
@@ -464,6 +466,7 @@ class ChatView:
         """A run starts (or resumes) here: its time and tokens are counted from now."""
         self._run_started, self._run_tokens, self.aborting = time.monotonic(), 0, False
         self._writing, self._compacting, self._retry_at = None, False, None
+        self._error_shown = False
 
     def working(self, columns: int) -> str:
         """What the lane is doing now and for how long the operation has run, in at most
@@ -533,7 +536,9 @@ class ChatView:
         A run's why (its abort cause, its error's text) is its `interrupted` or `error` row, shown
         before this one (CE-7, CE-9); a compaction or navigation has no such row, so it is said here.
         An aborted run has no outcome row: its `interrupted` row, or the row saying it was
-        discarded before any output, is the one row of the abort."""
+        discarded before any output, is the one row of the abort; likewise a failed run's `error`
+        row, with the provider's or the runtime's text, is the one row of the failure (issue 33,
+        item 6: one row per event), unless it was not shown here."""
         run = result.kind == "run"
         what = "turn" if run else result.kind
         elapsed = time.monotonic() - self._run_started if self._run_started else 0.0
@@ -543,7 +548,7 @@ class ChatView:
         elif result.outcome == "aborted":
             if not run:
                 self.screen.print(f"[yellow]✗ {what} aborted ({result.abort_cause or 'unknown cause'})[/]")
-        else:
+        elif not (run and self._error_shown):
             error = result.error
             detail = "" if error is None else f" [{error.code}]" if run else f" [{error.code}]: {error.message}"
             self.screen.print(f"[red]✗ {what} failed{escape(detail)}[/]")
@@ -639,6 +644,8 @@ def _compaction_start(view: ChatView, event: CompactionStart) -> None:
 @row("chat_event")
 def _chat_event(view: ChatView, event: ChatEventPublished) -> None:
     view.screen.end_stream()
+    if isinstance(event.row.details, ErrorDetails):
+        view._error_shown = True
     view.screen.print(chat_row(event.row.details))
 
 
