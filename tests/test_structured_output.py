@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, field_validator, model_validator
 
 from drive_helpers import within
 from harness import Agent, OutputInvalid
@@ -186,6 +186,64 @@ def test_answers_that_never_fit_end_in_output_invalid_after_the_retries(tmp_path
     assert len(rejected) == 1
     assert "'population' is a required property" in str(rejected[0].content)
     assert "7 is not of type 'string'" in str(raised.value)
+    assert not any(isinstance(row, CustomPayload) and row.custom_type == OUTPUT_ENTRY_TYPE for row in rows)
+
+
+class Census(BaseModel):
+    """A city's census: its validators check what its JSON Schema cannot say."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    population: int
+    counted: int
+
+    @field_validator("population")
+    @classmethod
+    def someone_lives_there(cls, population: int) -> int:
+        if population <= 0:
+            raise ValueError("a city has inhabitants")
+        return population
+
+    @model_validator(mode="after")
+    def counted_at_most_everyone(self) -> Census:
+        if self.counted > self.population:
+            raise ValueError("more people counted than live there")
+        return self
+
+
+def test_an_answer_its_types_validators_refuse_is_sent_back_like_a_misfit(tmp_path: Path) -> None:
+    """An answer that fits the JSON Schema but fails a field validator, then a model validator, is
+    sent back each time with the validator's words, as a misfit is; the third is the output."""
+    faux = FauxProvider(['{"name": "Lyon", "population": -1, "counted": 0}',
+                         '{"name": "Lyon", "population": 10, "counted": 11}',
+                         '{"name": "Lyon", "population": 10, "counted": 9}'])
+
+    result = faux_agent(tmp_path, faux, output_type=Census).run_sync("Which city?")
+
+    assert result.output == Census(name="Lyon", population=10, counted=9)
+    assert len(faux.requests) == 3
+    rows = asyncio.run(journal_rows(tmp_path, result.conversation_id))
+    rejected = [str(row.message.content) for row in rows if isinstance(row, CustomMessagePayload)
+                and row.message.custom_type == OUTPUT_REJECTED_TYPE]
+    assert len(rejected) == 2
+    assert "at /population: Value error, a city has inhabitants" in rejected[0]
+    assert "more people counted than live there" in rejected[1]
+    assert all("fits the JSON Schema but not the checks of the answer's type" in text for text in rejected)
+
+
+def test_validator_refusals_count_against_the_same_retries(tmp_path: Path) -> None:
+    """A schema misfit and a validator refusal share `output_retries`: with 1, a misfit sent back
+    and then a refused answer fail the run `output_invalid`, no answer recorded."""
+    faux = FauxProvider(['{"name": "Lyon"}', '{"name": "Lyon", "population": 0, "counted": 0}'])
+    agent = faux_agent(tmp_path, faux, output_type=Census, output_retries=1)
+
+    with pytest.raises(OutputInvalid) as raised:
+        agent.run_sync("Which city?")
+
+    assert len(faux.requests) == 2
+    assert "a city has inhabitants" in str(raised.value)
+    rows = asyncio.run(journal_rows(tmp_path, str(raised.value.details["conversation_id"])))
     assert not any(isinstance(row, CustomPayload) and row.custom_type == OUTPUT_ENTRY_TYPE for row in rows)
 
 

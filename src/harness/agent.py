@@ -36,8 +36,17 @@ from harness.errors import HarnessError, InvalidInput
 from harness.home import STORE_VARIABLE, default_store_url, local_user
 from harness.messages import Cost, ModelIdentity, OutputSchema, Usage, UserMessage, text_of
 from harness.providers import ModelRegistry
-from harness.runtime import AgentTool, DriveOutcome, DriveSettings, HarnessEvent, RunHooks, Settled, UsageRecorded
-from harness.runtime.output import check_output_schema, recorded_output
+from harness.runtime import (
+    AgentTool,
+    DriveOutcome,
+    DriveSettings,
+    HarnessEvent,
+    OutputAnswer,
+    RunHooks,
+    Settled,
+    UsageRecorded,
+)
+from harness.runtime.output import MAX_ERRORS_SHOWN, check_output_schema, recorded_output
 from harness.session import LaneConfig, MessagePayload, Store, connect
 from harness.tools import ApprovalPolicy, AskApproval, FunctionTool, function_tool
 
@@ -55,10 +64,11 @@ class RunFailed(HarnessError):
 
 
 class OutputInvalid(RunFailed):
-    """The run's answer did not take the shape of the output type: it was sent back to the model
-    `output_retries` times and the last answer did not fit either (the run settled failed with error
-    code `output_invalid`), or it fit the JSON Schema and not the type's own validators (the run
-    completed). Details `{conversation_id, operation_id, error_code}`."""
+    """The run's answer did not take the shape of the output type (its JSON Schema, or its own
+    validators): it was sent back to the model `output_retries` times and the last answer did not
+    fit either (the run settled failed with error code `output_invalid`), or the answer recorded
+    passed the schema and not the validators on reading (a run this agent did not check while it
+    ran). Details `{conversation_id, operation_id, error_code}`."""
 
     code = "output_invalid"
 
@@ -104,8 +114,9 @@ class Agent:
     A tool made with `approval=True` asks `ask` before each call; without `ask` such calls are
     refused with a reason the model reads. `output_type` (here for every run, or per run) makes the
     final answer an instance of it: the model is asked for JSON of its schema (natively where the
-    provider offers it, else through a `final_result` tool), an answer that does not fit is sent
-    back with what is wrong up to `output_retries` times, then `OutputInvalid` is raised; the
+    provider offers it, else through a `final_result` tool), an answer that does not fit (the
+    schema, or the type's own field and model validators) is sent back with what is wrong up to
+    `output_retries` times, then `OutputInvalid` is raised; the
     answer that fits is a `structured_output` entry of the conversation. `budget` caps what each
     run and each conversation of this agent spends (tokens, US dollars at the models' prices),
     checked before each step: a run that reached a cap stops with its `BudgetReached` row and
@@ -136,12 +147,14 @@ class Agent:
         self.tools = [agent_tool for agent_tool, _ in made]
         gated = [agent_tool.name for agent_tool, approval in made if approval]
         policy = ApprovalPolicy(ask, gated=gated) if gated else None
-        hooks = RunHooks(before_tool=policy, before_tool_applies=policy.decides) if policy is not None else RunHooks()
+        hooks = RunHooks(before_tool=policy, before_tool_applies=policy.decides if policy is not None else None,
+                         check_output=self._check_output)
         self.setup = ConversationSetup(models=self.models, tools=self.tools, system_prompt=instructions, hooks=hooks,
                                        budget=budget or Budget(), drive=DriveSettings(fallback=self.fallback))
         self.user = user if user is not None else local_user()
         self.output_retries = output_retries
         self.output = _Output.of(output_type, output_retries)
+        self._checking: dict[str, _Output] = {}  # by operation id: the output type its run's answer must pass
         self._store = store
         self._open: _Opened | None = None
         self._tallies: dict[str, _Tally] = {}  # by conversation id, while this agent holds it
@@ -281,9 +294,22 @@ class Agent:
         before = len(attached.tally.recorded)
         accepted = await conversation.admit(prompt, context, output=output.schema if output else None,
                                             output_retries=output.retries if output else 0)
-        outcome = await conversation.drive(accepted.operation_id, context)
+        if output is not None:
+            self._checking[accepted.operation_id] = output
+        try:
+            outcome = await conversation.drive(accepted.operation_id, context)
+        finally:
+            self._checking.pop(accepted.operation_id, None)
         # Every event of the run was delivered before its drive returned (HA-12): the tally is whole.
         return await self._result(conversation, outcome, _total(attached.tally.recorded[before:]), output, context)
+
+    def _check_output(self, answer: OutputAnswer) -> str | None:
+        """`RunHooks.check_output`: what the output type's own validators (a field or model
+        validator) refuse in an answer that fits its JSON Schema, sent back to the model as a
+        misfit is. A run this agent is not driving (one a stopped process left open) has the
+        schema's check only."""
+        output = self._checking.get(answer.operation_id)
+        return None if output is None else output.refusal(answer.answer)
 
     async def _configure(self, conversation: Conversation, context: Context) -> None:
         """A continued conversation runs on this agent's model, switched as every door switches
@@ -405,6 +431,15 @@ class _Output:
             raise InvalidInput(f"{output_type!r} cannot be an output type: {error}") from error
         check_output_schema(schema)
         return cls(adapter, schema, retries)
+
+    def refusal(self, answer: JsonValue) -> str | None:
+        """What the type's validators refuse in `answer`, as the model is told it; None: nothing."""
+        try:
+            self.adapter.validate_python(answer)
+        except ValidationError as error:
+            return "; ".join(f"at /{'/'.join(str(part) for part in each['loc'])}: {each['msg']}"
+                             for each in error.errors(include_url=False)[:MAX_ERRORS_SHOWN])
+        return None
 
     def validate(self, recorded: JsonValue, conversation_id: str, operation_id: str) -> Any:
         """The recorded answer as an instance of the type; `OutputInvalid` when a validator of the

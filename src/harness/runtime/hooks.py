@@ -1,6 +1,6 @@
 """The hooks a harness calls while it drives a run: around each tool call, on each request's
-messages, between steps, before each step (a budget), when a fallback model takes a step, and
-before a run ends."""
+messages, between steps, before each step (a budget), when a fallback model takes a step, on a
+structured answer, and before a run ends."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Literal
 from pydantic import JsonValue
 
 from harness.context import Context
-from harness.messages import Message, ModelIdentity
+from harness.messages import Message, ModelIdentity, OutputSchema
 from harness.runtime.agent_tool import ToolOutput
 from harness.runtime.lane import Lane
 from harness.session import AbortCause, EntryPayload, OperationErrorRecord, OperationKind
@@ -104,6 +104,23 @@ on the session line, without awaiting: the messages it returns are placed on the
 commit, so the step's new request reads them (the conversation layer's model-switch row). It must
 be quick and must not raise."""
 
+@dataclass(frozen=True)
+class OutputAnswer:
+    """A run's final answer that took its output schema's shape, as `check_output` sees it:
+    `answer` is the JSON the model gave (unwrapped, `OutputSchema.answer`)."""
+
+    lane: str
+    operation_id: str
+    schema: OutputSchema
+    answer: JsonValue
+
+
+CheckOutput = Callable[[OutputAnswer], str | None]
+"""Called when a run's answer fits its output schema, before it is recorded, on the drive's task:
+what is still wrong with it (the output type's own validators, say) or None to accept it. A refusal
+is sent back to the model as a misfit is, counted against the same `output_retries` (issue 32).
+It must be quick: it runs between the reply and the run's end."""
+
 BeforeRunEnd = Callable[[Lane, Context], Awaitable[None]]
 """Awaited when a run would finish, before it settles: entries it appends are placed first."""
 
@@ -161,5 +178,6 @@ class RunHooks:
     over_budget: OverBudget | None = None
     fallback_messages: FallbackMessages | None = None
     before_run_end: BeforeRunEnd | None = None
+    check_output: CheckOutput | None = None
     discard_turn: DiscardTurn | None = None
     settlement_messages: SettlementMessages | None = None

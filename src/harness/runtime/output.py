@@ -1,13 +1,14 @@
 """A run's structured output (issue 32): the shape its final answer must take, checked when the run
 would end. An answer that fits is recorded as an `OUTPUT_ENTRY_TYPE` entry in the run's terminal
-commit; one that does not is sent back to the model with what is wrong (an `OUTPUT_REJECTED_TYPE`
-message it reads), up to the run's `output_retries` times, after which the run fails
-`output_invalid`. Each of these is a commit of the run, so a run resumed after a crash asks for the
-same shape and counts the answers already sent back."""
+commit; one that does not (its schema, or the run's `RunHooks.check_output`, which the `Agent`
+points at its output type's validators) is sent back to the model with what is wrong (an
+`OUTPUT_REJECTED_TYPE` message it reads), up to the run's `output_retries` times, after which the
+run fails `output_invalid`. Each of these is a commit of the run, so a run resumed after a crash
+asks for the same shape and counts the answers already sent back."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import jsonschema
@@ -62,20 +63,28 @@ class Rejected:
 
 
 def judge(output: OutputSchema, retries: int, run_entries: Sequence[Entry], reply_id: str | None,
-          reply: AssistantMessage | None) -> Accepted | Rejected:
+          reply: AssistantMessage | None, check: Callable[[JsonValue], str | None] | None = None
+          ) -> Accepted | Rejected:
     """Whether `reply` (entry `reply_id`, the run's final reply; None when it ended without one)
-    answers in the shape of `output`. `run_entries` are the branch's entries the run placed, which
-    count the answers sent back already against `retries`."""
+    answers in the shape of `output`: JSON its schema takes, which `check` (the run's
+    `RunHooks.check_output`, the output type's own validators) does not refuse either.
+    `run_entries` are the branch's entries the run placed, which count the answers sent back
+    already, for either reason, against `retries`."""
     reason = _misfit(output, reply)
+    complaint = "does not fit the required JSON Schema"
     if isinstance(reason, _Fits):
-        return Accepted(CustomPayload(custom_type=OUTPUT_ENTRY_TYPE, data={
-            "schema": output.name, "output": output.answer(reason.value), "entry_id": reply_id}))
+        answer = output.answer(reason.value)
+        refused = check(answer) if check is not None else None
+        if refused is None:
+            return Accepted(CustomPayload(custom_type=OUTPUT_ENTRY_TYPE, data={
+                "schema": output.name, "output": answer, "entry_id": reply_id}))
+        reason, complaint = refused, "fits the JSON Schema but not the checks of the answer's type"
     sent_back = sum(1 for entry in run_entries if isinstance(entry.payload, CustomMessagePayload)
                     and entry.payload.message.custom_type == OUTPUT_REJECTED_TYPE)
     if sent_back >= retries:
         return Rejected(reason, None)
     feedback = CustomMessage(custom_type=OUTPUT_REJECTED_TYPE, display=True,
-                             content=f"Your answer does not fit the required JSON Schema: {reason}. Give the "
+                             content=f"Your answer {complaint}: {reason}. Give the "
                                      f"whole answer again, fixed: JSON only, or a call of the {output.name} "
                                      f"tool where it is offered.",
                              details={"schema": output.name, "attempt": sent_back + 1})

@@ -21,6 +21,7 @@ from harness.runtime.drive.provider_step import generate, intent_events, step_in
 from harness.runtime.drive.settlement import failure, settle
 from harness.runtime.drive.structural import below_threshold, threshold_compaction
 from harness.runtime.event_log import Announcement
+from harness.runtime.hooks import OutputAnswer
 from harness.runtime.outcomes import DriveOutcome
 from harness.runtime.output import Accepted, judge, reply_of, run_entries
 from harness.session import CommitResult, SessionMutator, addresses
@@ -60,21 +61,25 @@ async def checkpoint(op: DrivenOperation, state: RunCheckpoint) -> DriveOutcome 
 
 async def _finish_with_output(op: DrivenOperation, state: RunCheckpoint, intent: RunIntent,
                               output: OutputSchema) -> DriveOutcome | Transition | None:
-    """End a run whose answer has a shape: settle it with its answer recorded when the answer fits,
+    """End a run whose answer has a shape: settle it with its answer recorded when the answer fits
+    (its schema, and `RunHooks.check_output` when there is one),
     send it back to the model with what is wrong while retries are left, else fail the run
     `output_invalid` (issue 32)."""
     continuation = state.continuation
     reply_id = (state.trigger_entry_id if isinstance(continuation, MayFinish)
                 and continuation.include_final_assistant else None)
     entries = run_entries((await op.branch()).entries, intent.prompt_entry_ids)
-    verdict = judge(output, intent.output_retries, entries, reply_id, reply_of(entries, reply_id))
+    hook = op.hooks.check_output
+    check = None if hook is None else (
+        lambda answer: hook(OutputAnswer(op.lane.name, op.operation_id, output, answer)))
+    verdict = judge(output, intent.output_retries, entries, reply_id, reply_of(entries, reply_id), check)
     if isinstance(verdict, Accepted):
         return await settle(op, state, "completed", entries=[verdict.entry])
     if verdict.feedback is not None:
         placed, ready = await place(op, [verdict.feedback], include_follow_up=True, then=state)
         if placed:
             return await _next_step(op, state, ready)
-    return failure("output_invalid", f"the answer does not fit output schema {output.name} after "
+    return failure("output_invalid", f"the answer does not take the shape of output {output.name} after "
                                      f"{intent.output_retries} retries: {verdict.reason}",
                    {"schema": output.name, "retries": intent.output_retries}, "provider")
 
