@@ -26,7 +26,9 @@ from opentelemetry.util.types import Attributes
 from pydantic import JsonValue
 
 from drive_crash_child import CONFIG, SAFE, CrashTools, attach, script
+from harness import Agent
 from harness.context import Context
+from harness.errors import InvalidInput
 from harness.messages import ModelIdentity, TextContent, Usage
 from harness.providers import FAUX_MODEL, FauxProvider, ModelRegistry, ToolSpec
 from harness.providers.faux import failure, reply, tool_call
@@ -175,6 +177,28 @@ async def test_a_run_is_one_trace_of_genai_spans(spans: InMemorySpanExporter, ct
         "harness.lane": "main", "harness.operation_id": accepted.operation_id,
         "harness.resumed": False, "gen_ai.usage.input_tokens": 250, "gen_ai.usage.output_tokens": 10,
         "harness.run.outcome": "completed"}
+
+
+async def test_an_agents_runs_carry_its_name(spans: InMemorySpanExporter, tmp_path: Path) -> None:
+    """Issue 32: `Agent(name=...)` names its runs' `invoke_agent` spans and their
+    `gen_ai.agent.name`, the conversation's id their `gen_ai.conversation.id`."""
+    registry = ModelRegistry([FAUX_MODEL], providers={"faux": FauxProvider(["hello"])})
+    async with Agent(FAUX, models=registry, store=f"sqlite:///{tmp_path / 'journal.db'}", user="someone",
+                     name="librarian") as agent:
+        result = await agent.run("hi")
+
+    [span] = named(spans.get_finished_spans(), "invoke_agent librarian")
+    attributes = span.attributes or {}
+    assert attributes["gen_ai.agent.name"] == "librarian"
+    assert attributes["gen_ai.operation.name"] == "invoke_agent"
+    assert attributes["gen_ai.conversation.id"] == result.conversation_id
+
+
+def test_an_agent_without_a_name_is_refused() -> None:
+    registry = ModelRegistry([FAUX_MODEL], providers={"faux": FauxProvider([])})
+
+    with pytest.raises(InvalidInput):
+        Agent(FAUX, models=registry, store="memory://", name=" ")
 
 
 async def test_a_failed_reply_and_a_failed_tool_are_errors_of_their_spans(spans: InMemorySpanExporter,

@@ -123,9 +123,10 @@ class Agent:
     outcome `budget_exceeded`; `set_budget` keeps caps in a conversation itself, for every process.
     `fallback` are models (as `model`) that take a step over, in order, when the model still fails
     with a retryable error (a 503, a timeout) after its retries: the conversation switches to the
-    next one with a model-switch row saying why.
+    next one with a model-switch row saying why. `name` names the agent in its runs' OpenTelemetry
+    spans (`invoke_agent {name}`, `gen_ai.agent.name`).
 
-    Raises `InvalidInput` for a model that is not `provider/id`, `ModelUnavailable` or
+    Raises `InvalidInput` for a model that is not `provider/id` or an empty `name`, `ModelUnavailable` or
     `MissingApiKey` for one that cannot be called, and `ToolSignatureInvalid` for a function
     that cannot be a tool, before anything is written.
     An agent used with `await` keeps its store open between runs: close it with `await
@@ -135,7 +136,11 @@ class Agent:
                  instructions: str | None = None, store: Store | str | None = None,
                  models: ModelRegistry | None = None, user: str | None = None,
                  ask: AskApproval | None = None, output_type: Any = None, output_retries: int = 2,
-                 budget: Budget | None = None, fallback: Sequence[str | ModelIdentity] = ()) -> None:
+                 budget: Budget | None = None, fallback: Sequence[str | ModelIdentity] = (),
+                 name: str = "harness") -> None:
+        if not name.strip():
+            raise InvalidInput("an agent's name is not empty", name=name)
+        self.name = name
         self.models = models if models is not None else ModelRegistry.load()
         self.model = (ModelIdentity.parse(model) if isinstance(model, str)
                       else model if model is not None else self.models.default_identity())
@@ -150,7 +155,8 @@ class Agent:
         hooks = RunHooks(before_tool=policy, before_tool_applies=policy.decides if policy is not None else None,
                          check_output=self._check_output)
         self.setup = ConversationSetup(models=self.models, tools=self.tools, system_prompt=instructions, hooks=hooks,
-                                       budget=budget or Budget(), drive=DriveSettings(fallback=self.fallback))
+                                       budget=budget or Budget(), drive=DriveSettings(fallback=self.fallback),
+                                       agent_name=name)
         self.user = user if user is not None else local_user()
         self.output_retries = output_retries
         self.output = _Output.of(output_type, output_retries)

@@ -369,6 +369,9 @@ class ConversationSetup:
     """The spending caps of every run here, besides each conversation's own (`set_budget`), the
     tighter of the two holding (`harness.conversation.budgets`, issue 32). A door's fallback
     models are `drive.fallback`."""
+    agent_name: str = "harness"
+    """The agent's name in its runs' OpenTelemetry spans (`invoke_agent {agent_name}`,
+    `gen_ai.agent.name`): `Agent(name=...)`'s."""
     shell_environment: Callable[[], Mapping[str, str]] | None = None
     """The environment the person's own shell commands (`run_local_shell`: `!cmd`, a server's
     `POST .../shell`) run in, as the agent's `shell` tool does: the doors give their workspace's
@@ -1755,7 +1758,7 @@ class ConversationService:
             live_tools=setup.live_tools,
             system_prompt=project.system_prompt(system_prompt) if project is not None else system_prompt,
             drive=setup.drive, listeners=setup.listeners, event_log_limit=setup.event_log_limit,
-            hooks=conversation_hooks(setup.hooks, session, self.store.images,
+            agent_name=setup.agent_name, hooks=conversation_hooks(setup.hooks, session, self.store.images,
                                      project_boundary(session, target, select), budget=setup.budget))
         harness, open_operations = await AgentHarness.create(options, context)
         if delegation is not None:
