@@ -14,7 +14,7 @@ from rich.text import Text
 
 from garden_helpers import ANSWER, CONCLUDED, SURVEY, in_run
 from harness.cli.chat_view import ChatView, Screen, entry_summary
-from harness.cli.garden_commands import local_garden
+from harness.cli.garden_commands import local_gardens
 from harness.cli.render import entry_lines
 from harness.context import Context
 from harness.conversation import ConversationService, ConversationSetup, GardenMessage
@@ -63,24 +63,21 @@ async def test_a_garden_is_deleted_with_its_files_and_journal_after_a_yes(tmp_pa
     assert "error [garden_not_found]" in harness(home, "garden", "goals", "allotment").stderr
 
 
-async def test_goal_with_several_gardens_lists_them_instead_of_suggesting_another(
+async def test_goal_without_a_garden_says_how_to_make_one(
         tmp_path: Path, ctx: Context, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Issue 33, item 12: with two gardens, `/goal` said to create one."""
+    """`/goal` with no garden is refused with the command that makes one (with several, the chat
+    asks which: test_garden_chat_goal)."""
     monkeypatch.setenv("HARNESS_HOME", str(tmp_path))
-    for name in ("allotment", "orchard"):
-        (tmp_path / "gardens" / name).mkdir(parents=True)
-        (tmp_path / "gardens" / name / "garden.json").write_text("{}")
+    (tmp_path / "gardens" / "not a garden").mkdir(parents=True)
     store = await connect("memory://", ctx)
     try:
         with pytest.raises(InvalidInput) as refused:
-            local_garden(GardenSetup(store=store, service=ConversationService(store, ConversationSetup())))
+            local_gardens(GardenSetup(store=store, service=ConversationService(store, ConversationSetup())))
     finally:
         await store.close()
 
-    assert "there are 2: allotment, orchard" in refused.value.message
-    assert "harness garden goal NAME TEXT" in refused.value.message
-    assert "garden create" not in refused.value.message
-    assert refused.value.details == {"gardens": ["allotment", "orchard"]}
+    assert "there is none: `harness garden create NAME` makes one" in refused.value.message
+    assert refused.value.details == {"gardens": []}
 
 
 async def test_a_garden_is_made_given_goals_and_its_inbox_lists_replies_and_notes_apart(

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import harness.conversation as conversation
 from harness.cli.chat import ChatClient, ChatCommand, CommandRun
@@ -17,6 +18,9 @@ from harness.conversation.commands import fork_conversation
 from harness.conversation.projects import resolve_project_argument
 from harness.errors import InvalidInput
 from harness.runtime import DriveOutcome, Settled
+
+if TYPE_CHECKING:  # gardens load at the first /goal, not each chat's start
+    from harness.garden import Garden, GardenSetup
 
 TREE_SHOWN = 40
 """How many of the branch's newest entries `/tree` lists."""
@@ -166,13 +170,17 @@ async def _compact(client: ChatClient, argument: str) -> None:
          "pause|resume|drop ID acts on one")
 async def _goal(client: ChatClient, argument: str) -> None:
     """`/goal TEXT` starts the goal's kickoff turn; `/goal pause|resume|drop ID` (`goal_action_of`)
-    starts none: its row says what it did."""
-    from harness.cli.garden_commands import local_garden  # gardens load at the first /goal, not each chat's start
+    starts none: its row says what it did. Of several gardens, an action goes to the one that holds
+    its goal, and the person picks the one a new goal goes to (`_chosen_garden`)."""
     from harness.garden import GardenSetup, goal_action_of, goal_command
 
     await client.save_draft()  # the goal's origin, and the row of an action on it, must outlive the chat
-    garden = local_garden(GardenSetup(store=client.store, service=client.attached.service, models=client.registry))
-    if goal_action_of(argument) is not None:
+    action = goal_action_of(argument)
+    garden = await _chosen_garden(client, GardenSetup(store=client.store, service=client.attached.service,
+                                                      models=client.registry), None if action is None else action[1])
+    if garden is None:
+        return
+    if action is not None:
         await goal_command(garden)(*client.command_door(), argument, client.context)
         return
 
@@ -182,6 +190,32 @@ async def _goal(client: ChatClient, argument: str) -> None:
         return await _last_settled(client)
 
     client.turns.start(kickoff)
+
+
+async def _chosen_garden(client: ChatClient, setup: GardenSetup, goal_id: str | None) -> Garden | None:
+    """The garden `/goal` acts on (issue 33, item 12): the only one; of several, the one holding
+    goal `goal_id` (an action's), else the one the person picks from their list, by number or
+    name (None: Enter or Ctrl-C picked none). `InvalidInput` for an answer that names none."""
+    from harness.cli.garden_commands import local_gardens  # gardens load at the first /goal, not each chat's start
+
+    gardens = local_gardens(setup)
+    holding = [garden for garden in gardens if any(goal.id == goal_id for goal in garden.goals())]
+    if len(gardens) == 1 or len(holding) == 1:
+        return (holding or gardens)[0]
+    for number, garden in enumerate(gardens, 1):
+        goals = len(garden.goals())
+        client.screen.print(f"   [bold]{number:>3}[/] {escape(garden.name)} "
+                            f"[dim]{goals} goal{'' if goals == 1 else 's'}[/]")
+    answer = (await client.terminal.ask("which garden (number or name; Enter: none): ",
+                                        f"{len(gardens)} gardens: the goal goes to the one you pick") or "").strip()
+    if not answer:
+        client.screen.print("[dim]no garden picked: nothing given[/]")
+        return None
+    for number, garden in enumerate(gardens, 1):
+        if answer in (str(number), garden.name):
+            return garden
+    raise InvalidInput(f"no garden {answer!r} here: pick a number from 1 to {len(gardens)} or one of "
+                       f"{', '.join(garden.name for garden in gardens)}", gardens=[garden.name for garden in gardens])
 
 
 async def _last_settled(client: ChatClient) -> DriveOutcome | None:

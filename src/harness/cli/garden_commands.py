@@ -48,22 +48,16 @@ def open_garden(name: str, store: Store, store_url: str | None, root: Path | Non
     return Garden.open(name, garden_setup(store, store_url), root=root)
 
 
-def local_garden(setup: GardenSetup) -> Garden:
-    """The garden `/goal` gives goals to: the only one at its default root; `InvalidInput` when
-    there is none, or several."""
+def local_gardens(setup: GardenSetup) -> list[Garden]:
+    """The gardens `/goal` gives goals to: those at their default roots, by name; `InvalidInput`
+    when there is none."""
     from harness.garden import Garden, garden_names
 
     names = garden_names()
-    where = harness_home() / "gardens"
     if not names:
-        raise InvalidInput(f"/goal gives goals to the only garden under {where}; there is none: "
+        raise InvalidInput(f"/goal gives goals to a garden under {harness_home() / 'gardens'}; there is none: "
                            "`harness garden create NAME` makes one", gardens=[])
-    if len(names) > 1:
-        raise InvalidInput(f"/goal gives goals to the only garden under {where}, and there are {len(names)}: "
-                           f"{', '.join(names)}. Give one of them a goal with `harness garden goal NAME TEXT` (it "
-                           "reports to no conversation), or remove the others with `harness garden delete NAME`",
-                           gardens=list(names))
-    return Garden.open(names[0], setup)
+    return [Garden.open(name, setup) for name in names]
 
 
 @garden_app.command("create")
