@@ -1,6 +1,7 @@
 """`harness --help` and every command's help read like a maintained command line's (issue 33,
 item 10): each docstring paragraph and option help is rewrapped to the terminal, so no line
-breaks where the next word would still fit; a flag shows no value type (`<bool>`); and each
+breaks where the next word would still fit; no value shows typer's type label (`<bool>` on a
+flag, `<str>`, `<path>`, `<int range>`), each is named for what it is (`--model MODEL`); and each
 command's line in a listing is a whole first sentence, not one cut with `...`. In process,
 through typer's CliRunner, at 80 columns.
 """
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -44,7 +46,11 @@ def broken_early(line: str, following: str) -> bool:
     return len(line.rstrip()) + 1 + len(text.split()[0]) <= WIDTH
 
 
-def test_every_commands_help_is_wrapped_to_the_terminal_and_shows_no_bool() -> None:
+TYPE_LABEL = re.compile(r"<(?:bool|str|int|float|path|list\[\w+\])(?: range)?>")
+"""How typer 0.29 labels a value it has no metavar for."""
+
+
+def test_every_commands_help_is_wrapped_to_the_terminal_and_names_its_values() -> None:
     paths = command_paths(typer.main.get_command(app))
     assert ("garden", "goal") in paths  # the walk reaches the commands of groups
     faults = []
@@ -52,8 +58,8 @@ def test_every_commands_help_is_wrapped_to_the_terminal_and_shows_no_bool() -> N
         shown = CliRunner().invoke(app, [*path, "--help"], env={"COLUMNS": "80"})
         assert shown.exit_code == 0, (path, shown.output)
         lines = shown.output.splitlines()
-        faults += [f"harness {' '.join(path)}: {line.strip()!r} shows a flag's type" for line in lines
-                   if "<bool>" in line]
+        faults += [f"harness {' '.join(path)}: {line.strip()!r} shows a type, not a name" for line in lines
+                   if TYPE_LABEL.search(line)]
         faults += [f"harness {' '.join(path)}: {line.strip()!r} ends before {following.split()[0]!r}"
                    for line, following in itertools.pairwise(lines) if broken_early(line, following)]
         faults += [f"harness {' '.join(path)}: {line.strip()!r} is cut" for line in lines

@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from typing import Annotated, TypeVar
+from typing import Annotated, Any, TypeVar
 
 import typer
+from typer.core import TyperCommand
+from typer.models import CommandFunctionType
 
 from harness.context import Context
 from harness.errors import HarnessError
@@ -23,11 +25,39 @@ from harness.session import Store, connect
 
 T = TypeVar("T")
 
+class HelpedCommand(TyperCommand):
+    """A command whose help names each value by what it is: an option by its metavar (`--model
+    MODEL`, `--root DIR`, set on every option that takes a value), an argument by its metavar alone
+    (`SESSION`, where typer 0.29 prints `SESSION <str>`)."""
+
+    def format_options(self, ctx: Any, formatter: Any) -> None:  # typer's own click: Context, HelpFormatter
+        arguments, options = [], []
+        for param in self.get_params(ctx):
+            if (record := param.get_help_record(ctx)) is None:
+                continue
+            if param.param_type_name == "argument":
+                arguments.append((param.metavar or str(param.name), record[1]))
+            else:
+                options.append(record)
+        for title, rows in (("Arguments", arguments), ("Options", options)):
+            if rows:
+                with formatter.section(title):
+                    formatter.write_dl(rows)
+
+
+class _Typer(typer.Typer):
+    """A typer application whose commands are `HelpedCommand`s unless told otherwise."""
+
+    def command(self, name: str | None = None, *, cls: type[TyperCommand] | None = None,
+                **settings: Any) -> Callable[[CommandFunctionType], CommandFunctionType]:
+        return super().command(name, cls=cls or HelpedCommand, **settings)
+
+
 # Help is click's plain layout (rich_markup_mode=None), the one a maintained command line reads
 # like: click rewraps each docstring paragraph and option help to the terminal, so a docstring's
 # line breaks never show, and a flag shows no value (typer's Rich panels keep the docstrings'
 # breaks and give every flag a `<bool>`). It spares `harness --help` importing Rich too.
-app = typer.Typer(
+app = _Typer(
     name="harness",
     help="Harness: a durable agent runtime. Every turn is journaled before anyone is told.",
     no_args_is_help=True,
@@ -40,7 +70,7 @@ app = typer.Typer(
 def command_group(name: str, help: str) -> typer.Typer:
     """The group of sub-commands `harness NAME ...`, registered on the application and helped as
     it is (`help` is the group's one line in `harness --help`)."""
-    group = typer.Typer(name=name, help=help, no_args_is_help=True, rich_markup_mode=None)
+    group = _Typer(name=name, help=help, no_args_is_help=True, rich_markup_mode=None)
     app.add_typer(group)
     return group
 

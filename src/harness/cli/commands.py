@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 
 import_app = command_group("import", "Read another agent's session file into a new session. Prints the new session id.")
 
-ImportFile = Annotated[Path, typer.Argument(help="The session file (JSONL) to import.")]
+ImportFile = Annotated[Path, typer.Argument(metavar="FILE", help="The session file (JSONL) to import.")]
 
 AllowOption = Annotated[list[str] | None, typer.Option(
     "--allow", metavar="RULE", help="A permission rule whose calls run without asking, e.g. 'shell(git status*)' or "
@@ -87,11 +87,11 @@ def chat(
                                   "omitted.")] = None,
     continue_last: Annotated[bool, typer.Option(
         "--continue", "-c", help="Continue the most recently updated session.")] = False,
-    lane: Annotated[str, typer.Option(help="The lane of an existing session to chat on (a new session talks on "
-                                           "main).")] = "main",
+    lane: Annotated[str, typer.Option(
+        metavar="LANE", help="The lane of an existing session to chat on (a new session talks on main).")] = "main",
     model: Annotated[str | None, typer.Option(
-        help="provider/id, e.g. openai/gpt-4o; default: the lane's model, else the first model whose API key is "
-             "set, else the embedded one.")] = None,
+        metavar="MODEL", help="provider/id, e.g. openai/gpt-4o; default: the lane's model, else the first model "
+                              "whose API key is set, else the embedded one.")] = None,
     resume: Annotated[bool, typer.Option(
         "--resume", help="Finish a turn that a stopped process left open, without asking.")] = False,
     yes: Annotated[bool, typer.Option(
@@ -141,7 +141,8 @@ def chat(
 
 
 @app.command()
-def show(session_id: SessionArgument, lane: str = "main",
+def show(session_id: SessionArgument,
+         lane: Annotated[str, typer.Option(metavar="LANE", help="The lane to print.")] = "main",
          full: Annotated[bool, typer.Option("--full", help="Print every text whole; without it, texts longer "
                                                           "than 400 characters are cut.")] = False,
          store: StoreOption = None) -> None:
@@ -157,13 +158,14 @@ def show(session_id: SessionArgument, lane: str = "main",
 
 @app.command()
 def run(
-    prompt: Annotated[str | None, typer.Argument(help="What to ask; - reads it from stdin. Optional with "
-                                                      "--resume.")] = None,
-    session: Annotated[str | None, typer.Option("--session", help="Continue this session (default: a new one).")]
-    = None,
+    prompt: Annotated[str | None, typer.Argument(
+        metavar="PROMPT", help="What to ask; - reads it from stdin. Optional with --resume.")] = None,
+    session: Annotated[str | None, typer.Option(
+        "--session", metavar="SESSION", help="Continue this session (default: a new one).")] = None,
     model: Annotated[str | None, typer.Option(
-        "--model", help="provider/id, e.g. openai/gpt-4o (default: the lane's model, else models.toml's default, "
-                        "else the first built-in model with a key, else embedded/smollm2-135m).")] = None,
+        "--model", metavar="MODEL", help="provider/id, e.g. openai/gpt-4o (default: the lane's model, else "
+                                         "models.toml's default, else the first built-in model with a key, else "
+                                         "embedded/smollm2-135m).")] = None,
     yes: Annotated[bool, typer.Option("--yes", "-y", help="Allow write, edit and shell calls; without it they "
                                                            "are refused, since nobody can be asked.")] = False,
     json_events: Annotated[bool, typer.Option("--json", help="Print JSON lines on stdout: first "
@@ -177,13 +179,15 @@ def run(
     = False,
     offer_tools: Annotated[bool, typer.Option("--tools", help="Give a new lane the built-in tools even on the tiny "
                                                                "embedded model, which gets none by default.")] = False,
-    lane: Annotated[str, typer.Option(help="The lane of the session to run on (with --session; a new session "
-                                           "talks on main).")] = "main",
+    lane: Annotated[str, typer.Option(
+        metavar="LANE", help="The lane of the session to run on (with --session; a new session talks on "
+                             "main).")] = "main",
     allow: AllowOption = None,
     deny: DenyOption = None,
     output_schema: Annotated[Path | None, typer.Option(
-        "--output-schema", help="A JSON Schema file: the answer must be JSON of that shape (sent back to the model "
-                                "while it is not, at most twice); stdout then holds only that JSON.")] = None,
+        "--output-schema", metavar="FILE", help="A JSON Schema file: the answer must be JSON of that shape (sent "
+                                                "back to the model while it is not, at most twice); stdout then "
+                                                "holds only that JSON.")] = None,
     budget_tokens: BudgetTokensOption = None,
     budget_usd: BudgetUsdOption = None,
     fallback: FallbackOption = None,
@@ -341,8 +345,8 @@ class ExportUnwritable(HarnessError):
 @app.command("export")
 def export_session(
     session_id: SessionArgument,
-    output: Annotated[Path | None, typer.Option("--output", "-o", help="Write to this file (default: stdout).")]
-    = None,
+    output: Annotated[Path | None, typer.Option(
+        "--output", "-o", metavar="FILE", help="Write to this file (default: stdout).")] = None,
     store: StoreOption = None,
 ) -> None:
     """Write a session as harness JSONL. `harness import harness FILE` reads it back."""

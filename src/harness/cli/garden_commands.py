@@ -24,9 +24,9 @@ if TYPE_CHECKING:
 
 garden_app = command_group("garden", "Gardens: goals pursued by a background agent, the gardener.")
 
-NameArgument = Annotated[str, typer.Argument(help="The garden's name (a-z, 0-9, _ and -).")]
+NameArgument = Annotated[str, typer.Argument(metavar="NAME", help="The garden's name (a-z, 0-9, _ and -).")]
 RootOption = Annotated[Path | None, typer.Option(
-    "--root", help="The garden's runtime root (default: $HARNESS_HOME/gardens/NAME).")]
+    "--root", metavar="DIR", help="The garden's runtime root (default: $HARNESS_HOME/gardens/NAME).")]
 
 
 def garden_setup(store: Store, store_url: str | None) -> GardenSetup:
@@ -63,11 +63,13 @@ def local_gardens(setup: GardenSetup) -> list[Garden]:
 @garden_app.command("create")
 def create(
     name: NameArgument,
-    model: Annotated[str | None, typer.Option(help="The gardener's model, provider/id (default: the default "
-                                                   "model).")] = None,
-    instructions: Annotated[str, typer.Option(help="The gardener's instructions (its system prompt).")] = "",
+    model: Annotated[str | None, typer.Option(
+        metavar="MODEL", help="The gardener's model, provider/id (default: the default model).")] = None,
+    instructions: Annotated[str, typer.Option(
+        metavar="TEXT", help="The gardener's instructions (its system prompt).")] = "",
     tools: Annotated[list[str] | None, typer.Option(
-        "--tool", help="A built-in tool the gardener may use, in the root's work/ folder (repeatable).")] = None,
+        "--tool", metavar="TOOL", help="A built-in tool the gardener may use, in the root's work/ folder "
+                                       "(repeatable).")] = None,
     root: RootOption = None,
     store: StoreOption = None,
 ) -> None:
@@ -116,9 +118,10 @@ def delete(
 @garden_app.command("goal")
 def goal(
     name: NameArgument,
-    text: Annotated[str, typer.Argument(help="The goal, in words.")],
-    goal_type: Annotated[str, typer.Option("--type", help="tend (recurs) or durable (until concluded).")] = "durable",
-    every: Annotated[float | None, typer.Option(help="A tend goal's schedule, in seconds.")] = None,
+    text: Annotated[str, typer.Argument(metavar="TEXT", help="The goal, in words.")],
+    goal_type: Annotated[str, typer.Option(
+        "--type", metavar="TYPE", help="tend (recurs) or durable (until concluded).")] = "durable",
+    every: Annotated[float | None, typer.Option(metavar="SECONDS", help="A tend goal's schedule, in seconds.")] = None,
     root: RootOption = None,
     store: StoreOption = None,
 ) -> None:
@@ -166,7 +169,7 @@ def tend(name: NameArgument, root: RootOption = None, store: StoreOption = None)
 @garden_app.command("serve")
 def serve(
     name: NameArgument,
-    poll: Annotated[float, typer.Option(help="Seconds between looks for new goals.")] = 30.0,
+    poll: Annotated[float, typer.Option(metavar="SECONDS", help="Seconds between looks for new goals.")] = 30.0,
     root: RootOption = None,
     store: StoreOption = None,
 ) -> None:

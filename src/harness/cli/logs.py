@@ -12,9 +12,10 @@ import typer
 
 LogFormatOption = Annotated[
     str,
-    typer.Option("--log-format", help="How log lines are written to stderr: `text`, or `json` (one JSON object "
-                 "per line: time, level, logger, message and the line's fields, such as conversation_id, "
-                 "operation_id, outcome, route, status, duration_ms, user)."),
+    typer.Option("--log-format", metavar="FORMAT",
+                 help="How log lines are written to stderr: `text`, or `json` (one JSON object per line: time, "
+                      "level, logger, message and the line's fields, such as conversation_id, operation_id, "
+                      "outcome, route, status, duration_ms, user)."),
 ]
 
 VERBOSE_LOGGERS = ("harness", "uvicorn")

@@ -40,7 +40,8 @@ def list_servers() -> None:
 
 
 @mcp_app.command("trust")
-def trust_server(name: Annotated[str, typer.Argument(help="The server's name in ./.mcp.json.")]) -> None:
+def trust_server(name: Annotated[str, typer.Argument(metavar="NAME",
+                                                     help="The server's name in ./.mcp.json.")]) -> None:
     """Let the server NAME of a project's .mcp.json start. A cloned repository's file could
     otherwise run any command on your machine: NAME is added to enabledMcpjsonServers in
     $HARNESS_HOME/settings.json, so a server of that name is trusted in every project, as

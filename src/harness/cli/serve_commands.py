@@ -31,23 +31,26 @@ conversations (bench/README.md, serve_load)."""
 
 @app.command("serve")
 def serve_command(
-    host: Annotated[str | None, typer.Option("--host", help="Address to listen on (default 127.0.0.1).",
-                                             show_default=False)] = None,
-    port: Annotated[int | None, typer.Option("--port", help="Port to listen on (default 8765).",
-                                             show_default=False)] = None,
+    host: Annotated[str | None, typer.Option(
+        "--host", metavar="ADDRESS", help="Address to listen on (default 127.0.0.1).", show_default=False)] = None,
+    port: Annotated[int | None, typer.Option(
+        "--port", metavar="PORT", help="Port to listen on (default 8765).", show_default=False)] = None,
     no_auth: Annotated[bool, typer.Option("--no-auth", help="Serve every request as the local user, without "
                                           "tokens (loopback addresses only).")] = False,
     workers: Annotated[str, typer.Option(
-        "--workers", help="Who drives the turns: `in-process` (this server) or `external` (`harness worker` "
+        "--workers", metavar="WHO",
+        help="Who drives the turns: `in-process` (this server) or `external` (`harness worker` "
         "processes on the same PostgreSQL store; this server only accepts, reads, watches and wakes them). "
         "With external workers a call waiting for approval in a worker is listed and answered over HTTP "
         "(`harness worker --yes` runs every call instead); the AI SDK and LangGraph doors admit for the "
         "workers and stream what they drive; /compact answers 501 external_mode_unsupported.")] = "in-process",
     max_held: Annotated[int | None, typer.Option(
-        "--max-held", min=1, show_default=False, help="Conversations attached at once, at most (default 64; "
+        "--max-held", metavar="N", min=1, show_default=False,
+        help="Conversations attached at once, at most (default 64; "
         "each holds a database connection or a lock); one more in use answers 503 server_busy.")] = None,
     idle_release: Annotated[float | None, typer.Option(
-        "--idle-release", min=0.0, show_default=False, help="Seconds a conversation stays attached after its "
+        "--idle-release", metavar="SECONDS", min=0.0, show_default=False,
+        help="Seconds a conversation stays attached after its "
         "last request or turn (default 30).")] = None,
     log_format: LogFormatOption = "text",
     store: StoreOption = None,
@@ -127,7 +130,7 @@ def serve_command(
 
 
 @token_app.command("create")
-def token_create(user: Annotated[str, typer.Argument(help="The user the token lets in.")],
+def token_create(user: Annotated[str, typer.Argument(metavar="USER", help="The user the token lets in.")],
                  store: StoreOption = None) -> None:
     """Create a bearer token for USER and print it, once. Only its hash is stored."""
 
@@ -152,7 +155,8 @@ def token_list(store: StoreOption = None) -> None:
 
 
 @token_app.command("revoke")
-def token_revoke(token_id: Annotated[str, typer.Argument(help="The token's id, as `harness token list` shows.")],
+def token_revoke(token_id: Annotated[str, typer.Argument(metavar="TOKEN_ID",
+                                                         help="The token's id, as `harness token list` shows.")],
                  store: StoreOption = None) -> None:
     """Revoke a token: from the next request on it lets nobody in."""
 

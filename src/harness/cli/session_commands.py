@@ -67,9 +67,9 @@ def delete(
 @app.command()
 def abort(
     session: SessionArgument,
-    lane: Annotated[str, typer.Option(help="The lane whose open operation to abort.")] = "main",
+    lane: Annotated[str, typer.Option(metavar="LANE", help="The lane whose open operation to abort.")] = "main",
     cause: Annotated[str, typer.Option(
-        help=f"The abort cause recorded: one of {', '.join(get_args(AbortCause))}.")] = "user",
+        metavar="CAUSE", help=f"The abort cause recorded: one of {', '.join(get_args(AbortCause))}.")] = "user",
     store: StoreOption = None,
 ) -> None:
     """Abort a lane's open operation and settle it as aborted.

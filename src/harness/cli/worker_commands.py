@@ -24,7 +24,7 @@ NO_APPROVER = "the worker does not hold its conversation now"
 
 @app.command("worker")
 def worker_command(
-    concurrency: Annotated[int, typer.Option("--concurrency", min=1, help="Sessions driven at once.")] = 4,
+    concurrency: Annotated[int, typer.Option("--concurrency", metavar="N", min=1, help="Sessions driven at once.")] = 4,
     approve_all: Annotated[bool, typer.Option("--yes", help="Run the tools that change things (write, edit, "
                                               "shell, MCP tools not marked read-only) without asking; without it "
                                               "each call waits for an answer given through harness serve.")] = False,
