@@ -1,5 +1,12 @@
 """Records kept at addresses beside the entries: lane configuration and state, operations,
-pending entries, usage rows. Only their shapes live here; the harness gives them meaning."""
+pending entries, usage rows. Only their shapes live here; the harness gives them meaning.
+
+A record refuses a field it does not know (`Record`, `extra="forbid"`), so a field added to one
+the journal already holds has a default and is left out of the stored JSON while at it
+(`exclude_if`, `_unset`): a record that does not use it is the very JSON an older reader reads.
+One that uses it needs a version that knows it, and an older one refuses it as undecodable
+(`StorageCorruption`): hosted mode upgrades its workers before the processes that accept runs
+(docs/workers.md)."""
 
 from __future__ import annotations
 
@@ -10,6 +17,11 @@ from pydantic import BaseModel, ConfigDict, Field
 from harness.messages import CleanJson, CleanStr, Message, ModelIdentity, OutputSchema, Record, ThinkingLevel, Usage
 
 OperationKind: TypeAlias = Literal["run", "compaction", "navigation"]
+
+
+def _unset(value: object) -> bool:
+    """Whether a field added to a stored record is at its default (None, 0): left out of the JSON."""
+    return value is None or value == 0
 
 
 class LaneConfig(Record):
@@ -171,8 +183,8 @@ class RunIntent(Record):
 
     kind: Literal["run"] = "run"
     prompt_entry_ids: list[str]
-    output: OutputSchema | None = None
-    output_retries: Annotated[int, Field(ge=0)] = 0
+    output: OutputSchema | None = Field(default=None, exclude_if=_unset)
+    output_retries: Annotated[int, Field(ge=0, exclude_if=_unset)] = 0
 
 
 class CompactionIntent(Record):
@@ -203,7 +215,7 @@ class OperationMeta(Record):
     source_tip_id: str | None
     started_at: int
     intent: OperationIntent
-    traceparent: str | None = None
+    traceparent: str | None = Field(default=None, exclude_if=_unset)
 
 
 class Running(Record):
