@@ -138,7 +138,8 @@ KEY_SCHEMA: dict[str, JsonValue] = {
 class ProbeTool:
     """A tool that records each run and answers `"<name>:<key>"`. A call whose `key` has a gate
     (`gate(key)`) waits for it, or for its Context to be cancelled (then it answers `cancelled`).
-    `started[key]` is set when a run begins; `in_flight` and `max_in_flight` count concurrency."""
+    `started[key]` is set when a run begins; `in_flight` and `max_in_flight` count concurrency.
+    With `asks_first` an approval policy asks before each call (`AgentTool.asks_first`)."""
 
     def __init__(
         self,
@@ -147,9 +148,11 @@ class ProbeTool:
         replay: Literal["never", "safe"] = "never",
         parameters: dict[str, JsonValue] | None = None,
         details: JsonValue = None,
+        asks_first: bool = False,
     ) -> None:
         self.name = name
         self.replay: Literal["never", "safe"] = replay
+        self.asks_first = asks_first
         self.parameters = parameters if parameters is not None else KEY_SCHEMA
         self.details = details
         self.runs: list[dict[str, JsonValue]] = []
@@ -168,7 +171,7 @@ class ProbeTool:
     @property
     def tool(self) -> AgentTool:
         spec = ToolSpec(name=self.name, description=f"the {self.name} test tool", parameters=self.parameters)
-        return AgentTool(spec=spec, execute=self.execute, replay=self.replay)
+        return AgentTool(spec=spec, execute=self.execute, replay=self.replay, asks_first=self.asks_first)
 
     async def execute(
         self, tool_call_id: str, args: dict[str, JsonValue], on_update: Callable[[JsonValue, bool], Awaitable[None]],

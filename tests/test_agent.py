@@ -191,7 +191,7 @@ def test_the_decorator_sets_the_replay_rule_and_approval_and_keeps_the_function(
         """Twice `n`."""
         return 2 * n
 
-    assert (double.agent_tool.replay, double.approval, double.name) == ("safe", True, "double")
+    assert (double.agent_tool.replay, double.agent_tool.asks_first, double.name) == ("safe", True, "double")
     assert double(4) == 8
     assert (lookup.agent_tool.replay, ledger.agent_tool.replay) == ("safe", "never")
 

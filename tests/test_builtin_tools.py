@@ -34,7 +34,7 @@ from harness.tools import (
     Workspace,
     builtin_tools,
 )
-from tool_helpers import Asker, Progress, call, details, request, text, wait_dead
+from tool_helpers import Asker, Progress, builtin, call, details, request, text, wait_dead
 
 pytest_plugins = ["tool_fixtures"]  # root and workspace
 
@@ -604,7 +604,7 @@ async def test_allowing_once_asks_again_and_allowing_for_the_session_does_not(ct
 
     assert len(asker.asked) == 2
     assert policy.allowed_for_session == {"write"}
-    assert policy.needs_approval("shell")
+    assert policy.needs_approval(builtin("shell"))
 
 
 async def test_a_refusal_blocks_the_call_with_the_reason(ctx: Context) -> None:

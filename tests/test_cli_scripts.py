@@ -17,6 +17,7 @@ import pytest
 
 import test_cli_run
 from harness.cli.config import RETRY_DELAY_VARIABLE, client_setup, drive_settings, tool_workspace
+from harness.conversation import ExecutionTarget
 from harness.errors import InvalidInput
 from harness.providers import FAUX_MODEL, ModelRegistry
 from harness.providers.replay import Hold, ReplayResponse, ReplayServer
@@ -145,10 +146,11 @@ def test_a_clients_approval_hook_decides_only_the_calls_its_policy_would_ask_abo
     decides = setup.hooks.before_tool_applies
     assert setup.hooks.before_tool is approval
     assert decides is not None
-    assert [name for name in ("read", "list", "grep", "jobs", "write", "edit", "shell") if decides(name)] == [
-        "write", "edit", "shell"]
+    assert setup.tools_for is not None
+    tools = {tool.name: tool for tool in setup.tools_for(ExecutionTarget("c-1", None, tmp_path))}
+    assert [name for name, tool in tools.items() if decides(tool)] == ["write", "edit", "shell"]
     approval.allow_for_session("shell")
-    assert not decides("shell")
+    assert not decides(tools["shell"])
 
 
 def test_a_missing_weights_file_is_refused_before_anything_is_written(home: Path, work: Path,

@@ -187,7 +187,7 @@ async def test_a_call_the_before_tool_hook_does_not_decide_starts_with_the_reply
     async def before_tool(request: ToolCallRequest, context: Context) -> None:
         asked.append(request.tool_name)
 
-    hooks = RunHooks(before_tool=before_tool, before_tool_applies=lambda name: name == "write")
+    hooks = RunHooks(before_tool=before_tool, before_tool_applies=lambda tool: tool.name == "write")
     rig = await start_rig(store, ctx, two_steps(probe), tools=[probe.tool], clock=FakeClock(hold_waits=True),
                           frame_interval_s=3600, hooks=hooks)
     calls = Calls(store, monkeypatch, "commit")
@@ -223,7 +223,7 @@ async def test_calls_after_one_the_hook_decides_start_only_after_its_answer(stor
                     tool_call(probe.name, {"key": "c"})), reply("done")]
     rig.append(await start_rig(store, ctx, script, tools=[probe.tool, gated.tool],
                                hooks=RunHooks(before_tool=before_tool,
-                                              before_tool_applies=lambda name: name == gated.name)))
+                                              before_tool_applies=lambda tool: tool.name == gated.name)))
 
     await prompt(rig[0], "first", ctx)
 

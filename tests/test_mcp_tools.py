@@ -239,7 +239,7 @@ async def test_a_tool_not_marked_read_only_asks_first_unless_a_rule_allows_it(
     ledger.write_text("first\n")  # the tool kills its caller on the ledger's first line only
     allowed = PermissionRules([parse_rule(text, "allow", "test", tmp_path) for text in rules])
     async with connected(project_with(tmp_path, {"test": stdio_entry(ledger)}), tmp_path) as servers:
-        approval = ApprovalPolicy(None, rules=allowed, mcp=servers)
+        approval = ApprovalPolicy(None, rules=allowed)
         script: FauxScript = [reply(tool_call("mcp__test__echo", {"text": "hi"}),
                                     tool_call("mcp__test__ledger", {"key": "k"})), "done"]
         _, faux, _ = await turn(store, servers, script, tmp_path, ctx, approval=approval)

@@ -36,7 +36,7 @@ from harness.tools import (
 )
 from server_helpers import asgi_client, faux_app
 from test_cli_run import chat_text, chat_tool_call, harness, openai_env
-from tool_helpers import Asker, request
+from tool_helpers import Asker, builtin, request
 
 HERE = Path("/work/repo")
 
@@ -222,8 +222,8 @@ async def test_an_allow_rule_runs_a_gated_call_and_an_ask_rule_asks_for_a_read(c
     assert await policy(request("read", path="README.md"), ctx) is None
     assert await policy(request("read", path=".env"), ctx) == Block(reason="the person declined it")
     assert [(asked.tool_name, asked.rule) for asked in asker.asked] == [("read", "`read(.env)` (the test)")]
-    assert policy.decides("read")
-    assert not policy.decides("list")
+    assert policy.decides(builtin("read"))
+    assert not policy.decides(builtin("list"))
 
 
 async def test_a_hook_sees_the_rule_that_decided(ctx: Context) -> None:
@@ -304,9 +304,8 @@ async def test_an_always_answered_over_http_is_the_conversations_not_the_servers
     its next turn's call, which runs without waiting), while another conversation is asked again;
     a deny rule of the server's settings blocks a call without anyone being asked."""
     store = await connect(f"sqlite:///{tmp_path / 'harness.db'}", ctx)
-    probe = ProbeTool()
-    approvals = Approvals(gated=frozenset({"probe"}), rules=PermissionRules.of("the test", tmp_path,
-                                                                                deny=["mcp__github__*"]))
+    probe = ProbeTool(asks_first=True)
+    approvals = Approvals(rules=PermissionRules.of("the test", tmp_path, deny=["mcp__github__*"]))
     changes: list[ApprovalChange] = []
     asked = asyncio.Event()
 

@@ -169,7 +169,7 @@ async def test_a_call_waiting_for_approval_pauses_its_stream_and_the_answer_stre
     `tool-calls`), live and resumed; the assistant message posted back with the answer on its tool
     part runs the call and streams the rest under the same message id: not the text the client
     has, but the call's output, a row written while it waited, and the reply."""
-    approvals, probe = Approvals(gated=frozenset({"probe"})), ProbeTool()
+    approvals, probe = Approvals(), ProbeTool(asks_first=True)
     served = faux_app(store, [reply("Checking. ", tool_call("probe", {"key": "a"})), reply("Found it.")],
                       tools=[probe], approvals=approvals)
     conversation_id = await new_conversation(served, ctx)
@@ -211,7 +211,7 @@ async def test_a_call_waiting_for_approval_pauses_its_stream_and_the_answer_stre
 ])
 async def test_an_answer_no_call_waits_for_is_refused_and_answers_nothing(
         store: Store, ctx: Context, approval: dict[str, Any], status: int, code: str) -> None:
-    approvals, probe = Approvals(gated=frozenset({"probe"})), ProbeTool()
+    approvals, probe = Approvals(), ProbeTool(asks_first=True)
     served = faux_app(store, [reply(tool_call("probe", {"key": "a"})), reply("never")], tools=[probe],
                       approvals=approvals)
     conversation_id = await new_conversation(served, ctx)
@@ -236,7 +236,7 @@ async def test_a_call_asked_while_another_runs_pauses_the_stream_only_once_that_
         store: Store, ctx: Context) -> None:
     """The client answers with its next request once every call of the step has an output or an
     answer, so a stream pauses only when nothing of its run is running."""
-    approvals, probe, write = Approvals(gated=frozenset({"write"})), ProbeTool(), ProbeTool("write")
+    approvals, probe, write = Approvals(), ProbeTool(), ProbeTool("write", asks_first=True)
     hold = probe.gate("slow")
     served = faux_app(store, [reply(tool_call("probe", {"key": "slow"}), tool_call("write", {"key": "b"}))],
                       tools=[probe, write], approvals=approvals)
@@ -357,10 +357,10 @@ async def test_the_ai_sdk_client_approves_and_denies_a_waiting_call_and_the_repl
     same message: approved, the tool runs and the reply finishes; denied, it never runs and the
     model reads the person's reason."""
     node()
-    probe = ProbeTool()
+    probe = ProbeTool(asks_first=True)
     served = faux_app(store, [reply(tool_call("probe", {"key": "a"})), reply("Found it."),
                               reply(tool_call("probe", {"key": "b"})), reply("Understood.")],
-                      tools=[probe], approvals=Approvals(gated=frozenset({"probe"})))
+                      tools=[probe], approvals=Approvals())
     conversation_id = await new_conversation(served, ctx)
 
     async with serving(served.app) as url:

@@ -29,8 +29,8 @@ from test_server_holds import QUIET, stores  # noqa: F401  (stores is a fixture)
 
 
 def gated(probe: ProbeTool, store: Store, script: list[Any], *, options: Any = None) -> tuple[Served, asyncio.Event]:
-    """An app whose `probe` calls wait for approval, and an event set once one waits."""
-    approvals = Approvals(gated=frozenset({"probe"}))
+    """An app whose calls of a tool that asks first (`probe`) wait for approval, and an event set once one waits."""
+    approvals = Approvals()
     asked = asyncio.Event()
     approvals.listen(lambda change: asked.set() if change.answer is None else None)
     return faux_app(store, script, tools=[probe], approvals=approvals, options=options), asked
@@ -54,7 +54,7 @@ async def a_call_waiting_in_a(pair: tuple[Store, Store], script: list[Any]) -> A
     """Server A (the pair's first store) drives a turn of `script` until its probe call waits for
     approval; server B (the second) is up beside it, holding nothing."""
     store, other = pair
-    probe = ProbeTool()
+    probe = ProbeTool(asks_first=True)
     holder, asked = gated(probe, store, script)
     elsewhere, _ = gated(probe, other, [], options=QUIET)
     async with asgi_client(holder.app) as a, asgi_client(elsewhere.app) as b:
@@ -159,7 +159,7 @@ async def test_an_unknown_call_is_not_found_on_a_server_that_does_not_hold_it(
     """Issue 28: with no call waiting anywhere under that id, B answers 404 `approval_not_found`
     and posts nothing."""
     store, other = stores
-    probe = ProbeTool()
+    probe = ProbeTool(asks_first=True)
     holder, _ = gated(probe, store, ["hi"])
     elsewhere, _ = gated(probe, other, [], options=QUIET)
     async with asgi_client(holder.app) as a, asgi_client(elsewhere.app) as b:

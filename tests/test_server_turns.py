@@ -104,8 +104,8 @@ async def test_stop_is_a_durable_abort_with_cause_user(store: Store) -> None:
 
 
 async def test_a_gated_tool_call_waits_for_the_owners_answer_over_http(store: Store) -> None:
-    probe = ProbeTool()
-    approvals = Approvals(gated=frozenset({"probe"}))
+    probe = ProbeTool(asks_first=True)
+    approvals = Approvals()
     asked = asyncio.Event()
     approvals.listen(lambda change: asked.set())
     served = faux_app(store, [reply(tool_call("probe", {"key": "k"})), "ran it"], tools=[probe], approvals=approvals)
@@ -131,8 +131,8 @@ async def test_a_gated_tool_call_waits_for_the_owners_answer_over_http(store: St
 async def test_stop_reaches_a_call_waiting_for_approval(store: Store, ctx: Context) -> None:
     """The durable stop refuses the waiting call (it never runs, its approval is withdrawn), the
     run settles aborted (cause `user`) with the call answered, and the interrupted row shows."""
-    probe = ProbeTool()
-    approvals = Approvals(gated=frozenset({"probe"}))
+    probe = ProbeTool(asks_first=True)
+    approvals = Approvals()
     changes: list[ApprovalChange] = []
     asked = asyncio.Event()
 

@@ -1,19 +1,22 @@
 """What the built-in tools' tests share (test_builtin_tools, test_tool_jobs, test_tool_safety,
-test_permission_rules): one call of one tool, what its output says, a progress recorder, a wait
-for a process that is not ours to end, and an approval callback answering from a list. Their
+test_permission_rules): one call of one tool, a built-in tool as it declares itself, what its
+output says, a progress recorder, a wait for a process that is not ours to end, and an approval
+callback answering from a list. Their
 shared fixtures are in `tool_fixtures`."""
 
 from __future__ import annotations
 
 import asyncio
 import os
+from pathlib import Path
 
 from pydantic import JsonValue
 
 from harness.context import Context
 from harness.messages import TextContent
-from harness.runtime import ToolCallRequest, ToolOutput
+from harness.runtime import AgentTool, ToolCallRequest, ToolOutput
 from harness.tools import Approval, ApprovalRequest, BackgroundJobs, Workspace, builtin_tools
+from harness.tools.builtin import ASKS_FIRST
 
 
 class Progress:
@@ -40,6 +43,11 @@ async def call(workspace: Workspace, name: str, args: dict[str, JsonValue], *, j
     in `jobs` (a registry of its own when None)."""
     tool = {tool.name: tool for tool in builtin_tools(workspace, jobs=jobs, owner=owner)}[name]
     return await tool.execute("call-1", args, progress or Progress(), context or Context())
+
+
+def builtin(name: str) -> AgentTool:
+    """The built-in tool `name`, for what it declares (`replay`, `asks_first`), not to run."""
+    return {tool.name: tool for tool in builtin_tools(Workspace(root=Path.cwd(), output_dir=Path.cwd()))}[name]
 
 
 def text(output: ToolOutput) -> str:
@@ -77,8 +85,9 @@ async def wait_dead(pid: int, timeout_s: float = 5.0) -> bool:
 
 
 def request(tool: str, **args: JsonValue) -> ToolCallRequest:
-    """A call of `tool` with `args`, as the approval policy is asked about it."""
-    return ToolCallRequest(operation_id="op-1", tool_call_id=f"call-{tool}", tool_name=tool, args=dict(args))
+    """A call of the built-in `tool` with `args`, as the approval policy is asked about it."""
+    return ToolCallRequest(operation_id="op-1", tool_call_id=f"call-{tool}", tool_name=tool, args=dict(args),
+                           asks_first=tool in ASKS_FIRST)
 
 
 class Asker:

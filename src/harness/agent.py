@@ -148,10 +148,8 @@ class Agent:
         self.fallback = tuple(ModelIdentity.parse(each) if isinstance(each, str) else each for each in fallback)
         for each in self.fallback:
             self.models.usable(each)
-        made = [_agent_tool(each) for each in tools]
-        self.tools = [agent_tool for agent_tool, _ in made]
-        gated = [agent_tool.name for agent_tool, approval in made if approval]
-        policy = ApprovalPolicy(ask, gated=gated) if gated else None
+        self.tools = [_agent_tool(each) for each in tools]
+        policy = ApprovalPolicy(ask) if any(each.asks_first for each in self.tools) else None
         hooks = RunHooks(before_tool=policy, before_tool_applies=policy.decides if policy is not None else None,
                          check_output=self._check_output)
         self.setup = ConversationSetup(models=self.models, tools=self.tools, system_prompt=instructions, hooks=hooks,
@@ -503,9 +501,9 @@ def _total(usages: Sequence[Usage]) -> Usage:
                            total=sum(c.total for c in costs)))
 
 
-def _agent_tool(given: ToolLike) -> tuple[AgentTool, bool]:
-    """A tool as the harness runs it, and whether its calls wait for approval."""
+def _agent_tool(given: ToolLike) -> AgentTool:
+    """A tool as the harness runs it (its `asks_first` says whether its calls wait for approval)."""
     if isinstance(given, AgentTool):
-        return given, False
+        return given
     made = given if isinstance(given, FunctionTool) else function_tool(given)
-    return made.agent_tool, made.approval
+    return made.agent_tool

@@ -127,8 +127,7 @@ class ChatClient:
         # A call asked here may be answered from `harness serve` too (its approvals route, the web
         # page): the first answer wins, and the prompt is dismissed.
         self.approval = (ApprovalPolicy.allow_all(self.ask_approval, rules=settings.rules) if settings.approve_all
-                         else ApprovalPolicy(self.ask_approval, rules=settings.rules, mcp=self.mcp,
-                                             answered_anywhere=True))
+                         else ApprovalPolicy(self.ask_approval, rules=settings.rules, answered_anywhere=True))
         self.approval.conversation_of = lambda request: self._attached.conversation if self._attached else None
         self.allowed_always: tuple[str, ...] = ()
         """The rules the person allowed "always" in the attached conversation, for the status line."""
@@ -329,17 +328,18 @@ class ChatClient:
 
     def approvals(self) -> str:
         """Which of the lane's tools still ask before they run, e.g. `edit, shell ask first; write allowed`."""
-        active = set(self.conversation.config(self.lane).active_tools)
-        if not active:
+        if not self.conversation.config(self.lane).active_tools:
             return "no tools"
-        gated = sorted(self.approval.gated & active)
+        # The built-in tools first, then the MCP servers' (there may be dozens: `_few` counts them).
+        gated = sorted((tool for tool in self.conversation.offered_tools(self.lane) if tool.asks_first),
+                       key=lambda tool: (tool.name in self.mcp.tools, tool.name))
         if not gated:
             return "only tools that change nothing"  # plan mode, say: nothing to approve
-        asking = [name for name in gated if self.approval.needs_approval(name, self.allowed_always)]
-        allowed = [name for name in gated if name not in asking]
+        asking = [tool.name for tool in gated if self.approval.needs_approval(tool, self.allowed_always)]
+        allowed = [tool.name for tool in gated if tool.name not in asking]
         if not asking:
             return "writes and shell allowed" + (" (--yes)" if self.settings.approve_all else "")
-        return f"{', '.join(asking)} ask first" + (f"; {', '.join(allowed)} allowed" if allowed else "")
+        return f"{_few(asking)} ask first" + (f"; {_few(allowed)} allowed" if allowed else "")
 
     async def ask_approval(self, request: ApprovalRequest, context: Context) -> Approval:
         """The `before_tool` question, answered by one key: y allows the call, a allows the tool
@@ -485,6 +485,14 @@ def command_as_invoked(argv0: str | None = None, *, cwd: Path | None = None, pat
     if program.is_relative_to(cwd):
         return str(program.relative_to(cwd))
     return str(program)
+
+
+def _few(names: list[str], shown: int = 3) -> str:
+    """`names` for the status line: an MCP server may bring dozens, so past `shown` + 1 the
+    rest are counted."""
+    if len(names) <= shown + 1:
+        return ", ".join(names)
+    return f"{', '.join(names[:shown])} and {len(names) - shown} more"
 
 
 def _untrusted_note(names: list[str]) -> str:

@@ -293,7 +293,7 @@ async def run_turn(store: Store, turn: RunTurn, registry: ModelRegistry, context
     # What the run starts in the background ends with it.
     async with process_tools(turn.cwd, turn.home) as (jobs, mcp):
         approval = (ApprovalPolicy.allow_all(rules=turn.rules) if turn.approve_all
-                    else ApprovalPolicy(None, rules=turn.rules, mcp=mcp, unavailable_reason=NO_APPROVER))
+                    else ApprovalPolicy(None, rules=turn.rules, unavailable_reason=NO_APPROVER))
         await mcp.ready()  # one prompt, nobody typing meanwhile: its first step offers the servers' tools
         attached = await attach_client(
             store, turn.session_id, context, registry=registry, home=turn.home, cwd=turn.cwd, approval=approval,

@@ -106,7 +106,7 @@ def serve_command(
         async with process_tools(Path.cwd(), home) as (jobs, mcp):
             # Write, edit, shell and the MCP tools not marked read-only wait for the owner's answer
             # over HTTP, unless the settings' rules decide.
-            approvals = Approvals(rules=rules, mcp=mcp)
+            approvals = Approvals(rules=rules)
             # The streams show the calls waiting here as they start and stop waiting.
             setup = replace(client_setup(registry, tool_workspace(Path.cwd(), home), home, approvals.hook, jobs,
                                          mcp=mcp), on_approval=approvals.changed)

@@ -60,7 +60,7 @@ def worker_command(
         # The MCP servers connect in the background: claiming starts at once.
         async with process_tools(Path.cwd(), home) as (jobs, mcp):
             approval = (ApprovalPolicy.allow_all(rules=rules) if approve_all
-                        else ApprovalPolicy(None, rules=rules, mcp=mcp, unavailable_reason=NO_APPROVER,
+                        else ApprovalPolicy(None, rules=rules, unavailable_reason=NO_APPROVER,
                                             answered_anywhere=True))
             setup = client_setup(registry, tool_workspace(Path.cwd(), home), home, approval, jobs, mcp=mcp)
             service = ConversationService(opened, setup)

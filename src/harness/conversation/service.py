@@ -676,6 +676,11 @@ class Conversation:
         """The lane's configuration as it is now: model, reasoning level, active tools."""
         return self._harness.lane(lane).config
 
+    def offered_tools(self, lane: str = MAIN_LANE) -> list[AgentTool]:
+        """The tools the lane's next step would offer (its active tools, an MCP server's as
+        present now), each with its `asks_first`."""
+        return self._harness.offered_tools(lane)
+
     def tip_id(self, lane: str = MAIN_LANE) -> str | None:
         """The entry the lane continues from (None: an empty branch)."""
         return self._harness.lane(lane).tip_id

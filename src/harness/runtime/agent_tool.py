@@ -5,15 +5,18 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-from jsonschema.protocols import Validator
-from jsonschema.validators import validator_for
 from pydantic import BaseModel, ConfigDict, JsonValue
 
 from harness.context import Context
 from harness.messages import UserContent
 from harness.providers import ToolSpec
+
+# jsonschema loads at the first call validated, not with the runtime: a chat's start validates
+# none (issue 33, item 13).
+if TYPE_CHECKING:
+    from jsonschema.protocols import Validator
 
 
 class ToolOutput(BaseModel):
@@ -34,8 +37,11 @@ ProgressCallback = Callable[[JsonValue, bool], Awaitable[None]]
 
 @dataclass(frozen=True)
 class AgentTool:
-    """A tool: its model-facing spec, how to run it, and whether running it again after a crash is
-    safe (`replay="safe"`) or must be answered with an interruption instead (`"never"`, HA-25).
+    """A tool: its model-facing spec, how to run it, whether running it again after a crash is
+    safe (`replay="safe"`) or must be answered with an interruption instead (`"never"`, HA-25),
+    and whether a call asks someone first (`asks_first`: it changes files, runs commands or acts
+    on the world) unless a permission rule lets it run; an approval policy reads it from the
+    `ToolCallRequest` its hook is given.
 
     `execute(tool_call_id, args, on_update, context)` runs it; the harness validates `args`
     against `spec.parameters` first."""
@@ -43,6 +49,7 @@ class AgentTool:
     spec: ToolSpec
     execute: Callable[[str, dict[str, JsonValue], ProgressCallback, Context], Awaitable[ToolOutput]]
     replay: Literal["never", "safe"] = "never"
+    asks_first: bool = False
 
     @property
     def name(self) -> str:
@@ -51,6 +58,8 @@ class AgentTool:
     @cached_property
     def arguments_validator(self) -> Validator:
         """The JSON Schema validator of `spec.parameters`, of the draft the schema names, made once."""
+        from jsonschema.validators import validator_for
+
         schema = self.spec.parameters
         return validator_for(schema)(schema)
 

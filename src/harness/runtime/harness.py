@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, TypeVar, cast
 
 from harness.context import Context
 from harness.errors import InvalidInput
-from harness.runtime.agent_tool import AgentTool
+from harness.runtime.agent_tool import AgentTool, offered_tools
 from harness.runtime.bus import EventBus, Listener
 from harness.runtime.commit import Decision, SessionLine
 from harness.runtime.drive import DriveEnvironment, OperationDriver
@@ -140,6 +140,12 @@ class AgentHarness:
     @property
     def lanes(self) -> list[LaneInfo]:
         return [lane.info() for lane in self._lanes.values()]
+
+    def offered_tools(self, lane: str) -> list[AgentTool]:
+        """The tools the lane's next step would offer: those its active tools name that this
+        harness has, a pattern's (`mcp__*`) as present now (`offered_tools`). `UnknownLane` if
+        the session has no lane of that name."""
+        return offered_tools(self.lane(lane).config.active_tools, self._environment.tools)
 
     async def create_lane(self, name: str, config: LaneConfig, context: Context, *, at: str | None = None) -> Lane:
         """Create lane `name` starting at entry `at` (None: an empty branch); emits `lane_created`

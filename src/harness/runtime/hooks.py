@@ -12,19 +12,21 @@ from pydantic import JsonValue
 
 from harness.context import Context
 from harness.messages import Message, ModelIdentity, OutputSchema
-from harness.runtime.agent_tool import ToolOutput
+from harness.runtime.agent_tool import AgentTool, ToolOutput
 from harness.runtime.lane import Lane
 from harness.session import AbortCause, EntryPayload, OperationErrorRecord, OperationKind
 
 
 @dataclass(frozen=True)
 class ToolCallRequest:
-    """A tool call about to run, as `before_tool` and `after_tool` see it."""
+    """A tool call about to run, as `before_tool` and `after_tool` see it; `asks_first` is its
+    tool's (`AgentTool.asks_first`)."""
 
     operation_id: str
     tool_call_id: str
     tool_name: str
     args: dict[str, JsonValue]
+    asks_first: bool = False
 
 
 @dataclass(frozen=True)
@@ -168,8 +170,8 @@ It must be quick and must not raise; an exception fails the commit."""
 @dataclass(frozen=True)
 class RunHooks:
     before_tool: BeforeTool | None = None
-    before_tool_applies: Callable[[str], bool] | None = None
-    """Whether `before_tool` decides the calls of the tool of this name; None: every call. A call
+    before_tool_applies: Callable[[AgentTool], bool] | None = None
+    """Whether `before_tool` decides the calls of this tool; None: every call. A call
     of a tool it does not decide runs as if the hook had returned None, and may start with the
     reply that asked for it, its intent committed with that reply (one commit fewer)."""
     after_tool: AfterTool | None = None

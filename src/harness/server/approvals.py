@@ -14,13 +14,13 @@ from harness.conversation import ApprovalChange, Conversation, PendingApproval
 from harness.conversation.approvals import journal_pending
 from harness.runtime import ToolCallRequest
 from harness.session import SessionReader
-from harness.tools import NEEDS_APPROVAL, ApprovalPolicy, McpServers, PermissionRules
+from harness.tools import ApprovalPolicy, PermissionRules
 
 
 class Approvals:
     """The approvals of one server and its `before_tool` hook (`Approvals.hook`, an
-    `ApprovalPolicy` over the tools in `gated` and `mcp`'s weighing the permission `rules`,
-    issue 30, whose calls wait in their conversation for an answer from anywhere). An answer
+    `ApprovalPolicy` weighing the permission `rules` and each tool's `asks_first`, issue 30,
+    whose calls wait in their conversation for an answer from anywhere). An answer
     `for_session` allows that tool for the rest of the conversation, kept in its journal, as a
     chat's "always" is. `conversation_of` tells which conversation an operation belongs to (the
     server binds it to its drives) and `live` gives the conversation live here (the server binds
@@ -28,9 +28,8 @@ class Approvals:
     be asked. Give `changed` to the service as its setup's `on_approval`, so that `listen`ers
     (the streams) hear of each call."""
 
-    def __init__(self, *, gated: frozenset[str] = NEEDS_APPROVAL, rules: PermissionRules | None = None,
-                 mcp: McpServers | None = None) -> None:
-        self.hook = ApprovalPolicy(None, gated=gated, rules=rules, mcp=mcp, conversation_of=self._conversation,
+    def __init__(self, *, rules: PermissionRules | None = None) -> None:
+        self.hook = ApprovalPolicy(None, rules=rules, conversation_of=self._conversation,
                                    answered_anywhere=True,
                                    unavailable_reason="this server knows no conversation it belongs to")
         self.conversation_of: Callable[[str], str | None] = lambda operation_id: None

@@ -1,5 +1,6 @@
 """Approval of tool calls: a `before_tool` hook that weighs the permission rules and asks someone
-first when they say so, or when a call would change things and no rule allows it."""
+first when they say so, or when a call's tool asks first (`AgentTool.asks_first`) and no rule
+allows it."""
 
 from __future__ import annotations
 
@@ -13,16 +14,11 @@ from typing import Protocol
 from pydantic import JsonValue
 
 from harness.context import Context
-from harness.runtime import Approval, ApprovalRequest, AskApproval, Block, ToolCallRequest
-from harness.tools.mcp import McpServers
+from harness.runtime import AgentTool, Approval, ApprovalRequest, AskApproval, Block, ToolCallRequest
 from harness.tools.permissions import InvalidPermissionRule, PermissionDecision, PermissionRules, parse_rule
 from harness.tools.workspace import plural
 
 logger = logging.getLogger(__name__)
-
-NEEDS_APPROVAL: frozenset[str] = frozenset({"write", "edit", "shell"})
-"""The built-in tools that change files or run commands, and so ask before they run."""
-
 
 ALLOW_ONCE = Approval(allow=True)
 ALLOW_FOR_SESSION = Approval(allow=True, for_session=True)
@@ -71,8 +67,9 @@ class ApprovalPolicy:
     `before_tool_applies`) that weighs the permission `rules` and the conversation's "always"
     answers for each call (issue 30): a `deny` rule blocks it, an `ask` rule asks, an `allow`
     rule runs it (`mcp__github__*` allows a server's tools); a call no rule names asks when its
-    tool is in `gated` or is a tool of `mcp`'s servers not marked read-only
-    (`McpServers.changes_things`), else runs.
+    tool asks first (`ToolCallRequest.asks_first`, its `AgentTool`'s: the built-in write, edit and
+    shell, an MCP tool not marked read-only, a function tool made with `approval=True`), else
+    runs, or runs anyway under `approve_all` (`--yes`).
 
     `conversation_of` gives the conversation a call belongs to (`RuleKeeper`): an answer "always"
     (`Approval.for_session`) is kept in its journal as a row the model reads and survives a
@@ -90,15 +87,14 @@ class ApprovalPolicy:
     run` without `--yes`), when asking raises, or when the Context is cancelled while asking (the
     run was stopped), the call is blocked with a reason the model reads."""
 
-    def __init__(self, ask: AskApproval | None, *, gated: Iterable[str] = NEEDS_APPROVAL,
-                 rules: PermissionRules | None = None, allowed: Iterable[str] = (), mcp: McpServers | None = None,
+    def __init__(self, ask: AskApproval | None, *, approve_all: bool = False,
+                 rules: PermissionRules | None = None, allowed: Iterable[str] = (),
                  conversation_of: Callable[[ToolCallRequest], RuleKeeper | None] | None = None,
                  directory: Path | None = None, unavailable_reason: str | None = None,
                  on_decision: Callable[[Decided], None] | None = None, answered_anywhere: bool = False) -> None:
         self._ask = ask
         self.answered_anywhere = answered_anywhere
-        self.gated = frozenset(gated)
-        self.mcp = mcp
+        self.approve_all = approve_all
         self.rules = rules or PermissionRules()
         self._allowed: set[str] = set(allowed)
         self.conversation_of = conversation_of
@@ -110,7 +106,7 @@ class ApprovalPolicy:
     def allow_all(cls, ask: AskApproval | None = None, *, rules: PermissionRules | None = None) -> ApprovalPolicy:
         """A policy that runs every call no rule denies or asks for (what `--yes` means), an MCP
         server's too."""
-        return cls(ask, gated=(), rules=rules)
+        return cls(ask, approve_all=True, rules=rules)
 
     @property
     def allowed_for_session(self) -> frozenset[str]:
@@ -120,25 +116,21 @@ class ApprovalPolicy:
     def allow_for_session(self, tool_name: str) -> None:
         self._allowed.add(tool_name)
 
-    def decides(self, tool_name: str) -> bool:
-        """Whether the policy has anything to say of calls of `tool_name` (`before_tool_applies`):
+    def decides(self, tool: AgentTool) -> bool:
+        """Whether the policy has anything to say of calls of `tool` (`before_tool_applies`):
         one a deny or ask rule names, or one that `needs_approval`. The calls of the others start
         with the reply that made them, one commit fewer (issue 12)."""
-        return self.rules.names(tool_name, ("deny", "ask")) or self.needs_approval(tool_name)
+        return self.rules.names(tool.name, ("deny", "ask")) or self.needs_approval(tool)
 
-    def gates(self, tool_name: str) -> bool:
-        """Whether a call of `tool_name` asks first when no rule names it: a tool of `gated`, or
-        an MCP tool that may change things (`mcp`'s `changes_things`)."""
-        return tool_name in self.gated or (self.mcp is not None and self.mcp.changes_things(tool_name))
-
-    def needs_approval(self, tool_name: str, allowed_always: Iterable[str] = ()) -> bool:
-        """Whether a call of `tool_name` asks first unless a pattern says otherwise: a gated tool
-        that no rule (nor `allowed_always`, a conversation's "always" answers) allows by name."""
-        if not self.gates(tool_name):
+    def needs_approval(self, tool: AgentTool, allowed_always: Iterable[str] = ()) -> bool:
+        """Whether a call of `tool` asks first unless a pattern says otherwise: `tool` asks first
+        (and not `approve_all`) and no rule (nor `allowed_always`, a conversation's "always"
+        answers) allows it by name."""
+        if not tool.asks_first or self.approve_all:
             return False
         directory = self._directory or Path.cwd()  # names alone: no path is weighed
         remembered = self._remembered([*self._allowed, *allowed_always], directory)
-        return (self.rules + remembered).decide(tool_name, {}, directory).effect != "allow"
+        return (self.rules + remembered).decide(tool.name, {}, directory).effect != "allow"
 
     async def decide(self, request: ToolCallRequest, context: Context) -> PermissionDecision:
         """What the rules and the conversation's "always" answers say of `request` (no one asked)."""
@@ -153,7 +145,8 @@ class ApprovalPolicy:
 
     async def __call__(self, request: ToolCallRequest, context: Context) -> Block | None:
         decision = await self.decide(request, context)
-        asks = decision.effect == "ask" or (decision.effect is None and self.gates(request.tool_name))
+        asks = decision.effect == "ask" or (decision.effect is None and request.asks_first
+                                              and not self.approve_all)
         if decision.effect == "deny":
             blocked: Block | None = Block(reason=f"a permission rule denies it: {decision.rule}")
         elif asks:

@@ -105,6 +105,9 @@ REPLAY: dict[str, Literal["never", "safe"]] = {
     "write": "never", "edit": "never", "shell": "never",  # may have happened: answered as interrupted
 }
 
+ASKS_FIRST: frozenset[str] = frozenset({"write", "edit", "shell"})
+"""The built-in tools that change files or run commands: each call asks first (`AgentTool.asks_first`)."""
+
 BUILTIN_TOOL_NAMES: tuple[str, ...] = tuple(SPECS)
 
 
@@ -117,8 +120,8 @@ def builtin_tools(workspace: Workspace, *, directory: Callable[[], Path] | None 
     with `background` becomes a job of `owner` in `jobs` (a registry of its own when None), which
     the jobs tool lists, reads and stops. Reads and jobs declare `replay="safe"` (run again after
     a crash); write, edit and shell `"never"` (a crash while they ran is answered with an
-    interruption, HA-25). A tool that cannot do what it was asked returns an error result the
-    model reads; it never raises."""
+    interruption, HA-25), and they ask first (`ASKS_FIRST`). A tool that cannot do what it was
+    asked returns an error result the model reads; it never raises."""
     registry = jobs if jobs is not None else BackgroundJobs()
 
     def here() -> Workspace:
@@ -139,7 +142,8 @@ def builtin_tools(workspace: Workspace, *, directory: Callable[[], Path] | None 
         "shell": shell,
         "jobs": lambda call_id, args, on_update, context: use_jobs(registry, owner, args),
     }
-    return [AgentTool(spec=SPECS[name], execute=_reporting_failures(run), replay=REPLAY[name])
+    return [AgentTool(spec=SPECS[name], execute=_reporting_failures(run), replay=REPLAY[name],
+                      asks_first=name in ASKS_FIRST)
             for name, run in runs.items()]
 
 

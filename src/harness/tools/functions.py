@@ -42,13 +42,12 @@ class ToolSignatureInvalid(HarnessError):
 @dataclass(frozen=True)
 class FunctionTool:
     """A typed function offered to the model: `agent_tool` is what the harness runs (its spec
-    from the signature and docstring, its `replay` rule), `approval` whether a call waits for
-    someone to allow it first. Calling it calls the function, so a decorated function stays
-    usable as one."""
+    from the signature and docstring, its `replay` rule, and `asks_first` when a call waits for
+    someone to allow it). Calling it calls the function, so a decorated function stays usable as
+    one."""
 
     function: Callable[..., Any]
     agent_tool: AgentTool
-    approval: bool = False
 
     @property
     def name(self) -> str:
@@ -72,7 +71,7 @@ def tool(function: Callable[P, R] | None = None, /, *, name: str | None = None, 
     """Make a typed function a tool (`function_tool`), as `@tool` or `@tool(replay="safe",
     approval=True)`: `replay="safe"` for a read that may run again after a crash (the default
     `"never"` answers an interrupted call with an interruption result instead), `approval` for a
-    call that waits for someone to allow it. Raises `ToolSignatureInvalid`."""
+    call that waits for someone to allow it (`AgentTool.asks_first`). Raises `ToolSignatureInvalid`."""
     if function is not None:
         return function_tool(function, name=name, replay=replay, approval=approval)
     return functools.partial(function_tool, name=name, replay=replay, approval=approval)
@@ -112,7 +111,7 @@ def function_tool(function: Callable[..., Any], *, name: str | None = None, desc
             values[context_parameter] = context
         return _output(await call(values))
 
-    return FunctionTool(function, AgentTool(spec=spec, execute=execute, replay=replay), approval)
+    return FunctionTool(function, AgentTool(spec=spec, execute=execute, replay=replay, asks_first=approval))
 
 
 def invalid_arguments_text(tool_name: str, error: ValidationError) -> str:

@@ -222,12 +222,11 @@ class McpServers:
 
     A tool is replay-safe (`replay="safe"`) when its annotations say `readOnlyHint` or
     `idempotentHint`, else never replayed: a crash during its call is answered as interrupted,
-    its effect unknown (HA-25), and it is not called again. Only a `readOnlyHint` tool runs
-    without asking first (`changes_things`, which an `ApprovalPolicy` given these servers
-    weighs). A server that fails, hangs past its `timeout` or answers garbage makes that call's
-    result an error the model reads; a call to a
-    server that stopped starts it again first. The server's requests for sampling or elicitation
-    are refused (the SDK's answer: not supported), and the client declares neither capability.
+    its effect unknown (HA-25), and it is not called again. Every tool but a `readOnlyHint` one
+    asks first (`AgentTool.asks_first`, which an `ApprovalPolicy` weighs). A server that fails,
+    hangs past its `timeout` or answers garbage makes that call's result an error the model
+    reads; a call to a server that stopped starts it again first. The server's requests for
+    sampling or elicitation are refused (the SDK's answer: not supported), and the client declares neither capability.
     A server whose config is not `trusted` (a project's the user has not trusted) is never
     started and offers no tools.
 
@@ -236,7 +235,6 @@ class McpServers:
     def __init__(self, configs: Sequence[McpServerConfig], *, log_dir: Path | None = None,
                  startup_timeout_s: float = STARTUP_TIMEOUT_S, retry_first_s: float = RETRY_FIRST_S) -> None:
         self.tools: dict[str, AgentTool] = {}
-        self._read_only: frozenset[str] = frozenset()
         self._log_dir = log_dir
         self._startup_timeout_s = startup_timeout_s
         self._retry_first_s = retry_first_s
@@ -262,16 +260,10 @@ class McpServers:
     def statuses(self) -> list[McpServerStatus]:
         return [server.status() for server in self._servers]
 
-    def changes_things(self, tool_name: str) -> bool:
-        """Whether a call of `tool_name`, an MCP tool's prefixed name, may change things, so it
-        asks before it runs as write, edit and shell do: every such tool whose server does not
-        say `readOnlyHint`, and one no server lists now (fail closed). False for other names."""
-        return tool_name.startswith(TOOL_PREFIX) and tool_name not in self._read_only
-
     def on_change(self, listener: Callable[[], None]) -> Callable[[], None]:
         """Call `listener()` each time `tools` is rebuilt: when a server connects, and when it has
         read its list again after announcing a change (the list may have come back the same). It
-        runs on the loop once the new list is in `tools` and `changes_things`, so it may read them;
+        runs on the loop once the new list is in `tools`, so it may read it;
         a listener that raises is logged and the others still run. Returns the function that stops
         the calls.
 
@@ -301,8 +293,6 @@ class McpServers:
         for server in self._servers:
             for name, tool in server.tools.items():
                 tools.setdefault(name, tool)
-        self._read_only = frozenset(name for server in self._servers for name in server.read_only
-                                    if tools.get(name) is server.tools[name])
         self.tools.clear()
         self.tools.update(tools)
         for listener in list(self._listeners):
@@ -326,8 +316,6 @@ class _Server:
     state: ServerState = "stopped"
     problem: str | None = None
     tools: dict[str, AgentTool] = field(default_factory=dict)
-    read_only: frozenset[str] = frozenset()
-    """The names in `tools` whose annotations say `readOnlyHint`."""
     refused: tuple[str, ...] = ()
     failures: int = 0
     """Starts in a row that ended before the server answered."""
@@ -474,7 +462,6 @@ class _Server:
             if cursor is None:
                 break
         tools: dict[str, AgentTool] = {}
-        read_only: set[str] = set()
         refused: list[str] = []
         for tool in listed:
             made = self._tool(tool)
@@ -484,9 +471,7 @@ class _Server:
                 refused.append(f"{tool.name}: its name {made.name} is taken by another tool of the server")
             else:
                 tools[made.name] = made
-                if tool.annotations is not None and tool.annotations.read_only_hint:
-                    read_only.add(made.name)
-        self.tools, self.read_only, self.refused = tools, frozenset(read_only), tuple(refused)
+        self.tools, self.refused = tools, tuple(refused)
         self.owner._publish()
 
     def _tool(self, tool: mcp_types.Tool) -> AgentTool | str:
@@ -505,14 +490,15 @@ class _Server:
         except (SchemaError, ValidationError) as error:
             return f"its input schema is not valid ({str(error).splitlines()[0]})"
         hints = tool.annotations
-        safe = hints is not None and bool(hints.read_only_hint or hints.idempotent_hint)
+        read_only = hints is not None and bool(hints.read_only_hint)
+        safe = read_only or (hints is not None and bool(hints.idempotent_hint))
         remote = tool.name
 
         async def execute(call_id: str, args: dict[str, JsonValue], on_update: ProgressCallback,
                           context: Context) -> ToolOutput:
             return await self._call(remote, args, context)
 
-        return AgentTool(spec=spec, execute=execute, replay="safe" if safe else "never")
+        return AgentTool(spec=spec, execute=execute, replay="safe" if safe else "never", asks_first=not read_only)
 
     # -- calls, from the drive's tasks --------------------------------------------------------
 

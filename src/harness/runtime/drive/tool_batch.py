@@ -150,9 +150,9 @@ class ToolBatchRunner:
         tool = self.tools.get(block.name)
         args: dict[str, JsonValue] = dict(block.arguments)
         problem = _problem(block, tool, args, message)
-        hook = _deciding_hook(op, block.name) if problem is None and tool is not None else None
-        if hook is not None:
-            request = ToolCallRequest(op.operation_id, block.id, block.name, args)
+        hook = _deciding_hook(op, tool) if problem is None and tool is not None else None
+        if hook is not None and tool is not None:
+            request = ToolCallRequest(op.operation_id, block.id, block.name, args, tool.asks_first)
             # An effect's Context, so a durable abort cancels a hook that waits for a person's answer.
             asking = op.effect_context()
             try:
@@ -261,7 +261,7 @@ class ToolBatchRunner:
             # Under an abort too: the output may still be stored, and the hook may be what keeps
             # something out of the journal (the conversation layer's image bytes, CE-22).
             if op.hooks.after_tool is not None:
-                request = ToolCallRequest(op.operation_id, block.id, block.name, args)
+                request = ToolCallRequest(op.operation_id, block.id, block.name, args, tool.asks_first)
                 try:
                     output = await op.hooks.after_tool(request, output, op.context) or output
                 except Exception as error:
@@ -433,7 +433,8 @@ def with_tool_intents(op: DrivenOperation, settlement: Transition, message: Assi
     for index, call in enumerate(batch.calls):
         block = message.content[call.source_index]
         assert isinstance(block, ToolCall)  # the batch is made from the reply's tool calls
-        tool, decided = tools.get(block.name), _deciding_hook(op, block.name) is not None
+        tool = tools.get(block.name)
+        decided = tool is not None and _deciding_hook(op, tool) is not None
         # A call answered without running (its problem) is not asked about and holds up nothing.
         if tool is not None and (tool.replay == "safe" or decided) and _problem(
                 block, tool, dict(block.arguments), message) is None:
@@ -485,10 +486,10 @@ def _tool_start(op: DrivenOperation, batch: ToolBatch, block: ToolCall, args: di
                      tool_name=block.name, args=args)
 
 
-def _deciding_hook(op: DrivenOperation, tool_name: str) -> BeforeTool | None:
-    """The `before_tool` hook when it decides the calls of `tool_name` (`RunHooks.before_tool_applies`)."""
+def _deciding_hook(op: DrivenOperation, tool: AgentTool) -> BeforeTool | None:
+    """The `before_tool` hook when it decides the calls of `tool` (`RunHooks.before_tool_applies`)."""
     hook, applies = op.hooks.before_tool, op.hooks.before_tool_applies
-    return hook if hook is not None and (applies is None or applies(tool_name)) else None
+    return hook if hook is not None and (applies is None or applies(tool)) else None
 
 
 def _batch_tools(op: DrivenOperation, batch: ToolBatch) -> dict[str, AgentTool]:
