@@ -24,7 +24,8 @@ from harness.cli.config import local_user
 from harness.context import Context
 from harness.conversation import ChatEventDetails, ConversationService, ErrorDetails, EventRow, ModelSwitched
 from harness.messages import ModelIdentity, TextContent
-from harness.providers import BUILTIN_MODELS, ModelRegistry
+from harness.providers import ModelRegistry
+from harness.providers.models import BUILTIN_MODELS
 from harness.providers.replay import Hold, ReplayResponse, ReplayServer
 from harness.runtime import HarnessEvent
 from harness.runtime.requests import MAX_INPUT_BYTES
@@ -646,8 +647,10 @@ def test_doctor_exits_non_zero_on_a_failed_check(home: Path, work: Path) -> None
 def test_the_chat_and_run_start_without_the_sdks_of_what_they_may_never_call() -> None:
     """Issue 33: the provider SDKs load at a model's first request and the MCP SDK at a server's
     first connection; each took around a second of every chat's and run's start (and every test's).
-    Gardens load at the first `/goal`, and httpx where `harness models` and `doctor` ask servers."""
-    sdks = {"openai", "anthropic", "llama_cpp", "mcp", "harness.garden", "httpx"}
+    Gardens load at the first `/goal`, httpx where `harness models` and `doctor` ask servers, and
+    jsonschema (with referencing and attrs, about 0.1 s) at the first tool call or output schema
+    checked."""
+    sdks = {"openai", "anthropic", "llama_cpp", "mcp", "harness.garden", "httpx", "jsonschema"}
     probe = (f"import sys, harness.cli.chat, harness.cli.chat_commands, harness.cli.run; "
              f"print(sorted({sdks!r} & set(sys.modules)))")
 

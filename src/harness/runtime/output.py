@@ -10,9 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import jsonschema
-from jsonschema.exceptions import best_match
 from pydantic import JsonValue
 
 from harness.context import Context
@@ -27,6 +26,11 @@ from harness.session import (
     SessionReader,
 )
 
+# jsonschema (with referencing and attrs) loads at the first schema checked, not with the
+# runtime: a chat's start never checks one (issue 33, item 13).
+if TYPE_CHECKING:
+    import jsonschema
+
 OUTPUT_ENTRY_TYPE = "structured_output"
 """The custom entry (the model never reads it) of a run's validated answer:
 `{"schema": name, "output": the answer's JSON, "entry_id": the reply it came from}`."""
@@ -39,6 +43,8 @@ MAX_ERRORS_SHOWN = 5
 
 def check_output_schema(output: OutputSchema) -> None:
     """Refuse a schema that is not a JSON Schema (Draft 2020-12): `InvalidInput`, nothing written."""
+    import jsonschema
+
     try:
         jsonschema.Draft202012Validator.check_schema(output.json_schema)
     except jsonschema.SchemaError as error:
@@ -105,6 +111,9 @@ def _misfit(output: OutputSchema, reply: AssistantMessage | None) -> str | _Fits
         value = parse_json_text(_unfenced(text))
     except ValueError as error:
         return f"the reply is not JSON ({error})"
+    import jsonschema
+    from jsonschema.exceptions import best_match
+
     validator = jsonschema.Draft202012Validator(output.json_schema)
     errors = sorted(validator.iter_errors(value), key=lambda error: list(error.absolute_path))
     if not errors:
