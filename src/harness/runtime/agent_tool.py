@@ -37,8 +37,11 @@ ProgressCallback = Callable[[JsonValue, bool], Awaitable[None]]
 
 @dataclass(frozen=True)
 class AgentTool:
-    """A tool: its model-facing spec, how to run it, and whether running it again after a crash is
-    safe (`replay="safe"`) or must be answered with an interruption instead (`"never"`, HA-25).
+    """A tool: its model-facing spec, how to run it, whether running it again after a crash is
+    safe (`replay="safe"`) or must be answered with an interruption instead (`"never"`, HA-25),
+    and whether a call asks someone first (`asks_first`: it changes files, runs commands or acts
+    on the world) unless a permission rule lets it run; an approval policy reads it from the
+    `ToolCallRequest` its hook is given.
 
     `execute(tool_call_id, args, on_update, context)` runs it; the harness validates `args`
     against `spec.parameters` first."""
@@ -46,6 +49,7 @@ class AgentTool:
     spec: ToolSpec
     execute: Callable[[str, dict[str, JsonValue], ProgressCallback, Context], Awaitable[ToolOutput]]
     replay: Literal["never", "safe"] = "never"
+    asks_first: bool = False
 
     @property
     def name(self) -> str:
