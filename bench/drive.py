@@ -29,15 +29,8 @@ from pathlib import Path
 from bench.streams import PROJECT_STREAMS, RECORDED_STREAMS, has_recorded_streams
 from harness.context import Context
 from harness.messages import ModelIdentity, UserMessage
-from harness.providers import (
-    FAUX_MODEL,
-    AnthropicMessagesProvider,
-    FauxProvider,
-    Model,
-    ModelRegistry,
-    ProviderRequest,
-    StreamOptions,
-)
+from harness.providers import FAUX_MODEL, FauxProvider, Model, ModelRegistry, ProviderRequest, StreamOptions
+from harness.providers.anthropic_messages import AnthropicMessagesProvider
 from harness.providers.faux import reply
 from harness.providers.replay import ReplayResponse, ReplayServer
 from harness.runtime import AgentHarness, AgentHarnessOptions, DriveSettings, Settled

@@ -22,8 +22,9 @@ from harness.messages import (
     ToolResultMessage,
     UserMessage,
 )
-from harness.providers import FAUX_MODEL, FauxProvider, ModelRegistry, StreamFrame, ToolSpec
+from harness.providers import FAUX_MODEL, FauxProvider, ModelRegistry, ToolSpec
 from harness.providers.faux import FauxReply, FauxScript
+from harness.providers.protocol import StreamFrame
 from harness.runtime import (
     AgentHarness,
     AgentHarnessOptions,

@@ -20,14 +20,11 @@ import pytest
 from harness.context import Context
 from harness.messages import AssistantContent, ThinkingContent, UserMessage
 from harness.providers import (
-    AnthropicMessagesProvider,
     ApiName,
     DoneEvent,
     ErrorEvent,
     Model,
     ModelCost,
-    OpenAIChatProvider,
-    OpenAIResponsesProvider,
     Provider,
     ProviderErrorInfo,
     ProviderRequest,
@@ -35,6 +32,9 @@ from harness.providers import (
     StreamEvent,
     StreamOptions,
 )
+from harness.providers.anthropic_messages import AnthropicMessagesProvider
+from harness.providers.openai_chat import OpenAIChatProvider
+from harness.providers.openai_responses import OpenAIResponsesProvider
 from harness.providers.replay import ReplayResponse, ReplayServer
 
 # Prices (dollars per million tokens), so that every body also checks the cost arithmetic.

@@ -12,7 +12,6 @@ from harness.messages import AssistantMessage, TextContent, ToolCall, ToolResult
 from harness.providers import (
     EMBEDDED_IDENTITY,
     DoneEvent,
-    EmbeddedProvider,
     EmbeddedRuntimeMissing,
     EmbeddedWeightsMissing,
     ErrorEvent,
@@ -24,6 +23,7 @@ from harness.providers import (
     StreamOptions,
     ToolSpec,
 )
+from harness.providers.embedded import EmbeddedProvider
 
 # Deterministic: greedy decoding with a fixed seed gives the same reply every run.
 GREEDY = StreamOptions(temperature=0.0, seed=42)

@@ -27,13 +27,13 @@ from harness.messages import (
 )
 from harness.providers import (
     StartEvent,
-    StreamFrame,
     TextDeltaEvent,
     TextEndEvent,
     TextStartEvent,
     ToolCallDeltaEvent,
     ToolCallStartEvent,
 )
+from harness.providers.protocol import StreamFrame
 from harness.runtime import (
     AgentHarness,
     DeferredHandle,

@@ -13,21 +13,21 @@ from harness.errors import ModelUnavailable
 from harness.messages import THINKING_LEVELS, ModelIdentity
 from harness.providers import (
     EMBEDDED_IDENTITY,
-    AnthropicMessagesProvider,
     ApiName,
-    EmbeddedProvider,
     MissingApiKey,
     Model,
     ModelCost,
     ModelListUnavailable,
     ModelRegistry,
     ModelsFileInvalid,
-    OpenAIChatProvider,
-    OpenAIResponsesProvider,
     models,
 )
+from harness.providers.anthropic_messages import AnthropicMessagesProvider
+from harness.providers.embedded import EmbeddedProvider
 from harness.providers.faux import FAUX_MODEL, FauxProvider
 from harness.providers.models import priced
+from harness.providers.openai_chat import OpenAIChatProvider
+from harness.providers.openai_responses import OpenAIResponsesProvider
 from harness.providers.replay import ReplayServer
 
 

@@ -27,8 +27,6 @@ from harness.providers import (
     DoneEvent,
     ErrorEvent,
     Model,
-    OpenAIChatProvider,
-    OpenAIResponsesProvider,
     Provider,
     ProviderRequest,
     StreamEvent,
@@ -39,7 +37,9 @@ from harness.providers import (
     ToolSpec,
 )
 from harness.providers.errors import classify_exception, is_context_overflow
+from harness.providers.openai_chat import OpenAIChatProvider
 from harness.providers.openai_chat import build_request_params as build_chat_params
+from harness.providers.openai_responses import OpenAIResponsesProvider
 from harness.providers.openai_responses import build_request_params as build_responses_params
 from harness.providers.replay import Hold, ReplayResponse, ReplayServer
 

@@ -42,7 +42,6 @@ from harness.errors import HarnessError, InvalidInput, ModelUnavailable
 from harness.home import local_user as local_user  # kept here too: the commands import it with the rest
 from harness.messages import ModelIdentity, UserMessage, text_of
 from harness.providers import (
-    BUILTIN_MODELS,
     EMBEDDED_IDENTITY,
     DoneEvent,
     ErrorEvent,
@@ -52,6 +51,7 @@ from harness.providers import (
     ProviderRequest,
     StreamOptions,
 )
+from harness.providers.models import BUILTIN_MODELS
 from harness.runtime import DriveSettings, Listener, OpenOperation, RunHooks
 from harness.session import (
     LaneConfig,

@@ -11,7 +11,7 @@ from pydantic import JsonValue, TypeAdapter, ValidationError
 
 from harness.context import Context
 from harness.messages import AssistantMessage, ToolCall
-from harness.providers import AssistantStreamAccumulator, StreamFrame
+from harness.providers.protocol import AssistantStreamAccumulator, StreamFrame
 from harness.runtime.branch_context import branch_entries
 from harness.runtime.errors import RebaseRequired
 from harness.runtime.event_log import newest_event_seq

@@ -151,7 +151,7 @@ def tool_checkpoint(operation_id: str, invocation_id: str) -> ValueAddress[JsonV
 
 def assistant_frames(operation_id: str, response_entry_id: str) -> ListAddress[dict[str, JsonValue]]:
     """Persisted pages of a streaming assistant reply, so a restart shows what was seen. Each page
-    is `{"frames": [...]}`, stream frames in the JSON of `harness.providers.StreamFrame`; the
+    is `{"frames": [...]}`, stream frames in the JSON of `harness.providers.protocol.StreamFrame`; the
     runtime owns their meaning (this layer does not import providers)."""
     return ListAddress("harness.pending.assistant_frame", f"{operation_id}:{response_entry_id}",
                        _JSON_OBJECT)

@@ -11,7 +11,6 @@ from pydantic import JsonValue
 from harness.errors import ModelUnavailable, ToolsUnavailable
 from harness.messages import AssistantMessage, ModelIdentity, TextContent, ThinkingContent, ToolCall
 from harness.providers import (
-    AssistantStreamAccumulator,
     DoneEvent,
     ErrorEvent,
     Model,
@@ -20,9 +19,10 @@ from harness.providers import (
     ProviderRequest,
     StartEvent,
     StreamEvent,
-    classify_exception,
-    structured_stream,
 )
+from harness.providers.errors import classify_exception
+from harness.providers.protocol import AssistantStreamAccumulator
+from harness.providers.structured import structured_stream
 from harness.runtime.agent_tool import offered_tools
 from harness.runtime.commit import Decision, Placement, Transition, payload_of
 from harness.runtime.drive.operation import DrivenOperation
