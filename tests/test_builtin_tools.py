@@ -23,17 +23,8 @@ from harness.providers import FAUX_MODEL, FauxProvider, ModelRegistry
 from harness.providers.faux import reply, tool_call
 from harness.runtime import AgentHarness, AgentHarnessOptions, AgentTool, Block, RunHooks, Settled, ToolOutput
 from harness.session import LaneConfig, MessagePayload, Store
-from harness.tools import (
-    ALLOW_FOR_SESSION,
-    ALLOW_ONCE,
-    BUILTIN_TOOL_NAMES,
-    DENY,
-    Approval,
-    ApprovalPolicy,
-    ApprovalRequest,
-    Workspace,
-    builtin_tools,
-)
+from harness.tools import BUILTIN_TOOL_NAMES, Approval, ApprovalPolicy, ApprovalRequest, Workspace, builtin_tools
+from harness.tools.approval import ALLOW_FOR_SESSION, ALLOW_ONCE, DENY
 from tool_helpers import Asker, Progress, builtin, call, details, request, text, wait_dead
 
 pytest_plugins = ["tool_fixtures"]  # root and workspace

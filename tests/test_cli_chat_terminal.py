@@ -23,7 +23,7 @@ import pytest
 from harness.cli.terminal_text import escape, visible
 from harness.conversation import BUILT_IN_COMMANDS
 from harness.providers.replay import Hold, ReplayResponse, ReplayServer
-from harness.tools import trust_mcp_server
+from harness.tools.permissions import trust_mcp_server
 from terminal_screen import Display
 from test_cli_chat import (  # noqa: F401  (chats, dirs and server are fixtures)
     HARNESS,

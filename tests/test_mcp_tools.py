@@ -30,15 +30,8 @@ from harness.providers import FauxProvider
 from harness.providers.faux import FauxScript, delay, reply, tool_call
 from harness.runtime import Settled
 from harness.session import Store, connect
-from harness.tools import (
-    ApprovalPolicy,
-    McpServers,
-    PermissionRules,
-    load_mcp_servers,
-    load_mcp_trust,
-    parse_rule,
-    trust_mcp_server,
-)
+from harness.tools import ApprovalPolicy, McpServers, PermissionRules, load_mcp_servers
+from harness.tools.permissions import load_mcp_trust, parse_rule, trust_mcp_server
 from mcp_child import CONFIG, OWNER, mcp_service
 
 TESTS = Path(__file__).resolve().parent

@@ -24,7 +24,6 @@ from harness.runtime import Block, Settled
 from harness.server import ApprovalChange, Approvals
 from harness.session import connect
 from harness.tools import (
-    ALLOW_FOR_SESSION,
     Approval,
     ApprovalPolicy,
     BackgroundJobs,
@@ -34,6 +33,7 @@ from harness.tools import (
     PermissionRules,
     load_permission_rules,
 )
+from harness.tools.approval import ALLOW_FOR_SESSION
 from server_helpers import asgi_client, faux_app
 from test_cli_run import chat_text, chat_tool_call, harness, openai_env
 from tool_helpers import Asker, builtin, request

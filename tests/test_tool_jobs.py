@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from harness.context import Context
-from harness.tools import BackgroundJobs, JobNotFound, Workspace, builtin_tools
+from harness.tools import BackgroundJobs, Workspace, builtin_tools
+from harness.tools.jobs import JobNotFound
 from tool_helpers import Progress, call, details, text, wait_dead
 
 pytest_plugins = ["tool_fixtures"]  # root and workspace

@@ -16,7 +16,8 @@ from harness.messages import ModelIdentity
 from harness.providers import ModelRegistry
 from harness.runtime import ToolOutput
 from harness.session import LaneConfig, connect
-from harness.tools import TOOL_ENVIRONMENT, ApprovalPolicy, BackgroundJobs, Workspace
+from harness.tools import ApprovalPolicy, BackgroundJobs, Workspace
+from harness.tools.workspace import TOOL_ENVIRONMENT
 from tool_helpers import Progress, call, details, text
 
 pytest_plugins = ["tool_fixtures"]  # root and workspace

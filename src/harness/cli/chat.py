@@ -44,17 +44,8 @@ from harness.errors import HarnessError, ModelUnavailable
 from harness.messages import AssistantMessage, ModelIdentity
 from harness.providers import ModelRegistry
 from harness.session import Store, connect
-from harness.tools import (
-    ALLOW_FOR_SESSION,
-    ALLOW_ONCE,
-    DENY,
-    Approval,
-    ApprovalPolicy,
-    ApprovalRequest,
-    BackgroundJobs,
-    McpServers,
-    PermissionRules,
-)
+from harness.tools import Approval, ApprovalPolicy, ApprovalRequest, BackgroundJobs, McpServers, PermissionRules
+from harness.tools.approval import ALLOW_FOR_SESSION, ALLOW_ONCE, DENY
 
 EXIT_LEFT_RUNNING = 130
 """The exit status when the person leaves with a turn still open (Ctrl-C twice during a turn)."""

@@ -24,7 +24,7 @@ from harness.errors import HarnessError, ModelUnavailable
 from harness.messages import ModelIdentity, UserMessage
 from harness.providers import MissingApiKey, ModelRegistry
 from harness.runtime import DriveOutcome, LaneBusy, NoActiveOperation, NotARun, Settled
-from harness.tools import describe_call
+from harness.tools.approval import describe_call
 
 ABORT_COMMIT_WAIT_S = 5.0
 """How long leaving at once waits for the harness to close: for an abort request's commit (one

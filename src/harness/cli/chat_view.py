@@ -81,7 +81,7 @@ from harness.runtime import (
 from harness.runtime.events import event_lane
 from harness.runtime.outcomes import INTERRUPTED_REPLY
 from harness.session import Entry, LaneLastResult, SessionReader, UsageRow
-from harness.tools import describe_call
+from harness.tools.approval import describe_call
 
 ROW_LIMIT = 160
 """Characters of a tool result or queued message shown on its one-line row."""

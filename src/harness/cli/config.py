@@ -65,7 +65,6 @@ from harness.session import (
 )
 from harness.tools import (
     BUILTIN_TOOL_NAMES,
-    DEFAULT_ENV_DENY,
     MCP_TOOLS,
     ApprovalPolicy,
     BackgroundJobs,
@@ -74,6 +73,7 @@ from harness.tools import (
     builtin_tools,
     system_prompt,
 )
+from harness.tools.workspace import DEFAULT_ENV_DENY
 
 RETRY_DELAY_VARIABLE = "HARNESS_RETRY_DELAY_MS"
 SHELL_ENV_ALLOW_VARIABLE = "HARNESS_SHELL_ENV_ALLOW"

@@ -47,7 +47,8 @@ def trust_server(name: Annotated[str, typer.Argument(metavar="NAME",
     $HARNESS_HOME/settings.json, so a server of that name is trusted in every project, as
     Claude Code's setting is. enableAllProjectMcpServers = true there trusts them all."""
     from harness.errors import HarnessError
-    from harness.tools import load_mcp_servers, trust_mcp_server
+    from harness.tools import load_mcp_servers
+    from harness.tools.permissions import trust_mcp_server
 
     home = harness_home()
     try:

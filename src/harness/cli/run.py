@@ -62,7 +62,8 @@ from harness.runtime import (
 from harness.runtime.outcomes import INTERRUPTED_REPLY
 from harness.runtime.output import check_output_schema, recorded_output
 from harness.session import CustomMessagePayload, Entry, Store
-from harness.tools import ApprovalPolicy, PermissionRules, describe_call
+from harness.tools import ApprovalPolicy, PermissionRules
+from harness.tools.approval import describe_call
 
 _ROW_TYPES = frozenset({CHAT_EVENT_TYPE, GARDEN_MESSAGE_TYPE, SUBAGENT_RESULT_TYPE})
 """The custom messages a run's output shows as rows, as the chat does."""

@@ -45,7 +45,8 @@ from harness.runtime import (
 )
 from harness.session import LaneConfig, MessagePayload, SessionNotFound, Store, UnknownLane
 from harness.session.ids import new_id
-from harness.tools import BUILTIN_TOOL_NAMES, TOOL_ENVIRONMENT, Workspace, builtin_tools
+from harness.tools import BUILTIN_TOOL_NAMES, Workspace, builtin_tools
+from harness.tools.workspace import TOOL_ENVIRONMENT
 
 logger = logging.getLogger("harness.garden")
 
