@@ -186,7 +186,7 @@ def _is_event_stream(headers: object) -> bool:
                for name, value in cast("list[tuple[bytes, bytes]]", headers))
 
 
-def server_metrics(request: Request) -> ServerMetrics:
+async def server_metrics(request: Request) -> ServerMetrics:  # async: no thread pool hop (state.py)
     return cast(ServerMetrics, request.app.state.metrics)
 
 

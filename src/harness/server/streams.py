@@ -362,7 +362,7 @@ async def _watch(conversation_id: str, user: CurrentUser, state: State,
         watch.close()
 
 
-def _resumed_after(last_event_id: Annotated[str | None, Header()] = None) -> WatchPosition | None:
+async def _resumed_after(last_event_id: Annotated[str | None, Header()] = None) -> WatchPosition | None:
     return WatchPosition.parse(last_event_id) if last_event_id else None
 
 
