@@ -23,7 +23,7 @@ from harness.providers.faux import reply, tool_call
 from harness.runtime import Settled
 from harness.server import Approvals, pending_address
 from harness.session import Store
-from server_helpers import USER, Served, asgi_client, faux_app
+from server_helpers import USER, Served, SseEvent, asgi_client, faux_app, serving, sse_until
 from test_server_ai_sdk import answer_body, parts_of
 from test_server_holds import QUIET, stores  # noqa: F401  (stores is a fixture)
 
@@ -185,3 +185,33 @@ async def test_the_ai_sdk_door_of_another_server_answers_a_call_waiting_in_the_h
     assert answered.status_code == 200, answered.text
     assert waits.probe.runs == [{"key": "a"}]
     assert {"type": "tool-output-available", "toolCallId": call, "output": "probe:a"} in parts_of(answered.text)
+
+
+async def test_the_event_stream_of_another_server_shows_a_call_waiting_in_the_holder_and_its_answer(
+        stores: tuple[Store, Store], ctx: Context) -> None:  # noqa: F811
+    """Issue 30: the native `GET .../events` stream of a server that does not hold the
+    conversation gets an `approval` event for the call waiting in A as A keeps it in the journal,
+    and another with the answer once A took B's answer (the journal's copy says so)."""
+    asked = asyncio.Event()
+
+    def answered(event: SseEvent) -> bool:
+        if event.name == "approval" and event.data["answer"] is None:
+            asked.set()
+        return event.name == "approval" and event.data["answer"] is not None
+
+    async with a_call_waiting_in_a(stores, [reply(tool_call("probe", {"key": "k"})), "done"]) as waits:
+        watching, _ = gated(waits.probe, stores[1], [], options=QUIET)  # streams are read over HTTP, not ASGI
+        async with serving(watching.app) as url, httpx.AsyncClient(base_url=url, timeout=10) as client:
+            stream = asyncio.ensure_future(sse_until(client, f"/api/conversations/{waits.conversation}/events",
+                                                     answered))
+            await within(asked.wait())
+            approvals = f"/api/conversations/{waits.conversation}/approvals"
+            [pending] = (await waits.b.get(approvals)).json()
+            allowed = await waits.b.post(f"{approvals}/{pending['tool_call_id']}", json={"allow": True})
+            events = await within(stream)
+
+    assert allowed.status_code == 200, allowed.text
+    assert [(event.data["pending"]["tool_call_id"], event.data["answer"]) for event in events
+            if event.name == "approval"] == [(pending["tool_call_id"], None),
+                                             (pending["tool_call_id"], {"allow": True, "reason": None})]
+    assert waits.probe.runs == [{"key": "k"}]

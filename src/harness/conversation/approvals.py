@@ -123,7 +123,8 @@ class JournalApprovals:
     """The approval changes of a conversation whose calls wait in another process (a `harness
     worker`, a chat, another server), read from the journal's copies (`pending_address`) of its
     open run: each `changes` says what started waiting and what was answered since the last, each
-    call once, so a door that follows the run from the journal shows its approvals as they land."""
+    call once (a call told waiting has its answer told even after its run ended), so a door that
+    follows the run from the journal shows its approvals as they land."""
 
     def __init__(self, journal: SessionReader) -> None:
         self._journal = journal
@@ -134,10 +135,12 @@ class JournalApprovals:
         a call told waiting that has its answer now. A call answered before it was ever seen
         waiting is not told. Raises the store's errors; nothing is remembered then."""
         state = await self._journal.get(addresses.lane_state(MAIN_LANE), context)
-        if state is None or state.current_operation_id is None:
+        current = state.current_operation_id if state is not None else None
+        if current is None and False not in self._told.values():
             return []
         copies = sorted((kept for _, kept in await self._journal.scan_values(pending_address(""), context)
-                         if kept.operation_id == state.current_operation_id), key=lambda kept: kept.asked_at)
+                         if kept.operation_id == current or self._told.get((kept.operation_id, kept.tool_call_id))
+                         is False), key=lambda kept: kept.asked_at)
         changes: list[ApprovalChange] = []
         for kept in copies:
             key, told = (kept.operation_id, kept.tool_call_id), self._told.get((kept.operation_id, kept.tool_call_id))

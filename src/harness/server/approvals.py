@@ -7,14 +7,18 @@ another server) is listed from the conversation's journal and answered through t
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 
 from harness.context import Context
 from harness.conversation import ApprovalChange, Conversation, PendingApproval
-from harness.conversation.approvals import journal_pending
+from harness.conversation.approvals import JournalApprovals, journal_pending
+from harness.errors import HarnessError
 from harness.runtime import ToolCallRequest
-from harness.session import SessionReader
+from harness.session import ChangeFeed, SessionReader
 from harness.tools import ApprovalPolicy, PermissionRules
+
+logger = logging.getLogger(__name__)
 
 
 class Approvals:
@@ -59,6 +63,30 @@ class Approvals:
         if self.live(journal.id) is not None:
             return self.pending(journal.id)
         return await journal_pending(journal, context)
+
+    async def follow_elsewhere(self, journal: SessionReader, changes: ChangeFeed, poll_s: float,
+                               changed: Callable[[ApprovalChange], None]) -> None:
+        """Tell `changed` of the calls of the conversation `journal` holds that wait in, or are
+        answered by, whichever other process holds it (a `harness worker`, a chat, another
+        server), read from the journal's copies (`JournalApprovals`) at each change of it
+        (`changes`' notifications, else every `poll_s`); nothing is read while this server holds
+        it, whose calls `listen`ers hear of live. Runs until cancelled; a store that cannot tell
+        now is read again at the next wake, and any other failure is raised."""
+        context = Context({"server": "approvals elsewhere", "conversation": journal.id})
+        told = JournalApprovals(journal)
+        wakes = changes.subscribe(journal.id)
+        try:
+            while True:
+                if self.live(journal.id) is None:
+                    try:
+                        for change in await told.changes(context):
+                            changed(change)
+                    except HarnessError as error:
+                        logger.warning("approvals of conversation %s not read: %s [%s]", journal.id,
+                                       error.message, error.code)
+                await wakes.wait(poll_s)
+        finally:
+            wakes.close()
 
     def _conversation(self, request: ToolCallRequest) -> Conversation | None:
         """The conversation live here that a call belongs to: it waits there, and keeps its "always" answers."""

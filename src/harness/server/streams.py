@@ -42,6 +42,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import re
 from collections import deque
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
@@ -63,6 +64,7 @@ from harness.server.state import Authorization, CurrentAuthorization, CurrentUse
 from harness.session import SessionNotFound
 
 router = APIRouter(prefix="/api", tags=["events"])
+logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
@@ -274,9 +276,12 @@ class _ShownReply:
         return delivered.encoded(_wire)
 
 
+_READER_FAILED = ServerSentEvent(event="error", data={"message": "the approvals waiting elsewhere could not be read"})
+
+
 def _approval(change: ApprovalChange) -> ServerSentEvent:
     answer = None if change.answer is None else {"allow": change.answer.allow, "reason": change.answer.reason}
-    return ServerSentEvent(event="approval", data={"pending": change.pending, "answer": answer})
+    return ServerSentEvent(event="approval", data={"pending": change.pending.model_dump(mode="json"), "answer": answer})
 
 
 CHUNK_BYTES = 64 * 1024
@@ -413,7 +418,11 @@ async def conversation_events_stream(conversation_id: str, watch: Annotated[Subs
 
     With external workers the stream follows the journal the worker writes (`follow_lane`): the
     same snapshot, ids and resume, the streaming reply from its persisted frames (one
-    `frame_interval_s` behind), no approvals (the worker's own policy answers them)."""
+    `frame_interval_s` behind). A call waiting in another process (a worker, a chat) is its
+    `approval` as soon as that process keeps it in the journal (read at each change of the
+    conversation; `Approvals.follow_elsewhere`), after the events delivered by then, and so is its
+    answer; should that reading fail, the stream ends with an `error` event (`{message}`):
+    reconnect with the last event id."""
 
     return _EventStream(_watch_events(conversation_id, watch, after, state, authorization, context))
 
@@ -424,12 +433,27 @@ async def _watch_events(conversation_id: str, watch: Subscription, after: WatchP
     approvals: deque[tuple[int, ApprovalChange]] = deque()
 
     def on_approval(change: ApprovalChange) -> None:
-        # Told synchronously by the run: every event delivered before the change is shown before it.
+        # Told synchronously by a run here (every event delivered before the change is shown before
+        # it), or read from the journal (after the events delivered by then).
         if change.pending.conversation_id == conversation_id:
             approvals.append((watch.delivered(), change))
             watch.wake()
 
     stop_listening = state.approvals.listen(on_approval)
+    elsewhere = asyncio.ensure_future(state.approvals.follow_elsewhere(
+        watch.reader, state.service.store.changes, state.options.follow_poll_s, on_approval))
+    elsewhere.add_done_callback(lambda _: watch.wake())
+
+    failed = False
+
+    def waiting() -> bytes:
+        # The reader runs until the stream ends: done, it failed, and the stream ends with that.
+        nonlocal failed
+        if elsewhere.done():
+            failed = True
+            return _encoded(_READER_FAILED)
+        return _waiting(watch, approvals, shown)
+
     try:
         replay = None if after is None else await _replay(watch, after, context)
         operation = watch.snapshot.operation
@@ -441,12 +465,16 @@ async def _watch_events(conversation_id: str, watch: Subscription, after: WatchP
                 yield b"".join(_encoded(event) for event in replay)
             if shown.reply is not None:
                 yield _encoded(_model_event(MessageUpdate(lane=watch.snapshot.lane, message=shown.reply)))
-        events = _sent(watch, lambda: _waiting(watch, approvals, shown),
-                       Overflow(limit=watch.limit_bytes, unit="bytes"), state.options.heartbeat_s)
+        events = _sent(watch, waiting, Overflow(limit=watch.limit_bytes, unit="bytes"), state.options.heartbeat_s)
         async for chunk in authorization.until_revoked(events):
             yield chunk
+            if failed:
+                logger.error("the approvals of conversation %s waiting elsewhere could not be read", conversation_id,
+                             exc_info=elsewhere.exception())
+                return
     finally:
         stop_listening()
+        elsewhere.cancel()
 
 
 @router.get("/feed", response_class=_EventStream)

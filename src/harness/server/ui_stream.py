@@ -27,7 +27,7 @@ import asyncio
 import binascii
 import logging
 from base64 import b64decode
-from collections.abc import AsyncGenerator, Callable, Sequence
+from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, TypeAlias
 
@@ -52,7 +52,6 @@ from harness.conversation import (
     SenderRow,
     conversation_events,
 )
-from harness.conversation.approvals import JournalApprovals
 from harness.conversation.display import display_rows
 from harness.conversation.naming import session_name_from
 from harness.conversation.turn_rows import public_error
@@ -691,6 +690,7 @@ class _Sources:
     change comes after the events read by then, and `RunParts` asks it after the call's input."""
 
     def __init__(self, state: ServerState, conversation_id: str, events: LaneEvents) -> None:
+        self.conversation_id = conversation_id
         self.watch = ConversationWatch(events)
         self.changes: asyncio.Queue[_Change] = asyncio.Queue()
         self._reading: asyncio.Future[ConversationEvent] | None = None
@@ -701,28 +701,10 @@ class _Sources:
                 self.changes.put_nowait(_Change(read, self.watch.buffered(), change))
 
         self._stop_listening = state.approvals.listen(on_change)
-        self._elsewhere = asyncio.ensure_future(self._waiting_elsewhere(state, conversation_id, on_change))
-
-    async def _waiting_elsewhere(self, state: ServerState, conversation_id: str,
-                                 changed: Callable[[ApprovalChange], None]) -> None:
-        """Tell `changed` of the calls that wait in, or are answered by, whichever other process
-        holds the conversation, at each change of its journal (every `follow_poll_s` without a
-        notification); nothing is read while this server holds it (its calls are told live)."""
-        context = Context({"server": "ui-stream approvals", "conversation": conversation_id})
-        journal = JournalApprovals(self.watch.events.reader)
-        wakes = state.service.store.changes.subscribe(conversation_id)
-        try:
-            while True:
-                if state.service.live(conversation_id) is None:
-                    try:
-                        for change in await journal.changes(context):
-                            changed(change)
-                    except HarnessError as error:  # the store cannot tell now: read at the next wake
-                        logger.warning("approvals of conversation %s not read: %s [%s]", conversation_id,
-                                       error.message, error.code)
-                await wakes.wait(state.options.follow_poll_s)
-        finally:
-            wakes.close()
+        self.elsewhere = asyncio.ensure_future(state.approvals.follow_elsewhere(
+            self.watch.events.reader, state.service.store.changes, state.options.follow_poll_s, on_change))
+        """The reader of the journal's approvals (`Approvals.follow_elsewhere`): it runs until
+        closed, so its end is its failure."""
 
     def read(self) -> asyncio.Future[ConversationEvent]:
         """The watch's next event, as a future."""
@@ -731,7 +713,7 @@ class _Sources:
 
     def close(self) -> None:
         self._stop_listening()
-        self._elsewhere.cancel()
+        self.elsewhere.cancel()
         self.watch.close()
 
 
@@ -740,19 +722,25 @@ async def _stream(sources: _Sources, parts: RunParts, first: list[UiPart],
     """`first`, then the parts of each watched event and approval change, in the order they
     happened, until the stream's end (the run's, or its pause for an approval), then `[DONE]`; a
     comment every `heartbeat_s` of quiet. A watch that fails (a slow client overflowed it, the
-    harness stopped) ends the stream with an `error` part. The sources are closed however the
-    stream ends, also when the client goes away."""
+    harness stopped), or a reader of the approvals waiting elsewhere that fails, ends the stream
+    with an `error` part. The sources are closed however the stream ends, also when the client
+    goes away."""
     event = sources.read()
     change: asyncio.Future[_Change] = asyncio.ensure_future(sources.changes.get())
     try:
         for part in first:
             yield json_event(part)
         while not parts.finished:
-            sources_ready: set[asyncio.Future[Any]] = {event, change}
+            sources_ready: set[asyncio.Future[Any]] = {event, change, sources.elsewhere}
             done, _ = await asyncio.wait(sources_ready, timeout=heartbeat_s, return_when=asyncio.FIRST_COMPLETED)
             if not done:
                 yield KEEPALIVE_COMMENT
                 continue
+            if sources.elsewhere in done:  # it runs until closed: it failed
+                logger.error("the approvals of conversation %s waiting elsewhere could not be read",
+                             sources.conversation_id, exc_info=sources.elsewhere.exception())
+                yield json_event({"type": "error", "errorText": "the approvals waiting elsewhere could not be read"})
+                break
             changed = change.result() if change in done else None
             if changed is None or changed.read is event:  # the event came first
                 try:
