@@ -14,16 +14,17 @@ from dataclasses import dataclass
 from typing import Any
 
 import httpx
+import pytest
 
 from drive_helpers import ProbeTool, within
 from harness.context import Context
-from harness.conversation import ApprovalDecision
-from harness.conversation.approvals import STOPPED_BY
+from harness.conversation import ApprovalChange, ApprovalDecision, ConversationService
+from harness.conversation.approvals import STOPPED_BY, JournalApprovals
 from harness.providers.faux import reply, tool_call
 from harness.runtime import Settled
 from harness.server import Approvals, pending_address
-from harness.session import Store
-from server_helpers import USER, Served, SseEvent, asgi_client, faux_app, serving, sse_until
+from harness.session import LaneConfig, Store
+from server_helpers import FAUX, USER, Served, SseEvent, asgi_client, faux_app, serving, sse_until
 from test_server_ai_sdk import answer_body, parts_of
 from test_server_holds import QUIET, stores  # noqa: F401  (stores is a fixture)
 
@@ -215,3 +216,27 @@ async def test_the_event_stream_of_another_server_shows_a_call_waiting_in_the_ho
             if event.name == "approval"] == [(pending["tool_call_id"], None),
                                              (pending["tool_call_id"], {"allow": True, "reason": None})]
     assert waits.probe.runs == [{"key": "k"}]
+
+
+async def test_an_event_stream_whose_approvals_reader_fails_ends_with_an_error_and_logs_it(
+        stores: tuple[Store, Store], ctx: Context, monkeypatch: pytest.MonkeyPatch,  # noqa: F811
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Issue 30: should reading the approvals waiting elsewhere fail otherwise than the store does
+    (a fault here, injected), the stream does not go on quietly without them: it ends with an
+    `error` event, and the failure is logged."""
+    store, other = stores
+    service = ConversationService(store)
+    conversation = await service.create(USER, LaneConfig(model=FAUX), ctx)
+    await service.close(USER, conversation.id, ctx)
+
+    async def broken(self: JournalApprovals, context: Context) -> list[ApprovalChange]:
+        raise RuntimeError("a fault in the reader")
+
+    monkeypatch.setattr(JournalApprovals, "changes", broken)
+    watching, _ = gated(ProbeTool(asks_first=True), other, [], options=QUIET)
+    async with serving(watching.app) as url, httpx.AsyncClient(base_url=url, timeout=10) as client:
+        events = await within(sse_until(client, f"/api/conversations/{conversation.id}/events", lambda _: False))
+
+    assert [event.name for event in events] == ["snapshot", "error"]
+    assert "could not be read" in events[-1].data["message"]
+    assert any(record.exc_info and "a fault in the reader" in str(record.exc_info[1]) for record in caplog.records)
