@@ -240,3 +240,25 @@ async def test_an_event_stream_whose_approvals_reader_fails_ends_with_an_error_a
     assert [event.name for event in events] == ["snapshot", "error"]
     assert "could not be read" in events[-1].data["message"]
     assert any(record.exc_info and "a fault in the reader" in str(record.exc_info[1]) for record in caplog.records)
+
+
+async def test_an_answer_through_the_ai_sdk_door_after_another_came_first_is_a_conflict(
+        stores: tuple[Store, Store], ctx: Context) -> None:  # noqa: F811
+    """Issue 30: a client asked for a call (its stream paused there) answers after the person at A
+    did: the journal's copy says the call was answered, so B's AI SDK door answers 409
+    `approval_answered`, naming who answered first (it was 404 `approval_not_found`), and
+    nothing changes."""
+    async with a_call_waiting_in_a(stores, [reply(tool_call("probe", {"key": "a"})), "Found it."]) as waits:
+        approvals = f"/api/conversations/{waits.conversation}/approvals"
+        [pending] = (await waits.b.get(approvals)).json()
+        call = pending["tool_call_id"]
+        ended = asyncio.ensure_future(waits.holder.app.state.server.drives.wait(waits.operation_id))
+        first = await waits.a.post(f"{approvals}/{call}", json={"allow": True})
+        await within(ended)
+        late = await within(waits.b.post("/api/chat", json=answer_body(
+            waits.conversation, waits.operation_id, call, {"id": call, "approved": False})))
+
+    assert first.status_code == 200, first.text
+    assert (late.status_code, late.json()["code"]) == (409, "approval_answered"), late.text
+    assert (late.json()["details"]["by"], late.json()["details"]["allow"]) == (USER, True)
+    assert waits.probe.runs == [{"key": "a"}]

@@ -52,6 +52,7 @@ from harness.conversation import (
     SenderRow,
     conversation_events,
 )
+from harness.conversation.approvals import answered, pending_address
 from harness.conversation.display import display_rows
 from harness.conversation.naming import session_name_from
 from harness.conversation.turn_rows import public_error
@@ -571,7 +572,8 @@ async def send(body: ChatRequest, user: CurrentUser, state: State, authorization
     server's: a client that goes away stops only its stream (resume it with `GET
     /api/chat/{id}/stream`). Errors, before anything streams: 400 `invalid_input` (no text or
     image, no answer, a regeneration), 404 for a missing conversation or another user's, 404
-    `approval_not_found` for an answer no call waits for (none is answered then), 409 `lane_busy`
+    `approval_not_found` for an answer no call waits for (none is answered then), 409
+    `approval_answered` for one another answer came before (a person elsewhere), 409 `lane_busy`
     while a turn runs, 413 `prompt_too_large`."""
     if body.trigger != "submit-message":
         raise InvalidInput("regenerating a reply is not offered: send a new message", trigger=body.trigger)
@@ -618,6 +620,10 @@ async def _answer(state: ServerState, user: str, conversation_id: str, watch: Co
     waiting = {call.tool_call_id for call in pending if call.operation_id == message.id}
     unknown = [approval_id for approval_id in answers if approval_id not in waiting]
     if unknown:
+        kept = await reader.get(pending_address(unknown[0]), context)
+        if kept is not None and kept.operation_id == message.id and kept.decided is not None:
+            # Answered elsewhere after this client was asked (the first answer wins): a conflict.
+            raise answered(unknown[0], kept.decided)
         raise ApprovalNotFound(f"no call {unknown[0][:80]!r} of run {message.id[:80]!r} waits for approval",
                                tool_call_id=unknown[0][:80])
     # Replayed before anything is answered (a replay that fails answers nothing), without the
