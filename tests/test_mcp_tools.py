@@ -209,16 +209,17 @@ async def test_an_http_server_down_at_the_start_is_tried_again_at_a_step_boundar
     assert up.state == "connected"
 
 
-async def test_replay_safety_is_what_the_annotations_say(tmp_path: Path) -> None:
+async def test_replay_safety_and_asking_first_are_what_the_annotations_say(tmp_path: Path) -> None:
     """A read-only (`echo`) or idempotent (`fresh`, once added) tool is replay-safe; one with no
-    hints (`ledger`) is never replayed."""
+    hints (`ledger`) is never replayed. Only the read-only one runs without asking first
+    (`AgentTool.asks_first`, issue 30)."""
     async with connected(project_with(tmp_path, {"test": stdio_entry(tmp_path / "ledger.log")}),
                          tmp_path) as servers:
-        replay = {tool.name: tool.replay for tool in servers.tools.values()}
+        declared = {tool.name: (tool.replay, tool.asks_first) for tool in servers.tools.values()}
 
-    assert replay["mcp__test__echo"] == "safe"
-    assert replay["mcp__test__ledger"] == "never"
-    assert replay["mcp__test__die"] == "never"
+    assert declared["mcp__test__echo"] == ("safe", False)
+    assert declared["mcp__test__ledger"] == ("never", True)
+    assert declared["mcp__test__die"] == ("never", True)
 
 
 @pytest.mark.parametrize(("rules", "ledger_runs"), [([], False), (["mcp__test__*"], True),
