@@ -6,6 +6,7 @@ checks) in its body, as every command module does: see `harness.cli.app`."""
 from __future__ import annotations
 
 import asyncio
+import importlib
 import math
 import os
 import sys
@@ -31,6 +32,10 @@ if TYPE_CHECKING:
     from harness.providers import Model, ModelRegistry
     from harness.tools import PermissionRules
 
+CHAT_MODULES = ("harness.cli.chat", "harness.cli.chat_commands", "harness.cli.config", "harness.providers",
+                "harness.tools")
+"""What `harness chat` loads while its first prompt is up (`chat_start`)."""
+
 import_app = command_group("import", "Read another agent's session file into a new session. Prints the new session id.")
 
 ImportFile = Annotated[Path, typer.Argument(metavar="FILE", help="The session file (JSONL) to import.")]
@@ -54,10 +59,17 @@ FallbackOption = Annotated[list[str] | None, typer.Option(
 def spending(budget_tokens: int | None, budget_usd: float | None,
              fallback: list[str] | None) -> tuple[Budget, tuple[ModelIdentity, ...]]:
     """Each run's caps and the fallback models of `--budget-tokens`, `--budget-usd` and
-    `--fallback` (issue 32); a dollar amount that is not a positive number or a model that is not
-    provider/id is a usage error (exit status 2) before anything is opened."""
+    `--fallback` (issue 32), checked by `checked_fallback`."""
+    models = checked_fallback(budget_usd, fallback)
     from harness.conversation import Budget
 
+    return Budget(run_tokens=budget_tokens, run_usd=budget_usd), models
+
+
+def checked_fallback(budget_usd: float | None, fallback: list[str] | None) -> tuple[ModelIdentity, ...]:
+    """The fallback models of `--fallback`; a dollar amount that is not a positive number or a
+    model that is not provider/id is a usage error (exit status 2) before anything is opened or
+    loaded."""
     if budget_usd is not None and not (math.isfinite(budget_usd) and budget_usd > 0):
         raise typer.BadParameter(f"a budget is a positive number of US dollars, not {budget_usd}",
                                  param_hint="--budget-usd")
@@ -65,7 +77,7 @@ def spending(budget_tokens: int | None, budget_usd: float | None,
         models = tuple(ModelIdentity.parse(each) for each in fallback or ())
     except InvalidInput as error:
         raise typer.BadParameter(error.message, param_hint="--fallback") from error
-    return Budget(run_tokens=budget_tokens, run_usd=budget_usd), models
+    return models
 
 
 def permission_rules(home: Path, cwd: Path, allow: list[str] | None, deny: list[str] | None) -> PermissionRules:
@@ -107,13 +119,20 @@ def chat(
     store: StoreOption = None,
 ) -> None:
     """Chat with an agent in the terminal. Every turn is journaled, so a stopped chat can be resumed."""
-    budget, fallback_models = spending(budget_tokens, budget_usd, fallback)
+    checked_fallback(budget_usd, fallback)
     if not (sys.stdin.isatty() and sys.stdout.isatty()):
         typer.echo("harness chat needs a terminal; for one prompt from a script use `harness run`", err=True)
         raise typer.Exit(2)
 
     if continue_last and session is not None:
         raise typer.BadParameter("give a SESSION or --continue, not both", param_hint="--continue")
+    from harness.cli.chat_start import typed_while_loading
+
+    # A prompt at once; the chat's modules load meanwhile, and what is typed moves to its prompt.
+    typed = typed_while_loading(lambda: [importlib.import_module(name) for name in CHAT_MODULES])
+    if typed is None:  # Ctrl-D before the chat was up: nothing was opened
+        raise typer.Exit(0)
+    budget, fallback_models = spending(budget_tokens, budget_usd, fallback)
     from harness.cli.chat import ChatClient, ChatSettings
     from harness.cli.chat_commands import COMMANDS
     from harness.cli.config import NewConversationLane
@@ -132,6 +151,7 @@ def chat(
         registry = ModelRegistry.load(home=settings.home)
         client = ChatClient(s, settings, registry, context, commands=COMMANDS, out=sys.stdout,
                             color="NO_COLOR" not in os.environ)
+        client.terminal.give_back(typed)
         try:
             return await client.run()
         except NewConversationLane as error:
