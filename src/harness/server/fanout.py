@@ -32,7 +32,10 @@ and not per watcher.
 
 Every watcher of a lane is handed the same `Delivered` for an event: a door that sends the same
 bytes to each of its clients for it (the native watch's SSE) encodes it once, for the first
-watcher that sends it, and the others send those bytes (`Delivered.encoded`)."""
+watcher that sends it, and the others send those bytes (`Delivered.encoded`). What depends on what
+a client was sent before (the native watch's `message_delta`: what the streaming reply gained
+since the one it has) is encoded once per such reply: the watchers of a lane that were sent the
+same updates hold the same reply object, so they share one encoding too."""
 
 from __future__ import annotations
 
@@ -41,6 +44,7 @@ import itertools
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from harness.context import Context
 from harness.conversation import LaneEvents
@@ -71,6 +75,8 @@ RECENT_BYTES = 256 * 1024
 SOURCE_GRACE_S = 5.0
 """How long a lane's source stays open after its last watcher left (seconds)."""
 
+S = TypeVar("S")
+
 _REPLY_ENDS = (MessageStart, MessageEnd, RunEnd)
 """Events after which the streaming reply a subscription may hold unread is no longer the newest."""
 
@@ -82,15 +88,18 @@ class Delivered:
 
     event: HarnessEvent
     size: int
-    _encodings: dict[Callable[[HarnessEvent], bytes], bytes] = field(default_factory=dict)
+    # (encode, id(shown)) -> (shown, its encoding): `shown` kept, so its id names it while it is here
+    _encodings: dict[tuple[Callable[..., bytes], int], tuple[object, bytes]] = field(default_factory=dict)
 
-    def encoded(self, encode: Callable[[HarnessEvent], bytes]) -> bytes:
-        """`encode(event)`, computed once for every subscription that asks with the same `encode`
-        (a function of the event alone: the event is read-only and the same for all of them)."""
-        encoded = self._encodings.get(encode)
-        if encoded is None:
-            encoded = self._encodings[encode] = encode(self.event)
-        return encoded
+    def encoded(self, encode: Callable[[HarnessEvent, S], bytes], shown: S) -> bytes:
+        """`encode(event, shown)`, computed once for every subscription that asks with the same
+        `encode` and the same `shown` object (what its client was sent before, or None: `encode`
+        is a function of the two alone, the event read-only and the same for all of them)."""
+        key = (encode, id(shown))
+        found = self._encodings.get(key)
+        if found is None or found[0] is not shown:
+            found = self._encodings[key] = (shown, encode(self.event, shown))
+        return found[1]
 
 
 @dataclass(slots=True)

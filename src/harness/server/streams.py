@@ -47,7 +47,7 @@ import re
 from collections import deque
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import Annotated, Generic, Literal, Protocol, TypeVar
+from typing import Annotated, Generic, Literal, Protocol, TypeVar, cast
 
 from fastapi import APIRouter, Depends, Header
 from fastapi.responses import StreamingResponse
@@ -259,21 +259,29 @@ class _ShownReply:
         self.reply = reply
 
     def encoded(self, delivered: Delivered) -> bytes:
-        """The event as this client is sent it: a `MessageUpdate` as a delta (b"" when the reply
-        did not change for it), any other as every client is (`_wire`, encoded once for all the
-        watchers of the lane)."""
+        """The event as this client is sent it: a `MessageUpdate` as a delta from the reply it has
+        (`_update_wire`), any other as every client is (`_wire`); each encoded once for all the
+        watchers of the lane that are sent the same bytes (`Delivered.encoded`)."""
         match delivered.event:
             case MessageUpdate() as event:
-                changes = None if self.reply is None else reply_delta(self.reply, event.message)
-                self.reply = event.message
-                if changes is None:
-                    return _encoded(_model_event(event))
-                return _encoded(_model_event(MessageDelta(lane=event.lane, content=changes))) if changes else b""
+                shown, self.reply = self.reply, event.message
+                return delivered.encoded(_update_wire, shown)
             case MessageStart(message=AssistantMessage() as message):
                 self.reply = message
             case MessageEnd(message=AssistantMessage()) | RunStart() | RunEnd():
                 self.reply = None
-        return delivered.encoded(_wire)
+        return delivered.encoded(_wire, None)
+
+
+def _update_wire(event: HarnessEvent, shown: AssistantMessage | None) -> bytes:
+    """A `MessageUpdate` (`_ShownReply` encodes no other event with it) as a client that has
+    `shown` of the streaming reply is sent it: the `message_delta` of what the reply gained (b""
+    when nothing), or whole when nothing was shown or the reply is not `shown` grown."""
+    event = cast(MessageUpdate, event)
+    changes = None if shown is None else reply_delta(shown, event.message)
+    if changes is None:
+        return _encoded(_model_event(event))
+    return _encoded(_model_event(MessageDelta(lane=event.lane, content=changes))) if changes else b""
 
 
 _READER_FAILED = ServerSentEvent(event="error", data={"message": "the approvals waiting elsewhere could not be read"})
@@ -316,7 +324,7 @@ def _parts(event: HarnessEvent, skip: int = 0) -> list[ServerSentEvent]:
     return [_model_event(item, event_id) for item, event_id in zip(shown[skip:], ids[skip:], strict=True)]
 
 
-def _wire(event: HarnessEvent) -> bytes:
+def _wire(event: HarnessEvent, _: object = None) -> bytes:
     """Every part of `event` (`_parts`) as the watch writes it: the same for every client."""
     return b"".join(_encoded(part) for part in _parts(event))
 
