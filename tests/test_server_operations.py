@@ -247,6 +247,20 @@ async def test_health_readiness_and_metrics_need_no_token(store: Store) -> None:
     assert api.status_code == 401
 
 
+async def test_the_api_description_covers_the_event_streams_and_every_door(store: Store) -> None:
+    """`/openapi.json`, which `/docs` reads, answers: FastAPI cannot tell the status of the event
+    streams' own response class by itself, and describing them was a 500 for the whole API."""
+    served = faux_app(store, [])
+    async with asgi_client(served.app) as client:
+        described = await client.get("/openapi.json")
+
+    assert described.status_code == 200
+    paths = described.json()["paths"]
+    for path in ("/api/conversations/{conversation_id}/events", "/api/feed", "/api/chat",
+                 "/threads/{conversation_id}/runs/stream", "/api/gardens"):
+        assert path in paths
+
+
 async def test_readiness_fails_with_a_typed_503_when_the_sqlite_store_is_closed_under_it(
         store: Store, tmp_path: Path, ctx: Context) -> None:
     """Issue 29: a store that no longer answers makes `/readyz` 503 `store_not_ready`, its cause

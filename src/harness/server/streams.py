@@ -407,7 +407,9 @@ def _encoded(event: ServerSentEvent) -> bytes:
     return format_sse_event(data_str=text, event=event.event, id=event.id, retry=event.retry, comment=event.comment)
 
 
-@router.get("/conversations/{conversation_id}/events", response_class=_EventStream)
+# status_code: FastAPI reads a route's status from its response class's `__init__`, and
+# `_EventStream`'s takes none; without it, describing the API (`/openapi.json`) failed.
+@router.get("/conversations/{conversation_id}/events", response_class=_EventStream, status_code=200)
 async def conversation_events_stream(conversation_id: str, watch: Annotated[Subscription, Depends(_watch)],
                                      after: Annotated[WatchPosition | None, Depends(_resumed_after)], state: State,
                                      authorization: CurrentAuthorization, context: RequestContext) -> _EventStream:
@@ -485,7 +487,7 @@ async def _watch_events(conversation_id: str, watch: Subscription, after: WatchP
         elsewhere.cancel()
 
 
-@router.get("/feed", response_class=_EventStream)
+@router.get("/feed", response_class=_EventStream, status_code=200)
 async def instance_feed(user: CurrentUser, state: State, authorization: CurrentAuthorization,
                         context: RequestContext) -> _EventStream:
     """What the current user's conversations are doing on this server: `activity` (a turn
