@@ -822,8 +822,8 @@ class Conversation:
         handle = self._harness.lane(lane)
         current = handle.info().operation
         if current is None or (operation_id is not None and current.id != operation_id):
-            what = f"run {operation_id}" if operation_id is not None else "an operation"
-            raise NoActiveOperation(f"conversation {self.id} has no {what} open", lane=lane)
+            what = f"no run {operation_id} open" if operation_id is not None else "nothing running"
+            raise NoActiveOperation(f"conversation {self.id} has {what}", lane=lane)
         return await handle.request_abort(cause, context, during_tool="user_during_tool" if cause == "user" else None)
 
     async def take_requests(self, context: Context) -> int:
