@@ -178,7 +178,7 @@ def test_the_transcript_of_a_run_shows_the_prompt_the_calls_and_the_reply(home: 
 
     assert show.returncode == 0, show.stderr
     lines = [line.strip() for line in show.stdout.splitlines()]
-    assert lines[0] == "Add and multiply 2 and 3 lane main"
+    assert lines[0] == "Add and multiply 2 and 3 · lane main"  # issue 33: the name ran into the lane
     assert lines[1] == "user: Add and multiply 2 and 3"
     assert lines[2] == "assistant (openai/gpt-4o, tool_use)"
     assert lines[3].startswith('→ add {"a": 2, "b": 3}')

@@ -173,7 +173,7 @@ def test_a_session_is_named_by_its_id_a_unique_prefix_or_its_exact_name(home: Pa
 
 def test_export_counts_in_words_and_an_import_keeps_the_name_unambiguous(home: Path) -> None:
     """Issue 33, item 12: `export` said "1 lanes", and an imported session took the original's name,
-    so the name no longer named one session."""
+    so the name no longer named one session; `show`'s first line ran the name into the lane."""
     session_id, _ = make_session(home, ["the only entry"], name="my notes")
     exported = harness(home, "export", session_id, "-o", str(home / "notes.jsonl"))
 
@@ -183,8 +183,8 @@ def test_export_counts_in_words_and_an_import_keeps_the_name_unambiguous(home: P
     assert imported.returncode == 0, imported.stderr
     original = harness(home, "show", "my notes")
     assert original.returncode == 0, original.stderr
-    assert original.stdout.startswith("my notes lane main")
-    assert harness(home, "show", "my notes (imported)").stdout.startswith("my notes (imported) lane main")
+    assert original.stdout.startswith("my notes · lane main\n")
+    assert harness(home, "show", "my notes (imported)").stdout.startswith("my notes (imported) · lane main\n")
 
 
 def test_run_session_takes_a_prefix_too(home: Path, server: ReplayServer) -> None:

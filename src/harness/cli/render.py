@@ -160,7 +160,8 @@ async def print_branch(
     if record is None:
         raise UnknownLane(f"session {session.id} has no lane {lane}", lane=lane)
     name = await session.get(addresses.session_name(), context)
-    console.print(f"[bold]{escape(name or session.id)}[/] [dim]lane {escape(lane)}[/]")
+    # The name is free text: the separator keeps it from running into the lane ("notes · lane main").
+    console.print(f"[bold]{escape(name or session.id)}[/] [dim]· lane {escape(lane)}[/]")
     if record.value is None:
         console.print("[dim](empty branch)[/]")
         return
