@@ -42,6 +42,7 @@ from harness.conversation import (
     RenameOutcome,
     RestartOutcome,
     ShellRan,
+    ToolsOutcome,
     WorkflowFinish,
 )
 from harness.conversation.chat_events import chat_event_message
@@ -122,6 +123,14 @@ def entry_of(message: CustomMessage) -> Entry:
     (CommandRan(name="mode", args="plan", outcome=ModeOutcome(mode="plan")),
      "/mode plan: mode plan (read-only tools)"),
     (CommandRan(name="restart", outcome=RestartOutcome()), "/restart: restarted from the journal"),
+    # Issue 33: "/tools +NAME adds one of project" read "project" as a word, not as a tool's name.
+    (CommandRan(name="tools", args="on", outcome=ToolsOutcome(tools=["read", "list"], chosen=True,
+                                                              available=["read", "list", "project"])),
+     "/tools on: tools: read, list (your choice, kept across model switches); tools off: project "
+     "(/tools +project turns it on)"),
+    (CommandRan(name="tools", outcome=ToolsOutcome(tools=["read"], chosen=False,
+                                                   available=["read", "project", "delegate"])),
+     "/tools: tools: read (the model's); tools off: project, delegate (/tools +NAME turns one on)"),
     (CommandRan(name="model", args="nope", error="a model is provider/id"),
      "/model nope: failed: a model is provider/id"),
     (CommandRan(name="sessions"), "/sessions"),

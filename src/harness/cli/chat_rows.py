@@ -45,6 +45,7 @@ from harness.conversation import (
     WorkflowFinish,
 )
 from harness.conversation.chat_events import ChatErrorNotice
+from harness.conversation.commands import tools_to_add
 from harness.session import AbortCause
 
 _STOPPED: dict[AbortCause, str] = {
@@ -191,7 +192,7 @@ def _outcome_text(outcome: CommandOutcome | None) -> str:
         case ToolsOutcome():
             whose = "your choice, kept across model switches" if outcome.chosen else "the model's"
             others = [name for name in outcome.available if name not in outcome.tools]
-            more = f"; /tools +NAME adds one of {', '.join(others)}" if others else ""
+            more = f"; {tools_to_add(others)}" if others else ""
             return f"tools: {', '.join(outcome.tools) or 'none'} ({whose}){more}"
         case RestartOutcome():
             return "restarted from the journal"

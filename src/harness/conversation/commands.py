@@ -200,6 +200,15 @@ async def mode(service: ConversationService, user: str, conversation: Conversati
 TOOLS_USAGE = "/tools [on|off|auto|±NAME]"
 
 
+def tools_to_add(names: list[str]) -> str:
+    """`names`, tools that are available but off, and how to turn one on, as `/tools` says it: e.g.
+    `tools off: project (/tools +project turns it on)`, so that a tool name is not read as a word
+    of the sentence."""
+    if len(names) == 1:
+        return f"tools off: {names[0]} (/tools +{names[0]} turns it on)"
+    return f"tools off: {', '.join(names)} (/tools +NAME turns one on)"
+
+
 async def tools(service: ConversationService, user: str, conversation: Conversation, args: str | None,
                 context: Context, *, typed: bool = True) -> ToolsOutcome:
     """`/tools [on | off | auto | +NAME -NAME ...]`: without arguments, the conversation's tools;
@@ -234,8 +243,8 @@ def _chosen_tools(settings: ConversationSettings, words: list[str], current: lis
     `available` ones; raises `InvalidInput` as `tools` says."""
     if words in (["on"], ["auto"]):
         if settings.model_tools is None:
-            raise InvalidInput(f"this conversation has no default tools: /tools +NAME adds one of "
-                               f"{', '.join(available) or 'none'}", argument=words[0])
+            raise InvalidInput("this conversation has no default tools" + (f"; {tools_to_add(available)}"
+                                                                            if available else ""), argument=words[0])
         return list(settings.model_tools.default) if words == ["on"] else None
     if words == ["off"]:
         return []
