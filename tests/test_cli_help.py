@@ -88,3 +88,25 @@ def test_help_is_printed_from_its_cache_without_loading_the_application(
     assert first == CliRunner().invoke(app, ["--help"], env={"COLUMNS": "80"}).output
     assert again.stdout == f"{first}[]\n"
     assert [kept.name for kept in (tmp_path / "cache").iterdir()] == [Path(help_cache()).name]
+
+
+def option_help(command: str, option: str) -> str:
+    """What `harness COMMAND --help` says of `option`, its lines joined (typer's plain help, as above)."""
+    lines = CliRunner().invoke(app, [command, "--help"], env={"COLUMNS": "80"}).output.splitlines()
+    start = next(at for at, line in enumerate(lines) if line.strip().startswith(option))
+    said = [lines[start].strip().removeprefix(option).strip()]
+    for line in lines[start + 1:]:
+        if not line.strip() or line.strip().startswith("-"):
+            break
+        said.append(line.strip())
+    return " ".join(" ".join(said).split())
+
+
+def test_chat_and_run_say_the_same_default_model() -> None:
+    """Issue 33: `chat --help` left out models.toml's default that `run --help` named; both say the
+    one order the registry follows (`providers.models`), the OPENAI_BASE_URL server's models too."""
+    chat, run = option_help("chat", "--model"), option_help("run", "--model")
+
+    assert chat == run
+    assert ("the lane's model, else models.toml's default, else a model the OPENAI_BASE_URL server lists, else the "
+            "first built-in model whose API key is set, else embedded/smollm2-135m") in chat

@@ -51,6 +51,12 @@ BudgetTokensOption = Annotated[int | None, typer.Option(
                                                   "request; its sub-agents' count too).")]
 BudgetUsdOption = Annotated[float | None, typer.Option(
     "--budget-usd", metavar="X", help="Stop a run once it has cost X US dollars at the models' prices.")]
+ModelOption = Annotated[str | None, typer.Option(
+    "--model", metavar="MODEL", help="provider/id, e.g. openai/gpt-4o (default: the lane's model, else models.toml's "
+                                     "default, else a model the OPENAI_BASE_URL server lists, else the first "
+                                     "built-in model whose API key is set, else embedded/smollm2-135m; `harness "
+                                     "models` shows which).")]
+"""`--model` of `chat` and `run`: one default, said once (`providers.models` chooses it)."""
 FallbackOption = Annotated[list[str] | None, typer.Option(
     "--fallback", metavar="MODEL", help="A provider/id that takes a request over when the model still fails with "
                                         "a retryable error after its retries (repeatable, tried in order).")]
@@ -101,9 +107,7 @@ def chat(
         "--continue", "-c", help="Continue the most recently updated session.")] = False,
     lane: Annotated[str, typer.Option(
         metavar="LANE", help="The lane of an existing session to chat on (a new session talks on main).")] = "main",
-    model: Annotated[str | None, typer.Option(
-        metavar="MODEL", help="provider/id, e.g. openai/gpt-4o; default: the lane's model, else the first model "
-                              "whose API key is set, else the embedded one.")] = None,
+    model: ModelOption = None,
     resume: Annotated[bool, typer.Option(
         "--resume", help="Finish a turn that a stopped process left open, without asking.")] = False,
     yes: Annotated[bool, typer.Option(
@@ -182,10 +186,7 @@ def run(
         metavar="PROMPT", help="What to ask; - reads it from stdin. Optional with --resume.")] = None,
     session: Annotated[str | None, typer.Option(
         "--session", metavar="SESSION", help="Continue this session (default: a new one).")] = None,
-    model: Annotated[str | None, typer.Option(
-        "--model", metavar="MODEL", help="provider/id, e.g. openai/gpt-4o (default: the lane's model, else "
-                                         "models.toml's default, else the first built-in model with a key, else "
-                                         "embedded/smollm2-135m).")] = None,
+    model: ModelOption = None,
     yes: Annotated[bool, typer.Option("--yes", "-y", help="Allow write, edit and shell calls; without it they "
                                                            "are refused, since nobody can be asked.")] = False,
     json_events: Annotated[bool, typer.Option("--json", help="Print JSON lines on stdout: first "
