@@ -5,6 +5,7 @@ streams as ordinary OpenAI and Anthropic endpoints, and the embedded model offli
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 import os
 import re
@@ -17,17 +18,20 @@ from typing import Any
 
 import pytest
 from pydantic import TypeAdapter
+from rich.console import Console
 
 from conftest import SHARED_FIXTURES, backend_url, needs_shared_fixtures
 from harness import __version__ as harness_version
 from harness.cli.config import local_user
+from harness.cli.run import RunTurn, run_turn
 from harness.context import Context
 from harness.conversation import ChatEventDetails, ConversationService, ErrorDetails, EventRow, ModelSwitched
 from harness.messages import ModelIdentity, TextContent
 from harness.providers import ModelRegistry
+from harness.providers.faux import FauxProvider
 from harness.providers.models import BUILTIN_MODELS
 from harness.providers.replay import Hold, ReplayResponse, ReplayServer
-from harness.runtime import HarnessEvent
+from harness.runtime import HarnessEvent, NothingToResume
 from harness.runtime.requests import MAX_INPUT_BYTES
 from harness.session import connect
 from request_validators import problems
@@ -514,6 +518,28 @@ def test_the_embedded_model_answers_offline(home: Path, work: Path) -> None:
     assert "Paris" in run.stdout
     show = harness(home, work, "show", session_of(run))
     assert "assistant (embedded/smollm2-135m" in show.stdout
+
+
+async def test_the_no_tools_hint_names_runs_flag_and_only_when_a_turn_starts(home: Path, work: Path) -> None:
+    """Issue 33: `run` on the tiny embedded model told the person to type `/tools on`, the chat's
+    command, and said so before `--resume` found nothing to resume. It names `--tools`, once a turn
+    starts. In process, the embedded model's api served by the faux provider (no weights run)."""
+    context = Context()
+    store = await connect("memory://", context)
+    registry = ModelRegistry(providers={"embedded": FauxProvider(["Hello."])})
+    said, resumed = io.StringIO(), io.StringIO()
+
+    code = await run_turn(store, RunTurn(prompt="hi", cwd=work, home=home), registry, context, out=io.StringIO(),
+                          status=Console(file=said, width=200))
+    [session_id] = re.findall(r"session (\S+)", said.getvalue())
+    with pytest.raises(NothingToResume):
+        await run_turn(store, RunTurn(prompt=None, cwd=work, home=home, session_id=session_id, resume=True),
+                       registry, context, out=io.StringIO(), status=Console(file=resumed, width=200))
+
+    assert code == 0
+    assert ("the tiny embedded model is offered no tools: --tools gives them, and so does a switch to a real model "
+            "(--model)") in said.getvalue()
+    assert "offered no tools" not in resumed.getvalue()
 
 
 # -- models and doctor ------------------------------------------------------------------------------

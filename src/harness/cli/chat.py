@@ -427,7 +427,7 @@ class ChatClient:
         self.screen.print(f"[bold]harness chat[/] · session [cyan]{conversation.id}[/]{title}")
         self.screen.print(f"[dim]lane {escape(lane)} · model {escape(self.registry.label(config.model))} · "
                           f"{escape(self.where())} · {escape(self.approvals())}[/]")
-        if note := no_tools_note(config):
+        if note := no_tools_note(config, give="/tools on", switch="/model, --model"):
             self.screen.print(f"[dim]{escape(note)}[/]")
         if not self.attached.created_session and tip is not None:
             await self._show_recent(tip)

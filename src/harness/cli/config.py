@@ -170,12 +170,14 @@ def offers_tools(identity: ModelIdentity) -> bool:
     return identity != EMBEDDED_IDENTITY
 
 
-def no_tools_note(config: LaneConfig) -> str | None:
-    """Why a lane has no tools when that is `offers_tools`'s doing, and the ways out; else None."""
+def no_tools_note(config: LaneConfig, *, give: str, switch: str) -> str | None:
+    """Why a lane has no tools when that is `offers_tools`'s doing, and the ways out as the
+    command at hand says them (the chat's `give="/tools on"`, `run`'s `give="--tools"`; `switch`
+    the same for a model switch); else None."""
     if config.active_tools or offers_tools(config.model):
         return None
-    return ("the tiny embedded model is offered no tools: /tools on gives them, and so does a switch to a real "
-            "model (/model, --model)")
+    return (f"the tiny embedded model is offered no tools: {give} gives them, and so does a switch to a real "
+            f"model ({switch})")
 
 
 def default_tools(home: Path) -> list[str]:

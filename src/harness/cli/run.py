@@ -308,20 +308,30 @@ async def run_turn(store: Store, turn: RunTurn, registry: ModelRegistry, context
             printer.begin(session_id, lane)
         status.print(f"[dim]session {session_id}[/]")
         config = conversation.config(lane)
-        if turn.tools is None and (note := no_tools_note(config)):
-            status.print(f"[dim]{escape(note)}[/]")
         identity, model = config.model, attached.model
         if model is not None and not registry.is_listed(identity):
             status.print(f"[yellow]{escape(identity.spec)} is not a listed model: using default limits "
                          f"({model.context_window:,} tokens of context, {model.max_tokens:,} per reply); declare it "
                          f"in models.toml to set them[/]")
         interrupt = _Interrupts(conversation, lane, context, status)
+        # Said when a turn starts on the lane (not before a refusal, nor when there was nothing to
+        # resume), in this command's words: `--tools`, not the chat's `/tools on`.
+        note = no_tools_note(config, give="--tools", switch="--model") if turn.tools is None else None
+
+        def turn_starts() -> None:
+            nonlocal note
+            if note is not None:
+                status.print(f"[dim]{escape(note)}[/]")
+            note = None
+
         loop = asyncio.get_running_loop()
         loop.add_signal_handler(signal.SIGINT, interrupt.on_signal)
         outcome: DriveOutcome | None = None
         try:
             if turn.resume:
                 await interrupt.accepted()
+                if any(op.lane == lane for op in attached.open_operations):
+                    turn_starts()
                 try:
                     outcome = await conversation.resume(context, lane=lane)
                 except NothingToResume:
@@ -337,6 +347,7 @@ async def run_turn(store: Store, turn: RunTurn, registry: ModelRegistry, context
                                    f"{_lane_option(turn.lane)}--resume` (a prompt given as well is sent after it)",
                                    **error.details) from error
                 await interrupt.accepted()
+                turn_starts()
                 outcome = await conversation.drive(accepted.operation_id, context, lane=lane)
             if turn.output is not None and not turn.json_events and _settled(outcome, "completed"):
                 assert isinstance(outcome, Settled)
