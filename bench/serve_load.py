@@ -34,7 +34,9 @@ It prints:
    committed before it (`resumed`: read back from the log after a reconnect, so their latency
    holds the time the watcher was away and its resume);
 3. gaps and duplicates: per watcher, the durable event ids it received against the lane's event
-   log after the snapshot it started from (both must be zero), and how often it resumed.
+   log after the snapshot it started from (both must be zero), and how often it resumed;
+4. the server's part of a resume (p50, p99, ms): from a request with `Last-Event-ID` reaching the
+   app to its first byte of body, apart from the clients' reconnecting and the accept before it.
 """
 
 from __future__ import annotations
@@ -55,6 +57,7 @@ from typing import Any
 
 import uvicorn
 from pydantic import JsonValue
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from bench.pg_schema import fresh_schema
 from bench.serve_load_clients import Clients
@@ -102,6 +105,30 @@ class Load:
     workers: int = 0
     store_url: str | None = None
     client_processes: int = CLIENT_PROCESSES
+
+
+class ResumeTimes:
+    """`app`, timing each resume of a watch (a request with `Last-Event-ID`) from reaching the app
+    to its first byte of body (`samples`, ns): the server's own part of a resume."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+        self.samples: list[int] = []
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or not any(name == b"last-event-id" for name, _ in scope["headers"]):
+            await self.app(scope, receive, send)
+            return
+        started, timed = time.perf_counter_ns(), False
+
+        async def first_byte_timed(message: Message) -> None:
+            nonlocal timed
+            if not timed and message["type"] == "http.response.body":
+                timed = True
+                self.samples.append(time.perf_counter_ns() - started)
+            await send(message)
+
+        await self.app(scope, receive, first_byte_timed)
 
 
 @asynccontextmanager
@@ -173,10 +200,12 @@ async def _run_on_schema(load: Load, url: str, context: Context) -> dict[str, An
 
 async def _serve_and_measure(load: Load, service: ConversationService, options: ServerOptions,
                              context: Context) -> dict[str, Any]:
-    app = create_app(service, LocalUser(USER), options=options,
-                     new_lane=lambda model: LaneConfig(model=model or MODEL, active_tools=["lookup"]))
+    app = ResumeTimes(create_app(service, LocalUser(USER), options=options,
+                                 new_lane=lambda model: LaneConfig(model=model or MODEL, active_tools=["lookup"])))
     async with serving(app) as url:
-        return await _measure(load, service, url, context)
+        figures = await _measure(load, service, url, context)
+    return {**figures, **{f"resume_server_p{p}_ms": round(percentile(app.samples, p), 2) if app.samples else None
+                          for p in (50, 99)}}
 
 
 async def _measure(load: Load, service: ConversationService, url: str, context: Context) -> dict[str, Any]:
@@ -310,6 +339,8 @@ def main() -> None:
               f"p99 {figures['resumed_p99_ms']} ms ({figures['resumed_events']} events)")
         print(f"  gaps: {figures['gaps']}, duplicates: {figures['duplicates']}, resumes: {figures['resumes']}; "
               f"{figures['watchers_matching_log']} of {figures['watchers']} watchers received exactly the log")
+        print(f"  a resume in the server, request to first byte: p50 {figures['resume_server_p50_ms']} ms, "
+              f"p99 {figures['resume_server_p99_ms']} ms")
 
 
 if __name__ == "__main__":
