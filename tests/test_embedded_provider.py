@@ -118,6 +118,27 @@ async def test_cancelling_the_context_stops_generation_with_the_partial_text(
     assert last.message.content == [TextContent(text=first_delta)]
 
 
+async def test_a_reply_stopped_midway_carries_the_tokens_it_read_and_wrote(embedded: tuple[Model, Provider]) -> None:
+    """Issue 33: the chat's token count stayed where it was after a long reply was interrupted,
+    since the usage came only with the last chunk. Every chunk carries the usage so far."""
+    model, provider = embedded
+    context = Context()
+    deltas = 0
+
+    async for event in provider.stream(model, ask("Write a long story about a dragon."), GREEDY, context):
+        deltas += event.type == "text_delta"
+        if deltas == 3:
+            context.cancel("user pressed stop")
+        last = event
+
+    assert isinstance(last, ErrorEvent)
+    assert last.message.stop_reason == "aborted"
+    usage = last.message.usage
+    assert usage.input > 10  # the chat template around the prompt
+    assert 3 <= usage.output <= 4  # a delta is one token (a multi-byte character may take two); one more may come
+    assert usage.total_tokens == usage.input + usage.output
+
+
 async def test_a_cancel_while_the_prompt_is_read_ends_the_reply_and_frees_the_model(
     embedded: tuple[Model, Provider],
 ) -> None:

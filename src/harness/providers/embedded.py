@@ -364,6 +364,7 @@ class _Generation:
     stop: threading.Event
     put: Callable[[object], None]
     tokens: list[int] = field(default_factory=list)
+    prompt_tokens: int = 0
     generated: int = 0
     budget: int = 0
     chunk_id: str = field(default_factory=lambda: f"chatcmpl-{secrets.token_hex(12)}")
@@ -380,17 +381,15 @@ class _Generation:
         llama_set_n_threads(llama.ctx, threads, threads)
         llama.set_seed(LLAMA_DEFAULT_SEED if self.job.seed is None else self.job.seed)
         self.tokens = llama.tokenize(self.job.prompt.encode(), add_bos=True, special=True)
-        prompt_tokens, n_ctx = len(self.tokens), self._window()
-        if prompt_tokens >= n_ctx:
+        self.prompt_tokens, n_ctx = len(self.tokens), self._window()
+        if self.prompt_tokens >= n_ctx:
             raise ValueError(
-                f"the prompt's {prompt_tokens} tokens and a reply exceed context window of {n_ctx}"
+                f"the prompt's {self.prompt_tokens} tokens and a reply exceed context window of {n_ctx}"
             )
-        self.budget = min(self.job.max_tokens, n_ctx - prompt_tokens)
+        self.budget = min(self.job.max_tokens, n_ctx - self.prompt_tokens)
         finish = self._reply()
         self._chunk({"index": 0, "delta": {}, "finish_reason": finish})
-        total = prompt_tokens + self.generated
-        self._chunk(None, usage={"prompt_tokens": prompt_tokens, "completion_tokens": self.generated,
-                                 "total_tokens": total})
+        self._chunk(None)
 
     def _reply(self) -> str:
         """Generate the reply's steps; returns its finish reason (`stop`, `length`, `tool_calls`)."""
@@ -491,7 +490,12 @@ class _Generation:
                 raise _Stopped
             llama.eval(tokens[start:start + _PROMPT_BATCH])
 
-    def _chunk(self, choice: dict[str, Any] | None, usage: dict[str, int] | None = None) -> None:
+    def _chunk(self, choice: dict[str, Any] | None) -> None:
+        """Send `choice` (None: no choice) with the usage so far, as a server reporting usage on
+        every chunk does: a reply stopped midway (Ctrl-C, or its process killed and the reply cut
+        off) then still records the tokens it read and wrote, for the ledger and the budgets."""
+        usage = {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.generated,
+                 "total_tokens": self.prompt_tokens + self.generated}
         self.put({
             "id": self.chunk_id, "object": "chat.completion.chunk", "created": self.created,
             "model": self.job.model_id, "choices": [] if choice is None else [choice], "usage": usage,
