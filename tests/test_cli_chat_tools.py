@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from harness.providers.replay import ReplayServer
+from terminal_screen import Display
 from test_cli_chat import (  # noqa: F401  (chats, dirs and server are fixtures)
     Chat,
     chats,
@@ -58,4 +59,21 @@ def test_a_chat_begun_on_the_embedded_model_calls_a_tool_after_model_and_tools_c
         "read", "write", "edit", "list"]
     assert "notes.txt" in str(sent_messages(server.requests[1])[-1]["content"])
     assert "tools" not in server.requests[2].json()
+    assert chat.leave() == 0
+
+
+def test_the_cost_stays_on_the_status_line_when_tools_are_turned_on(chats: list[Chat], dirs: tuple[Path, Path],
+                                                                   server: ReplayServer) -> None:
+    """Issue 33: at 80 columns "$0.0000" left the status line after `/tools on`: what asks for
+    approval grew longer, and the cost was dropped before the key hints. What the session spent
+    outlasts the keys /help lists."""
+    chat = start(chats, dirs, server, "--model", "embedded/smollm2-135m", columns=80, cursor_reports=True)
+    display = Display(chat)
+    before = display.wait_for(lambda lines: "no tools" in lines[-1])
+
+    chat.send_line("/tools on")
+    after = display.wait_for(lambda lines: "ask first" in lines[-1])
+
+    assert "0 tokens · $0.0000 · " in before[-1]
+    assert "0 tokens · $0.0000 · " in after[-1]
     assert chat.leave() == 0

@@ -389,8 +389,10 @@ class UsageMeter:
     def parts(self, context_window: int | None) -> list[StatusPart]:
         """The status line's usage: e.g. `1,234 tokens`, `$0.0123` and `last request: 12% of the
         128,000-token context window` (short: `12% of the window`), the last only when both the
-        window and a reply's usage are known; the share of the window is kept longest."""
-        parts = [StatusPart(f"{self.tokens:,} tokens", drop=4), StatusPart(f"${self.cost:.4f}", drop=5)]
+        window and a reply's usage are known; the share of the window is kept longest, and what was
+        spent outlasts the keys the status line shows beside it (/help lists those), so it does
+        not come and go as other parts grow or shrink."""
+        parts = [StatusPart(f"{self.tokens:,} tokens", drop=3), StatusPart(f"${self.cost:.4f}", drop=3)]
         if context_window and self.context_tokens is not None:
             share = 100 * self.context_tokens / context_window
             parts.append(StatusPart(f"last request: {share:.0f}% of the {context_window:,}-token context window",
