@@ -116,8 +116,8 @@ class Page:
     url: str = ""
     token: str = ""
     served: Served = field(init=False)
-    write: ProbeTool = field(default_factory=lambda: ProbeTool("write"))
-    edit: ProbeTool = field(default_factory=lambda: ProbeTool("edit"))
+    write: ProbeTool = field(default_factory=lambda: ProbeTool("write", asks_first=True))
+    edit: ProbeTool = field(default_factory=lambda: ProbeTool("edit", asks_first=True))
     _loop: asyncio.AbstractEventLoop = field(default_factory=asyncio.new_event_loop)
     _stop: asyncio.Event = field(default_factory=asyncio.Event)
     _thread: threading.Thread | None = None
