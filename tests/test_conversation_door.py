@@ -132,6 +132,24 @@ async def test_a_typed_model_switch_when_idle_is_one_command_row(store: Store, c
     await conversations.close_all(ctx)
 
 
+async def test_every_door_names_a_conversation_from_its_first_prompt(store: Store, ctx: Context) -> None:
+    """A conversation made without a name takes one from the first prompt admitted on it, in the
+    service, so the HTTP API and the Agent name it as the chat does; a later prompt or a chosen
+    name is left alone."""
+    conversations, _ = faux_service(store, ["one", "two", "three"])
+    unnamed = await conversations.create(OWNER, LaneConfig(model=FAUX), ctx)
+    named = await conversations.create(OWNER, LaneConfig(model=FAUX), ctx, name="Kept")
+
+    settled(await within(unnamed.send("\n  Plan   the trip\nto Lyon", ctx)))
+    settled(await within(unnamed.send("And back?", ctx)))
+    settled(await within(named.send("Something else", ctx)))
+
+    assert await unnamed.session_name(ctx) == "Plan the trip"
+    assert await named.session_name(ctx) == "Kept"
+    assert await rows(unnamed, ctx) == []  # nobody chose the name: no row
+    await conversations.close_all(ctx)
+
+
 async def test_command_refusals_are_recorded_at_every_door(store: Store, ctx: Context,
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     """CE-16: `/model` with an id no provider offers or whose key is not set, `/rename` with no
@@ -324,8 +342,8 @@ async def test_steer_commands_switches_and_stops_reach_a_conversation_another_ho
     entry_id, steer_id = await elsewhere.queue(OWNER, conversation.id, "steer", UserMessage(content="be brief"), ctx)
     posted = await elsewhere.command(OWNER, conversation.id, "/rename notes", ctx)
     switch = await elsewhere.switch_model(OWNER, conversation.id, FAUX_2, ctx)
-    async for event in watch:  # the holder took the steer, then ran the rename
-        if isinstance(event, ValueUpdate) and event.key == "session_name":
+    async for event in watch:  # the holder took the steer, then ran the rename (after naming it from "go")
+        if isinstance(event, ValueUpdate) and event.key == "session_name" and event.value == "notes":
             break
     watch.close()
     gate.set()

@@ -19,7 +19,6 @@ from harness.cli.config import Attached
 from harness.cli.terminal_text import escape
 from harness.context import Context
 from harness.conversation import Conversation
-from harness.conversation.naming import session_name_from
 from harness.errors import HarnessError, ModelUnavailable
 from harness.messages import ModelIdentity, UserMessage
 from harness.providers import MissingApiKey, ModelRegistry
@@ -51,7 +50,6 @@ class TurnControl:
         self._leave_now = False
         self._abort_requests: set[asyncio.Task[None]] = set()
         self._run_queued = False
-        self._named: str | None = None
         """The session whose first prompt this chat has offered as its name."""
 
     # -- state ------------------------------------------------------------------------------------
@@ -169,21 +167,11 @@ class TurnControl:
             accepted = await conversation.admit_next_run(self._context, lane=lane)
         if self._abort_wanted:  # Ctrl-C came before the run existed
             await self._request_abort()
-        await self._name_session(text)
         outcome = await conversation.drive(accepted.operation_id, self._context, lane=lane)
         if (text and isinstance(outcome, Settled) and outcome.result.outcome == "aborted"
                 and outcome.result.tip_id in (before, *accepted.entry_ids[:-1])):
             self._terminal.give_back(text)  # stopped before any output: the turn was discarded (CE-7)
         return outcome
-
-    async def _name_session(self, text: str) -> None:
-        """Offer a session's first prompt sent from this chat as its name (kept only if it has none)."""
-        conversation, _ = self._on()
-        if self._named == conversation.id:
-            return
-        self._named = conversation.id
-        if name := session_name_from(text):
-            await conversation.name_from_first_prompt(name, self._context)
 
     async def queue(self, text: str, *, follow_up: bool) -> None:
         """A line typed during a turn: a steer message (a follow-up with Alt-Enter); kept for the

@@ -35,7 +35,6 @@ from harness.conversation import (
     ModelTools,
 )
 from harness.conversation.agents import DELEGATION_TOOL_NAMES
-from harness.conversation.naming import session_name_from
 from harness.conversation.project_context import PROJECT_CONTEXT_BYTES
 from harness.conversation.project_switch import PROJECT_TOOL
 from harness.errors import HarnessError, InvalidInput, ModelUnavailable
@@ -288,7 +287,6 @@ async def attach_client(
     lane: str = "main",
     listeners: Sequence[Listener] = (),
     mcp: McpServers | None = None,
-    name_from: str | None = None,
     drive: DriveSettings | None = None,
     tools: bool | None = None,
     require_model: bool = True,
@@ -314,8 +312,8 @@ async def attach_client(
     `tools=False` raises `LaneHasTools` for an existing lane that has some). Tools nobody chose
     follow the model (`ConversationSetup.model_tools`); `tools` True or False is a choice the
     conversation keeps across model switches, on an existing conversation too (True gives one
-    without tools the default ones). A new session is named
-    from `name_from`. `drive` defaults to `drive_settings()` (compaction fits itself to the model).
+    without tools the default ones). A new session is named from its first prompt, as every
+    door's (`ConversationSettings.admit`). `drive` defaults to `drive_settings()` (compaction fits itself to the model).
     `budget` caps what each run spends (`Budget`, issue 32); `fallback` are the models that take a
     step over, in order, when the lane's model keeps failing with a retryable error
     (`DriveSettings.fallback`): each must be usable, checked with the model.
@@ -355,8 +353,7 @@ async def attach_client(
     service = ConversationService(store, setup)
     config = new_lane_config(identity, home, tools)
     if session_id is None:
-        name = session_name_from(name_from) if name_from else None
-        conversation = await service.create(user, config, context, name=name, tools_chosen=tools is not None)
+        conversation = await service.create(user, config, context, tools_chosen=tools is not None)
     else:
         await service.adopt(user, session_id, context)
         conversation = await service.open(user, session_id, context)

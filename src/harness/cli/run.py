@@ -298,7 +298,7 @@ async def run_turn(store: Store, turn: RunTurn, registry: ModelRegistry, context
         await mcp.ready()  # one prompt, nobody typing meanwhile: its first step offers the servers' tools
         attached = await attach_client(
             store, turn.session_id, context, registry=registry, home=turn.home, cwd=turn.cwd, approval=approval,
-            jobs=jobs, model=turn.model, lane=turn.lane, listeners=[printer], name_from=turn.prompt,
+            jobs=jobs, model=turn.model, lane=turn.lane, listeners=[printer],
             tools=turn.tools, mcp=mcp, budget=turn.budget, fallback=turn.fallback,
         )
         conversation, lane = attached.conversation, attached.lane

@@ -929,12 +929,6 @@ class Conversation:
         next turn's admission, against the previous turn's level (CE-14)."""
         await self._harness.lane(lane).set_thinking_level(level, context)
 
-    async def name_from_first_prompt(self, name: str, context: Context) -> None:
-        """Name the conversation `name` unless it has a name: a door naming a new conversation
-        from its first prompt. No row: nobody chose the name."""
-        if await self._harness.session_name(context) is None:
-            await self._harness.set_session_name(name, context)
-
     async def set_value(self, address: ValueAddress[T], value: T | None, context: Context) -> None:
         """Set (None: delete) a session value a door keeps of its own in the conversation (e.g.
         the LangGraph door's thread metadata); the model never reads it."""

@@ -30,6 +30,7 @@ from harness.conversation.chat_events import (
     logger,
 )
 from harness.conversation.lifecycle import refuse_if_ended
+from harness.conversation.naming import session_name_from
 from harness.conversation.project_context import (
     PROJECT_CONTEXT,
     ProjectContext,
@@ -486,7 +487,9 @@ class ConversationSettings:
         the baseline is then written. The prompt's entry
         gets `prompt_entry_id` when given (a record made before, such as a goal, names it). `output`
         and `output_retries` make the turn's answer JSON of that shape (`PromptRequest`, issue 32),
-        kept with the run, so a run resumed after a crash asks for it still. Raises `InvalidMessage` for
+        kept with the run, so a run resumed after a crash asks for it still. A conversation with no
+        name is named from `text` once the turn is accepted (`session_name_from`), whichever door
+        sent it; no row, since nobody chose the name. Raises `InvalidMessage` for
         an empty prompt, `ConversationEnded` once the conversation was ended, and whatever
         `Lane.accept` raises (`LaneBusy`, `PromptTooLarge`)."""
         if not text and not images:
@@ -509,7 +512,19 @@ class ConversationSettings:
                                                       output_retries=output_retries), read, context)
             await self.harness.set_value(TURN_BASELINE, TurnBaseline(level=level, entry_id=accepted.entry_ids[-1]),
                                          context)
+        await self._name_from(text, context)
         return accepted
+
+    async def _name_from(self, text: str, context: Context) -> None:
+        # After the turn is accepted: a name that cannot be stored is no reason to refuse the turn.
+        if (name := session_name_from(text)) is None:
+            return
+        try:
+            if await self.harness.session_name(context) is None:
+                await self.harness.set_session_name(name, context)
+        except HarnessError as error:
+            logger.warning("conversation %s was not named from its prompt: %s [%s]", self.harness.session.id,
+                           error.message, error.code)
 
     async def admit_next_run(self, context: Context) -> AcceptedRun:
         """Accept a turn of the messages kept for the next run, under the turn lock, on the

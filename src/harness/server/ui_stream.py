@@ -41,7 +41,6 @@ from harness.conversation import (
     ApprovalChange,
     ApprovalNotFound,
     ChatEventPublished,
-    Conversation,
     ConversationEvent,
     ConversationWatch,
     DelegationFinished,
@@ -54,7 +53,6 @@ from harness.conversation import (
 )
 from harness.conversation.approvals import answered, pending_address
 from harness.conversation.display import display_rows
-from harness.conversation.naming import session_name_from
 from harness.conversation.turn_rows import public_error
 from harness.errors import HarnessError, InvalidInput
 from harness.messages import (
@@ -69,7 +67,6 @@ from harness.messages import (
     text_of,
 )
 from harness.runtime import (
-    AcceptedRun,
     EntryAdded,
     LaneSnapshot,
     MessageEnd,
@@ -86,7 +83,7 @@ from harness.runtime import (
 )
 from harness.server.errors import not_found
 from harness.server.sse import json_event
-from harness.server.state import BeforeDrive, CurrentAuthorization, CurrentUser, RequestContext, ServerState, State
+from harness.server.state import CurrentAuthorization, CurrentUser, RequestContext, ServerState, State
 from harness.session import CustomMessagePayload, Entry, LaneLastResult, MessagePayload, SessionNotFound, addresses
 from harness.tools import Approval
 
@@ -590,22 +587,13 @@ async def send(body: ChatRequest, user: CurrentUser, state: State, authorization
             parts = RunParts(MAIN_LANE, newest.id)
             first = await _answer(state, user, body.id, sources.watch, parts, answers, newest, context)
         else:
-            _, accepted = await state.start_turn(user, body.id, text, context, images=images,
-                                                 before_drive=_named_from(text, context))
+            _, accepted = await state.start_turn(user, body.id, text, context, images=images)
             parts, first = RunParts(MAIN_LANE, accepted.operation_id), []
     except BaseException:
         sources.close()
         raise
     return EventSourceResponse(authorization.until_revoked(_stream(sources, parts, first, state.options.heartbeat_s)),
                               headers=_STREAM_HEADERS)
-
-
-def _named_from(prompt: str, context: Context) -> BeforeDrive:
-    """Name a conversation that has no name from its first prompt, as the terminal's chat does."""
-    async def name(conversation: Conversation, _: AcceptedRun) -> None:
-        if (name := session_name_from(prompt)) is not None:
-            await conversation.name_from_first_prompt(name, context)
-    return name
 
 
 async def _answer(state: ServerState, user: str, conversation_id: str, watch: ConversationWatch, parts: RunParts,
