@@ -407,7 +407,7 @@ def test_steer_typed_during_a_tool_call_reaches_the_next_request(chats: list[Cha
     chat.send_line("run the waiting command")
     chat.expect("→ shell: i=0")
     chat.send_line("also mention the README")
-    chat.expect("queued as steer")
+    chat.expect("steer queued (read after the current step): also mention the README")  # above the prompt
     (dirs[1] / "go").touch()
     chat.expect("← shell")
     chat.expect("(steer sent)")
@@ -470,7 +470,7 @@ def test_alt_enter_during_a_turn_queues_a_follow_up(chats: list[Chat], dirs: tup
     chat.send_line("start")
     chat.expect("Streaming now")
     chat.process.send("and one more thing\x1b\r")  # Alt-Enter
-    chat.expect("queued as follow-up")
+    chat.expect("follow-up queued (read when the run would end): and one more thing")  # above the prompt
     hold.release()
     chat.expect("(follow-up sent)")
     chat.expect("About the follow-up.")

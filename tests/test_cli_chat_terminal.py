@@ -328,6 +328,41 @@ def test_ctrl_c_a_rename_and_a_mode_switch_each_print_one_row(chats: list[Chat],
     assert chat.leave() == 0
 
 
+def test_a_steer_and_a_follow_up_typed_mid_sentence_show_once_and_leave_the_reply_whole(
+        chats: list[Chat], dirs: tuple[Path, Path], server: ReplayServer) -> None:
+    """Issue 33: a steer (Enter) and a follow-up (Alt-Enter) typed while a reply streamed were
+    echoed inside it, mid-sentence, with a "queued as" row each, and the steer was printed again
+    once sent. Each waits above the prompt until the model reads it, and is then printed once,
+    where it is read; a command's rows wait under the reply until it ends; the reply reads whole."""
+    hold = Hold()
+    server.enqueue(text_reply("The sea is a", " mirror that reflects our souls.", hold=hold),
+                   text_reply("Goodbye, mountains."))
+    chat = start(chats, dirs, server)
+    display = Display(chat)
+
+    chat.send_line("write about the sea")
+    display.wait_for("The sea is a")
+    chat.send_line("/rename seas")  # its echo waits under the reply until it ends
+    display.wait_for("› /rename seas")
+    chat.send_line("make it about mountains instead")
+    chat.process.send("then say goodbye\x1b\r")  # Alt-Enter
+    waiting = display.wait_for("follow-up queued (read when the run would end): then say goodbye")
+    hold.release()
+    display.wait_for("turn completed")
+
+    assert "steer queued (read after the current step): make it about mountains instead" in waiting
+    lines = [line for line in display.lines() if line]
+    reply = lines.index("The sea is a mirror that reflects our souls.")
+    assert lines[reply + 1:reply + 6] == ["› /rename seas", "/rename seas: named seas",
+                                          "› make it about mountains instead (steer sent)",
+                                          "› then say goodbye (follow-up sent)", "Goodbye, mountains."]
+    assert sum("mountains instead" in line for line in lines) == 1
+    assert sum("say goodbye" in line for line in lines) == 1
+    assert [message["content"] for message in sent_messages(server.requests[1])[-2:]] == [
+        "make it about mountains instead", "then say goodbye"]  # the reply had no calls: both are read now
+    assert chat.leave() == 0
+
+
 SPINNER = "[⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏]"
 """A frame of the working line's spinner (rich's `dots`)."""
 

@@ -107,7 +107,8 @@ class ChatClient:
                                  on_interrupt=lambda: self.turns.interrupt(),
                                  commands={f"/{name}": entry.summary for name, entry in self.commands.items()},
                                  history=settings.home / "chat-history", on_shift_tab=self._toggle_mode_soon,
-                                 working=self.view.working, context_window=self.context_window)
+                                 working=self.view.working, queued=self.view.waiting,
+                                 context_window=self.context_window)
         self.turns = TurnControl(screen=self.screen, view=self.view, terminal=self.terminal, registry=registry,
                                  context=context, attached=lambda: self.attached, save_draft=self.save_draft,
                                  error=self.error)

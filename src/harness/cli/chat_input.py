@@ -30,7 +30,7 @@ from prompt_toolkit.keys import Keys
 from prompt_toolkit.styles import Style
 from rich.spinner import Spinner
 
-from harness.cli.chat_view import Screen, StatusPart, fit_status
+from harness.cli.chat_view import Screen, StatusPart, clip, fit_status
 from harness.cli.terminal_text import escape
 from harness.messages import UserMessage
 from harness.runtime.branch_context import estimate_tokens
@@ -39,6 +39,7 @@ STYLE = Style.from_dict({
     "prompt": "bold",
     "busy": "ansiyellow",
     "working": "ansicyan",
+    "queued": "ansibrightblack",
     "question": "bold ansiyellow",
     "bottom-toolbar": "noreverse ansibrightblack",
 })
@@ -113,7 +114,9 @@ class Terminal:
     what the turn is doing in at most that many characters, shown above the prompt behind a
     spinner while it runs (before the reply's first token too), `on_interrupt()` is what Ctrl-C
     does during a turn, and Tab completes the names in `commands` (`/name` to its one-line summary,
-    which the Tab menu shows beside each name).
+    which the Tab menu shows beside each name). `queued()` gives the lines typed during the turn
+    that wait for the model to read them, shown above the working line until they are sent (the
+    chat then prints each once, where the model reads it).
 
     Ctrl-C: answers an open question with None; during a turn calls `on_interrupt`; at an idle
     prompt clears the line, or, on an empty line, warns once and then leaves. Ctrl-D on an empty
@@ -127,11 +130,13 @@ class Terminal:
                  on_interrupt: Callable[[], None], commands: Mapping[str, str] | None = None,
                  history: Path | None = None, on_shift_tab: Callable[[], None] | None = None,
                  working: Callable[[int], str] = lambda columns: "",
+                 queued: Callable[[], Sequence[str]] = lambda: (),
                  context_window: Callable[[], int | None] = lambda: None) -> None:
         self._screen = screen
         self._busy = busy
         self._status = status
         self._working = working
+        self._queued = queued
         self._context_window = context_window
         self._pastes = Pastes()
         self._spinner = Spinner("dots")
@@ -264,6 +269,11 @@ class Terminal:
             self._screen.print("[dim](Ctrl-C again or Ctrl-D to leave)[/]")
         self.invalidate()
 
+    def echo(self, text: str, *, note: str = "") -> None:
+        """Print a sent line as typed (a paste as its placeholder), with `note` dimmed after it."""
+        after = f" [dim]({escape(note)})[/]" if note else ""
+        self._screen.print(f"[bold]› [/]{escape(self._pastes.collapse(text))}{after}")
+
     def invalidate(self) -> None:
         """Redraw the prompt (its message, live line and status line may have changed)."""
         self._session.app.invalidate()
@@ -278,7 +288,14 @@ class Terminal:
         return [("class:prompt", "› ")]
 
     def _message(self) -> StyleAndTextTuples:
-        return [*self._screen.live(), *self._working_line(), *self._label()]
+        return [*self._screen.live(), *self._queued_lines(), *self._working_line(), *self._label()]
+
+    def _queued_lines(self) -> StyleAndTextTuples:
+        """The lines waiting for the model to read them, one screen line each."""
+        if not self._busy():
+            return []
+        columns = max(20, self._session.app.output.get_size().columns - 1)
+        return [("class:queued", clip(line, columns) + "\n") for line in self._queued()]
 
     def _working_line(self) -> StyleAndTextTuples:
         """The spinner and what the turn is doing, on a line of its own; nothing when idle or
@@ -317,7 +334,8 @@ class Terminal:
 
     def _route(self, line: Line) -> None:
         """Answer the oldest question with `line`, or queue it for `read()`, its pastes put back
-        either way; echo it as typed (the prompt erased itself)."""
+        either way; echo it as typed (the prompt erased itself), except a message typed during a
+        turn: it shows as queued until the chat prints it where the model reads it (one row)."""
         if self._questions:
             question = self._questions.pop(0)
             self._screen.print(f"[yellow]{escape(question.prompt)}[/]{escape(line.text)}")
@@ -325,9 +343,9 @@ class Terminal:
                 question.answer.set_result(self._pastes.expand(line.text))
             return
         self._leave_armed = False
-        if line.text.strip():
-            label = ("follow-up› " if line.follow_up else "steer› ") if self._busy() else "› "
-            self._screen.print(f"[bold]{escape(label)}[/]{escape(line.text)}")
+        text = line.text.strip()
+        if text and not (self._busy() and not text.startswith(("/", "!"))):
+            self.echo(line.text)
         self._lines.put_nowait(Line(self._pastes.expand(line.text), line.follow_up))
 
     def _bindings(self) -> KeyBindings:

@@ -174,8 +174,10 @@ class TurnControl:
         return outcome
 
     async def queue(self, text: str, *, follow_up: bool) -> None:
-        """A line typed during a turn: a steer message (a follow-up with Alt-Enter); kept for the
-        run that follows a compaction or navigation; the next prompt if the run settled meanwhile."""
+        """A line typed during a turn: a steer message (a follow-up with Alt-Enter), shown as
+        queued above the prompt (`ChatView.waiting`) and printed once, where the model reads it
+        (its `sent` row); kept for the run that follows a compaction or navigation; the next
+        prompt if the run settled meanwhile; back on the input line if it was refused."""
         conversation, lane = self._on()
         message = UserMessage(content=text)
         queue = conversation.follow_up if follow_up else conversation.steer
@@ -183,18 +185,19 @@ class TurnControl:
             await queue(message, self._context, lane=lane)
         except NoActiveOperation:  # the run settled meanwhile: this is the next prompt
             await self.wait()
+            self._terminal.echo(text)
             self.start(lambda: self._prompt(text))
             return
         except NotARun as error:  # a compaction or navigation: kept for the run that follows it
             await conversation.queue_next_run(message, self._context, lane=lane)
             self._run_queued = True
-            self._screen.print(f"[dim]queued: sent when the {error.details['kind']} ends[/]")
+            self._terminal.echo(text, note=f"queued: sent when the {error.details['kind']} ends")
             return
         except HarnessError as error:  # refused (too large for the model's window): nothing was queued
             self._error(error)
+            self._terminal.give_back(text)
             return
-        when = "when the run would end" if follow_up else "after the current step"
-        self._screen.print(f"[dim]queued as {'follow-up' if follow_up else 'steer'}: the model reads it {when}[/]")
+        self._terminal.invalidate()  # its queued line shows above the prompt
 
     # -- abort and leaving ------------------------------------------------------------------------
 

@@ -112,6 +112,10 @@ class Screen:
     drawn as part of the prompt (`live`), because text written after the prompt would be drawn
     over. `on_live_change` is called when that line changes (the terminal redraws the prompt).
 
+    A row printed while a block streams (a notice from the prompt side: a command's answer, an
+    error) would land inside the reply, mid-sentence: it is held, shown under the live line, and
+    printed once the block ends (`end_stream`), so a reply reads whole (issue 33: one row per event).
+
     A block streamed with `markdown` is rendered as Markdown a piece at a time as it completes:
     each line on its own (headings, list items, emphasis, inline code), a fenced code block
     whole once its closing fence arrives, highlighted. Rows once printed are not redrawn as more
@@ -134,16 +138,25 @@ class Screen:
         self._live_style = ""
         self._live_markdown = False
         self._fence: list[str] | None = None  # the lines of an open fenced code block
+        self._held: list[Callable[[], str]] = []  # rows printed while a block streams, printed when it ends
         self.on_live_change: Callable[[], None] = lambda: None
 
     # -- rows -------------------------------------------------------------------------------------
 
     def print(self, text: RenderableType = "", *, style: str | None = None) -> None:
         """Print one row of rich markup, or a rich renderable (pass outside text through
-        `terminal_text.escape`, or `visible` for a renderable)."""
+        `terminal_text.escape`, or `visible` for a renderable). While a block streams, the row
+        waits under its live line until the block ends."""
         self.fit()
-        self._commit_live()
-        self._emit(lambda: self._render(text, style=style))
+
+        def render() -> str:
+            return self._render(text, style=style)
+
+        if self._live_key is not None:
+            self._held.append(render)
+            self.on_live_change()
+            return
+        self._emit(render)
 
     def columns(self) -> int:
         """The terminal's width in characters, asked of the terminal itself: `COLUMNS`, which a
@@ -196,8 +209,8 @@ class Screen:
             app.invalidate()
 
     def drain(self) -> None:
-        """Print the streaming block's unfinished line, if any."""
-        self._commit_live()
+        """Print the streaming block's unfinished line, if any, and the rows held under it (`end_stream`)."""
+        self.end_stream()
 
     # -- the streaming line -----------------------------------------------------------------------
 
@@ -266,9 +279,15 @@ class Screen:
             self._emit(lambda: self._render(block))
 
     def end_stream(self) -> None:
-        """Print the streaming block's unfinished line, if any, and forget the block."""
+        """Print the streaming block's unfinished line, if any, and forget the block; then the
+        rows printed while it streamed."""
         self._commit_live()
         self._live_key = None
+        held, self._held = self._held, []
+        for render in held:
+            self._emit(render)
+        if held:
+            self.on_live_change()
 
     def _commit_live(self) -> None:
         if self._live_text:
@@ -278,10 +297,11 @@ class Screen:
         self._end_fence()
 
     def live(self) -> StyleAndTextTuples:
-        """The unfinished streaming line as prompt_toolkit text, with its line break; empty when none."""
-        if not self._live_text:
-            return []
-        return to_formatted_text(ANSI(self._render(escape(self._live_text), style=self._live_style or None)))
+        """The unfinished streaming line, then the rows held until the block ends, as
+        prompt_toolkit text, each with its line break; empty when there are none."""
+        text = self._render(escape(self._live_text), style=self._live_style or None) if self._live_text else ""
+        text += "".join(render() for render in self._held)
+        return to_formatted_text(ANSI(text)) if text else []
 
 
 _CLEAR_ALL = "\x1b[H\x1b[2J\x1b[3J"
@@ -556,6 +576,18 @@ class ChatView:
             self.screen.print(f"[red]✗ {what} failed{escape(detail)}[/]")
 
     # -- the prompt's status line -----------------------------------------------------------------
+
+    def waiting(self) -> list[str]:
+        """The messages queued on the lane, from any client, one line each for the prompt area
+        until the run reads them (their `sent` row is then their one row in the transcript), e.g.
+        `steer queued (read after the current step): make it shorter`."""
+        lines = []
+        for kind, items in (("steer", self.queues.steer), ("follow-up", self.queues.follow_up)):
+            when = "after the current step" if kind == "steer" else "when the run would end"
+            for item in items:
+                text = content_text(item.message.content) if isinstance(item.message, UserMessage) else ""
+                lines.append(f"{kind} queued (read {when}): {clip(text)}")
+        return lines
 
     def status(self) -> list[StatusPart]:
         """The messages queued on the lane, for the status line (what it is doing is `working`)."""
