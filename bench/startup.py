@@ -7,7 +7,7 @@ alternated with `python -c pass` of the same interpreter so that a busy machine 
 1. `harness --version`
 2. `harness --help`, as printed from its cache (`harness.__main__.help_cache`) after the first time
 3. `harness --help` the first time for this version, source and width: the cache emptied before each
-4. `harness chat` to its first prompt, drawn while the chat loads (`harness.cli.chat_start`), and
+4. `harness chat` to its first prompt, drawn before the chat loads (`harness.chat_start`), and
 5. `harness chat` to its own prompt (a new session on the default model, with no key set: the
    embedded one, whose weights are read only at the first turn), then Ctrl-D.
 

@@ -1,6 +1,7 @@
 """The `harness` command's entry (and `python -m harness`): `--version` is answered here, before
 the application is loaded, and so is `--help` once it has been printed for this version, source and
-terminal width; anything else runs `harness.cli`.
+terminal width; anything else runs `harness.cli`. `harness chat` in a terminal draws its first
+prompt (`harness.chat_start`) before the application loads, and runs it with what was typed there.
 
 Loading the application (typer, pydantic, every command's options) takes a third of a second, about
 twenty-five bare Python starts; `harness --version` needs none of it, and `harness --help` needs it
@@ -37,9 +38,24 @@ def main() -> None:
         _keep(cache, text)
         sys.stdout.write(text)
         return
+    typed = ""
+    if args[:1] == ["chat"] and not {"--help", "-h"} & set(args) and sys.stdin.isatty() and sys.stdout.isatty():
+        from harness.chat_start import typed_while_loading
+
+        typed = typed_while_loading(_load_chat)
     from harness.cli import main as run_cli
 
-    run_cli()
+    run_cli(typed)
+
+
+def _load_chat() -> None:
+    """Import what `harness chat` runs: the application, and the chat's modules."""
+    import importlib
+
+    from harness.cli.commands import CHAT_MODULES
+
+    for name in CHAT_MODULES:
+        importlib.import_module(name)
 
 
 def help_cache() -> str:

@@ -13,9 +13,10 @@ from harness.cli import (  # noqa: F401  (importing them registers their command
 from harness.cli.app import app
 
 
-def main() -> None:
-    """Run `harness` on the process's arguments."""
-    app()
+def main(typed: str = "") -> None:
+    """Run `harness` on the process's arguments; `typed` is what the person typed at `harness
+    chat`'s first prompt (`harness.chat_start`), for the chat's own prompt."""
+    app(obj=typed)
 
 
 def help_text(program: str) -> str:

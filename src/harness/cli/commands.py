@@ -6,7 +6,6 @@ checks) in its body, as every command module does: see `harness.cli.app`."""
 from __future__ import annotations
 
 import asyncio
-import importlib
 import math
 import os
 import sys
@@ -34,7 +33,7 @@ if TYPE_CHECKING:
 
 CHAT_MODULES = ("harness.cli.chat", "harness.cli.chat_commands", "harness.cli.config", "harness.providers",
                 "harness.tools")
-"""What `harness chat` loads while its first prompt is up (`chat_start`)."""
+"""What `harness chat` loads while its first prompt is up (`harness.chat_start`)."""
 
 import_app = command_group("import", "Read another agent's session file into a new session. Prints the new session id.")
 
@@ -100,6 +99,7 @@ def permission_rules(home: Path, cwd: Path, allow: list[str] | None, deny: list[
 
 @app.command()
 def chat(
+    ctx: typer.Context,
     session: Annotated[str | None, typer.Argument(
         metavar="SESSION", help="The session to continue (an id, a unique id prefix or its name); a new one when "
                                   "omitted.")] = None,
@@ -130,12 +130,6 @@ def chat(
 
     if continue_last and session is not None:
         raise typer.BadParameter("give a SESSION or --continue, not both", param_hint="--continue")
-    from harness.cli.chat_start import typed_while_loading
-
-    # A prompt at once; the chat's modules load meanwhile, and what is typed moves to its prompt.
-    typed = typed_while_loading(lambda: [importlib.import_module(name) for name in CHAT_MODULES])
-    if typed is None:  # Ctrl-D before the chat was up: nothing was opened
-        raise typer.Exit(0)
     budget, fallback_models = spending(budget_tokens, budget_usd, fallback)
     from harness.cli.chat import ChatClient, ChatSettings
     from harness.cli.chat_commands import COMMANDS
@@ -155,7 +149,7 @@ def chat(
         registry = ModelRegistry.load(home=settings.home)
         client = ChatClient(s, settings, registry, context, commands=COMMANDS, out=sys.stdout,
                             color="NO_COLOR" not in os.environ)
-        client.terminal.give_back(typed)
+        client.terminal.give_back(ctx.obj or "")  # typed at the first prompt (`harness.cli.main`)
         try:
             return await client.run()
         except NewConversationLane as error:
