@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 import signal
 import sys
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -25,7 +26,9 @@ from drive_helpers import FAUX, within
 from harness.cli.config import local_user
 from harness.cli.logs import JsonFormatter
 from harness.context import Context
-from harness.runtime import Settled
+from harness.conversation import ConversationSetup
+from harness.providers.faux import failure, reply
+from harness.runtime import DriveSettings, RetryPolicy, Settled
 from harness.server import StoreTokens, observability
 from harness.session import LaneConfig, Store, connect
 from harness.worker import Worker, WorkerOptions
@@ -366,3 +369,35 @@ async def test_a_worker_logs_its_claim_the_turn_and_its_release(postgres_schema_
     assert _fields(started, "conversation_id", "operation_id") == (conversation.id, accepted.operation_id)
     assert _fields(ended, "conversation_id", "operation_id", "outcome") == (
         conversation.id, accepted.operation_id, "completed")
+
+
+@pytest.mark.postgres
+async def test_a_worker_says_why_a_turn_waits_for_a_retry_and_when_it_is_due(
+        postgres_schema_url: str, ctx: Context, lines: Lines) -> None:
+    """Issue 29: a turn whose model failed transiently ends its drive `waiting_retry`, and the
+    line says why: the attempt it will make, how long until it is due and the failure, which
+    the retry then answers."""
+    opened = await connect(postgres_schema_url, ctx)
+    try:
+        api, _ = faux_service(opened, [])
+        conversation = await api.create(USER, LaneConfig(model=FAUX), ctx)
+        await conversation.admit("hello", ctx)
+        await api.close(USER, conversation.id, ctx)
+        setup = ConversationSetup(drive=DriveSettings(frame_interval_s=0, retry=RetryPolicy(base_delay_ms=200)))
+        service, _ = faux_service(opened, [failure("retryable", "overloaded", status=529), reply("hi")],
+                                  setup=setup)
+        worker = Worker(service, WorkerOptions(poll_s=0.05))
+        running = asyncio.get_running_loop().create_task(worker.run(ctx))
+        completed = await within(lines.until("turn_end", lambda record: _fields(record, "outcome") == ("completed",)))
+        worker.stop()
+        await within(running)
+    finally:
+        await opened.close()
+
+    waiting = lines.of("turn_end")[0]
+    assert _fields(waiting, "outcome") == ("waiting_retry",)
+    reason = _fields(waiting, "reason")[0]
+    assert isinstance(reason, str)
+    assert re.fullmatch(r"attempt 2 in 0\.[0-2] s after: overloaded", reason), reason
+    assert waiting.getMessage().endswith(f": waiting_retry ({reason})")
+    assert _fields(completed, "reason") == (None,)

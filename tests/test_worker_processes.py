@@ -28,9 +28,11 @@ import pytest
 from harness.context import Context
 from harness.conversation import ConversationService
 from harness.messages import AssistantMessage, TextContent, ToolCall, ToolResultMessage, UserMessage, now_ms
+from harness.runtime.outcomes import INTERRUPTED_REPLY
 from harness.session import LaneLastResult, MessagePayload, QueueRequest, StopRequest, Store, addresses
+from harness.session.records import AssistantEffectPending
 from harness.session.work import WorkBoard, work_board
-from worker_child import CONFIG, POLL_VARIABLE, holding
+from worker_child import CONFIG, POLL_VARIABLE, RETRY_VARIABLE, holding
 
 pytestmark = pytest.mark.postgres
 
@@ -51,8 +53,10 @@ class Workers:
         self.url, self.workdir = url, workdir
         self.started: list[subprocess.Popen[str]] = []
 
-    def start(self, *, concurrency: int = 4, poll_s: float | None = None) -> subprocess.Popen[str]:
-        env = {**os.environ, **({POLL_VARIABLE: str(poll_s)} if poll_s is not None else {})}
+    def start(self, *, concurrency: int = 4, poll_s: float | None = None,
+              retry_ms: int | None = None) -> subprocess.Popen[str]:
+        env = {**os.environ, **({POLL_VARIABLE: str(poll_s)} if poll_s is not None else {}),
+               **({RETRY_VARIABLE: str(retry_ms)} if retry_ms is not None else {})}
         process = subprocess.Popen([sys.executable, str(CHILD), self.url, str(self.workdir), str(concurrency)],
                                    stdout=subprocess.PIPE, text=True, env=env)
         self.started.append(process)
@@ -252,6 +256,38 @@ async def test_a_killed_workers_session_is_finished_by_another_and_its_tool_neve
     assert len(results) == 1
     assert results[0].is_error
     assert text(messages[-1]) == "done"
+
+
+async def test_a_reply_a_killed_worker_left_streaming_is_asked_again_at_once_by_the_next(
+        store: Store, workers: Workers, notes: Notes, postgres_schema_url: str, tmp_path: Path, ctx: Context) -> None:
+    """SIGKILL mid-stream, with retries a minute apart: the next worker rebuilds the cut reply from
+    its frames, keeps it off the branch and asks the model again at once, not after a retry's
+    backoff (the model's server did not fail), so the turn ends within seconds of the kill."""
+    service = ConversationService(store)
+    async with holding(postgres_schema_url, tmp_path):
+        first = workers.start(concurrency=1, retry_ms=60_000)
+        run = await accept(service, "stream: hi", ctx)
+        await notes.until(lambda: _frames_written(store, run, ctx))
+        first.kill()
+    killed = time.monotonic()
+    workers.start(concurrency=1, retry_ms=60_000)
+    await notes.until(settled(store, [run], ctx), within_s=30)
+
+    assert time.monotonic() - killed < 15.0  # loosely: CI's two cores are busy; a backoff is 60 s
+    assert [text(m) for m in await branch(store, run[0], ctx)] == ["stream: hi", "streaming hi, then done"]
+    session = await store.open_session(run[0], ctx)
+    cut = [entry.payload.message for entry in await session.read_entries(ctx)
+           if isinstance(entry.payload, MessagePayload) and isinstance(entry.payload.message, AssistantMessage)
+           and entry.payload.message.error_message == INTERRUPTED_REPLY]
+    assert [text(m) for m in cut] == ["streaming hi, "]
+
+
+async def _frames_written(store: Store, run: tuple[str, str], ctx: Context) -> bool:
+    """Whether the reply the run streams now has a frame page stored."""
+    session = await store.open_session(run[0], ctx)
+    state = await session.get(addresses.operation_state(run[1]), ctx)
+    return isinstance(state, AssistantEffectPending) and bool(
+        await session.read_list(addresses.assistant_frames(run[1], state.response_entry_id), ctx))
 
 
 async def test_a_worker_stopped_until_another_took_over_commits_nothing(

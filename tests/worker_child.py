@@ -6,7 +6,8 @@ writes its call id to the store's `ledger` table and then waits while the test h
 lock (`hold_key`), so a test can kill, stop or steer a run mid-tool. A prompt `stream: X` gets a
 reply without a tool call that streams `streaming X, `, then waits on the same lock mid-stream,
 so a test can watch a reply streaming from another process. It prints `ready` once it runs and exits 0 after
-SIGTERM once it let everything go, printing `released`. Retries are due at once (no backoff).
+SIGTERM once it let everything go, printing `released`. Retries are due at once (no backoff) unless
+`HARNESS_TEST_WORKER_RETRY_MS` sets the first one's delay.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ FAUX = ModelIdentity(provider=FAUX_MODEL.provider, model_id=FAUX_MODEL.id)
 LEDGER = "ledger"
 CONFIG = LaneConfig(model=FAUX, active_tools=[LEDGER])
 POLL_VARIABLE = "HARNESS_TEST_WORKER_POLL_S"  # a long poll shows that notifications alone wake the worker
+RETRY_VARIABLE = "HARNESS_TEST_WORKER_RETRY_MS"  # the first retry's delay (0 unless set)
 OPTIONS = WorkerOptions(poll_s=0.5, lease_s=1.5, deferred_poll_s=0.5, backoff_s=0.5, stop_grace_s=10.0)
 
 
@@ -156,7 +158,8 @@ async def main(url: str, workdir: Path, concurrency: int) -> None:
     store = await connect(url, context)
     registry = ModelRegistry([FAUX_MODEL], providers={"faux": FauxProvider(answerer(url, workdir))})
     setup = ConversationSetup(models=registry, tools=[ledger_tool(url, workdir)],
-                              drive=DriveSettings(frame_interval_s=0.0, retry=RetryPolicy(base_delay_ms=0)))
+                              drive=DriveSettings(frame_interval_s=0.0, retry=RetryPolicy(
+                                  base_delay_ms=int(os.environ.get(RETRY_VARIABLE, "0")))))
     poll_s = float(os.environ.get(POLL_VARIABLE, OPTIONS.poll_s))
     worker = Worker(ConversationService(store, setup), replace(OPTIONS, concurrency=concurrency, poll_s=poll_s))
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, worker.stop)

@@ -7,6 +7,7 @@ from typing import Literal, TypeAlias
 
 from pydantic import BaseModel, ConfigDict
 
+from harness.messages import now_ms
 from harness.runtime.events import DeferredHandle, QueuedItem
 from harness.session import LaneLastResult
 
@@ -40,11 +41,15 @@ class Suspended(_Outcome):
 
 
 class WaitingRetry(_Outcome):
-    """A retry is due at `not_before` (Unix ms); returned only when the caller asked not to wait."""
+    """A retry is due at `not_before` (Unix ms); returned only when the caller asked not to wait.
+    `attempt` is the attempt it will make (2 for the first retry) and `error_message` why: the
+    transient provider failure of the attempt before, as its retry wait keeps it."""
 
     kind: Literal["waiting_retry"] = "waiting_retry"
     operation_id: str
     not_before: int
+    attempt: int
+    error_message: str
 
 
 class Paused(_Outcome):
@@ -59,3 +64,17 @@ class Paused(_Outcome):
 DriveOutcome: TypeAlias = Settled | Suspended | WaitingRetry | Paused
 """How one drive of an operation ends: `Lane.drive`, `resume`, `prompt`, `compact` and `navigate`
 return it."""
+
+
+def ended_as(outcome: DriveOutcome) -> tuple[str, str | None]:
+    """A drive's outcome for a log line: (`completed`, `failed` or `aborted` for a settled turn,
+    else the outcome's kind: `paused`, `suspended`, `waiting_retry`; and why: a failure's error
+    code, an abort's cause, for a retry wait the attempt it will make, how long until it is due
+    and the failure it retries (`attempt 2 in 1.0 s after: overloaded`), else None)."""
+    if isinstance(outcome, WaitingRetry):
+        due_s = max(outcome.not_before - now_ms(), 0) / 1000
+        return outcome.kind, f"attempt {outcome.attempt} in {due_s:.1f} s after: {outcome.error_message}"
+    if not isinstance(outcome, Settled):
+        return outcome.kind, None
+    result = outcome.result
+    return result.outcome, result.error.code if result.error is not None else result.abort_cause

@@ -11,7 +11,8 @@ from harness.context import Context
 from harness.conversation import MAIN_LANE, Conversation, ConversationService
 from harness.conversation.service import OWNER
 from harness.errors import HarnessError
-from harness.runtime import DriveOutcome, HarnessClosed, Settled
+from harness.runtime import DriveOutcome, HarnessClosed
+from harness.runtime.outcomes import ended_as
 from harness.session import SessionNotFound, SessionOwned, addresses
 from harness.session.work import work_board
 
@@ -123,13 +124,3 @@ class Drives:
         """Stop waiting on every drive (the harnesses' close halts the drives themselves)."""
         for task in list(self._tasks.values()):
             task.cancel()
-
-
-def ended_as(outcome: DriveOutcome) -> tuple[str, str | None]:
-    """A drive's outcome for a log line: (`completed`, `failed` or `aborted` for a settled turn,
-    else the outcome's kind: `paused`, `suspended`, `waiting_retry`; and why: a failure's error
-    code, an abort's cause, else None)."""
-    if not isinstance(outcome, Settled):
-        return outcome.kind, None
-    result = outcome.result
-    return result.outcome, result.error.code if result.error is not None else result.abort_cause

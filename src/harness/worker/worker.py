@@ -14,7 +14,8 @@ from harness.conversation import Conversation, ConversationService
 from harness.conversation.service import OWNER
 from harness.errors import HarnessError
 from harness.messages import now_ms
-from harness.runtime import DriveOutcome, Paused, Settled, Suspended, WaitingRetry
+from harness.runtime import DriveOutcome, Paused, Suspended, WaitingRetry
+from harness.runtime.outcomes import ended_as
 from harness.session import SessionNotFound, SessionOwned, StoreConnectionLost
 from harness.session.work import DEFAULT_LEASE_S, OpenWork, work_board
 
@@ -201,10 +202,11 @@ class Worker:
             stopping.cancel()
         for outcome in outcomes:
             # completed, failed or aborted; else paused, suspended or waiting_retry: still open
-            ended = outcome.result.outcome if isinstance(outcome, Settled) else outcome.kind
-            logger.info("turn %s of conversation %s: %s", outcome.operation_id, conversation.id, ended,
+            ended, reason = ended_as(outcome)
+            logger.info("turn %s of conversation %s: %s%s", outcome.operation_id, conversation.id, ended,
+                        f" ({reason})" if reason else "",
                         extra={"event": "turn_end", "conversation_id": conversation.id,
-                               "operation_id": outcome.operation_id, "outcome": ended})
+                               "operation_id": outcome.operation_id, "outcome": ended, "reason": reason})
         return outcomes
 
     async def _attach(self, session_id: str, context: Context) -> Conversation | None:

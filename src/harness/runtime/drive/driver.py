@@ -167,7 +167,7 @@ class OperationDriver:
             case AssistantReady():
                 return await generate(op, state)
             case AssistantEffectPending():
-                return settle_reply(op, state, await interrupted_reply(op, state), interruption())
+                return settle_reply(op, state, await interrupted_reply(op, state), interruption(), interrupted=True)
             case AssistantRetryWait():
                 return await wait_retry(op, state)
             case RunTools():

@@ -246,11 +246,14 @@ def interruption() -> ProviderErrorInfo:
 
 
 def settle_reply(op: DrivenOperation, intent: EffectPending, message: AssistantMessage,
-                 error: ProviderErrorInfo | None, *, framed: bool = True) -> Transition:
+                 error: ProviderErrorInfo | None, *, framed: bool = True, interrupted: bool = False) -> Transition:
     """The reply under its reserved ids and the next phase, as one commit; with tool calls, the
     intents of those that start at once too (`with_tool_intents`). `framed` False: the reply
     was streamed by this drive under this intent and no frame page was written, so there are
-    none to delete (a reply restored after a crash, or interrupted, may have some)."""
+    none to delete (a reply restored after a crash, or interrupted, may have some). `interrupted`:
+    the reply a crash cut off (`interruption()`): its retry is due at once, since the model's
+    server did not fail and there is nothing to back off from; it still counts as an attempt, so
+    a reply that ends its process every time fails after `max_attempts`."""
     lane, projection, generation = op.lane.name, op.projection, intent.generation
     message = _well_formed_calls(message)
     aborting = op.aborting
@@ -264,7 +267,7 @@ def settle_reply(op: DrivenOperation, intent: EffectPending, message: AssistantM
     on_branch = not side and not empty_abort
     entry_id, parent = intent.response_entry_id, projection.tip_id
     payload = MessagePayload(message=message)
-    next_state = _after_reply(op, intent, message, error, aborting, retrying, fallback)
+    next_state = _after_reply(op, intent, message, error, aborting, retrying, fallback, interrupted)
     switch = _FallbackSwitch(op, intent, fallback, error) if fallback is not None else None
 
     def stage(m: SessionMutator) -> None:
@@ -323,7 +326,7 @@ def settle_reply(op: DrivenOperation, intent: EffectPending, message: AssistantM
 
 def _after_reply(op: DrivenOperation, intent: EffectPending, message: AssistantMessage,
                  error: ProviderErrorInfo | None, aborting: bool, retrying: bool,
-                 fallback: ModelIdentity | None) -> OperationState:
+                 fallback: ModelIdentity | None, interrupted: bool) -> OperationState:
     """Classify the reply into the next phase (first match wins)."""
     generation = intent.generation
 
@@ -339,7 +342,7 @@ def _after_reply(op: DrivenOperation, intent: EffectPending, message: AssistantM
     if retrying:
         assert error is not None
         assert isinstance(intent, AssistantEffectPending)
-        delay = op.settings.retry.delay_ms(intent.attempt, error.retry_after_ms)
+        delay = 0 if interrupted else op.settings.retry.delay_ms(intent.attempt, error.retry_after_ms)
         return AssistantRetryWait(generation=generation, next_attempt=intent.attempt + 1,
                                   not_before=op.settings.clock() + delay, error_message=error.message)
     if fallback is not None:
@@ -429,7 +432,8 @@ async def wait_retry(op: DrivenOperation, state: AssistantRetryWait) -> DriveOut
     caller. A retry that is due is made at once either way: handing it back would leave a caller
     that waits for `not_before` (a worker) nothing to wait for, and it would drive again for ever."""
     if not op.wait_for_retry and state.not_before > op.settings.clock():
-        return WaitingRetry(operation_id=op.operation_id, not_before=state.not_before)
+        return WaitingRetry(operation_id=op.operation_id, not_before=state.not_before, attempt=state.next_attempt,
+                            error_message=state.error_message)
     if await op.wait_until(state.not_before):
         return await generate(op, AssistantReady(generation=state.generation, next_attempt=state.next_attempt))
     return None
