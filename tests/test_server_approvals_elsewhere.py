@@ -262,3 +262,46 @@ async def test_an_answer_through_the_ai_sdk_door_after_another_came_first_is_a_c
     assert (late.status_code, late.json()["code"]) == (409, "approval_answered"), late.text
     assert (late.json()["details"]["by"], late.json()["details"]["allow"]) == (USER, True)
     assert waits.probe.runs == [{"key": "a"}]
+
+
+async def test_the_watchers_of_a_conversation_share_one_reader_of_its_approvals_waiting_elsewhere(
+        stores: tuple[Store, Store], ctx: Context) -> None:  # noqa: F811
+    """Issue 29: four watchers of a conversation whose call waits in another server share one
+    journal reader (`Approvals.readers`), started with the first and stopped after the last; each
+    is told the same changes from the point it joined, and one joining after the call started
+    waiting is told it at once."""
+    async with a_call_waiting_in_a(stores, [reply(tool_call("probe", {"key": "k"})), "done"]) as waits:
+        approvals = Approvals()
+        journal = await stores[1].open_session(waits.conversation, ctx)
+        told: list[list[tuple[str, bool]]] = []
+        asked, answered = [asyncio.Event() for _ in range(4)], [asyncio.Event() for _ in range(4)]
+
+        def follow(n: int) -> asyncio.Future[None]:
+            told.append([])
+
+            def changed(change: ApprovalChange) -> None:
+                told[n].append((change.pending.tool_call_id, change.answer is not None and change.answer.allow))
+                (asked if change.answer is None else answered)[n].set()
+
+            return asyncio.ensure_future(approvals.follow_elsewhere(journal, stores[1].changes, 0.05, changed))
+
+        first = [follow(n) for n in range(3)]
+        await within(asyncio.gather(*(event.wait() for event in asked[:3])))
+        readers_of_three = approvals.readers
+        late = follow(3)
+        await asyncio.sleep(0)  # it joins: told what waits now, with no read of its own
+        told_on_joining = list(told[3])
+        [pending] = (await waits.b.get(f"/api/conversations/{waits.conversation}/approvals")).json()
+        allowed = await waits.b.post(f"/api/conversations/{waits.conversation}/approvals/{pending['tool_call_id']}",
+                                     json={"allow": True})
+        await within(asyncio.gather(*(event.wait() for event in answered)))
+        readers_of_four = approvals.readers
+        for follower in (*first, late):
+            follower.cancel()
+        await asyncio.gather(*first, late, return_exceptions=True)
+
+    call = pending["tool_call_id"]
+    assert allowed.status_code == 200, allowed.text
+    assert (readers_of_three, readers_of_four, approvals.readers) == (1, 1, 0)
+    assert told_on_joining == [(call, False)]
+    assert told == [[(call, False), (call, True)]] * 4
