@@ -332,6 +332,18 @@ async def test_a_delegation_finish_and_a_garden_message_during_a_run_are_data_pa
     assert (garden["data"]["sender"], garden["data"]["custom_type"]) == ("garden", GARDEN_MESSAGE_TYPE)
 
 
+def streamed(parts: RunParts, events: list[Any], still_waiting: set[str]) -> list[UiPart]:
+    """The parts of `events` as the stream sends them, pausing (`RunParts.pause`) as it does
+    whenever `pausing`, with `still_waiting` the calls read waiting then."""
+    sent: list[UiPart] = []
+    for event in events:
+        for shown in conversation_events(event):
+            sent += parts.translate(shown)
+            if parts.pausing:
+                sent += parts.pause(still_waiting)
+    return sent
+
+
 async def test_an_approval_told_before_the_reply_that_made_the_call_is_asked_after_its_input_then_pauses(
         store: Store, ctx: Context) -> None:
     """The approvals tell a waiting call as the drive asks, which can be before the stream has
@@ -350,8 +362,7 @@ async def test_an_approval_told_before_the_reply_that_made_the_call_is_asked_aft
 
     before = [part for event in events[:start + 1] for part in parts.translate(event)]
     told = parts.approval(ApprovalChange(waits, None))
-    after = [part for event in events[start + 1:] for shown in conversation_events(event)
-             for part in parts.translate(shown)]
+    after = streamed(parts, events[start + 1:], {call.tool_call_id})
 
     assert told == []
     kinds = [part["type"] for part in before + after]
@@ -407,3 +418,31 @@ def test_an_answered_tool_part_is_an_approval_by_its_id(part: dict[str, Any], an
         {"type": "tool-probe", "toolCallId": "a", **part}])
 
     assert approval_answers(message) == {"a": answer}
+
+
+async def test_a_call_answered_elsewhere_just_before_the_pause_is_not_paused_on(store: Store, ctx: Context) -> None:
+    """Issue 30: a call read waiting (from the journal: its holder is another process) is answered
+    there just before the stream would pause on it: the stream reads the calls waiting again
+    before it pauses, finds it no longer waits, and goes on with the call's output and the rest of
+    the run, to its `finish`, having asked it once."""
+    probe = ProbeTool()
+    conversations, _ = faux_service(store, [reply("Checking. ", tool_call("probe", {"key": "a"})), reply("Done.")],
+                                    tools=[probe])
+    _, events, operation_id = await record_run(conversations, ctx, "hi",
+                                               config=LaneConfig(model=FAUX, active_tools=["probe"]))
+    call = next(e for e in events if isinstance(e, ToolStart))
+    waits = PendingApproval(conversation_id="c", operation_id=operation_id, tool_call_id=call.tool_call_id,
+                            tool_name="probe", args={"key": "a"}, summary="probe a", asked_at=0)
+    start = next(i for i, e in enumerate(events) if isinstance(e, RunStart))
+    parts = RunParts("main", operation_id)
+
+    before = [part for event in events[:start + 1] for part in parts.translate(event)]
+    parts.approval(ApprovalChange(waits, None))
+    after = streamed(parts, events[start + 1:], set())  # answered: waits no more
+
+    kinds = [part["type"] for part in before + after]
+    assert kinds.count("tool-approval-request") == 1
+    assert {"type": "finish", "finishReason": "tool-calls"} not in after
+    assert "tool-output-available" in kinds
+    assert kinds[-1] == "finish"
+    assert parts.finished

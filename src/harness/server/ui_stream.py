@@ -27,7 +27,7 @@ import asyncio
 import binascii
 import logging
 from base64 import b64decode
-from collections.abc import AsyncGenerator, Sequence
+from collections.abc import AsyncGenerator, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, TypeAlias
 
@@ -119,8 +119,9 @@ class RunParts:
     for each later change of the server's approvals; a stream that starts with the run feeds only
     those two, from before the run's `run_start`. Events of other runs, and everything after the
     stream's end, give no parts. `finished` is True once the stream's last part is out: the run's
-    end (`finish`, or `abort` for a stopped run), or a pause (`finish` with reason `tool-calls`)
-    when the run waits for an approval this stream asked for and no tool of it is running.
+    end (`finish`, or `abort` for a stopped run), or a pause (`finish` with reason `tool-calls`):
+    once `pausing` (the run waits for an approval this stream asked for and no tool of it is
+    running), the stream checks which calls still wait and feeds them to `pause`.
     """
 
     def __init__(self, lane: str, operation_id: str) -> None:
@@ -154,7 +155,7 @@ class RunParts:
         """The parts of the run as `snapshot` shows it, from the message's `start`: its entries
         (those after `source_tip_id`, the tip the run was accepted on; the whole compaction-bounded
         transcript when that tip is no longer in it), its streaming reply and running tools, and an
-        approval request for each of its calls in `waiting` (then the pause, when nothing runs).
+        approval request for each of its calls in `waiting` (then `pausing`, when nothing runs).
         Raises `InvalidInput` when the snapshot's operation is not this run."""
         operation = snapshot.operation
         if operation is None or operation.id != self.operation_id:
@@ -404,12 +405,29 @@ class RunParts:
     def _emit(self, part: UiPart) -> None:
         self._parts.append(part)
 
-    def _take(self) -> list[UiPart]:
-        if self._waiting and not self._running and not self.finished:
-            # The run waits for the person: the client answers with its next request.
+    @property
+    def pausing(self) -> bool:
+        """The run waits for an approval this stream asked for and no tool of it runs: the stream
+        pauses there (`pause`) once it has checked that the call still waits."""
+        return bool(self._waiting) and not self._running and not self.finished
+
+    def pause(self, still_waiting: Collection[str] | None) -> list[UiPart]:
+        """Pause the stream (`finish` with reason `tool-calls`: the client answers with its next
+        request) if a call it asked for is among `still_waiting`, the calls waiting now as the
+        server or the journal holds them (None: not known; every call asked is taken to wait). A
+        call answered since it was read waiting (elsewhere, issue 30) is not paused on, nor asked
+        again: the stream goes on with its output."""
+        if still_waiting is not None:
+            for call in self._waiting - set(still_waiting):
+                self._waiting.discard(call)
+                self._answered.add(call)
+        if self.pausing:
             self._end_step()
             self._emit({"type": "finish", "finishReason": "tool-calls"})
             self.finished = True
+        return self._take()
+
+    def _take(self) -> list[UiPart]:
         parts, self._parts = self._parts, []
         return parts
 
@@ -694,11 +712,24 @@ class _Sources:
                 read = self._reading if self._reading is not None and self._reading.done() else None
                 self.changes.put_nowait(_Change(read, self.watch.buffered(), change))
 
+        self._approvals = state.approvals
         self._stop_listening = state.approvals.listen(on_change)
         self.elsewhere = asyncio.ensure_future(state.approvals.follow_elsewhere(
             self.watch.events.reader, state.service.store.changes, state.options.follow_poll_s, on_change))
         """The reader of the journal's approvals (`Approvals.follow_elsewhere`): it runs until
         closed, so its end is its failure."""
+
+    async def waiting(self) -> set[str] | None:
+        """The calls of the conversation waiting for an answer now, as this server or the journal
+        holds them (`Approvals.listed`); None when the store cannot tell now (logged)."""
+        context = Context({"server": "ai sdk stream", "conversation": self.conversation_id})
+        try:
+            listed = await self._approvals.listed(self.watch.events.reader, context)
+        except HarnessError as error:
+            logger.warning("approvals of conversation %s not read before a pause: %s [%s]", self.conversation_id,
+                           error.message, error.code)
+            return None
+        return {pending.tool_call_id for pending in listed}
 
     def read(self) -> asyncio.Future[ConversationEvent]:
         """The watch's next event, as a future."""
@@ -714,17 +745,22 @@ class _Sources:
 async def _stream(sources: _Sources, parts: RunParts, first: list[UiPart],
                   heartbeat_s: float) -> AsyncGenerator[bytes, None]:
     """`first`, then the parts of each watched event and approval change, in the order they
-    happened, until the stream's end (the run's, or its pause for an approval), then `[DONE]`; a
-    comment every `heartbeat_s` of quiet. A watch that fails (a slow client overflowed it, the
-    harness stopped), or a reader of the approvals waiting elsewhere that fails, ends the stream
-    with an `error` part. The sources are closed however the stream ends, also when the client
-    goes away."""
+    happened, until the stream's end (the run's, or its pause for an approval, once the calls it
+    would pause on are read again and one still waits: one answered elsewhere just before is
+    not paused on), then `[DONE]`; a comment every `heartbeat_s` of quiet. A watch that fails
+    (a slow client overflowed it, the harness stopped), or a reader of the approvals waiting
+    elsewhere that fails, ends the stream with an `error` part. The sources are closed however
+    the stream ends, also when the client goes away."""
     event = sources.read()
     change: asyncio.Future[_Change] = asyncio.ensure_future(sources.changes.get())
     try:
         for part in first:
             yield json_event(part)
         while not parts.finished:
+            if parts.pausing:
+                for part in parts.pause(await sources.waiting()):
+                    yield json_event(part)
+                continue
             sources_ready: set[asyncio.Future[Any]] = {event, change, sources.elsewhere}
             done, _ = await asyncio.wait(sources_ready, timeout=heartbeat_s, return_when=asyncio.FIRST_COMPLETED)
             if not done:
