@@ -344,11 +344,10 @@ def streamed(parts: RunParts, events: list[Any], still_waiting: set[str]) -> lis
     return sent
 
 
-async def test_an_approval_told_before_the_reply_that_made_the_call_is_asked_after_its_input_then_pauses(
-        store: Store, ctx: Context) -> None:
-    """The approvals tell a waiting call as the drive asks, which can be before the stream has
-    read the reply that made the call: the request still follows the call's input, and with no
-    tool running the stream pauses there (`finish`, `tool-calls`); what comes after gives nothing."""
+async def call_waiting(store: Store, ctx: Context) -> tuple[RunParts, PendingApproval, list[UiPart],
+                                                          list[HarnessEvent]]:
+    """A recorded run whose one `probe` call waits for approval: the run's parts translated up to
+    its start, the call's approval, those parts, and the run's events after its start."""
     probe = ProbeTool()
     conversations, _ = faux_service(store, [reply("Checking. ", tool_call("probe", {"key": "a"})), reply("Done.")],
                                     tools=[probe])
@@ -359,10 +358,18 @@ async def test_an_approval_told_before_the_reply_that_made_the_call_is_asked_aft
                             tool_name="probe", args={"key": "a"}, summary="probe a", asked_at=0)
     start = next(i for i, e in enumerate(events) if isinstance(e, RunStart))
     parts = RunParts("main", operation_id)
-
     before = [part for event in events[:start + 1] for part in parts.translate(event)]
+    return parts, waits, before, events[start + 1:]
+
+
+async def test_an_approval_told_before_the_reply_that_made_the_call_is_asked_after_its_input_then_pauses(
+        store: Store, ctx: Context) -> None:
+    """The approvals tell a waiting call as the drive asks, which can be before the stream has
+    read the reply that made the call: the request still follows the call's input, and with no
+    tool running the stream pauses there (`finish`, `tool-calls`); what comes after gives nothing."""
+    parts, waits, before, rest = await call_waiting(store, ctx)
     told = parts.approval(ApprovalChange(waits, None))
-    after = streamed(parts, events[start + 1:], {call.tool_call_id})
+    after = streamed(parts, rest, {waits.tool_call_id})
 
     assert told == []
     kinds = [part["type"] for part in before + after]
@@ -425,20 +432,9 @@ async def test_a_call_answered_elsewhere_just_before_the_pause_is_not_paused_on(
     there just before the stream would pause on it: the stream reads the calls waiting again
     before it pauses, finds it no longer waits, and goes on with the call's output and the rest of
     the run, to its `finish`, having asked it once."""
-    probe = ProbeTool()
-    conversations, _ = faux_service(store, [reply("Checking. ", tool_call("probe", {"key": "a"})), reply("Done.")],
-                                    tools=[probe])
-    _, events, operation_id = await record_run(conversations, ctx, "hi",
-                                               config=LaneConfig(model=FAUX, active_tools=["probe"]))
-    call = next(e for e in events if isinstance(e, ToolStart))
-    waits = PendingApproval(conversation_id="c", operation_id=operation_id, tool_call_id=call.tool_call_id,
-                            tool_name="probe", args={"key": "a"}, summary="probe a", asked_at=0)
-    start = next(i for i, e in enumerate(events) if isinstance(e, RunStart))
-    parts = RunParts("main", operation_id)
-
-    before = [part for event in events[:start + 1] for part in parts.translate(event)]
+    parts, waits, before, rest = await call_waiting(store, ctx)
     parts.approval(ApprovalChange(waits, None))
-    after = streamed(parts, events[start + 1:], set())  # answered: waits no more
+    after = streamed(parts, rest, set())  # answered: waits no more
 
     kinds = [part["type"] for part in before + after]
     assert kinds.count("tool-approval-request") == 1
