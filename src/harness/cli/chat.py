@@ -220,7 +220,7 @@ class ChatClient:
             return
         harness = escape(command_as_invoked())
         self.screen.print(f"session [cyan]{journal.id}[/] [dim]· continue it with `{harness} chat {journal.id}` "
-                          f"(or `{harness} chat -c`, the most recent session)[/]")
+                          f"(or `{harness} chat -c`, the most recent session)[/]", soft_wrap=True)
         self.screen.drain()
 
     async def handle(self, line: Line) -> None:

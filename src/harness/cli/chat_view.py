@@ -143,14 +143,15 @@ class Screen:
 
     # -- rows -------------------------------------------------------------------------------------
 
-    def print(self, text: RenderableType = "", *, style: str | None = None) -> None:
+    def print(self, text: RenderableType = "", *, style: str | None = None, soft_wrap: bool = False) -> None:
         """Print one row of rich markup, or a rich renderable (pass outside text through
         `terminal_text.escape`, or `visible` for a renderable). While a block streams, the row
-        waits under its live line until the block ends."""
+        waits under its live line until the block ends. With `soft_wrap` the terminal wraps the
+        row, not rich: no line break is written into it, so a command in it copies whole."""
         self.fit()
 
         def render() -> str:
-            return self._render(text, style=style)
+            return self._render(text, style=style, soft_wrap=soft_wrap)
 
         if self._live_key is not None:
             self._held.append(render)
@@ -183,10 +184,10 @@ class Screen:
             app.renderer.reset(leave_alternate_screen=False)
             app.renderer.request_absolute_cursor_position()
 
-    def _render(self, renderable: RenderableType, *, style: str | None = None) -> str:
+    def _render(self, renderable: RenderableType, *, style: str | None = None, soft_wrap: bool = False) -> str:
         self._console.width = max(20, self._columns)
         with self._console.capture() as captured:
-            self._console.print(renderable, style=style)
+            self._console.print(renderable, style=style, soft_wrap=soft_wrap)
         return _TRAILING_SPACE.sub(r"\1", captured.get())  # rich pads Markdown to the width
 
     def _emit(self, render: Callable[[], str]) -> None:
