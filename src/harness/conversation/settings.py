@@ -212,6 +212,7 @@ class ConversationSettings:
         self.turn_lock = asyncio.Lock()
         self._turn_ended = asyncio.Event()
         self._pick: _Pick | None = None
+        self._name_checked = False  # the first admission here asks for the name; later ones need not
         harness.add_listener(self._on_event)
 
     @classmethod
@@ -517,8 +518,10 @@ class ConversationSettings:
 
     async def _name_from(self, text: str, context: Context) -> None:
         # After the turn is accepted: a name that cannot be stored is no reason to refuse the turn.
-        if (name := session_name_from(text)) is None:
+        # Asked once per attachment: after its first prompt a conversation keeps what it is called.
+        if self._name_checked or (name := session_name_from(text)) is None:
             return
+        self._name_checked = True
         try:
             if await self.harness.session_name(context) is None:
                 await self.harness.set_session_name(name, context)
