@@ -19,7 +19,7 @@ from harness.providers.faux import delay, reply, tool_call
 from harness.runtime import Settled
 from harness.server import ApprovalChange, Approvals, ServerOptions, StoreTokens
 from harness.session import Store, connect
-from server_helpers import USER, StalledClient, asgi_client, faux_app, serving, sse_events
+from server_helpers import USER, Served, StalledClient, asgi_client, faux_app, serving, sse_events
 
 
 @pytest.fixture
@@ -37,6 +37,20 @@ async def store(store_url: str, ctx: Context) -> AsyncIterator[Store]:
 async def _outcome(app: Any, operation_id: str) -> Settled:
     outcome = await within(app.state.server.drives.wait(operation_id))
     assert isinstance(outcome, Settled)
+    return outcome
+
+
+async def _beside_a_stalled_client(served: Served, client: StalledClient, conversation_id: str,
+                                   ctx: Context) -> Settled:
+    """Run a turn of "go" while `client` reads nothing after its first event, then let it read
+    to the end of its stream; the turn's outcome."""
+    async with served.app.router.lifespan_context(served.app):
+        stream = asyncio.create_task(client.run())
+        await within(client.snapshot_sent.wait())
+        _, accepted = await served.app.state.server.start_turn(USER, conversation_id, "go", ctx)
+        outcome = await _outcome(served.app, accepted.operation_id)
+        client.release()
+        await within(stream)
     return outcome
 
 
@@ -242,13 +256,7 @@ async def test_a_slow_client_is_cut_off_and_never_blocks_the_run(store: Store, c
     served = faux_app(store, ["word " * 50], options=ServerOptions(client_buffer_bytes=1_000))
     conversation = await served.service.create(USER, served.app.state.server.new_lane(None), ctx)
     client = StalledClient(served.app, f"/api/conversations/{conversation.id}/events")
-    async with served.app.router.lifespan_context(served.app):
-        stream = asyncio.create_task(client.run())
-        await within(client.snapshot_sent.wait())
-        _, accepted = await served.app.state.server.start_turn(USER, conversation.id, "go", ctx)
-        outcome = await _outcome(served.app, accepted.operation_id)
-        client.release()
-        await within(stream)
+    outcome = await _beside_a_stalled_client(served, client, conversation.id, ctx)
 
     assert outcome.result.outcome == "completed"
     assert client.body.rstrip().endswith(b'data: {"type":"overflow","limit":1000,"unit":"bytes"}')
@@ -260,13 +268,7 @@ async def test_a_slow_client_of_the_feed_is_cut_off_after_its_events(store: Stor
     served = faux_app(store, ["hi"], options=ServerOptions(client_buffer=1))
     conversation = await served.service.create(USER, served.app.state.server.new_lane(None), ctx)
     client = StalledClient(served.app, "/api/feed", first=b"subscribed")
-    async with served.app.router.lifespan_context(served.app):
-        stream = asyncio.create_task(client.run())
-        await within(client.snapshot_sent.wait())
-        _, accepted = await served.app.state.server.start_turn(USER, conversation.id, "go", ctx)
-        outcome = await _outcome(served.app, accepted.operation_id)
-        client.release()
-        await within(stream)
+    outcome = await _beside_a_stalled_client(served, client, conversation.id, ctx)
 
     assert outcome.result.outcome == "completed"
     assert client.body.rstrip().endswith(b'data: {"type":"overflow","limit":1,"unit":"events"}')
