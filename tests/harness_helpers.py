@@ -8,7 +8,19 @@ from typing import Any, Literal
 from harness.context import Context
 from harness.messages import UserMessage
 from harness.runtime import AgentHarness, AgentHarnessOptions, HarnessEvent, OpenOperation
-from harness.session import Backend, Claim, CommitResult, EntryRow, Session, Store, ValueRow, Write
+from harness.session import (
+    Backend,
+    Claim,
+    CommitResult,
+    EntryRow,
+    Read,
+    ReadAnswer,
+    Session,
+    Store,
+    ValueRow,
+    Write,
+    read_each,
+)
 from journal_helpers import CONFIG
 
 
@@ -28,6 +40,9 @@ class RecordingBackend:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
+
+    async def read_many(self, session_id: str, reads: Sequence[Read], context: Context) -> list[ReadAnswer]:
+        return await read_each(self, session_id, reads, context)  # each read recorded as it would be alone
 
     async def get_entries(self, session_id: str, ids: Sequence[str], context: Context) -> dict[str, EntryRow]:
         self.reads.append(("entries", *ids))

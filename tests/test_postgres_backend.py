@@ -20,10 +20,12 @@ from psycopg.pq import TransactionStatus
 from conftest import POSTGRES_URL
 from harness.context import Context
 from harness.session import (
+    AppendList,
     InsertEntry,
     InsertUsage,
     InvalidWrite,
     OwnershipLost,
+    Read,
     Session,
     SessionInfo,
     SessionMutator,
@@ -33,10 +35,12 @@ from harness.session import (
     Store,
     StoreUnavailable,
     UnsupportedStoreUrl,
+    ValueRow,
     Write,
     addresses,
     connect,
 )
+from harness.session.backend import BoundsRead, EntriesRead, ListRead, ScanRead, ValueRead
 from harness.session.postgres import PostgresBackend, PostgresClaim
 from harness.session.work import work_board
 from journal_helpers import append_chain, new_session_with_lane, text_of, user
@@ -389,6 +393,69 @@ async def test_a_commit_is_one_round_trip(relayed: tuple[PostgresBackend, WireRe
     assert seqs[:4] == [1, 3, 5, 7]  # a0, b0, then a1 after b0's usage row, ...
     last = await backend.commit("s", [SetValue("test", "k", "last")], None, ctx)
     assert last.seqs == (9 * 4 + 7 * 2 + 7 + 1,)
+
+
+async def test_a_batch_of_reads_is_one_round_trip(relayed: tuple[PostgresBackend, WireRelay], ctx: Context) -> None:
+    """Issue 29: `read_many` (a follow's look: its log page, bounds, floor, lane and operation
+    state, frames) is one statement, so one round trip, however many reads it holds; reads of
+    several callers at once share one pipeline (one checkout from the pool)."""
+    backend, relay = relayed
+    await backend.create_session(SessionInfo("s", 1), ctx)
+    await backend.commit("s", [entry("a"), SetValue("test", "k", "1"), SetValue("test", "l", "2"),
+                               AppendList("test", "log", "10"), AppendList("test", "log", "11")], None, ctx)
+    reads: list[Read] = [ListRead("test", "log", None, 10), BoundsRead("test", "log"), ValueRead("test", "k"),
+                         ValueRead("test", "absent"), ScanRead("test", ""), EntriesRead(("a", "b")),
+                         BoundsRead("test", "none")]
+    for _ in range(6):  # psycopg prepares a statement the sixth time, with a round trip of its own
+        answers = await backend.read_many("s", reads, ctx)
+    trips = await relay.count(backend.read_many("s", reads, ctx))
+    together = await relay.count(asyncio.gather(*(backend.read_many("s", reads, ctx) for _ in range(4))))
+
+    assert (trips, together) == (1, 1)
+    log, bounds, k, absent, scanned, entries, none = answers
+    assert isinstance(log, list)
+    assert [row.value for row in log] == ["10", "11"]
+    assert bounds == (log[0].seq, log[1].seq)
+    assert isinstance(k, ValueRow)
+    assert k.value == "1"
+    assert absent is None
+    assert none is None
+    assert isinstance(scanned, list)
+    assert [(row.key, row.value) for row in scanned] == [("k", "1"), ("l", "2")]
+    assert isinstance(entries, dict)
+    assert list(entries) == ["a"]
+
+
+def connection_pid(claim: object) -> int:
+    assert isinstance(claim, PostgresClaim)
+    return claim.connection.info.backend_pid
+
+
+async def test_a_released_claim_connection_serves_the_next_claim(store: Store, ctx: Context) -> None:
+    """Issue 29: a release keeps its connection, its lock let go of, for the next claim (a new one
+    starts a server process); a second release of the same claim changes nothing, and a spare
+    the server ended meanwhile is replaced by a new connection."""
+    backend = backend_of(store)
+    for session_id in ("a", "b"):
+        await backend.create_session(SessionInfo(session_id, 1), ctx)
+    first = await backend.claim("a", ctx)
+    pid = connection_pid(first)
+    await backend.release(first, ctx)
+    second = await backend.claim("b", ctx)
+    assert connection_pid(second) == pid
+    await backend.release(first, ctx)  # released already: must not let go of "b"
+    with pytest.raises(SessionOwned):
+        await backend.claim("b", ctx)
+    assert await backend.held("b", ctx)
+    assert not await backend.held("a", ctx)
+    await backend.release(second, ctx)
+
+    assert POSTGRES_URL is not None
+    async with await psycopg.AsyncConnection.connect(POSTGRES_URL, autocommit=True) as admin:
+        await admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
+    third = await backend.claim("a", ctx)
+    assert connection_pid(third) != pid
+    await backend.release(third, ctx)
 
 
 async def test_a_refused_commit_names_its_first_failing_write_and_leaves_the_connection_idle(

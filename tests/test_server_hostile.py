@@ -348,16 +348,20 @@ async def test_a_store_fault_is_a_503_that_names_no_host_port_or_role(
     the server's log."""
     async with forwarder(request.getfixturevalue("postgres_schema_url")) as forwarded:
         port = forwarded.port
-        store = await connect(forwarded.url, ctx)
+        store, creator = await connect(forwarded.url, ctx), await connect(forwarded.url, ctx)
         try:
             served = faux_app(store)
+            # Made by another store: the server's keeps no spare claim connection of it to reuse.
+            made = faux_app(creator).service
+            conversation_id = (await made.create(USER, served.app.state.server.new_lane(None), ctx)).id
+            await made.close(USER, conversation_id, ctx)
             async with asgi_client(served.app) as client:
-                conversation_id = (await served.service.create(USER, served.app.state.server.new_lane(None), ctx)).id
-                await served.service.close(USER, conversation_id, ctx)
+                await served.service.info(USER, conversation_id, ctx)  # the read pool's connection is open
                 forwarded.refuse()  # new connections are refused from here on
                 answer = await client.post(f"/api/conversations/{conversation_id}/messages", json={"text": "hi"})
         finally:
             await store.close()
+            await creator.close()
 
     assert answer.status_code == 503, answer.text
     assert answer.json()["code"] == "store_unavailable"

@@ -521,6 +521,47 @@ async def test_values_distinguish_null_from_absent_and_lists_keep_order(store: S
     assert [i.item for i in await session.read_list(frames, ctx)] == [9]
 
 
+async def test_a_batch_of_reads_answers_each_as_the_read_alone_does(store: Store, ctx: Context) -> None:
+    """`ReadBatch` (issue 29): every kind of read queued together answers what it answers alone,
+    in one go; an address no backend can store finds nothing, unread."""
+    session = await new_session_with_lane(store, ctx)
+    frames = list_address("test.frames", "r1", int)
+    first = await append_chain(session, ["a", "b"], ctx)
+
+    async def job(m: SessionMutator) -> None:
+        for i in range(5):
+            m.append(frames, i)
+        m.set(value_address("test.counts", "one"), 1)
+        m.set(value_address("test.counts", "two"), 2)
+
+    await session.mutate(job, ctx)
+    batch = session.batch()
+    items = batch.read_list(frames, after_seq=None, limit=3)
+    bounds = batch.list_bounds(frames)
+    none = batch.list_bounds(list_address("test.frames", "r2", int))
+    one = batch.get(value_address("test.counts", "one"))
+    absent = batch.get(value_address("test.counts", "three"))
+    unstorable = batch.get(value_address("test.counts", "lone \ud800"))
+    scanned = batch.scan_values(value_address("test.counts", "t"))
+    entries = batch.entries([first[0], "missing"])
+    with pytest.raises(RuntimeError):
+        _ = items.value  # not read yet
+    await batch.run(ctx)
+
+    assert [i.item for i in items.value] == [0, 1, 2]
+    assert items.value == await session.read_list(frames, ctx, limit=3)
+    assert bounds.value is not None
+    assert bounds.value == await session.list_bounds(frames, ctx)
+    assert none.value is None
+    assert one.value == 1
+    assert absent.value is None
+    assert unstorable.value is None
+    assert scanned.value == [("two", 2)]
+    assert list(entries.value) == [first[0]]
+    assert entries.value[first[0]] == await session.entry(first[0], ctx)
+    await batch.run(ctx)  # nothing queued: no read
+
+
 async def test_a_list_is_trimmed_through_a_seq_in_the_commit_that_appends(store: Store, ctx: Context) -> None:
     # The lane event log's retention: a trim staged with appends deletes the items up to a seq, in
     # the same transaction; bounds name the oldest and newest seq held.

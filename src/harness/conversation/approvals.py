@@ -129,16 +129,24 @@ class JournalApprovals:
     def __init__(self, journal: SessionReader) -> None:
         self._journal = journal
         self._told: dict[tuple[str, str], bool] = {}  # (operation, call) -> whether its answer was told
+        self._running = False  # whether a run was open at the last look
 
     async def changes(self, context: Context) -> list[ApprovalChange]:
         """What changed since the last call, oldest first: a call now waiting (`answer` None) and
         a call told waiting that has its answer now. A call answered before it was ever seen
         waiting is not told. Raises the store's errors; nothing is remembered then."""
-        state = await self._journal.get(addresses.lane_state(MAIN_LANE), context)
-        current = state.current_operation_id if state is not None else None
+        # While a run is open (as at the last look), the copies are read with the lane's state:
+        # one round trip per look instead of two (issue 29).
+        batch = self._journal.batch()
+        state_read = batch.get(addresses.lane_state(MAIN_LANE))
+        scan = batch.scan_values(pending_address("")) if self._running or False in self._told.values() else None
+        await batch.run(context)
+        current = state_read.value.current_operation_id if state_read.value is not None else None
+        self._running = current is not None
         if current is None and False not in self._told.values():
             return []
-        copies = sorted((kept for _, kept in await self._journal.scan_values(pending_address(""), context)
+        kept_copies = scan.value if scan is not None else await self._journal.scan_values(pending_address(""), context)
+        copies = sorted((kept for _, kept in kept_copies
                          if kept.operation_id == current or self._told.get((kept.operation_id, kept.tool_call_id))
                          is False), key=lambda kept: kept.asked_at)
         changes: list[ApprovalChange] = []

@@ -542,7 +542,7 @@ class Conversation:
     child's, or one a person opened with `--lane`)."""
 
     def __init__(self, info: ConversationInfo, settings: ConversationSettings, open_operations: list[OpenOperation],
-                 feed: InstanceFeed, changes: ChangeFeed, delegation: Delegation | None = None,
+                 feed: InstanceFeed, posts: ChangeFeed, delegation: Delegation | None = None,
                  run_posted: PostedRunner | None = None,
                  on_approval: Callable[[ApprovalChange], None] | None = None) -> None:
         self.info = info
@@ -560,7 +560,7 @@ class Conversation:
         self._feed = feed
         self._recording: set[asyncio.Task[object]] = set()
         harness.add_listener(self._on_event)
-        self._posted = changes.subscribe(info.id, local=False)  # requests come from other processes
+        self._posted = posts.subscribe(info.id)  # woken by posts only, not by each of its own commits
         self._taking = True
         self._taker = asyncio.get_running_loop().create_task(self._take_posted())
         feed.publish(Presence(conversation_id=info.id, live=True))
@@ -568,7 +568,7 @@ class Conversation:
     async def _take_posted(self) -> None:
         """Apply what other processes post for this conversation while it is live here: a row, a
         garden's message, a steer or a stop reaches it this way when this process holds it
-        (`take_requests`), woken by the store's notifications or every `REQUEST_POLL_S`."""
+        (`take_requests`), woken by the store's post feed (`Store.posts`) or every `REQUEST_POLL_S`."""
         context = Context({"conversation_id": self.id, "task": "posted requests"})
         try:
             while self._taking:
@@ -1771,7 +1771,7 @@ class ConversationService:
         settings = await ConversationSettings.read(harness, target, context, model_tools=setup.model_tools,
                                                    project=project)
         conversation = self._live[session.id] = Conversation(info, settings, open_operations, self.feed,
-                                                             self.store.changes, delegation, self._run_posted,
+                                                             self.store.posts, delegation, self._run_posted,
                                                              setup.on_approval)
         return conversation
 

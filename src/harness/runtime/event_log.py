@@ -56,6 +56,7 @@ from harness.session import (
     EntryPayload,
     ListAddress,
     MessagePayload,
+    ReadBatch,
     SessionMutator,
     SessionReader,
     StorageCorruption,
@@ -366,46 +367,55 @@ async def read_lane_events(reader: SessionReader, lane: str, after_seq: int | No
     `limit` (clamped to 1 to 10,000), from any reader of the session: a harness's or a cold one
     (`Store.open_session`), live or after a restart. `after_seq` may be any event's seq, one in
     the middle of a commit's events too. Raises `StorageCorruption` when an item or the entry it
-    refers to is missing or does not decode."""
-    limit = max(1, min(limit, _PAGE))
-    # The newest event of every row read is after `after_seq` (it is the row's seq) and kept (a
-    # trim deletes every row wholly under the floor), so `limit` rows hold the page. The bounds
-    # are read after the rows and the floor after the bounds: a trim in between can only make
-    # `holds` False.
-    rows = await reader.read_list(lane_events(lane), context, after_seq=after_seq, limit=limit)
-    bounds = await reader.list_bounds(lane_events(lane), context)
-    floor = await reader.get(_lane_floor(lane), context) or 0
-    # Held when a kept event at or before `after_seq` is still there: the oldest row's newest
-    # event is kept (a trim deletes every row wholly older than the floor), or one of the first
-    # row read is.
-    holds = after_seq is not None and bounds is not None and bounds[0] <= after_seq <= bounds[1]
-    chosen: list[tuple[int, dict[str, JsonValue]]] = []
-    for item in rows:
-        first_seq = item.seq - len(item.item.events) + 1
-        for offset, stored in enumerate(item.item.events):
-            seq = first_seq + offset
-            if item.item.first + offset < floor:
-                continue
-            if after_seq is not None and seq <= after_seq:
-                holds = holds or (bounds is not None and after_seq <= bounds[1])
-                continue
-            chosen.append((seq, stored))
-    chosen = chosen[:limit]
-    refs: list[str] = []
-    for _, stored in chosen:
-        refs += _refs(stored)
-    entries = await reader.entries(refs, context) if refs else {}
-    events = tuple(_event(lane, seq, stored, entries) for seq, stored in chosen)
-    return LaneEventPage(events=events, holds=holds, newest_seq=bounds[1] if bounds else None)
+    refers to is missing or does not decode. Two round trips at most (`LogRead`)."""
+    batch = reader.batch()
+    log = LogRead(batch, lane, after_seq, limit)
+    await batch.run(context)
+    return await log.page(reader, context)
 
 
-async def read_lane_events_from(reader: SessionReader, lane: str, seq: int, limit: int,
-                                context: Context) -> tuple[HarnessEvent, ...] | None:
-    """Lane `lane`'s durable events after its event `seq`, oldest first, at most `limit`; None
-    when the log no longer holds event `seq` (trimmed past it): `read_lane_events` for a reader
-    that keeps a position (`follow_lane`). Raises `StorageCorruption` as `read_lane_events`."""
-    page = await read_lane_events(reader, lane, seq, limit, context)
-    return page.events if page.holds else None
+class LogRead:
+    """One page of lane `lane`'s event log (`read_lane_events`), its reads queued on `batch` beside
+    whatever else its caller reads at the same time (a follow's lane state and streaming reply,
+    issue 29): once the batch has run, `page` reads the entries the events are made of (a second
+    round trip, when there are events) and returns the page."""
+
+    def __init__(self, batch: ReadBatch, lane: str, after_seq: int | None, limit: int) -> None:
+        self._lane = lane
+        self._after_seq = after_seq
+        self._limit = max(1, min(limit, _PAGE))
+        # The newest event of every row read is after `after_seq` (it is the row's seq) and kept (a
+        # trim deletes every row wholly under the floor), so `limit` rows hold the page. The bounds
+        # are read after the rows and the floor after the bounds (a batch reads in order): a trim
+        # in between can only make `holds` False.
+        self._rows = batch.read_list(lane_events(lane), after_seq=after_seq, limit=self._limit)
+        self._bounds = batch.list_bounds(lane_events(lane))
+        self._floor = batch.get(_lane_floor(lane))
+
+    async def page(self, reader: SessionReader, context: Context) -> LaneEventPage:
+        after_seq, bounds, floor = self._after_seq, self._bounds.value, self._floor.value or 0
+        # Held when a kept event at or before `after_seq` is still there: the oldest row's newest
+        # event is kept (a trim deletes every row wholly older than the floor), or one of the first
+        # row read is.
+        holds = after_seq is not None and bounds is not None and bounds[0] <= after_seq <= bounds[1]
+        chosen: list[tuple[int, dict[str, JsonValue]]] = []
+        for item in self._rows.value:
+            first_seq = item.seq - len(item.item.events) + 1
+            for offset, stored in enumerate(item.item.events):
+                seq = first_seq + offset
+                if item.item.first + offset < floor:
+                    continue
+                if after_seq is not None and seq <= after_seq:
+                    holds = holds or (bounds is not None and after_seq <= bounds[1])
+                    continue
+                chosen.append((seq, stored))
+        chosen = chosen[:self._limit]
+        refs: list[str] = []
+        for _, stored in chosen:
+            refs += _refs(stored)
+        entries = await reader.entries(refs, context) if refs else {}
+        events = tuple(_event(self._lane, seq, stored, entries) for seq, stored in chosen)
+        return LaneEventPage(events=events, holds=holds, newest_seq=bounds[1] if bounds else None)
 
 
 async def newest_event_seq(reader: SessionReader, lane: str, context: Context) -> int | None:

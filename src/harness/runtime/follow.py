@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 
 from harness.context import Context
 from harness.runtime.errors import FollowBehind, SnapshotContended
-from harness.runtime.event_log import newest_event_seq, read_lane_events, read_lane_events_from
+from harness.runtime.event_log import LogRead, lane_events, newest_event_seq
 from harness.runtime.events import HarnessEvent, MessageUpdate
 from harness.runtime.projection import read_lane_projection
 from harness.runtime.snapshot import FrameReader, LanePresentation, capture_snapshot
@@ -39,15 +39,15 @@ class LaneFollow:
     event or its entry no longer decodes, and the store's errors when it cannot be read."""
 
     def __init__(self, reader: SessionReader, snapshot: LaneSnapshot, frames: FrameReader | None,
-                 changes: ChangeSubscription, poll_s: float, context: Context) -> None:
+                 operation: tuple[str | None, OperationState | None], changes: ChangeSubscription, poll_s: float,
+                 context: Context) -> None:
         self.snapshot = snapshot
         self._reader = reader
         self._lane = snapshot.lane
         self._position = snapshot.event_seq
         self._frames = frames
         self._unshown: MessageUpdate | None = None
-        self._operation: tuple[str | None, OperationState | None] | None = None
-        self._operation_at: int | None = None  # the position `_operation` was read at
+        self._operation = operation  # the lane's current operation and its state, as last read
         self._changes = changes
         self._poll_s = poll_s
         self._context = context
@@ -70,67 +70,69 @@ class LaneFollow:
     async def _follow(self) -> AsyncIterator[HarnessEvent]:
         try:
             while not self._closed:
-                async for event in self._logged():
+                events, update, again = await self._look()
+                for event in events:
+                    if self._closed:
+                        return
+                    self._position = event.event_seq
                     yield event
-                update = await self._presentation()
                 if update is not None:
                     yield update
-                elif self._unshown is None:  # otherwise events came first: read them at once
+                elif not again:
                     await self._changes.wait(self._poll_s)
         finally:
             self._changes.close()
 
-    async def _logged(self) -> AsyncIterator[HarnessEvent]:
-        """The durable events after the position, page by page, until the log is read through."""
-        while not self._closed:
-            if self._position is None:  # an empty log at the snapshot: read it from its start
-                events: tuple[HarnessEvent, ...] | None = (await read_lane_events(
-                    self._reader, self._lane, None, EVENT_PAGE, self._context)).events
-            else:  # one read of the log at each commit: the item at the position proves no gap
-                events = await read_lane_events_from(self._reader, self._lane, self._position, EVENT_PAGE,
-                                                     self._context)
-            if events is None:
-                raise FollowBehind(f"the event log of lane {self._lane} no longer holds event {self._position}; "
-                                   "follow again from a fresh snapshot", lane=self._lane, event_seq=self._position)
-            for event in events:
-                if self._closed:
-                    return
-                self._position = event.event_seq
-                yield event
-            if len(events) < EVENT_PAGE:
-                return
+    async def _look(self) -> tuple[tuple[HarnessEvent, ...], MessageUpdate | None, bool]:
+        """One look at the lane: the durable events after the position (a page), the streaming
+        reply's update to show after them if its frames grew and no durable event came after the
+        page, and whether to look again at once (more events wait, or a new reply's frames are
+        to be read). One batch of reads (`ReadBatch`: the log page, its bounds and floor, the
+        lane's state, its operation's, the reply's new frame pages, the log's newest seq again),
+        then the entries the events are made of; a new operation's state is one more read."""
+        reader, lane, context = self._reader, self._lane, self._context
+        batch = reader.batch()
+        log = LogRead(batch, lane, self._position, EVENT_PAGE)
+        state = batch.get(addresses.lane_state(lane))
+        known_id = self._operation[0]
+        known = batch.get(addresses.operation_state(known_id)) if known_id is not None else None
+        frames = self._frames
+        pages = frames.queue(batch) if frames is not None else None
+        newest = batch.list_bounds(lane_events(lane))  # after the frames: an update waits for every event before it
+        await batch.run(context)
+        page = await log.page(reader, context)
+        if self._position is not None and not page.holds:
+            raise FollowBehind(f"the event log of lane {lane} no longer holds event {self._position}; "
+                               "follow again from a fresh snapshot", lane=lane, event_seq=self._position)
+        events = page.events
+        position = events[-1].event_seq if events else self._position
+        again = len(events) == EVENT_PAGE
 
-    async def _presentation(self) -> MessageUpdate | None:
-        """The streaming reply, when its frames grew since the last look and no durable event
-        came meanwhile: an update is shown only after every event committed before it."""
-        operation_id, operation = await self._current_operation()
-        streaming = isinstance(operation, AssistantEffectPending | DeferredEffectPending)
-        if not streaming or self._frames is None or (self._frames.operation_id, self._frames.response_entry_id) != (
-                operation_id, getattr(operation, "response_entry_id", None)):
+        # Every commit that changes the lane's operation logs an event (HA-13): an update is shown
+        # only when no event came after the page, so the state read beside it is the page's.
+        operation_id = state.value.current_operation_id if state.value is not None else None
+        operation: OperationState | None = None
+        if operation_id == known_id:
+            operation = known.value if known is not None else None
+        elif operation_id is not None:
+            operation = await reader.get(addresses.operation_state(operation_id), context)
+        self._operation = (operation_id, operation)
+        if not isinstance(operation, AssistantEffectPending | DeferredEffectPending) or frames is None or (
+                frames.operation_id, frames.response_entry_id) != (operation_id, operation.response_entry_id):
             self._frames, self._unshown = FrameReader.of(operation_id, operation), None
-        if self._frames is None:
-            return None
-        message = await self._frames.read(self._reader, self._context)
-        if message is not None:
-            self._unshown = MessageUpdate(lane=self._lane, message=message)
-        if self._unshown is None or await newest_event_seq(self._reader, self._lane, self._context) != self._position:
-            return None
-        update, self._unshown = self._unshown, None
-        return update
-
-    async def _current_operation(self) -> tuple[str | None, OperationState | None]:
-        """The lane's current operation and its state, read again only when the log moved since
-        the last reading: every commit that changes them logs an event (HA-13), so a wake-up for
-        a frame page alone costs no read of them."""
-        if self._operation is None or self._operation_at != self._position:
-            at = self._position
-            state = await self._reader.get(addresses.lane_state(self._lane), self._context)
-            operation_id = state.current_operation_id if state is not None else None
-            operation: OperationState | None = None
-            if operation_id is not None:
-                operation = await self._reader.get(addresses.operation_state(operation_id), self._context)
-            self._operation, self._operation_at = (operation_id, operation), at
-        return self._operation
+            again = again or self._frames is not None  # its pages are read at the next look
+        elif pages is not None:
+            message = await frames.take(pages.value, reader, context)
+            if message is not None:
+                self._unshown = MessageUpdate(lane=lane, message=message)
+        update = None
+        if self._unshown is not None:
+            bounds = newest.value
+            if not again and (bounds[1] if bounds else None) == position:
+                update, self._unshown = self._unshown, None
+            else:
+                again = True  # events came first: read them at once
+        return events, update, again
 
 
 async def follow_lane(store: Store, session_id: str, lane: str, context: Context, *,
@@ -164,14 +166,16 @@ async def follow_lane(store: Store, session_id: str, lane: str, context: Context
     # Subscribe first: a commit after the snapshot read must wake the follow.
     changes = store.changes.subscribe(session_id)
     try:
-        snapshot, frames = await _capture(reader, lane, context)
+        captured = await _capture(reader, lane, context)
     except BaseException:
         changes.close()
         raise
-    return LaneFollow(reader, snapshot, frames, changes, poll_s, context)
+    snapshot, frames, operation = captured
+    return LaneFollow(reader, snapshot, frames, operation, changes, poll_s, context)
 
 
-async def _capture(reader: SessionReader, lane: str, context: Context) -> tuple[LaneSnapshot, FrameReader | None]:
+async def _capture(reader: SessionReader, lane: str, context: Context
+                   ) -> tuple[LaneSnapshot, FrameReader | None, tuple[str | None, OperationState | None]]:
     for _ in range(SNAPSHOT_ATTEMPTS):
         before = await newest_event_seq(reader, lane, context)
         try:
@@ -187,6 +191,6 @@ async def _capture(reader: SessionReader, lane: str, context: Context) -> tuple[
                 continue
             raise
         if snapshot.event_seq == before:
-            return snapshot, frames
+            return snapshot, frames, (projection.state.current_operation_id, projection.operation_state)
     raise SnapshotContended(f"lane {lane} kept changing while its snapshot was read", lane=lane,
                             attempts=SNAPSHOT_ATTEMPTS)

@@ -50,10 +50,13 @@ from harness.runtime.types import (
     SnapshotOperation,
 )
 from harness.session import (
+    Answer,
     CompactionPayload,
     LaneLastResult,
     LaneState,
+    ListItem,
     MessagePayload,
+    ReadBatch,
     SessionReader,
     StorageCorruption,
     addresses,
@@ -259,8 +262,21 @@ class FrameReader:
     async def read(self, reader: SessionReader, context: Context) -> AssistantMessage | None:
         """The reply so far if pages were added since the last read (the first read: if any
         exist), else None. Raises `StorageCorruption` for a page that does not decode."""
-        pages = await reader.read_list(self._address, context, after_seq=self._after, limit=_FRAME_PAGES)
-        while len(pages) % _FRAME_PAGES == 0 and pages:  # a long reply has more than one read's worth
+        batch = reader.batch()
+        pages = self.queue(batch)
+        await batch.run(context)
+        return await self.take(pages.value, reader, context)
+
+    def queue(self, batch: ReadBatch) -> Answer[list[ListItem[dict[str, JsonValue]]]]:
+        """Queue the read of the pages added since the last read on `batch`; give what it found
+        to `take` once the batch has run."""
+        return batch.read_list(self._address, after_seq=self._after, limit=_FRAME_PAGES)
+
+    async def take(self, pages: list[ListItem[dict[str, JsonValue]]], reader: SessionReader,
+                   context: Context) -> AssistantMessage | None:
+        """`read`, from the pages a batch found (`queue`): reads on while a long reply has more than
+        one read's worth."""
+        while len(pages) % _FRAME_PAGES == 0 and pages:
             more = await reader.read_list(self._address, context, after_seq=pages[-1].seq, limit=_FRAME_PAGES)
             if not more:
                 break

@@ -23,12 +23,15 @@ from harness.session.backend import (
     EntryRow,
     InsertEntry,
     InsertUsage,
+    Read,
+    ReadAnswer,
     SessionInfo,
     SetValue,
     TrimList,
     UsageRowRaw,
     ValueRow,
     Write,
+    read_each,
 )
 from harness.session.changes import ChangeFeed, ChangeSubscription
 from harness.session.entries import (
@@ -81,12 +84,22 @@ from harness.session.records import (
     StopRequest,
     UsageRow,
 )
-from harness.session.session import ListItem, Session, SessionMutator, SessionOwnership, SessionReader, StoredValue
+from harness.session.session import (
+    Answer,
+    ListItem,
+    ReadBatch,
+    Session,
+    SessionMutator,
+    SessionOwnership,
+    SessionReader,
+    StoredValue,
+)
 from harness.session.store import Store, connect
 from harness.session.tokens import TokenNotFound
 
 __all__ = [
     "AbortCause",
+    "Answer",
     "AppendList",
     "AppendRequest",
     "ApprovalAnswerRequest",
@@ -126,6 +139,9 @@ __all__ = [
     "OperationKind",
     "OwnershipLost",
     "QueueRequest",
+    "Read",
+    "ReadAnswer",
+    "ReadBatch",
     "RecordTooLarge",
     "ReentrantMutation",
     "ReleaseRequest",
@@ -163,5 +179,6 @@ __all__ = [
     "addresses",
     "connect",
     "list_address",
+    "read_each",
     "value_address",
 ]

@@ -125,6 +125,71 @@ Write = InsertEntry | InsertUsage | SetValue | DeleteValue | AppendList | Delete
 
 
 @dataclass(frozen=True)
+class ValueRead:
+    """`Backend.read_many`'s `get_value`: the answer is a `ValueRow` or None."""
+
+    namespace: str
+    key: str
+
+
+@dataclass(frozen=True)
+class ScanRead:
+    """`Backend.read_many`'s `scan_values`: the answer is a list of `ValueRow`s, keys ascending."""
+
+    namespace: str
+    key_prefix: str
+
+
+@dataclass(frozen=True)
+class ListRead:
+    """`Backend.read_many`'s `read_list`: the answer is a list of `ValueRow`s, seqs ascending."""
+
+    namespace: str
+    key: str
+    after_seq: int | None
+    limit: int
+
+
+@dataclass(frozen=True)
+class BoundsRead:
+    """`Backend.read_many`'s `list_bounds`: the answer is `(oldest, newest)` seqs or None."""
+
+    namespace: str
+    key: str
+
+
+@dataclass(frozen=True)
+class EntriesRead:
+    """`Backend.read_many`'s `get_entries`: the answer is a dict of `EntryRow`s by id."""
+
+    ids: tuple[str, ...]
+
+
+Read = ValueRead | ScanRead | ListRead | BoundsRead | EntriesRead
+ReadAnswer = ValueRow | list[ValueRow] | tuple[int, int] | dict[str, EntryRow] | None
+"""What one `Read` answers, by its kind (each kind's docstring says which)."""
+
+
+async def read_each(backend: Backend, session_id: str, reads: Sequence[Read], context: Context) -> list[ReadAnswer]:
+    """`Backend.read_many` made of the backend's single reads, one after another: for a backend
+    whose reads cost no round trip (memory), or a wrapper that sees each read."""
+    answers: list[ReadAnswer] = []
+    for read in reads:
+        if isinstance(read, ValueRead):
+            answers.append(await backend.get_value(session_id, read.namespace, read.key, context))
+        elif isinstance(read, ScanRead):
+            answers.append(await backend.scan_values(session_id, read.namespace, read.key_prefix, context))
+        elif isinstance(read, ListRead):
+            answers.append(await backend.read_list(session_id, read.namespace, read.key, read.after_seq, read.limit,
+                                                   context))
+        elif isinstance(read, BoundsRead):
+            answers.append(await backend.list_bounds(session_id, read.namespace, read.key, context))
+        else:
+            answers.append(await backend.get_entries(session_id, read.ids, context))
+    return answers
+
+
+@dataclass(frozen=True)
 class CommitResult:
     """`seqs[i]` is the seq of write i (strictly increasing, session-wide); `timestamp` in Unix ms."""
 
@@ -252,6 +317,14 @@ class Backend(Protocol):
     async def read_usage(
         self, session_id: str, after_seq: int | None, limit: int, context: Context
     ) -> list[UsageRowRaw]: ...
+
+    async def read_many(self, session_id: str, reads: Sequence[Read], context: Context) -> list[ReadAnswer]:
+        """The answers of `reads`, in their order, made together: one round trip on PostgreSQL
+        (a pipeline on one pooled connection), one hop to SQLite's thread. Each read sees at
+        least every commit the read before it saw (they are not one snapshot), so a reader that
+        orders its reads as it would one by one keeps its reasoning (issue 29: a lane's follow
+        read its log, bounds, floor and state in seven round trips per commit)."""
+        ...
 
     def commit(
         self, session_id: str, writes: Sequence[Write], claim: Claim | None, context: Context

@@ -24,13 +24,17 @@ as a rule) when that connection drops."""
 RECONNECT_S = 1.0
 """How long a change feed waits before it listens again after its connection dropped."""
 
+LINGER_S = 30.0
+"""How long a change feed keeps listening after its last subscriber left (seconds): a process that
+holds conversations one after another (a server admitting turns for workers, a worker) would
+otherwise open a listening connection for each."""
+
 
 class ChangeSubscription:
     """The wake-ups of one session for one reader (`ChangeFeed.subscribe`); `close` it when done."""
 
-    def __init__(self, feed: ChangeFeed, session_id: str, *, local: bool = True) -> None:
+    def __init__(self, feed: ChangeFeed, session_id: str) -> None:
         self.session_id = session_id
-        self.local = local
         self._feed = feed
         self._changed = asyncio.Event()
 
@@ -56,28 +60,31 @@ class ChangeSubscription:
 
 class ChangeFeed:
     """The change notifications of one store, shared by all of its readers in this process: one
-    listening connection while anyone subscribes (none before and after), each notification
-    handed to the subscribers of its session id. Without `listen` (memory, SQLite) it notifies
-    nobody and subscribers poll."""
+    listening connection from the first subscriber until `LINGER_S` after the last (none before),
+    each notification handed to the subscribers of its session id. Without `listen` (memory,
+    SQLite) it notifies nobody and subscribers poll."""
 
-    def __init__(self, listen: Listen | None) -> None:
+    def __init__(self, listen: Listen | None, *, linger_s: float = LINGER_S) -> None:
         self._listen = listen
+        self._linger_s = linger_s
         self._subscribers: dict[str, set[ChangeSubscription]] = {}
         self._task: asyncio.Task[None] | None = None
+        self._quiet: asyncio.TimerHandle | None = None  # stops the listening once no one subscribed
 
     @property
     def notifies(self) -> bool:
         """Whether commits of other processes wake this feed's subscribers (PostgreSQL only)."""
         return self._listen is not None
 
-    def subscribe(self, session_id: str, *, local: bool = True) -> ChangeSubscription:
-        """Wake-ups for `session_id` from now on; without `local`, none from `committed` for this
-        process's own commits where the database does not notify (a holder waiting for what other
-        processes post; on PostgreSQL every commit's notification still wakes it). The listening connection
-        starts with the first subscriber, so a notification sent before its LISTEN ran is not
-        seen: read after subscribing, not before, and poll."""
-        subscription = ChangeSubscription(self, session_id, local=local)
+    def subscribe(self, session_id: str) -> ChangeSubscription:
+        """Wake-ups for `session_id` from now on. The listening connection starts with the first
+        subscriber, so a notification sent before its LISTEN ran is not seen: read after
+        subscribing, not before, and poll."""
+        subscription = ChangeSubscription(self, session_id)
         self._subscribers.setdefault(session_id, set()).add(subscription)
+        if self._quiet is not None:
+            self._quiet.cancel()
+            self._quiet = None
         if self._listen is not None and self._task is None:
             self._task = asyncio.get_running_loop().create_task(self._run(self._listen))
         return subscription
@@ -89,8 +96,7 @@ class ChangeFeed:
         if self.notifies:
             return
         for subscription in list(self._subscribers.get(session_id, ())):
-            if subscription.local:
-                subscription.wake()
+            subscription.wake()
 
     def _unsubscribe(self, subscription: ChangeSubscription) -> None:
         subscribers = self._subscribers.get(subscription.session_id)
@@ -99,6 +105,11 @@ class ChangeFeed:
         subscribers.discard(subscription)
         if not subscribers:
             del self._subscribers[subscription.session_id]
+        if not self._subscribers and self._task is not None and self._quiet is None:
+            self._quiet = self._task.get_loop().call_later(self._linger_s, self._stop_listening)
+
+    def _stop_listening(self) -> None:
+        self._quiet = None
         if not self._subscribers and self._task is not None:
             self._task.cancel()
             self._task = None
@@ -124,6 +135,9 @@ class ChangeFeed:
     async def close(self) -> None:
         """Stop listening; subscribers left only time out from now on. Idempotent."""
         task, self._task, self._listen = self._task, None, None
+        if self._quiet is not None:
+            self._quiet.cancel()
+            self._quiet = None
         if task is not None:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):

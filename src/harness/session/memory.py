@@ -18,12 +18,15 @@ from harness.session.backend import (
     EntryRow,
     InsertEntry,
     InsertUsage,
+    Read,
+    ReadAnswer,
     SessionInfo,
     SetValue,
     TrimList,
     UsageRowRaw,
     ValueRow,
     Write,
+    read_each,
     write_seqs,
 )
 from harness.session.errors import InvalidWrite, OwnershipLost, SessionNotFound, SessionOwned, StoreClosed
@@ -154,6 +157,9 @@ class MemoryBackend:
     ) -> list[UsageRowRaw]:
         rows = sorted(self._session(session_id).usage.values(), key=lambda r: r.seq)
         return [r for r in rows if after_seq is None or r.seq > after_seq][:limit]
+
+    async def read_many(self, session_id: str, reads: Sequence[Read], context: Context) -> list[ReadAnswer]:
+        return await read_each(self, session_id, reads, context)
 
     async def commit(
         self, session_id: str, writes: Sequence[Write], claim: Claim | None, context: Context

@@ -11,7 +11,7 @@ import inspect
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar, cast
 
 from pydantic import JsonValue, TypeAdapter
 from pydantic_core import PydanticSerializationError
@@ -24,16 +24,24 @@ from harness.session.addresses import ListAddress, ValueAddress
 from harness.session.backend import (
     AppendList,
     Backend,
+    BoundsRead,
     Claim,
     CommitResult,
     DeleteList,
     DeleteValue,
+    EntriesRead,
     EntryRow,
     InsertEntry,
     InsertUsage,
+    ListRead,
+    Read,
+    ReadAnswer,
+    ScanRead,
     SessionInfo,
     SetValue,
     TrimList,
+    ValueRead,
+    ValueRow,
     Write,
 )
 from harness.session.entries import ENTRY_PAYLOAD_ADAPTER, BranchPage, Entry, EntryPayload, custom_type_of
@@ -187,6 +195,115 @@ def _check_identifier(name: str, value: str | None) -> None:
                            field=name)
 
 
+def _stored_value(address: ValueAddress[T], row: ValueRow | None) -> StoredValue[T] | None:
+    if row is None:
+        return None
+    return StoredValue(decode_value(address.adapter, row.value, f"{address.namespace}/{address.key}"), row.seq)
+
+
+def _list_items(address: ListAddress[T], rows: list[ValueRow]) -> list[ListItem[T]]:
+    where = f"{address.namespace}/{address.key}"
+    return [ListItem(decode_value(address.adapter, r.value, where), r.seq) for r in rows]
+
+
+def _entries(rows: dict[str, EntryRow]) -> dict[str, Entry]:
+    return {i: decode_entry(r) for i, r in rows.items()}
+
+
+class Answer(Generic[T]):
+    """What one read of a `ReadBatch` found: `value`, once the batch has run."""
+
+    def __init__(self, decode: Callable[[ReadAnswer], T] | None = None, *, empty: T | None = None) -> None:
+        self._decode = decode
+        self._value = empty  # a read of something no backend can store finds nothing, unread
+        self._ready = decode is None
+
+    @property
+    def value(self) -> T:
+        """The answer; `RuntimeError` before the batch has run."""
+        if not self._ready:
+            raise RuntimeError("a batch's answers are there once it has run")
+        return cast(T, self._value)
+
+    def _take(self, raw: ReadAnswer) -> None:
+        assert self._decode is not None
+        self._value, self._ready = self._decode(raw), True
+
+
+class ReadBatch:
+    """Reads of one session queued together (`SessionReader.batch`) and made at `run` in one go:
+    one round trip on PostgreSQL, one hop to SQLite's thread (issue 29). They run in the order
+    queued and each sees at least every commit the one before saw, as one-by-one reads would; they
+    are not one snapshot. Each queuing method returns an `Answer` whose `value` the run fills,
+    decoded as the matching `SessionReader` method decodes it (`StorageCorruption` from `run`)."""
+
+    def __init__(self, backend: Backend, session_id: str) -> None:
+        self._backend = backend
+        self._session_id = session_id
+        self._reads: list[tuple[Read, Answer[Any]]] = []
+
+    def get(self, address: ValueAddress[T]) -> Answer[T | None]:
+        """`SessionReader.get`."""
+        if not (storable_identifier(address.namespace) and storable_identifier(address.key)):
+            return Answer(empty=None)
+
+        def decode(raw: ReadAnswer) -> T | None:
+            record = _stored_value(address, cast(ValueRow | None, raw))
+            return record.value if record else None
+        return self._queue(ValueRead(address.namespace, address.key), decode)
+
+    def get_record(self, address: ValueAddress[T]) -> Answer[StoredValue[T] | None]:
+        """`SessionReader.get_record`."""
+        if not (storable_identifier(address.namespace) and storable_identifier(address.key)):
+            return Answer(empty=None)
+        return self._queue(ValueRead(address.namespace, address.key),
+                           lambda raw: _stored_value(address, cast(ValueRow | None, raw)))
+
+    def scan_values(self, address: ValueAddress[T]) -> Answer[list[tuple[str, T]]]:
+        """`SessionReader.scan_values`."""
+        if not (storable_identifier(address.namespace) and storable_identifier(address.key)):
+            return Answer(empty=[])
+        def decode(raw: ReadAnswer) -> list[tuple[str, T]]:
+            return [(row.key, decode_value(address.adapter, row.value, f"{row.namespace}/{row.key}"))
+                    for row in cast("list[ValueRow]", raw)]
+        return self._queue(ScanRead(address.namespace, address.key), decode)
+
+    def read_list(self, address: ListAddress[T], *, after_seq: int | None = None,
+                  limit: int = 1000) -> Answer[list[ListItem[T]]]:
+        """`SessionReader.read_list`."""
+        if not (storable_identifier(address.namespace) and storable_identifier(address.key)):
+            return Answer(empty=[])
+        read = ListRead(address.namespace, address.key, after_seq, max(1, min(limit, 10_000)))
+        return self._queue(read, lambda raw: _list_items(address, cast(list[ValueRow], raw)))
+
+    def list_bounds(self, address: ListAddress[Any]) -> Answer[tuple[int, int] | None]:
+        """`SessionReader.list_bounds`."""
+        if not (storable_identifier(address.namespace) and storable_identifier(address.key)):
+            return Answer(empty=None)
+        return self._queue(BoundsRead(address.namespace, address.key), lambda raw: cast("tuple[int, int] | None", raw))
+
+    def entries(self, entry_ids: Sequence[str]) -> Answer[dict[str, Entry]]:
+        """`SessionReader.entries`."""
+        ids = tuple(i for i in entry_ids if storable_identifier(i))
+        if not ids:
+            return Answer(empty={})
+        return self._queue(EntriesRead(ids), lambda raw: _entries(cast("dict[str, EntryRow]", raw)))
+
+    def _queue(self, read: Read, decode: Callable[[ReadAnswer], T]) -> Answer[T]:
+        answer = Answer(decode)
+        self._reads.append((read, answer))
+        return answer
+
+    async def run(self, context: Context) -> None:
+        """Make the reads queued since the last run, and fill their answers."""
+        queued, self._reads = self._reads, []
+        if not queued:
+            return
+        raws = await self._backend.read_many(self._session_id, [read for read, _ in queued], context)
+        for (_, answer), raw in zip(queued, raws, strict=True):
+            answer._take(raw)
+
+
 class SessionReader:
     """Reads of one session's journal. Every read sees the latest fully applied commit; several
     reads are not a snapshot (decide and write inside `Session.mutate` instead)."""
@@ -209,7 +326,7 @@ class SessionReader:
     async def entries(self, entry_ids: Sequence[str], context: Context) -> dict[str, Entry]:
         """The entries with these ids that exist, keyed by id."""
         rows = await self._backend.get_entries(self.id, [i for i in entry_ids if storable_identifier(i)], context)
-        return {i: decode_entry(r) for i, r in rows.items()}
+        return _entries(rows)
 
     async def read_entries(
         self, context: Context, *, after_seq: int | None = None, limit: int = 1000
@@ -227,11 +344,7 @@ class SessionReader:
     async def get_record(self, address: ValueAddress[T], context: Context) -> StoredValue[T] | None:
         if not (storable_identifier(address.namespace) and storable_identifier(address.key)):
             return None
-        row = await self._backend.get_value(self.id, address.namespace, address.key, context)
-        if row is None:
-            return None
-        where = f"{address.namespace}/{address.key}"
-        return StoredValue(decode_value(address.adapter, row.value, where), row.seq)
+        return _stored_value(address, await self._backend.get_value(self.id, address.namespace, address.key, context))
 
     async def scan_values(self, address: ValueAddress[T], context: Context) -> list[tuple[str, T]]:
         """Every `(key, value)` in `address.namespace` whose key starts with `address.key`."""
@@ -271,8 +384,12 @@ class SessionReader:
         rows = await self._backend.read_list(
             self.id, address.namespace, address.key, after_seq, max(1, min(limit, 10_000)), context
         )
-        where = f"{address.namespace}/{address.key}"
-        return [ListItem(decode_value(address.adapter, r.value, where), r.seq) for r in rows]
+        return _list_items(address, rows)
+
+    def batch(self) -> ReadBatch:
+        """Several reads of this session made together (`ReadBatch`): one round trip on
+        PostgreSQL, one hop to SQLite's thread, where each read alone costs one."""
+        return ReadBatch(self._backend, self.id)
 
     async def list_bounds(self, address: ListAddress[Any], context: Context) -> tuple[int, int] | None:
         """The seqs of the list's oldest and newest items; None when it holds none."""
@@ -470,11 +587,14 @@ class Session(SessionReader):
     While attached (`attach`), only the owner's `SessionOwnership` may mutate (HA-4); between
     processes the claim is a lock that dies with its holder plus an epoch every commit checks."""
 
-    def __init__(self, backend: Backend, info: SessionInfo, *, committed: Callable[[str], None] | None = None) -> None:
+    def __init__(self, backend: Backend, info: SessionInfo, *, committed: Callable[[str], None] | None = None,
+                 posted: Callable[[str], None] | None = None) -> None:
         """`committed(session_id)` is told after each job that committed (the store's change
-        feed, so readers in this process wake at once)."""
+        feed, so readers in this process wake at once), `posted(session_id)` after each request
+        posted (the store's post feed, so its holder in this process takes it at once)."""
         super().__init__(backend, info)
         self._notify_committed = committed
+        self._notify_posted = posted
         self._line = asyncio.Lock()
         self._line_task: asyncio.Task[Any] | None = None  # the task running the current job
         self._owner: object | None = None
@@ -520,6 +640,8 @@ class Session(SessionReader):
         address = addresses.lane_request(request_id)
         write = SetValue(address.namespace, address.key, encode(address.adapter, request))
         await self._backend.post(self.id, [write], context)
+        if self._notify_posted is not None:
+            self._notify_posted(self.id)
         return request_id
 
     async def attach(self, owner: object, context: Context) -> SessionOwnership:

@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, TypeVar, cast
 
 from harness.context import Context
 from harness.errors import HarnessError
@@ -38,18 +38,25 @@ from harness.session.backend import (
     SESSION_COLUMNS,
     SESSION_TABLES,
     AppendList,
+    BoundsRead,
     Claim,
     CommitResult,
     ConnectionUse,
     DeleteList,
     DeleteValue,
+    EntriesRead,
     EntryRow,
     InsertEntry,
     InsertUsage,
+    ListRead,
+    Read,
+    ReadAnswer,
+    ScanRead,
     SessionInfo,
     SetValue,
     TrimList,
     UsageRowRaw,
+    ValueRead,
     ValueRow,
     Write,
     seq_already_held,
@@ -645,21 +652,7 @@ class SqliteBackend:
         await self._call(run)
 
     async def get_entries(self, session_id: str, ids: Sequence[str], context: Context) -> dict[str, EntryRow]:
-        wanted = list(dict.fromkeys(ids))
-
-        def run(db: sqlite3.Connection) -> dict[str, EntryRow]:
-            found: dict[str, EntryRow] = {}
-            for start in range(0, len(wanted), 500):
-                chunk = wanted[start:start + 500]
-                marks = ",".join("?" * len(chunk))
-                for r in db.execute(
-                    f"SELECT {_ENTRY_COLUMNS} FROM entries WHERE session_id = ? AND id IN ({marks})",
-                    (session_id, *chunk),
-                ):
-                    found[r[0]] = _entry_row(r)
-            return found
-
-        return await self._call(run)
+        return cast("dict[str, EntryRow]", await self._call(_reader(session_id, EntriesRead(tuple(ids)))))
 
     async def read_entries(
         self, session_id: str, after_seq: int | None, limit: int, context: Context
@@ -675,27 +668,12 @@ class SqliteBackend:
         return await self._call(lambda db: [_entry_row(r) for r in db.execute(_WALK, params)])
 
     async def get_value(self, session_id: str, namespace: str, key: str, context: Context) -> ValueRow | None:
-        def run(db: sqlite3.Connection) -> ValueRow | None:
-            row = db.execute(
-                f"SELECT {_VALUE_COLUMNS} FROM record_values WHERE session_id = ? AND namespace = ? AND key = ?",
-                (session_id, namespace, key),
-            ).fetchone()
-            return _value_row(row) if row else None
-
-        return await self._call(run)
+        return cast("ValueRow | None", await self._call(_reader(session_id, ValueRead(namespace, key))))
 
     async def scan_values(
         self, session_id: str, namespace: str, key_prefix: str, context: Context
     ) -> list[ValueRow]:
-        def run(db: sqlite3.Connection) -> list[ValueRow]:
-            rows = db.execute(
-                f"SELECT {_VALUE_COLUMNS} FROM record_values "
-                "WHERE session_id = ? AND namespace = ? AND substr(key, 1, ?) = ? ORDER BY key",
-                (session_id, namespace, len(key_prefix), key_prefix),
-            )
-            return [_value_row(r) for r in rows]
-
-        return await self._call(run)
+        return cast("list[ValueRow]", await self._call(_reader(session_id, ScanRead(namespace, key_prefix))))
 
     async def values_across(self, namespace: str, key: str, context: Context) -> dict[str, ValueRow]:
         def run(db: sqlite3.Connection) -> dict[str, ValueRow]:
@@ -708,25 +686,17 @@ class SqliteBackend:
     async def read_list(
         self, session_id: str, namespace: str, key: str, after_seq: int | None, limit: int, context: Context
     ) -> list[ValueRow]:
-        def run(db: sqlite3.Connection) -> list[ValueRow]:
-            rows = db.execute(
-                f"SELECT {_VALUE_COLUMNS} FROM list_items "
-                "WHERE session_id = ? AND namespace = ? AND key = ? AND seq > ? ORDER BY seq LIMIT ?",
-                (session_id, namespace, key, after_seq if after_seq is not None else -1, limit),
-            )
-            return [_value_row(r) for r in rows]
-
-        return await self._call(run)
+        return cast("list[ValueRow]",
+                    await self._call(_reader(session_id, ListRead(namespace, key, after_seq, limit))))
 
     async def list_bounds(
         self, session_id: str, namespace: str, key: str, context: Context
     ) -> tuple[int, int] | None:
-        def run(db: sqlite3.Connection) -> tuple[int, int] | None:
-            row = db.execute("SELECT min(seq), max(seq) FROM list_items WHERE session_id = ? AND namespace = ? "
-                             "AND key = ?", (session_id, namespace, key)).fetchone()
-            return None if row[0] is None else (row[0], row[1])
+        return cast("tuple[int, int] | None", await self._call(_reader(session_id, BoundsRead(namespace, key))))
 
-        return await self._call(run)
+    async def read_many(self, session_id: str, reads: Sequence[Read], context: Context) -> list[ReadAnswer]:
+        readers = [_reader(session_id, read) for read in reads]
+        return await self._call(lambda db: [read(db) for read in readers])
 
     async def read_usage(
         self, session_id: str, after_seq: int | None, limit: int, context: Context
@@ -953,6 +923,46 @@ def _entry_row(row: tuple[Any, ...]) -> EntryRow:
 def _value_row(row: tuple[Any, ...]) -> ValueRow:
     address = f"{row[0]}/{row[1]}"
     return ValueRow(row[0], row[1], row[2], _text(row[3], f"record {address}", address=address))
+
+
+def _reader(session_id: str, read: Read) -> Callable[[sqlite3.Connection], ReadAnswer]:
+    """One read of a session, to run on the database's thread."""
+    if isinstance(read, ValueRead):
+        def value(db: sqlite3.Connection) -> ValueRow | None:
+            row = db.execute(f"SELECT {_VALUE_COLUMNS} FROM record_values WHERE session_id = ? AND namespace = ? "
+                             "AND key = ?", (session_id, read.namespace, read.key)).fetchone()
+            return _value_row(row) if row else None
+        return value
+    if isinstance(read, ScanRead):
+        prefix = read.key_prefix
+        return lambda db: [_value_row(r) for r in db.execute(
+            f"SELECT {_VALUE_COLUMNS} FROM record_values "
+            "WHERE session_id = ? AND namespace = ? AND substr(key, 1, ?) = ? ORDER BY key",
+            (session_id, read.namespace, len(prefix), prefix))]
+    if isinstance(read, ListRead):
+        after = -1 if read.after_seq is None else read.after_seq
+        return lambda db: [_value_row(r) for r in db.execute(
+            f"SELECT {_VALUE_COLUMNS} FROM list_items "
+            "WHERE session_id = ? AND namespace = ? AND key = ? AND seq > ? ORDER BY seq LIMIT ?",
+            (session_id, read.namespace, read.key, after, read.limit))]
+    if isinstance(read, BoundsRead):
+        def bounds(db: sqlite3.Connection) -> tuple[int, int] | None:
+            row = db.execute("SELECT min(seq), max(seq) FROM list_items WHERE session_id = ? AND namespace = ? "
+                             "AND key = ?", (session_id, read.namespace, read.key)).fetchone()
+            return None if row[0] is None else (row[0], row[1])
+        return bounds
+    wanted = list(dict.fromkeys(read.ids))
+
+    def entries(db: sqlite3.Connection) -> dict[str, EntryRow]:
+        found: dict[str, EntryRow] = {}
+        for start in range(0, len(wanted), 500):
+            chunk = wanted[start:start + 500]
+            marks = ",".join("?" * len(chunk))
+            for r in db.execute(f"SELECT {_ENTRY_COLUMNS} FROM entries WHERE session_id = ? AND id IN ({marks})",
+                                (session_id, *chunk)):
+                found[r[0]] = _entry_row(r)
+        return found
+    return entries
 
 
 @contextmanager

@@ -48,11 +48,17 @@ class Store:
         self.url = url
         self._open: weakref.WeakValueDictionary[str, Session] = weakref.WeakValueDictionary()
         self._closed = False
-        listen = cast("PostgresBackend", backend).listen_changes if backend.kind == "postgres" else None
-        self.changes = ChangeFeed(listen)
+        postgres = cast("PostgresBackend", backend) if backend.kind == "postgres" else None
+        self.changes = ChangeFeed(postgres.listen_changes if postgres is not None else None)
         """Wake-ups when a session may have changed: every commit made through this store wakes
         this process's readers at once; on PostgreSQL every commit of any process notifies them
         too, while on memory and SQLite other processes' commits are seen by polling."""
+        self.posts = ChangeFeed(postgres.listen_posts if postgres is not None else None)
+        """Wake-ups when a request was posted for a session (`Session.post_request`), for its
+        holder: a post made through this store wakes it at once; on PostgreSQL a post (or a
+        release) of any process notifies it too, while on memory and SQLite other processes'
+        posts are seen by polling. Apart from `changes` so that a holder is not woken, to read
+        its requests, by each of its own commits (issue 29)."""
 
     def connection_use(self) -> ConnectionUse:
         """What the store holds open now (`ConnectionUse`), for a server's metrics (issue 29)."""
@@ -182,7 +188,7 @@ class Store:
     def _session(self, info: SessionInfo) -> Session:
         session = self._open.get(info.id)
         if session is None:
-            session = Session(self.backend, info, committed=self.changes.committed)
+            session = Session(self.backend, info, committed=self.changes.committed, posted=self.posts.committed)
             self._open[info.id] = session
         return session
 
@@ -193,6 +199,7 @@ class Store:
         self._closed = True
         try:
             await self.changes.close()
+            await self.posts.close()
             for session in list(self._open.values()):
                 await session.detach(context or Context())
         finally:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 import time
@@ -62,11 +63,9 @@ class Worker:
             raise ValueError("a worker drives at least one session at a time")
         self.board = work_board(service.store, lease_s=self.options.lease_s)
         self._held: dict[str, asyncio.Task[None]] = {}
-        self._live: dict[str, Conversation] = {}
         self._later: dict[str, float] = {}  # session id -> monotonic time before which it is left alone
         self._wake = asyncio.Event()
         self._stopping = asyncio.Event()
-        self._taking: set[asyncio.Task[None]] = set()
 
     @property
     def held(self) -> frozenset[str]:
@@ -86,15 +85,11 @@ class Worker:
         listener = loop.create_task(self._listen(context))
         renewer = loop.create_task(self._renew(context))
         try:
-            polled = True
             while not self._stopping.is_set():
                 self._wake.clear()
-                timeout = await self._claim_open(context, polled=polled)
-                try:
+                timeout = await self._claim_open(context)
+                with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), timeout)
-                    polled = False
-                except TimeoutError:
-                    polled = True
         finally:
             listener.cancel()
             held = list(self._held.values())
@@ -108,14 +103,11 @@ class Worker:
 
     # -- claiming ---------------------------------------------------------------------------------
 
-    async def _claim_open(self, context: Context, *, polled: bool) -> float:
-        """Start a drive for each free session with work that is due, up to the concurrency; at a
-        poll (`polled`), also take the requests of the sessions held, which their notifications
-        bring at once otherwise; return how long to wait before the next look."""
+    async def _claim_open(self, context: Context) -> float:
+        """Start a drive for each free session with work that is due, up to the concurrency;
+        return how long to wait before the next look. The requests of a session held are its
+        conversation's to take (`Store.posts` wakes it)."""
         wait = self.options.poll_s
-        if polled:
-            for session_id in self._held:
-                self._take_requests(session_id, context)
         if len(self._held) >= self.options.concurrency:
             return wait
         try:
@@ -151,7 +143,7 @@ class Worker:
                 return
             try:
                 while not self._stopping.is_set():
-                    await self._take_all(conversation, context)
+                    await conversation.take_requests(context)
                     operations = [(lane.name, lane.operation.id) for lane in conversation.lanes()
                                   if lane.operation is not None]
                     if not operations:
@@ -168,7 +160,6 @@ class Worker:
                     logger.exception("drive of session %s failed", session_id)
                 self._later[session_id] = time.monotonic() + self.options.backoff_s
             finally:
-                self._live.pop(session_id, None)
                 await self.service.close(conversation.info.owner, session_id, context)
                 logger.info("released conversation %s", session_id,
                             extra={"event": "release", "conversation_id": session_id})
@@ -219,7 +210,7 @@ class Worker:
                                session_id)
                 self._later[session_id] = math.inf
                 return None
-            conversation = self._live[session_id] = await self.service.open(owner, session_id, context)
+            conversation = await self.service.open(owner, session_id, context)
             logger.info("claimed conversation %s", session_id, extra={"event": "claim", "conversation_id": session_id})
         except (SessionOwned, SessionNotFound):
             return None  # another worker was first, or the session is gone
@@ -244,36 +235,17 @@ class Worker:
         self._later[session_id] = clock + delay
         return True
 
-    # -- requests, notifications, leases ----------------------------------------------------------
-
-    def _take_requests(self, session_id: str, context: Context) -> None:
-        conversation = self._live.get(session_id)
-        if conversation is None:
-            return
-
-        async def take() -> None:
-            try:
-                await self._take_all(conversation, context)
-            except HarnessError as error:  # the drive's own handling sees the same failure
-                logger.warning("requests of session %s: %s", session_id, error)
-
-        task = asyncio.get_running_loop().create_task(take())
-        self._taking.add(task)
-        task.add_done_callback(self._taking.discard)
-
-    async def _take_all(self, conversation: Conversation, context: Context) -> None:
-        await conversation.take_requests(context)
+    # -- notifications, leases ----------------------------------------------------------
 
     async def _listen(self, context: Context) -> None:
-        """Wake the claim loop when a session is released or gets a request; a request for a held
-        session is taken at once. A dropped connection is opened again after a poll interval."""
+        """Wake the claim loop when a session it does not hold is released or gets a request (a
+        held one's conversation takes its requests itself). A dropped connection is opened again
+        after a poll interval."""
         while True:
             try:
                 self._wake.set()  # notifications sent while no connection listened are found by a look
                 async for session_id in self.board.listen():
-                    if session_id in self._held:
-                        self._take_requests(session_id, context)
-                    else:
+                    if session_id not in self._held:
                         self._wake.set()
             except StoreConnectionLost as error:
                 logger.warning("the work board's listening connection dropped: %s", error)
