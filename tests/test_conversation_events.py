@@ -33,12 +33,13 @@ from harness.conversation import (
     parse_chat_event_details,
     render_chat_event_for_model,
 )
+from harness.conversation.service import OWNER
 from harness.errors import HarnessError
 from harness.messages import AssistantMessage, CustomMessage, Message, ModelIdentity
 from harness.providers import FAUX_MODEL, FauxProvider, ModelRegistry
 from harness.providers.faux import delay, failure, reply, thinking, tool_call
 from harness.runtime import CompactionSettings, DriveSettings, EntryAdded, RunEnd, RunHooks, Settled
-from harness.session import LaneConfig, Store
+from harness.session import LaneConfig, SetValue, Store, addresses
 
 ALICE, BOB = "alice", "bob"
 CONFIG = LaneConfig(model=FAUX)
@@ -71,6 +72,26 @@ async def test_each_call_checks_the_owner_and_a_listing_shows_only_ones_own(stor
     assert await conversations.open(ALICE, mine.id, ctx) is mine  # the live one
     assert theirs.id != mine.id
     await conversations.close_all(ctx)
+
+
+async def test_one_damaged_session_does_not_take_the_listing_down(
+        store: Store, ctx: Context, caplog: pytest.LogCaptureFixture) -> None:
+    """Issue 29: a session whose owner no longer decodes is left out of every listing, one whose
+    name no longer decodes is listed nameless, both said in the log; the others are listed."""
+    conversations, _ = service(store, [])
+    mine = await conversations.create(ALICE, CONFIG, ctx, name="mine")
+    renamed = await conversations.create(ALICE, CONFIG, ctx, name="to be damaged")
+    lost = await conversations.create(ALICE, CONFIG, ctx, name="its owner damaged")
+    await conversations.close_all(ctx)
+    name = addresses.session_name()
+    await store.backend.commit(renamed.id, [SetValue(name.namespace, name.key, '{"not": "a name"}')], None, ctx)
+    await store.backend.commit(lost.id, [SetValue(OWNER.namespace, OWNER.key, "[1, 2]")], None, ctx)
+
+    listed = {info.id: info.name for info in await conversations.list(ALICE, ctx)}
+
+    assert listed == {mine.id: "mine", renamed.id: None}
+    assert renamed.id in caplog.text
+    assert lost.id in caplog.text
 
 
 # -- chat events (CE-1 to CE-6) -------------------------------------------------------------------

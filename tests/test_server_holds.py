@@ -24,14 +24,14 @@ from conversation_helpers import faux_service, transcript
 from drive_helpers import within
 from harness.cli import app
 from harness.context import Context
-from harness.conversation.service import HOLDER_CHECK_S
+from harness.conversation.service import HOLDER_CHECK_S, OWNER
 from harness.errors import HarnessError
 from harness.messages import AssistantMessage, text_of
 from harness.providers import FAUX_MODEL
 from harness.providers.faux import delay, reply
 from harness.runtime import Settled
 from harness.server import IDLE_RELEASE_S, MAX_HELD, ServerOptions
-from harness.session import LaneConfig, Store, connect
+from harness.session import LaneConfig, SetValue, Store, addresses, connect
 from harness_helpers import RecordingBackend
 from server_helpers import FAUX, USER, asgi_client, faux_app, forwarder, serving, sse_events, sse_until
 
@@ -123,14 +123,18 @@ async def test_reads_and_watches_of_a_conversation_another_process_holds_are_ser
 async def test_an_open_turn_nobody_holds_is_driven_at_the_next_sweep(
         stores: tuple[Store, Store], ctx: Context) -> None:
     """A turn another process admitted and left (it died, or let go before driving) is driven by
-    the server's next sweep, without a restart. (It was found only when the server started.)"""
+    the server's next sweep, without a restart. (It was found only when the server started.) A
+    conversation beside it whose lane and owner no longer decode is left, not the sweep."""
     store, other = stores
     served = faux_app(store, ["picked up"], options=QUIET)
     async with asgi_client(served.app) as client:
         elsewhere, _ = faux_service(other, [])
+        damaged = await elsewhere.create(USER, LaneConfig(model=FAUX), ctx)
         conversation = await elsewhere.create(USER, LaneConfig(model=FAUX), ctx)
         accepted = await conversation.admit("who finishes this?", ctx)
-        await elsewhere.close(USER, conversation.id, ctx)
+        await elsewhere.close_all(ctx)
+        for address in (addresses.lane_state("main"), OWNER):
+            await other.backend.commit(damaged.id, [SetValue(address.namespace, address.key, "[1]")], None, ctx)
 
         await served.app.state.server.holds.sweep(ctx)
         await within(served.app.state.server.drives.wait(accepted.operation_id))

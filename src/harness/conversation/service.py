@@ -178,6 +178,7 @@ from harness.session import (
     SessionReader,
     SettingRequest,
     StopRequest,
+    StorageCorruption,
     Store,
     StoredImage,
     ValueAddress,
@@ -1071,9 +1072,16 @@ class ConversationService:
 
     async def list(self, user: str, context: Context) -> list[ConversationInfo]:
         """`user`'s conversations, most recently updated first; three reads, however many
-        sessions the store holds."""
-        owners = await self.store.values_across(OWNER, context)
-        names = await self.store.values_across(addresses.session_name(), context)
+        sessions the store holds. A session whose owner or name no longer decodes is logged and
+        left out (its owner) or listed nameless (its name): one damaged session of any user does
+        not take every user's list down (issue 29)."""
+
+        def damaged(session_id: str, error: StorageCorruption) -> None:
+            logger.warning("conversation list: %s [%s]", error.message, error.code,
+                           extra={"conversation_id": session_id})
+
+        owners = await self.store.values_across(OWNER, context, undecodable=damaged)
+        names = await self.store.values_across(addresses.session_name(), context, undecodable=damaged)
         infos = [ConversationInfo(id=info.id, owner=user, name=names.get(info.id), created_at=info.created_at,
                                   updated_at=info.updated_at)
                  for info in await self.store.list_sessions(context) if owners.get(info.id) == user]

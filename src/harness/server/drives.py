@@ -13,7 +13,7 @@ from harness.conversation.service import OWNER
 from harness.errors import HarnessError
 from harness.runtime import DriveOutcome, HarnessClosed
 from harness.runtime.outcomes import ended_as
-from harness.session import SessionNotFound, SessionOwned, addresses
+from harness.session import SessionNotFound, SessionOwned, StorageCorruption, addresses
 from harness.session.work import work_board
 
 logger = logging.getLogger(__name__)
@@ -112,15 +112,20 @@ class Drives:
                     if owner is not None:
                         owners[session_id] = owner
             return owners
-        lanes = await store.values_across(addresses.lane_state(MAIN_LANE), context)
+        lanes = await store.values_across(addresses.lane_state(MAIN_LANE), context, undecodable=_left_for_now)
         open_ids = {session_id for session_id, lane in lanes.items()
                     if lane.current_operation_id is not None and self._service.live(session_id) is None}
         if not open_ids:
             return {}
-        owners_across = await store.values_across(OWNER, context)
+        owners_across = await store.values_across(OWNER, context, undecodable=_left_for_now)
         return {session_id: owner for session_id in open_ids if (owner := owners_across.get(session_id)) is not None}
 
     def cancel_all(self) -> None:
         """Stop waiting on every drive (the harnesses' close halts the drives themselves)."""
         for task in list(self._tasks.values()):
             task.cancel()
+
+
+def _left_for_now(session_id: str, error: StorageCorruption) -> None:
+    """A session whose lane or owner no longer decodes is not resumed; the others are."""
+    logger.warning("not resuming conversation %s: %s [%s]", session_id, error.message, error.code)

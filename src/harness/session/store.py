@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 from urllib.parse import parse_qs, urlsplit
@@ -114,11 +114,14 @@ class Store:
         self._check_open()
         return await self.backend.list_sessions(context)
 
-    async def values_across(self, address: ValueAddress[T], context: Context) -> dict[str, T]:
+    async def values_across(self, address: ValueAddress[T], context: Context, *,
+                            undecodable: Callable[[str, StorageCorruption], None] | None = None) -> dict[str, T]:
         """The value at `address` in every session that has one, by session id, in one read (a
         conversation list reads every session's owner and name this way). Raises
         `StorageCorruption` when a stored value does not decode, naming its session (details
-        `session_id`, `address`), as a session's own read names the address."""
+        `session_id`, `address`), as a session's own read names the address; with
+        `undecodable`, that error is passed to it with the session id and the session left out,
+        so that one damaged session does not hide the others."""
         self._check_open()
         if not (storable_identifier(address.namespace) and storable_identifier(address.key)):
             return {}
@@ -129,8 +132,11 @@ class Store:
             try:
                 found[session_id] = decode_value(address.adapter, row.value, where)
             except StorageCorruption as error:  # one session's of many: say which
-                raise StorageCorruption(f"session {session_id}: {error.message}", session_id=session_id,
-                                        **error.details) from error
+                named = StorageCorruption(f"session {session_id}: {error.message}", session_id=session_id,
+                                          **error.details)
+                if undecodable is None:
+                    raise named from error
+                undecodable(session_id, named)
         return found
 
     async def delete_session(self, session_id: str, context: Context) -> None:
