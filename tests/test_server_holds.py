@@ -147,6 +147,37 @@ async def test_an_open_turn_nobody_holds_is_driven_at_the_next_sweep(
     await elsewhere.close_all(ctx)
 
 
+async def test_the_sweep_resumes_open_turns_through_the_holds_within_max_held(
+        stores: tuple[Store, Store], ctx: Context) -> None:
+    """The sweep attaches the conversations it resumes as a request does (`Holds.use`): with two
+    turns it resumed still running, a third conversation left open would pass `max_held` (2), so
+    it waits for the next sweep, once those two have ended and been let go. (The sweep attached
+    them outside the holds: past `max_held`, and under a delete that used one alone.)"""
+    store, other = stores
+    held = asyncio.Event()
+    served = faux_app(store, [reply("one", delay(held)), reply("two", delay(held)), reply("three")], options=QUIET)
+    holds = served.app.state.server.holds
+    async with asgi_client(served.app):
+        elsewhere, _ = faux_service(other, [])
+        left = []
+        for n in range(3):
+            conversation = await elsewhere.create(USER, LaneConfig(model=FAUX), ctx)
+            left.append((conversation.id, (await conversation.admit(f"turn {n}", ctx)).operation_id))
+        await elsewhere.close_all(ctx)
+
+        first = await holds.resume_open(ctx)
+        assert len(first) == 2  # the third would pass max_held while both drive
+        assert len(holds.held) == 2
+        held.set()
+        for operation_id in first:
+            await within(served.app.state.server.drives.wait(operation_id))
+        await holds.sweep(ctx)  # lets go of the two (idle at once), then resumes the third
+        [(waiting_id, waiting_operation)] = [item for item in left if item[1] not in first]
+        await within(served.app.state.server.drives.wait(waiting_operation))
+        assert waiting_id in holds.held
+    await elsewhere.close_all(ctx)
+
+
 async def test_a_busy_server_says_so_with_a_503(stores: tuple[Store, Store], ctx: Context) -> None:
     """With `max_held` conversations each running a turn, one more is `server_busy` (503), and
     nothing is attached for it."""

@@ -53,7 +53,7 @@ def create_app(service: ConversationService, auth: Authenticator, *, new_lane: N
             if state.external:  # external workers find what a stopped server left open themselves
                 sweeping: AbstractAsyncContextManager[None] = nullcontext()
             else:
-                await state.drives.resume_open(context)
+                await state.holds.resume_open(context)
                 sweeping = state.holds.sweeping(context)
             try:
                 async with sweeping:

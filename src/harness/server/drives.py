@@ -13,7 +13,7 @@ from harness.conversation.service import OWNER
 from harness.errors import HarnessError
 from harness.runtime import DriveOutcome, HarnessClosed
 from harness.runtime.outcomes import ended_as
-from harness.session import SessionNotFound, SessionOwned, StorageCorruption, addresses
+from harness.session import SessionNotFound, StorageCorruption, addresses
 from harness.session.work import work_board
 
 logger = logging.getLogger(__name__)
@@ -21,8 +21,9 @@ logger = logging.getLogger(__name__)
 
 class Drives:
     """The drive tasks of one server: `start` drives an accepted operation to its end in the
-    background, `resume_open` starts one for each operation the store holds open, `wait` awaits
-    one. Operation ids map to their conversation, so a tool approval can be shown to its owner."""
+    background, `unheld_open` finds the operations the store holds open that nobody drives
+    (`Holds.resume_open` starts them), `wait` awaits one. Operation ids map to their
+    conversation, so a tool approval can be shown to its owner."""
 
     def __init__(self, service: ConversationService) -> None:
         self._service = service
@@ -75,32 +76,12 @@ class Drives:
         """Whether this server drives an operation of `conversation_id` now."""
         return conversation_id in self.conversation_of.values()
 
-    async def resume_open(self, context: Context) -> list[str]:
-        """Start a drive for every open operation of every conversation with one that no process
-        holds (a stopped server's or worker's, or one this server let go after its store failed),
-        and return their operation ids: on start and at every sweep (`Holds`). On PostgreSQL
-        from the store's open-work query, which reads only the lanes with an operation open and
-        leaves out the sessions another process holds, then each such conversation's owner; on
-        SQLite from two reads of every conversation's main lane and owner. A conversation another
-        process holds (`SessionOwned`), deleted meanwhile or unreadable now is left for later."""
-        started = []
-        for session_id, owner in (await self._unheld_open(context)).items():
-            try:
-                conversation = await self._service.open(owner, session_id, context)
-            except (SessionOwned, SessionNotFound) as error:
-                logger.debug("not resuming conversation %s: %s", session_id, error)
-                continue
-            except HarnessError as error:  # the store failing still: the next sweep tries again
-                logger.warning("not resuming conversation %s now: %s [%s]", session_id, error.message, error.code)
-                continue
-            for operation in conversation.open_operations:
-                self.start(conversation, operation.lane, operation.operation_id)
-                started.append(operation.operation_id)
-        return started
-
-    async def _unheld_open(self, context: Context) -> dict[str, str]:
+    async def unheld_open(self, context: Context) -> dict[str, str]:
         """The owner of each conversation with an operation open that is not live here and, as far
-        as one read tells, not held elsewhere, by conversation id."""
+        as one read tells, not held elsewhere, by conversation id (`Holds.resume_open`). On
+        PostgreSQL from the store's open-work query, which reads only the lanes with an operation
+        open and leaves out the sessions another process holds, then each such conversation's
+        owner; on SQLite from two reads of every conversation's main lane and owner."""
         store = self._service.store
         if self._board is not None:
             open_ids = {work.session_id for work in await self._board.open_work(context)

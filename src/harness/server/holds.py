@@ -8,7 +8,7 @@ need no hold: they read the journal (`ServerState.reader`, `ServerState.watch`).
 
 Every `sweep_s` the server lets go of idle conversations, detaches one whose store failed under it
 (`Conversation.broken`), and drives every open turn nobody holds: a dead process's, or its own
-after a store fault once the store answers again (`Drives.resume_open`). Another process that
+after a store fault once the store answers again (`resume_open`). Another process that
 would attach an idle one (a second server admitting a turn) asks for it with a `ReleaseRequest`,
 and the server lets go of it at once."""
 
@@ -25,7 +25,7 @@ from harness.context import Context
 from harness.conversation import Conversation, ConversationService, Forbidden
 from harness.errors import HarnessError
 from harness.server.drives import Drives
-from harness.session import LaneConfig
+from harness.session import LaneConfig, SessionNotFound, SessionOwned
 
 logger = logging.getLogger(__name__)
 
@@ -185,7 +185,7 @@ class Holds:
 
     async def sweep(self, context: Context) -> None:
         """Once: let go of every conversation idle for `idle_release_s`, detach every broken one
-        no request uses, then drive the open turns nobody holds (`Drives.resume_open`)."""
+        no request uses, then drive the open turns nobody holds (`resume_open`)."""
         now = time.monotonic()
         for conversation_id in self.held:
             live = self._service.live(conversation_id)
@@ -200,7 +200,28 @@ class Holds:
             elif not self.busy(conversation_id) and now - self._last_used.setdefault(
                     conversation_id, now) >= self._idle_release_s:
                 await self._let_go(conversation_id, context)
-        await self._drives.resume_open(context)
+        await self.resume_open(context)
+
+    async def resume_open(self, context: Context) -> list[str]:
+        """Start a drive for every open operation of every conversation with one that no process
+        holds (a stopped server's or worker's, or one this server let go after its store failed,
+        `Drives.unheld_open`), and return their operation ids: on start and at every sweep. Each
+        is attached through `use`, as a request's is: one a delete uses alone is left, holding it
+        counts against `max_held`, and it is let go once idle after its drives. A conversation
+        another process holds (`SessionOwned`), deleted meanwhile, in use, beyond `max_held` or
+        unreadable now is left for the next sweep."""
+        started = []
+        for conversation_id, owner in (await self._drives.unheld_open(context)).items():
+            try:
+                async with self.use(owner, conversation_id, context) as conversation:
+                    for operation in conversation.open_operations:
+                        self._drives.start(conversation, operation.lane, operation.operation_id)
+                        started.append(operation.operation_id)
+            except (SessionOwned, SessionNotFound, ConversationInUse) as error:
+                logger.debug("not resuming conversation %s: %s", conversation_id, error)
+            except HarnessError as error:  # the store failing still, or the server full: the next sweep
+                logger.warning("not resuming conversation %s now: %s [%s]", conversation_id, error.message, error.code)
+        return started
 
     async def run(self, context: Context) -> None:
         """`sweep` every `sweep_s` until cancelled; a sweep the store fails is logged and the next
