@@ -44,6 +44,7 @@ from harness.session.backend import BoundsRead, EntriesRead, ListRead, ScanRead,
 from harness.session.postgres import PostgresBackend, PostgresClaim
 from harness.session.work import work_board
 from journal_helpers import append_chain, new_session_with_lane, text_of, user
+from server_helpers import forwarder
 
 pytestmark = pytest.mark.postgres
 
@@ -424,6 +425,30 @@ async def test_a_batch_of_reads_is_one_round_trip(relayed: tuple[PostgresBackend
     assert [(row.key, row.value) for row in scanned] == [("k", "1"), ("l", "2")]
     assert isinstance(entries, dict)
     assert list(entries) == ["a"]
+
+
+async def test_reads_queued_together_answer_after_a_cut_and_beside_a_cancelled_caller(
+        postgres_schema_url: str, ctx: Context) -> None:
+    """Issue 29: reads queued together (one pipeline per drain) whose connection was cut are made
+    once more on a connection the pool checked, and each caller gets its own answer; a caller
+    cancelled meanwhile gets `CancelledError` and the others are not disturbed."""
+    async with forwarder(postgres_schema_url) as forwarded:
+        backend = await PostgresBackend.open(forwarded.url, ctx, pool_max=2)
+        try:
+            await backend.create_session(SessionInfo("s", 1), ctx)
+            await backend.commit("s", [SetValue("test", f"k{n}", str(n)) for n in range(20)], None, ctx)
+            forwarded.cut()  # every pooled connection is dropped; new ones go through
+            reads = [asyncio.ensure_future(backend.get_value("s", "test", f"k{n}", ctx)) for n in range(20)]
+            reads[3].cancel()
+            done = await asyncio.gather(*reads, return_exceptions=True)
+            answered = await backend.read_many("s", [ValueRead("test", "k7"), ValueRead("test", "k8")], ctx)
+        finally:
+            await backend.close()
+
+    assert isinstance(done[3], asyncio.CancelledError)
+    assert [row.value if isinstance(row, ValueRow) else row for n, row in enumerate(done) if n != 3] == [
+        str(n) for n in range(20) if n != 3]
+    assert [row.value if isinstance(row, ValueRow) else row for row in answered] == ["7", "8"]
 
 
 def connection_pid(claim: object) -> int:
