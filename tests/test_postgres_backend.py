@@ -451,6 +451,32 @@ async def test_reads_queued_together_answer_after_a_cut_and_beside_a_cancelled_c
     assert [row.value if isinstance(row, ValueRow) else row for row in answered] == ["7", "8"]
 
 
+async def test_a_reader_of_a_tagged_namespace_wakes_for_its_commits_alone(
+        store: Store, postgres_schema_url: str, ctx: Context) -> None:
+    """Issue 29: a commit that writes a namespace its writer's store tags (`Store.tag`: the
+    conversations' approval copies) wakes the readers of that namespace (`subscribe(namespace=)`);
+    any other commit wakes only the readers of every change. One listening connection delivers
+    both in order, so once the plain reader woke for a commit, the tagged one would have too."""
+    writer = await connect(postgres_schema_url, ctx)
+    try:
+        writer.tag("approvals")
+        session = await new_session_with_lane(store, ctx)
+        every, tagged = store.changes.subscribe(session.id), store.changes.subscribe(session.id, namespace="approvals")
+        assert await every.wait(30)  # the feed listens (its first wake-up says so)
+        await tagged.wait(0)
+
+        await writer.backend.commit(session.id, [SetValue("other", "k", "1")], None, ctx)
+        assert await every.wait(30)
+        assert not await tagged.wait(0)
+        await writer.backend.commit(session.id, [SetValue("approvals", "call", "1")], None, ctx)
+        assert await tagged.wait(30)
+        assert await every.wait(30)
+        every.close()
+        tagged.close()
+    finally:
+        await writer.close()
+
+
 def connection_pid(claim: object) -> int:
     assert isinstance(claim, PostgresClaim)
     return claim.connection.info.backend_pid

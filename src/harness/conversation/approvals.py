@@ -82,10 +82,15 @@ class PendingApproval(BaseModel):
     decided: ApprovalDecision | None = None
 
 
+APPROVALS_NAMESPACE = "approvals"
+"""The namespace of the calls' journal copies (`pending_address`); the store tags it
+(`Store.tag`), so a reader of them wakes for their changes alone."""
+
+
 def pending_address(tool_call_id: str) -> ValueAddress[PendingApproval]:
     """Where the conversation's holder keeps a call while it waits for approval, and its answer
     after; the empty id scans them all."""
-    return addresses.value_address("approvals", tool_call_id, PendingApproval)
+    return addresses.value_address(APPROVALS_NAMESPACE, tool_call_id, PendingApproval)
 
 
 async def journal_approval(journal: SessionReader, tool_call_id: str, context: Context) -> PendingApproval | None:

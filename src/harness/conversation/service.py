@@ -25,6 +25,7 @@ from harness.context import Context
 from harness.conversation.agents import AgentRegistry
 from harness.conversation.always import allow_always, allowed_always
 from harness.conversation.approvals import (
+    APPROVALS_NAMESPACE,
     ApprovalAnswered,
     ApprovalChange,
     ApprovalDecision,
@@ -1003,6 +1004,8 @@ class ConversationService:
     def __init__(self, store: Store, setup: ConversationSetup | None = None) -> None:
         """Raises `InvalidInput` when `setup.agents` names a tool the conversations cannot have."""
         self.store = store
+        # A door that follows a conversation another process holds wakes for its approvals alone.
+        store.tag(APPROVALS_NAMESPACE)
         self.setup = setup or ConversationSetup()
         if self.setup.agents is not None:
             per_conversation = self.setup.tools_for is not None or self.setup.projects_file is not None

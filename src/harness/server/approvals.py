@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 from harness.context import Context
 from harness.conversation import ApprovalChange, Conversation, PendingApproval
-from harness.conversation.approvals import JournalApprovals, journal_pending
+from harness.conversation.approvals import APPROVALS_NAMESPACE, JournalApprovals, journal_pending
 from harness.errors import HarnessError
 from harness.runtime import ToolCallRequest
 from harness.session import ChangeFeed, SessionReader
@@ -125,7 +125,7 @@ class _ElsewhereReader:
         journal = self._journal
         context = Context({"server": "approvals elsewhere", "conversation": journal.id})
         told = JournalApprovals(journal)
-        wakes = changes.subscribe(journal.id)
+        wakes = changes.subscribe(journal.id, namespace=APPROVALS_NAMESPACE)  # its copies' commits alone
         try:
             while True:
                 if self._approvals.live(journal.id) is None:

@@ -16,10 +16,14 @@ from harness.errors import HarnessError
 
 logger = logging.getLogger(__name__)
 
-Listen = Callable[[], AsyncIterator[str]]
-"""The session ids a store's change channel carries, from one dedicated connection, until the
-caller stops iterating, after a first "" once it listens; a `HarnessError` (`StoreConnectionLost`
-as a rule) when that connection drops."""
+Change = tuple[str, tuple[str, ...] | None]
+"""A notification: the session id, and the namespaces the commit wrote among those the store tags
+(`Store.tag`), or None for any change of the session."""
+
+Listen = Callable[[], AsyncIterator[Change]]
+"""The `Change`s a store's channels carry, from one dedicated connection, until the caller stops
+iterating, after a first `("", None)` once it listens; a `HarnessError` (`StoreConnectionLost` as
+a rule) when that connection drops."""
 
 RECONNECT_S = 1.0
 """How long a change feed waits before it listens again after its connection dropped."""
@@ -33,8 +37,9 @@ otherwise open a listening connection for each."""
 class ChangeSubscription:
     """The wake-ups of one session for one reader (`ChangeFeed.subscribe`); `close` it when done."""
 
-    def __init__(self, feed: ChangeFeed, session_id: str) -> None:
+    def __init__(self, feed: ChangeFeed, session_id: str, namespace: str | None) -> None:
         self.session_id = session_id
+        self.namespace = namespace
         self._feed = feed
         self._changed = asyncio.Event()
 
@@ -76,11 +81,13 @@ class ChangeFeed:
         """Whether commits of other processes wake this feed's subscribers (PostgreSQL only)."""
         return self._listen is not None
 
-    def subscribe(self, session_id: str) -> ChangeSubscription:
-        """Wake-ups for `session_id` from now on. The listening connection starts with the first
-        subscriber, so a notification sent before its LISTEN ran is not seen: read after
+    def subscribe(self, session_id: str, *, namespace: str | None = None) -> ChangeSubscription:
+        """Wake-ups for `session_id` from now on; with `namespace` (one the store tags,
+        `Store.tag`), only for commits that wrote it where the database says which (PostgreSQL;
+        elsewhere for every commit of this process). The listening connection starts with the
+        first subscriber, so a notification sent before its LISTEN ran is not seen: read after
         subscribing, not before, and poll."""
-        subscription = ChangeSubscription(self, session_id)
+        subscription = ChangeSubscription(self, session_id, namespace)
         self._subscribers.setdefault(session_id, set()).add(subscription)
         if self._quiet is not None:
             self._quiet.cancel()
@@ -117,10 +124,12 @@ class ChangeFeed:
     async def _run(self, listen: Listen) -> None:
         while True:
             try:
-                async for session_id in listen():
+                async for session_id, namespaces in listen():
                     if session_id:
                         for subscription in list(self._subscribers.get(session_id, ())):
-                            subscription.wake()
+                            if subscription.namespace is None if namespaces is None else (
+                                    subscription.namespace in namespaces):
+                                subscription.wake()
                     else:
                         self._notify_all()  # listening now; what came before it is unknown
             except HarnessError as error:  # the server went away or refused: listen again later

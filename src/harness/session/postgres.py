@@ -15,6 +15,7 @@ import asyncio
 import collections
 import contextlib
 import hashlib
+import json
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -58,6 +59,7 @@ from harness.session.backend import (
     seq_already_held,
     write_seqs,
 )
+from harness.session.changes import Change
 from harness.session.errors import (
     InvalidWrite,
     OwnershipLost,
@@ -419,6 +421,11 @@ class PostgresBackend:
         self.change_channel = f"harness_change_{digest}"
         """The LISTEN/NOTIFY channel of this store's changes: every commit notifies it with the
         session id, inside its transaction (`harness.session.changes`)."""
+        self.tagged_channel = f"harness_tagged_{digest}"
+        """The LISTEN/NOTIFY channel of the commits that wrote a `tagged` namespace: each notifies
+        it too, with `[session id, [namespaces]]` as JSON, inside its transaction."""
+        self.tagged: set[str] = set()
+        """The namespaces whose writers' commits say so apart (`Store.tag`)."""
         self.images = PostgresImages(self)
         self.tokens = PostgresTokens(self)
         # Test seam for crash tests: awaited inside the commit transaction, before COMMIT.
@@ -603,6 +610,10 @@ class PostgresBackend:
         channels = (self.change_channel, self.channel) if post else (self.change_channel,)
         sql, params = _commit_statement(session_id, writes, timestamp, epoch=epoch, probe_key=probe_key,
                                         updated_at=timestamp, channels=channels)
+        tagged = sorted({write.namespace for write in writes if not isinstance(write, InsertEntry | InsertUsage)}
+                        & self.tagged) if self.tagged else []
+        if tagged:  # in the same statement, so in the same transaction: delivered at its commit
+            sql, params = sql + ", pg_notify(%s, %s)", (*params, self.tagged_channel, json.dumps([session_id, tagged]))
         try:
             if self._commit_barrier is None:
                 # On a connection in autocommit one statement is one transaction: no BEGIN, no
@@ -744,11 +755,13 @@ class PostgresBackend:
     async def open_work(self, session_ids: Sequence[str] | None, lease_s: float,
                         context: Context) -> list[WorkRow]:
         """Every lane with a current operation or a posted request, in the sessions named (None:
-        all), with its session's lock as `pg_locks` shows it now. Two reads, each made once more
-        on a lost connection (`_rows`): a server's sweep after a cut answers."""
-        rows = await self._rows(_OPEN_WORK, {"ids": None if session_ids is None else list(session_ids)})
-        held: dict[int, bool] = {key: stale for key, stale in await self._rows(
-            _HELD_LOCKS, {"app": LEASE_APPLICATION, "lease": lease_s})}
+        all), with its session's lock as `pg_locks` shows it now. Two reads sent together, the
+        locks read after the lanes (one pipeline, `_rows_many`), made once more on a lost
+        connection: a server's sweep after a cut answers."""
+        rows, locks = await self._rows_many([
+            (_OPEN_WORK, {"ids": None if session_ids is None else list(session_ids)}),
+            (_HELD_LOCKS, {"app": LEASE_APPLICATION, "lease": lease_s})])
+        held: dict[int, bool] = {key: stale for key, stale in locks}
         work = []
         for session_id, lane, operation_id, state in rows:
             key = self._lock_key(session_id)
@@ -784,24 +797,37 @@ class PostgresBackend:
         drops (notifications sent meanwhile are lost: the caller polls to cover them)."""
         return self._listen(self.channel, announce=False)
 
-    def listen_posts(self) -> AsyncIterator[str]:
-        """`listen` on `channel` (releases and posted requests), first yielding "" (no session id)
-        once the LISTEN runs, as `listen_changes` does."""
-        return self._listen(self.channel, announce=True)
+    async def listen_posts(self) -> AsyncIterator[Change]:
+        """The session ids notified on `channel` (releases and posted requests) as `Change`s,
+        first `("", None)` once the LISTEN runs, as `listen_changes` does."""
+        async for session_id in self._listen(self.channel, announce=True):
+            yield session_id, None
 
-    def listen_changes(self) -> AsyncIterator[str]:
-        """`listen` on `change_channel` (every commit), first yielding "" (no session id) once
-        the LISTEN runs: what was committed before it is to be read, not waited for."""
-        return self._listen(self.change_channel, announce=True)
+    async def listen_changes(self) -> AsyncIterator[Change]:
+        """Every commit's `Change`: `(session id, None)` on `change_channel`, and for a commit that
+        wrote a `tagged` namespace `(session id, namespaces)` on `tagged_channel` too; first `("",
+        None)` once the LISTEN runs: what was committed before it is to be read, not waited for."""
+        async for channel, payload in self._listen_on((self.change_channel, self.tagged_channel), announce=True):
+            if channel == self.tagged_channel:
+                with contextlib.suppress(ValueError, TypeError):  # another version's payload: not ours to read
+                    session_id, namespaces = json.loads(payload)
+                    yield str(session_id), tuple(str(namespace) for namespace in namespaces)
+            else:
+                yield payload, None
 
     async def _listen(self, channel: str, *, announce: bool) -> AsyncIterator[str]:
+        async for _, payload in self._listen_on((channel,), announce=announce):
+            yield payload
+
+    async def _listen_on(self, channels: Sequence[str], *, announce: bool) -> AsyncIterator[tuple[str, str]]:
         try:
             async with await psycopg.AsyncConnection.connect(self.url, autocommit=True) as conn:
-                await conn.execute(f'LISTEN "{channel}"')
+                for channel in channels:
+                    await conn.execute(f'LISTEN "{channel}"')
                 if announce:
-                    yield ""
+                    yield "", ""
                 async for notify in conn.notifies():
-                    yield notify.payload
+                    yield notify.channel, notify.payload
         except (psycopg.OperationalError, psycopg.InterfaceError) as error:
             raise driver_error(error) from error
 

@@ -60,6 +60,15 @@ class Store:
         posts are seen by polling. Apart from `changes` so that a holder is not woken, to read
         its requests, by each of its own commits (issue 29)."""
 
+    def tag(self, namespace: str) -> None:
+        """Have this store's commits that write `namespace` say so apart, for readers that wait
+        for changes of it alone (`ChangeFeed.subscribe(namespace=)`): on PostgreSQL a second
+        notification in the commit's transaction; elsewhere every commit of this process wakes
+        them anyway. Every process whose commits such a reader must hear tags it (the service of
+        conversations tags its approvals)."""
+        if self.backend.kind == "postgres":
+            cast("PostgresBackend", self.backend).tagged.add(namespace)
+
     def connection_use(self) -> ConnectionUse:
         """What the store holds open now (`ConnectionUse`), for a server's metrics (issue 29)."""
         return self.backend.connection_use()
