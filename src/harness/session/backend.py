@@ -319,11 +319,11 @@ class Backend(Protocol):
     ) -> list[UsageRowRaw]: ...
 
     async def read_many(self, session_id: str, reads: Sequence[Read], context: Context) -> list[ReadAnswer]:
-        """The answers of `reads`, in their order, made together: one round trip on PostgreSQL
-        (a pipeline on one pooled connection), one hop to SQLite's thread. Each read sees at
-        least every commit the read before it saw (they are not one snapshot), so a reader that
-        orders its reads as it would one by one keeps its reasoning (issue 29: a lane's follow
-        read its log, bounds, floor and state in seven round trips per commit)."""
+        """The answers of `reads`, in their order, made together: one statement on PostgreSQL
+        (one snapshot), one hop to SQLite's thread. Each read sees at least every commit the read
+        before it saw, so a reader that orders its reads as it would one by one keeps its
+        reasoning (issue 29: a lane's follow read its log, bounds, floor and state in seven round
+        trips per commit)."""
         ...
 
     def commit(

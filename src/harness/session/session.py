@@ -232,10 +232,11 @@ class Answer(Generic[T]):
 
 class ReadBatch:
     """Reads of one session queued together (`SessionReader.batch`) and made at `run` in one go:
-    one round trip on PostgreSQL, one hop to SQLite's thread (issue 29). They run in the order
-    queued and each sees at least every commit the one before saw, as one-by-one reads would; they
-    are not one snapshot. Each queuing method returns an `Answer` whose `value` the run fills,
-    decoded as the matching `SessionReader` method decodes it (`StorageCorruption` from `run`)."""
+    one statement on PostgreSQL (so one snapshot), one hop to SQLite's thread (issue 29). Callers
+    may count on no more than reads made one by one in the order queued: each sees at least every
+    commit the one before saw. Each queuing method returns an `Answer` whose `value` the run
+    fills, decoded as the matching `SessionReader` method decodes it (`StorageCorruption` from
+    `run`)."""
 
     def __init__(self, backend: Backend, session_id: str) -> None:
         self._backend = backend
