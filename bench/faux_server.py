@@ -11,6 +11,7 @@ watchers, and the bytes of events they hold unread (`Fanouts.held_bytes`), which
 from __future__ import annotations
 
 import asyncio
+import gc
 import math
 import signal
 import sys
@@ -63,6 +64,7 @@ async def main(url: str, max_held: int, reply_bytes: int, reply_s: float) -> Non
 
     stop = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+    gc.freeze()  # as `harness serve` does once started
     try:
         async with serving(app) as base_url:
             print(base_url, flush=True)

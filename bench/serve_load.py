@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import math
 import socket
@@ -202,6 +203,7 @@ async def _serve_and_measure(load: Load, service: ConversationService, options: 
                              context: Context) -> dict[str, Any]:
     app = ResumeTimes(create_app(service, LocalUser(USER), options=options,
                                  new_lane=lambda model: LaneConfig(model=model or MODEL, active_tools=["lookup"])))
+    gc.freeze()  # as `harness serve` does once started
     async with serving(app) as url:
         figures = await _measure(load, service, url, context)
     return {**figures, **{f"resume_server_p{p}_ms": round(percentile(app.samples, p), 2) if app.samples else None

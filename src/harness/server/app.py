@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gc
 from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, nullcontext
 
@@ -50,7 +49,6 @@ def create_app(service: ConversationService, auth: Authenticator, *, new_lane: N
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         context = Context({"server": "lifespan"})
-        gc.freeze()  # start-up's objects (modules, schemas, routes) leave every later collection (issue 29)
         async with metrics.following(service):
             if state.external:  # external workers find what a stopped server left open themselves
                 sweeping: AbstractAsyncContextManager[None] = nullcontext()
