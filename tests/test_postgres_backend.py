@@ -33,6 +33,7 @@ from harness.session import (
     SessionOwnership,
     SetValue,
     Store,
+    StoreClosed,
     StoreUnavailable,
     UnsupportedStoreUrl,
     ValueRow,
@@ -475,6 +476,57 @@ async def test_a_reader_of_a_tagged_namespace_wakes_for_its_commits_alone(
         tagged.close()
     finally:
         await writer.close()
+
+
+async def test_a_read_refused_in_a_pipeline_fails_alone_and_a_huge_batch_is_split(store: Store, ctx: Context) -> None:
+    """Issue 29, found by an adversarial run: a read PostgreSQL refuses with a typed error (a limit,
+    a timeout) fails only its caller, not the reads queued in its pipeline; a batch of more reads
+    than one statement's parameters allow is made in several statements, not refused as a lost
+    connection with every read beside it."""
+    backend = backend_of(store)
+    await backend.create_session(SessionInfo("s", 1), ctx)
+    await backend.commit("s", [SetValue("ns", "k", "v")], None, ctx)
+    good = [asyncio.ensure_future(backend.get_value("s", "ns", "k", ctx)) for _ in range(3)]
+    refused = asyncio.ensure_future(backend._rows("SELECT array_fill(1, ARRAY[2000000000])", ()))
+    huge = asyncio.ensure_future(backend.read_many("s", [ValueRead("ns", "k")] * 17_000, ctx))
+    done = await asyncio.gather(*good, refused, huge, return_exceptions=True)
+
+    assert [row.value if isinstance(row, ValueRow) else row for row in done[:3]] == ["v", "v", "v"]
+    assert isinstance(done[3], StoreUnavailable)
+    assert isinstance(done[4], list)
+    assert len(done[4]) == 17_000
+    assert {row.value if isinstance(row, ValueRow) else None for row in done[4]} == {"v"}
+
+
+async def test_a_released_claim_commits_nothing_and_a_closed_store_claims_nothing(
+        store: Store, ctx: Context) -> None:
+    """Issue 29, found by an adversarial run: a commit with a claim released since is refused
+    `OwnershipLost` (its connection is a spare now, or another claim's) and changes nothing; a
+    claim on a closed store is `StoreClosed` and leaves no lock held."""
+    backend = backend_of(store)
+    await backend.create_session(SessionInfo("s", 1), ctx)
+    claim = await backend.claim("s", ctx)
+    await backend.release(claim, ctx)
+    other = await backend.claim("s", ctx)  # on the released claim's connection
+    await backend.release(other, ctx)
+
+    with pytest.raises(OwnershipLost):
+        await backend.commit("s", [SetValue("ns", "k", "stale")], claim, ctx)
+    assert await backend.get_value("s", "ns", "k", ctx) is None
+    await store.close()
+    with pytest.raises(StoreClosed):
+        await backend.claim("s", ctx)
+
+
+async def test_a_tagged_commit_of_a_session_with_a_long_id_is_applied(store: Store, ctx: Context) -> None:
+    """Issue 29, found by an adversarial run: the tagged notification's payload is UTF-8, and one
+    past NOTIFY's limit is left out (its readers poll) rather than failing the commit."""
+    store.tag("approvals")
+    backend = backend_of(store)
+    for session_id in ("日" * 1_500, "日" * 2_600):  # 4,500 and 7,800 bytes: the JSON payload fits, then not
+        await backend.create_session(SessionInfo(session_id, 1), ctx)
+        await backend.commit(session_id, [SetValue("approvals", "call", "1")], None, ctx)
+        assert (await backend.get_value(session_id, "approvals", "call", ctx) or ValueRow("", "", 0, "")).value == "1"
 
 
 def connection_pid(claim: object) -> int:

@@ -279,6 +279,9 @@ SCHEMA: tuple[tuple[int, tuple[str, ...]], ...] = (
     )),
 )
 
+NOTIFY_PAYLOAD_BYTES = 7_999
+"""The longest payload PostgreSQL's NOTIFY takes (its default build), in UTF-8 bytes."""
+
 SPARE_CLAIM_CONNECTIONS = 4
 """Claim connections a backend keeps open after their release, its locks let go of, for its next
 claims: opening one starts a PostgreSQL backend process, and a server admitting turns for workers,
@@ -560,10 +563,14 @@ class PostgresBackend:
         return [UsageRowRaw(*r) for r in rows]
 
     async def read_many(self, session_id: str, reads: Sequence[Read], context: Context) -> list[ReadAnswer]:
-        """One statement (`_read_many_sql`): the reads see one snapshot."""
-        if not reads:
-            return []
-        return _answers(reads, await self._rows(*_read_many_sql(session_id, reads)))
+        """One statement (`_read_many_sql`), so one snapshot, for up to `READS_PER_STATEMENT`
+        reads; more take a statement per that many, sent together in one pipeline."""
+        chunks = [reads[start:start + READS_PER_STATEMENT] for start in range(0, len(reads), READS_PER_STATEMENT)]
+        answers: list[ReadAnswer] = []
+        for chunk, rows in zip(chunks, await self._rows_many([_read_many_sql(session_id, chunk) for chunk in chunks]),
+                               strict=True):
+            answers += _answers(chunk, rows)
+        return answers
 
     async def _read(self, session_id: str, read: Read, context: Context) -> ReadAnswer:
         return (await self.read_many(session_id, [read], context))[0]
@@ -575,15 +582,19 @@ class PostgresBackend:
         whatever their number, refused or not (a write holding text PostgreSQL cannot store
         takes a second: the checks alone, whose refusal comes first).
 
-        With `claim`, runs on the claim's own connection: `OwnershipLost` if that connection is
-        gone (its lock died with it; if it died during COMMIT itself the outcome is unknown to
-        this process) or the epoch moved on. Without, `SessionOwned` while anyone holds a claim.
-        `SessionNotFound` for an unknown session; `InvalidWrite` for a duplicate id, a missing
-        parent, or text PostgreSQL cannot hold (NUL, lone surrogates) in an id or key."""
+        With `claim`, runs on the claim's own connection: `OwnershipLost` if the claim was
+        released, if that connection is gone (its lock died with it; if it died during COMMIT
+        itself the outcome is unknown to this process) or the epoch moved on. Without,
+        `SessionOwned` while anyone holds a claim. `SessionNotFound` for an unknown session;
+        `InvalidWrite` for a duplicate id, a missing parent, or text PostgreSQL cannot hold (NUL,
+        lone surrogates) in an id or key."""
         if claim is None:
             async with self._connection() as conn:
                 return await self._commit(conn, session_id, writes, None)
         owned = _postgres_claim(claim)
+        if owned not in self._claims or owned.session_id != session_id:
+            # Released: its connection may be a spare now, or serve another claim.
+            raise OwnershipLost(f"session {session_id}: this claim was released", session_id=session_id)
         try:
             async with owned.in_use:
                 return await self._commit(owned.connection, session_id, writes, owned)
@@ -612,8 +623,11 @@ class PostgresBackend:
                                         updated_at=timestamp, channels=channels)
         tagged = sorted({write.namespace for write in writes if not isinstance(write, InsertEntry | InsertUsage)}
                         & self.tagged) if self.tagged else []
-        if tagged:  # in the same statement, so in the same transaction: delivered at its commit
-            sql, params = sql + ", pg_notify(%s, %s)", (*params, self.tagged_channel, json.dumps([session_id, tagged]))
+        payload = json.dumps([session_id, tagged], ensure_ascii=False) if tagged else ""
+        # In the same statement, so in the same transaction: delivered at its commit. A payload past
+        # NOTIFY's limit (a session id of thousands of bytes) is not sent: its readers poll.
+        if payload and len(payload.encode()) <= NOTIFY_PAYLOAD_BYTES:
+            sql, params = sql + ", pg_notify(%s, %s)", (*params, self.tagged_channel, payload)
         try:
             if self._commit_barrier is None:
                 # On a connection in autocommit one statement is one transaction: no BEGIN, no
@@ -650,6 +664,8 @@ class PostgresBackend:
         nothing."""
         key, lease = self._lock_key(session_id), self.leases
         while True:
+            if self._closed:
+                raise StoreClosed("the PostgreSQL store is closed")
             spare = await self._spare_connection(lease)
             try:
                 conn = spare or await psycopg.AsyncConnection.connect(
@@ -679,6 +695,9 @@ class PostgresBackend:
                 # where a bare driver error would end its drive task unexplained.
                 raise StoreUnavailable(f"cannot claim session {session_id}: {error}", session_id=session_id,
                                        sqlstate=error.sqlstate) from error
+            if self._closed:  # closed while this claim was made: nothing may be left holding
+                await conn.close()
+                raise StoreClosed("the PostgreSQL store is closed")
             claim = PostgresClaim(session_id, row[0], conn, key, lease)
             self._claims.add(claim)
             return claim
@@ -924,9 +943,10 @@ class PostgresBackend:
             except StoreConnectionLost:
                 rows = await self._pipelined(statements)
         except Exception as error:
-            if len(group) > 1 and not isinstance(error, HarnessError):
-                # A statement failed, and a pipeline aborts the ones after it: each caller's
-                # reads again on their own, so that only the failing one sees the error.
+            if len(group) > 1 and not isinstance(error, StoreConnectionLost | StoreClosed):
+                # A statement failed (a typed refusal too: a timeout, a limit), and a pipeline
+                # aborts the ones after it: each caller's reads again on their own, so that only
+                # the failing one sees the error.
                 for queued in group:
                     await self._read_group([queued])
                 return
@@ -1065,6 +1085,10 @@ _Rows = list[list[TupleRow]]
 
 _Statement = tuple[str, Sequence[Any] | dict[str, Any]]
 """One read's SQL and its parameters."""
+
+READS_PER_STATEMENT = 1_000
+"""The reads of a batch one statement makes at most (`PostgresBackend.read_many`): each takes up to
+six parameters, and a statement takes at most 65,535."""
 
 PIPELINE_STATEMENTS = 256
 """The reads a drain sends in one pipeline at most (`PostgresBackend._rows_many`)."""
