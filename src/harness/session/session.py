@@ -188,6 +188,12 @@ _IDENTIFIER_FIELDS: dict[type[Write], tuple[str, ...]] = {
 """The fields of each kind of write that name something, which `_check_identifier` checks."""
 
 
+def storable_address(address: ValueAddress[Any] | ListAddress[Any]) -> bool:
+    """Whether a backend can store what `address` names (`storable_identifier`): reads of one it
+    cannot find nothing, without a read."""
+    return storable_identifier(address.namespace) and storable_identifier(address.key)
+
+
 def _check_identifier(name: str, value: str | None) -> None:
     empty = not value and name != "key"  # the key of a namespace's single value is ""
     if value is not None and (empty or not storable_identifier(value)):
@@ -245,24 +251,21 @@ class ReadBatch:
 
     def get(self, address: ValueAddress[T]) -> Answer[T | None]:
         """`SessionReader.get`."""
-        if not (storable_identifier(address.namespace) and storable_identifier(address.key)):
-            return Answer(empty=None)
-
-        def decode(raw: ReadAnswer) -> T | None:
-            record = _stored_value(address, cast(ValueRow | None, raw))
-            return record.value if record else None
-        return self._queue(ValueRead(address.namespace, address.key), decode)
+        return self._value(address, lambda record: record.value if record else None)
 
     def get_record(self, address: ValueAddress[T]) -> Answer[StoredValue[T] | None]:
         """`SessionReader.get_record`."""
-        if not (storable_identifier(address.namespace) and storable_identifier(address.key)):
-            return Answer(empty=None)
+        return self._value(address, lambda record: record)
+
+    def _value(self, address: ValueAddress[T], pick: Callable[[StoredValue[T] | None], R]) -> Answer[R]:
+        if not storable_address(address):
+            return Answer(empty=pick(None))
         return self._queue(ValueRead(address.namespace, address.key),
-                           lambda raw: _stored_value(address, cast(ValueRow | None, raw)))
+                           lambda raw: pick(_stored_value(address, cast(ValueRow | None, raw))))
 
     def scan_values(self, address: ValueAddress[T]) -> Answer[list[tuple[str, T]]]:
         """`SessionReader.scan_values`."""
-        if not (storable_identifier(address.namespace) and storable_identifier(address.key)):
+        if not storable_address(address):
             return Answer(empty=[])
         def decode(raw: ReadAnswer) -> list[tuple[str, T]]:
             return [(row.key, decode_value(address.adapter, row.value, f"{row.namespace}/{row.key}"))
@@ -272,14 +275,14 @@ class ReadBatch:
     def read_list(self, address: ListAddress[T], *, after_seq: int | None = None,
                   limit: int = 1000) -> Answer[list[ListItem[T]]]:
         """`SessionReader.read_list`."""
-        if not (storable_identifier(address.namespace) and storable_identifier(address.key)):
+        if not storable_address(address):
             return Answer(empty=[])
         read = ListRead(address.namespace, address.key, after_seq, max(1, min(limit, 10_000)))
         return self._queue(read, lambda raw: _list_items(address, cast(list[ValueRow], raw)))
 
     def list_bounds(self, address: ListAddress[Any]) -> Answer[tuple[int, int] | None]:
         """`SessionReader.list_bounds`."""
-        if not (storable_identifier(address.namespace) and storable_identifier(address.key)):
+        if not storable_address(address):
             return Answer(empty=None)
         return self._queue(BoundsRead(address.namespace, address.key), lambda raw: cast("tuple[int, int] | None", raw))
 
@@ -343,7 +346,7 @@ class SessionReader:
         return record.value if record else None
 
     async def get_record(self, address: ValueAddress[T], context: Context) -> StoredValue[T] | None:
-        if not (storable_identifier(address.namespace) and storable_identifier(address.key)):
+        if not storable_address(address):
             return None
         return _stored_value(address, await self._backend.get_value(self.id, address.namespace, address.key, context))
 
@@ -357,7 +360,7 @@ class SessionReader:
         """`scan_values` with each value's seq: the commit that set it, so callers can order by it.
         A value that does not decode raises `StorageCorruption`, or, with `undecodable`, is
         passed to it by key and left out (a record another version wrote, say)."""
-        if not (storable_identifier(address.namespace) and storable_identifier(address.key)):
+        if not storable_address(address):
             return []
         rows = await self._backend.scan_values(self.id, address.namespace, address.key, context)
         found = []
@@ -380,7 +383,7 @@ class SessionReader:
         self, address: ListAddress[T], context: Context, *, after_seq: int | None = None, limit: int = 1000
     ) -> list[ListItem[T]]:
         """One page of list items in commit order after `after_seq`; `limit` is clamped to 10,000."""
-        if not (storable_identifier(address.namespace) and storable_identifier(address.key)):
+        if not storable_address(address):
             return []
         rows = await self._backend.read_list(
             self.id, address.namespace, address.key, after_seq, max(1, min(limit, 10_000)), context
@@ -394,7 +397,7 @@ class SessionReader:
 
     async def list_bounds(self, address: ListAddress[Any], context: Context) -> tuple[int, int] | None:
         """The seqs of the list's oldest and newest items; None when it holds none."""
-        if not (storable_identifier(address.namespace) and storable_identifier(address.key)):
+        if not storable_address(address):
             return None
         return await self._backend.list_bounds(self.id, address.namespace, address.key, context)
 

@@ -29,7 +29,14 @@ from harness.session.images import ImageStore
 from harness.session.memory import MemoryBackend
 from harness.session.migrations import DATA_MIGRATIONS, DataMigration
 from harness.session.records import LaneState
-from harness.session.session import Session, check_lane_name, decode_value, encode, storable_identifier
+from harness.session.session import (
+    Session,
+    check_lane_name,
+    decode_value,
+    encode,
+    storable_address,
+    storable_identifier,
+)
 from harness.session.tokens import Tokens
 
 if TYPE_CHECKING:  # psycopg is imported only by a store that opens PostgreSQL
@@ -132,7 +139,7 @@ class Store:
         `undecodable`, that error is passed to it with the session id and the session left out,
         so that one damaged session does not hide the others."""
         self._check_open()
-        if not (storable_identifier(address.namespace) and storable_identifier(address.key)):
+        if not storable_address(address):
             return {}
         rows = await self.backend.values_across(address.namespace, address.key, context)
         where = f"{address.namespace}/{address.key}"
