@@ -40,6 +40,7 @@ from harness.providers import FAUX_MODEL, FauxProvider, ModelRegistry
 from harness.providers.faux import delay, failure, reply, thinking, tool_call
 from harness.runtime import CompactionSettings, DriveSettings, EntryAdded, RunEnd, RunHooks, Settled
 from harness.session import LaneConfig, SetValue, Store, addresses
+from harness_helpers import RecordingBackend
 
 ALICE, BOB = "alice", "bob"
 CONFIG = LaneConfig(model=FAUX)
@@ -72,6 +73,25 @@ async def test_each_call_checks_the_owner_and_a_listing_shows_only_ones_own(stor
     assert await conversations.open(ALICE, mine.id, ctx) is mine  # the live one
     assert theirs.id != mine.id
     await conversations.close_all(ctx)
+
+
+async def test_a_conversations_owner_is_read_once_however_often_it_is_opened(store: Store, ctx: Context) -> None:
+    """Issue 29: an owner never changes, so the service reads it once (a worker asks it, then opens
+    the conversation; a server opens it at every turn), and still refuses another user."""
+    recording = RecordingBackend(store.backend)
+    conversations, _ = service(Store(recording, store.url), [])
+    made = await conversations.create(ALICE, CONFIG, ctx)
+    await conversations.close_all(ctx)
+    recording.reads.clear()
+
+    assert await conversations.owner_of(made.id, ctx) == ALICE
+    for _ in range(2):
+        await conversations.open(ALICE, made.id, ctx)
+        await conversations.close_all(ctx)
+    with pytest.raises(Forbidden):
+        await conversations.open(BOB, made.id, ctx)
+
+    assert recording.reads.count(("value", OWNER.namespace, OWNER.key)) == 1
 
 
 async def test_one_damaged_session_does_not_take_the_listing_down(

@@ -1679,16 +1679,32 @@ class ConversationService:
 
     async def _owned(self, user: str, conversation_id: str, context: Context) -> Session:
         session = await self.store.open_session(conversation_id, context)
-        owner = await session.get(OWNER, context)
+        owner = await self._owner(session, context)
         if owner is None:
             raise SessionNotFound(f"no conversation {conversation_id!r}", session_id=conversation_id)
-        self._owners.pop(conversation_id, None)  # kept newest last, the oldest let go past OWNERS_KEPT
-        self._owners[conversation_id] = owner
-        if len(self._owners) > OWNERS_KEPT:
-            del self._owners[next(iter(self._owners))]
         if owner != user:
             raise Forbidden.of(conversation_id)
         return session
+
+    async def owner_of(self, conversation_id: str, context: Context) -> str | None:
+        """The user a conversation belongs to; None for a session that is not a conversation.
+        Raises `SessionNotFound`. Read once per conversation (`OWNERS_KEPT`): an owner never
+        changes, so a worker claiming it and then opening it reads it once."""
+        return await self._owner(await self.store.open_session(conversation_id, context), context)
+
+    async def _owner(self, session: Session, context: Context) -> str | None:
+        """The session's owner, remembered (the newest kept last, the oldest let go past
+        `OWNERS_KEPT`) or read; the session was found (`open_session`), so one deleted since is
+        found gone by what reads it next."""
+        owner = self._owners.pop(session.id, None)
+        if owner is None:
+            owner = await session.get(OWNER, context)
+            if owner is None:
+                return None
+        self._owners[session.id] = owner
+        if len(self._owners) > OWNERS_KEPT:
+            del self._owners[next(iter(self._owners))]
+        return owner
 
     async def _post_append(self, session: Session, user: str, message: Message, context: Context, *,
                            request_id: str | None = None) -> str:

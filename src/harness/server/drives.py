@@ -89,7 +89,7 @@ class Drives:
             owners = {}
             for session_id in open_ids - set(self._service.live_ids):
                 with contextlib.suppress(SessionNotFound):  # deleted since
-                    owner = await (await store.open_session(session_id, context)).get(OWNER, context)
+                    owner = await self._service.owner_of(session_id, context)
                     if owner is not None:
                         owners[session_id] = owner
             return owners

@@ -12,7 +12,6 @@ from typing import Any
 
 from harness.context import Context
 from harness.conversation import Conversation, ConversationService
-from harness.conversation.service import OWNER
 from harness.errors import HarnessError
 from harness.messages import now_ms
 from harness.runtime import DriveOutcome, Paused, Suspended, WaitingRetry
@@ -202,8 +201,7 @@ class Worker:
 
     async def _attach(self, session_id: str, context: Context) -> Conversation | None:
         try:
-            session = await self.service.store.open_session(session_id, context)
-            owner = await session.get(OWNER, context)
+            owner = await self.service.owner_of(session_id, context)
             if owner is None:
                 # Not a conversation: nothing here knows what its lanes run with.
                 logger.warning("session %s has open work but no owner; a worker drives conversations only",
