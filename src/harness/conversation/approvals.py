@@ -106,10 +106,13 @@ async def journal_approval(journal: SessionReader, tool_call_id: str, context: C
 async def journal_pending(journal: SessionReader, context: Context) -> list[PendingApproval]:
     """The calls the conversation's holder, whichever process it is, keeps waiting in the journal,
     oldest first: those of its open run not yet answered."""
-    state = await journal.get(addresses.lane_state(MAIN_LANE), context)
+    batch = journal.batch()  # one round trip
+    state_read, copies = batch.get(addresses.lane_state(MAIN_LANE)), batch.scan_values(pending_address(""))
+    await batch.run(context)
+    state = state_read.value
     if state is None or state.current_operation_id is None:
         return []
-    waiting = [pending for _, pending in await journal.scan_values(pending_address(""), context)]
+    waiting = [pending for _, pending in copies.value]
     return sorted((pending for pending in waiting
                    if pending.operation_id == state.current_operation_id and pending.decided is None),
                   key=lambda pending: pending.asked_at)

@@ -69,9 +69,8 @@ class ChangeFeed:
     each notification handed to the subscribers of its session id. Without `listen` (memory,
     SQLite) it notifies nobody and subscribers poll."""
 
-    def __init__(self, listen: Listen | None, *, linger_s: float = LINGER_S) -> None:
+    def __init__(self, listen: Listen | None) -> None:
         self._listen = listen
-        self._linger_s = linger_s
         self._subscribers: dict[str, set[ChangeSubscription]] = {}
         self._task: asyncio.Task[None] | None = None
         self._quiet: asyncio.TimerHandle | None = None  # stops the listening once no one subscribed
@@ -113,7 +112,7 @@ class ChangeFeed:
         if not subscribers:
             del self._subscribers[subscription.session_id]
         if not self._subscribers and self._task is not None and self._quiet is None:
-            self._quiet = self._task.get_loop().call_later(self._linger_s, self._stop_listening)
+            self._quiet = self._task.get_loop().call_later(LINGER_S, self._stop_listening)
 
     def _stop_listening(self) -> None:
         self._quiet = None
